@@ -1,0 +1,66 @@
+"""The core interfaces: a worker object, and what it knows about the rank it lives on.
+
+The driver creates workers and calls them; it never touches their state directly::
+
+    # Rank 0 (driver)
+    rollouts = driver.spawn("rollout", Sampler, env_id="CartPole-v1")   # one Sampler per rank
+    futures = rollouts.call_async("sample", 1000)                      # returns at once
+    ready, _ = mpirl.wait(futures, num_returns=1, timeout=60)          # first to finish
+    batch_stats = ready[0].result()
+
+    # Every rollout rank: serves calls, in order, until the driver shuts the job down.
+    class Sampler(Worker):
+        MESSAGES = ("sample",)
+        def __init__(self, context, env_id): ...
+        def sample(self, n): ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from mpirl.layout import Placement
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where a worker object runs. Passed as the first argument to every ``Worker``.
+
+    ``data_comm`` spans the whole world and is reserved for worker-to-worker data (batches,
+    weights); ``role_comm`` spans the ranks of this role only (learners allreduce over it). In local
+    mode both are ``COMM_SELF`` and ``role_index`` is 0.
+    """
+
+    rank: int
+    role: str
+    role_index: int
+    role_size: int
+    placement: Placement
+    data_comm: MPI.Comm
+    role_comm: MPI.Comm
+    host: str
+    device: str
+
+    @property
+    def local(self) -> bool:
+        """True in the embedded local mode (world size 1, every role in-process)."""
+        return self.placement.local
+
+
+class Worker:
+    """A stateful object hosted on a worker rank and driven by rank 0.
+
+    Subclasses list the methods the driver may call in ``MESSAGES``; calling any other name is an
+    error raised on the driver before anything is sent. Arguments and results cross ranks pickled
+    (protocol 5, NumPy buffers raw), so they must be picklable. An exception raised by a method
+    reaches the driver as ``RemoteError``; the worker keeps serving.
+    """
+
+    MESSAGES: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, context: RankContext) -> None:
+        self.context = context

@@ -1,0 +1,76 @@
+"""Errors a user can act on, and the exit codes the process ends with.
+
+Every error here carries a message written for the person who launched the job. The CLI prints
+that message alone (no traceback) and exits with the error's ``exit_code``.
+"""
+
+from __future__ import annotations
+
+#: The run finished: a stop criterion was met, or the driver's program returned normally.
+EXIT_OK = 0
+#: Something failed during the run (an uncaught exception on some rank).
+EXIT_FAILURE = 1
+#: The command line, config or layout is wrong; nothing ran.
+EXIT_USAGE = 2
+#: A rank stopped answering (killed, out of memory, node lost); the whole job was ended.
+EXIT_RANK_LOST = 70
+
+
+class MpirlError(Exception):
+    """Base class of the errors that mpirl reports to users by message alone."""
+
+    exit_code: int = EXIT_FAILURE
+
+
+class ConfigError(MpirlError, ValueError):
+    """A config key or value is wrong. Raised identically on every rank, before any MPI traffic."""
+
+    exit_code = EXIT_USAGE
+
+
+class LayoutError(ConfigError):
+    """The MPI world size does not fit the requested layout of roles."""
+
+
+class RemoteError(MpirlError, RuntimeError):
+    """A method called on a worker raised there. The worker keeps serving.
+
+    Attributes:
+        rank: the world rank the method ran on (0 in local mode).
+        role: the role of that rank, such as ``"rollout"``.
+        method: the method name.
+        cause_type: the qualified name of the remote exception's class.
+        remote_traceback: the traceback text as formatted on the remote rank.
+    """
+
+    def __init__(
+        self, rank: int, role: str, method: str, cause_type: str, cause_message: str,
+        remote_traceback: str,
+    ) -> None:
+        self.rank = rank
+        self.role = role
+        self.method = method
+        self.cause_type = cause_type
+        self.cause_message = cause_message
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"{role} worker on rank {rank} raised in {method}(): {cause_type}: {cause_message}\n"
+            f"Remote traceback (rank {rank}):\n{remote_traceback.rstrip()}"
+        )
+
+    def __reduce__(self):  # keep it picklable with its fields
+        return (
+            RemoteError,
+            (self.rank, self.role, self.method, self.cause_type, self.cause_message,
+             self.remote_traceback),
+        )
+
+
+class TaskTimeout(MpirlError, TimeoutError):
+    """A call on a worker did not complete within its timeout."""
+
+
+class RankLost(MpirlError):
+    """A rank stopped sending heartbeats; the job is being ended."""
+
+    exit_code = EXIT_RANK_LOST

@@ -1,0 +1,132 @@
+"""Heartbeats: how a job notices that a rank died, and ends instead of hanging.
+
+MPI gives no portable way to learn that a peer died: a blocking receive from a dead rank can hang
+for ever (this was seen with Open MPI's ULFM mode, and Slurm does not kill a step on a task's death
+unless KillOnBadExit is set). So each rank runs one daemon thread that sends a zero-byte message
+every ``interval_s`` and watches for its peers' messages:
+
+* the driver (rank 0) watches every worker rank;
+* each worker watches the driver.
+
+A peer silent for ``timeout_s`` is declared lost: the watching rank prints one line naming the lost
+rank (its role, host and pid) and calls ``MPI_Abort``, which ends every rank of the job with
+``EXIT_RANK_LOST``. The thread uses its own duplicate communicator, so it never matches the main
+thread's messages, and it keeps running while the main thread computes (NumPy, torch and MPI calls
+release the GIL).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from mpi4py import MPI
+
+from mpirl.errors import EXIT_RANK_LOST
+
+_TAG = 7
+
+
+class Heartbeat:
+    """Send heartbeats to ``peers`` and end the job when one of them falls silent.
+
+    ``describe(rank)`` names a rank in the message (role, host, pid); ``on_lost`` replaces the
+    default action (print and ``MPI_Abort``), for tests.
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        peers: Iterable[int],
+        interval_s: float = 1.0,
+        timeout_s: float = 20.0,
+        describe: Callable[[int], str] | None = None,
+        on_lost: Callable[[int, float], None] | None = None,
+    ) -> None:
+        if not timeout_s > interval_s > 0:
+            raise ValueError(
+                f"need heartbeat_timeout_s > heartbeat_interval_s > 0, got timeout_s={timeout_s}, "
+                f"interval_s={interval_s}"
+            )
+        self.comm = comm.Dup()
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.describe = describe or (lambda rank: f"rank {rank}")
+        self.on_lost = on_lost or self._abort
+        now = time.monotonic()
+        self._last_seen = {peer: now for peer in peers}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="mpirl-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def forget(self, rank: int) -> None:
+        """Stop watching ``rank`` (it has shut down cleanly)."""
+        with self._lock:
+            self._last_seen.pop(rank, None)
+
+    def stop(self) -> None:
+        """Stop sending and watching; returns once the thread has ended."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5 * self.interval_s + 1.0)
+
+    def _loop(self) -> None:
+        empty = bytearray(0)
+        sends: list[MPI.Request] = []
+        status = MPI.Status()
+        next_send = 0.0
+        poll_s = min(0.1, self.interval_s / 4)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                while (message := self.comm.Improbe(MPI.ANY_SOURCE, _TAG, status)) is not None:
+                    message.Recv([empty, MPI.BYTE])
+                    with self._lock:
+                        if status.Get_source() in self._last_seen:
+                            self._last_seen[status.Get_source()] = now
+                if now >= next_send:
+                    sends = [r for r in sends if not r.Test()]
+                    with self._lock:
+                        peers = list(self._last_seen)
+                    sends.extend(self.comm.Isend([empty, MPI.BYTE], peer, _TAG) for peer in peers)
+                    next_send = now + self.interval_s
+            except MPI.Exception as error:
+                # Under ULFM a send to a dead peer fails; the silence check below still names it.
+                if not _is_process_failure(error):
+                    raise
+            with self._lock:
+                silent = [
+                    (r, now - t) for r, t in self._last_seen.items() if now - t > self.timeout_s
+                ]
+            for rank, silence in silent:
+                self.forget(rank)
+                self.on_lost(rank, silence)
+            self._stop.wait(poll_s)
+        for request in sends:
+            if not request.Test():
+                request.Free()
+
+    def _abort(self, rank: int, silence: float) -> None:
+        me = self.describe(MPI.COMM_WORLD.Get_rank())
+        print(
+            f"mpirl: lost {self.describe(rank)}: no heartbeat for {silence:.1f} s "
+            f"(heartbeat_timeout_s={self.timeout_s:g}), seen from {me}. It was probably killed, "
+            f"ran out of memory, or its node failed. Ending the job (exit code {EXIT_RANK_LOST}); "
+            f"resume it from its last checkpoint.",
+            file=sys.stderr,
+            flush=True,
+        )
+        MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
+        os._exit(EXIT_RANK_LOST)  # Abort does not return; this is for MPIs where it does
+
+
+def _is_process_failure(error: MPI.Exception) -> bool:
+    failure_classes = {getattr(MPI, name, None) for name in ("ERR_PROC_FAILED", "ERR_REVOKED")}
+    return error.Get_error_class() in failure_classes

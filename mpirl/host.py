@@ -1,0 +1,78 @@
+"""The worker rank's serve loop: probe, receive, run the method on the worker object, answer.
+
+A worker rank hosts any number of worker objects, created by the driver's ``spawn`` and addressed
+by object id. Tasks are run one at a time, in the order the driver sent them. An exception in a
+method is sent back as the answer and the loop goes on; only an exception escaping the loop itself
+(``SystemExit`` from a method, say) ends the rank, and then the job (see ``runtime``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+from mpirl.core import RankContext
+from mpirl.dispatch import HOST, RESULT, TASK, describe_exception
+from mpirl.transport import Backoff, Channel
+
+#: The driver's rank.
+DRIVER_RANK = 0
+
+
+class WorkerHost:
+    """Serves the tasks that rank 0 sends to this rank. ``serve()`` returns the job's exit code."""
+
+    def __init__(self, channel: Channel, context: RankContext, backoff: Backoff) -> None:
+        self.channel = channel
+        self.context = context
+        self.backoff = backoff
+        self.objects: dict[int, Any] = {}
+        self._exit_code: int | None = None
+
+    def serve(self) -> int:
+        """Run tasks until the driver sends ``stop``; return the exit code it sent."""
+        channel, backoff = self.channel, self.backoff
+        while self._exit_code is None:
+            item = channel.poll(DRIVER_RANK, TASK)
+            if item is None:
+                channel.flush()
+                backoff.sleep()
+                continue
+            (call_id, object_id, method, args, kwargs), _ = item
+            try:
+                if object_id == HOST:
+                    value = getattr(self, "_host_" + method)(*args, **kwargs)
+                else:
+                    value = getattr(self.objects[object_id], method)(*args, **kwargs)
+                answer = (call_id, True, value)
+            except Exception as error:  # noqa: BLE001 - the driver gets it as RemoteError
+                answer = (call_id, False, describe_exception(error))
+            self._answer(answer)
+            backoff.reset()
+        return self._exit_code
+
+    def _answer(self, answer: tuple) -> None:
+        try:
+            self.channel.isend(answer, DRIVER_RANK, RESULT)
+        except Exception as error:  # noqa: BLE001 - e.g. an unpicklable return value
+            call_id, _, value = answer
+            cause_type, message, tb = describe_exception(error)
+            self.channel.isend(
+                (call_id, False, (cause_type, f"the result {type(value).__name__} could not be "
+                                  f"sent back: {message}", tb)),
+                DRIVER_RANK, RESULT,
+            )
+
+    # Messages the host itself answers (object id 0).
+
+    def _host_spawn(self, object_id: int, cls: type, args: tuple, kwargs: dict) -> str:
+        self.objects[object_id] = cls(self.context, *args, **kwargs)
+        return self.context.host
+
+    def _host_drop(self, object_id: int) -> None:
+        self.objects.pop(object_id, None)
+
+    def _host_stop(self, exit_code: int) -> int:
+        self._exit_code = exit_code
+        return MPI.COMM_WORLD.Get_rank()

@@ -1,0 +1,248 @@
+"""Start-up, the driver, and shutdown: one program on every rank.
+
+``run(main, layout)`` is called by every rank. Rank 0 runs ``main(driver)``; every other rank
+serves the tasks the driver sends until the driver shuts the job down. All ranks return the same
+exit code::
+
+    def main(driver):
+        echoes = driver.spawn("rollout", Echo)          # one Echo on every rollout rank
+        print(echoes.call("ping"))
+        return 0
+
+    sys.exit(mpirl.run(main, Layout(num_rollout_workers=-1)))
+
+With ``mpiexec -n 1`` or no launcher at all (world size 1) every role is in-process and the same
+``main`` runs unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mpi4py import MPI
+
+from mpirl.core import RankContext, Worker
+from mpirl.dispatch import HOST, Dispatcher, WorkerGroup, WorkerHandle
+from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
+from mpirl.heartbeat import Heartbeat
+from mpirl.host import WorkerHost
+from mpirl.layout import DRIVER, LEARNER, WORKER_ROLES, Layout, Placement, format_table
+from mpirl.transport import Backoff, Channel, reduce_timer_slack
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How the runtime waits, bounds and watches. Every field is a config key of the same name."""
+
+    max_calls_in_flight: int = 16
+    """Unanswered calls allowed per worker rank; one more waits for a slot."""
+    task_timeout_s: float = 3600.0
+    """Longest wait for any single answer when the caller gives no timeout."""
+    heartbeat_interval_s: float = 1.0
+    """Seconds between heartbeats."""
+    heartbeat_timeout_s: float = 20.0
+    """A rank silent this long is declared lost and the job ends (exit code 70)."""
+    shutdown_timeout_s: float = 30.0
+    """How long the driver waits for workers to acknowledge shutdown before aborting the job."""
+    poll_max_sleep_s: float = 1e-3
+    """Longest sleep between polls of an idle rank (bounds idle wake-ups and added latency)."""
+    print_layout: bool = True
+    """Print the rank/role table once at start-up (rank 0 only)."""
+
+
+class Driver:
+    """Rank 0's handle on the job: creates worker groups and reaches their ranks.
+
+    Only rank 0 has a Driver. In local mode it creates workers in-process.
+    """
+
+    def __init__(self, placement: Placement, context: RankContext, settings: RuntimeSettings,
+                 dispatcher: Dispatcher | None, contexts: dict[str, RankContext] | None = None,
+                 hosts: list[dict] | None = None) -> None:
+        self.placement = placement
+        self.context = context
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.hosts = hosts or []
+        self._local_contexts = contexts or {}
+        self._object_ids = itertools.count(HOST + 1)
+
+    @property
+    def local(self) -> bool:
+        return self.placement.local
+
+    def spawn(self, role: str, cls: type[Worker], *args: Any, **kwargs: Any) -> WorkerGroup:
+        """Create ``cls(context, *args, **kwargs)`` on every rank of ``role``; wait until all exist.
+
+        Raises ``RemoteError`` naming the rank if a constructor raises there. An empty role gives an
+        empty group.
+        """
+        if role not in WORKER_ROLES:
+            raise ValueError(f"workers are spawned on {', '.join(WORKER_ROLES)}; got {role!r}")
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(f"spawn needs a subclass of mpirl.Worker, got {cls!r}")
+        object_id = next(self._object_ids)
+        ranks = self.placement.ranks(role)
+        if self.dispatcher is None:
+            handles = [
+                WorkerHandle(None, 0, role, 0, object_id, cls,
+                             local_object=cls(self._local_contexts[role], *args, **kwargs))
+                for _ in ranks
+            ]
+            return WorkerGroup(role, cls, handles)
+        futures = [
+            self.dispatcher.submit(rank, HOST, "spawn", (object_id, cls, args, kwargs), {})
+            for rank in ranks
+        ]
+        for future in futures:
+            future.result()
+        handles = [
+            WorkerHandle(self.dispatcher, rank, role, index, object_id, cls)
+            for index, rank in enumerate(ranks)
+        ]
+        return WorkerGroup(role, cls, handles)
+
+    def _shutdown(self, exit_code: int, heartbeat: Heartbeat | None) -> bool:
+        """Tell every worker rank to stop with ``exit_code``; True if all acknowledged in time."""
+        if self.dispatcher is None:
+            return True
+        workers = range(1, self.placement.world_size)
+        futures = [self.dispatcher.submit(rank, HOST, "stop", (exit_code,), {}) for rank in workers]
+        try:
+            for future in futures:
+                future.result(timeout=self.settings.shutdown_timeout_s)
+                if heartbeat is not None:
+                    heartbeat.forget(future.rank)
+        except MpirlError:
+            return False
+        return self.dispatcher.channel.flush(timeout=self.settings.shutdown_timeout_s)
+
+
+def run(main: Callable[[Driver], int | None], layout: Layout,
+        settings: RuntimeSettings | None = None) -> int:
+    """Run ``main`` on rank 0 and serve workers on every other rank; return the job's exit code.
+
+    Call it on every rank. Raises ``LayoutError`` on every rank, before any communication, when the
+    world size does not fit ``layout``. If ``main`` raises, the error is printed on rank 0 and
+    every rank returns a non-zero code (the error's ``exit_code`` for an ``MpirlError``).
+    """
+    settings = settings or RuntimeSettings()
+    world = MPI.COMM_WORLD
+    placement = layout.resolve(world.Get_size())
+    if placement.local:
+        return _run_local(main, placement, settings)
+    return _run_distributed(main, placement, settings, world)
+
+
+def _run_local(main: Callable[[Driver], int | None], placement: Placement,
+               settings: RuntimeSettings) -> int:
+    host = socket.gethostname()
+    contexts = {
+        role: RankContext(0, role, 0, 1, placement, MPI.COMM_SELF, MPI.COMM_SELF, host,
+                          pick_device(role, 0))
+        for role in (DRIVER, *placement.local_roles)
+    }
+    driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
+    if settings.print_layout:
+        rows = [(0, role, 0, host, os.getpid(), ctx.device) for role, ctx in contexts.items()]
+        print(f"mpirl layout: {placement.summary()}")
+        print(format_table(("rank", "role", "index", "host", "pid", "device"), rows), flush=True)
+    return _call_main(main, driver)
+
+
+def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
+                     settings: RuntimeSettings, world: MPI.Comm) -> int:
+    rank = world.Get_rank()
+    role = placement.roles[rank]
+    hosts: list[dict] = []
+    reduce_timer_slack()
+
+    def describe(r: int) -> str:
+        where = f" on {hosts[r]['host']} (pid {hosts[r]['pid']})" if r < len(hosts) else ""
+        return f"rank {r} ({placement.roles[r]} {placement.role_index(r)}){where}"
+
+    peers = range(1, world.Get_size()) if rank == 0 else (0,)
+    heartbeat = Heartbeat(world, peers, settings.heartbeat_interval_s,
+                          settings.heartbeat_timeout_s, describe).start()
+    # Collective set-up; a rank that dies in here is caught by the heartbeat.
+    channel = Channel(world)
+    data_comm = world.Dup()
+    role_comm = world.Split(color=(DRIVER, *WORKER_ROLES).index(role), key=rank)
+    node_comm = role_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    context = RankContext(
+        rank=rank, role=role, role_index=placement.role_index(rank),
+        role_size=role_comm.Get_size(), placement=placement, data_comm=data_comm,
+        role_comm=role_comm, host=socket.gethostname(),
+        device=pick_device(role, node_comm.Get_rank()),
+    )
+    node_comm.Free()
+    info = {"host": context.host, "pid": os.getpid(), "device": context.device}
+    hosts.extend(world.allgather(info))
+    backoff = Backoff(max_sleep_s=settings.poll_max_sleep_s)
+    if rank != 0:
+        try:
+            exit_code = WorkerHost(channel, context, backoff).serve()
+            channel.flush(timeout=settings.shutdown_timeout_s)
+        except BaseException:  # noqa: BLE001 - whatever escapes the serve loop ends the job
+            import traceback
+
+            print(f"mpirl: {describe(rank)} failed outside a task; ending the job.\n"
+                  f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+            world.Abort(EXIT_FAILURE)
+        heartbeat.stop()
+        return exit_code
+
+    if settings.print_layout:
+        rows = [
+            (r, placement.roles[r], placement.role_index(r), h["host"], h["pid"], h["device"])
+            for r, h in enumerate(hosts)
+        ]
+        print(f"mpirl layout: {placement.summary()}")
+        print(format_table(("rank", "role", "index", "host", "pid", "device"), rows), flush=True)
+    dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
+                            settings.task_timeout_s)
+    driver = Driver(placement, context, settings, dispatcher, hosts=hosts)
+    exit_code = _call_main(main, driver)
+    if not driver._shutdown(exit_code, heartbeat):
+        print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
+              f" s; aborting the job.", file=sys.stderr, flush=True)
+        world.Abort(exit_code or EXIT_FAILURE)
+    heartbeat.stop()
+    return exit_code
+
+
+def _call_main(main: Callable[[Driver], int | None], driver: Driver) -> int:
+    try:
+        code = main(driver)
+    except MpirlError as error:
+        print(f"mpirl: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+    except Exception:  # noqa: BLE001 - reported, then every rank ends with a failure code
+        import traceback
+
+        print(f"mpirl: the driver failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+    return EXIT_OK if code is None else int(code)
+
+
+def pick_device(role: str, node_local_index: int) -> str:
+    """The torch device for a rank: a GPU for learners when CUDA is there, else the CPU.
+
+    Learners take GPUs round-robin by their index among the learners on the same node, so a node
+    with 4 GPUs and 4 learner ranks gives each learner its own. Only learners import torch here.
+    """
+    if role != LEARNER or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{node_local_index % torch.cuda.device_count()}"

