@@ -17,6 +17,7 @@ release the GIL).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -33,8 +34,8 @@ _TAG = 7
 class Heartbeat:
     """Send heartbeats to ``peers`` and end the job when one of them falls silent.
 
-    ``describe(rank)`` names a rank in the message (role, host, pid); ``on_lost`` replaces the
-    default action (print and ``MPI_Abort``), for tests.
+    ``describe(rank)`` names a rank in the message (role, host, pid). ``on_lost(rank, evidence)``
+    replaces the default action (print and ``MPI_Abort``).
     """
 
     def __init__(
@@ -44,7 +45,7 @@ class Heartbeat:
         interval_s: float = 1.0,
         timeout_s: float = 20.0,
         describe: Callable[[int], str] | None = None,
-        on_lost: Callable[[int, float], None] | None = None,
+        on_lost: Callable[[int, str], None] | None = None,
     ) -> None:
         if not timeout_s > interval_s > 0:
             raise ValueError(
@@ -78,55 +79,95 @@ class Heartbeat:
             self._thread.join(timeout=5 * self.interval_s + 1.0)
 
     def _loop(self) -> None:
-        empty = bytearray(0)
         sends: list[MPI.Request] = []
-        status = MPI.Status()
         next_send = 0.0
         poll_s = min(0.1, self.interval_s / 4)
         while not self._stop.is_set():
             now = time.monotonic()
-            try:
-                while (message := self.comm.Improbe(MPI.ANY_SOURCE, _TAG, status)) is not None:
-                    message.Recv([empty, MPI.BYTE])
-                    with self._lock:
-                        if status.Get_source() in self._last_seen:
-                            self._last_seen[status.Get_source()] = now
-                if now >= next_send:
-                    sends = [r for r in sends if not r.Test()]
-                    with self._lock:
-                        peers = list(self._last_seen)
-                    sends.extend(self.comm.Isend([empty, MPI.BYTE], peer, _TAG) for peer in peers)
-                    next_send = now + self.interval_s
-            except MPI.Exception as error:
-                # Under ULFM a send to a dead peer fails; the silence check below still names it.
-                if not _is_process_failure(error):
-                    raise
+            self._guarded(self._receive, now)
+            if now >= next_send:
+                sends = [r for r in sends if not r.Test()]
+                self._guarded(self._send, sends)
+                next_send = now + self.interval_s
             with self._lock:
                 silent = [
                     (r, now - t) for r, t in self._last_seen.items() if now - t > self.timeout_s
                 ]
             for rank, silence in silent:
-                self.forget(rank)
-                self.on_lost(rank, silence)
+                self._lose(rank, f"no heartbeat for {silence:.1f} s "
+                                 f"(heartbeat_timeout_s={self.timeout_s:g})")
             self._stop.wait(poll_s)
         for request in sends:
             if not request.Test():
                 request.Free()
 
-    def _abort(self, rank: int, silence: float) -> None:
-        me = self.describe(MPI.COMM_WORLD.Get_rank())
-        print(
-            f"mpirl: lost {self.describe(rank)}: no heartbeat for {silence:.1f} s "
-            f"(heartbeat_timeout_s={self.timeout_s:g}), seen from {me}. It was probably killed, "
-            f"ran out of memory, or its node failed. Ending the job (exit code {EXIT_RANK_LOST}); "
-            f"resume it from its last checkpoint.",
-            file=sys.stderr,
-            flush=True,
+    def _receive(self, now: float) -> None:
+        status = MPI.Status()
+        while (message := self.comm.Improbe(MPI.ANY_SOURCE, _TAG, status)) is not None:
+            message.Recv([bytearray(0), MPI.BYTE])
+            with self._lock:
+                if status.Get_source() in self._last_seen:
+                    self._last_seen[status.Get_source()] = now
+
+    def _send(self, sends: list[MPI.Request]) -> None:
+        with self._lock:
+            peers = list(self._last_seen)
+        for peer in peers:
+            sends.append(self.comm.Isend([bytearray(0), MPI.BYTE], peer, _TAG))
+
+    def _guarded(self, step, *args) -> None:
+        """Run one step; under ULFM a dead peer makes MPI calls raise: report the dead ranks
+        MPI names, acknowledge them so the next calls work, and go on."""
+        try:
+            step(*args)
+        except MPI.Exception as error:
+            if not is_process_failure(error):
+                raise
+            failed = failed_world_ranks(self.comm)
+            with contextlib.suppress(MPI.Exception):
+                self.comm.Ack_failed()
+            with self._lock:
+                watched = [r for r in failed if r in self._last_seen]
+            for rank in watched:
+                self._lose(rank, "MPI reported a process failure")
+
+    def _lose(self, rank: int, evidence: str) -> None:
+        self.forget(rank)
+        self.on_lost(rank, evidence)
+
+    def _abort(self, rank: int, evidence: str) -> None:
+        end_job_for_lost_ranks(
+            [self.describe(rank)], self.describe(MPI.COMM_WORLD.Get_rank()), evidence
         )
-        MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
-        os._exit(EXIT_RANK_LOST)  # Abort does not return; this is for MPIs where it does
 
 
-def _is_process_failure(error: MPI.Exception) -> bool:
+def end_job_for_lost_ranks(lost: list[str], seen_from: str, evidence: str) -> None:
+    """Print one line naming the lost ranks, then end every rank with ``EXIT_RANK_LOST``."""
+    print(
+        f"mpirl: lost {', '.join(lost) or 'a rank'}: {evidence}, seen from {seen_from}. It was "
+        f"probably killed, ran out of memory, or its node failed. Ending the job (exit code "
+        f"{EXIT_RANK_LOST}); resume it from its last checkpoint.",
+        file=sys.stderr,
+        flush=True,
+    )
+    MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
+    os._exit(EXIT_RANK_LOST)  # Abort does not return; this is for MPIs where it does
+
+
+def is_process_failure(error: BaseException) -> bool:
+    """True for the errors an MPI with fault tolerance (ULFM) raises when a peer has died."""
+    if not isinstance(error, MPI.Exception):
+        return False
     failure_classes = {getattr(MPI, name, None) for name in ("ERR_PROC_FAILED", "ERR_REVOKED")}
-    return error.Get_error_class() in failure_classes
+    return error.Get_error_class() in failure_classes - {None}
+
+
+def failed_world_ranks(comm: MPI.Comm | None = None) -> list[int]:
+    """World ranks that MPI knows have failed in ``comm`` (ULFM only; else empty)."""
+    try:
+        failed = (comm or MPI.COMM_WORLD).Get_failed()
+        ranks = failed.Translate_ranks(list(range(failed.Get_size())), MPI.COMM_WORLD.Get_group())
+        failed.Free()
+        return sorted(r for r in ranks if r != MPI.UNDEFINED)
+    except (MPI.Exception, NotImplementedError, AttributeError):
+        return []

@@ -30,7 +30,12 @@ from mpi4py import MPI
 from mpirl.core import RankContext, Worker
 from mpirl.dispatch import HOST, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
-from mpirl.heartbeat import Heartbeat
+from mpirl.heartbeat import (
+    Heartbeat,
+    end_job_for_lost_ranks,
+    failed_world_ranks,
+    is_process_failure,
+)
 from mpirl.host import WorkerHost
 from mpirl.layout import DRIVER, LEARNER, WORKER_ROLES, Layout, Placement, format_table
 from mpirl.transport import Backoff, Channel, reduce_timer_slack
@@ -189,8 +194,11 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         try:
             exit_code = WorkerHost(channel, context, backoff).serve()
             channel.flush(timeout=settings.shutdown_timeout_s)
-        except BaseException:  # noqa: BLE001 - whatever escapes the serve loop ends the job
+        except BaseException as error:  # noqa: BLE001 - whatever escapes the loop ends the job
             import traceback
+
+            if is_process_failure(error):
+                _end_job_for_failed_peers(describe, rank)
 
             print(f"mpirl: {describe(rank)} failed outside a task; ending the job.\n"
                   f"{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -208,7 +216,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
                             settings.task_timeout_s)
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts)
-    exit_code = _call_main(main, driver)
+    exit_code = _call_main(main, driver, lambda: _end_job_for_failed_peers(describe, rank))
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
               f" s; aborting the job.", file=sys.stderr, flush=True)
@@ -217,14 +225,23 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     return exit_code
 
 
-def _call_main(main: Callable[[Driver], int | None], driver: Driver) -> int:
+def _end_job_for_failed_peers(describe: Callable[[int], str], rank: int) -> None:
+    lost = [describe(r) for r in failed_world_ranks()]
+    end_job_for_lost_ranks(lost, describe(rank), "MPI reported a process failure")
+
+
+def _call_main(main: Callable[[Driver], int | None], driver: Driver,
+               on_process_failure: Callable[[], None] | None = None) -> int:
     try:
         code = main(driver)
     except MpirlError as error:
         print(f"mpirl: {error}", file=sys.stderr, flush=True)
         return error.exit_code
-    except Exception:  # noqa: BLE001 - reported, then every rank ends with a failure code
+    except Exception as error:  # noqa: BLE001 - reported, then every rank ends with a failure code
         import traceback
+
+        if on_process_failure is not None and is_process_failure(error):
+            on_process_failure()
 
         print(f"mpirl: the driver failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         return EXIT_FAILURE

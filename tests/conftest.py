@@ -1,0 +1,69 @@
+"""Launching MPI programs from tests: always a subprocess, always a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+MPIEXEC = BIN / "mpiexec"
+PROGRAMS = Path(__file__).parent / "programs"
+SCENARIOS = PROGRAMS / "scenarios.py"
+
+
+def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONUNBUFFERED="1")
+    env.update(extra or {})
+    return env
+
+
+def mpiexec_command(n: int, *args: str, ulfm: bool = False) -> list[str]:
+    """``mpiexec -n n ARGS`` with the flags local runs need (Open MPI's wheel)."""
+    ft = ["--with-ft", "ulfm"] if ulfm else []
+    return [str(MPIEXEC), *ft, "-n", str(n), "--oversubscribe", "--bind-to", "none", *args]
+
+
+def run_mpi(n: int, *args: str, timeout: float = 120, ulfm: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n n ARGS`` to completion; a hang fails the test at ``timeout``."""
+    try:
+        return subprocess.run(mpiexec_command(n, *args, ulfm=ulfm), capture_output=True,
+                              text=True, timeout=timeout, env=mpi_env(env))
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"mpiexec -n {n} {' '.join(args)} hung for {timeout} s:\n"
+                    f"{error.stdout}\n{error.stderr}")
+
+
+def run_scenario(n: int, name: str, *args: str, timeout: float = 120,
+                 ulfm: bool = False) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Run one driver scenario of programs/scenarios.py; return the process and its RESULT."""
+    if n == 1:
+        # World size 1 without any launcher: the embedded local mode.
+        proc = subprocess.run([sys.executable, str(SCENARIOS), name, *args], capture_output=True,
+                              text=True, timeout=timeout, env=mpi_env())
+    else:
+        proc = run_mpi(n, sys.executable, str(SCENARIOS), name, *args, timeout=timeout,
+                       ulfm=ulfm)
+    return proc, parse_result(proc.stdout)
+
+
+def parse_result(stdout: str) -> dict | None:
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def open_mpi_is_the_launcher() -> None:
+    out = subprocess.run([str(MPIEXEC), "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" not in out:
+        pytest.exit(f"{MPIEXEC} is not Open MPI's mpiexec (mpich wheel installed too?):\n{out}",
+                    returncode=3)

@@ -1,0 +1,265 @@
+"""Driver programs that the runtime tests launch under mpiexec (or alone, for local mode).
+
+``python scenarios.py NAME [options]`` runs on every rank; rank 0 runs scenario NAME and prints one
+line ``RESULT {json}`` that the test asserts on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import numpy as np
+
+import mpirl
+from mpirl.errors import RemoteError, TaskTimeout
+from mpirl.testing import Echo, FailingConstructor, deterministic_bytes, sha256
+
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def report(**fields) -> None:
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+@scenario
+def order(driver, args):
+    """Many calls with random durations on every worker; every future must get its own answer."""
+    echoes = driver.spawn("rollout", Echo)
+    rng = random.Random(0)
+    futures, expected = [], []
+    for i in range(60):
+        for handle in echoes:
+            value = [handle.index, i]
+            futures.append(handle.call_async("sleep_then", rng.random() * 0.002, value))
+            expected.append(value)
+    completion = []  # (worker index, i) in the order answers were taken
+    pending = list(futures)
+    while pending:
+        ready, pending = mpirl.wait(pending, num_returns=1, timeout=30)
+        completion.extend(f.result() for f in ready)
+    got = [f.result() for f in futures]
+    per_worker = {}
+    for index, i in completion:
+        per_worker.setdefault(index, []).append(i)
+    report(mismatches=sum(g != e for g, e in zip(got, expected, strict=True)), total=len(got),
+           fifo_per_worker=all(seq == sorted(seq) for seq in per_worker.values()),
+           workers=len(echoes))
+
+
+@scenario
+def first_k(driver, args):
+    """Wait for the first 2 of 4 calls while two workers are slow."""
+    echoes = driver.spawn("rollout", Echo)
+    delays = [1.5, 0.05, 1.5, 0.1]
+    start = time.monotonic()
+    futures = [h.call_async("sleep_then", d, h.index) for h, d in zip(echoes, delays, strict=True)]
+    ready, not_ready = mpirl.wait(futures, num_returns=2, timeout=30)
+    first_wait_s = time.monotonic() - start
+    start = time.monotonic()
+    none_ready, _ = mpirl.wait(not_ready, num_returns=1, timeout=0.05)
+    short_wait_s = time.monotonic() - start
+    rest, still = mpirl.wait(not_ready, num_returns=len(not_ready), timeout=30)
+    report(ready=[f.result() for f in ready], not_ready=[f.rank for f in not_ready],
+           first_wait_s=first_wait_s, short_wait_ready=len(none_ready), short_wait_s=short_wait_s,
+           rest=sorted(f.result() for f in rest), still=len(still))
+
+
+@scenario
+def bulk(driver, args):
+    """64 MiB both ways, and a nest of arrays of many kinds, must arrive bit-identical."""
+    echo = driver.spawn("rollout", Echo)[0]
+    nbytes, seed = 64 << 20, 7
+    payload = deterministic_bytes(nbytes, seed)
+    remote_sum = echo.call("checksum", payload)
+    made = echo.call("make_array", nbytes, seed)
+    back = echo.call("echo", payload)
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    nest = {
+        "f64": base, "f32_fortran": np.asfortranarray(base.astype(np.float32)),
+        "strided": base[:, ::2], "empty": np.zeros((0, 3), np.int64), "scalar": np.int16(-3),
+        "bool": base > 10, "list": [base[0], "text", 3.5, None], "bytes": b"\x00\xff" * 1000,
+    }
+    nest_back = echo.call("echo", nest)
+    same = all(
+        np.array_equal(np.asarray(nest[k]), np.asarray(nest_back[k]))
+        and np.asarray(nest[k]).dtype == np.asarray(nest_back[k]).dtype
+        for k in ("f64", "f32_fortran", "strided", "empty", "scalar", "bool")
+    )
+    same = same and nest_back["list"][1:] == nest["list"][1:]
+    same = same and nest_back["bytes"] == nest["bytes"]
+    same = same and np.array_equal(nest_back["list"][0], nest["list"][0])
+    digest = sha256(payload)
+    report(
+        remote_sum_ok=(list(remote_sum[0]), *remote_sum[1:]) == ([nbytes], "uint8", digest),
+        made_ok=sha256(made) == sha256(payload), echo_ok=sha256(back) == sha256(payload),
+        echo_writeable=bool(back.flags.writeable), nest_ok=bool(same),
+    )
+
+
+@scenario
+def huge(driver, args):
+    """A payload over 2 GiB, both ways."""
+    echo = driver.spawn("rollout", Echo)[0]
+    nbytes, seed = (2 << 30) + (256 << 20) + 13, 11
+    payload = deterministic_bytes(nbytes, seed)
+    digest = sha256(payload)
+    start = time.monotonic()
+    shape, dtype, remote_digest = echo.call("checksum", payload, timeout=300)
+    del payload
+    made = echo.call("make_array", nbytes, seed, timeout=300)
+    report(to_worker_ok=remote_digest == digest and list(shape) == [nbytes],
+           from_worker_ok=sha256(made) == digest, nbytes=nbytes,
+           seconds=time.monotonic() - start)
+
+
+@scenario
+def errors(driver, args):
+    """Remote exceptions, unknown methods, unpicklable results, bad constructors, timeouts."""
+    echo = driver.spawn("rollout", Echo)[0]
+    for i in range(3):
+        echo.call("echo", i)
+    out = {}
+    try:
+        echo.call("fail", "boom 42")
+    except RemoteError as error:
+        out["remote"] = {"rank": error.rank, "role": error.role, "method": error.method,
+                         "cause_type": error.cause_type, "message": str(error)}
+    for i in range(3):
+        echo.call("echo", i)
+    out["count_after_error"] = echo.call("count")
+    try:
+        echo.call_async("no_such_method")
+    except AttributeError as error:
+        out["unknown_method"] = str(error)
+    try:
+        echo.call("unpicklable_result")
+    except RemoteError as error:
+        out["unpicklable"] = str(error)
+    try:
+        driver.spawn("rollout", FailingConstructor)
+    except RemoteError as error:
+        out["constructor"] = str(error)
+    slow = echo.call_async("sleep_then", 1.0, "late")
+    try:
+        slow.result(timeout=0.2)
+    except TaskTimeout as error:
+        out["timeout"] = str(error)
+    out["late_result"] = slow.result(timeout=30)
+    out["still_serving"] = echo.call("echo", "yes")
+    report(**out)
+
+
+@scenario
+def in_flight(driver, args):
+    """The fifth call on a worker with a bound of 4 waits for a slot."""
+    echo = driver.spawn("rollout", Echo)[0]
+    futures, max_seen = [], 0
+    start = time.monotonic()
+    for i in range(4):
+        futures.append(echo.call_async("sleep_then", 0.3, i))
+        max_seen = max(max_seen, echo.in_flight())
+    first_four_s = time.monotonic() - start
+    futures.append(echo.call_async("sleep_then", 0.0, 4))
+    fifth_s = time.monotonic() - start
+    max_seen = max(max_seen, echo.in_flight())
+    report(first_four_s=first_four_s, fifth_s=fifth_s, max_seen=max_seen,
+           results=[f.result() for f in futures])
+
+
+@scenario
+def busy_until_killed(driver, args):
+    """Write the worker pids, then keep every worker busy until the job is ended from outside."""
+    echoes = driver.spawn("rollout", Echo)
+    _write_pids(driver, args.pid_file)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        echoes.call("sleep_then", 0.01, None)
+    report(survived=True)
+
+
+@scenario
+def computing_until_killed(driver, args):
+    """Write the worker pids, then compute without calling any worker (no polling of MPI)."""
+    driver.spawn("rollout", Echo)
+    _write_pids(driver, args.pid_file)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        np.linalg.eigvals(np.random.default_rng(0).random((200, 200)))
+    report(survived=True)
+
+
+def _write_pids(driver, path):
+    pids = {str(rank): info["pid"] for rank, info in enumerate(driver.hosts)}
+    with open(path + ".tmp", "w") as f:
+        json.dump(pids, f)
+    os.replace(path + ".tmp", path)
+
+
+@scenario
+def exit_outside(driver, args):
+    """A worker's method raises SystemExit: it escapes the serve loop and must end the job."""
+    echoes = driver.spawn("rollout", Echo)
+    echoes[-1].call_async("exit_outside_task", 3)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        echoes[0].call("sleep_then", 0.01, None)
+    report(survived=True)
+
+
+@scenario
+def driver_raises(driver, args):
+    echoes = driver.spawn("rollout", Echo)
+    echoes.call("ping")
+    raise RuntimeError("a bug in the driver program")
+
+
+@scenario
+def same_code(driver, args):
+    """One program for every world size: results must not depend on the layout."""
+    echoes = driver.spawn("rollout", Echo, label="L")
+    values = echoes.call("echo", {"x": np.arange(5)})
+    futures = [h.call_async("sleep_then", 0.01, h.index * 10) for h in echoes]
+    ready, _ = mpirl.wait(futures, num_returns=len(futures), timeout=30)
+    try:
+        echoes[0].call("fail", "nope")
+        error = None
+    except RemoteError as e:
+        error = [e.method, e.cause_type, "nope" in str(e)]
+    who = echoes.call("whoami")
+    report(
+        local=driver.local, workers=len(echoes),
+        values_ok=all(np.array_equal(v["x"], np.arange(5)) for v in values),
+        waited=sorted(f.result() for f in ready), error=error,
+        labels=sorted({w["label"] for w in who}), roles=sorted({w["role"] for w in who}),
+        count=echoes[0].call("count"),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("name", choices=sorted(SCENARIOS))
+    parser.add_argument("--pid-file")
+    parser.add_argument("--heartbeat-timeout", type=float, default=20.0)
+    parser.add_argument("--max-in-flight", type=int, default=16)
+    parser.add_argument("--layout", default="{}")
+    args = parser.parse_args()
+    settings = mpirl.RuntimeSettings(
+        heartbeat_timeout_s=args.heartbeat_timeout, max_calls_in_flight=args.max_in_flight,
+        print_layout=False,
+    )
+    layout = mpirl.Layout(**json.loads(args.layout))
+    return mpirl.run(lambda driver: SCENARIOS[args.name](driver, args), layout, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The task model under mpiexec: futures, waiting, payloads, remote errors, local mode."""
+
+import sys
+
+import pytest
+from conftest import run_mpi, run_scenario
+
+
+def _ok(proc, result):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert result is not None, f"no RESULT line:\n{proc.stdout}\n{proc.stderr}"
+    return result
+
+
+def test_results_reach_their_own_futures_in_order():
+    result = _ok(*run_scenario(4, "order"))
+    assert result["workers"] == 3
+    assert result["total"] == 180 and result["mismatches"] == 0
+    assert result["fifo_per_worker"]
+
+
+def test_wait_returns_the_first_k_of_n():
+    result = _ok(*run_scenario(5, "first_k"))
+    assert sorted(result["ready"]) == [1, 3]  # the two fast workers
+    assert result["first_wait_s"] < 1.0  # did not wait for the 1.5 s stragglers
+    assert result["short_wait_ready"] == 0 and result["short_wait_s"] < 1.0
+    assert result["rest"] == [0, 2] and result["still"] == 0
+
+
+def test_64_mib_arrays_arrive_bit_identical():
+    result = _ok(*run_scenario(2, "bulk"))
+    assert result == {"remote_sum_ok": True, "made_ok": True, "echo_ok": True,
+                      "echo_writeable": True, "nest_ok": True}
+
+
+def test_payload_over_2_gib():
+    result = _ok(*run_scenario(2, "huge", timeout=280))
+    assert result["nbytes"] > 2 << 30
+    assert result["to_worker_ok"] and result["from_worker_ok"]
+
+
+def test_remote_exception_reaches_driver_and_worker_keeps_serving():
+    result = _ok(*run_scenario(2, "errors"))
+    remote = result["remote"]
+    assert remote["rank"] == 1 and remote["role"] == "rollout" and remote["method"] == "fail"
+    assert remote["cause_type"] == "ValueError"
+    assert "boom 42" in remote["message"] and "Remote traceback (rank 1)" in remote["message"]
+    assert 'in fail' in remote["message"]  # the remote frame is in the traceback
+    assert result["count_after_error"] == 6  # state kept across the failure
+    assert "does not answer 'no_such_method'" in result["unknown_method"]
+    assert "could not be sent back" in result["unpicklable"]
+    assert "constructor refused on rank 1" in result["constructor"]
+    assert "sleep_then() on rollout rank 1" in result["timeout"]
+    assert result["late_result"] == "late" and result["still_serving"] == "yes"
+
+
+def test_calls_beyond_the_in_flight_bound_wait_for_a_slot():
+    result = _ok(*run_scenario(2, "in_flight", "--max-in-flight", "4"))
+    assert result["max_seen"] == 4
+    assert result["first_four_s"] < 0.2  # four calls leave at once
+    assert result["fifth_s"] >= 0.25  # the fifth waited for the first 0.3 s call
+    assert result["results"] == [0, 1, 2, 3, 4]
+
+
+def test_local_mode_runs_the_same_driver_code():
+    local_proc, local = run_scenario(1, "same_code")
+    dist_proc, dist = run_scenario(3, "same_code")
+    local, dist = _ok(local_proc, local), _ok(dist_proc, dist)
+    assert local["local"] is True and dist["local"] is False
+    assert local["workers"] == 1 and dist["workers"] == 2
+    for result in (local, dist):
+        assert result["values_ok"]
+        assert result["waited"] == [10 * i for i in range(result["workers"])]
+        assert result["error"] == ["fail", "ValueError", True]
+        assert result["labels"] == ["L"] and result["roles"] == ["rollout"]
+        assert result["count"] == 1
+
+
+def test_clean_shutdown_exits_zero_on_every_rank():
+    # mpiexec exits 0 only if every rank did.
+    proc = run_mpi(4, sys.executable, "-m", "mpirl", "doctor", "--pings", "20", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "doctor: 3 worker(s) answered, 0 payload error(s)" in proc.stdout
+    assert proc.stdout.count("mpirl layout:") == 1  # only rank 0 prints
+
+
+@pytest.mark.parametrize("config, expected", [
+    ('{"num_rollout_workers": 2, "num_learners": 2}', "needs 5 ranks (1 driver + 2 rollout"),
+    ('{"num_learner": 2}', "Did you mean 'num_learners'"),
+    ('{"num_learners": 2', "is not valid JSON"),
+])
+def test_bad_layout_or_config_is_one_clear_error(config, expected):
+    proc = run_mpi(4, sys.executable, "-m", "mpirl", "doctor", "--config", config, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.count("mpirl: error:") == 1, proc.stderr  # rank 0 alone reports it
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,82 @@
+"""Layout resolution and config parsing: pure functions, no MPI launch."""
+
+import pytest
+
+from mpirl.config import build, parse_json_object, split_by_dataclass
+from mpirl.errors import ConfigError, LayoutError
+from mpirl.layout import Layout
+from mpirl.runtime import RuntimeSettings
+
+
+def test_fixed_layout_assigns_roles_in_order():
+    placement = Layout(num_rollout_workers=2, num_replay_shards=1, num_learners=2).resolve(6)
+    assert placement.roles == ("driver", "rollout", "rollout", "replay", "learner", "learner")
+    assert placement.ranks("learner") == [4, 5]
+    assert [placement.role_index(r) for r in range(6)] == [0, 0, 1, 0, 0, 1]
+    assert placement.summary() == "driver 1, rollout 2, replay 1, learner 2 (world size 6)"
+
+
+def test_auto_rollout_takes_every_rank_left():
+    placement = Layout(num_learners=1).resolve(8)
+    assert placement.count("rollout") == 6
+    assert placement.ranks("learner") == [7]
+    assert Layout(num_learners=2).resolve(3).count("rollout") == 0
+
+
+def test_world_too_small_names_the_count_and_the_fix():
+    with pytest.raises(LayoutError) as info:
+        Layout(num_rollout_workers=2, num_learners=2).resolve(4)
+    message = str(info.value)
+    assert "needs 5 ranks" in message and "world has 4" in message
+    assert "mpiexec -n 5" in message and "num_rollout_workers=-1" in message
+
+
+def test_auto_layout_too_small():
+    with pytest.raises(LayoutError, match="at least 4 ranks"):
+        Layout(num_replay_shards=1, num_learners=2).resolve(3)
+
+
+def test_world_too_large_for_a_fixed_layout():
+    with pytest.raises(LayoutError, match="needs 3 ranks"):
+        Layout(num_rollout_workers=2).resolve(8)
+
+
+def test_local_mode_puts_every_requested_role_in_process():
+    placement = Layout(num_rollout_workers=4, num_learners=2).resolve(1)
+    assert placement.local
+    assert placement.ranks("rollout") == [0] and placement.ranks("learner") == [0]
+    assert placement.ranks("replay") == []
+    assert "local mode" in placement.summary()
+    assert Layout().resolve(1).local_roles == ("rollout",)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"num_rollout_workers": -2}, {"num_learners": -1}, {"num_replay_shards": 1.5},
+    {"num_learners": True},
+])
+def test_bad_counts_are_config_errors(kwargs):
+    with pytest.raises(ConfigError):
+        Layout(**kwargs)
+
+
+def test_unknown_key_lists_close_matches():
+    with pytest.raises(ConfigError) as info:
+        split_by_dataclass({"num_learner": 2}, Layout, RuntimeSettings)
+    assert "unknown config key 'num_learner'" in str(info.value)
+    assert "'num_learners'" in str(info.value)
+
+
+def test_config_values_are_type_checked():
+    with pytest.raises(ConfigError, match="must be a number"):
+        build(RuntimeSettings, {"heartbeat_timeout_s": "10"})
+    with pytest.raises(ConfigError, match="whole number"):
+        build(RuntimeSettings, {"max_calls_in_flight": 2.5})
+    with pytest.raises(ConfigError, match="true or false"):
+        build(RuntimeSettings, {"print_layout": 1})
+    assert build(RuntimeSettings, {"heartbeat_timeout_s": 5}).heartbeat_timeout_s == 5
+
+
+@pytest.mark.parametrize("text", ["{", "[1, 2]", "num_learners=2"])
+def test_bad_json_is_explained(text):
+    with pytest.raises(ConfigError, match="--config"):
+        parse_json_object(text, "--config")
