@@ -12,8 +12,8 @@ the mpirl part makes the script exit non-zero.
 Every peer is measured by the same code (``measure_peer``) on the same three workloads:
 
 * sync: one ``ping()`` at a time, median round trip in microseconds;
-* async: ``IN_FLIGHT`` ``echo(small int)`` calls kept outstanding on one worker, a new one
-  submitted as each completes; calls completed per second;
+* async: ``IN_FLIGHT`` ``echo(small int)`` calls kept outstanding on one worker for a fixed
+  time, a new one submitted as each completes; calls completed per second;
 * 1 MiB: ``echo`` of a 1 MiB uint8 array, one at a time, median round trip in microseconds.
 
 The idle measurement times a fixed CPU-bound job on the driver in an mpirl run of world size 1
@@ -63,7 +63,8 @@ class Plan:
 
     warmup: int
     sync_calls: int
-    async_calls: int
+    async_s: float
+    """How long the in-flight loop runs: a fixed time, since the peers differ 50-fold in rate."""
     mb_calls: int
     max_loop_s: float
     """Cap on any one timed loop, so a slow peer cannot stall the whole run."""
@@ -73,9 +74,9 @@ class Plan:
     """Size of the driver's job; one unit is about 20 us of CPU on the reference machine."""
 
 
-FULL = Plan(warmup=200, sync_calls=20_000, async_calls=50_000, mb_calls=2_000, max_loop_s=30.0,
+FULL = Plan(warmup=200, sync_calls=20_000, async_s=10.0, mb_calls=2_000, max_loop_s=30.0,
             idle_rounds=3, idle_reps=5, idle_units=75_000)
-QUICK = Plan(warmup=200, sync_calls=2_000, async_calls=5_000, mb_calls=200, max_loop_s=5.0,
+QUICK = Plan(warmup=200, sync_calls=2_000, async_s=1.0, mb_calls=200, max_loop_s=5.0,
              idle_rounds=2, idle_reps=3, idle_units=20_000)
 
 
@@ -110,8 +111,8 @@ def time_each(call: Callable[[], Any], count: int, warmup: int, max_s: float) ->
 
 
 def closed_loop(submit: Callable[[], Any], wait_some: Callable[[list], tuple[list, list]],
-                count: int, warmup: int, max_s: float, depth: int = IN_FLIGHT) -> dict[str, Any]:
-    """Keep ``depth`` calls outstanding until ``count`` have completed; calls per second.
+                seconds: float, warmup: int, depth: int = IN_FLIGHT) -> dict[str, Any]:
+    """After ``warmup`` calls, keep ``depth`` calls outstanding for ``seconds``; calls per second.
 
     ``wait_some(pending)`` blocks until at least one call is done, takes its result, and returns
     ``(finished, still_pending)``.
@@ -133,7 +134,7 @@ def closed_loop(submit: Callable[[], Any], wait_some: Callable[[list], tuple[lis
 
     drive(warmup, float("inf"))
     start = time.perf_counter()
-    completed = drive(count, start + max_s)
+    completed = drive(sys.maxsize, start + seconds)
     elapsed = time.perf_counter() - start
     return {"calls_per_s": completed / elapsed, "calls": completed, "seconds": elapsed}
 
@@ -149,8 +150,7 @@ def measure_peer(ping: Callable[[], Any], echo: Callable[[Any], Any],
     if echo(12345) != 12345 or not np.array_equal(echo(payload), payload):
         raise RuntimeError("echo did not return its argument")
     sync = time_each(ping, plan.sync_calls, plan.warmup, plan.max_loop_s)
-    flow = closed_loop(lambda: submit_echo(1), wait_some, plan.async_calls, plan.warmup,
-                       plan.max_loop_s)
+    flow = closed_loop(lambda: submit_echo(1), wait_some, plan.async_s, plan.warmup)
     big = time_each(lambda: echo(payload), plan.mb_calls, plan.warmup, plan.max_loop_s)
     return {
         "sync_roundtrip_us": sync["median_us"],
@@ -520,7 +520,9 @@ def print_summary(report: dict[str, Any]) -> None:
         print("  ".join(cells))
     for peer in PEERS:
         if "error" in report[peer]:
-            print(f"{peer}: error: {report[peer]['error'].splitlines()[0]}")
+            # The first line says which program failed, the last usually why.
+            lines = report[peer]["error"].splitlines()
+            print(f"{peer}: error: {lines[0]}" + (f" ... {lines[-1]}" if len(lines) > 1 else ""))
     print(f"mpirl vs ray: sync {_fmt(report['speedup_vs_ray_sync'], 1)}x, "
           f"async {_fmt(report['speedup_vs_ray_async'], 1)}x")
     idle = report["idle"]
