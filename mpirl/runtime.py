@@ -30,12 +30,7 @@ from mpi4py import MPI
 from mpirl.core import RankContext, Worker
 from mpirl.dispatch import HOST, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
-from mpirl.heartbeat import (
-    Heartbeat,
-    end_job_for_lost_ranks,
-    failed_world_ranks,
-    is_process_failure,
-)
+from mpirl.heartbeat import Heartbeat, failed_world_ranks, is_process_failure
 from mpirl.host import WorkerHost
 from mpirl.layout import DRIVER, LEARNER, WORKER_ROLES, Layout, Placement, format_table
 from mpirl.transport import Backoff, Channel, reduce_timer_slack
@@ -198,7 +193,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
             import traceback
 
             if is_process_failure(error):
-                _end_job_for_failed_peers(describe, rank)
+                heartbeat.end_job(failed_world_ranks(), "MPI reported a process failure")
 
             print(f"mpirl: {describe(rank)} failed outside a task; ending the job.\n"
                   f"{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -216,18 +211,16 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
                             settings.task_timeout_s)
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts)
-    exit_code = _call_main(main, driver, lambda: _end_job_for_failed_peers(describe, rank))
+    exit_code = _call_main(
+        main, driver,
+        lambda: heartbeat.end_job(failed_world_ranks(), "MPI reported a process failure"),
+    )
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
               f" s; aborting the job.", file=sys.stderr, flush=True)
         world.Abort(exit_code or EXIT_FAILURE)
     heartbeat.stop()
     return exit_code
-
-
-def _end_job_for_failed_peers(describe: Callable[[int], str], rank: int) -> None:
-    lost = [describe(r) for r in failed_world_ranks()]
-    end_job_for_lost_ranks(lost, describe(rank), "MPI reported a process failure")
 
 
 def _call_main(main: Callable[[Driver], int | None], driver: Driver,

@@ -42,6 +42,23 @@ def _finish(proc, limit=HANG_LIMIT_S):
         pytest.fail(f"the job hung for {limit} s after the fault:\n{out}\n{err}")
 
 
+def _assert_every_rank_ended(pids, within_s=10.0):
+    """mpiexec exiting is not enough: under ULFM it can exit while ranks run on, holding the
+    allocation. Every rank's process must be gone."""
+    deadline = time.monotonic() + within_s
+    while (alive := [p for p in pids.values() if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"ranks still running {within_s} s after the job ended: {alive}"
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _kill_and_time(proc, pid):
     time.sleep(0.5)  # let the run get going
     start = time.monotonic()
@@ -57,27 +74,32 @@ def test_kill_9_of_a_worker_ends_the_job(tmp_path):
     assert elapsed < 30
     assert "rank 2" in err, err  # Open MPI's launcher names the dead rank
     assert "survived" not in out
+    _assert_every_rank_ended(pids)
 
 
 @pytest.mark.parametrize("scenario", ["busy_until_killed", "computing_until_killed"])
 def test_heartbeat_catches_a_dead_worker_when_mpi_keeps_running(tmp_path, scenario):
     # Under ULFM, mpiexec lets the survivors run on: only mpirl's heartbeat can end the job.
     # The driver is either waiting on workers or computing without touching MPI.
-    proc, pids = _start(4, scenario, tmp_path, "--heartbeat-timeout", "4", ulfm=True)
+    # With the default 20 s heartbeat timeout, ULFM's failure report must end every rank (the
+    # driver ends the job, the workers see the driver go) long before any heartbeat times out.
+    proc, pids = _start(4, scenario, tmp_path, ulfm=True)
     elapsed, out, err = _kill_and_time(proc, pids[2])
     assert proc.returncode == EXIT_RANK_LOST, (proc.returncode, err)
     assert elapsed < 30
     assert "mpirl: lost rank 2 (rollout 1)" in err, err
     assert f"(pid {pids[2]})" in err
     assert "survived" not in out
+    _assert_every_rank_ended(pids)
 
 
 def test_workers_end_when_the_driver_is_killed(tmp_path):
-    proc, pids = _start(3, "busy_until_killed", tmp_path, "--heartbeat-timeout", "4", ulfm=True)
+    proc, pids = _start(3, "busy_until_killed", tmp_path, ulfm=True)
     elapsed, out, err = _kill_and_time(proc, pids[0])
     assert proc.returncode == EXIT_RANK_LOST, (proc.returncode, err)
     assert elapsed < 30
     assert "mpirl: lost rank 0 (driver 0)" in err, err
+    _assert_every_rank_ended(pids)
 
 
 def test_worker_leaving_its_serve_loop_ends_the_job():
@@ -109,3 +131,4 @@ def test_a_frozen_worker_is_declared_lost_by_heartbeat_silence(tmp_path):
     # Silence counts from the last heartbeat, which is up to one interval (1 s) before the stop.
     assert 4 - 1 - 0.2 <= elapsed < 30
     assert "mpirl: lost rank 1 (rollout 0)" in err and "no heartbeat for" in err, err
+    _assert_every_rank_ended(pids)
