@@ -245,7 +245,12 @@ class EchoActor:
 
 def role_ray(plan: Plan) -> int:
     """One Ray actor on a local Ray cluster; start-up is timed apart and not counted."""
-    import ray
+    try:
+        import ray
+    except ImportError as error:
+        print(f"Ray is not installed ({error}); install the peers with: "
+              f"pip install -e '.[bench]'  (or: make bench)", file=sys.stderr)
+        return 1
 
     started = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
