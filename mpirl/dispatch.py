@@ -26,7 +26,7 @@ TASK = 1
 RESULT = 2
 #: Object id 0 is the host itself; it answers these messages.
 HOST = 0
-HOST_MESSAGES = ("spawn", "drop", "stop")
+HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects")
 
 
 class Future:

@@ -73,6 +73,9 @@ class WorkerHost:
     def _host_drop(self, object_id: int) -> None:
         self.objects.pop(object_id, None)
 
+    def _host_count_objects(self) -> int:
+        return len(self.objects)
+
     def _host_stop(self, exit_code: int) -> int:
         self._exit_code = exit_code
         return MPI.COMM_WORLD.Get_rank()

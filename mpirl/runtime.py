@@ -100,8 +100,18 @@ class Driver:
             self.dispatcher.submit(rank, HOST, "spawn", (object_id, cls, args, kwargs), {})
             for rank in ranks
         ]
+        errors = []
         for future in futures:
-            future.result()
+            try:
+                future.result()
+            except MpirlError as error:
+                errors.append(error)
+        if errors:
+            # No half-built groups: drop the objects that were created before reporting.
+            for future in futures:
+                if future._ok:
+                    self.dispatcher.submit(future.rank, HOST, "drop", (object_id,), {}).result()
+            raise errors[0]
         handles = [
             WorkerHandle(self.dispatcher, rank, role, index, object_id, cls)
             for index, rank in enumerate(ranks)

@@ -67,12 +67,14 @@ class Echo(Worker):
 
 
 class FailingConstructor(Worker):
-    """A worker whose constructor raises, to test that spawn reports it."""
+    """A worker whose constructor raises on the ranks listed, to test that spawn reports it."""
 
     MESSAGES = ()
 
-    def __init__(self, context: RankContext) -> None:
-        raise RuntimeError(f"constructor refused on rank {context.rank}")
+    def __init__(self, context: RankContext, failing_ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(context)
+        if not failing_ranks or context.rank in failing_ranks:
+            raise RuntimeError(f"constructor refused on rank {context.rank}")
 
 
 def deterministic_bytes(nbytes: int, seed: int) -> np.ndarray:

@@ -54,6 +54,12 @@ def test_remote_exception_reaches_driver_and_worker_keeps_serving():
     assert result["late_result"] == "late" and result["still_serving"] == "yes"
 
 
+def test_a_spawn_that_fails_on_one_rank_leaves_no_objects_behind():
+    result = _ok(*run_scenario(4, "partial_spawn"))
+    assert "constructor refused on rank 2" in result["error"]
+    assert result["before"] == result["after"] == [0, 0, 0]
+
+
 def test_calls_beyond_the_in_flight_bound_wait_for_a_slot():
     result = _ok(*run_scenario(2, "in_flight", "--max-in-flight", "4"))
     assert result["max_seen"] == 4

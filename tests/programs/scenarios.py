@@ -160,6 +160,24 @@ def errors(driver, args):
 
 
 @scenario
+def partial_spawn(driver, args):
+    """A constructor failing on one rank of three leaves no object behind on the others."""
+    from mpirl.dispatch import HOST
+
+    def objects_per_rank():
+        return [driver.dispatcher.submit(rank, HOST, "count_objects", (), {}).result()
+                for rank in driver.placement.ranks("rollout")]
+
+    before = objects_per_rank()
+    try:
+        driver.spawn("rollout", FailingConstructor, (2,))
+        error = None
+    except RemoteError as e:
+        error = str(e)
+    report(before=before, after=objects_per_rank(), error=error)
+
+
+@scenario
 def in_flight(driver, args):
     """The fifth call on a worker with a bound of 4 waits for a slot."""
     echo = driver.spawn("rollout", Echo)[0]
