@@ -24,15 +24,19 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from mpirl.layout import Placement
+    from mpirl.transport import Channel
 
 
 @dataclass(frozen=True)
 class RankContext:
     """Where a worker object runs. Passed as the first argument to every ``Worker``.
 
-    ``data_comm`` spans the whole world and is reserved for worker-to-worker data (batches,
-    weights); ``role_comm`` spans the ranks of this role only (learners allreduce over it). In local
-    mode both are ``COMM_SELF`` and ``role_index`` is 0.
+    ``data_channel`` spans the whole world and carries worker-to-worker data (sample batches);
+    ``role_comm`` spans the ranks of this role only (learners allreduce over it);
+    ``weights_comm`` holds the weight source (learner 0, or the driver when it holds the learner)
+    as its rank 0 plus every rollout rank, for one ``Bcast`` of the weights, and is None on other
+    ranks. In local mode ``role_comm`` is ``COMM_SELF``, the others are None, and ``role_index``
+    is 0.
     """
 
     rank: int
@@ -40,8 +44,9 @@ class RankContext:
     role_index: int
     role_size: int
     placement: Placement
-    data_comm: MPI.Comm
+    data_channel: Channel | None
     role_comm: MPI.Comm
+    weights_comm: MPI.Comm | None
     host: str
     device: str
 

@@ -210,6 +210,12 @@ class WorkerHandle:
         """Run ``method`` on the worker and return its result (raises ``RemoteError``)."""
         return self.call_async(method, *args, **kwargs).result(timeout)
 
+    @property
+    def in_process(self) -> bool:
+        """True when the object lives in the driver's own process (local mode, or a role with
+        no ranks of its own)."""
+        return self._dispatcher is None
+
     def in_flight(self) -> int:
         """Calls on this worker's rank not yet answered (0 in local mode)."""
         return 0 if self._dispatcher is None else self._dispatcher.in_flight(self.rank)

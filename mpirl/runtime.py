@@ -17,6 +17,7 @@ With ``mpiexec -n 1`` or no launcher at all (world size 1) every role is in-proc
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import socket
@@ -32,7 +33,15 @@ from mpirl.dispatch import HOST, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
 from mpirl.heartbeat import Heartbeat, failed_world_ranks, is_process_failure
 from mpirl.host import WorkerHost
-from mpirl.layout import DRIVER, LEARNER, WORKER_ROLES, Layout, Placement, format_table
+from mpirl.layout import (
+    DRIVER,
+    LEARNER,
+    ROLLOUT,
+    WORKER_ROLES,
+    Layout,
+    Placement,
+    format_table,
+)
 from mpirl.transport import Backoff, Channel, reduce_timer_slack
 
 
@@ -77,11 +86,13 @@ class Driver:
     def local(self) -> bool:
         return self.placement.local
 
-    def spawn(self, role: str, cls: type[Worker], *args: Any, **kwargs: Any) -> WorkerGroup:
+    def spawn(self, role: str, cls: type[Worker], *args: Any, local_if_empty: bool = False,
+              **kwargs: Any) -> WorkerGroup:
         """Create ``cls(context, *args, **kwargs)`` on every rank of ``role``; wait until all exist.
 
         Raises ``RemoteError`` naming the rank if a constructor raises there. An empty role gives an
-        empty group.
+        empty group, or with ``local_if_empty`` one object in the driver's process (a learner
+        when ``num_learners`` is 0, say).
         """
         if role not in WORKER_ROLES:
             raise ValueError(f"workers are spawned on {', '.join(WORKER_ROLES)}; got {role!r}")
@@ -89,13 +100,12 @@ class Driver:
             raise TypeError(f"spawn needs a subclass of mpirl.Worker, got {cls!r}")
         object_id = next(self._object_ids)
         ranks = self.placement.ranks(role)
-        if self.dispatcher is None:
-            handles = [
-                WorkerHandle(None, 0, role, 0, object_id, cls,
-                             local_object=cls(self._local_contexts[role], *args, **kwargs))
-                for _ in ranks
-            ]
-            return WorkerGroup(role, cls, handles)
+        if self.dispatcher is None or (local_if_empty and not ranks):
+            if not ranks and not local_if_empty:
+                return WorkerGroup(role, cls, [])
+            context = self._local_contexts.get(role) or dataclasses.replace(self.context, role=role)
+            obj = cls(context, *args, **kwargs)
+            return WorkerGroup(role, cls, [WorkerHandle(None, 0, role, 0, object_id, cls, obj)])
         futures = [
             self.dispatcher.submit(rank, HOST, "spawn", (object_id, cls, args, kwargs), {})
             for rank in ranks
@@ -154,7 +164,7 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
                settings: RuntimeSettings) -> int:
     host = socket.gethostname()
     contexts = {
-        role: RankContext(0, role, 0, 1, placement, MPI.COMM_SELF, MPI.COMM_SELF, host,
+        role: RankContext(0, role, 0, 1, placement, None, MPI.COMM_SELF, None, host,
                           pick_device(role, 0))
         for role in (DRIVER, *placement.local_roles)
     }
@@ -182,13 +192,14 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
                           settings.heartbeat_timeout_s, describe).start()
     # Collective set-up; a rank that dies in here is caught by the heartbeat.
     channel = Channel(world)
-    data_comm = world.Dup()
+    data_channel = Channel(world)
     role_comm = world.Split(color=(DRIVER, *WORKER_ROLES).index(role), key=rank)
+    weights_comm = _split_weights_comm(world, placement)
     node_comm = role_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     context = RankContext(
         rank=rank, role=role, role_index=placement.role_index(rank),
-        role_size=role_comm.Get_size(), placement=placement, data_comm=data_comm,
-        role_comm=role_comm, host=socket.gethostname(),
+        role_size=role_comm.Get_size(), placement=placement, data_channel=data_channel,
+        role_comm=role_comm, weights_comm=weights_comm, host=socket.gethostname(),
         device=pick_device(role, node_comm.Get_rank()),
     )
     node_comm.Free()
@@ -231,6 +242,22 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         world.Abort(exit_code or EXIT_FAILURE)
     heartbeat.stop()
     return exit_code
+
+
+def weight_source_rank(placement: Placement) -> int:
+    """The rank whose weights the rollout workers use: learner 0, or the driver holding the
+    learner when there are no learner ranks."""
+    learners = placement.ranks(LEARNER)
+    return learners[0] if learners and not placement.local else 0
+
+
+def _split_weights_comm(world: MPI.Comm, placement: Placement) -> MPI.Comm | None:
+    source = weight_source_rank(placement)
+    rank = world.Get_rank()
+    member = rank == source or placement.roles[rank] == ROLLOUT
+    # key 0 for the source makes it rank 0 of the new communicator, the Bcast root.
+    comm = world.Split(0 if member else MPI.UNDEFINED, key=0 if rank == source else rank + 1)
+    return None if comm == MPI.COMM_NULL else comm
 
 
 def _call_main(main: Callable[[Driver], int | None], driver: Driver,

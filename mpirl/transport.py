@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from mpirl.errors import TaskTimeout
+
 #: Largest single MPI message for out-of-band buffers (1 GiB, well below the 2 GiB int limit).
 CHUNK_BYTES = 1 << 30
 
@@ -79,6 +81,16 @@ class Channel:
         buffers = [self._receive_buffer(size, source, tag) for size in sizes]
         data = memoryview(head)[_COUNT.size + 8 * count:]
         return pickle.loads(data, buffers=buffers), source
+
+    def recv(self, source: int, tag: int, timeout: float = 3600.0) -> Any:
+        """Wait for one message from ``source``; raise TaskTimeout after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        backoff = Backoff()
+        while (item := self.poll(source, tag)) is None:
+            if time.monotonic() > deadline:
+                raise TaskTimeout(f"no message (tag {tag}) from rank {source} within {timeout:g} s")
+            backoff.sleep()
+        return item[0]
 
     def _receive_buffer(self, size: int, source: int, tag: int) -> np.ndarray:
         # np.empty, not bytearray: a multi-GiB buffer need not be zero-filled first.

@@ -1,0 +1,158 @@
+"""Learners: data-parallel SGD over the learner ranks, with one gradient allreduce per step.
+
+Every learner holds the same policy and optimizer. Each receives its share of the sample batches
+straight from rollout ranks, and every SGD step averages the flattened gradients of all learners
+in one allreduce, so after every update all learners hold identical weights.
+
+The allreduce backend: NCCL through ``torch.distributed`` on GPUs, MPI (``Allreduce`` on the
+learner communicator) on CPUs, or Gloo on request. A torch process group is bootstrapped over the
+learner communicator: learner 0 opens a ``TCPStore`` and broadcasts its address, so the driver and
+the rollout ranks never join it.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from mpirl.core import RankContext, Worker
+from mpirl.errors import ConfigError
+from mpirl.operators import concat_batches, standardize_fields
+from mpirl.policy import PolicySpec
+from mpirl.rollout import BATCH_TAG
+
+BACKENDS = ("auto", "mpi", "gloo", "nccl")
+
+
+class GradientAllreduce:
+    """Averages a flat gradient buffer over the learner ranks."""
+
+    def __init__(self, context: RankContext, backend: str) -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"learner_backend must be one of {', '.join(BACKENDS)}, "
+                              f"got {backend!r}")
+        if backend == "auto":
+            backend = "nccl" if context.device.startswith("cuda") else "mpi"
+        if backend == "nccl" and not context.device.startswith("cuda"):
+            raise ConfigError("learner_backend 'nccl' needs CUDA learners; this learner runs on "
+                              f"{context.device}. Use 'mpi' or 'gloo' on CPUs.")
+        self.backend = backend
+        self.comm = context.role_comm
+        self.size = self.comm.Get_size()
+        self.group = None
+        if self.size > 1 and backend in ("gloo", "nccl"):
+            self.group = _init_process_group(self.comm, backend)
+
+    def __call__(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return flat
+        if self.group is not None:
+            torch.distributed.all_reduce(flat, group=self.group)
+            return flat.div_(self.size)
+        host = flat.cpu().numpy() if flat.is_cuda else flat.numpy()
+        self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+        result = torch.from_numpy(host).div_(self.size)
+        return result.to(flat.device) if flat.is_cuda else result
+
+
+def _init_process_group(comm: MPI.Comm, backend: str):
+    import torch.distributed as dist
+
+    if comm.Get_rank() == 0:
+        host = socket.gethostbyname(socket.gethostname())
+        store = dist.TCPStore(host, 0, comm.Get_size(), is_master=True, wait_for_workers=False)
+        address = (host, store.port)
+    else:
+        address = None
+    address = comm.bcast(address, root=0)
+    if comm.Get_rank() != 0:
+        store = dist.TCPStore(address[0], address[1], comm.Get_size(), is_master=False)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
+                                world_size=comm.Get_size())
+    return dist.group.WORLD
+
+
+LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[str, float]]]
+
+
+class Learner(Worker):
+    """One data-parallel learner: receives batches, runs minibatch SGD, shares weights."""
+
+    MESSAGES = ("train", "get_weights", "set_weights", "broadcast_weights")
+
+    def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
+                 lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
+                 torch_threads: int = 1) -> None:
+        super().__init__(context)
+        torch.set_num_threads(torch_threads)
+        torch.manual_seed(seed)
+        self.device = torch.device(context.device)
+        self.policy = policy.build(context.device)
+        self.loss, self.loss_config = loss, loss_config
+        self.allreduce = GradientAllreduce(context, backend)
+        self.params = list(self.policy.parameters())
+        # Learners start from learner 0's initial weights, whatever their seeds did.
+        flat = self.policy.get_flat_weights()
+        context.role_comm.Bcast(flat, root=0)
+        self.policy.set_flat_weights(flat)
+        self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5)
+        self.grad_clip = grad_clip
+        self.rng = np.random.default_rng(seed + 7919 * context.role_index)
+
+    def train(self, sources: list[int], batches: list[dict] | None, num_epochs: int,
+              num_minibatches: int, lr: float | None = None,
+              standardize: tuple[str, ...] = ("advantages",)) -> dict[str, float]:
+        """Receive the batches of rollout ranks ``sources`` (or take ``batches`` given in the
+        call), then run ``num_epochs`` passes of ``num_minibatches`` SGD steps. Every learner must
+        run the same number of steps: each step is an allreduce."""
+        received = [self.context.data_channel.recv(src, BATCH_TAG) for src in sources]
+        batch = concat_batches((batches or []) + received)
+        standardize_fields(batch, standardize, self.context.role_comm)
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        tensors = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        size = len(batch["advantages"])
+        totals: dict[str, float] = {}
+        steps = 0
+        for _ in range(num_epochs):
+            for index in np.array_split(self.rng.permutation(size), num_minibatches):
+                minibatch = {k: v[torch.as_tensor(index, device=self.device)]
+                             for k, v in tensors.items()}
+                loss, stats = self.loss(self.policy, minibatch, self.loss_config)
+                self.optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                self._average_gradients()
+                if self.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+                self.optimizer.step()
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
+                steps += 1
+        return {k: v / max(steps, 1) for k, v in totals.items()} | {"sgd_steps": steps,
+                                                                    "learner_samples": size}
+
+    def _average_gradients(self) -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat = self.allreduce(flat)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    def get_weights(self) -> np.ndarray:
+        return self.policy.get_flat_weights()
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        self.policy.set_flat_weights(flat)
+
+    def broadcast_weights(self) -> None:
+        """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
+        self.context.weights_comm.Bcast(self.policy.get_flat_weights(), root=0)

@@ -1,0 +1,120 @@
+"""Operators: the eager steps that algorithm plans are written in.
+
+Each is a plain function a ``training_step`` calls from top to bottom. What moves where:
+
+* ``parallel_rollouts``: every rollout worker samples; batches go straight to learner ranks, the
+  driver gets counts, episode metrics and observation-statistics deltas.
+* ``train_one_step``: every learner receives its rollout ranks' batches and runs minibatch SGD
+  with one gradient allreduce per step; the driver gets averaged loss statistics.
+* ``broadcast_weights``: learner 0's weights go to every rollout rank in one ``Bcast``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.dispatch import WorkerGroup, wait
+from mpirl.policy import RunningMeanStd
+
+
+@dataclass
+class SampleResult:
+    """What the driver learns from one round of sampling (batches stay on the data plane)."""
+
+    env_steps: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    #: learner index -> rollout ranks whose batches it must receive
+    sources: dict[int, list[int]] = field(default_factory=dict)
+    #: learner index -> batches handed over in-process (local rollout workers)
+    batches: dict[int, list[dict]] = field(default_factory=dict)
+
+
+def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_env: int,
+                      obs_filter: RunningMeanStd | None = None) -> SampleResult:
+    """Sample ``steps_per_env`` steps on every environment of every rollout worker, routing
+    rollout worker i's batch to learner i mod L. Merges the workers' observation statistics
+    into ``obs_filter``."""
+    filter_state = obs_filter.state() if obs_filter is not None else None
+    result = SampleResult()
+    futures = []
+    for i, worker in enumerate(rollouts):
+        target = i % len(learners)
+        learner = learners[target]
+        remote = not worker.in_process
+        send_to = learner.rank if remote else None
+        if remote:
+            result.sources.setdefault(target, []).append(worker.rank)
+        futures.append((target, worker.call_async("sample", steps_per_env, filter_state, send_to)))
+    wait([f for _, f in futures], num_returns=len(futures))
+    for target, future in futures:
+        metrics = future.result()
+        result.env_steps += metrics["env_steps"]
+        result.episode_returns += metrics["episode_returns"]
+        result.episode_lengths += metrics["episode_lengths"]
+        if "batch" in metrics:
+            result.batches.setdefault(target, []).append(metrics["batch"])
+        if obs_filter is not None and metrics["filter_delta"] is not None:
+            mean, var, count = metrics["filter_delta"]
+            obs_filter.merge(mean, var, count)
+    return result
+
+
+def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: Any
+                   ) -> dict[str, float]:
+    """Every learner trains on its share of ``samples``; returns statistics averaged over
+    learners. ``train_args`` go to ``Learner.train`` (epochs, minibatches, learning rate)."""
+    futures = [
+        learner.call_async("train", samples.sources.get(i, []), samples.batches.get(i),
+                           **train_args)
+        for i, learner in enumerate(learners)
+    ]
+    wait(futures, num_returns=len(futures))
+    results = [f.result() for f in futures]
+    stats = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+    stats["learner_samples"] = float(sum(r["learner_samples"] for r in results))
+    return stats
+
+
+def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
+    """Copy learner 0's weights to every rollout worker: one ``Bcast`` from learner 0 when the
+    rollout workers have ranks of their own, a plain copy for in-process ones."""
+    source = learners[0]
+    if all(worker.in_process for worker in rollouts):
+        weights = source.call("get_weights")
+        for worker in rollouts:
+            worker.call("set_weights", weights)
+        return
+    # The rollout ranks enter the collective first; a learner in the driver's process runs its
+    # half of the Bcast inside call_async, which would otherwise wait for nobody.
+    futures = rollouts.call_async("receive_weights")
+    futures.append(source.call_async("broadcast_weights"))
+    wait(futures, num_returns=len(futures))
+    for future in futures:
+        future.result()
+
+
+def concat_batches(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One batch from several with the same keys, rows in the order given."""
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+
+
+def standardize_fields(batch: dict[str, np.ndarray], fields: tuple[str, ...],
+                       comm: MPI.Comm | None = None) -> None:
+    """Shift and scale ``fields`` in place to mean 0 and std 1, over the rows of every rank of
+    ``comm`` (one small allreduce), so data-parallel learners standardize alike."""
+    for name in fields:
+        values = batch[name].astype(np.float64)
+        sums = np.array([values.size, values.sum(), np.square(values).sum()])
+        if comm is not None and comm.Get_size() > 1:
+            comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+        count, total, squares = sums
+        mean = total / count
+        std = np.sqrt(max(squares / count - mean**2, 0.0))
+        batch[name] = ((values - mean) / (std + 1e-8)).astype(np.float32)

@@ -1,0 +1,172 @@
+"""Rollout workers: environments plus a policy copy, sampling batches of experience.
+
+Each rollout rank steps ``num_envs_per_worker`` environments in a gymnasium vector env, computes
+advantages (GAE) itself, and sends the batch straight to its learner rank over the data channel;
+the driver gets back only counts and episode metrics. Weights arrive by broadcast from learner 0.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from mpirl.core import RankContext, Worker
+from mpirl.errors import ConfigError
+from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
+
+#: Tag of sample batches on the data channel.
+BATCH_TAG = 21
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to make the environment on any rank."""
+
+    env_id: str
+    """A registered gymnasium id, or ``module:ClassName`` for a class to instantiate."""
+    env_module: str | None = None
+    """A module to import first, for ids registered by a third-party package."""
+    env_config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment's constructor."""
+
+    def make(self) -> gym.Env:
+        if self.env_module:
+            try:
+                importlib.import_module(self.env_module)
+            except ImportError as error:
+                raise ConfigError(f"--env-module {self.env_module!r} could not be imported: "
+                                  f"{error}") from None
+        if ":" in self.env_id and self.env_id not in gym.registry:
+            module_name, _, class_name = self.env_id.partition(":")
+            try:
+                cls = getattr(importlib.import_module(module_name), class_name)
+            except (ImportError, AttributeError) as error:
+                raise ConfigError(f"environment {self.env_id!r}: cannot load {class_name} from "
+                                  f"module {module_name}: {error}") from None
+            return cls(**self.env_config)
+        if self.env_id not in gym.registry:
+            close = difflib.get_close_matches(self.env_id, list(gym.registry), n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ConfigError(
+                f"unknown environment id {self.env_id!r}.{hint} Give a registered gymnasium id, "
+                f"'module:ClassName' for your own class, or --env-module PACKAGE to import the "
+                f"package that registers it."
+            )
+        return gym.make(self.env_id, **self.env_config)
+
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        env = self.make()
+        try:
+            return env.observation_space, env.action_space
+        finally:
+            env.close()
+
+
+class RolloutWorker(Worker):
+    """Samples experience with the current policy; one per rollout rank (or in-process)."""
+
+    MESSAGES = ("sample", "receive_weights", "set_weights", "get_weights")
+
+    def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
+                 num_envs: int, seed: int, gamma: float, lam: float,
+                 normalize_observations: bool, torch_threads: int = 1) -> None:
+        super().__init__(context)
+        torch.set_num_threads(torch_threads)
+        self.seed = seed + 1000 * context.role_index
+        torch.manual_seed(self.seed)
+        self.envs = gym.vector.SyncVectorEnv(
+            [env.make for _ in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        self.policy = policy.build("cpu")
+        self.gamma, self.lam = gamma, lam
+        # Only real-valued observations are normalized; a Discrete one is one-hot encoded.
+        self.normalize_observations = normalize_observations and isinstance(
+            self.envs.single_observation_space, gym.spaces.Box)
+        self.obs_shape = self.envs.single_observation_space.shape
+        self.filter = RunningMeanStd(self.obs_shape)
+        self.obs, _ = self.envs.reset(seed=self.seed)
+        self.episode_return = np.zeros(num_envs)
+        self.episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._weights = np.empty(self.policy.num_weights(), np.float32)
+
+    def _normalize(self, obs: np.ndarray) -> np.ndarray:
+        if not self.normalize_observations:
+            return obs
+        return self.filter.normalize(obs)
+
+    def sample(self, steps_per_env: int, filter_state: tuple | None = None,
+               send_to: int | None = None) -> dict[str, Any]:
+        """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
+        unless ``send_to`` names the learner rank to send it to over the data channel."""
+        if filter_state is not None:
+            self.filter.mean, self.filter.var, self.filter.count = filter_state
+        delta = RunningMeanStd(self.obs_shape)  # what this call saw, merged on the driver
+        num_envs = self.envs.num_envs
+        columns = {k: [] for k in ("obs", "actions", "logp", "values", "rewards", "dones")}
+        returns, lengths = [], []
+        for _ in range(steps_per_env):
+            if self.normalize_observations:
+                delta.update(self.obs)
+            obs = self._normalize(self.obs)
+            actions, logp, values = self.policy.act(obs)
+            next_obs, rewards, terminated, truncated, infos = self.envs.step(
+                self.policy.env_actions(actions))
+            rewards = np.asarray(rewards, dtype=np.float32)
+            self.episode_return += rewards
+            self.episode_length += 1
+            done = terminated | truncated
+            if truncated.any():
+                # A time limit is not a terminal state: bootstrap from the final observation.
+                final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(truncated)])
+                rewards = rewards.copy()
+                rewards[truncated] += self.gamma * self.policy.value(self._normalize(final))
+            for i in np.flatnonzero(done):
+                returns.append(float(self.episode_return[i]))
+                lengths.append(int(self.episode_length[i]))
+            self.episode_return[done] = 0.0
+            self.episode_length[done] = 0
+            for key, value in (("obs", obs), ("actions", actions), ("logp", logp),
+                               ("values", values), ("rewards", rewards), ("dones", done)):
+                columns[key].append(value)
+            self.obs = next_obs
+        last_values = self.policy.value(self._normalize(self.obs))
+        arrays = {k: np.stack(v) for k, v in columns.items()}
+        advantages, targets = compute_gae(arrays["rewards"], arrays["values"],
+                                          arrays["dones"].astype(np.float32), last_values,
+                                          self.gamma, self.lam)
+        count = steps_per_env * num_envs
+        batch = {
+            "obs": arrays["obs"].reshape(count, *arrays["obs"].shape[2:]),
+            "actions": arrays["actions"].reshape(count, *arrays["actions"].shape[2:]),
+            "logp": arrays["logp"].reshape(count),
+            "values": arrays["values"].reshape(count),
+            "advantages": advantages.reshape(count),
+            "value_targets": targets.reshape(count),
+        }
+        metrics = {"env_steps": count, "episode_returns": returns, "episode_lengths": lengths,
+                   "filter_delta": delta.state() if self.normalize_observations else None}
+        if send_to is None:
+            metrics["batch"] = batch
+        else:
+            channel = self.context.data_channel
+            channel.flush()
+            channel.isend(batch, send_to, BATCH_TAG)
+        return metrics
+
+    def receive_weights(self) -> None:
+        """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
+        self.context.weights_comm.Bcast(self._weights, root=0)
+        self.policy.set_flat_weights(self._weights)
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        self.policy.set_flat_weights(flat)
+
+    def get_weights(self) -> np.ndarray:
+        return self.policy.get_flat_weights()
