@@ -28,6 +28,8 @@ setup(
         "gymnasium>=1.0",
         "h5py>=3.10",
         "rich>=13",
+        # mpirl plot draws PNG curves.
+        "matplotlib>=3.8",
     ],
     extras_require={
         # The local default: Open MPI 5 from PyPI. It yields the CPU when ranks outnumber cores.

@@ -26,6 +26,28 @@ def _parser() -> argparse.ArgumentParser:
         help='layout and runtime keys, e.g. \'{"num_learners": 1, "num_replay_shards": 0}\'',
     )
     doctor.add_argument("--pings", type=int, default=200, help="round trips timed per worker")
+
+    train = commands.add_parser(
+        "train", help="train an algorithm on an environment (run it under mpiexec or srun)",
+        description="Train until any --stop criterion is met (exit code 0). Rank 0 shows "
+                    "progress and writes params.json, progress.csv, result.json and TensorBoard "
+                    "events to the run directory.",
+    )
+    train.add_argument("--algo", required=True, help="PPO or A2C")
+    train.add_argument("--env", required=True,
+                       help="a gymnasium id such as CartPole-v1, or module:ClassName")
+    train.add_argument("--env-module", help="import this module first (it registers the env id)")
+    train.add_argument("--config", default="{}", metavar="JSON",
+                       help='algorithm, layout and runtime keys, e.g. \'{"num_learners": 2}\'')
+    train.add_argument("--stop", default="{}", metavar="JSON",
+                       help='stop criteria, any one ends the run, e.g. \'{"episode_return_mean": '
+                            '475, "timesteps_total": 200000}\' (default: 1,000,000 steps)')
+    train.add_argument("--seed", type=int, help="base seed (overrides the config's seed)")
+    train.add_argument("--run-dir", help="where results go (default: runs/ALGO-ENV-TIME)")
+
+    plot = commands.add_parser("plot", help="plot return curves of one or more run directories")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("-o", "--output", default="curve.png", help="PNG file to write")
     return parser
 
 
@@ -42,17 +64,31 @@ def main(argv: list[str] | None = None) -> int:
             layout = build(Layout, layout_keys)
             settings = build(RuntimeSettings, runtime_keys)
             return run(lambda driver: run_doctor(driver, pings=args.pings), layout, settings)
+        if args.command == "train":
+            from mpirl.train import make_request, train
+
+            request = make_request(
+                args.algo, args.env, args.env_module,
+                parse_json_object(args.config, "--config"), parse_json_object(args.stop, "--stop"),
+                args.seed, args.run_dir,
+            )
+            return train(request)
+        if args.command == "plot":
+            from mpirl.plot import plot_runs
+
+            _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}")
+            return 0
     except MpirlError as error:
         _print_on_rank0(f"mpirl: error: {error}")
         return error.exit_code
     raise AssertionError(f"unhandled command {args.command}")
 
 
-def _print_on_rank0(message: str) -> None:
+def _print_on_rank0(message: str, stream=None) -> None:
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.Get_rank() == 0:
-        print(message, file=sys.stderr, flush=True)
+        print(message, file=stream or sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

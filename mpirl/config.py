@@ -63,4 +63,7 @@ def build(cls: type[T], values: Mapping[str, Any]) -> T:
             raise ConfigError(f"config key {key!r} must be a number, got {value!r}")
         if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
             raise ConfigError(f"config key {key!r} must be a whole number, got {value!r}")
+    # JSON has lists where the dataclasses keep tuples (hidden_sizes, say).
+    values = {k: tuple(v) if isinstance(fields[k].default, tuple) and isinstance(v, list) else v
+              for k, v in values.items()}
     return cls(**values)

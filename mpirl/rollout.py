@@ -36,6 +36,14 @@ class EnvSpec:
     """Keyword arguments for the environment's constructor."""
 
     def make(self) -> gym.Env:
+        cls = self.check()
+        if cls is not None:
+            return cls(**self.env_config)
+        return gym.make(self.env_id, **self.env_config)
+
+    def check(self) -> type | None:
+        """Raise ConfigError if the environment cannot be found; return the class for a
+        ``module:ClassName`` id, None for a registered id. Cheap: nothing is constructed."""
         if self.env_module:
             try:
                 importlib.import_module(self.env_module)
@@ -49,7 +57,7 @@ class EnvSpec:
             except (ImportError, AttributeError) as error:
                 raise ConfigError(f"environment {self.env_id!r}: cannot load {class_name} from "
                                   f"module {module_name}: {error}") from None
-            return cls(**self.env_config)
+            return cls
         if self.env_id not in gym.registry:
             close = difflib.get_close_matches(self.env_id, list(gym.registry), n=3, cutoff=0.6)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
@@ -58,7 +66,7 @@ class EnvSpec:
                 f"'module:ClassName' for your own class, or --env-module PACKAGE to import the "
                 f"package that registers it."
             )
-        return gym.make(self.env_id, **self.env_config)
+        return None
 
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         env = self.make()

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from mpirl.core import RankContext, Worker
@@ -84,3 +85,52 @@ def deterministic_bytes(nbytes: int, seed: int) -> np.ndarray:
 
 def sha256(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).view(np.uint8).data).hexdigest()
+
+
+class CorridorEnv(gym.Env):
+    """Walk right along a corridor of ``length`` cells: +1 at the end, -0.01 per step.
+
+    Deterministic and tiny, with a Box observation (position, steps left) and either a Discrete
+    action (0 left, 1 right) or, with ``multi=True``, a MultiDiscrete one (direction, stride) so
+    that every action-space path of the policy can be trained end to end in seconds.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, length: int = 6, max_steps: int = 30, multi: bool = False) -> None:
+        self.length, self.max_steps, self.multi = length, max_steps, multi
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = (gym.spaces.MultiDiscrete([2, 2]) if multi
+                             else gym.spaces.Discrete(2))
+        self.position = 0
+        self.steps = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.position / self.length, 1 - self.steps / self.max_steps],
+                        dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.position, self.steps = 0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        direction, stride = (int(action[0]), int(action[1]) + 1) if self.multi else (int(action), 1)
+        self.position = max(0, self.position + (stride if direction == 1 else -1))
+        self.steps += 1
+        terminated = self.position >= self.length
+        truncated = not terminated and self.steps >= self.max_steps
+        return self._obs(), (1.0 if terminated else -0.01), terminated, truncated, {}
+
+
+class MultiCorridorEnv(CorridorEnv):
+    """CorridorEnv with the MultiDiscrete action space."""
+
+    def __init__(self, length: int = 6, max_steps: int = 30) -> None:
+        super().__init__(length, max_steps, multi=True)
+
+
+# Importing this module registers the corridor under an id, as third-party env packages do
+# (what `mpirl train --env-module mpirl.testing --env MpirlCorridor-v0` relies on).
+if "MpirlCorridor-v0" not in gym.registry:
+    gym.register("MpirlCorridor-v0", entry_point=CorridorEnv)

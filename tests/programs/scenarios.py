@@ -263,6 +263,39 @@ def same_code(driver, args):
     )
 
 
+@scenario
+def learners_agree(driver, args):
+    """Two learners train on different batches; afterwards their weights must be identical."""
+    import gymnasium as gym
+    from mpirl.algorithms import ppo
+
+    from mpirl.learner import Learner
+    from mpirl.policy import PolicySpec
+
+    spec = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
+    config = ppo.Config()
+    learners = driver.spawn("learner", Learner, spec, ppo.loss, config, 1e-2, 0.5, 0,
+                            args.backend)
+    initial = [w.tolist() for w in learners.call("get_weights")]
+    rng = np.random.default_rng(0)
+
+    def batch(n):
+        return {"obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+                "actions": rng.integers(0, 2, n), "logp": np.full(n, -0.69, np.float32),
+                "values": np.zeros(n, np.float32),
+                "advantages": rng.normal(size=n).astype(np.float32),
+                "value_targets": rng.normal(size=n).astype(np.float32)}
+
+    for _ in range(3):
+        futures = [h.call_async("train", [], [batch(64)], 2, 4) for h in learners]
+        stats = [f.result() for f in futures]
+    weights = learners.call("get_weights")
+    report(learners=len(learners), initial_equal=initial[0] == initial[1],
+           moved=weights[0].tolist() != initial[0],
+           identical=bool(np.array_equal(weights[0], weights[1])),
+           sgd_steps=[s["sgd_steps"] for s in stats])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("name", choices=sorted(SCENARIOS))
@@ -270,6 +303,7 @@ def main() -> int:
     parser.add_argument("--heartbeat-timeout", type=float, default=20.0)
     parser.add_argument("--max-in-flight", type=int, default=16)
     parser.add_argument("--layout", default="{}")
+    parser.add_argument("--backend", default="mpi")
     args = parser.parse_args()
     settings = mpirl.RuntimeSettings(
         heartbeat_timeout_s=args.heartbeat_timeout, max_calls_in_flight=args.max_in_flight,

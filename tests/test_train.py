@@ -1,0 +1,127 @@
+"""`mpirl train` end to end under mpiexec: learning thresholds, outputs, envs, and bad input."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import mpi_env, run_mpi
+
+MPIRL = [sys.executable, "-m", "mpirl"]
+REQUIRED_COLUMNS = {"iteration", "timesteps_total", "episode_return_mean", "episode_len_mean",
+                    "env_steps_per_s", "time_total_s"}
+
+
+def train(n, tmp_path, *args, timeout=300):
+    run_dir = tmp_path / "run"
+    command = [*MPIRL, "train", *args, "--run-dir", str(run_dir)]
+    if n == 1:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=mpi_env({"CI": "true"}))
+    else:
+        proc = run_mpi(n, *command, timeout=timeout, env={"CI": "true"})
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr}"
+    result = json.loads((run_dir / "result.json").read_text())
+    return proc, run_dir, result
+
+
+def rows(run_dir):
+    with open(run_dir / "progress.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
+    proc, run_dir, result = train(
+        3, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "1",
+        "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}')
+    assert result["episode_return_mean"] >= 475, result
+    assert result["timesteps_total"] <= 150000
+    # The outputs a user reads.
+    progress = rows(run_dir)
+    assert REQUIRED_COLUMNS <= set(progress[0]) and len(progress) == result["iteration"]
+    params = json.loads((run_dir / "params.json").read_text())
+    assert params["algo"] == "PPO" and params["config"]["seed"] == 1
+    assert params["layout"].startswith("driver 1, rollout 2, replay 0, learner 0")
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    assert "stopped: episode_return_mean reached" in proc.stdout
+    assert proc.stdout.count("mpirl layout:") == 1
+
+
+def test_ppo_with_two_learners_and_two_rollout_workers_learns_as_well(tmp_path):
+    _, run_dir, result = train(
+        5, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "1",
+        "--config", '{"num_learners": 2, "num_rollout_workers": 2}',
+        "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}')
+    assert result["episode_return_mean"] >= 475, result
+    assert result["timesteps_total"] <= 150000
+    assert json.loads((run_dir / "params.json").read_text())["layout"].startswith(
+        "driver 1, rollout 2, replay 0, learner 2")
+
+
+def test_a2c_learns_cartpole_within_500k_steps(tmp_path):
+    _, _, result = train(
+        3, tmp_path, "--algo", "A2C", "--env", "CartPole-v1", "--seed", "1",
+        "--stop", '{"episode_return_mean": 400, "timesteps_total": 500000}')
+    assert result["episode_return_mean"] >= 400, result
+    assert result["timesteps_total"] <= 500000
+
+
+def test_local_mode_trains_without_a_launcher(tmp_path):
+    proc, _, result = train(1, tmp_path, "--algo", "PPO", "--env", "CartPole-v1",
+                            "--stop", '{"training_iteration": 3}')
+    assert result["iteration"] == 3 and result["timesteps_total"] == 3 * 8 * 64
+    assert "local mode" in proc.stdout
+
+
+@pytest.mark.parametrize("env_args, config", [
+    (["--env", "mpirl.testing:CorridorEnv"], {}),
+    (["--env", "mpirl.testing:MultiCorridorEnv"], {}),
+    (["--env-module", "mpirl.testing", "--env", "MpirlCorridor-v0"],
+     {"normalize_observations": True}),
+])
+def test_custom_envs_and_action_spaces_train(tmp_path, env_args, config):
+    # The corridor is solved by walking right: +1 minus 0.01 a step, so a return above 0.9.
+    config = {"num_envs_per_worker": 4, "rollout_fragment_length": 32, **config}
+    _, _, result = train(3, tmp_path, "--algo", "PPO", *env_args, "--config", json.dumps(config),
+                         "--stop", '{"episode_return_mean": 0.9, "timesteps_total": 30000}')
+    assert result["episode_return_mean"] >= 0.9, result
+
+
+def test_box_actions_train_end_to_end(tmp_path):
+    # 4 x 64 steps per env: long enough to finish Pendulum's 200-step episodes.
+    _, run_dir, result = train(3, tmp_path, "--algo", "PPO", "--env", "Pendulum-v1",
+                               "--stop", '{"training_iteration": 4}')
+    assert result["iteration"] == 4 and result["episode_return_mean"] < 0  # Pendulum's costs
+
+
+def test_plot_draws_the_runs(tmp_path):
+    _, run_dir, _ = train(1, tmp_path, "--algo", "A2C", "--env", "CartPole-v1",
+                          "--stop", '{"training_iteration": 20}')
+    out = tmp_path / "curve.png"
+    proc = subprocess.run([*MPIRL, "plot", str(run_dir), str(run_dir), "-o", str(out)],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--config", '{"num_epoch": 3}'], "Did you mean 'num_epochs'?"),
+    (["--config", '{"lr": "fast"}'], "config key 'lr' must be a number"),
+    (["--env", "CartPol-v1"], "unknown environment id 'CartPol-v1'. Did you mean 'CartPole-v1'"),
+    (["--algo", "PPPO"], "unknown algorithm 'PPPO'; available: PPO, A2C"),
+    (["--stop", '{"reward": 10}'], "unknown --stop key 'reward'"),
+    (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),
+])
+def test_bad_input_is_one_clear_error_on_every_rank(tmp_path, args, expected):
+    base = {"--algo": "PPO", "--env": "CartPole-v1"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    command = [*MPIRL, "train", *[x for kv in base.items() for x in kv],
+               "--run-dir", str(tmp_path / "run")]
+    proc = run_mpi(3, *command, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
