@@ -7,7 +7,7 @@ VENV ?= .venv
 # torch 2.13.0 installs a CPU build here. On a GPU cluster set e.g. TORCH_SPEC="torch==2.13.0"
 # with your site's index, or TORCH_SPEC=skip to keep the torch already in the environment.
 TORCH_SPEC ?= torch==2.13.0
-NP ?= 4
+NP ?= 3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mpirl-installed
 BENCH_STAMP := $(VENV)/.mpirl-bench-installed
@@ -35,8 +35,10 @@ $(STAMP): $(BIN)/python setup.py
 
 install: $(STAMP)
 
+# The main job: PPO on CartPole under mpiexec (driver + learner on rank 0, NP-1 rollout ranks).
 run: install
-	$(MPIEXEC) -n $(NP) $(BIN)/mpirl doctor
+	$(MPIEXEC) -n $(NP) $(BIN)/mpirl train --algo PPO --env CartPole-v1 \
+	    --stop '{"episode_return_mean": 475, "timesteps_total": 200000}'
 
 test: install
 	$(BIN)/python -m pytest

@@ -59,6 +59,13 @@ def make_request(algo: str, env_id: str, env_module: str | None, config: dict[st
         # Rank 0's clock names the directory; the other ranks never use it.
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = f"runs/{module.__name__.rsplit('.', 1)[-1]}-{env_id.replace(':', '_')}-{stamp}"
+    existing = [name for name in ("progress.csv", "result.json")
+                if (Path(run_dir) / name).exists()]
+    if existing:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run ({', '.join(existing)}); nothing was "
+            f"overwritten. Choose a new --run-dir, or leave it out for a fresh timestamped one."
+        )
     return TrainRequest(algo.upper(), env, algo_config, settings, stop or dict(DEFAULT_STOP),
                         Path(run_dir))
 

@@ -105,6 +105,17 @@ def test_plot_draws_the_runs(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_an_existing_run_is_never_overwritten(tmp_path):
+    _, run_dir, _ = train(1, tmp_path, "--algo", "PPO", "--env", "CartPole-v1",
+                          "--stop", '{"training_iteration": 2}')
+    before = (run_dir / "progress.csv").read_bytes()
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
+                   "--run-dir", str(run_dir), timeout=60)
+    assert proc.returncode == 2
+    assert "already holds a run (progress.csv, result.json); nothing was overwritten" in proc.stderr
+    assert (run_dir / "progress.csv").read_bytes() == before
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--config", '{"num_epoch": 3}'], "Did you mean 'num_epochs'?"),
     (["--config", '{"lr": "fast"}'], "config key 'lr' must be a number"),

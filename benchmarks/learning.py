@@ -1,0 +1,531 @@
+"""Time to solve CartPole-v1 with PPO, start-up included: mpirl against RLlib and Stable-Baselines3.
+
+    python benchmarks/learning.py --json /tmp/learning.json [--quick] [--seeds N]
+    python benchmarks/learning.py --pendulum --json /tmp/pendulum.json [--seeds N]
+
+Each run is a whole process, timed by the orchestrator from launch to exit, so interpreter start,
+imports, cluster or MPI start-up and shutdown all count. The runs go one after another, never two
+at once; with several seeds each round runs every peer once (mpirl, Stable-Baselines3, RLlib), so
+drift in the machine's load hits all peers alike. A run has solved the task when the mean return
+of the last ``WINDOW`` completed episodes reaches ``TARGET_RETURN``; each peer also has a cap on
+environment steps, and a run that hits it is reported with ``reached: false``.
+
+* mpirl: ``mpiexec -n 3 mpirl train --algo PPO`` (2 rollout ranks of 8 environments each, the
+  learner in the driver) with its default PPO settings; the result comes from the run
+  directory's result.json.
+* RLlib (new API stack): this script with ``--role rllib``; ``PPOConfig`` with 2 env runners and
+  the settings of RLlib's own CartPole PPO example (the one RLlib tests to reach 450 within 300k
+  steps), episode returns smoothed over ``WINDOW`` episodes.
+* Stable-Baselines3: this script with ``--role sb3``; rl-zoo's tuned CartPole-v1 PPO
+  hyperparameters, 8 environments, stopped by a callback over Monitor episode returns.
+
+Every process gets ``OMP_NUM_THREADS=1`` (and the same for OpenBLAS and MKL): mpirl runs torch
+with one thread per rank, and on 2 cores more threads per process only compete with each other.
+
+``--pendulum`` runs mpirl PPO alone on Pendulum-v1 instead (continuous actions), with
+``PENDULUM_CONFIG``, and reports whether it reaches a mean return of -300 within 500k steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "LEARNING_BENCH_RESULT "
+SCRIPT = Path(__file__).resolve()
+BIN = Path(sys.executable).parent
+MPIEXEC = BIN / "mpiexec"
+MPIRL = BIN / "mpirl"
+# Open MPI refuses root without these; the machine has fewer cores than ranks, and pinning every
+# rank to one core would measure the pinning, not the runtime.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+MPIEXEC_FLAGS = ("--oversubscribe", "--bind-to", "none")
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PEERS = ("mpirl", "sb3", "rllib")
+
+ENV_ID = "CartPole-v1"
+TARGET_RETURN = 450.0
+WINDOW = 20
+"""Completed episodes averaged into the return that is compared with the target, for every peer."""
+MPIRL_RANKS = 3
+MPIRL_CONFIG: dict[str, Any] = {"metrics_window": WINDOW}
+RLLIB_ENV_RUNNERS = 2
+RLLIB_TRAINING = {"lr": 3e-4, "num_epochs": 6, "vf_loss_coeff": 0.01}
+RLLIB_MODEL = {"fcnet_hiddens": [32], "fcnet_activation": "linear", "vf_share_layers": True}
+SB3_ENVS = 8
+SB3_HYPERPARAMS: dict[str, Any] = {
+    "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+    "ent_coef": 0.0, "learning_rate": "lin_1e-3", "clip_range": "lin_0.2",
+}
+SB3_TIMESTEPS = 100_000
+"""rl-zoo's n_timesteps: the horizon of its linear schedules, so also SB3's step cap here."""
+
+PENDULUM_ENV_ID = "Pendulum-v1"
+PENDULUM_TARGET = -300.0
+PENDULUM_MAX_STEPS = 500_000
+PENDULUM_CONFIG: dict[str, Any] = {
+    "normalize_observations": True, "num_envs_per_worker": 8, "rollout_fragment_length": 256,
+    "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95, "num_epochs": 10, "minibatch_size": 256,
+    "ent_coef": 0.0, "hidden_sizes": [64, 64], "metrics_window": WINDOW,
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much the run does; ``--quick`` scales it down."""
+
+    seeds: int
+    step_cap: int
+    """Environment steps after which mpirl and RLlib give up (SB3 uses ``SB3_TIMESTEPS``)."""
+    timeout_s: float
+    """Wall-clock limit of any one process."""
+
+
+FULL = Plan(seeds=3, step_cap=300_000, timeout_s=600.0)
+QUICK = Plan(seeds=1, step_cap=150_000, timeout_s=240.0)
+
+
+class BenchError(Exception):
+    """A measured program failed or gave no result."""
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Hand the result to the orchestrator: one line on stdout."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# The measured programs other than mpirl (which is its own command), one per --role.
+
+
+def role_rllib(seed: int, plan: Plan) -> int:
+    """RLlib PPO on a local Ray cluster of 2 CPUs until the target or the step cap."""
+    started = time.perf_counter()
+    try:
+        import ray
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    except ImportError as error:
+        print(f"RLlib is not installed ({error}); install the peers with: "
+              f"pip install -e '.[bench]'  (or: make bench)", file=sys.stderr)
+        return 1
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        config = (
+            PPOConfig()
+            .environment(ENV_ID)
+            .env_runners(num_env_runners=RLLIB_ENV_RUNNERS)
+            .training(**RLLIB_TRAINING)
+            .rl_module(model_config=DefaultModelConfig(**RLLIB_MODEL))
+            .reporting(metrics_num_episodes_for_smoothing=WINDOW)
+            .debugging(seed=seed)
+        )
+        algo = config.build_algo()
+        built = time.perf_counter()
+        iterations, steps, mean_return = 0, 0, math.nan
+        while True:
+            result = algo.train()
+            iterations += 1
+            runners = result.get("env_runners", {})
+            mean_return = float(runners.get("episode_return_mean", math.nan))
+            steps = int(result.get("num_env_steps_sampled_lifetime")
+                        or runners.get("num_env_steps_sampled_lifetime", 0))
+            if mean_return >= TARGET_RETURN or steps >= plan.step_cap:
+                break
+        trained = time.perf_counter()
+        algo.stop()
+        emit({"env_steps": steps, "episode_return_mean": mean_return, "iterations": iterations,
+              "startup_s": built - started, "train_s": trained - built,
+              "train_batch_size": config.train_batch_size_per_learner})
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def _linear(start: float) -> Callable[[float], float]:
+    """rl-zoo's ``lin_<start>``: SB3 passes the fraction of training left, from 1 down to 0."""
+    return lambda remaining: remaining * start
+
+
+def role_sb3(seed: int, plan: Plan) -> int:
+    """Stable-Baselines3 PPO with rl-zoo's CartPole-v1 settings until the target or the zoo's
+    budget."""
+    started = time.perf_counter()
+    try:
+        import torch
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.callbacks import BaseCallback
+        from stable_baselines3.common.env_util import make_vec_env
+    except ImportError as error:
+        print(f"Stable-Baselines3 is not installed ({error}); install the peers with: "
+              f"pip install -e '.[bench]'  (or: make bench)", file=sys.stderr)
+        return 1
+
+    torch.set_num_threads(1)
+
+    class StopAtReturn(BaseCallback):
+        """Stops training once the last ``WINDOW`` episodes average ``TARGET_RETURN``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.returns: list[float] = []
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:  # Monitor adds it on the step that ends an episode
+                    self.returns.append(float(info["episode"]["r"]))
+            del self.returns[:-WINDOW]
+            return not (len(self.returns) == WINDOW and self.mean() >= TARGET_RETURN)
+
+        def mean(self) -> float:
+            return statistics.fmean(self.returns) if self.returns else math.nan
+
+    hyper = dict(SB3_HYPERPARAMS)
+    for key in ("learning_rate", "clip_range"):
+        hyper[key] = _linear(float(hyper[key].removeprefix("lin_")))
+    env = make_vec_env(ENV_ID, n_envs=SB3_ENVS, seed=seed)  # each env Monitor-wrapped
+    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **hyper)
+    callback = StopAtReturn()
+    built = time.perf_counter()
+    model.learn(total_timesteps=SB3_TIMESTEPS, callback=callback)
+    trained = time.perf_counter()
+    env.close()
+    emit({"env_steps": int(model.num_timesteps), "episode_return_mean": callback.mean(),
+          "iterations": int(model.num_timesteps // (SB3_ENVS * hyper["n_steps"])),
+          "startup_s": built - started, "train_s": trained - built,
+          "torch_threads": torch.get_num_threads()})
+    return 0
+
+
+ROLES: dict[str, Callable[[int, Plan], int]] = {"rllib": role_rllib, "sb3": role_sb3}
+
+
+# The orchestrator.
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _end_session(proc: subprocess.Popen) -> None:
+    """TERM, then KILL, whatever is left of the process's session."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; give daemons it left in the group a moment to follow the TERM.
+        time.sleep(1.0)
+
+
+def timed_process(command: list[str], name: str, timeout_s: float,
+                  extra_env: dict[str, str] | None = None) -> tuple[float, str, str]:
+    """Run ``command`` to completion; ``(wall seconds, stdout, stderr)``. BenchError on a timeout
+    or a non-zero exit."""
+    env = {**os.environ, **MPI_ENV, **THREAD_ENV, **(extra_env or {})}
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the machine may have no way out
+    start = time.perf_counter()
+    # A session of its own, so that a timeout can end mpiexec, its ranks or Ray's daemons at once.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _end_session(proc)
+        raise BenchError(f"{name}: no result within {timeout_s:g} s; killed") from None
+    wall = time.perf_counter() - start
+    # Nothing it started may outlive it and eat into the next measurement.
+    _end_session(proc)
+    if proc.returncode != 0:
+        detail = _tail(err) or _tail(out) or "(no output)"
+        raise BenchError(f"{name}: exited with code {proc.returncode}:\n{detail}")
+    return wall, out, err
+
+
+def run_mpirl(env_id: str, config: dict[str, Any], stop: dict[str, float], seed: int,
+              target: float, timeout_s: float) -> dict[str, Any]:
+    """One ``mpirl train`` job under mpiexec; its wall time and what its result.json says."""
+    with tempfile.TemporaryDirectory(prefix="mpirl-learning-") as tmp:
+        run_dir = Path(tmp) / "run"
+        command = [str(MPIEXEC), "-n", str(MPIRL_RANKS), *MPIEXEC_FLAGS, str(MPIRL), "train",
+                   "--algo", "PPO", "--env", env_id, "--config", json.dumps(config),
+                   "--stop", json.dumps(stop), "--run-dir", str(run_dir), "--seed", str(seed)]
+        wall, out, err = timed_process(command, f"mpirl {env_id} seed {seed}", timeout_s,
+                                       {"CI": "true"})
+        try:
+            result = json.loads((run_dir / "result.json").read_text())
+            params = json.loads((run_dir / "params.json").read_text())
+        except (OSError, ValueError) as error:
+            raise BenchError(f"mpirl {env_id} seed {seed}: no result.json ({error}):\n"
+                             f"{_tail(err) or _tail(out)}") from None
+    mean_return = float(result["episode_return_mean"])
+    return {
+        "seed": seed, "wall_s": wall, "env_steps": int(result["timesteps_total"]),
+        "episode_return_mean": mean_return, "reached": mean_return >= target,
+        "iterations": int(result["iteration"]), "train_s": float(result["time_total_s"]),
+        "startup_and_shutdown_s": wall - float(result["time_total_s"]),
+        "train_batch_size": params.get("train_batch_size"), "config": params.get("config"),
+    }
+
+
+def run_role(role: str, seed: int, quick: bool, plan: Plan) -> dict[str, Any]:
+    """This script as ``role`` under plain Python; its result plus the wall time around it."""
+    command = [sys.executable, str(SCRIPT), "--role", role, "--seed", str(seed),
+               *(["--quick"] if quick else [])]
+    wall, out, err = timed_process(command, f"{role} seed {seed}", plan.timeout_s)
+    results = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+    if not results:
+        raise BenchError(f"{role} seed {seed}: exited without a result:\n"
+                         f"{_tail(err) or _tail(out) or '(no output)'}")
+    result = json.loads(results[-1][len(RESULT_PREFIX):])
+    result = {"seed": seed, "wall_s": wall, **result}
+    result["reached"] = result["episode_return_mean"] >= TARGET_RETURN
+    return result
+
+
+def attempt(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``measure()``, with a failure turned into ``{"error": ...}``."""
+    print(f"running {name}", flush=True)
+    try:
+        result = measure()
+    except BenchError as error:
+        print(f"  failed: {error}", file=sys.stderr, flush=True)
+        return {"error": str(error)}
+    print(f"  {result['wall_s']:.1f} s, {result['env_steps']:,} steps, return "
+          f"{result['episode_return_mean']:.1f}" + ("" if result["reached"] else " (not reached)"),
+          flush=True)
+    return result
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the seeds that gave a result, and every seed's figures."""
+    good = [r for r in runs if "error" not in r]
+    errors = [r["error"] for r in runs if "error" in r]
+    if not good:
+        return {"error": " | ".join(errors), "runs": runs}
+    summary: dict[str, Any] = {
+        "wall_s": statistics.median(r["wall_s"] for r in good),
+        "env_steps": statistics.median(r["env_steps"] for r in good),
+        "reached": all(r["reached"] for r in good) and not errors,
+        "reached_count": sum(r["reached"] for r in good),
+        "seeds": len(runs),
+        "wall_s_per_seed": [r.get("wall_s") for r in runs],
+        "env_steps_per_seed": [r.get("env_steps") for r in runs],
+        "reached_per_seed": [r.get("reached") for r in runs],
+        "episode_return_mean_per_seed": [r.get("episode_return_mean") for r in runs],
+    }
+    if all("train_s" in r for r in good):
+        summary["train_s"] = statistics.median(r["train_s"] for r in good)
+    if errors:
+        summary["errors"] = errors
+    summary["runs"] = runs
+    return summary
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _ratio(numerator: Any, denominator: Any) -> float | None:
+    if isinstance(numerator, int | float) and isinstance(denominator, int | float) and denominator:
+        return numerator / denominator
+    return None
+
+
+def metadata_block(quick: bool, plan: Plan, started_at: datetime) -> dict[str, Any]:
+    """Where, when and with what the benchmark ran."""
+    return {
+        "date": started_at.isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "loadavg_at_start": os.getloadavg(),
+        "python": platform.python_version(),
+        **{name: _version(name) for name in ("mpirl", "mpi4py", "torch", "gymnasium", "numpy",
+                                             "ray", "stable-baselines3")},
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "quick": quick,
+        "plan": asdict(plan),
+        "thread_env": THREAD_ENV,
+    }
+
+
+def write_report(report: dict[str, Any], json_path: Path | None) -> None:
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
+    """Every peer once per seed, in rounds; write the JSON report, print a table."""
+    started = time.perf_counter()
+    meta = metadata_block(quick, plan, datetime.now(UTC))
+    meta["target_return"] = TARGET_RETURN
+    meta["window_episodes"] = WINDOW
+    meta["settings"] = {
+        "mpirl": {"ranks": MPIRL_RANKS, "config": MPIRL_CONFIG, "step_cap": plan.step_cap},
+        "rllib": {"num_env_runners": RLLIB_ENV_RUNNERS, "training": RLLIB_TRAINING,
+                  "model": RLLIB_MODEL, "step_cap": plan.step_cap},
+        "sb3": {"n_envs": SB3_ENVS, "hyperparams": SB3_HYPERPARAMS, "step_cap": SB3_TIMESTEPS,
+                "torch_threads": 1},
+    }
+    stop = {"episode_return_mean": TARGET_RETURN, "timesteps_total": plan.step_cap}
+    runs: dict[str, list[dict[str, Any]]] = {peer: [] for peer in PEERS}
+    for seed in range(plan.seeds):
+        runs["mpirl"].append(attempt(f"mpirl seed {seed}", lambda s=seed: run_mpirl(
+            ENV_ID, MPIRL_CONFIG, stop, s, TARGET_RETURN, plan.timeout_s)))
+        # Ray last in each round: whatever it leaves behind is cleared before the next mpirl run.
+        for peer in ("sb3", "rllib"):
+            runs[peer].append(attempt(f"{peer} seed {seed}",
+                                      lambda p=peer, s=seed: run_role(p, s, quick, plan)))
+    report: dict[str, Any] = {"meta": meta}
+    for peer in PEERS:
+        report[peer] = summarize(runs[peer])
+    # The PPO settings mpirl actually ran with, since its defaults may change between commits.
+    first = next((r for r in runs["mpirl"] if "config" in r), None)
+    if first is not None:
+        meta["settings"]["mpirl"]["effective_config"] = first["config"]
+        meta["settings"]["mpirl"]["train_batch_size"] = first["train_batch_size"]
+        for run in runs["mpirl"]:
+            run.pop("config", None)
+    mpirl_wall = report["mpirl"].get("wall_s")
+    report["speedup_vs_rllib"] = _ratio(report["rllib"].get("wall_s"), mpirl_wall)
+    report["speedup_vs_sb3"] = _ratio(report["sb3"].get("wall_s"), mpirl_wall)
+    meta["wall_s"] = time.perf_counter() - started
+
+    write_report(report, json_path)
+    print_summary(report)
+    if json_path is not None:
+        print(f"wrote {json_path}")
+    mpirl_result = report["mpirl"]
+    return 1 if "error" in mpirl_result or "errors" in mpirl_result else 0
+
+
+def orchestrate_pendulum(plan: Plan, quick: bool, json_path: Path | None) -> int:
+    """mpirl PPO on Pendulum-v1, once per seed; does it reach the target within the budget?"""
+    started = time.perf_counter()
+    meta = metadata_block(quick, plan, datetime.now(UTC))
+    meta["target_return"] = PENDULUM_TARGET
+    meta["max_steps"] = PENDULUM_MAX_STEPS
+    meta["settings"] = {"mpirl": {"ranks": MPIRL_RANKS, "config": PENDULUM_CONFIG}}
+    stop = {"episode_return_mean": PENDULUM_TARGET, "timesteps_total": PENDULUM_MAX_STEPS}
+    runs = [attempt(f"mpirl {PENDULUM_ENV_ID} seed {seed}", lambda s=seed: run_mpirl(
+        PENDULUM_ENV_ID, PENDULUM_CONFIG, stop, s, PENDULUM_TARGET, plan.timeout_s))
+        for seed in range(plan.seeds)]
+    first = next((r for r in runs if "config" in r), None)
+    if first is not None:
+        meta["settings"]["mpirl"]["effective_config"] = first["config"]
+        meta["settings"]["mpirl"]["train_batch_size"] = first["train_batch_size"]
+        for run in runs:
+            run.pop("config", None)
+    report: dict[str, Any] = {"meta": meta, "pendulum": summarize(runs)}
+    meta["wall_s"] = time.perf_counter() - started
+    write_report(report, json_path)
+    result = report["pendulum"]
+    print(f"\nmpirl PPO {PENDULUM_ENV_ID} on {meta['hostname']}, target {PENDULUM_TARGET:g} within "
+          f"{PENDULUM_MAX_STEPS:,} steps, {meta['wall_s']:.0f} s in all")
+    if "error" in result:
+        print(f"error: {result['error'].splitlines()[0]}")
+    else:
+        for run in result["runs"]:
+            if "error" in run:
+                print(f"  error: {run['error'].splitlines()[0]}")
+                continue
+            print(f"  seed {run['seed']}: {'reached' if run['reached'] else 'NOT reached'}, "
+                  f"return {run['episode_return_mean']:.1f} after {run['env_steps']:,} steps, "
+                  f"{run['wall_s']:.1f} s")
+    if json_path is not None:
+        print(f"wrote {json_path}")
+    return 1 if "error" in result or "errors" in result else 0
+
+
+def _fmt(value: Any, digits: int) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """A small table for people; the JSON holds everything."""
+    meta = report["meta"]
+    rows = [("", "mpirl", "SB3", "RLlib")]
+    for label, key, digits in (
+        ("wall time, s (median, start-up included)", "wall_s", 1),
+        ("  of which training, s", "train_s", 1),
+        ("env steps (median)", "env_steps", 0),
+        (f"reached {TARGET_RETURN:g} on every seed", "reached", 0),
+    ):
+        rows.append((label, *(_fmt(report[p].get(key), digits) for p in PEERS)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    mode = "quick" if meta["quick"] else "full"
+    print(f"\nlearning benchmark ({mode}, {meta['plan']['seeds']} seed(s)): PPO {ENV_ID} to a "
+          f"{WINDOW}-episode mean return of {TARGET_RETURN:g}, on {meta['hostname']}, "
+          f"{meta['cpu_count']} CPUs, {meta['wall_s']:.0f} s in all")
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:],
+                                                                           strict=True)]
+        print("  ".join(cells))
+    for peer in PEERS:
+        errors = [report[peer]["error"]] if "error" in report[peer] else []
+        for error in errors + report[peer].get("errors", []):
+            # The first line says which program failed, the last usually why.
+            lines = error.splitlines()
+            print(f"{peer}: error: {lines[0]}" + (f" ... {lines[-1]}" if len(lines) > 1 else ""))
+    print(f"mpirl is {_fmt(report['speedup_vs_rllib'], 2)}x RLlib's speed and "
+          f"{_fmt(report['speedup_vs_sb3'], 2)}x SB3's (wall time, start-up included)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for the orchestrator and for every measured program."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write the full report here")
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed, lower step caps (about 2 minutes)")
+    parser.add_argument("--seeds", type=int, help="runs per peer, seeds 0..N-1 "
+                        f"(default {QUICK.seeds} with --quick, else {FULL.seeds}; "
+                        "1 with --pendulum)")
+    parser.add_argument("--pendulum", action="store_true",
+                        help=f"mpirl PPO on {PENDULUM_ENV_ID} only")
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    if args.pendulum:
+        plan = Plan(seeds=1, step_cap=PENDULUM_MAX_STEPS, timeout_s=FULL.timeout_s)
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error("--seeds must be at least 1")
+        plan = Plan(args.seeds, plan.step_cap, plan.timeout_s)
+    if args.role is not None:
+        return ROLES[args.role](args.seed, plan)
+    if args.pendulum:
+        return orchestrate_pendulum(plan, args.quick, args.json)
+    return orchestrate(plan, args.quick, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
