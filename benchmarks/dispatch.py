@@ -1,13 +1,14 @@
 """Call overhead of mpirl against Ray and mpi4py.futures, and what idle workers cost the driver.
 
-    python benchmarks/dispatch.py --json benchmarks/dispatch.json [--quick]
+    python benchmarks/dispatch.py --json benchmarks/dispatch.json [--quick] [--peers mpirl,ray]
 
 The same file is the orchestrator and every measured program. The orchestrator starts it again
 with ``--role ROLE``: under ``mpiexec`` for mpirl and mpi4py.futures, under plain Python for Ray
 (which starts its own cluster). The programs run one after another, so no two measurements share
-the cores, and each prints one line, ``RESULT_PREFIX`` followed by JSON, that the orchestrator
-parses. A peer that fails (Ray will not start, say) is recorded as an error string; a failure of
-the mpirl part makes the script exit non-zero.
+the cores, and each prints one line of JSON (``harness.emit``) that the orchestrator parses. A
+peer that fails (Ray will not start, say) is recorded as an error string; a failure of the mpirl
+part makes the script exit non-zero. ``--peers`` picks which peers run besides mpirl; the others
+are recorded as skipped.
 
 Every peer is measured by the same code (``measure_peer``) on the same three workloads:
 
@@ -23,40 +24,38 @@ and in one of world size 6 whose 5 Echo workers sit idle, alternating the two.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shlex
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-RESULT_PREFIX = "DISPATCH_BENCH_RESULT "
+from harness import (
+    add_peers_option,
+    attempt_role,
+    emit,
+    fmt,
+    not_installed,
+    print_problems,
+    print_table,
+    ratio,
+    run_metadata,
+    skipped,
+    write_report,
+)
+
 SCRIPT = Path(__file__).resolve()
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 IN_FLIGHT = 8
 PAYLOAD_BYTES = 1 << 20
 IDLE_WORKERS = 5
 IDLE_TARGET = 0.10
-SUBPROCESS_TIMEOUT_S = 300.0
 # Ray starts worker processes in the background at init; on 2 cores their imports would still be
 # competing with the first measurement (seen as 1.5k instead of 2.5k calls/s in flight).
 RAY_SETTLE_S = 3.0
-# Open MPI refuses root without these; the machine has fewer cores than ranks, and pinning every
-# rank to one core would measure the pinning, not the runtime.
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-MPIEXEC_FLAGS = ("--oversubscribe", "--bind-to", "none")
-# Single-threaded numerics everywhere, so the only competition for the cores is the runtime's.
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 PEERS = ("mpirl", "ray", "mpi4py_futures")
 
 
@@ -81,10 +80,6 @@ FULL = Plan(warmup=200, sync_calls=20_000, async_s=10.0, mb_calls=2_000, max_loo
             idle_rounds=3, idle_reps=5, idle_units=75_000)
 QUICK = Plan(warmup=200, sync_calls=2_000, async_s=1.0, mb_calls=200, max_loop_s=5.0,
              idle_rounds=2, idle_reps=3, idle_units=20_000)
-
-
-class BenchError(Exception):
-    """A measured program failed or gave no result."""
 
 
 # Measurement, shared by every peer.
@@ -166,11 +161,6 @@ def measure_peer(ping: Callable[[], Any], echo: Callable[[Any], Any],
     }
 
 
-def emit(result: dict[str, Any]) -> None:
-    """Hand the result to the orchestrator: one line on stdout."""
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
 # The measured programs, one per --role.
 
 
@@ -248,9 +238,7 @@ def role_ray(plan: Plan) -> int:
     try:
         import ray
     except ImportError as error:
-        print(f"Ray is not installed ({error}); install the peers with: "
-              f"pip install -e '.[bench]'  (or: make bench)", file=sys.stderr)
-        return 1
+        return not_installed("Ray", error)
 
     started = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -347,57 +335,6 @@ ROLES: dict[str, Callable[[Plan], int]] = {
 # The orchestrator.
 
 
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def run_role(role: str, ranks: int | None, quick: bool,
-             timeout_s: float = SUBPROCESS_TIMEOUT_S) -> dict[str, Any]:
-    """Run this script as ``role`` (under ``mpiexec -n ranks`` unless None); its result dict."""
-    command = [sys.executable, str(SCRIPT), "--role", role, *(["--quick"] if quick else [])]
-    if ranks is not None:
-        command = [str(MPIEXEC), "-n", str(ranks), *MPIEXEC_FLAGS, *command]
-    env = {**os.environ, **MPI_ENV, **THREAD_ENV}
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the machine may have no way out
-    # A session of its own, so that a timeout can end mpiexec, its ranks or Ray's daemons at once.
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _end_session(proc)
-        raise BenchError(f"{role}: no result within {timeout_s:g} s; killed") from None
-    results = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
-    if proc.returncode != 0 or not results:
-        what = "" if results else " without a result"
-        detail = _tail(err) or _tail(out) or "(no output)"
-        raise BenchError(f"{role}: exited with code {proc.returncode}{what}:\n{detail}")
-    return json.loads(results[-1][len(RESULT_PREFIX):])
-
-
-def _end_session(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.communicate(timeout=grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def attempt(role: str, ranks: int | None, quick: bool) -> dict[str, Any]:
-    """``run_role``, with a failure turned into ``{"error": ...}``."""
-    print(f"running {role}" + (f" (mpiexec -n {ranks})" if ranks else ""), flush=True)
-    try:
-        return run_role(role, ranks, quick)
-    except BenchError as error:
-        print(f"  failed: {error}", file=sys.stderr, flush=True)
-        return {"error": str(error)}
-
-
 def measure_idle(plan: Plan, quick: bool) -> dict[str, Any]:
     """Alone vs with idle workers, alternating (ABBA) so that drift in load hits both alike."""
     runs: dict[str, list[dict[str, Any]]] = {"alone": [], "with_idle": []}
@@ -406,7 +343,7 @@ def measure_idle(plan: Plan, quick: bool) -> dict[str, Any]:
     for round_index in range(plan.idle_rounds):
         order = ("alone", "with_idle") if round_index % 2 == 0 else ("with_idle", "alone")
         for config in order:
-            result = attempt("idle", ranks[config], quick)
+            result = attempt_role(SCRIPT, "idle", ranks[config], quick)
             if "error" in result:
                 errors.append(result["error"])
             else:
@@ -432,46 +369,23 @@ def measure_idle(plan: Plan, quick: bool) -> dict[str, Any]:
     return summary
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _ratio(numerator: Any, denominator: Any) -> float | None:
-    if isinstance(numerator, int | float) and isinstance(denominator, int | float) and denominator:
-        return numerator / denominator
-    return None
-
-
-def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
-    """Run every measured program in turn, write the JSON report, print a table."""
+def orchestrate(plan: Plan, quick: bool, json_path: Path | None,
+                peers: tuple[str, ...] = PEERS) -> int:
+    """Run every measured program of ``peers`` in turn, write the JSON report, print a table."""
     started = time.perf_counter()
     meta = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "hostname": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "loadavg_at_start": os.getloadavg(),
-        "python": platform.python_version(),
-        "mpi4py": _version("mpi4py"),
-        "ray": _version("ray"),
-        "numpy": _version("numpy"),
-        "mpirl": _version("mpirl"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "quick": quick,
-        "plan": asdict(plan),
+        **run_metadata(quick, plan, ("mpi4py", "ray", "numpy", "mpirl")),
         "in_flight": IN_FLIGHT,
         "payload_bytes": PAYLOAD_BYTES,
     }
     report: dict[str, Any] = {"meta": meta}
     # MPI programs first and Ray last, so that no Ray daemon lingering after shutdown can eat
     # into an MPI measurement.
-    report["mpirl"] = attempt("mpirl", 2, quick)
-    report["mpi4py_futures"] = attempt("mpi4py-futures", 2, quick)
+    report["mpirl"] = attempt_role(SCRIPT, "mpirl", 2, quick)
+    report["mpi4py_futures"] = (attempt_role(SCRIPT, "mpi4py-futures", 2, quick)
+                                if "mpi4py_futures" in peers else skipped())
     idle = measure_idle(plan, quick)
-    report["ray"] = attempt("ray", None, quick)
+    report["ray"] = attempt_role(SCRIPT, "ray", None, quick) if "ray" in peers else skipped()
     meta["mpi_library"] = report["mpirl"].pop("mpi_library", None)
 
     mpirl_result, ray_result = report["mpirl"], report["ray"]
@@ -482,15 +396,15 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     if "error" not in idle:
         mpirl_result["idle_driver_work_s_alone"] = idle["alone_median_s"]
         mpirl_result[f"idle_driver_work_s_with_{IDLE_WORKERS}_idle"] = idle["with_idle_median_s"]
-    report["speedup_vs_ray_sync"] = _ratio(ray_result.get("sync_roundtrip_us"),
-                                           mpirl_result.get("sync_roundtrip_us"))
-    report["speedup_vs_ray_async"] = _ratio(mpirl_result.get("async_calls_per_s"),
-                                            ray_result.get("async_calls_per_s"))
+    report["speedup_vs_ray_sync"] = ratio(ray_result.get("sync_roundtrip_us"),
+                                          mpirl_result.get("sync_roundtrip_us"))
+    report["speedup_vs_ray_async"] = ratio(mpirl_result.get("async_calls_per_s"),
+                                           ray_result.get("async_calls_per_s"))
     futures_result = report["mpi4py_futures"]
-    report["speedup_vs_mpi4py_futures_sync"] = _ratio(futures_result.get("sync_roundtrip_us"),
-                                                      mpirl_result.get("sync_roundtrip_us"))
-    report["speedup_vs_mpi4py_futures_async"] = _ratio(mpirl_result.get("async_calls_per_s"),
-                                                       futures_result.get("async_calls_per_s"))
+    report["speedup_vs_mpi4py_futures_sync"] = ratio(futures_result.get("sync_roundtrip_us"),
+                                                     mpirl_result.get("sync_roundtrip_us"))
+    report["speedup_vs_mpi4py_futures_async"] = ratio(mpirl_result.get("async_calls_per_s"),
+                                                      futures_result.get("async_calls_per_s"))
     report["idle_slowdown"] = idle.get("slowdown")
     report["idle_slowdown_target"] = IDLE_TARGET
     report["idle_slowdown_ok"] = (None if idle.get("slowdown") is None
@@ -498,18 +412,12 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     report["idle"] = idle
     meta["wall_s"] = time.perf_counter() - started
 
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, json_path)
     print_summary(report)
     if json_path is not None:
         print(f"wrote {json_path}")
     failed = "error" in mpirl_result or "idle_error" in mpirl_result
     return 1 if failed else 0
-
-
-def _fmt(value: Any, digits: int) -> str:
-    return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
 
 
 def print_summary(report: dict[str, Any]) -> None:
@@ -521,22 +429,14 @@ def print_summary(report: dict[str, Any]) -> None:
         (f"async calls/s ({IN_FLIGHT} in flight)", "async_calls_per_s", 0),
         ("1 MiB echo round trip, us (median)", "mb_roundtrip_us", 1),
     ):
-        rows.append((label, *(_fmt(report[p].get(key), digits) for p in PEERS)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        rows.append((label, *(fmt(report[p].get(key), digits) for p in PEERS)))
     mode = "quick" if meta["quick"] else "full"
     print(f"\ndispatch benchmark ({mode}) on {meta['hostname']}, {meta['cpu_count']} CPUs, "
           f"{meta['wall_s']:.0f} s")
-    for row in rows:
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:],
-                                                                           strict=True)]
-        print("  ".join(cells))
-    for peer in PEERS:
-        if "error" in report[peer]:
-            # The first line says which program failed, the last usually why.
-            lines = report[peer]["error"].splitlines()
-            print(f"{peer}: error: {lines[0]}" + (f" ... {lines[-1]}" if len(lines) > 1 else ""))
-    print(f"mpirl vs ray: sync {_fmt(report['speedup_vs_ray_sync'], 1)}x, "
-          f"async {_fmt(report['speedup_vs_ray_async'], 1)}x")
+    print_table(rows)
+    print_problems({peer: report[peer] for peer in PEERS})
+    print(f"mpirl vs ray: sync {fmt(report['speedup_vs_ray_sync'], 1)}x, "
+          f"async {fmt(report['speedup_vs_ray_async'], 1)}x")
     idle = report["idle"]
     if "error" in idle:
         print(f"idle workers: error: {idle['error']}")
@@ -552,12 +452,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
+    add_peers_option(parser, PEERS)
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.role is not None:
         return ROLES[args.role](plan)
-    return orchestrate(plan, args.quick, args.json)
+    return orchestrate(plan, args.quick, args.json, args.peers)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,271 @@
+"""Sampling throughput: environment steps per second of mpirl's rollout ranks, no training.
+
+    python benchmarks/sampling.py --json /tmp/sampling.json [--quick]
+
+CartPole-v1, ``NUM_ENVS`` environments per worker in a gymnasium ``SyncVectorEnv`` (same-step
+autoreset), mpirl's default policy (separate 64x64 tanh actor and critic MLPs), torch with one
+thread. Three programs, run one after another by this same file (``--role ROLE``):
+
+* raw: the vector env and ``Policy.act`` in a tight loop in one plain process, with no mpirl
+  code on the path: the ceiling.
+* local: one ``RolloutWorker`` in-process (world size 1): the same loop plus what a rollout
+  worker adds (trajectory columns, episode bookkeeping, GAE), without any messaging.
+* mpirl: ``mpiexec -n 2`` and ``-n 3``, i.e. 1 and 2 rollout ranks. The driver calls
+  ``parallel_rollouts`` over every rollout worker again and again; each worker samples
+  ``ROLLOUT_FRAGMENT_LENGTH`` steps per environment and sends its batch over the data channel to
+  the driver, which receives it (as the learner in the driver would) and drops it.
+
+Each program warms up, then times ``reps`` blocks of about ``block_s`` seconds and reports the
+median rate. ``efficiency`` is the per-rank rate with 1 rollout rank over the raw rate;
+``efficiency_2`` the same with 2 rollout ranks. On a machine with 2 cores, 2 rollout ranks and
+the driver share them, so ``efficiency_2`` also shows whatever else runs on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    attempt_role,
+    emit,
+    fmt,
+    print_problems,
+    print_table,
+    ratio,
+    run_metadata,
+    write_report,
+)
+
+SCRIPT = Path(__file__).resolve()
+
+ENV_ID = "CartPole-v1"
+NUM_ENVS = 32
+ROLLOUT_FRAGMENT_LENGTH = 128
+"""Steps per environment per sample call: 4096 env steps, long enough to amortize a dispatch."""
+HIDDEN_SIZES = (64, 64)
+SEED = 0
+ROLLOUT_RANKS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long each program measures; ``--quick`` scales it down."""
+
+    warmup_s: float
+    block_s: float
+    reps: int
+
+
+FULL = Plan(warmup_s=2.0, block_s=3.0, reps=5)
+QUICK = Plan(warmup_s=0.5, block_s=1.0, reps=3)
+
+
+def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:
+    """Call ``step_block`` (which returns env steps done) for ``warmup_s`` untimed, then in
+    ``reps`` timed blocks of at least ``block_s``; steps per second, median over the blocks."""
+    deadline = time.perf_counter() + plan.warmup_s
+    while time.perf_counter() < deadline:
+        step_block()
+    rates = []
+    for _ in range(plan.reps):
+        steps, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < plan.block_s:
+            steps += step_block()
+        rates.append(steps / elapsed)
+    return {"steps_per_s": statistics.median(rates), "steps_per_s_per_block": rates}
+
+
+def _policy_spec():
+    from mpirl.policy import PolicySpec
+    from mpirl.rollout import EnvSpec
+
+    observation_space, action_space = EnvSpec(ENV_ID).spaces()
+    return PolicySpec(observation_space, action_space, HIDDEN_SIZES)
+
+
+# The measured programs, one per --role.
+
+
+def role_raw(plan: Plan) -> int:
+    """The vector env and the policy's action sampling in a plain loop."""
+    import gymnasium as gym
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    policy = _policy_spec().build("cpu")
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(NUM_ENVS)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs, _ = envs.reset(seed=SEED)
+
+    def block() -> int:
+        nonlocal obs
+        for _ in range(ROLLOUT_FRAGMENT_LENGTH):
+            actions, _, _ = policy.act(obs)
+            obs, _, _, _, _ = envs.step(policy.env_actions(actions))
+        return ROLLOUT_FRAGMENT_LENGTH * NUM_ENVS
+
+    emit(measure_rate(block, plan))
+    return 0
+
+
+def role_local(plan: Plan) -> int:
+    """One RolloutWorker in the driver's process (world size 1), batches returned in-process."""
+    import mpirl
+    from mpirl.rollout import EnvSpec, RolloutWorker
+
+    def body(driver: mpirl.Driver) -> int:
+        worker = driver.spawn("rollout", RolloutWorker, EnvSpec(ENV_ID), _policy_spec(),
+                              NUM_ENVS, SEED, 0.99, 0.95, False, local_if_empty=True)[0]
+        emit(measure_rate(
+            lambda: worker.call("sample", ROLLOUT_FRAGMENT_LENGTH)["env_steps"], plan))
+        return 0
+
+    return mpirl.run(body, mpirl.Layout(num_rollout_workers=1),
+                     mpirl.RuntimeSettings(print_layout=False))
+
+
+def role_mpirl(plan: Plan) -> int:
+    """Every rank but the driver a rollout rank; the driver only collects and drops batches."""
+    import mpirl
+    from mpirl.core import Worker
+    from mpirl.operators import parallel_rollouts
+    from mpirl.rollout import BATCH_TAG, EnvSpec, RolloutWorker
+
+    class BatchSink(Worker):
+        """Stands in for the learner: receives the rollout ranks' batches and drops them."""
+
+        MESSAGES = ("drain",)
+
+        def drain(self, sources: list[int]) -> int:
+            channel = self.context.data_channel
+            return sum(len(channel.recv(src, BATCH_TAG)["advantages"]) for src in sources)
+
+    def body(driver: mpirl.Driver) -> int:
+        rollouts = driver.spawn("rollout", RolloutWorker, EnvSpec(ENV_ID), _policy_spec(),
+                                NUM_ENVS, SEED, 0.99, 0.95, False)
+        sink = driver.spawn("learner", BatchSink, local_if_empty=True)
+
+        def block() -> int:
+            samples = parallel_rollouts(rollouts, sink, ROLLOUT_FRAGMENT_LENGTH)
+            rows = sink[0].call("drain", samples.sources.get(0, []))
+            if rows != samples.env_steps:
+                raise RuntimeError(f"received {rows} rows for {samples.env_steps} env steps")
+            return samples.env_steps
+
+        result = measure_rate(block, plan)
+        result["rollout_ranks"] = len(rollouts)
+        emit(result)
+        return 0
+
+    return mpirl.run(body, mpirl.Layout(num_rollout_workers=-1),
+                     mpirl.RuntimeSettings(print_layout=False))
+
+
+ROLES: dict[str, Callable[[Plan], int]] = {
+    "raw": role_raw, "local": role_local, "mpirl": role_mpirl,
+}
+
+
+# The orchestrator.
+
+
+def describe_rate(result: dict[str, Any]) -> str:
+    """One program's rate on the console."""
+    return f"{result['steps_per_s']:,.0f} env steps/s"
+
+
+def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
+    """Run every measured program in turn, write the JSON report, print a table."""
+    started = time.perf_counter()
+    meta = {
+        **run_metadata(quick, plan, ("mpirl", "mpi4py", "torch", "gymnasium", "numpy")),
+        "env": ENV_ID,
+        "num_envs_per_worker": NUM_ENVS,
+        "rollout_fragment_length": ROLLOUT_FRAGMENT_LENGTH,
+        "env_steps_per_sample_call": NUM_ENVS * ROLLOUT_FRAGMENT_LENGTH,
+        "hidden_sizes": HIDDEN_SIZES,
+        "torch_threads": 1,
+    }
+    raw = attempt_role(SCRIPT, "raw", None, quick, describe_rate)
+    local = attempt_role(SCRIPT, "local", None, quick, describe_rate)
+    by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
+                for n in ROLLOUT_RANKS}
+
+    mpirl: dict[str, Any] = {"steps_per_s_total": {}, "steps_per_s_per_rank": {}, "runs": by_ranks}
+    errors = {n: r["error"] for n, r in by_ranks.items() if "error" in r}
+    for n, result in by_ranks.items():
+        if "error" not in result:
+            mpirl["steps_per_s_total"][n] = result["steps_per_s"]
+            mpirl["steps_per_s_per_rank"][n] = result["steps_per_s"] / int(n)
+    if errors:
+        mpirl["error"] = " | ".join(f"{n} rollout rank(s): {e}" for n, e in errors.items())
+    raw_rate = raw.get("steps_per_s")
+    per_rank = mpirl["steps_per_s_per_rank"]
+    report: dict[str, Any] = {
+        "meta": meta,
+        "raw_steps_per_s": raw_rate,
+        "local_worker_steps_per_s": local.get("steps_per_s"),
+        "mpirl": mpirl,
+        "efficiency": ratio(per_rank.get("1"), raw_rate),
+        "efficiency_2": ratio(per_rank.get("2"), raw_rate),
+        "local_worker_efficiency": ratio(local.get("steps_per_s"), raw_rate),
+        "raw": raw,
+        "local": local,
+    }
+    meta["wall_s"] = time.perf_counter() - started
+
+    write_report(report, json_path)
+    print_summary(report)
+    if json_path is not None:
+        print(f"wrote {json_path}")
+    # Without the raw rate there is no efficiency to report, so that is a failure too.
+    return 1 if errors or raw_rate is None or "error" in local else 0
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    """A small table for people; the JSON holds everything."""
+    meta = report["meta"]
+    mpirl = report["mpirl"]
+    raw = report["raw_steps_per_s"]
+    rows = [("", "env steps/s", "per rank", "vs raw")]
+    rows.append(("raw loop (1 process)", fmt(raw, 0), fmt(raw, 0), fmt(1.0 if raw else None, 2)))
+    local = report["local_worker_steps_per_s"]
+    rows.append(("RolloutWorker in-process", fmt(local, 0), fmt(local, 0),
+                 fmt(report["local_worker_efficiency"], 2)))
+    for n in map(str, ROLLOUT_RANKS):
+        per_rank = mpirl["steps_per_s_per_rank"].get(n)
+        rows.append((f"mpirl, {n} rollout rank(s)", fmt(mpirl["steps_per_s_total"].get(n), 0),
+                     fmt(per_rank, 0), fmt(ratio(per_rank, raw), 2)))
+    mode = "quick" if meta["quick"] else "full"
+    print(f"\nsampling benchmark ({mode}): {ENV_ID}, {NUM_ENVS} envs per worker, "
+          f"{ROLLOUT_FRAGMENT_LENGTH} steps per env per call, on {meta['hostname']}, "
+          f"{meta['cpu_count']} CPUs, {meta['wall_s']:.0f} s")
+    print_table(rows)
+    print_problems({"raw": report["raw"], "local": report["local"], "mpirl": mpirl})
+    print(f"efficiency (per-rank rate / raw): 1 rank {fmt(report['efficiency'], 2)}, "
+          f"2 ranks {fmt(report['efficiency_2'], 2)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for the orchestrator and for every measured program."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write the full report here")
+    parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    if args.role is not None:
+        return ROLES[args.role](plan)
+    return orchestrate(plan, args.quick, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
