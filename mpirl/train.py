@@ -58,7 +58,7 @@ def make_request(algo: str, env_id: str, env_module: str | None, config: dict[st
     if run_dir is None:
         # Rank 0's clock names the directory; the other ranks never use it.
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = f"runs/{module.__name__.rsplit('.', 1)[-1]}-{env_id.replace(':', '_')}-{stamp}"
+        run_dir = f"runs/{algo.upper()}-{env_id.replace(':', '_')}-{stamp}"
     existing = [name for name in ("progress.csv", "result.json")
                 if (Path(run_dir) / name).exists()]
     if existing:
