@@ -84,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
-def _print_on_rank0(message: str, stream=None) -> None:
+def _print_on_rank0(message: str) -> None:
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.Get_rank() == 0:
-        print(message, file=stream or sys.stderr, flush=True)
+        print(message, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

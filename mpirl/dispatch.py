@@ -202,7 +202,7 @@ class WorkerHandle:
                 f"{self.cls.__name__} does not answer {method!r}; its MESSAGES are: "
                 f"{', '.join(self.cls.MESSAGES) or '(none)'}"
             )
-        if self._dispatcher is None:
+        if self.in_process:
             return _run_local(self._local_object, self.role, method, args, kwargs)
         return self._dispatcher.submit(self.rank, self.object_id, method, args, kwargs)
 
@@ -218,10 +218,10 @@ class WorkerHandle:
 
     def in_flight(self) -> int:
         """Calls on this worker's rank not yet answered (0 in local mode)."""
-        return 0 if self._dispatcher is None else self._dispatcher.in_flight(self.rank)
+        return 0 if self.in_process else self._dispatcher.in_flight(self.rank)
 
     def __repr__(self) -> str:
-        where = "in-process" if self._dispatcher is None else f"rank {self.rank}"
+        where = "in-process" if self.in_process else f"rank {self.rank}"
         return f"<{self.cls.__name__} {self.role} {self.index} on {where}>"
 
 

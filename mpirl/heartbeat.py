@@ -165,6 +165,12 @@ class Heartbeat:
         _abort_this_rank()
 
 
+    def end_job_for_process_failure(self) -> None:
+        """End the job after an MPI call raised a ULFM process-failure error, naming the ranks
+        MPI reports as failed. Never returns."""
+        self.end_job(failed_world_ranks(), "MPI reported a process failure")
+
+
 def _abort_this_rank() -> None:
     MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
     os._exit(EXIT_RANK_LOST)  # Abort does not return; this is for MPIs where it does

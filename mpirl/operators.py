@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.dispatch import WorkerGroup, wait
+from mpirl.dispatch import WorkerGroup
 from mpirl.policy import RunningMeanStd
 
 
@@ -50,7 +50,6 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
         if remote:
             result.sources.setdefault(target, []).append(worker.rank)
         futures.append((target, worker.call_async("sample", steps_per_env, filter_state, send_to)))
-    wait([f for _, f in futures], num_returns=len(futures))
     for target, future in futures:
         metrics = future.result()
         result.env_steps += metrics["env_steps"]
@@ -73,7 +72,6 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
                            **train_args)
         for i, learner in enumerate(learners)
     ]
-    wait(futures, num_returns=len(futures))
     results = [f.result() for f in futures]
     stats = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
     stats["learner_samples"] = float(sum(r["learner_samples"] for r in results))
@@ -93,7 +91,6 @@ def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
     # half of the Bcast inside call_async, which would otherwise wait for nobody.
     futures = rollouts.call_async("receive_weights")
     futures.append(source.call_async("broadcast_weights"))
-    wait(futures, num_returns=len(futures))
     for future in futures:
         future.result()
 

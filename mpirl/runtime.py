@@ -31,7 +31,7 @@ from mpi4py import MPI
 from mpirl.core import RankContext, Worker
 from mpirl.dispatch import HOST, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
-from mpirl.heartbeat import Heartbeat, failed_world_ranks, is_process_failure
+from mpirl.heartbeat import Heartbeat, is_process_failure
 from mpirl.host import WorkerHost
 from mpirl.layout import (
     DRIVER,
@@ -214,7 +214,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
             import traceback
 
             if is_process_failure(error):
-                heartbeat.end_job(failed_world_ranks(), "MPI reported a process failure")
+                heartbeat.end_job_for_process_failure()
 
             print(f"mpirl: {describe(rank)} failed outside a task; ending the job.\n"
                   f"{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -232,10 +232,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
                             settings.task_timeout_s)
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts)
-    exit_code = _call_main(
-        main, driver,
-        lambda: heartbeat.end_job(failed_world_ranks(), "MPI reported a process failure"),
-    )
+    exit_code = _call_main(main, driver, heartbeat.end_job_for_process_failure)
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
               f" s; aborting the job.", file=sys.stderr, flush=True)
