@@ -172,8 +172,17 @@ class Heartbeat:
 
 
 def _abort_this_rank() -> None:
-    MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
-    os._exit(EXIT_RANK_LOST)  # Abort does not return; this is for MPIs where it does
+    """End this rank with ``EXIT_RANK_LOST``; only the driver calls ``MPI_Abort``.
+
+    Under ULFM, Open MPI 5's launcher was seen to hang (all ranks gone, prterun in a futex wait,
+    about 1 run in 5) when several ranks called ``MPI_Abort`` at once, as workers do when they
+    all lose the driver. A worker's plain exit ends the job just as surely: the launcher kills
+    the job on it, or ULFM or the driver's heartbeat reports it and the driver aborts.
+    """
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
+    sys.stderr.flush()
+    os._exit(EXIT_RANK_LOST)  # also for MPIs whose Abort returns
 
 
 def is_process_failure(error: BaseException) -> bool:
