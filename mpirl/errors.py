@@ -14,6 +14,9 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 #: A rank stopped answering (killed, out of memory, node lost); the whole job was ended.
 EXIT_RANK_LOST = 70
+#: The run stopped on request (SIGUSR1, SIGUSR2 or SIGTERM) after writing a checkpoint; run it
+#: again with ``--resume`` to continue. 75 is EX_TEMPFAIL of sysexits.h: "try again later".
+EXIT_RESUME = 75
 
 
 class MpirlError(Exception):
