@@ -12,11 +12,20 @@ import importlib
 import math
 import time
 from collections import deque
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from mpirl.checkpoint import (
+    CheckpointStore,
+    capture_rng,
+    manifest_header,
+    read_state_file,
+    restore_rng,
+    write_state_file,
+)
 from mpirl.errors import ConfigError
 from mpirl.learner import Learner
 from mpirl.operators import SampleResult, broadcast_weights
@@ -65,6 +74,8 @@ class Algorithm:
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
         self.started = time.monotonic()
+        self.time_before_resume = 0.0
+        self.last_row: dict[str, Any] | None = None
 
     @property
     def train_batch_size(self) -> int:
@@ -90,7 +101,7 @@ class Algorithm:
         self.iteration += 1
         elapsed = time.monotonic() - start
         nan = math.nan
-        return {
+        row = {
             "iteration": self.iteration,
             "timesteps_total": self.timesteps_total,
             "episodes_total": self.episodes_total,
@@ -100,9 +111,82 @@ class Algorithm:
             "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else nan,
             "env_steps_per_s": (self.timesteps_total - steps_before) / max(elapsed, 1e-9),
             "time_this_iter_s": elapsed,
-            "time_total_s": time.monotonic() - self.started,
+            "time_total_s": self.time_before_resume + time.monotonic() - self.started,
             **stats,
         }
+        self.last_row = row
+        return row
+
+    # Checkpoints. The driver's own state goes to driver.pkl; every worker writes its own file.
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration, "timesteps_total": self.timesteps_total,
+            "episodes_total": self.episodes_total, "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
+            "time_total_s": self.time_before_resume + time.monotonic() - self.started,
+            "last_row": self.last_row, "rng": capture_rng(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.iteration = state["iteration"]
+        self.timesteps_total = state["timesteps_total"]
+        self.episodes_total = state["episodes_total"]
+        self.returns.clear()
+        self.returns.extend(state["returns"])
+        self.lengths.clear()
+        self.lengths.extend(state["lengths"])
+        if self.obs_filter is not None and state["obs_filter"] is not None:
+            self.obs_filter.mean, self.obs_filter.var, self.obs_filter.count = state["obs_filter"]
+        self.time_before_resume = state["time_total_s"]
+        self.started = time.monotonic()
+        self.last_row = state["last_row"]
+        restore_rng(state["rng"])
+
+    def save_checkpoint(self, store: CheckpointStore, algo_name: str) -> Path:
+        """Write a checkpoint of the whole run: every worker writes its file in parallel."""
+        tmp = store.begin(self.iteration)
+        futures = [
+            (f"{group.role}_{i}.pkl", worker.call_async("save_state", str(tmp),
+                                                         f"{group.role}_{i}.pkl"))
+            for group in (self.learners, self.rollouts) for i, worker in enumerate(group)
+        ]
+        files = {name: future.result() for name, future in futures}
+        files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
+        layout = {"rollout": len(self.rollouts), "learner": len(self.learners)}
+        manifest = manifest_header(algo_name, self.env, self.config, self.iteration,
+                                   self.timesteps_total, layout)
+        manifest["files"] = files
+        return store.commit(tmp, manifest)
+
+    def restore(self, path: Path, manifest: dict[str, Any]) -> list[str]:
+        """Load a verified checkpoint into the driver and every worker; return notes on what
+        differs from the checkpoint's layout."""
+        files = manifest["files"]
+        self.set_state(read_state_file(path / "driver.pkl", files["driver.pkl"]))
+        notes = []
+        old = manifest["layout"]
+        futures = []
+        for group in (self.learners, self.rollouts):
+            saved = old[group.role]
+            if saved != len(group):
+                note = f"{group.role} workers {saved} -> {len(group)}"
+                if group.role == "rollout" and saved > len(group):
+                    note += (f" (the episodes in progress on rollout workers {len(group)}.."
+                             f"{saved - 1} are dropped)")
+                elif group.role == "rollout":
+                    note += f" (rollout workers {saved}..{len(group) - 1} start fresh episodes)"
+                notes.append(note)
+            for i, worker in enumerate(group):
+                if group.role == "rollout" and i >= saved:
+                    continue
+                name = f"{group.role}_{min(i, saved - 1)}.pkl"
+                futures.append(worker.call_async("load_state", str(path / name), files[name]))
+        for future in futures:
+            future.result()
+        broadcast_weights(self.learners, self.rollouts)
+        return notes
 
 
 def stop_reached(row: dict[str, Any], stop: dict[str, float]) -> str | None:

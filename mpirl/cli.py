@@ -30,12 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", help="train an algorithm on an environment (run it under mpiexec or srun)",
         description="Train until any --stop criterion is met (exit code 0). Rank 0 shows "
-                    "progress and writes params.json, progress.csv, result.json and TensorBoard "
-                    "events to the run directory.",
+                    "progress and writes params.json, progress.csv, result.json, TensorBoard "
+                    "events and checkpoints/ to the run directory. SIGUSR1, SIGUSR2 or SIGTERM "
+                    "on any rank writes a checkpoint and exits with code 75: resume with "
+                    "--resume RUN_DIR.",
     )
-    train.add_argument("--algo", required=True, help="PPO or A2C")
-    train.add_argument("--env", required=True,
-                       help="a gymnasium id such as CartPole-v1, or module:ClassName")
+    train.add_argument("--algo", help="PPO or A2C")
+    train.add_argument("--env", help="a gymnasium id such as CartPole-v1, or module:ClassName")
     train.add_argument("--env-module", help="import this module first (it registers the env id)")
     train.add_argument("--config", default="{}", metavar="JSON",
                        help='algorithm, layout and runtime keys, e.g. \'{"num_learners": 2}\'')
@@ -44,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
                             '475, "timesteps_total": 200000}\' (default: 1,000,000 steps)')
     train.add_argument("--seed", type=int, help="base seed (overrides the config's seed)")
     train.add_argument("--run-dir", help="where results go (default: runs/ALGO-ENV-TIME)")
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue RUN_DIR from its newest valid checkpoint; --algo, --env and "
+                            "--config come from its params.json (--config and --stop given here "
+                            "override them)")
 
     plot = commands.add_parser("plot", help="plot return curves of one or more run directories")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             request = make_request(
                 args.algo, args.env, args.env_module,
                 parse_json_object(args.config, "--config"), parse_json_object(args.stop, "--stop"),
-                args.seed, args.run_dir,
+                args.seed, args.run_dir, args.resume,
             )
             return train(request)
         if args.command == "plot":

@@ -18,7 +18,8 @@ The driver creates workers and calls them; it never touches their state directly
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -69,3 +70,25 @@ class Worker:
 
     def __init__(self, context: RankContext) -> None:
         self.context = context
+
+    # Checkpointing: a worker that has state lists "save_state" and "load_state" in MESSAGES and
+    # implements get_state/set_state. The file is written and read on the worker's own rank.
+
+    def get_state(self) -> Any:
+        """Everything this worker needs to continue identically (picklable)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support checkpoints")
+
+    def set_state(self, state: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support checkpoints")
+
+    def save_state(self, directory: str, name: str) -> dict[str, Any]:
+        """Write ``get_state()`` to ``directory/name``; return its checksum entry."""
+        from mpirl.checkpoint import write_state_file
+
+        return write_state_file(Path(directory) / name, self.get_state())
+
+    def load_state(self, path: str, entry: dict[str, Any]) -> None:
+        """Read ``path``, check it against its manifest ``entry``, and ``set_state`` it."""
+        from mpirl.checkpoint import read_state_file
+
+        self.set_state(read_state_file(path, entry))

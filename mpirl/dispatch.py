@@ -24,6 +24,8 @@ from mpirl.transport import Backoff, Channel
 #: Tags on the control channel.
 TASK = 1
 RESULT = 2
+#: A worker rank received a stop signal (see ``mpirl.stop_signals``); the payload is its number.
+SIGNAL = 3
 #: Object id 0 is the host itself; it answers these messages.
 HOST = 0
 HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects")

@@ -12,8 +12,9 @@ from typing import Any
 
 from mpi4py import MPI
 
+from mpirl import stop_signals
 from mpirl.core import RankContext
-from mpirl.dispatch import HOST, RESULT, TASK, describe_exception
+from mpirl.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
 from mpirl.transport import Backoff, Channel
 
 #: The driver's rank.
@@ -33,7 +34,11 @@ class WorkerHost:
     def serve(self) -> int:
         """Run tasks until the driver sends ``stop``; return the exit code it sent."""
         channel, backoff = self.channel, self.backoff
+        signal_reported = False
         while self._exit_code is None:
+            if not signal_reported and stop_signals.received() is not None:
+                channel.isend(stop_signals.received(), DRIVER_RANK, SIGNAL)
+                signal_reported = True
             item = channel.poll(DRIVER_RANK, TASK)
             if item is None:
                 channel.flush()

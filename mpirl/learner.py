@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from mpirl.checkpoint import capture_rng, restore_rng
 from mpirl.core import RankContext, Worker
 from mpirl.errors import ConfigError
 from mpirl.operators import concat_batches, standardize_fields
@@ -60,6 +61,16 @@ class GradientAllreduce:
         return result.to(flat.device) if flat.is_cuda else result
 
 
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
 def _init_process_group(comm: MPI.Comm, backend: str):
     import torch.distributed as dist
 
@@ -84,7 +95,8 @@ LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[
 class Learner(Worker):
     """One data-parallel learner: receives batches, runs minibatch SGD, shares weights."""
 
-    MESSAGES = ("train", "get_weights", "set_weights", "broadcast_weights")
+    MESSAGES = ("train", "get_weights", "set_weights", "broadcast_weights", "save_state",
+                "load_state")
 
     def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
                  lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
@@ -152,6 +164,19 @@ class Learner(Worker):
 
     def set_weights(self, flat: np.ndarray) -> None:
         self.policy.set_flat_weights(flat)
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights, optimizer state (moved to the CPU, so a GPU checkpoint loads anywhere) and
+        the RNGs that choose minibatches."""
+        optimizer = _to_cpu(self.optimizer.state_dict())
+        return {"weights": self.policy.get_flat_weights(), "optimizer": optimizer,
+                "minibatch_rng": self.rng.bit_generator.state, "rng": capture_rng()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.policy.set_flat_weights(state["weights"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["minibatch_rng"]
+        restore_rng(state["rng"])
 
     def broadcast_weights(self) -> None:
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from mpirl.checkpoint import capture_rng, restore_rng
 from mpirl.core import RankContext, Worker
 from mpirl.errors import ConfigError
 from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
@@ -79,7 +81,8 @@ class EnvSpec:
 class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
-    MESSAGES = ("sample", "receive_weights", "set_weights", "get_weights")
+    MESSAGES = ("sample", "receive_weights", "set_weights", "get_weights", "save_state",
+                "load_state")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
@@ -103,6 +106,7 @@ class RolloutWorker(Worker):
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self._weights = np.empty(self.policy.num_weights(), np.float32)
+        self.restores = 0
 
     def _normalize(self, obs: np.ndarray) -> np.ndarray:
         if not self.normalize_observations:
@@ -178,3 +182,42 @@ class RolloutWorker(Worker):
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()
+
+    def get_state(self) -> dict[str, Any]:
+        """Environments (pickled whole, with their episodes in progress), RNGs, counters.
+
+        Weights are not included: they equal learner 0's, broadcast again on restore. An
+        environment that cannot be pickled (one holding a simulator handle, say) is saved as
+        None; on restore it is reset from a fresh seed instead of continuing its episodes.
+        """
+        try:
+            envs = pickle.dumps(self.envs, protocol=5)
+            envs_error = None
+        except Exception as error:  # noqa: BLE001 - any env may refuse to pickle
+            envs, envs_error = None, f"{type(error).__name__}: {error}"
+        return {
+            "envs": envs, "envs_error": envs_error, "obs": self.obs,
+            "episode_return": self.episode_return, "episode_length": self.episode_length,
+            "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.restores = state["restores"] + 1
+        self.filter.mean, self.filter.var, self.filter.count = state["filter"]
+        if state["envs"] is not None:
+            envs = pickle.loads(state["envs"])
+            if envs.num_envs == self.envs.num_envs:
+                self.envs.close()
+                self.envs = envs
+                self.obs = state["obs"]
+                self.episode_return = state["episode_return"]
+                self.episode_length = state["episode_length"]
+                restore_rng(state["rng"])
+                return
+            envs.close()
+        # Environments start over (from a seed that differs from the first run's) when they
+        # could not be saved or num_envs_per_worker changed.
+        self.obs, _ = self.envs.reset(seed=self.seed + 7_777_777 * self.restores)
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+        restore_rng(state["rng"])

@@ -79,10 +79,12 @@ class RunRecorder:
     The CSV's columns are fixed by its first row (or, on resume, by the existing header): a key
     that first appears later goes to result.json and TensorBoard but not to the CSV, and a
     missing key is an empty cell. ``resume=True`` keeps an existing params.json and appends to an
-    existing progress.csv; ``resume=False`` writes both afresh.
+    existing progress.csv, after dropping its rows past iteration ``keep_iterations`` (the
+    resumed run does those iterations again); ``resume=False`` writes both afresh.
     """
 
-    def __init__(self, run_dir: str | Path, params: dict, resume: bool = False) -> None:
+    def __init__(self, run_dir: str | Path, params: dict, resume: bool = False,
+                 keep_iterations: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         params_path = self.run_dir / PARAMS_FILE
@@ -92,7 +94,7 @@ class RunRecorder:
         progress_path = self.run_dir / PROGRESS_FILE
         self._columns: list[str] | None = None
         if resume and progress_path.exists():
-            self._columns = _read_header_and_trim(progress_path)
+            self._columns = _read_header_and_trim(progress_path, keep_iterations)
         self._csv_file = open(progress_path, "a" if resume else "w", encoding="utf-8",
                               newline="")
         self._csv = csv.writer(self._csv_file, lineterminator="\n")
@@ -146,11 +148,12 @@ class RunRecorder:
         self.close()
 
 
-def _read_header_and_trim(path: Path) -> list[str] | None:
+def _read_header_and_trim(path: Path, keep_iterations: int | None = None) -> list[str] | None:
     """The header of an existing progress.csv, or None if it has none.
 
     A run killed in the middle of writing a row leaves a partial last line; it is cut off so
-    that the rows appended next start on a line of their own.
+    that the rows appended next start on a line of their own. With ``keep_iterations``, rows
+    whose ``iteration`` is larger are cut off too.
     """
     with open(path, "rb+") as file:
         data = file.read()
@@ -158,7 +161,19 @@ def _read_header_and_trim(path: Path) -> list[str] | None:
         if end < len(data):
             file.truncate(end)
             data = data[:end]
-    if not data.strip():
-        return None
-    first_line = data.decode("utf-8").splitlines()[0]
-    return next(csv.reader([first_line]))
+        if not data.strip():
+            return None
+        lines = data.decode("utf-8").splitlines(keepends=True)
+        header = next(csv.reader([lines[0]]))
+        if keep_iterations is not None and "iteration" in header:
+            column = header.index("iteration")
+            kept = 1
+            for line in lines[1:]:
+                cells = next(csv.reader([line]), [])
+                if len(cells) > column and cells[column] and int(cells[column]) > keep_iterations:
+                    break
+                kept += 1
+            if kept < len(lines):
+                file.seek(sum(len(line.encode("utf-8")) for line in lines[:kept]))
+                file.truncate()
+    return header

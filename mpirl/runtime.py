@@ -28,8 +28,9 @@ from typing import Any
 
 from mpi4py import MPI
 
+from mpirl import stop_signals
 from mpirl.core import RankContext, Worker
-from mpirl.dispatch import HOST, Dispatcher, WorkerGroup, WorkerHandle
+from mpirl.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
 from mpirl.heartbeat import Heartbeat, is_process_failure
 from mpirl.host import WorkerHost
@@ -81,6 +82,22 @@ class Driver:
         self.hosts = hosts or []
         self._local_contexts = contexts or {}
         self._object_ids = itertools.count(HOST + 1)
+        self._stop_request: str | None = None
+
+    def stop_requested(self) -> str | None:
+        """Whether a stop signal reached any rank: e.g. ``"SIGUSR2 on rank 3 (rollout 1)"``, or
+        None. Cheap enough to call every iteration (one probe)."""
+        if self._stop_request is None:
+            signum, rank = stop_signals.received(), 0
+            if signum is None and self.dispatcher is not None:
+                item = self.dispatcher.channel.poll(MPI.ANY_SOURCE, SIGNAL)
+                if item is not None:
+                    signum, rank = item
+            if signum is not None:
+                role = self.placement.roles[rank]
+                where = f"rank {rank} ({role} {self.placement.role_index(rank)})"
+                self._stop_request = f"{stop_signals.signal_name(signum)} on {where}"
+        return self._stop_request
 
     @property
     def local(self) -> bool:
@@ -145,16 +162,21 @@ class Driver:
 
 
 def run(main: Callable[[Driver], int | None], layout: Layout,
-        settings: RuntimeSettings | None = None) -> int:
+        settings: RuntimeSettings | None = None, stop_signals_enabled: bool = False) -> int:
     """Run ``main`` on rank 0 and serve workers on every other rank; return the job's exit code.
 
-    Call it on every rank. Raises ``LayoutError`` on every rank, before any communication, when the
-    world size does not fit ``layout``. If ``main`` raises, the error is printed on rank 0 and
+    Call it on every rank. Raises ``LayoutError`` on every rank, before any communication, when
+    the world size does not fit ``layout``. If ``main`` raises, the error is printed on rank 0 and
     every rank returns a non-zero code (the error's ``exit_code`` for an ``MpirlError``).
+
+    With ``stop_signals_enabled``, SIGUSR1/SIGUSR2/SIGTERM on any rank no longer end the
+    process; ``main`` must poll ``driver.stop_requested()`` and end the run itself.
     """
     settings = settings or RuntimeSettings()
     world = MPI.COMM_WORLD
     placement = layout.resolve(world.Get_size())
+    if stop_signals_enabled:
+        stop_signals.install()
     if placement.local:
         return _run_local(main, placement, settings)
     return _run_distributed(main, placement, settings, world)

@@ -67,3 +67,74 @@ def open_mpi_is_the_launcher() -> None:
     if "Open MPI" not in out:
         pytest.exit(f"{MPIEXEC} is not Open MPI's mpiexec (mpich wheel installed too?):\n{out}",
                     returncode=3)
+
+
+class LiveRun:
+    """An ``mpirl train`` job running in the background under mpiexec, for fault tests: its
+    output is collected as it arrives, and its ranks' pids come from the layout table."""
+
+    def __init__(self, n: int, *args: str, ulfm: bool = False) -> None:
+        import threading
+
+        command = mpiexec_command(n, str(BIN / "mpirl"), "train", *args, ulfm=ulfm)
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=mpi_env(), start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+                         for stream, lines in ((self.proc.stdout, self.out),
+                                               (self.proc.stderr, self.err))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+
+    def wait_until(self, condition, what: str, timeout: float = 90) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                self.finish()
+                pytest.fail(f"the job ended (exit {self.proc.returncode}) before {what}:\n"
+                            f"{self.stdout}\n{self.stderr}")
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"no {what} within {timeout} s:\n{self.stdout}\n{self.stderr}")
+            time.sleep(0.05)
+
+    def pids(self) -> dict[int, tuple[str, int]]:
+        """rank -> (role, pid), from the layout table rank 0 prints at start-up."""
+        found = {}
+        for line in list(self.out):
+            cells = line.split()
+            if len(cells) == 6 and cells[0].isdigit() and cells[4].isdigit():
+                found[int(cells[0])] = (cells[1], int(cells[4]))
+        return found
+
+    def finish(self, timeout: float = 90) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the job hung for {timeout} s:\n{self.stdout}\n{self.stderr}")
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err)

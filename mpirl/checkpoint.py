@@ -1,0 +1,266 @@
+"""Checkpoints: everything a run needs to continue identically, written so that a crash at any
+moment leaves the previous checkpoint intact.
+
+A run directory holds::
+
+    checkpoints/
+      checkpoint_000040/      one directory per checkpoint, named by iteration
+        manifest.json         format version, mpirl version, algorithm, env, config, counters,
+                              layout, and the SHA-256 and size of every file below
+        driver.pkl            the driver's counters, episode windows, normalizer statistics, RNGs
+        learner_0.pkl ...     each learner's weights, optimizer state and RNGs
+        rollout_0.pkl ...     each rollout worker's environments, RNGs and episodes in progress
+      latest                  the name of the newest checkpoint, moved last
+
+What crosses ranks: the driver sends each worker the temporary directory; every worker writes its
+own file there in parallel (on a cluster the run directory is on a shared file system) and
+answers with the file's checksum. The driver then writes the manifest, fsyncs, renames the
+directory into place and moves ``latest``. A checkpoint directory without a manifest, or whose
+files do not match their checksums, is never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpirl.errors import MpirlError
+
+#: Bumped when the layout of checkpoint files changes incompatibly.
+FORMAT_VERSION = 1
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^checkpoint_(\d{6,})$")
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """When checkpoints are written and how many are kept. Every field is a config key."""
+
+    checkpoint_every: int = 20
+    """Write a checkpoint every this many iterations; 0 writes none periodically."""
+    checkpoint_at_end: bool = True
+    """Write a checkpoint when a stop criterion is met."""
+    keep_checkpoints: int = 3
+    """How many of the newest checkpoints to keep (at least 1)."""
+    checkpoint_replay: bool = True
+    """Include replay buffer contents, for algorithms that have replay."""
+
+    def __post_init__(self) -> None:
+        from mpirl.errors import ConfigError
+
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0 (0 turns periodic checkpoints off), "
+                              f"got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+
+
+class CheckpointError(MpirlError):
+    """A checkpoint cannot be used: missing, corrupt, or of another run."""
+
+    exit_code = 2
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's global random states: Python's, NumPy's and torch's (CPU and CUDA)."""
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_state_file(path: str | Path, state: Any) -> dict[str, Any]:
+    """Pickle ``state`` to ``path`` and fsync it; return its ``{"sha256", "bytes"}`` entry."""
+    data = pickle.dumps(state, protocol=5)
+    with open(path, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def read_state_file(path: str | Path, entry: dict[str, Any]) -> Any:
+    """Unpickle ``path`` after checking it against its manifest ``entry``."""
+    data = Path(path).read_bytes()
+    _check_bytes(Path(path), data, entry)
+    return pickle.loads(data)
+
+
+def _check_bytes(path: Path, data: bytes, entry: dict[str, Any]) -> None:
+    if len(data) != entry["bytes"]:
+        raise CheckpointError(f"{path}: {len(data)} bytes where the manifest says "
+                              f"{entry['bytes']} (truncated?)")
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointError(f"{path}: SHA-256 does not match the manifest (corrupted)")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"checkpoint_{iteration:06d}"
+
+
+class CheckpointStore:
+    """The ``checkpoints/`` directory of one run: writes, verifies, lists and prunes."""
+
+    def __init__(self, run_dir: str | Path, keep: int = 3) -> None:
+        self.root = Path(run_dir) / CHECKPOINTS
+        self.keep = keep
+
+    def begin(self, iteration: int) -> Path:
+        """A fresh temporary directory for the checkpoint of ``iteration``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{checkpoint_name(iteration)}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, tmp: Path, manifest: dict[str, Any]) -> Path:
+        """Write the manifest into ``tmp``, move it into place, point ``latest`` at it, prune."""
+        manifest = {"format_version": FORMAT_VERSION, **manifest}
+        text = json.dumps(manifest, indent=2, sort_keys=True, default=_json_default) + "\n"
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        _fsync_dir(tmp)
+        final = self.root / checkpoint_name(manifest["iteration"])
+        if final.exists():  # a resumed run redoing an iteration it had checkpointed before
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        pointer = self.root / f".{LATEST}.tmp"
+        with open(pointer, "w", encoding="utf-8") as file:
+            file.write(final.name + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(pointer, self.root / LATEST)
+        _fsync_dir(self.root)
+        self.prune(keep_name=final.name)
+        return final
+
+    def prune(self, keep_name: str | None = None) -> None:
+        """Delete all but the newest ``keep`` checkpoints, and stale temporary directories."""
+        for stale in self.root.glob(".tmp-checkpoint_*"):
+            if not stale.name.endswith(f"-{os.getpid()}"):
+                shutil.rmtree(stale, ignore_errors=True)
+        for old in self.list()[self.keep:]:
+            if old.name != keep_name:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def list(self) -> list[Path]:
+        """Checkpoint directories, newest first (by iteration, the ``latest`` pointer first)."""
+        if not self.root.is_dir():
+            return []
+        found = sorted((p for p in self.root.iterdir() if _NAME.match(p.name) and p.is_dir()),
+                       key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
+        latest = self.root / LATEST
+        if latest.is_file():
+            name = latest.read_text(encoding="utf-8").strip()
+            found.sort(key=lambda p: p.name != name)  # stable: the pointed-to one goes first
+        return found
+
+    def newest_valid(self, warn=None) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that verifies, or None if there are none at all.
+
+        Each corrupt one is reported through ``warn(message)`` and skipped. If checkpoints
+        exist but none verifies, raises ``CheckpointError`` listing what was wrong with each.
+        """
+        problems = []
+        for path in self.list():
+            try:
+                return path, verify(path)
+            except CheckpointError as error:
+                problems.append(str(error))
+                if warn is not None:
+                    warn(f"skipping checkpoint {path.name}: {error}")
+        if problems:
+            raise CheckpointError(
+                f"no valid checkpoint in {self.root}; every one failed verification:\n  "
+                + "\n  ".join(problems)
+            )
+        return None
+
+
+def verify(path: str | Path) -> dict[str, Any]:
+    """Read and check a checkpoint directory; return its manifest or raise CheckpointError."""
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path} has no {MANIFEST} (not a checkpoint, or its write was "
+                              f"interrupted)")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{manifest_path} is not valid JSON ({error})") from None
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format {version!r}; this mpirl reads format "
+                              f"{FORMAT_VERSION}")
+    for name, entry in manifest.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing")
+        _check_bytes(file, file.read_bytes(), entry)
+    return manifest
+
+
+def manifest_header(algo: str, env: Any, config: Any, iteration: int,
+                    timesteps_total: int, layout: dict[str, int]) -> dict[str, Any]:
+    """The descriptive part of a manifest (files are added by the writer)."""
+    import dataclasses
+
+    import mpirl
+
+    return {
+        "mpirl_version": mpirl.__version__, "algo": algo,
+        "env": {"env_id": env.env_id, "env_module": env.env_module,
+                "env_config": dict(env.env_config)},
+        "config": dataclasses.asdict(config), "iteration": iteration,
+        "timesteps_total": timesteps_total, "layout": layout,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+    }
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, tuple | set):
+        return list(value)
+    return str(value)

@@ -1,0 +1,55 @@
+"""Stop requests by signal: SIGUSR1, SIGUSR2 or SIGTERM on any rank asks the run to checkpoint at
+the next iteration boundary and exit with ``EXIT_RESUME`` (75).
+
+Slurm may signal the batch shell, the launcher or every task, so any rank may be the one that
+hears it. A worker rank reports its signal to the driver over the control channel (tag
+``SIGNAL``) as soon as its serve loop is between tasks; the driver checks for reports, and for its
+own signals, once per iteration. A second signal of the same kind ends the process at once, the
+way it would have without mpirl.
+
+Only programs that check for stop requests install the handlers (``mpirl train`` does), so a
+plain ``mpirl.run`` program still dies on SIGTERM as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import FrameType
+
+#: The signals that request a checkpoint and a resumable exit.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+_received: int | None = None
+
+
+def install() -> None:
+    """Route the stop signals to a flag. Call from the main thread of every rank."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_signal)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _received
+    if _received == signum:
+        # Asked twice: do what the signal would have done without us.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if _received is None:
+        _received = signum
+
+
+def received() -> int | None:
+    """The first stop signal this process received, or None."""
+    return _received
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def reset() -> None:
+    """Forget a received signal (tests, and a process that runs several jobs)."""
+    global _received
+    _received = None

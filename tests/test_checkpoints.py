@@ -1,0 +1,227 @@
+"""Checkpoint-restart for real: kill -9 mid-run, resume, and compare with a run never stopped.
+
+A synchronous algorithm on CPU with an unchanged layout must resume to bit-identical weights and
+the same progress.csv rows. Signals checkpoint and exit with EXIT_RESUME; corrupt checkpoints are
+skipped by name; checkpoints of another run are refused.
+"""
+
+import csv
+import json
+import os
+import pickle
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BIN, LiveRun, mpi_env, run_mpi
+
+from mpirl.checkpoint import CheckpointError, CheckpointStore, verify
+from mpirl.errors import EXIT_RESUME, EXIT_USAGE
+
+MPIRL = str(BIN / "mpirl")
+#: Columns that depend only on the training itself (not on wall time).
+DETERMINISTIC = ("iteration", "timesteps_total", "episodes_total", "episode_return_mean",
+                 "policy_loss", "vf_loss", "approx_kl")
+
+
+def _config(**extra):
+    return json.dumps({"checkpoint_every": 3, "keep_checkpoints": 20, "print_layout": True,
+                       **extra})
+
+
+def _train(n, *args, timeout=120):
+    if n == 1:
+        import subprocess
+
+        return subprocess.run([MPIRL, "train", *args], capture_output=True, text=True,
+                              timeout=timeout, env=mpi_env())
+    return run_mpi(n, MPIRL, "train", *args, timeout=timeout)
+
+
+def _latest_iteration(run_dir: Path) -> int:
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.is_file():
+        return 0
+    return int(latest.read_text().strip().rsplit("_", 1)[1])
+
+
+def _rows(run_dir: Path):
+    with open(run_dir / "progress.csv") as file:
+        return [{k: row[k] for k in DETERMINISTIC} for row in csv.DictReader(file)]
+
+
+def _learner_state(run_dir: Path, iteration: int, index: int = 0):
+    path = run_dir / "checkpoints" / f"checkpoint_{iteration:06d}" / f"learner_{index}.pkl"
+    with open(path, "rb") as file:
+        return pickle.load(file)
+
+
+def _assert_same_learner(a, b):
+    assert np.array_equal(a["weights"], b["weights"]), "weights differ"
+    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(),
+                                  b["optimizer"]["state"].items(), strict=True):
+        assert ka == kb
+        for name in va:
+            assert np.array_equal(np.asarray(va[name]), np.asarray(vb[name])), name
+
+
+@pytest.mark.parametrize("n, extra, victim", [
+    (3, {}, "driver"),                      # learner in the driver, 2 rollout ranks
+    (4, {"num_learners": 1}, "learner"),    # a learner rank of its own
+], ids=["kill-driver", "kill-learner"])
+def test_resume_after_kill_9_is_bit_identical(tmp_path, n, extra, victim):
+    total = 24
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    proc = _train(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(reference),
+                  "--config", _config(**extra), "--stop", json.dumps({"training_iteration": total}))
+    assert proc.returncode == 0, proc.stderr
+
+    run = LiveRun(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(interrupted),
+                  "--config", _config(**extra), "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: _latest_iteration(interrupted) >= 6, "a checkpoint at iteration 6")
+    pid = next(pid for role, pid in run.pids().values() if role == victim)
+    os.kill(pid, signal.SIGKILL)
+    assert run.finish() != 0
+    killed_at = _latest_iteration(interrupted)
+    assert killed_at < total, "the run got past the comparison point before the kill took"
+
+    proc = _train(n, "--resume", str(interrupted), "--stop",
+                  json.dumps({"training_iteration": total}))
+    assert proc.returncode == 0, proc.stderr
+    assert f"resumed from {interrupted}/checkpoints/checkpoint_" in proc.stdout
+    _assert_same_learner(_learner_state(reference, total), _learner_state(interrupted, total))
+    # progress.csv continues where the checkpoint was: no gap, no repeated iteration.
+    assert _rows(interrupted) == _rows(reference)
+
+
+def test_local_mode_resume_is_bit_identical(tmp_path):
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    for run_dir, stop in ((reference, 8), (resumed, 5)):
+        proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                      "--config", _config(num_envs_per_worker=4),
+                      "--stop", json.dumps({"training_iteration": stop}))
+        assert proc.returncode == 0, proc.stderr
+    proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 8}')
+    assert proc.returncode == 0, proc.stderr
+    _assert_same_learner(_learner_state(reference, 8), _learner_state(resumed, 8))
+    assert _rows(resumed) == _rows(reference)
+
+
+@pytest.mark.parametrize("signum, victim", [
+    (signal.SIGUSR1, "rollout"), (signal.SIGUSR2, "learner"), (signal.SIGTERM, "driver"),
+], ids=["USR1-rollout", "USR2-learner", "TERM-driver"])
+def test_stop_signal_checkpoints_and_exits_resume_me(tmp_path, signum, victim):
+    run_dir = tmp_path / "run"
+    run = LiveRun(4, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", _config(num_learners=1, checkpoint_every=0),
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
+    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == victim)
+    os.kill(pid, signum)
+    assert run.finish() == EXIT_RESUME, run.stderr
+    name = signal.Signals(signum).name
+    assert f"{name} on rank {rank} ({victim}" in run.stderr
+    assert f"--resume {run_dir}" in run.stderr
+    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
+    assert _latest_iteration(run_dir) == stopped_at  # the checkpoint is of the last iteration
+    verify(run_dir / "checkpoints" / f"checkpoint_{stopped_at:06d}")
+
+    proc = _train(4, "--resume", str(run_dir), "--stop",
+                  json.dumps({"training_iteration": stopped_at + 2}))
+    assert proc.returncode == 0, proc.stderr
+    assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, stopped_at + 3))
+
+
+def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", _config(), "--stop", '{"training_iteration": 7}')
+    assert proc.returncode == 0, proc.stderr
+    checkpoints = run_dir / "checkpoints"
+    # What a kill -9 in the middle of a write leaves: a temporary directory, never renamed.
+    partial = checkpoints / ".tmp-checkpoint_000008-99999"
+    partial.mkdir()
+    (partial / "learner_0.pkl").write_bytes(b"\x80\x05partial")
+    # And the newest checkpoint damaged afterwards: one file truncated.
+    learner = checkpoints / "checkpoint_000007" / "learner_0.pkl"
+    learner.write_bytes(learner.read_bytes()[:1000])
+    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 9}')
+    assert proc.returncode == 0, proc.stderr
+    assert "skipping checkpoint checkpoint_000007" in proc.stderr
+    assert "learner_0.pkl" in proc.stderr and "truncated" in proc.stderr
+    assert "resumed from" in proc.stdout and "checkpoint_000006 (iteration 6" in proc.stdout
+    assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, 10))
+    assert not partial.exists()  # stale temporary directories are cleaned up
+
+
+def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", _config(num_envs_per_worker=2), "--stop",
+                  '{"training_iteration": 3}')
+    assert proc.returncode == 0, proc.stderr
+    (run_dir / "checkpoints" / "checkpoint_000003" / "manifest.json").write_text("{not json")
+    proc = _train(1, "--resume", str(run_dir))
+    assert proc.returncode == EXIT_USAGE
+    assert "no valid checkpoint" in proc.stderr and "not valid JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_checkpoint_of_another_run_is_refused(tmp_path):
+    ppo, a2c = tmp_path / "ppo", tmp_path / "a2c"
+    for algo, run_dir in (("PPO", ppo), ("A2C", a2c)):
+        proc = _train(1, "--algo", algo, "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                      "--config", _config(num_envs_per_worker=2),
+                      "--stop", '{"training_iteration": 3}')
+        assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(a2c / "checkpoints")
+    shutil.copytree(ppo / "checkpoints", a2c / "checkpoints")
+    proc = _train(1, "--resume", str(a2c), "--stop", '{"training_iteration": 5}')
+    assert proc.returncode == EXIT_USAGE
+    assert "is a checkpoint of PPO on CartPole-v1, not of A2C" in proc.stderr
+    # Naming another algorithm on the command line is refused before anything starts.
+    proc = _train(1, "--resume", str(ppo), "--algo", "A2C")
+    assert proc.returncode == EXIT_USAGE
+    assert "holds a PPO run on CartPole-v1, but --algo A2C was given" in proc.stderr
+    proc = _train(1, "--resume", str(tmp_path / "nowhere"))
+    assert proc.returncode == EXIT_USAGE and "no such directory" in proc.stderr
+
+
+def test_resume_onto_fewer_rollout_workers(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _train(4, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", _config(), "--stop", '{"training_iteration": 3}')
+    assert proc.returncode == 0, proc.stderr
+    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 5}')
+    assert proc.returncode == 0, proc.stderr
+    assert "rollout workers 3 -> 2" in proc.stdout
+    rows = _rows(run_dir)
+    assert [int(r["iteration"]) for r in rows] == [1, 2, 3, 4, 5]
+    # 3 workers x 8 envs x 64 steps per iteration, then 2 x 8 x 64.
+    assert [int(r["timesteps_total"]) for r in rows] == [1536, 3072, 4608, 5632, 6656]
+
+
+def test_interrupted_commit_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A crash between writing a checkpoint's files and renaming it into place."""
+    store = CheckpointStore(tmp_path, keep=3)
+    first = store.begin(1)
+    (first / "a.bin").write_bytes(b"one")
+    entry = {"sha256": __import__("hashlib").sha256(b"one").hexdigest(), "bytes": 3}
+    store.commit(first, {"iteration": 1, "files": {"a.bin": entry}})
+    second = store.begin(2)
+    (second / "a.bin").write_bytes(b"two")
+
+    def crash(*args):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(os, "rename", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.commit(second, {"iteration": 2, "files": {"a.bin": entry}})
+    monkeypatch.undo()
+    path, manifest = store.newest_valid()
+    assert path.name == "checkpoint_000001" and manifest["iteration"] == 1
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "checkpoint_000001"
+    with pytest.raises(CheckpointError, match="SHA-256 does not match"):
+        verify(second)  # never renamed, and not usable either
