@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mpirl.env_guard import check_max_failures
 from mpirl.operators import broadcast_weights, parallel_rollouts, train_one_step
 
 
@@ -31,6 +32,10 @@ class Config:
     """Steps per environment per iteration."""
     normalize_observations: bool = False
     """Normalize observations with running statistics merged over all rollout ranks."""
+    max_env_failures: int = 10
+    """Failures in a row of one environment (an exception in reset or step; a successful step
+    resets the count) that end the run. Fewer are recovered: the env is rebuilt and its partial
+    episode dropped. 1 ends the run on the first failure."""
 
     # Returns and advantages
     gamma: float = 0.98
@@ -69,6 +74,9 @@ class Config:
     """Episodes averaged into episode_return_mean."""
     seed: int = 0
     """Base seed; rank-specific seeds derive from it."""
+
+    def __post_init__(self) -> None:
+        check_max_failures(self.max_env_failures)
 
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):

@@ -26,7 +26,8 @@ from mpirl.checkpoint import (
     restore_rng,
     write_state_file,
 )
-from mpirl.errors import ConfigError
+from mpirl.env_guard import unwrap_env_failure
+from mpirl.errors import ConfigError, RemoteError
 from mpirl.learner import Learner
 from mpirl.operators import SampleResult, broadcast_weights
 from mpirl.policy import PolicySpec, RunningMeanStd
@@ -55,11 +56,16 @@ class Algorithm:
         observation_space, action_space = env.spaces()
         self.policy_spec = PolicySpec(observation_space, action_space,
                                       tuple(config.hidden_sizes), config.activation)
-        self.rollouts = driver.spawn(
-            "rollout", RolloutWorker, env, self.policy_spec, config.num_envs_per_worker,
-            config.seed, config.gamma, config.gae_lambda, config.normalize_observations,
-            config.torch_threads, local_if_empty=True,
-        )
+        try:
+            # Each worker resets its envs here: one that always fails ends the run right away.
+            self.rollouts = driver.spawn(
+                "rollout", RolloutWorker, env, self.policy_spec, config.num_envs_per_worker,
+                config.seed, config.gamma, config.gae_lambda, config.normalize_observations,
+                config.torch_threads, max_env_failures=config.max_env_failures,
+                local_if_empty=True,
+            )
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
         self.learners = driver.spawn(
             "learner", Learner, self.policy_spec, module.loss, config, config.lr,
             config.grad_clip, config.seed, config.learner_backend, config.torch_threads,
@@ -71,6 +77,7 @@ class Algorithm:
         self.iteration = 0
         self.timesteps_total = 0
         self.episodes_total = 0
+        self.num_env_failures = 0
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
         self.started = time.monotonic()
@@ -92,6 +99,7 @@ class Algorithm:
         """Add one round of samples to the counters and the episode window."""
         self.timesteps_total += samples.env_steps
         self.episodes_total += len(samples.episode_returns)
+        self.num_env_failures += samples.env_failures
         self.returns.extend(samples.episode_returns)
         self.lengths.extend(samples.episode_lengths)
 
@@ -109,6 +117,7 @@ class Algorithm:
             "episode_return_min": float(np.min(self.returns)) if self.returns else nan,
             "episode_return_max": float(np.max(self.returns)) if self.returns else nan,
             "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else nan,
+            "num_env_failures": self.num_env_failures,
             "env_steps_per_s": (self.timesteps_total - steps_before) / max(elapsed, 1e-9),
             "time_this_iter_s": elapsed,
             "time_total_s": self.time_before_resume + time.monotonic() - self.started,
@@ -122,7 +131,8 @@ class Algorithm:
     def get_state(self) -> dict[str, Any]:
         return {
             "iteration": self.iteration, "timesteps_total": self.timesteps_total,
-            "episodes_total": self.episodes_total, "returns": list(self.returns),
+            "episodes_total": self.episodes_total, "num_env_failures": self.num_env_failures,
+            "returns": list(self.returns),
             "lengths": list(self.lengths),
             "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
             "time_total_s": self.time_before_resume + time.monotonic() - self.started,
@@ -133,6 +143,7 @@ class Algorithm:
         self.iteration = state["iteration"]
         self.timesteps_total = state["timesteps_total"]
         self.episodes_total = state["episodes_total"]
+        self.num_env_failures = state["num_env_failures"]
         self.returns.clear()
         self.returns.extend(state["returns"])
         self.lengths.clear()

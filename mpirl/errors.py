@@ -73,6 +73,14 @@ class TaskTimeout(MpirlError, TimeoutError):
     """A call on a worker did not complete within its timeout."""
 
 
+class EnvFailureError(MpirlError):
+    """An environment kept raising: ``max_env_failures`` failures in a row on one sub-env.
+
+    Raised on the rollout rank; the driver re-raises it under this type (see
+    ``mpirl.env_guard.unwrap_env_failure``) so the user reads its message alone.
+    """
+
+
 class RankLost(MpirlError):
     """A rank stopped sending heartbeats; the job is being ended."""
 

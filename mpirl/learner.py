@@ -122,33 +122,48 @@ class Learner(Worker):
               standardize: tuple[str, ...] = ("advantages",)) -> dict[str, float]:
         """Receive the batches of rollout ranks ``sources`` (or take ``batches`` given in the
         call), then run ``num_epochs`` passes of ``num_minibatches`` SGD steps. Every learner must
-        run the same number of steps: each step is an allreduce."""
+        run the same number of steps: each step is an allreduce.
+
+        Batches may be short (rows dropped after env failures), so learners exchange their row
+        counts first: with fewer rows than minibatches anywhere, every learner takes fewer steps
+        alike, and with no rows at all none is taken. A learner whose share of a step is empty
+        adds a zero gradient to the average."""
         received = [self.context.data_channel.recv(src, BATCH_TAG) for src in sources]
         batch = concat_batches((batches or []) + received)
-        standardize_fields(batch, standardize, self.context.role_comm)
+        size = len(batch["advantages"])
+        comm = self.context.role_comm
+        sizes = comm.allgather(size) if comm.Get_size() > 1 else [size]
+        num_minibatches = min(num_minibatches, max(sizes))
+        if num_minibatches == 0:
+            return {"sgd_steps": 0, "learner_samples": 0}
+        standardize_fields(batch, standardize, comm)
         if lr is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
         tensors = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
-        size = len(batch["advantages"])
         totals: dict[str, float] = {}
-        steps = 0
+        steps = losses = 0
         for _ in range(num_epochs):
             for index in np.array_split(self.rng.permutation(size), num_minibatches):
-                minibatch = {k: v[torch.as_tensor(index, device=self.device)]
-                             for k, v in tensors.items()}
-                loss, stats = self.loss(self.policy, minibatch, self.loss_config)
-                self.optimizer.zero_grad(set_to_none=False)
-                loss.backward()
+                if len(index) == 0:
+                    for p in self.params:
+                        p.grad = torch.zeros_like(p)
+                else:
+                    minibatch = {k: v[torch.as_tensor(index, device=self.device)]
+                                 for k, v in tensors.items()}
+                    loss, stats = self.loss(self.policy, minibatch, self.loss_config)
+                    self.optimizer.zero_grad(set_to_none=False)
+                    loss.backward()
+                    for key, value in stats.items():
+                        totals[key] = totals.get(key, 0.0) + float(value)
+                    losses += 1
                 self._average_gradients()
                 if self.grad_clip:
                     torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
                 self.optimizer.step()
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + float(value)
                 steps += 1
-        return {k: v / max(steps, 1) for k, v in totals.items()} | {"sgd_steps": steps,
-                                                                    "learner_samples": size}
+        return {k: v / max(losses, 1) for k, v in totals.items()} | {"sgd_steps": steps,
+                                                                     "learner_samples": size}
 
     def _average_gradients(self) -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])

@@ -3,7 +3,8 @@
 Each is a plain function a ``training_step`` calls from top to bottom. What moves where:
 
 * ``parallel_rollouts``: every rollout worker samples; batches go straight to learner ranks, the
-  driver gets counts, episode metrics and observation-statistics deltas.
+  driver gets counts (env steps, env failures), episode metrics and observation-statistics
+  deltas.
 * ``train_one_step``: every learner receives its rollout ranks' batches and runs minibatch SGD
   with one gradient allreduce per step; the driver gets averaged loss statistics.
 * ``broadcast_weights``: learner 0's weights go to every rollout rank in one ``Bcast``.
@@ -18,6 +19,8 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.dispatch import WorkerGroup
+from mpirl.env_guard import unwrap_env_failure
+from mpirl.errors import RemoteError
 from mpirl.policy import RunningMeanStd
 
 
@@ -26,6 +29,8 @@ class SampleResult:
     """What the driver learns from one round of sampling (batches stay on the data plane)."""
 
     env_steps: int = 0
+    #: environment exceptions recovered by rebuilding the env (their episodes were dropped)
+    env_failures: int = 0
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     #: learner index -> rollout ranks whose batches it must receive
@@ -38,7 +43,8 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
                       obs_filter: RunningMeanStd | None = None) -> SampleResult:
     """Sample ``steps_per_env`` steps on every environment of every rollout worker, routing
     rollout worker i's batch to learner i mod L. Merges the workers' observation statistics
-    into ``obs_filter``."""
+    into ``obs_filter``. An environment that failed ``max_env_failures`` times in a row raises
+    ``EnvFailureError`` here."""
     filter_state = obs_filter.state() if obs_filter is not None else None
     result = SampleResult()
     futures = []
@@ -51,8 +57,12 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
             result.sources.setdefault(target, []).append(worker.rank)
         futures.append((target, worker.call_async("sample", steps_per_env, filter_state, send_to)))
     for target, future in futures:
-        metrics = future.result()
+        try:
+            metrics = future.result()
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
         result.env_steps += metrics["env_steps"]
+        result.env_failures += metrics["env_failures"]
         result.episode_returns += metrics["episode_returns"]
         result.episode_lengths += metrics["episode_lengths"]
         if "batch" in metrics:
@@ -73,7 +83,9 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
         for i, learner in enumerate(learners)
     ]
     results = [f.result() for f in futures]
-    stats = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+    # A learner that got no rows (env failures dropped them all) has no loss statistics.
+    keys = dict.fromkeys(k for r in results for k in r)
+    stats = {k: float(np.mean([r[k] for r in results if k in r])) for k in keys}
     stats["learner_samples"] = float(sum(r["learner_samples"] for r in results))
     return stats
 

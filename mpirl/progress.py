@@ -82,6 +82,8 @@ class ProgressDisplay:
         ]
         if "episode_len_mean" in row:
             parts.append(f"len {_decimal(row['episode_len_mean'])}")
+        if row.get("num_env_failures"):
+            parts.append(f"env failures {_count(row['num_env_failures'])}")
         parts.append(f"time {time_text}")
         return "  ".join(parts)
 

@@ -3,6 +3,9 @@
 Each rollout rank steps ``num_envs_per_worker`` environments in a gymnasium vector env, computes
 advantages (GAE) itself, and sends the batch straight to its learner rank over the data channel;
 the driver gets back only counts and episode metrics. Weights arrive by broadcast from learner 0.
+
+An environment that raises is rebuilt in place (``mpirl.env_guard``); the episode it was in is
+dropped from the batch and the episode metrics, and the driver gets the number of failures.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import pickle
+import sys
+import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -19,11 +25,14 @@ import torch
 
 from mpirl.checkpoint import capture_rng, restore_rng
 from mpirl.core import RankContext, Worker
+from mpirl.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.errors import ConfigError
 from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
 
 #: Tag of sample batches on the data channel.
 BATCH_TAG = 21
+#: Shortest time between two env-failure warnings of one rollout worker on its stderr.
+FAILURE_WARNING_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -86,15 +95,22 @@ class RolloutWorker(Worker):
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
-                 normalize_observations: bool, torch_threads: int = 1) -> None:
+                 normalize_observations: bool, torch_threads: int = 1,
+                 max_env_failures: int = 10) -> None:
         super().__init__(context)
         torch.set_num_threads(torch_threads)
         self.seed = seed + 1000 * context.role_index
         torch.manual_seed(self.seed)
+        self.env_id = env.env_id
+        self.where = f"rollout worker {context.role_index} on rank {context.rank}"
         self.envs = gym.vector.SyncVectorEnv(
-            [env.make for _ in range(num_envs)],
+            [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where)
+             for i in range(num_envs)],
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
+        self.env_failures = 0  # on this worker, since it started
+        self._unreported_failures = 0  # not yet returned by sample()
+        self._next_warning_at = 0.0
         self.policy = policy.build("cpu")
         self.gamma, self.lam = gamma, lam
         # Only real-valued observations are normalized; a Discrete one is one-hot encoded.
@@ -102,7 +118,8 @@ class RolloutWorker(Worker):
             self.envs.single_observation_space, gym.spaces.Box)
         self.obs_shape = self.envs.single_observation_space.shape
         self.filter = RunningMeanStd(self.obs_shape)
-        self.obs, _ = self.envs.reset(seed=self.seed)
+        self.obs, infos = self.envs.reset(seed=self.seed)
+        self._note_failures(infos)
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self._weights = np.empty(self.policy.num_weights(), np.float32)
@@ -116,14 +133,19 @@ class RolloutWorker(Worker):
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,
                send_to: int | None = None) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
-        unless ``send_to`` names the learner rank to send it to over the data channel."""
+        unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
+        episodes that an env failure cut short are left out, so the batch may be short; the
+        metrics count the failures (``env_failures``)."""
         if filter_state is not None:
             self.filter.mean, self.filter.var, self.filter.count = filter_state
         delta = RunningMeanStd(self.obs_shape)  # what this call saw, merged on the driver
         num_envs = self.envs.num_envs
         columns = {k: [] for k in ("obs", "actions", "logp", "values", "rewards", "dones")}
         returns, lengths = [], []
-        for _ in range(steps_per_env):
+        # Rows of episodes cut short by an env failure are dropped after GAE.
+        keep = np.ones((steps_per_env, num_envs), dtype=bool)
+        episode_start = np.zeros(num_envs, dtype=np.int64)  # row of each episode's first step
+        for t in range(steps_per_env):
             if self.normalize_observations:
                 delta.update(self.obs)
             obs = self._normalize(self.obs)
@@ -144,6 +166,18 @@ class RolloutWorker(Worker):
                 lengths.append(int(self.episode_length[i]))
             self.episode_return[done] = 0.0
             self.episode_length[done] = 0
+            if FAILURES in infos:
+                self._note_failures(infos)
+                dropped = infos.get(EPISODE_DROPPED, np.zeros(num_envs, dtype=bool))
+                for i in np.flatnonzero(dropped):
+                    # The failed step is no transition, and its episode has no end to learn
+                    # from: drop both. Rows sent in earlier fragments are gone already.
+                    keep[episode_start[i]:t + 1, i] = False
+                self.episode_return[dropped] = 0.0
+                self.episode_length[dropped] = 0
+                # A cut, so that GAE bootstraps nothing from the fresh env into these rows.
+                done = done | dropped
+            episode_start[done] = t + 1
             for key, value in (("obs", obs), ("actions", actions), ("logp", logp),
                                ("values", values), ("rewards", rewards), ("dones", done)):
                 columns[key].append(value)
@@ -162,7 +196,12 @@ class RolloutWorker(Worker):
             "advantages": advantages.reshape(count),
             "value_targets": targets.reshape(count),
         }
+        if not keep.all():
+            rows = keep.reshape(count)  # [T, N] flattened row-major, as the batch was
+            batch = {key: value[rows] for key, value in batch.items()}
+        failures, self._unreported_failures = self._unreported_failures, 0
         metrics = {"env_steps": count, "episode_returns": returns, "episode_lengths": lengths,
+                   "env_failures": failures,
                    "filter_delta": delta.state() if self.normalize_observations else None}
         if send_to is None:
             metrics["batch"] = batch
@@ -171,6 +210,24 @@ class RolloutWorker(Worker):
             channel.flush()
             channel.isend(batch, send_to, BATCH_TAG)
         return metrics
+
+    def _note_failures(self, infos: dict[str, Any]) -> None:
+        """Count the failures the guarded envs report in ``infos``; warn on stderr now and then
+        (the driver sees them all in num_env_failures)."""
+        if FAILURES not in infos:
+            return
+        counts = infos[FAILURES]
+        self.env_failures += int(counts.sum())
+        self._unreported_failures += int(counts.sum())
+        now = time.monotonic()
+        if now < self._next_warning_at:
+            return
+        self._next_warning_at = now + FAILURE_WARNING_INTERVAL_S
+        i = int(np.flatnonzero(counts)[-1])
+        print(f"mpirl: warning: {self.where}: {self.env_id} sub-env {i} raised {infos[ERROR][i]}; "
+              f"rebuilt it. {self.env_failures} env failures on this worker so far "
+              f"(num_env_failures counts them all; this warning repeats at most every "
+              f"{FAILURE_WARNING_INTERVAL_S:g} s).", file=sys.stderr, flush=True)
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
@@ -199,10 +256,13 @@ class RolloutWorker(Worker):
             "envs": envs, "envs_error": envs_error, "obs": self.obs,
             "episode_return": self.episode_return, "episode_length": self.episode_length,
             "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
+            "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.restores = state["restores"] + 1
+        self.env_failures = state["env_failures"]
+        self._unreported_failures = state["unreported_failures"]
         self.filter.mean, self.filter.var, self.filter.count = state["filter"]
         if state["envs"] is not None:
             envs = pickle.loads(state["envs"])

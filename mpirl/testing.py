@@ -13,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from mpirl.core import RankContext, Worker
 
@@ -130,7 +131,92 @@ class MultiCorridorEnv(CorridorEnv):
         super().__init__(length, max_steps, multi=True)
 
 
-# Importing this module registers the corridor under an id, as third-party env packages do
+class InjectedFailure(RuntimeError):
+    """What the flaky test environments raise."""
+
+
+class FailureSchedule:
+    """When a flaky test env raises: in ``step`` at every ``fail_every_steps``-th step of the
+    instance (0: never), in ``reset`` from reset number ``fail_resets_after + 1`` of the instance on
+    (None: never). Counting per instance keeps it deterministic: a rebuilt env starts over."""
+
+    def __init__(self, fail_every_steps: int = 0, fail_resets_after: int | None = None) -> None:
+        self.fail_every_steps = fail_every_steps
+        self.fail_resets_after = fail_resets_after
+        self.instance_steps = 0
+        self.instance_resets = 0
+
+    def before_step(self) -> None:
+        self.instance_steps += 1
+        if self.fail_every_steps and self.instance_steps % self.fail_every_steps == 0:
+            raise InjectedFailure(f"injected failure in step {self.instance_steps}")
+
+    def before_reset(self) -> None:
+        self.instance_resets += 1
+        if self.fail_resets_after is not None and self.instance_resets > self.fail_resets_after:
+            raise InjectedFailure(f"injected failure in reset {self.instance_resets}")
+
+
+class FlakyCartPoleEnv(CartPoleEnv):
+    """CartPole that raises ``InjectedFailure`` on a ``FailureSchedule``."""
+
+    def __init__(self, fail_every_steps: int = 0, fail_resets_after: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.schedule = FailureSchedule(fail_every_steps, fail_resets_after)
+
+    def step(self, action):
+        self.schedule.before_step()
+        return super().step(action)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self.schedule.before_reset()
+        return super().reset(seed=seed, options=options)
+
+
+class CountingEnv(gym.Env):
+    """Episodes of exactly ``episode_length`` steps whatever the actions, reward 1 a step, on a
+    ``FailureSchedule``. The observation is the number of steps this instance has taken, so a
+    test can tell which rows of a batch came from which step of which episode."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, episode_length: int = 5, fail_every_steps: int = 0,
+                 fail_resets_after: int | None = None) -> None:
+        self.episode_length = episode_length
+        self.schedule = FailureSchedule(fail_every_steps, fail_resets_after)
+        self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.episode_steps = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.schedule.instance_steps], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.schedule.before_reset()
+        self.episode_steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.schedule.before_step()
+        self.episode_steps += 1
+        return self._obs(), 1.0, self.episode_steps >= self.episode_length, False, {}
+
+
+# Importing this module registers these envs under ids, as third-party env packages do
 # (what `mpirl train --env-module mpirl.testing --env MpirlCorridor-v0` relies on).
-if "MpirlCorridor-v0" not in gym.registry:
-    gym.register("MpirlCorridor-v0", entry_point=CorridorEnv)
+_IDS = {
+    "MpirlCorridor-v0": dict(entry_point=CorridorEnv),
+    # CartPole-v1 that fails in step every 2000 steps of each instance: rare enough to solve.
+    "MpirlFlakyCartPole-v0": dict(entry_point=FlakyCartPoleEnv, max_episode_steps=500,
+                                  kwargs={"fail_every_steps": 2000}),
+    # CartPole-v1 that fails in every reset, and one that fails in every step.
+    "MpirlBrokenResetCartPole-v0": dict(entry_point=FlakyCartPoleEnv, max_episode_steps=500,
+                                        kwargs={"fail_resets_after": 0}),
+    "MpirlBrokenStepCartPole-v0": dict(entry_point=FlakyCartPoleEnv, max_episode_steps=500,
+                                       kwargs={"fail_every_steps": 1}),
+}
+for _id, _registration in _IDS.items():
+    if _id not in gym.registry:
+        gym.register(_id, **_registration)
