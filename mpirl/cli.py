@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mpirl import launch
 from mpirl.config import build, parse_json_object, split_by_dataclass
 from mpirl.errors import MpirlError
 from mpirl.layout import Layout
-from mpirl.runtime import RuntimeSettings, run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
                           help="write one MP4 per episode to DIR (needs mpirl[video])")
     evaluate.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
+    launch.add_arguments(commands.add_parser(
+        "launch", help="run a job command, and run it again with --resume after a failure",
+        description="Run COMMAND (e.g. mpiexec -n 4 mpirl train ...) outside MPI; after a "
+                    "failure, run it again with --resume RUN_DIR. Exit 0 and exit 2 are final; "
+                    "SIGTERM, SIGUSR1, SIGUSR2, SIGINT and SIGHUP are forwarded and stop the "
+                    "restarts.",
+    ))
+
     plot = commands.add_parser("plot", help="plot return curves of one or more run directories")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("-o", "--output", default="curve.png", help="PNG file to write")
@@ -73,9 +81,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     args = _parser().parse_args(argv)
+    if args.command == "launch":
+        return launch.main(args)  # outside MPI: nothing below may be imported for it
     try:
         if args.command == "doctor":
             from mpirl.doctor import run_doctor
+            from mpirl.runtime import RuntimeSettings, run
 
             layout_keys, runtime_keys = split_by_dataclass(
                 parse_json_object(args.config, "--config"), Layout, RuntimeSettings
