@@ -73,10 +73,12 @@ class LiveRun:
     """An ``mpirl train`` job running in the background under mpiexec, for fault tests: its
     output is collected as it arrives, and its ranks' pids come from the layout table."""
 
-    def __init__(self, n: int, *args: str, ulfm: bool = False) -> None:
+    def __init__(self, n: int, *args: str, ulfm: bool = False,
+                 command: list[str] | None = None) -> None:
         import threading
 
-        command = mpiexec_command(n, str(BIN / "mpirl"), "train", *args, ulfm=ulfm)
+        if command is None:
+            command = mpiexec_command(n, str(BIN / "mpirl"), "train", *args, ulfm=ulfm)
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=mpi_env(), start_new_session=True)
         self.out: list[str] = []
@@ -107,7 +109,7 @@ class LiveRun:
             time.sleep(0.05)
 
     def pids(self) -> dict[int, tuple[str, int]]:
-        """rank -> (role, pid), from the layout table rank 0 prints at start-up."""
+        """rank -> (role, pid), from the newest layout table rank 0 printed at start-up."""
         found = {}
         for line in list(self.out):
             cells = line.split()

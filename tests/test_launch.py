@@ -244,3 +244,44 @@ def test_launch_stays_outside_mpi_and_rejects_bad_input(tmp_path):
         result = subprocess.run([str(BIN / "mpirl"), "launch", *args], capture_output=True,
                                 text=True, timeout=30, env=dict(os.environ))
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+
+
+def test_launch_survives_killed_rollout_and_learner_ranks(tmp_path):
+    """The whole story: kill -9 a rollout rank, then (after the automatic restart) a learner
+    rank; mpirl launch resumes from the newest checkpoint each time and the run reaches its
+    stop criterion, with every iteration in progress.csv exactly once."""
+    import csv
+
+    from conftest import LiveRun
+
+    run_dir = tmp_path / "run"
+    every = 5
+    command = [str(BIN / "mpirl"), "launch", "--max-restarts", "3", "--restart-delay", "1", "--",
+               *mpiexec_command(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env",
+                                "CartPole-v1", "--run-dir", str(run_dir), "--config",
+                                json.dumps({"num_learners": 1, "checkpoint_every": every}),
+                                "--stop", '{"episode_return_mean": 450, '
+                                          '"timesteps_total": 400000}')]
+    run = LiveRun(0, command=command)
+
+    def checkpoint_at_least(iteration):
+        latest = run_dir / "checkpoints" / "latest"
+        return latest.is_file() and int(latest.read_text().split("_")[1]) >= iteration
+
+    tables_seen = 0
+    for victim, after in (("rollout", every), ("learner", 2 * every)):
+        run.wait_until(lambda a=after: checkpoint_at_least(a), f"a checkpoint at iteration {after}")
+        run.wait_until(lambda t=tables_seen: run.stdout.count("mpirl layout:") > t,
+                       "the layout table")
+        tables_seen = run.stdout.count("mpirl layout:")
+        pid = next(pid for role, pid in run.pids().values() if role == victim)
+        os.kill(pid, signal.SIGKILL)
+        run.wait_until(lambda t=tables_seen: run.stdout.count("mpirl layout:") > t,
+                       f"a restart after killing the {victim}", timeout=120)
+    assert run.finish(timeout=240) == 0, run.stderr[-3000:]
+    assert run.stderr.count("resuming from") == 2, run.stderr[-3000:]
+    assert run.stdout.count(f"resumed from {run_dir}/checkpoints/checkpoint_") == 2
+    with open(run_dir / "progress.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert float(rows[-1]["episode_return_mean"]) >= 450
