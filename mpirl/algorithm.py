@@ -83,6 +83,7 @@ class Algorithm:
         self.started = time.monotonic()
         self.time_before_resume = 0.0
         self.last_row: dict[str, Any] | None = None
+        self.extra_groups: list = []
 
     @property
     def train_batch_size(self) -> int:
@@ -155,17 +156,25 @@ class Algorithm:
         self.last_row = state["last_row"]
         restore_rng(state["rng"])
 
-    def save_checkpoint(self, store: CheckpointStore, algo_name: str) -> Path:
-        """Write a checkpoint of the whole run: every worker writes its file in parallel."""
+    @property
+    def stateful_groups(self) -> list:
+        """The worker groups whose state goes into a checkpoint, in the order restored.
+        A plan that adds groups (replay shards, say) appends them here."""
+        return [self.learners, self.rollouts, *self.extra_groups]
+
+    def save_checkpoint(self, store: CheckpointStore, algo_name: str,
+                        include_replay: bool = True) -> Path:
+        """Write a checkpoint of the whole run: every worker writes its own file, in parallel."""
         tmp = store.begin(self.iteration)
+        groups = [g for g in self.stateful_groups if include_replay or g.role != "replay"]
         futures = [
             (f"{group.role}_{i}.pkl", worker.call_async("save_state", str(tmp),
                                                          f"{group.role}_{i}.pkl"))
-            for group in (self.learners, self.rollouts) for i, worker in enumerate(group)
+            for group in groups for i, worker in enumerate(group)
         ]
         files = {name: future.result() for name, future in futures}
         files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
-        layout = {"rollout": len(self.rollouts), "learner": len(self.learners)}
+        layout = {group.role: len(group) for group in groups}
         manifest = manifest_header(algo_name, self.env, self.config, self.iteration,
                                    self.timesteps_total, layout)
         manifest["files"] = files
@@ -179,8 +188,12 @@ class Algorithm:
         notes = []
         old = manifest["layout"]
         futures = []
-        for group in (self.learners, self.rollouts):
-            saved = old[group.role]
+        for group in self.stateful_groups:
+            saved = old.get(group.role, 0)
+            if saved == 0:
+                if len(group):
+                    notes.append(f"{group.role} workers start empty (none in the checkpoint)")
+                continue
             if saved != len(group):
                 note = f"{group.role} workers {saved} -> {len(group)}"
                 if group.role == "rollout" and saved > len(group):
@@ -190,7 +203,7 @@ class Algorithm:
                     note += f" (rollout workers {saved}..{len(group) - 1} start fresh episodes)"
                 notes.append(note)
             for i, worker in enumerate(group):
-                if group.role == "rollout" and i >= saved:
+                if group.role != "learner" and i >= saved:
                     continue
                 name = f"{group.role}_{min(i, saved - 1)}.pkl"
                 futures.append(worker.call_async("load_state", str(path / name), files[name]))

@@ -180,7 +180,8 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
             requested = driver.stop_requested()
             if requested or (reason and request.checkpoints.checkpoint_at_end) or (
                     every and algo.iteration % every == 0):
-                checkpoint = algo.save_checkpoint(store, request.algo)
+                checkpoint = algo.save_checkpoint(store, request.algo,
+                                                  request.checkpoints.checkpoint_replay)
             if reason or requested:
                 break
     if requested:
