@@ -225,3 +225,30 @@ def test_interrupted_commit_leaves_the_previous_checkpoint(tmp_path, monkeypatch
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "checkpoint_000001"
     with pytest.raises(CheckpointError, match="SHA-256 does not match"):
         verify(second)  # never renamed, and not usable either
+
+
+def test_kill_9_while_a_checkpoint_is_written(tmp_path):
+    """A model big enough that writing a checkpoint takes a while; kill -9 the learner rank
+    while the temporary directory exists. The resume uses the previous, complete checkpoint."""
+    run_dir = tmp_path / "run"
+    config = _config(num_learners=1, hidden_sizes=[1536, 1536], num_epochs=1,
+                     checkpoint_every=1, keep_checkpoints=2)
+    run = LiveRun(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", config, "--stop", '{"training_iteration": 100000}')
+    checkpoints = run_dir / "checkpoints"
+
+    def writing():
+        return _latest_iteration(run_dir) >= 1 and any(checkpoints.glob(".tmp-checkpoint_*"))
+
+    run.wait_until(writing, "a checkpoint being written", timeout=120)
+    pid = next(pid for role, pid in run.pids().values() if role == "learner")
+    os.kill(pid, signal.SIGKILL)
+    assert run.finish() != 0
+    complete = _latest_iteration(run_dir)
+    assert any(checkpoints.glob(".tmp-checkpoint_*")), "the kill did not land mid-write"
+    proc = _train(3, "--resume", str(run_dir), "--stop",
+                  json.dumps({"training_iteration": complete + 1}))
+    assert proc.returncode == 0, proc.stderr
+    assert f"checkpoint_{complete:06d} (iteration {complete}" in proc.stdout
+    assert "skipping" not in proc.stderr  # the half-written one was never a candidate
+    verify(checkpoints / f"checkpoint_{complete + 1:06d}")
