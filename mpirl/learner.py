@@ -25,6 +25,7 @@ from mpirl.errors import ConfigError
 from mpirl.operators import concat_batches, standardize_fields
 from mpirl.policy import PolicySpec
 from mpirl.rollout import BATCH_TAG
+from mpirl.ulfm import revoke_on_failure
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -111,8 +112,12 @@ class Learner(Worker):
         """Receive the batches of rollout ranks ``sources`` (or take ``batches`` given in the
         call), then run ``num_epochs`` passes of ``num_minibatches`` SGD steps. Every learner must
         run the same number of steps: each step is an allreduce."""
-        received = [self.context.data_channel.recv(src, BATCH_TAG) for src in sources]
-        batch = concat_batches((batches or []) + received)
+        # A source that died before its batch came whole is left out (survived, under ULFM).
+        parts = (batches or []) + (
+            self.context.data_channel.recv_each(sources, BATCH_TAG) if sources else [])
+        if not parts:
+            return self._join_without_data(num_epochs * num_minibatches, standardize)
+        batch = concat_batches(parts)
         standardize_fields(batch, standardize, self.context.role_comm)
         if lr is not None:
             for group in self.optimizer.param_groups:
@@ -138,6 +143,20 @@ class Learner(Worker):
         return {k: v / max(steps, 1) for k, v in totals.items()} | {"sgd_steps": steps,
                                                                     "learner_samples": size}
 
+    def _join_without_data(self, steps: int, standardize: tuple[str, ...]) -> dict[str, float]:
+        """Take part in every allreduce of a round with no rows (every source of this learner
+        was lost), adding zeros, so the other learners are not left waiting."""
+        standardize_fields({k: np.zeros(0, np.float32) for k in standardize}, standardize,
+                           self.context.role_comm)
+        for _ in range(steps):
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+            self._average_gradients()
+            if self.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+            self.optimizer.step()
+        return {"sgd_steps": steps, "learner_samples": 0}
+
     def _average_gradients(self) -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
         flat = self.allreduce(flat)
@@ -155,4 +174,6 @@ class Learner(Worker):
 
     def broadcast_weights(self) -> None:
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
-        self.context.weights_comm.Bcast(self.policy.get_flat_weights(), root=0)
+        comm = self.context.weights_comm
+        with revoke_on_failure(comm, "the weight broadcast"):
+            comm.Bcast(self.policy.get_flat_weights(), root=0)
