@@ -7,7 +7,16 @@ asynchronously. See ``mpirl.runtime.run`` for the entry point and ``mpirl.core``
 from __future__ import annotations
 
 import importlib
+import os as _os
 from typing import TYPE_CHECKING, Any
+
+# Under ULFM (mpiexec --with-ft ulfm) Open MPI's MPI_Finalize starts with a PMIx fence over the job
+# that hung the survivors of a dead rank (all in usleep in ompi_mpi_finalize) in about 1 job in
+# 10 here; skipping it (async_mpi_finalize) gave 0 hangs in 60. mpirl needs no such barrier: the
+# driver finalizes last, after every worker has acknowledged the stop. Read at MPI_Init, so it is
+# set before anything imports mpi4py.MPI; a value the user set wins.
+if _os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on"):
+    _os.environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
 
 __version__ = "0.1.0"
 

@@ -122,6 +122,9 @@ class Algorithm:
             "env_steps_per_s": (self.timesteps_total - steps_before) / max(elapsed, 1e-9),
             "time_this_iter_s": elapsed,
             "time_total_s": self.time_before_resume + time.monotonic() - self.started,
+            # Rollout ranks can be lost and survived (survive_rollout_loss, under ULFM).
+            "num_rollout_workers": len(self.rollouts),
+            "rollout_ranks_lost": len(self.rollouts.lost),
             **stats,
         }
         self.last_row = row

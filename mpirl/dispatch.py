@@ -7,19 +7,25 @@ futures by ``call_id`` whenever it polls, which it does inside ``wait``, ``Futur
 beyond that waits for a slot.
 
 In local mode the same handles run the method in-process and return a finished future.
+
+Under ULFM the driver may survive the loss of a worker rank (see ``runtime``): the dispatcher then
+marks the rank lost, fails its pending futures with ``RankLost`` and sends it nothing more, and
+``WorkerGroup.discard_lost`` takes its workers out of their groups.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from mpi4py import MPI
 
-from mpirl.errors import RemoteError, TaskTimeout
+from mpirl.errors import RankLost, RemoteError, TaskTimeout
 from mpirl.transport import Backoff, Channel
+from mpirl.ulfm import acknowledge_failures, failed_world_ranks, is_process_failure
 
 #: Tags on the control channel.
 TASK = 1
@@ -28,13 +34,14 @@ RESULT = 2
 SIGNAL = 3
 #: Object id 0 is the host itself; it answers these messages.
 HOST = 0
-HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects")
+HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects", "shrink_weights_comm")
 
 
 class Future:
     """The pending result of one call on one worker.
 
-    ``result(timeout)`` returns the value or raises the remote error as ``RemoteError``.
+    ``result(timeout)`` returns the value or raises the remote error as ``RemoteError``, or
+    ``RankLost`` when the worker's rank was lost before it answered.
     """
 
     __slots__ = ("_dispatcher", "call_id", "rank", "role", "method", "_done", "_ok", "_value")
@@ -55,6 +62,9 @@ class Future:
         self._ok = ok
         self._value = value
 
+    def _fail(self, error: Exception) -> None:
+        self._resolve(False, error)
+
     def done(self) -> bool:
         """True once the worker has answered (polls for answers first)."""
         if not self._done:
@@ -71,6 +81,8 @@ class Future:
             self._dispatcher.wait_for(lambda: self._done, timeout, (self,))
         if self._ok:
             return self._value
+        if isinstance(self._value, Exception):
+            raise self._value
         cause_type, message, remote_traceback = self._value
         raise RemoteError(self.rank, self.role, self.method, cause_type, message, remote_traceback)
 
@@ -108,10 +120,18 @@ def wait(
 
 
 class Dispatcher:
-    """Rank 0's end of the control channel: sends tasks, matches answers to futures."""
+    """Rank 0's end of the control channel: sends tasks, matches answers to futures.
+
+    ``on_rank_failure(rank, evidence)`` decides what a worker rank's death means. It is called on
+    the driver's main thread for each rank that MPI reports failed (ULFM) or that ``report_lost``
+    named, and either ends the job (it does not return) or returns, and the rank is then lost:
+    its pending futures raise ``RankLost`` and it gets no more tasks. Without it, MPI's
+    process-failure errors propagate to the caller.
+    """
 
     def __init__(self, channel: Channel, roles: Sequence[str], max_calls_in_flight: int,
-                 task_timeout_s: float) -> None:
+                 task_timeout_s: float,
+                 on_rank_failure: Callable[[int, str], None] | None = None) -> None:
         if max_calls_in_flight < 1:
             raise ValueError(f"max_calls_in_flight must be >= 1, got {max_calls_in_flight}")
         self.channel = channel
@@ -121,6 +141,17 @@ class Dispatcher:
         self._futures: dict[int, Future] = {}
         self._in_flight = [0] * len(roles)
         self._next_call_id = 1
+        self.on_rank_failure = on_rank_failure
+        #: lost rank -> what showed it was lost
+        self.lost: dict[int, str] = {}
+        self._reported: list[tuple[int, str]] = []
+        self._reported_lock = threading.Lock()
+
+    def report_lost(self, rank: int, evidence: str) -> None:
+        """Ask the main thread to treat ``rank`` as failed at its next poll. Thread-safe (the
+        heartbeat thread calls it)."""
+        with self._reported_lock:
+            self._reported.append((rank, evidence))
 
     def submit(self, rank: int, object_id: int, method: str, args: tuple, kwargs: dict) -> Future:
         """Send one task; wait first for a free slot if ``rank`` is at its in-flight bound.
@@ -135,7 +166,14 @@ class Dispatcher:
         call_id = self._next_call_id
         self._next_call_id += 1
         future = Future(self, call_id, rank, self.roles[rank], method)
-        self.channel.isend((call_id, object_id, method, args, kwargs), rank, TASK)
+        if rank not in self.lost:
+            try:
+                self.channel.isend((call_id, object_id, method, args, kwargs), rank, TASK)
+            except MPI.Exception as error:
+                self._handle_mpi_error(error)
+        if rank in self.lost:
+            future._fail(self._lost_error(rank, method))
+            return future
         self._futures[call_id] = future
         self._in_flight[rank] += 1
         return future
@@ -146,17 +184,55 @@ class Dispatcher:
 
     def progress(self) -> bool:
         """Take every answer that has arrived; True if there was at least one."""
+        if self._reported:
+            with self._reported_lock:
+                reported, self._reported = self._reported, []
+            for rank, evidence in reported:
+                self._lose(rank, evidence)
         poll = self.channel.poll
         arrived = False
-        while (item := poll(MPI.ANY_SOURCE, RESULT)) is not None:
-            (call_id, ok, value), source = item
-            future = self._futures.pop(call_id)
-            self._in_flight[source] -= 1
-            future._resolve(ok, value)
-            arrived = True
-        if arrived:
-            self.channel.flush()
+        try:
+            while (item := poll(MPI.ANY_SOURCE, RESULT)) is not None:
+                (call_id, ok, value), source = item
+                arrived = True
+                future = self._futures.pop(call_id, None)
+                if future is None:  # a late answer from a rank already declared lost
+                    continue
+                self._in_flight[source] -= 1
+                future._resolve(ok, value)
+            if arrived:
+                self.channel.flush()
+        except MPI.Exception as error:
+            self._handle_mpi_error(error)
+            return True
         return arrived
+
+    def _handle_mpi_error(self, error: MPI.Exception) -> None:
+        """Turn an MPI error caused by dead worker ranks into lost ranks; re-raise any other."""
+        new = [r for r in failed_world_ranks(self.channel.comm) if r not in self.lost]
+        if self.on_rank_failure is None or not (new or is_process_failure(error)):
+            raise error
+        # Until the failures are acknowledged, every probe from any source raises.
+        acknowledge_failures(self.channel.comm)
+        for rank in new:
+            self._lose(rank, "MPI reported a process failure")
+
+    def _lose(self, rank: int, evidence: str) -> None:
+        if rank in self.lost or self.on_rank_failure is None:
+            return
+        self.on_rank_failure(rank, evidence)
+        self.lost[rank] = evidence
+        for call_id, future in list(self._futures.items()):
+            if future.rank == rank:
+                del self._futures[call_id]
+                future._fail(self._lost_error(rank, future.method))
+        self._in_flight[rank] = 0
+        self.channel.forget(rank)
+        acknowledge_failures(self.channel.comm)
+
+    def _lost_error(self, rank: int, method: str) -> RankLost:
+        return RankLost(f"{self.roles[rank]} rank {rank} was lost ({self.lost[rank]}); its call "
+                        f"{method}() will never be answered", rank)
 
     def wait_for(self, condition, timeout: float | None, waiting_on: Iterable[Future],
                  raise_on_timeout: bool = True) -> bool:
@@ -222,6 +298,23 @@ class WorkerHandle:
         """Calls on this worker's rank not yet answered (0 in local mode)."""
         return 0 if self.in_process else self._dispatcher.in_flight(self.rank)
 
+    @property
+    def lost(self) -> bool:
+        """True once the driver has declared this worker's rank lost (and survived it)."""
+        return not self.in_process and self.rank in self._dispatcher.lost
+
+    @property
+    def local_object(self) -> Any:
+        """The worker object itself when it is in-process, else None."""
+        return self._local_object
+
+    def call_rank_async(self, message: str, *args: Any) -> Future:
+        """Send one of ``HOST_MESSAGES`` to the worker's rank itself rather than to the object."""
+        if message not in HOST_MESSAGES or self.in_process:
+            raise ValueError(f"{message!r} is not a message to a worker rank, or {self!r} has "
+                             f"no rank of its own")
+        return self._dispatcher.submit(self.rank, HOST, message, args, {})
+
     def __repr__(self) -> str:
         where = "in-process" if self.in_process else f"rank {self.rank}"
         return f"<{self.cls.__name__} {self.role} {self.index} on {where}>"
@@ -234,6 +327,19 @@ class WorkerGroup(Sequence[WorkerHandle]):
         self.role = role
         self.cls = cls
         self._handles = handles
+        #: workers taken out of the group by ``discard_lost``, in the order they were lost
+        self.lost: list[WorkerHandle] = []
+
+    def discard_lost(self) -> list[WorkerHandle]:
+        """Take out the workers whose rank the driver has declared lost; return them (often
+        none). The group then holds only live workers, and indices shift down."""
+        for dispatcher in {h._dispatcher for h in self._handles if not h.in_process}:
+            dispatcher.progress()  # take in the losses the heartbeat reported since the last poll
+        gone = [h for h in self._handles if h.lost]
+        if gone:
+            self._handles = [h for h in self._handles if not h.lost]
+            self.lost.extend(gone)
+        return gone
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
         """Start the same call on every worker; one future per worker, in worker order."""

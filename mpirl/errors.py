@@ -82,6 +82,23 @@ class EnvFailureError(MpirlError):
 
 
 class RankLost(MpirlError):
-    """A rank stopped sending heartbeats; the job is being ended."""
+    """A rank was lost: it stopped sending heartbeats or MPI reported it failed.
+
+    Raised by the futures of calls on a rollout rank that the driver lost and survived (under
+    ULFM); uncaught, it ends the run with ``EXIT_RANK_LOST``. ``rank`` is the lost world rank.
+    """
+
+    exit_code = EXIT_RANK_LOST
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+    def __reduce__(self):
+        return (RankLost, (str(self), self.rank))
+
+
+class ProcessFailure(MpirlError):
+    """An MPI operation failed because a rank it involved died (under ULFM only)."""
 
     exit_code = EXIT_RANK_LOST

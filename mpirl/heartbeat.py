@@ -8,11 +8,12 @@ every ``interval_s`` and watches for its peers' messages:
 * the driver (rank 0) watches every worker rank;
 * each worker watches the driver.
 
-A peer silent for ``timeout_s`` is declared lost: the watching rank prints one line naming the lost
-rank (its role, host and pid) and calls ``MPI_Abort``, which ends every rank of the job with
-``EXIT_RANK_LOST``. The thread uses its own duplicate communicator, so it never matches the main
-thread's messages, and it keeps running while the main thread computes (NumPy, torch and MPI calls
-release the GIL).
+A peer silent for ``timeout_s``, or one that MPI reports failed (under ULFM), is declared lost: the
+watching rank prints one line naming the lost rank (its role, host and pid) and calls
+``MPI_Abort``, which ends every rank of the job with ``EXIT_RANK_LOST``. The driver may instead
+survive the loss of a rollout rank (``on_lost``; see ``runtime``). The thread uses its own
+duplicate communicator, so it never matches the main thread's messages, and it keeps running while
+the main thread computes (NumPy, torch and MPI calls release the GIL).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from collections.abc import Callable, Iterable
 from mpi4py import MPI
 
 from mpirl.errors import EXIT_RANK_LOST
+from mpirl.ulfm import acknowledge_failures, failed_world_ranks, fault_tolerant, is_process_failure
+
+__all__ = ["Heartbeat", "failed_world_ranks", "is_process_failure"]
 
 _TAG = 7
 
@@ -57,6 +61,8 @@ class Heartbeat:
         self.timeout_s = timeout_s
         self.describe = describe or (lambda rank: f"rank {rank}")
         self.on_lost = on_lost or self._abort
+        # Under ULFM, MPI may know of a death long before the silence runs out: ask it each poll.
+        self._ask_mpi = fault_tolerant()
         now = time.monotonic()
         self._last_seen = {peer: now for peer in peers}
         self._lock = threading.Lock()
@@ -85,8 +91,10 @@ class Heartbeat:
         while not self._stop.is_set():
             now = time.monotonic()
             self._guarded(self._receive, now)
+            if self._ask_mpi:
+                self._guarded(self._check_failed)
             if now >= next_send:
-                sends = [r for r in sends if not r.Test()]
+                sends = [r for r in sends if not _completed(r)]
                 self._guarded(self._send, sends)
                 next_send = now + self.interval_s
             with self._lock:
@@ -115,6 +123,14 @@ class Heartbeat:
         for peer in peers:
             sends.append(self.comm.Isend([bytearray(0), MPI.BYTE], peer, _TAG))
 
+    def _check_failed(self) -> None:
+        with self._lock:
+            lost = [r for r in failed_world_ranks(self.comm) if r in self._last_seen]
+        if lost:
+            acknowledge_failures(self.comm)
+        for rank in lost:
+            self._lose(rank, "MPI reported a process failure")
+
     def _guarded(self, step, *args) -> None:
         """Run one step; under ULFM a dead peer makes MPI calls raise: report the dead ranks
         MPI names, acknowledge them so the next calls work, and go on."""
@@ -127,8 +143,7 @@ class Heartbeat:
                 # Another rank is ending the job and has said so already; end this rank too.
                 _abort_this_rank()
             failed = failed_world_ranks(self.comm)
-            with contextlib.suppress(MPI.Exception):
-                self.comm.Ack_failed()
+            acknowledge_failures(self.comm)
             with self._lock:
                 watched = [r for r in failed if r in self._last_seen]
             for rank in watched:
@@ -164,7 +179,6 @@ class Heartbeat:
             self.comm.Revoke()
         _abort_this_rank()
 
-
     def end_job_for_process_failure(self) -> None:
         """End the job after an MPI call raised a ULFM process-failure error, naming the ranks
         MPI reports as failed. Never returns."""
@@ -172,33 +186,27 @@ class Heartbeat:
 
 
 def _abort_this_rank() -> None:
-    """End this rank with ``EXIT_RANK_LOST``; only the driver calls ``MPI_Abort``.
+    """End this rank with ``EXIT_RANK_LOST``; only the driver calls ``MPI_Abort``, and only
+    without ULFM.
 
     Under ULFM, Open MPI 5's launcher was seen to hang (all ranks gone, prterun in a futex wait,
     about 1 run in 5) when several ranks called ``MPI_Abort`` at once, as workers do when they
     all lose the driver. A worker's plain exit ends the job just as surely: the launcher kills
-    the job on it, or ULFM or the driver's heartbeat reports it and the driver aborts.
+    the job on it, or ULFM or the driver's heartbeat reports it and the driver aborts. Under
+    ULFM ``MPI_Abort`` ends only its caller and the launcher drops its error code
+    (``mpiexec --with-ft ulfm -n 1`` of a program calling ``Abort(70)`` exits 0), so there the
+    driver exits plainly too; the workers end on the revoked heartbeat communicator.
     """
-    if MPI.COMM_WORLD.Get_rank() == 0:
+    if MPI.COMM_WORLD.Get_rank() == 0 and not fault_tolerant():
         MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
     sys.stderr.flush()
     os._exit(EXIT_RANK_LOST)  # also for MPIs whose Abort returns
 
 
-def is_process_failure(error: BaseException) -> bool:
-    """True for the errors an MPI with fault tolerance (ULFM) raises when a peer has died."""
-    if not isinstance(error, MPI.Exception):
-        return False
-    failure_classes = {getattr(MPI, name, None) for name in ("ERR_PROC_FAILED", "ERR_REVOKED")}
-    return error.Get_error_class() in failure_classes - {None}
-
-
-def failed_world_ranks(comm: MPI.Comm | None = None) -> list[int]:
-    """World ranks that MPI knows have failed in ``comm`` (ULFM only; else empty)."""
+def _completed(request: MPI.Request) -> bool:
+    """Test a heartbeat send; one to a rank that died counts as done (there is nothing to wait
+    for, and under ULFM the test raises)."""
     try:
-        failed = (comm or MPI.COMM_WORLD).Get_failed()
-        ranks = failed.Translate_ranks(list(range(failed.Get_size())), MPI.COMM_WORLD.Get_group())
-        failed.Free()
-        return sorted(r for r in ranks if r != MPI.UNDEFINED)
-    except (MPI.Exception, NotImplementedError, AttributeError):
-        return []
+        return request.Test()
+    except MPI.Exception:
+        return True

@@ -16,6 +16,7 @@ from mpirl import stop_signals
 from mpirl.core import RankContext
 from mpirl.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
 from mpirl.transport import Backoff, Channel
+from mpirl.ulfm import shrink_weights_comm
 
 #: The driver's rank.
 DRIVER_RANK = 0
@@ -80,6 +81,12 @@ class WorkerHost:
 
     def _host_count_objects(self) -> int:
         return len(self.objects)
+
+    def _host_shrink_weights_comm(self) -> int:
+        """Take part in shrinking weights_comm to its live members (after a rollout rank was lost,
+        under ULFM); returns the new size. Collective over every live member."""
+        self.context = shrink_weights_comm(self.context, self.objects.values())
+        return self.context.weights_comm.Get_size()
 
     def _host_stop(self, exit_code: int) -> int:
         self._exit_code = exit_code

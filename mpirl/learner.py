@@ -26,6 +26,7 @@ from mpirl.errors import ConfigError
 from mpirl.operators import concat_batches, standardize_fields
 from mpirl.policy import PolicySpec
 from mpirl.rollout import BATCH_TAG
+from mpirl.ulfm import revoke_on_failure
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -124,12 +125,15 @@ class Learner(Worker):
         call), then run ``num_epochs`` passes of ``num_minibatches`` SGD steps. Every learner must
         run the same number of steps: each step is an allreduce.
 
-        Batches may be short (rows dropped after env failures), so learners exchange their row
-        counts first: with fewer rows than minibatches anywhere, every learner takes fewer steps
-        alike, and with no rows at all none is taken. A learner whose share of a step is empty
-        adds a zero gradient to the average."""
-        received = [self.context.data_channel.recv(src, BATCH_TAG) for src in sources]
-        batch = concat_batches((batches or []) + received)
+        Batches may be short (rows dropped after env failures) or missing (a source rank lost
+        before its batch came whole, survived under ULFM), so learners exchange their row counts
+        first: with fewer rows than minibatches anywhere, every learner takes fewer steps alike,
+        and with no rows at all none is taken. A learner whose share of a step is empty adds a
+        zero gradient to the average."""
+        parts = (batches or []) + (
+            self.context.data_channel.recv_each(sources, BATCH_TAG) if sources else [])
+        batch = (concat_batches(parts) if parts
+                 else {k: np.zeros(0, np.float32) for k in ("advantages", *standardize)})
         size = len(batch["advantages"])
         comm = self.context.role_comm
         sizes = comm.allgather(size) if comm.Get_size() > 1 else [size]
@@ -195,4 +199,6 @@ class Learner(Worker):
 
     def broadcast_weights(self) -> None:
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
-        self.context.weights_comm.Bcast(self.policy.get_flat_weights(), root=0)
+        comm = self.context.weights_comm
+        with revoke_on_failure(comm, "the weight broadcast"):
+            comm.Bcast(self.policy.get_flat_weights(), root=0)

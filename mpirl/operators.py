@@ -8,6 +8,11 @@ Each is a plain function a ``training_step`` calls from top to bottom. What move
 * ``train_one_step``: every learner receives its rollout ranks' batches and runs minibatch SGD
   with one gradient allreduce per step; the driver gets averaged loss statistics.
 * ``broadcast_weights``: learner 0's weights go to every rollout rank in one ``Bcast``.
+
+Under ULFM the driver may survive the loss of a rollout rank (``survive_rollout_loss``). The
+operators then go on without it: ``parallel_rollouts`` leaves out a worker whose rank was lost and
+takes it out of the rollout group, learners receive only from the workers that answered, and the
+weights communicator is shrunk to its live members before the next broadcast.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from mpi4py import MPI
 
 from mpirl.dispatch import WorkerGroup
 from mpirl.env_guard import unwrap_env_failure
-from mpirl.errors import RemoteError
+from mpirl.errors import ProcessFailure, RankLost, RemoteError
 from mpirl.policy import RunningMeanStd
+from mpirl.ulfm import shrink_weights_comm
 
 
 @dataclass
@@ -44,23 +50,26 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
     """Sample ``steps_per_env`` steps on every environment of every rollout worker, routing
     rollout worker i's batch to learner i mod L. Merges the workers' observation statistics
     into ``obs_filter``. An environment that failed ``max_env_failures`` times in a row raises
-    ``EnvFailureError`` here."""
+    ``EnvFailureError`` here. A worker whose rank is lost meanwhile (survived, under ULFM) is
+    left out and taken out of ``rollouts``."""
+    _discard_lost_rollouts(learners, rollouts)
     filter_state = obs_filter.state() if obs_filter is not None else None
     result = SampleResult()
     futures = []
     for i, worker in enumerate(rollouts):
         target = i % len(learners)
-        learner = learners[target]
-        remote = not worker.in_process
-        send_to = learner.rank if remote else None
-        if remote:
-            result.sources.setdefault(target, []).append(worker.rank)
-        futures.append((target, worker.call_async("sample", steps_per_env, filter_state, send_to)))
-    for target, future in futures:
+        send_to = None if worker.in_process else learners[target].rank
+        futures.append((target, worker, worker.call_async("sample", steps_per_env, filter_state,
+                                                          send_to)))
+    for target, worker, future in futures:
         try:
             metrics = future.result()
+        except RankLost:
+            continue  # its batch may never come: the learner is not told to wait for it
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
+        if not worker.in_process:
+            result.sources.setdefault(target, []).append(worker.rank)
         result.env_steps += metrics["env_steps"]
         result.env_failures += metrics["env_failures"]
         result.episode_returns += metrics["episode_returns"]
@@ -70,7 +79,35 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
         if obs_filter is not None and metrics["filter_delta"] is not None:
             mean, var, count = metrics["filter_delta"]
             obs_filter.merge(mean, var, count)
+    _discard_lost_rollouts(learners, rollouts)
     return result
+
+
+def _discard_lost_rollouts(learners: WorkerGroup, rollouts: WorkerGroup) -> bool:
+    """Take the workers of lost rollout ranks out of ``rollouts``; if there were any, shrink
+    weights_comm to its live members. True if any were taken out."""
+    if not rollouts.discard_lost():
+        return False
+    rebuild_weights_comm(learners, rollouts)
+    return True
+
+
+def rebuild_weights_comm(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
+    """Shrink weights_comm to its live members (learner 0 and the rollout ranks of
+    ``rollouts``), without the ranks MPI reports failed; under ULFM only. Every live member takes
+    part, so ``rollouts`` must hold every live rollout rank."""
+    source = learners[0]
+    members = [w for w in rollouts if not w.in_process]
+    if not source.in_process:
+        members.append(source)
+    futures = [w.call_rank_async("shrink_weights_comm") for w in members]
+    if source.in_process:  # the driver holds learner 0: its half of the collective runs here
+        shrink_weights_comm(source.local_object.context, [source.local_object])
+    for future in futures:
+        try:
+            future.result()
+        except RankLost:
+            pass  # it died after the others began to shrink; MPI leaves it out
 
 
 def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: Any
@@ -83,11 +120,16 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
         for i, learner in enumerate(learners)
     ]
     results = [f.result() for f in futures]
-    # A learner that got no rows (env failures dropped them all) has no loss statistics.
+    # A learner that got no rows (env failures dropped them all, or its sources were lost) has
+    # no loss statistics.
     keys = dict.fromkeys(k for r in results for k in r)
     stats = {k: float(np.mean([r[k] for r in results if k in r])) for k in keys}
     stats["learner_samples"] = float(sum(r["learner_samples"] for r in results))
     return stats
+
+
+_PROCESS_FAILURE = f"{ProcessFailure.__module__}.{ProcessFailure.__qualname__}"
+_BROADCAST_RETRIES = 3
 
 
 def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
@@ -99,12 +141,31 @@ def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
         for worker in rollouts:
             worker.call("set_weights", weights)
         return
-    # The rollout ranks enter the collective first; a learner in the driver's process runs its
-    # half of the Bcast inside call_async, which would otherwise wait for nobody.
-    futures = rollouts.call_async("receive_weights")
-    futures.append(source.call_async("broadcast_weights"))
-    for future in futures:
-        future.result()
+    # A rollout rank that dies during the broadcast breaks it: the members that notice revoke
+    # the communicator, so all of them fail; shrink it to the survivors and send again.
+    for attempt in range(1 + _BROADCAST_RETRIES):
+        _discard_lost_rollouts(learners, rollouts)
+        # The rollout ranks enter the collective first; a learner in the driver's process runs
+        # its half of the Bcast inside call_async, which would otherwise wait for nobody.
+        futures = rollouts.call_async("receive_weights")
+        futures.append(source.call_async("broadcast_weights"))
+        broken = None
+        for future in futures:
+            try:
+                future.result()
+            except RankLost:
+                pass
+            except RemoteError as error:
+                if error.cause_type != _PROCESS_FAILURE:
+                    raise
+                broken = error
+        if broken is None:
+            return
+        if attempt == _BROADCAST_RETRIES:
+            raise broken
+        if not _discard_lost_rollouts(learners, rollouts):
+            # MPI knows which rank died before the driver may; Shrink leaves it out anyway.
+            rebuild_weights_comm(learners, rollouts)
 
 
 def concat_batches(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

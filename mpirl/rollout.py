@@ -28,6 +28,7 @@ from mpirl.core import RankContext, Worker
 from mpirl.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.errors import ConfigError
 from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
+from mpirl.ulfm import revoke_on_failure
 
 #: Tag of sample batches on the data channel.
 BATCH_TAG = 21
@@ -231,7 +232,9 @@ class RolloutWorker(Worker):
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
-        self.context.weights_comm.Bcast(self._weights, root=0)
+        comm = self.context.weights_comm
+        with revoke_on_failure(comm, "the weight broadcast"):
+            comm.Bcast(self._weights, root=0)
         self.policy.set_flat_weights(self._weights)
 
     def set_weights(self, flat: np.ndarray) -> None:

@@ -31,8 +31,8 @@ from mpi4py import MPI
 from mpirl import stop_signals
 from mpirl.core import RankContext, Worker
 from mpirl.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
-from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
-from mpirl.heartbeat import Heartbeat, is_process_failure
+from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError, RankLost
+from mpirl.heartbeat import Heartbeat
 from mpirl.host import WorkerHost
 from mpirl.layout import (
     DRIVER,
@@ -44,6 +44,7 @@ from mpirl.layout import (
     format_table,
 )
 from mpirl.transport import Backoff, Channel, reduce_timer_slack
+from mpirl.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ class RuntimeSettings:
     """Longest sleep between polls of an idle rank (bounds idle wake-ups and added latency)."""
     print_layout: bool = True
     """Print the rank/role table once at start-up (rank 0 only)."""
+    survive_rollout_loss: bool = True
+    """Go on without a rollout rank that died instead of ending the job. Only where MPI reports
+    process failures (Open MPI's ``mpiexec --with-ft ulfm``); the loss of any other rank, or any
+    loss without that, still ends the job (exit code 70)."""
 
 
 class Driver:
@@ -149,11 +154,14 @@ class Driver:
         """Tell every worker rank to stop with ``exit_code``; True if all acknowledged in time."""
         if self.dispatcher is None:
             return True
-        workers = range(1, self.placement.world_size)
+        workers = [r for r in range(1, self.placement.world_size) if r not in self.dispatcher.lost]
         futures = [self.dispatcher.submit(rank, HOST, "stop", (exit_code,), {}) for rank in workers]
         try:
             for future in futures:
-                future.result(timeout=self.settings.shutdown_timeout_s)
+                try:
+                    future.result(timeout=self.settings.shutdown_timeout_s)
+                except RankLost:
+                    pass  # a rollout rank lost (and survived) while shutting down
                 if heartbeat is not None:
                     heartbeat.forget(future.rank)
         except MpirlError:
@@ -210,8 +218,13 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         return f"rank {r} ({placement.roles[r]} {placement.role_index(r)}){where}"
 
     peers = range(1, world.Get_size()) if rank == 0 else (0,)
+    losses = _RankLosses(placement, settings, describe) if rank == 0 else None
     heartbeat = Heartbeat(world, peers, settings.heartbeat_interval_s,
-                          settings.heartbeat_timeout_s, describe).start()
+                          settings.heartbeat_timeout_s, describe,
+                          losses.on_heartbeat_loss if losses else None)
+    if losses:
+        losses.heartbeat = heartbeat
+    heartbeat.start()
     # Collective set-up; a rank that dies in here is caught by the heartbeat.
     channel = Channel(world)
     data_channel = Channel(world)
@@ -252,15 +265,65 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         print(f"mpirl layout: {placement.summary()}")
         print(format_table(("rank", "role", "index", "host", "pid", "device"), rows), flush=True)
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
-                            settings.task_timeout_s)
+                            settings.task_timeout_s, losses.on_rank_failure)
+    losses.dispatcher = dispatcher
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts)
-    exit_code = _call_main(main, driver, heartbeat.end_job_for_process_failure)
+    exit_code = _call_main(main, driver, losses.end_job_for_process_failure)
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
               f" s; aborting the job.", file=sys.stderr, flush=True)
         world.Abort(exit_code or EXIT_FAILURE)
     heartbeat.stop()
     return exit_code
+
+
+class _RankLosses:
+    """The driver's decision when a worker rank is lost: go on without a rollout rank where
+    MPI has ULFM and ``survive_rollout_loss`` is set; end the job for any other loss."""
+
+    def __init__(self, placement: Placement, settings: RuntimeSettings,
+                 describe: Callable[[int], str]) -> None:
+        self.placement = placement
+        self.describe = describe
+        self.survive = settings.survive_rollout_loss and fault_tolerant()
+        self.heartbeat: Heartbeat | None = None
+        self.dispatcher: Dispatcher | None = None
+
+    def survivable(self, rank: int) -> bool:
+        return self.survive and self.placement.roles[rank] == ROLLOUT
+
+    def on_heartbeat_loss(self, rank: int, evidence: str) -> None:
+        """Heartbeat thread: hand a survivable loss to the main thread, else end the job.
+
+        A rank that is silent but that MPI does not report failed (frozen, or cut off) cannot be
+        shrunk away: ``Shrink`` would wait for it. Its silence ends the job as before.
+        """
+        if (self.dispatcher is not None and self.survivable(rank)
+                and rank in failed_world_ranks(self.heartbeat.comm)):
+            self.dispatcher.report_lost(rank, evidence)
+        else:
+            self.heartbeat.end_job([rank], evidence)
+
+    def on_rank_failure(self, rank: int, evidence: str) -> None:
+        """Main thread, from the dispatcher: return to survive the loss of ``rank`` (printing one
+        line), or end the job."""
+        if not self.survivable(rank):
+            self.heartbeat.end_job([rank], evidence)
+        live = [r for r in self.placement.ranks(ROLLOUT)
+                if r != rank and r not in self.dispatcher.lost]
+        if not live:
+            self.heartbeat.end_job([rank], f"{evidence}; it was the last rollout worker")
+        self.heartbeat.forget(rank)
+        workers = "rollout worker" if len(live) == 1 else "rollout workers"
+        print(f"mpirl: lost {self.describe(rank)}: {evidence}; continuing with {len(live)} "
+              f"{workers} (survive_rollout_loss)", file=sys.stderr, flush=True)
+
+    def end_job_for_process_failure(self) -> None:
+        """An MPI process failure escaped the driver's program: end the job, naming the failed
+        ranks that were not already survived."""
+        failed = failed_world_ranks()
+        unhandled = [r for r in failed if r not in self.dispatcher.lost]
+        self.heartbeat.end_job(unhandled or failed, "MPI reported a process failure")
 
 
 def weight_source_rank(placement: Placement) -> int:

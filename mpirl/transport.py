@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.errors import TaskTimeout
+from mpirl.ulfm import is_process_failure
 
 #: Largest single MPI message for out-of-band buffers (1 GiB, well below the 2 GiB int limit).
 CHUNK_BYTES = 1 << 30
@@ -51,7 +52,8 @@ class Channel:
         self.comm = comm.Dup()
         self.bulk = comm.Dup()
         self._status = MPI.Status()
-        self._pending: deque[tuple[list[MPI.Request], object]] = deque()
+        # (requests, buffers kept alive until sent, destination rank)
+        self._pending: deque[tuple[list[MPI.Request], object, int]] = deque()
 
     def isend(self, obj: Any, dest: int, tag: int) -> None:
         """Start sending ``obj`` to ``dest``; the channel keeps the buffers alive until sent.
@@ -64,7 +66,7 @@ class Channel:
             for start in range(0, raw.nbytes, CHUNK_BYTES) or (0,):
                 requests.append(self.bulk.Isend(raw[start:start + CHUNK_BYTES], dest, tag))
         if not MPI.Request.Testall(requests):
-            self._pending.append((requests, (head, raws)))
+            self._pending.append((requests, (head, raws), dest))
 
     def poll(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> tuple[Any, int] | None:
         """Receive one message if one has arrived: ``(obj, source)``, else None. Never blocks
@@ -91,6 +93,22 @@ class Channel:
                 raise TaskTimeout(f"no message (tag {tag}) from rank {source} within {timeout:g} s")
             backoff.sleep()
         return item[0]
+
+    def recv_each(self, sources: list[int], tag: int, timeout: float = 3600.0) -> list[Any]:
+        """One message from each of ``sources``, in order, leaving out the sources that MPI
+        reports failed before their message came whole (ULFM only; else like ``recv``)."""
+        received = []
+        for source in sources:
+            try:
+                received.append(self.recv(source, tag, timeout))
+            except MPI.Exception as error:
+                if not is_process_failure(error):
+                    raise
+        return received
+
+    def forget(self, dest: int) -> None:
+        """Drop the unfinished sends to ``dest``, a rank that died: they can never complete."""
+        self._pending = deque(entry for entry in self._pending if entry[2] != dest)
 
     def _receive_buffer(self, size: int, source: int, tag: int) -> np.ndarray:
         # np.empty, not bytearray: a multi-GiB buffer need not be zero-filled first.

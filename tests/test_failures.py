@@ -6,12 +6,13 @@ The job must end within 30 s with a non-zero exit and a message naming the rank;
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import SCENARIOS, mpi_env, mpiexec_command, run_scenario
+from conftest import SCENARIOS, mpi_env, mpiexec_command, parse_result, run_scenario
 
 from mpirl.errors import EXIT_RANK_LOST
 
@@ -131,4 +132,31 @@ def test_a_frozen_worker_is_declared_lost_by_heartbeat_silence(tmp_path):
     # Silence counts from the last heartbeat, which is up to one interval (1 s) before the stop.
     assert 4 - 1 - 0.2 <= elapsed < 30
     assert "mpirl: lost rank 1 (rollout 0)" in err and "no heartbeat for" in err, err
+    _assert_every_rank_ended(pids)
+
+
+def test_a_lost_rollout_rank_is_survived_under_ulfm(tmp_path):
+    # With survive_rollout_loss the driver's calls on the lost rank raise RankLost, the group
+    # drops it, and the other workers keep answering; the job then ends normally.
+    proc, pids = _start(4, "calls_until_a_rank_is_lost", tmp_path, "--survive-rollout-loss",
+                        ulfm=True)
+    elapsed, out, err = _kill_and_time(proc, pids[2])
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert elapsed < 30
+    assert (f"mpirl: lost rank 2 (rollout 1) on {socket.gethostname()} (pid {pids[2]}): MPI "
+            f"reported a process failure; continuing with 2 rollout workers") in err, err
+    assert err.count("mpirl: lost") == 1
+    result = parse_result(out)
+    assert result["lost"] == [[2, 1]] and result["workers"] == [1, 3], result
+    assert all(rank == 2 and "rollout rank 2 was lost" in text for rank, text in result["errors"])
+    assert result["calls_after"] > 0 and result["answers"] == ["still here"] * 2
+    _assert_every_rank_ended(pids)
+
+
+def test_losing_the_last_rollout_rank_ends_the_job_under_ulfm(tmp_path):
+    proc, pids = _start(2, "busy_until_killed", tmp_path, "--survive-rollout-loss", ulfm=True)
+    _, out, err = _kill_and_time(proc, pids[1])
+    assert proc.returncode == EXIT_RANK_LOST, (proc.returncode, err)
+    assert "mpirl: lost rank 1 (rollout 0)" in err and "it was the last rollout worker" in err
+    assert "survived" not in out
     _assert_every_rank_ended(pids)

@@ -216,6 +216,31 @@ def computing_until_killed(driver, args):
     report(survived=True)
 
 
+@scenario
+def calls_until_a_rank_is_lost(driver, args):
+    """Keep every worker busy; when one's rank is lost (survived under ULFM), go on with the
+    others for a while, then report what the driver saw."""
+    echoes = driver.spawn("rollout", Echo)
+    _write_pids(driver, args.pid_file)
+    lost_errors, lost_at, calls_after = [], None, 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        futures = echoes.call_async("sleep_then", 0.01, None)
+        for future in futures:
+            try:
+                future.result(timeout=30)
+                calls_after += lost_at is not None
+            except mpirl.RankLost as error:
+                lost_errors.append([error.rank, str(error)])
+                lost_at = lost_at or time.monotonic()
+        echoes.discard_lost()
+        if lost_at is not None and time.monotonic() - lost_at > 1.0:
+            break
+    report(lost=[[h.rank, h.index] for h in echoes.lost], errors=lost_errors,
+           workers=[h.rank for h in echoes], calls_after=calls_after,
+           answers=echoes.call("echo", "still here"))
+
+
 def _write_pids(driver, path):
     pids = {str(rank): info["pid"] for rank, info in enumerate(driver.hosts)}
     with open(path + ".tmp", "w") as f:
@@ -304,10 +329,12 @@ def main() -> int:
     parser.add_argument("--max-in-flight", type=int, default=16)
     parser.add_argument("--layout", default="{}")
     parser.add_argument("--backend", default="mpi")
+    # Off by default: most fault scenarios check that a lost rank ends the job.
+    parser.add_argument("--survive-rollout-loss", action="store_true")
     args = parser.parse_args()
     settings = mpirl.RuntimeSettings(
         heartbeat_timeout_s=args.heartbeat_timeout, max_calls_in_flight=args.max_in_flight,
-        print_layout=False,
+        print_layout=False, survive_rollout_loss=args.survive_rollout_loss,
     )
     layout = mpirl.Layout(**json.loads(args.layout))
     return mpirl.run(lambda driver: SCENARIOS[args.name](driver, args), layout, settings)

@@ -1,0 +1,143 @@
+"""Training survives the loss of a rollout rank under ULFM (``mpiexec --with-ft ulfm``).
+
+A rollout rank is killed with kill -9 in the middle of a PPO run. The run must reach its stop
+criterion in the same job (no restart), say which rank it lost, and record the smaller rollout
+group. mpiexec exits 0 under ULFM even when a rank died, so the tests read mpirl's own output and
+result.json, and check that every rank's process has ended.
+"""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import mpi_env, mpiexec_command
+
+LIMIT_S = 90  # the whole run, start-up included; the test fails rather than hangs past it
+STOP = {"episode_return_mean": 450, "timesteps_total": 300_000}
+TABLE_ROW = re.compile(r"^(\d+)\s+(driver|rollout|replay|learner)\s+\d+\s+\S+\s+(\d+)\s")
+
+
+class LiveRun:
+    """``mpiexec ... mpirl train`` with its output read line by line as it comes."""
+
+    def __init__(self, n, run_dir, config):
+        command = mpiexec_command(
+            n, sys.executable, "-m", "mpirl", "train", "--algo", "PPO", "--env", "CartPole-v1",
+            "--seed", "1", "--config", json.dumps(config), "--stop", json.dumps(STOP),
+            "--run-dir", str(run_dir), ulfm=True)
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=mpi_env({"CI": "true"}),
+                                     start_new_session=True)
+        self.lines = []  # (monotonic time, "out" or "err", line)
+        self.started = time.monotonic()
+        self._readers = [threading.Thread(target=self._read, args=(stream, name), daemon=True)
+                         for stream, name in ((self.proc.stdout, "out"), (self.proc.stderr, "err"))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, name):
+        for line in stream:
+            self.lines.append((time.monotonic(), name, line.rstrip("\n")))
+
+    def wait_for_line(self, pattern):
+        """The time and match of the first line matching ``pattern``; fails at the limit."""
+        regex = re.compile(pattern)
+        while time.monotonic() - self.started < LIMIT_S:
+            for at, _, line in list(self.lines):
+                if match := regex.search(line):
+                    return at, match
+            if self.proc.poll() is not None and not any(r.is_alive() for r in self._readers):
+                break
+            time.sleep(0.02)
+        self.fail(f"no line matching {pattern!r}")
+
+    def pids(self):
+        """World rank -> (role, pid), from the layout table the driver prints."""
+        self.wait_for_line(r"^-+  -+")
+        table = {}
+        for _, _, line in list(self.lines):
+            if match := TABLE_ROW.match(line):
+                table[int(match.group(1))] = (match.group(2), int(match.group(3)))
+        return table
+
+    def finish(self):
+        try:
+            self.proc.wait(timeout=max(1.0, LIMIT_S - (time.monotonic() - self.started)))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.fail("the job hung")
+        for reader in self._readers:
+            reader.join(timeout=5)
+
+    def text(self, name):
+        return "\n".join(line for _, stream, line in self.lines if stream == name)
+
+    def fail(self, why):
+        with_output = f"{why}\n--- stdout\n{self.text('out')[-3000:]}\n--- stderr\n" \
+                      f"{self.text('err')[-3000:]}"
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        pytest.fail(with_output)
+
+
+def _assert_every_rank_ended(pids, within_s=10.0):
+    deadline = time.monotonic() + within_s
+    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"ranks still running {within_s} s after the job ended: {alive}"
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("n, config", [
+    (4, {}),                   # learner in the driver's process, 3 rollout ranks
+    (5, {"num_learners": 1}),  # learner rank 4, 3 rollout ranks
+], ids=["learner-in-driver", "learner-rank"])
+def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config):
+    run_dir = tmp_path / "run"
+    run = LiveRun(n, run_dir, config)
+    table = run.pids()
+    victim = 2
+    assert table[victim][0] == "rollout"
+    run.wait_for_line(r"^iter 5 ")
+    killed_at = time.monotonic()
+    os.kill(table[victim][1], signal.SIGKILL)
+    lost_at, _ = run.wait_for_line(r"^mpirl: lost rank 2 ")
+    run.finish()
+    out, err = run.text("out"), run.text("err")
+
+    # mpirl's own account; mpiexec's exit code is 0 here whether or not a rank died.
+    assert run.proc.returncode == 0, (run.proc.returncode, err)
+    assert "mpirl: lost rank 2 (rollout 1) on " in err and f"(pid {table[victim][1]})" in err
+    assert "continuing with 2 rollout workers" in err and err.count("mpirl: lost") == 1, err
+    assert "Traceback" not in err, err
+    stopped = re.search(r"^stopped: (\w+) reached", out, re.MULTILINE)
+    assert stopped and stopped.group(1) in STOP, out[-2000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["rollout_ranks_lost"] == 1 and result["num_rollout_workers"] == 2, result
+    assert (result["episode_return_mean"] >= STOP["episode_return_mean"]
+            or result["timesteps_total"] >= STOP["timesteps_total"]), result
+    # One run, never restarted: one layout table, iterations 1..N in order, 3 workers then 2.
+    assert out.count("mpirl layout:") == 1
+    with open(run_dir / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
+    workers = [int(r["num_rollout_workers"]) for r in rows]
+    assert workers[:5] == [3] * 5 and workers[-1] == 2 and workers == sorted(workers, reverse=True)
+    _assert_every_rank_ended([pid for _, pid in table.values()])
+    print(f"kill -9 to the driver's loss line: {lost_at - killed_at:.3f} s; "
+          f"{len(rows)} iterations, {result['time_total_s']:.1f} s of training")
