@@ -39,7 +39,9 @@ setup(
         # mpirl evaluate --render-video: gymnasium's RecordVideo writes MP4s with moviepy; the
         # classic-control environments draw their frames with pygame.
         "video": ["moviepy>=1.0", "pygame>=2.1"],
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1"],
+        # minari: tests read trajectory dumps with Minari itself.
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1",
+                "minari==0.5.3"],
         # Peers for side-by-side benchmarks only.
         "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4"],
     },

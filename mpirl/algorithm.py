@@ -27,12 +27,13 @@ from mpirl.checkpoint import (
     write_state_file,
 )
 from mpirl.env_guard import unwrap_env_failure
-from mpirl.errors import ConfigError, RemoteError
+from mpirl.errors import ConfigError, RankLost, RemoteError
 from mpirl.learner import Learner
 from mpirl.operators import SampleResult, broadcast_weights
 from mpirl.policy import PolicySpec, RunningMeanStd
 from mpirl.rollout import EnvSpec, RolloutWorker
 from mpirl.runtime import Driver
+from mpirl.trajectories import DumpIndex, DumpSettings
 
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c"}
@@ -51,9 +52,15 @@ def load_algorithm(name: str) -> ModuleType:
 class Algorithm:
     """The driver-side state of one run; ``train()`` runs one iteration and returns its row."""
 
-    def __init__(self, driver: Driver, module: ModuleType, config: Any, env: EnvSpec) -> None:
+    def __init__(self, driver: Driver, module: ModuleType, config: Any, env: EnvSpec,
+                 dump: DumpSettings | None = None) -> None:
         self.driver, self.module, self.config, self.env = driver, module, config, env
         observation_space, action_space = env.spaces()
+        # Trajectory dumps: the driver keeps the index; each rollout rank writes its own file.
+        self.dump_index: DumpIndex | None = None
+        if dump is not None and dump.dump_trajectories is not None:
+            self.dump_index = DumpIndex(dump, env.env_id, observation_space, action_space,
+                                        module.__name__.rsplit(".", 1)[-1].upper())
         self.policy_spec = PolicySpec(observation_space, action_space,
                                       tuple(config.hidden_sizes), config.activation)
         try:
@@ -62,6 +69,7 @@ class Algorithm:
                 "rollout", RolloutWorker, env, self.policy_spec, config.num_envs_per_worker,
                 config.seed, config.gamma, config.gae_lambda, config.normalize_observations,
                 config.torch_threads, max_env_failures=config.max_env_failures,
+                dump=self.dump_index.target if self.dump_index is not None else None,
                 local_if_empty=True,
             )
         except RemoteError as error:
@@ -103,11 +111,16 @@ class Algorithm:
         self.num_env_failures += samples.env_failures
         self.returns.extend(samples.episode_returns)
         self.lengths.extend(samples.episode_lengths)
+        if self.dump_index is not None:
+            for file_name, episodes in samples.dumped:
+                self.dump_index.add(file_name, episodes)
 
     def train(self) -> dict[str, Any]:
         start, steps_before = time.monotonic(), self.timesteps_total
         stats = self.module.training_step(self)
         self.iteration += 1
+        if self.dump_index is not None:
+            self.dump_index.commit()  # a run killed later still leaves an indexed dataset
         elapsed = time.monotonic() - start
         nan = math.nan
         row = {
@@ -129,6 +142,20 @@ class Algorithm:
         }
         self.last_row = row
         return row
+
+    def finish_dumps(self) -> None:
+        """At the end of a run: wait until every rollout rank's episodes are on disk, and index
+        them all."""
+        if self.dump_index is None:
+            return
+        for future in [w.call_async("finish_dump") for w in self.rollouts]:
+            try:
+                result = future.result()
+            except RankLost:
+                continue  # its file holds what it wrote; mpirl.io finds the rest
+            if result is not None:
+                self.dump_index.add(*result)
+        self.dump_index.commit()
 
     # Checkpoints. The driver's own state goes to driver.pkl; every worker writes its own file.
 

@@ -49,6 +49,19 @@ def _parser() -> argparse.ArgumentParser:
                        help="continue RUN_DIR from its newest valid checkpoint; --algo, --env and "
                             "--config come from its params.json (--config and --stop given here "
                             "override them)")
+    train.add_argument("--dump-trajectories", metavar="DIR",
+                       help="every rollout rank writes the episodes it completes to DIR (HDF5, "
+                            "Minari's layout; read with mpirl.io or minari); the config key "
+                            "dump_trajectories")
+
+    inspect = commands.add_parser(
+        "inspect", help="summarize a trajectory dump: episodes, steps, returns, spaces, files",
+        description="Run without mpiexec. PATH is a dump directory (--dump-trajectories), its "
+                    "main_data.hdf5, or one per-rank file.",
+    )
+    inspect.add_argument("path", metavar="PATH")
+    inspect.add_argument("--plot", metavar="PNG", help="draw the return distribution to PNG")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     evaluate = commands.add_parser(
         "evaluate", help="run a checkpoint's policy for some episodes and print its returns",
@@ -83,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "launch":
         return launch.main(args)  # outside MPI: nothing below may be imported for it
+    if args.command == "inspect":
+        return _inspect(args)  # outside MPI too
     try:
         if args.command == "doctor":
             from mpirl.doctor import run_doctor
@@ -97,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from mpirl.train import make_request, train
 
+            config = parse_json_object(args.config, "--config")
+            if args.dump_trajectories is not None:
+                config["dump_trajectories"] = args.dump_trajectories
             request = make_request(
-                args.algo, args.env, args.env_module,
-                parse_json_object(args.config, "--config"), parse_json_object(args.stop, "--stop"),
+                args.algo, args.env, args.env_module, config,
+                parse_json_object(args.stop, "--stop"),
                 args.seed, args.run_dir, args.resume,
             )
             return train(request)
@@ -119,6 +137,20 @@ def main(argv: list[str] | None = None) -> int:
         _print_on_rank0(f"mpirl: error: {error}")
         return error.exit_code
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from mpirl.dump_inspect import plot_returns, report, summarize
+
+    try:
+        summary = summarize(args.path)
+        print(report(summary, args.json), flush=True)
+        if args.plot:
+            print(f"wrote {plot_returns(summary, args.plot)}", file=sys.stderr, flush=True)
+    except MpirlError as error:
+        print(f"mpirl: error: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+    return 0
 
 
 def _print_on_rank0(message: str) -> None:

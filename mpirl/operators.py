@@ -43,6 +43,8 @@ class SampleResult:
     sources: dict[int, list[int]] = field(default_factory=dict)
     #: learner index -> batches handed over in-process (local rollout workers)
     batches: dict[int, list[dict]] = field(default_factory=dict)
+    #: with trajectory dumps on: (rank's file name, [(local episode id, steps)]) per worker
+    dumped: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
 
 
 def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_env: int,
@@ -74,6 +76,8 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
         result.env_failures += metrics["env_failures"]
         result.episode_returns += metrics["episode_returns"]
         result.episode_lengths += metrics["episode_lengths"]
+        if "dumped" in metrics:
+            result.dumped.append(metrics["dumped"])
         if "batch" in metrics:
             result.batches.setdefault(target, []).append(metrics["batch"])
         if obs_filter is not None and metrics["filter_delta"] is not None:

@@ -28,6 +28,7 @@ from mpirl.core import RankContext, Worker
 from mpirl.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.errors import ConfigError
 from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
+from mpirl.trajectories import DumpTarget, EpisodeRecorder
 from mpirl.ulfm import revoke_on_failure
 
 #: Tag of sample batches on the data channel.
@@ -92,12 +93,12 @@ class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
     MESSAGES = ("sample", "receive_weights", "set_weights", "get_weights", "save_state",
-                "load_state")
+                "load_state", "finish_dump")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
                  normalize_observations: bool, torch_threads: int = 1,
-                 max_env_failures: int = 10) -> None:
+                 max_env_failures: int = 10, dump: DumpTarget | None = None) -> None:
         super().__init__(context)
         torch.set_num_threads(torch_threads)
         self.seed = seed + 1000 * context.role_index
@@ -121,6 +122,13 @@ class RolloutWorker(Worker):
         self.filter = RunningMeanStd(self.obs_shape)
         self.obs, infos = self.envs.reset(seed=self.seed)
         self._note_failures(infos)
+        # With trajectory dumps on, every completed episode goes to this rank's HDF5 file.
+        self.recorder: EpisodeRecorder | None = None
+        if dump is not None:
+            self.recorder = EpisodeRecorder(
+                dump, context.role_index, num_envs, env.env_id,
+                self.envs.single_observation_space, self.envs.single_action_space, self.seed)
+            self.recorder.begin(seeded=True)
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self._weights = np.empty(self.policy.num_weights(), np.float32)
@@ -151,9 +159,10 @@ class RolloutWorker(Worker):
                 delta.update(self.obs)
             obs = self._normalize(self.obs)
             actions, logp, values = self.policy.act(obs)
-            next_obs, rewards, terminated, truncated, infos = self.envs.step(
-                self.policy.env_actions(actions))
+            env_actions = self.policy.env_actions(actions)
+            next_obs, rewards, terminated, truncated, infos = self.envs.step(env_actions)
             rewards = np.asarray(rewards, dtype=np.float32)
+            env_rewards = rewards  # the truncation bootstrap below adds to a copy
             self.episode_return += rewards
             self.episode_length += 1
             done = terminated | truncated
@@ -178,6 +187,9 @@ class RolloutWorker(Worker):
                 self.episode_length[dropped] = 0
                 # A cut, so that GAE bootstraps nothing from the fresh env into these rows.
                 done = done | dropped
+            if self.recorder is not None:
+                self.recorder.step(self.obs, env_actions, env_rewards, terminated, truncated,
+                                   logp, infos, infos.get(EPISODE_DROPPED))
             episode_start[done] = t + 1
             for key, value in (("obs", obs), ("actions", actions), ("logp", logp),
                                ("values", values), ("rewards", rewards), ("dones", done)):
@@ -204,6 +216,9 @@ class RolloutWorker(Worker):
         metrics = {"env_steps": count, "episode_returns": returns, "episode_lengths": lengths,
                    "env_failures": failures,
                    "filter_delta": delta.state() if self.normalize_observations else None}
+        if self.recorder is not None:
+            # Written and flushed before the driver hears of them: an indexed episode is on disk.
+            metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
         if send_to is None:
             metrics["batch"] = batch
         else:
@@ -211,6 +226,15 @@ class RolloutWorker(Worker):
             channel.flush()
             channel.isend(batch, send_to, BATCH_TAG)
         return metrics
+
+    def finish_dump(self) -> tuple[str, list[tuple[int, int]]] | None:
+        """Wait until every completed episode is on disk; return (file name, [(local id,
+        steps)]) of those not reported yet, for the driver's index. None without dumps."""
+        if self.recorder is None:
+            return None
+        name, written = self.recorder.path.name, self.recorder.close()
+        self.recorder = None
+        return name, written
 
     def _note_failures(self, infos: dict[str, Any]) -> None:
         """Count the failures the guarded envs report in ``infos``; warn on stderr now and then
@@ -276,6 +300,8 @@ class RolloutWorker(Worker):
                 self.episode_return = state["episode_return"]
                 self.episode_length = state["episode_length"]
                 restore_rng(state["rng"])
+                if self.recorder is not None:
+                    self.recorder.untrack()  # their beginnings are in an earlier session
                 return
             envs.close()
         # Environments start over (from a seed that differs from the first run's) when they
@@ -283,4 +309,6 @@ class RolloutWorker(Worker):
         self.obs, _ = self.envs.reset(seed=self.seed + 7_777_777 * self.restores)
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
+        if self.recorder is not None:
+            self.recorder.begin()
         restore_rng(state["rng"])

@@ -21,6 +21,7 @@ from mpirl.progress import ProgressDisplay
 from mpirl.rollout import EnvSpec
 from mpirl.run_dir import PARAMS_FILE, RunRecorder
 from mpirl.runtime import Driver, RuntimeSettings, run
+from mpirl.trajectories import DumpSettings
 
 #: Used when --stop is not given.
 DEFAULT_STOP = {"timesteps_total": 1_000_000}
@@ -35,6 +36,7 @@ class TrainRequest:
     config: Any
     settings: RuntimeSettings
     checkpoints: CheckpointSettings
+    dump: DumpSettings
     stop: dict[str, float]
     run_dir: Path
     resume: bool = False
@@ -75,16 +77,18 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     if algo is None or env_id is None:
         raise ConfigError("mpirl train needs --algo and --env (or --resume RUN_DIR)")
     module = load_algorithm(algo)
-    given_keys, runtime_keys, checkpoint_keys = split_by_dataclass(
-        config, module.Config, RuntimeSettings, CheckpointSettings)
+    given_keys, runtime_keys, checkpoint_keys, dump_keys = split_by_dataclass(
+        config, module.Config, RuntimeSettings, CheckpointSettings, DumpSettings)
     if seed is not None:
         given_keys["seed"] = seed
     config_keys = {**saved.get("config", {}), **given_keys}
     runtime_keys = {**saved.get("runtime", {}), **runtime_keys}
     checkpoint_keys = {**saved.get("checkpoints", {}), **checkpoint_keys}
+    dump_keys = {**saved.get("dumps", {}), **dump_keys}
     algo_config = build(module.Config, config_keys)
     settings = build(RuntimeSettings, runtime_keys)
     checkpoints = build(CheckpointSettings, checkpoint_keys)
+    dump = build(DumpSettings, dump_keys)
     check_known_keys(stop, list(STOP_KEYS), "--stop")
     for key, value in stop.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -107,12 +111,12 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
             )
     else:
         before = {**saved.get("config", {}), **saved.get("runtime", {}),
-                  **saved.get("checkpoints", {})}
+                  **saved.get("checkpoints", {}), **saved.get("dumps", {})}
         after = {**dataclasses.asdict(algo_config), **dataclasses.asdict(settings),
-                 **dataclasses.asdict(checkpoints)}
+                 **dataclasses.asdict(checkpoints), **dataclasses.asdict(dump)}
         changes = {key: (before.get(key), value) for key, value in after.items()
                    if _comparable(before.get(key)) != _comparable(value)}
-    return TrainRequest(algo.upper(), env, algo_config, settings, checkpoints,
+    return TrainRequest(algo.upper(), env, algo_config, settings, checkpoints, dump,
                         stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes)
 
 
@@ -149,7 +153,7 @@ def _warn(message: str) -> None:
 
 def _drive(driver: Driver, request: TrainRequest) -> int:
     module = load_algorithm(request.algo)
-    algo = Algorithm(driver, module, request.config, request.env)
+    algo = Algorithm(driver, module, request.config, request.env, request.dump)
     store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
     resumed_from = None
     if request.resume:
@@ -158,7 +162,8 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
         "algo": request.algo, "env": request.env.env_id, "env_module": request.env.env_module,
         "config": dataclasses.asdict(request.config),
         "runtime": dataclasses.asdict(request.settings),
-        "checkpoints": dataclasses.asdict(request.checkpoints), "stop": request.stop,
+        "checkpoints": dataclasses.asdict(request.checkpoints),
+        "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
         "layout": driver.placement.summary(), "world_size": MPI.COMM_WORLD.Get_size(),
         "train_batch_size": algo.train_batch_size, "mpirl_version": mpirl.__version__,
     }
@@ -184,6 +189,7 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
                                                   request.checkpoints.checkpoint_replay)
             if reason or requested:
                 break
+    algo.finish_dumps()
     if requested:
         print(f"mpirl: {requested}: wrote {checkpoint} at iteration {algo.iteration} and stopped "
               f"(exit code {EXIT_RESUME}). Continue with: mpirl train --resume {request.run_dir}",

@@ -1,0 +1,428 @@
+"""Reading trajectory dumps (``dump_trajectories``): episodes one at a time, or shuffled batches.
+
+Nothing here uses MPI; a data-parallel learner reads its own part with ``shard=(index, count)``.
+Everything is lazy: an episode is read from disk when it is reached, so a dump may be larger than
+memory. Bad input (a missing path, a truncated or foreign HDF5 file) raises ``DatasetError``,
+which names the file.
+
+    dataset = open_dataset("runs/dump")
+    for episode in dataset.iterate_episodes():
+        episode.observations  # (T+1, ...)
+    batch = next(dataset.sample_batches(256, np.random.default_rng(0)))
+    batch["obs"], batch["actions"], batch["action_logp"]
+
+The episodes are those ``main_data.hdf5`` links to (numbered 0, 1, ... as Minari numbers them),
+then those in the per-rank files that it does not link yet (a run killed between iterations
+leaves some), in file order. Without ``main_data.hdf5`` the per-rank files alone make the dump.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import h5py
+import numpy as np
+
+from mpirl.errors import EXIT_USAGE, MpirlError
+from mpirl.trajectories import (
+    MAIN_FILE,
+    METADATA_FILE,
+    deserialize_space,
+    episode_number,
+    rank_files,
+)
+
+#: What every episode group holds (plus ``infos/``).
+EPISODE_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
+#: Keys of the batches ``sample_batches`` yields.
+BATCH_KEYS = ("obs", "actions", "rewards", "next_obs", "terminations", "truncations",
+              "action_logp")
+
+
+class DatasetError(MpirlError):
+    """A trajectory dump cannot be read: missing, truncated, corrupt, or not a dump at all."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass
+class Episode:
+    """One complete episode. ``observations`` has one row more than the other arrays."""
+
+    id: int
+    observations: Any
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    infos: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+
+class Dataset:
+    """A trajectory dump opened for reading; use ``open_dataset``. Close it (or use ``with``)
+    to close its files."""
+
+    def __init__(self, root: Path, files: list[Path], refs: list[tuple[int, int]],
+                 lengths: list[int], observation_space: gym.Space | None,
+                 action_space: gym.Space | None, env_id: str | None,
+                 metadata: dict[str, Any]) -> None:
+        self.root = root
+        self.files = files
+        #: (index into files, group number) of every episode, in id order
+        self._refs = refs
+        self._lengths = np.asarray(lengths, dtype=np.int64)
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.env_id = env_id
+        self.metadata = metadata
+        self._open: dict[int, h5py.File] = {}
+
+    # Summary.
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self._refs)
+
+    @property
+    def total_steps(self) -> int:
+        return int(self._lengths.sum())
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        return self._lengths.copy()
+
+    @property
+    def episode_refs(self) -> list[tuple[Path, int]]:
+        """(file, group number) of every episode, in id order."""
+        return [(self.files[f], k) for f, k in self._refs]
+
+    def size_on_disk(self) -> int:
+        """Bytes of the data files, main_data.hdf5 and metadata.json."""
+        paths = set(self.files) | {self.root / MAIN_FILE, self.root / METADATA_FILE}
+        return sum(p.stat().st_size for p in paths if p.is_file())
+
+    def episode_returns(self) -> np.ndarray:
+        """Sum of rewards of every episode, in id order (reads only the rewards)."""
+        return np.array([float(np.sum(self._dataset(i, "rewards")[()]))
+                         for i in range(self.num_episodes)])
+
+    # Reading.
+
+    def shard_ids(self, shard: tuple[int, int] = (0, 1)) -> list[int]:
+        """Ids of the episodes of shard ``index`` of ``count``: by file when there are at least
+        ``count`` files, otherwise by episode id modulo ``count``."""
+        index, count = shard
+        if not (isinstance(count, int) and count >= 1 and 0 <= index < count):
+            raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
+        if len(self.files) >= count:
+            return [i for i, (f, _) in enumerate(self._refs) if f % count == index]
+        return list(range(index, self.num_episodes, count))
+
+    def iterate_episodes(self, shard: tuple[int, int] = (0, 1)) -> Iterator[Episode]:
+        """Episodes of ``shard`` in id order, read one at a time."""
+        for i in self.shard_ids(shard):
+            yield self.episode(i)
+
+    def episode(self, i: int) -> Episode:
+        """Episode ``i``, read from disk."""
+        group, path = self._group(i)
+        try:
+            data = {key: _read(group[key]) for key in EPISODE_KEYS}
+            infos = ({key: _read(value) for key, value in group["infos"].items()}
+                     if "infos" in group else {})
+        except KeyError as error:
+            raise DatasetError(f"{path}: {group.name} is not a trajectory episode (missing "
+                               f"{error.args[0] if error.args else 'a dataset'}); expected "
+                               f"{', '.join(EPISODE_KEYS)}") from None
+        except (OSError, RuntimeError) as error:
+            raise DatasetError(f"{path}: {group.name} cannot be read ({error}); the file is "
+                               f"truncated or corrupt") from None
+        steps = len(data["rewards"])
+        for key in ("actions", "terminations", "truncations"):
+            if len(data[key]) != steps:
+                raise DatasetError(f"{path}: {group.name}/{key} has {len(data[key])} rows, "
+                                   f"rewards {steps}")
+        if _rows(data["observations"]) != steps + 1:
+            raise DatasetError(f"{path}: {group.name}/observations has "
+                               f"{_rows(data['observations'])} rows, expected {steps + 1}")
+        return Episode(id=i, infos=infos, **data)
+
+    def sample_batches(self, batch_size: int, rng: np.random.Generator,
+                       shard: tuple[int, int] = (0, 1), num_batches: int | None = None,
+                       buffer_size: int = 65536) -> Iterator[dict[str, np.ndarray]]:
+        """Shuffled batches of ``batch_size`` transitions of ``shard``, endless unless
+        ``num_batches``: episodes are read in a random order into a shuffle buffer of about
+        ``buffer_size`` transitions (the memory bound), and batches drawn from it at random.
+        ``action_logp`` is NaN for episodes that did not record it."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        ids = self.shard_ids(shard)
+        if not ids or self._lengths[ids].sum() == 0:
+            raise DatasetError(f"{self.root}: shard {shard} holds no transitions")
+        capacity = max(buffer_size, 2 * batch_size)
+        buffer: list[dict[str, np.ndarray]] = []
+        rows = 0
+        made = 0
+        while True:
+            for i in rng.permutation(ids):
+                buffer.append(_transitions(self.episode(int(i))))
+                rows += len(buffer[-1]["rewards"])
+                if rows < capacity:
+                    continue
+                # Emit about half of a full buffer, keep the rest to mix with what comes next.
+                pool = _concat(buffer)
+                order = rng.permutation(rows)
+                emit = (rows // 2) // batch_size * batch_size or batch_size
+                for start in range(0, emit, batch_size):
+                    yield {k: v[order[start:start + batch_size]] for k, v in pool.items()}
+                    made += 1
+                    if num_batches is not None and made >= num_batches:
+                        return
+                pool = {k: v[order[emit:]] for k, v in pool.items()}
+                buffer, rows = [pool], rows - emit
+            # End of a pass: emit whole batches, carry the rest into the next pass.
+            if rows >= batch_size:
+                pool = _concat(buffer)
+                order = rng.permutation(rows)
+                emit = rows // batch_size * batch_size
+                for start in range(0, emit, batch_size):
+                    yield {k: v[order[start:start + batch_size]] for k, v in pool.items()}
+                    made += 1
+                    if num_batches is not None and made >= num_batches:
+                        return
+                pool = {k: v[order[emit:]] for k, v in pool.items()}
+                buffer, rows = [pool], rows - emit
+
+    # Files.
+
+    def _file(self, f: int) -> h5py.File:
+        handle = self._open.get(f)
+        if handle is None:
+            handle = _open_h5(self.files[f])
+            self._open[f] = handle
+        return handle
+
+    def _group(self, i: int) -> tuple[h5py.Group, Path]:
+        f, k = self._refs[i]
+        path = self.files[f]
+        group = self._file(f).get(f"episode_{k}")
+        if not isinstance(group, h5py.Group):
+            raise DatasetError(f"{path}: episode_{k} is missing")
+        return group, path
+
+    def _dataset(self, i: int, key: str) -> h5py.Dataset:
+        group, path = self._group(i)
+        if key not in group:
+            raise DatasetError(f"{path}: {group.name} has no {key!r} dataset")
+        return group[key]
+
+    def close(self) -> None:
+        for handle in self._open.values():
+            handle.close()
+        self._open.clear()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Dataset({str(self.root)!r}, {self.num_episodes} episodes, {self.total_steps} "
+                f"steps, {len(self.files)} files)")
+
+
+def open_dataset(path: str | Path) -> Dataset:
+    """Open a dump: its directory, its ``main_data.hdf5``, or one per-rank file."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or directory")
+    if path.is_dir():
+        root, data_files = path, rank_files(path)
+        main = path / MAIN_FILE
+    elif path.name == MAIN_FILE:
+        root, main = path.parent, path
+        data_files = rank_files(root)
+    else:
+        root, main, data_files = path.parent, None, [path]
+    metadata = _read_metadata(root / METADATA_FILE) if path.is_dir() or main else {}
+    files: list[Path] = []
+    file_index: dict[Path, int] = {}
+
+    def index_of(file: Path) -> int:
+        file = file.resolve()
+        if file not in file_index:
+            file_index[file] = len(files)
+            files.append(file)
+        return file_index[file]
+
+    refs: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    if main is not None and main.is_file():
+        for file, k in _main_links(main):
+            ref = (index_of(file), k)
+            if ref not in seen:
+                seen.add(ref)
+                refs.append(ref)
+    for file in data_files:
+        index_of(file)
+    if not files:
+        raise DatasetError(f"{path}: no trajectory files (expected {MAIN_FILE} or "
+                           f"rollout-s*-w*.hdf5)")
+    lengths: list[int] = []
+    spaces: dict[str, Any] = {}
+    known: dict[int, list[int]] = {}
+    for f, file in enumerate(files):
+        with _open_h5(file) as handle:
+            numbers = sorted(n for n in map(episode_number, handle.keys()) if n is not None)
+            if not numbers:
+                raise DatasetError(f"{file}: not a trajectory file (no episode_{{i}} groups)")
+            for key in ("observation_space", "action_space", "env_id"):
+                if key in handle.attrs and key not in spaces:
+                    spaces[key] = _text(handle.attrs[key])
+            known[f] = numbers
+    # Episodes that main_data.hdf5 does not link yet come after the linked ones.
+    for f, numbers in known.items():
+        for k in numbers:
+            if (f, k) not in seen:
+                seen.add((f, k))
+                refs.append((f, k))
+    handles = {f: _open_h5(file) for f, file in enumerate(files)}
+    try:
+        for f, k in refs:
+            group = handles[f].get(f"episode_{k}")
+            if not isinstance(group, h5py.Group):
+                raise DatasetError(f"{files[f]}: episode_{k} is missing (linked from {main})")
+            if "rewards" not in group:
+                raise DatasetError(f"{files[f]}: episode_{k} is not a trajectory episode (no "
+                                   f"rewards dataset)")
+            steps = group.attrs.get("total_steps")
+            lengths.append(int(steps) if steps is not None else len(group["rewards"]))
+    finally:
+        for handle in handles.values():
+            handle.close()
+    observation_space = _space(metadata.get("observation_space")
+                               or spaces.get("observation_space"), root)
+    action_space = _space(metadata.get("action_space") or spaces.get("action_space"), root)
+    env_id = metadata.get("mpirl_env_id") or spaces.get("env_id") or _env_id_of(metadata)
+    return Dataset(root, files, refs, lengths, observation_space, action_space, env_id,
+                   metadata)
+
+
+def _open_h5(path: Path) -> h5py.File:
+    try:
+        try:
+            return h5py.File(path, "r")
+        except OSError as error:
+            if "lock" not in str(error):
+                raise
+            # Its run still writes it: read what is flushed, without the lock.
+            return h5py.File(path, "r", locking=False)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file") from None
+    except OSError as error:
+        raise DatasetError(f"{path}: not a readable HDF5 file ({error}); it is truncated, "
+                           f"corrupt, or of another format") from None
+
+
+def _main_links(main: Path) -> list[tuple[Path, int]]:
+    """(file, group number) of each episode_{g} of main_data.hdf5, in g order. An unreadable
+    main_data.hdf5 (killed while the driver wrote it) counts as empty: the per-rank files hold
+    every episode anyway."""
+    try:
+        handle = _open_h5(main)
+    except DatasetError:
+        return []
+    found = []
+    with handle:
+        for name in handle.keys():
+            g = episode_number(name)
+            if g is None:
+                continue
+            link = handle.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                target = Path(link.filename)
+                k = episode_number(link.path.strip("/"))
+                if k is None:
+                    raise DatasetError(f"{main}: {name} links to {link.path}, not an episode")
+                found.append((g, (target if target.is_absolute() else main.parent / target, k)))
+            else:
+                found.append((g, (main, g)))  # a dataset Minari itself wrote
+    return [ref for _, ref in sorted(found)]
+
+
+def _read_metadata(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DatasetError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(metadata, dict):
+        raise DatasetError(f"{path}: not a JSON object")
+    return metadata
+
+
+def _space(text: str | None, root: Path) -> gym.Space | None:
+    if text is None:
+        return None
+    try:
+        return deserialize_space(text)
+    except (ValueError, KeyError, TypeError) as error:
+        raise DatasetError(f"{root}: cannot read a space from {text!r} ({error})") from None
+
+
+def _env_id_of(metadata: dict[str, Any]) -> str | None:
+    spec = metadata.get("env_spec")
+    if isinstance(spec, str):
+        try:
+            return json.loads(spec).get("id")
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _read(node: h5py.Dataset | h5py.Group) -> Any:
+    if isinstance(node, h5py.Group):  # Dict and Tuple spaces
+        keys = list(node.keys())
+        if keys and all(key.startswith("_index_") for key in keys):
+            return tuple(_read(node[f"_index_{j}"]) for j in range(len(keys)))
+        return {key: _read(node[key]) for key in keys}
+    return node[()]
+
+
+def _rows(value: Any) -> int:
+    if isinstance(value, dict):
+        return _rows(next(iter(value.values())))
+    if isinstance(value, tuple):
+        return _rows(value[0])
+    return len(value)
+
+
+def _transitions(episode: Episode) -> dict[str, np.ndarray]:
+    obs = np.asarray(episode.observations)
+    steps = len(episode)
+    logp = episode.infos.get("action_logp")
+    if logp is None:
+        logp = np.full(steps, np.nan, dtype=np.float32)
+    return {"obs": obs[:-1], "actions": np.asarray(episode.actions), "rewards": episode.rewards,
+            "next_obs": obs[1:], "terminations": episode.terminations,
+            "truncations": episode.truncations, "action_logp": np.asarray(logp)}
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {key: np.concatenate([p[key] for p in parts]) for key in BATCH_KEYS}
