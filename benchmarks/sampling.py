@@ -19,6 +19,10 @@ Each program warms up, then times ``reps`` blocks of about ``block_s`` seconds a
 median rate. ``efficiency`` is the per-rank rate with 1 rollout rank over the raw rate;
 ``efficiency_2`` the same with 2 rollout ranks. On a machine with 2 cores, 2 rollout ranks and
 the driver share them, so ``efficiency_2`` also shows whatever else runs on the machine.
+
+``dump_efficiency``: the 1-rollout-rank rate with trajectory dumps on (``dump``: every completed
+episode written to HDF5 by the rank's writer process) over the same run without them, measured
+one after the other; ``dump_inline_efficiency`` the same with the worker writing its file itself.
 """
 
 from __future__ import annotations
@@ -134,6 +138,24 @@ def role_local(plan: Plan) -> int:
 
 def role_mpirl(plan: Plan) -> int:
     """Every rank but the driver a rollout rank; the driver only collects and drops batches."""
+    return _mpirl_sampling(plan, None)
+
+
+def role_dump(plan: Plan) -> int:
+    """``mpirl`` with trajectory dumps on: each rollout rank's writer process writes every
+    completed episode to HDF5 (in a temporary directory, deleted afterwards)."""
+    return _mpirl_sampling(plan, True)
+
+
+def role_dump_inline(plan: Plan) -> int:
+    """The same, with the HDF5 file written by the rollout worker itself (no writer process)."""
+    return _mpirl_sampling(plan, False)
+
+
+def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
+    import shutil
+    import tempfile
+
     import mpirl
     from mpirl.core import Worker
     from mpirl.operators import parallel_rollouts
@@ -149,12 +171,21 @@ def role_mpirl(plan: Plan) -> int:
             return sum(len(channel.recv(src, BATCH_TAG)["advantages"]) for src in sources)
 
     def body(driver: mpirl.Driver) -> int:
+        from mpirl.trajectories import DumpTarget
+
+        directory = tempfile.mkdtemp(prefix="mpirl-dump-bench-")
+        dump = (None if dump_writer_process is None else
+                DumpTarget(directory, 0, writer_process=dump_writer_process))
         rollouts = driver.spawn("rollout", RolloutWorker, EnvSpec(ENV_ID), _policy_spec(),
-                                NUM_ENVS, SEED, 0.99, 0.95, False)
+                                NUM_ENVS, SEED, 0.99, 0.95, False, dump=dump)
         sink = driver.spawn("learner", BatchSink, local_if_empty=True)
+        dumped = {"episodes": 0, "steps": 0}
 
         def block() -> int:
             samples = parallel_rollouts(rollouts, sink, ROLLOUT_FRAGMENT_LENGTH)
+            for _, episodes in samples.dumped:
+                dumped["episodes"] += len(episodes)
+                dumped["steps"] += sum(steps for _, steps in episodes)
             rows = sink[0].call("drain", samples.sources.get(0, []))
             if rows != samples.env_steps:
                 raise RuntimeError(f"received {rows} rows for {samples.env_steps} env steps")
@@ -162,6 +193,15 @@ def role_mpirl(plan: Plan) -> int:
 
         result = measure_rate(block, plan)
         result["rollout_ranks"] = len(rollouts)
+        if dump is not None:
+            for worker in rollouts:
+                _, episodes = worker.call("finish_dump")
+                dumped["episodes"] += len(episodes)
+                dumped["steps"] += sum(steps for _, steps in episodes)
+            size = sum(p.stat().st_size for p in Path(directory).iterdir())
+            result.update(dumped_episodes=dumped["episodes"], dumped_steps=dumped["steps"],
+                          dump_bytes=size, dump_bytes_per_step=size / max(dumped["steps"], 1))
+        shutil.rmtree(directory, ignore_errors=True)
         emit(result)
         return 0
 
@@ -170,7 +210,8 @@ def role_mpirl(plan: Plan) -> int:
 
 
 ROLES: dict[str, Callable[[Plan], int]] = {
-    "raw": role_raw, "local": role_local, "mpirl": role_mpirl,
+    "raw": role_raw, "local": role_local, "mpirl": role_mpirl, "dump": role_dump,
+    "dump_inline": role_dump_inline,
 }
 
 
@@ -198,6 +239,10 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     local = attempt_role(SCRIPT, "local", None, quick, describe_rate)
     by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
                 for n in ROLLOUT_RANKS}
+    # Trajectory dumps, side by side with the same 1-rollout-rank run without them.
+    no_dump = attempt_role(SCRIPT, "mpirl", 2, quick, describe_rate)
+    dump = attempt_role(SCRIPT, "dump", 2, quick, describe_rate)
+    dump_inline = attempt_role(SCRIPT, "dump_inline", 2, quick, describe_rate)
 
     mpirl: dict[str, Any] = {"steps_per_s_total": {}, "steps_per_s_per_rank": {}, "runs": by_ranks}
     errors = {n: r["error"] for n, r in by_ranks.items() if "error" in r}
@@ -217,6 +262,11 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
         "efficiency": ratio(per_rank.get("1"), raw_rate),
         "efficiency_2": ratio(per_rank.get("2"), raw_rate),
         "local_worker_efficiency": ratio(local.get("steps_per_s"), raw_rate),
+        # Sampling rate with trajectory dumps on over the rate without, 1 rollout rank.
+        "dump_efficiency": ratio(dump.get("steps_per_s"), no_dump.get("steps_per_s")),
+        "dump_inline_efficiency": ratio(dump_inline.get("steps_per_s"),
+                                        no_dump.get("steps_per_s")),
+        "dump": {"no_dump": no_dump, "writer_process": dump, "inline": dump_inline},
         "raw": raw,
         "local": local,
     }
@@ -227,7 +277,8 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     if json_path is not None:
         print(f"wrote {json_path}")
     # Without the raw rate there is no efficiency to report, so that is a failure too.
-    return 1 if errors or raw_rate is None or "error" in local else 0
+    dump_errors = any("error" in r for r in (no_dump, dump, dump_inline))
+    return 1 if errors or raw_rate is None or "error" in local or dump_errors else 0
 
 
 def print_summary(report: dict[str, Any]) -> None:
@@ -252,6 +303,11 @@ def print_summary(report: dict[str, Any]) -> None:
     print_problems({"raw": report["raw"], "local": report["local"], "mpirl": mpirl})
     print(f"efficiency (per-rank rate / raw): 1 rank {fmt(report['efficiency'], 2)}, "
           f"2 ranks {fmt(report['efficiency_2'], 2)}")
+    dump = report["dump"]["writer_process"]
+    print(f"trajectory dumps (1 rollout rank, rate with / without): writer process "
+          f"{fmt(report['dump_efficiency'], 2)}, in the worker "
+          f"{fmt(report['dump_inline_efficiency'], 2)}; "
+          f"{fmt(dump.get('dump_bytes_per_step'), 1)} bytes per step on disk")
 
 
 def main(argv: list[str] | None = None) -> int:

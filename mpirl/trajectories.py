@@ -25,6 +25,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,10 @@ class EpisodeFile:
         self.min_bytes = compression_min_bytes
         self.dcpl_cache: dict[tuple, Any] = {}
 
+    def write_block(self, block: dict[str, Any]) -> list[tuple[int, int]]:
+        """Write the episodes of a ``StepBlock`` (see ``EpisodeRecorder.flush``)."""
+        return self.write(list(episodes_of_block(block)))
+
     def write(self, episodes: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, int]]:
         """Write (local id, episode) pairs, then flush; return (local id, steps) of each."""
         written = []
@@ -187,9 +192,10 @@ class EpisodeFile:
             return
         array = np.ascontiguousarray(data)
         # h5py's low-level API: create_dataset costs about twice as much per dataset, and a
-        # CartPole episode is ~20 steps. Below min_bytes a dataset is stored contiguous: one
-        # chunk's index and filter overhead triples the size of such small arrays.
-        chunked = array.nbytes >= self.min_bytes and len(array) > 0
+        # CartPole episode is ~20 steps. Below min_bytes a dataset is stored compact (in its
+        # object header): a chunk index and filter would triple the size of such small arrays.
+        # Compact datasets must fit in 64 KiB.
+        chunked = (array.nbytes >= min(self.min_bytes, 32768)) and len(array) > 0
         key = (array.shape[1:], min(len(array), MAX_CHUNK_ROWS)) if chunked else None
         dcpl = self.dcpl_cache.get(key)
         if dcpl is None:
@@ -198,6 +204,8 @@ class EpisodeFile:
                 dcpl.set_chunk((min(len(array), MAX_CHUNK_ROWS), *array.shape[1:]))
                 if self.level:
                     dcpl.set_deflate(self.level)
+            else:
+                dcpl.set_layout(h5py.h5d.COMPACT)
             if len(self.dcpl_cache) < 1024:
                 self.dcpl_cache[key] = dcpl
         maxshape = (h5py.h5s.UNLIMITED, *array.shape[1:]) if chunked else array.shape
@@ -208,6 +216,40 @@ class EpisodeFile:
 
     def close(self) -> None:
         self.file.close()
+
+
+def episodes_of_block(block: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(local id, episode arrays) of each episode a block of steps holds. A block holds
+    ``rows`` of vector-env steps (arrays shaped (W, num_envs, ...)) from global step ``lo`` on,
+    ``ends`` = [(local id, sub-env, first step, last step, seed)] and each one's final obs."""
+    lo = block["lo"]
+    for (k, i, first, last, seed), final in zip(block["ends"], block["finals"], strict=True):
+        a, b = first - lo, last - lo + 1
+        yield k, {
+            "observations": _append_row(_rows_of(block["obs"], a, b, i), final),
+            "actions": block["actions"][a:b, i],
+            "rewards": block["rewards"][a:b, i].astype(np.float64),
+            "terminations": block["terminated"][a:b, i],
+            "truncations": block["truncated"][a:b, i],
+            "action_logp": block["logp"][a:b, i],
+            "seed": seed,
+        }
+
+
+def _rows_of(obs: Any, a: int, b: int, i: int) -> Any:
+    if isinstance(obs, dict):
+        return {key: _rows_of(value, a, b, i) for key, value in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_rows_of(value, a, b, i) for value in obs)
+    return obs[a:b, i]
+
+
+def _append_row(rows: Any, row: Any) -> Any:
+    if isinstance(rows, dict):
+        return {key: _append_row(rows[key], row[key]) for key in rows}
+    if isinstance(rows, tuple):
+        return tuple(_append_row(r, x) for r, x in zip(rows, row, strict=True))
+    return np.concatenate([rows, np.asarray(row, dtype=rows.dtype)[None]])
 
 
 class _WriterProcess:
@@ -244,10 +286,10 @@ class _WriterProcess:
             self.in_flight = -1  # the writer is gone
             self.done.notify_all()
 
-    def send(self, episodes: list[tuple[int, dict[str, Any]]]) -> None:
+    def send(self, block: dict[str, Any]) -> None:
         import pickle
 
-        payload = pickle.dumps(episodes, protocol=5)
+        payload = pickle.dumps(block, protocol=5)
         with self.lock:
             if self.in_flight < 0:
                 self._failed()
@@ -288,8 +330,7 @@ def _writer_main(spec_text: str) -> int:
     try:
         while header := stdin.read(8):
             payload = stdin.read(int.from_bytes(header, "little"))
-            episodes = pickle.loads(payload)
-            stdout.write(json.dumps(writer.write(episodes)) + "\n")
+            stdout.write(json.dumps(writer.write_block(pickle.loads(payload))) + "\n")
             stdout.flush()
     except BrokenPipeError:
         pass  # the rank is gone; the file is closed below all the same
@@ -354,7 +395,10 @@ class EpisodeRecorder:
         # not written.
         self.tracked = np.zeros(num_envs, dtype=bool)
         self.seeds: list[int | None] = [None] * num_envs
-        self.completed: list[tuple[int, dict[str, Any]]] = []
+        # Episodes ended since the last flush: (local id, sub-env, first step, last step,
+        # seed), and their final observations.
+        self.ends: list[tuple[int, int, int, int, int | None]] = []
+        self.finals: list[Any] = []
         self.written: list[tuple[int, int]] = []  # in-process mode: written, not yet reported
         self._seed = seed
 
@@ -387,35 +431,39 @@ class EpisodeRecorder:
                 self._start_episode(i)  # the partial episode is lost with the failed env
         for i in np.flatnonzero(done):
             if self.tracked[i]:
-                self._finish(i, t, infos["final_obs"][i])
+                self.ends.append((self.next_id, int(i), int(self.start[i]), t, self.seeds[i]))
+                self.finals.append(infos["final_obs"][i])
+                self.next_id += 1
             self._start_episode(i)
-        oldest = int(self.start.min())
-        if oldest - self.base > 256:  # drop records no episode in progress needs
-            del self.steps[:oldest - self.base]
-            self.base = oldest
-
-    def _finish(self, i: int, t: int, final_obs: Any) -> None:
-        rows = self.steps[self.start[i] - self.base:t - self.base + 1]
-        self.completed.append((self.next_id, {
-            "observations": _stack([_index(r.obs, i) for r in rows] + [final_obs]),
-            "actions": np.stack([r.actions[i] for r in rows]),
-            "rewards": np.array([r.rewards[i] for r in rows], dtype=np.float64),
-            "terminations": np.array([r.terminated[i] for r in rows], dtype=bool),
-            "truncations": np.array([r.truncated[i] for r in rows], dtype=bool),
-            "action_logp": np.array([r.logp[i] for r in rows], dtype=np.float32),
-            "seed": self.seeds[i],
-        }))
-        self.next_id += 1
 
     def flush(self, wait: bool = False) -> list[tuple[int, int]]:
         """Hand the episodes completed since the last call to the writer; return (local id,
-        steps) of the episodes now safely on disk (with ``wait``: all of them)."""
-        if self.completed:
+        steps) of the episodes now safely on disk (with ``wait``: all of them).
+
+        The steps they span go as one block of stacked arrays: a few large pickles instead of
+        many small ones, and the writer slices the episodes out."""
+        if self.ends:
+            lo = min(first for _, _, first, _, _ in self.ends)
+            hi = max(last for _, _, _, last, _ in self.ends) + 1
+            rows = self.steps[lo - self.base:hi - self.base]
+            block = {
+                "lo": lo, "ends": self.ends, "finals": self.finals,
+                "obs": _stack([r.obs for r in rows]),
+                "actions": np.stack([r.actions for r in rows]),
+                "rewards": np.stack([r.rewards for r in rows]),
+                "terminated": np.stack([r.terminated for r in rows]),
+                "truncated": np.stack([r.truncated for r in rows]),
+                "logp": np.stack([r.logp for r in rows]),
+            }
             if self.writer is not None:
-                self.writer.send(self.completed)
+                self.writer.send(block)
             else:
-                self.written += self.file.write(self.completed)
-            self.completed = []
+                self.written += self.file.write_block(block)
+            self.ends, self.finals = [], []
+        oldest = int(self.start.min())  # records before it no episode in progress needs
+        if oldest > self.base:
+            del self.steps[:oldest - self.base]
+            self.base = oldest
         if self.writer is not None:
             return self.writer.take_acked(wait=wait)
         written, self.written = self.written, []
@@ -428,14 +476,6 @@ class EpisodeRecorder:
         elif self.file is not None:
             self.file.close()
         return written
-
-
-def _index(obs: Any, i: int) -> Any:
-    if isinstance(obs, dict):
-        return {k: _index(v, i) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(_index(v, i) for v in obs)
-    return obs[i]
 
 
 def _stack(items: list[Any]) -> Any:
