@@ -264,6 +264,8 @@ def open_dataset(path: str | Path) -> Dataset:
             files.append(file)
         return file_index[file]
 
+    for file in data_files:
+        index_of(file)
     refs: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
     if main is not None and main.is_file():
@@ -272,8 +274,6 @@ def open_dataset(path: str | Path) -> Dataset:
             if ref not in seen:
                 seen.add(ref)
                 refs.append(ref)
-    for file in data_files:
-        index_of(file)
     if not files:
         raise DatasetError(f"{path}: no trajectory files (expected {MAIN_FILE} or "
                            f"rollout-s*-w*.hdf5)")
