@@ -111,7 +111,9 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
             )
     else:
         before = {**saved.get("config", {}), **saved.get("runtime", {}),
-                  **saved.get("checkpoints", {}), **saved.get("dumps", {})}
+                  **saved.get("checkpoints", {}),
+                  # Runs from before dumps existed had the defaults.
+                  **dataclasses.asdict(DumpSettings()), **saved.get("dumps", {})}
         after = {**dataclasses.asdict(algo_config), **dataclasses.asdict(settings),
                  **dataclasses.asdict(checkpoints), **dataclasses.asdict(dump)}
         changes = {key: (before.get(key), value) for key, value in after.items()

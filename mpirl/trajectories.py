@@ -164,29 +164,31 @@ class EpisodeFile:
         """Write (local id, episode) pairs, then flush; return (local id, steps) of each."""
         written = []
         for k, episode in episodes:
-            group = self.file.create_group(f"episode_{k}")
+            # Low-level h5py throughout: it halves the cost of these small objects.
+            group = h5py.h5g.create(self.file.id, f"episode_{k}".encode())
             steps = len(episode["rewards"])
-            group.attrs["id"] = k
-            group.attrs["total_steps"] = steps
+            _int_attr(group, "id", k)
+            _int_attr(group, "total_steps", steps)
             if episode.get("seed") is not None:
-                group.attrs["seed"] = episode["seed"]
+                _int_attr(group, "seed", episode["seed"])
             for key in ("observations", "actions", "rewards", "terminations", "truncations"):
                 self._write(group, key, episode[key])
-            infos = group.create_group("infos")
+            infos = h5py.h5g.create(group, b"infos")
             self._write(infos, "action_logp", episode["action_logp"])
             written.append((k, steps))
         # What a kill -9 after this line leaves on disk reads back in full.
         self.file.flush()
         return written
 
-    def _write(self, parent: h5py.Group, name: str, data: Any) -> None:
+    def _write(self, parent: Any, name: str, data: Any) -> None:
+        """Write ``data`` as dataset ``name`` of the group whose low-level id is ``parent``."""
         if isinstance(data, dict):  # Dict observation spaces: one subgroup per key
-            sub = parent.create_group(name)
+            sub = h5py.h5g.create(parent, name.encode())
             for key, value in data.items():
                 self._write(sub, key, value)
             return
         if isinstance(data, tuple):
-            sub = parent.create_group(name)
+            sub = h5py.h5g.create(parent, name.encode())
             for j, value in enumerate(data):
                 self._write(sub, f"_index_{j}", value)
             return
@@ -211,11 +213,22 @@ class EpisodeFile:
         maxshape = (h5py.h5s.UNLIMITED, *array.shape[1:]) if chunked else array.shape
         space = h5py.h5s.create_simple(array.shape, maxshape)
         dtype = h5py.h5t.py_create(array.dtype, logical=True)
-        dataset = h5py.h5d.create(parent.id, name.encode(), dtype, space, dcpl=dcpl)
+        dataset = h5py.h5d.create(parent, name.encode(), dtype, space, dcpl=dcpl)
         dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
 
     def close(self) -> None:
         self.file.close()
+
+
+_SCALAR = None
+
+
+def _int_attr(group: Any, name: str, value: int) -> None:
+    global _SCALAR
+    if _SCALAR is None:
+        _SCALAR = h5py.h5s.create(h5py.h5s.SCALAR)
+    attr = h5py.h5a.create(group, name.encode(), h5py.h5t.STD_I64LE, _SCALAR)
+    attr.write(np.array(value, dtype=np.int64))
 
 
 def episodes_of_block(block: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
