@@ -73,6 +73,9 @@ def test_sampling_benchmark_quick_writes_every_key(tmp_path):
     assert set(per_rank) == {"1", "2"}
     assert all(rate > 0 for rate in per_rank.values()), per_rank
     assert 0 < report["efficiency"]
+    # Trajectory dumps, side by side with the same run without them.
+    assert 0 < report["dump_efficiency"] and 0 < report["dump_inline_efficiency"]
+    assert report["dump"]["writer_process"]["dumped_episodes"] > 0
 
 
 @pytest.mark.parametrize(("script", "peers", "message"), [
