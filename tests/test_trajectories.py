@@ -167,6 +167,26 @@ def test_box_and_multidiscrete_actions(tmp_path, env_id, space):
         assert batch["actions"].shape == (16, *dataset.action_space.shape)
 
 
+def test_episodes_cut_by_env_failures_are_not_written(tmp_path):
+    # MpirlFlakyCartPole-v0 raises in step every 2000 steps of each instance.
+    dump = tmp_path / "dump"
+    proc = _train(1, "--algo", "PPO", "--env", "MpirlFlakyCartPole-v0", "--env-module",
+                  "mpirl.testing", "--run-dir", str(tmp_path / "run"),
+                  "--config", json.dumps({"num_envs_per_worker": 2,
+                                          "rollout_fragment_length": 512}),
+                  "--stop", '{"training_iteration": 5}', "--dump-trajectories", str(dump))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["num_env_failures"] >= 2
+    with open_dataset(dump) as dataset:
+        # The dropped episodes are in neither the run's count nor the dump.
+        assert dataset.num_episodes == result["episodes_total"]
+        for episode in dataset.iterate_episodes():
+            _check_episode(episode, dataset.action_space)
+            obs = episode.observations  # no rows of a rebuilt env spliced in
+            np.testing.assert_allclose(obs[1:, 0], obs[:-1, 0] + 0.02 * obs[:-1, 1], atol=1e-5)
+
+
 def _progress_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "progress.csv"
     if not path.is_file():
