@@ -30,6 +30,7 @@ import numpy as np
 
 from mpirl.errors import EXIT_USAGE, MpirlError
 from mpirl.trajectories import (
+    FORMAT_ATTR,
     MAIN_FILE,
     METADATA_FILE,
     deserialize_space,
@@ -283,7 +284,8 @@ def open_dataset(path: str | Path) -> Dataset:
     for f, file in enumerate(files):
         with _open_h5(file) as handle:
             numbers = sorted(n for n in map(episode_number, handle.keys()) if n is not None)
-            if not numbers:
+            # A dump file of ours may hold no episode yet; any other file must.
+            if not numbers and FORMAT_ATTR not in handle.attrs:
                 raise DatasetError(f"{file}: not a trajectory file (no episode_{{i}} groups)")
             for key in ("observation_space", "action_space", "env_id"):
                 if key in handle.attrs and key not in spaces:

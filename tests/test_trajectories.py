@@ -18,7 +18,7 @@ import pytest
 from conftest import BIN, LiveRun, mpi_env, run_mpi
 
 from mpirl.io import DatasetError, open_dataset
-from mpirl.trajectories import EpisodeFile, serialize_space
+from mpirl.trajectories import FORMAT_ATTR, EpisodeFile, serialize_space
 
 MPIRL = str(BIN / "mpirl")
 SMALL = {"num_envs_per_worker": 4, "rollout_fragment_length": 64}
@@ -259,7 +259,8 @@ def test_kill_9_leaves_every_completed_episode_readable(tmp_path, writers_too):
 def _synthetic(directory: Path, files: int = 2, episodes: int = 5) -> dict[int, int]:
     """Per-rank files whose observations count steps: obs[t] = 1000 * episode + t."""
     directory.mkdir(parents=True, exist_ok=True)
-    attrs = {"observation_space": serialize_space(gym.spaces.Box(0, 1e6, (1,))),
+    attrs = {FORMAT_ATTR: 1,
+             "observation_space": serialize_space(gym.spaces.Box(0, 1e6, (1,))),
              "action_space": serialize_space(gym.spaces.Discrete(3)), "env_id": "Fake-v0"}
     lengths = {}
     for w in range(files):
@@ -344,6 +345,17 @@ def test_truncated_and_foreign_files_are_clear_errors(tmp_path):
         del file["episode_2/actions"]
     with pytest.raises(DatasetError, match="episode_2.*actions"):
         list(open_dataset(broken).iterate_episodes())
+
+
+def test_a_dump_without_episodes_yet_reads_as_empty(tmp_path):
+    _synthetic(tmp_path / "dump", files=1, episodes=0)
+    with open_dataset(tmp_path / "dump") as dataset:
+        assert dataset.num_episodes == dataset.total_steps == 0
+        assert list(dataset.iterate_episodes()) == []
+        with pytest.raises(DatasetError, match="no transitions"):
+            next(dataset.sample_batches(4, np.random.default_rng(0)))
+    proc = _inspect(str(tmp_path / "dump"))
+    assert proc.returncode == 0 and "episodes     0" in proc.stdout, proc.stderr
 
 
 def test_episodes_not_yet_indexed_come_after_the_indexed_ones(tmp_path):
