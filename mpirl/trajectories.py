@@ -25,6 +25,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ FORMAT_ATTR = "mpirl_trajectories"
 FORMAT_VERSION = 1
 #: The Minari dataset format these files follow (Minari checks it against what it supports).
 MINARI_FORMAT_VERSION = "0.5.3"
+#: Longest time a completed episode waits on its rollout rank before going to the writer.
+SEND_INTERVAL_S = 0.05
 #: Rows per HDF5 chunk at most (an episode's datasets are one chunk unless longer).
 MAX_CHUNK_ROWS = 4096
 
@@ -414,6 +417,7 @@ class EpisodeRecorder:
         self.finals: list[Any] = []
         self.written: list[tuple[int, int]] = []  # in-process mode: written, not yet reported
         self._seed = seed
+        self._next_send = time.monotonic() + SEND_INTERVAL_S
 
     def begin(self, seeded: bool = False) -> None:
         """Every sub-env starts a new episode at the next step (after a reset)."""
@@ -448,13 +452,28 @@ class EpisodeRecorder:
                 self.finals.append(infos["final_obs"][i])
                 self.next_id += 1
             self._start_episode(i)
+        if self.ends and time.monotonic() >= self._next_send:
+            # Completed episodes reach the writer within SEND_INTERVAL_S, not only at the end
+            # of the sample call: a killed rank loses at most that much.
+            self._send()
 
     def flush(self, wait: bool = False) -> list[tuple[int, int]]:
         """Hand the episodes completed since the last call to the writer; return (local id,
-        steps) of the episodes now safely on disk (with ``wait``: all of them).
+        steps) of the episodes now safely on disk (with ``wait``: all of them)."""
+        self._send()
+        oldest = int(self.start.min())  # records before it no episode in progress needs
+        if oldest > self.base:
+            del self.steps[:oldest - self.base]
+            self.base = oldest
+        if self.writer is not None:
+            return self.writer.take_acked(wait=wait)
+        written, self.written = self.written, []
+        return written
 
-        The steps they span go as one block of stacked arrays: a few large pickles instead of
-        many small ones, and the writer slices the episodes out."""
+    def _send(self) -> None:
+        """The steps that the completed episodes span go as one block of stacked arrays: a few
+        large pickles instead of many small ones; the writer slices the episodes out."""
+        self._next_send = time.monotonic() + SEND_INTERVAL_S
         if self.ends:
             lo = min(first for _, _, first, _, _ in self.ends)
             hi = max(last for _, _, _, last, _ in self.ends) + 1
@@ -473,14 +492,6 @@ class EpisodeRecorder:
             else:
                 self.written += self.file.write_block(block)
             self.ends, self.finals = [], []
-        oldest = int(self.start.min())  # records before it no episode in progress needs
-        if oldest > self.base:
-            del self.steps[:oldest - self.base]
-            self.base = oldest
-        if self.writer is not None:
-            return self.writer.take_acked(wait=wait)
-        written, self.written = self.written, []
-        return written
 
     def close(self) -> list[tuple[int, int]]:
         written = self.flush(wait=True)
