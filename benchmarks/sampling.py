@@ -28,6 +28,7 @@ one after the other; ``dump_inline_efficiency`` the same with the worker writing
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -49,7 +50,8 @@ from harness import (
 
 SCRIPT = Path(__file__).resolve()
 
-ENV_ID = "CartPole-v1"
+#: MPIRL_SAMPLING_ENV measures another env (e.g. Pendulum-v1: 200-step episodes).
+ENV_ID = os.environ.get("MPIRL_SAMPLING_ENV", "CartPole-v1")
 NUM_ENVS = 32
 ROLLOUT_FRAGMENT_LENGTH = 128
 """Steps per environment per sample call: 4096 env steps, long enough to amortize a dispatch."""
