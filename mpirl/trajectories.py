@@ -573,6 +573,13 @@ class DumpIndex:
             raise ConfigError(f"dump_trajectories {self.directory} holds an unreadable dump: "
                               f"{error}. Choose a new directory.") from None
         with dataset:
+            if (dataset.env_id not in (None, self.env_id)
+                    or dataset.observation_space not in (None, self.observation_space)
+                    or dataset.action_space not in (None, self.action_space)):
+                raise ConfigError(
+                    f"dump_trajectories {self.directory} holds a dump of {dataset.env_id} "
+                    f"(observations {dataset.observation_space}, actions "
+                    f"{dataset.action_space}), not of {self.env_id}; choose a new directory")
             links = [(file.name, f"episode_{k}") for file, k in dataset.episode_refs]
             steps = dataset.total_steps
         tmp = self.directory / (MAIN_FILE + ".tmp")

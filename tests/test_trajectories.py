@@ -390,6 +390,17 @@ def test_resume_appends_a_new_session(tmp_path):
     assert json.loads((dump / "metadata.json").read_text())["total_episodes"] == len(after)
 
 
+def test_a_dump_of_another_env_is_not_appended_to(tmp_path):
+    dump = tmp_path / "dump"
+    _synthetic(dump, files=1)
+    proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "r"),
+                  "--config", json.dumps(SMALL), "--stop", '{"training_iteration": 1}',
+                  "--dump-trajectories", str(dump))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{dump} holds a dump of Fake-v0" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_dump_config_errors(tmp_path):
     proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "r"),
                   "--config", '{"dump_compression_level": 12}',
