@@ -283,7 +283,12 @@ def open_dataset(path: str | Path) -> Dataset:
     known: dict[int, list[int]] = {}
     for f, file in enumerate(files):
         with _open_h5(file) as handle:
-            numbers = sorted(n for n in map(episode_number, handle.keys()) if n is not None)
+            try:
+                names = list(handle.keys())
+            except (OSError, RuntimeError) as error:
+                raise DatasetError(f"{file}: its episode index cannot be read ({error}); the "
+                                   f"file is truncated or corrupt") from None
+            numbers = sorted(n for n in map(episode_number, names) if n is not None)
             # A dump file of ours may hold no episode yet; any other file must.
             if not numbers and FORMAT_ATTR not in handle.attrs:
                 raise DatasetError(f"{file}: not a trajectory file (no episode_{{i}} groups)")
@@ -300,14 +305,22 @@ def open_dataset(path: str | Path) -> Dataset:
     handles = {f: _open_h5(file) for f, file in enumerate(files)}
     try:
         for f, k in refs:
-            group = handles[f].get(f"episode_{k}")
+            try:
+                group = handles[f].get(f"episode_{k}")
+            except (OSError, RuntimeError) as error:
+                raise DatasetError(f"{files[f]}: episode_{k} cannot be read ({error}); the file "
+                                   f"is truncated or corrupt") from None
             if not isinstance(group, h5py.Group):
                 raise DatasetError(f"{files[f]}: episode_{k} is missing (linked from {main})")
             if "rewards" not in group:
                 raise DatasetError(f"{files[f]}: episode_{k} is not a trajectory episode (no "
                                    f"rewards dataset)")
-            steps = group.attrs.get("total_steps")
-            lengths.append(int(steps) if steps is not None else len(group["rewards"]))
+            try:
+                steps = group.attrs.get("total_steps")
+                lengths.append(int(steps) if steps is not None else len(group["rewards"]))
+            except (OSError, RuntimeError) as error:
+                raise DatasetError(f"{files[f]}: episode_{k} cannot be read ({error}); the file "
+                                   f"is truncated or corrupt") from None
     finally:
         for handle in handles.values():
             handle.close()

@@ -49,6 +49,10 @@ FORMAT_VERSION = 1
 MINARI_FORMAT_VERSION = "0.5.3"
 #: Longest time a completed episode waits on its rollout rank before going to the writer.
 SEND_INTERVAL_S = 0.05
+#: HDF5 file format bounds: 1.8's keeps groups compact (a third smaller files than the oldest
+#: format for short episodes) and, unlike 1.10's, has no "open for write" flag that would make
+#: the file of a killed writer unreadable.
+FILE_FORMAT = ("v108", "v108")
 #: Rows per HDF5 chunk at most (an episode's datasets are one chunk unless longer).
 MAX_CHUNK_ROWS = 4096
 
@@ -149,10 +153,10 @@ class EpisodeFile:
     def __init__(self, path: Path, attrs: dict[str, Any], compression_level: int,
                  compression_min_bytes: int) -> None:
         self.path = path
-        # 'w-': a session's file is new; an existing one is never overwritten. The default
-        # (oldest) file format has no "open for write" flag, so a file whose writer was
-        # killed still opens, holding everything up to its last flush.
-        self.file = h5py.File(path, "w-")
+        # 'w-': a session's file is new; an existing one is never overwritten. A file whose
+        # writer was killed still opens (FILE_FORMAT), holding everything to its last flush.
+        self.file = h5py.File(path, "w-", libver=FILE_FORMAT)
+        _hold_metadata_until_flush(self.file)
         self.file.attrs.update(attrs)
         self.file.flush()
         self.level = compression_level
@@ -221,6 +225,21 @@ class EpisodeFile:
 
     def close(self) -> None:
         self.file.close()
+
+
+def _hold_metadata_until_flush(file: h5py.File) -> None:
+    """Keep every changed metadata block in memory until the next flush. By default HDF5 writes
+    some out early (evictions); a writer killed then leaves metadata that points at blocks not
+    yet written, and the file is corrupt. Now only a kill during the flush itself can do that."""
+    config = file.id.get_mdc_config()
+    config.set_initial_size = True
+    config.initial_size = config.max_size = 64 * 2**20
+    config.min_size = 2**20
+    config.incr_mode = 0  # H5C_incr__off
+    config.flash_incr_mode = 0  # H5C_flash_incr__off
+    config.decr_mode = 0  # H5C_decr__off
+    config.evictions_enabled = False
+    file.id.set_mdc_config(config)
 
 
 _SCALAR = None
