@@ -11,7 +11,9 @@ which names the file.
     batch = next(dataset.sample_batches(256, np.random.default_rng(0)))
     batch["obs"], batch["actions"], batch["action_logp"]
 
-The episodes are those ``main_data.hdf5`` links to (numbered 0, 1, ... as Minari numbers them),
+``Episode.id`` is the episode's number in the whole dump, unique across ranks (a group's ``id``
+attribute is its number within its own file). The episodes are those ``main_data.hdf5`` links
+to (numbered 0, 1, ... as Minari numbers them),
 then those in the per-rank files that it does not link yet (a run killed between iterations
 leaves some), in file order. Without ``main_data.hdf5`` the per-rank files alone make the dump.
 """
