@@ -35,9 +35,9 @@ def _open(path: str):
     return open_dataset(path)
 
 
-def check_input(path: str, env_id: str) -> None:
-    """Raise ConfigError (or the reader's own error, exit code 2) unless ``path`` is a dump of
-    ``env_id``. Cheap: opens the dump's metadata on the rank that calls it, reads no episodes."""
+def check_input(path: str, env_id: str) -> int:
+    """The number of episodes in the dump at ``path``; ConfigError (or the reader's own error,
+    exit code 2) unless it is a dump of ``env_id``. Cheap: reads the dump's metadata only."""
     if not path:
         raise ConfigError('offline algorithms need the config key "input": a trajectory dump '
                           'directory, e.g. --config \'{"input": "runs/PPO-run/trajectories"}\'')
@@ -49,6 +49,7 @@ def check_input(path: str, env_id: str) -> None:
                           f'--env is {env_id}. Train on the environment the dump was made on.')
     if dataset.num_episodes == 0:
         raise ConfigError(f'config key "input": {path} holds no episodes')
+    return dataset.num_episodes
 
 
 def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
@@ -130,7 +131,11 @@ def check_config(config, env) -> None:
     if config.num_sgd_steps_per_iteration < 0:
         raise ConfigError(f"config key 'num_sgd_steps_per_iteration' must be >= 0, got "
                           f"{config.num_sgd_steps_per_iteration}")
-    check_input(config.input, env.env_id)
+    num_episodes = check_input(config.input, env.env_id)
+    if num_episodes < config.num_learners:
+        raise ConfigError(f'config key "input": {config.input} holds {num_episodes} episodes, '
+                          f'fewer than the {config.num_learners} learners that each read a '
+                          f'shard of them; use fewer learners (num_learners)')
 
 
 def offline_input(config) -> OfflineInput:

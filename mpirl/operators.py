@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from mpirl.dispatch import WorkerGroup
 from mpirl.env_guard import unwrap_env_failure
-from mpirl.errors import ProcessFailure, RankLost, RemoteError
+from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError
 from mpirl.offline import OfflineInput
 from mpirl.policy import RunningMeanStd
 from mpirl.ulfm import shrink_weights_comm
@@ -140,7 +140,18 @@ def train_on_dataset(learners: WorkerGroup, source: OfflineInput, num_steps: int
     over learners, with ``learner_samples`` the dataset rows trained on by all of them."""
     futures = learners.call_async("train_offline", source, num_steps, train_batch_size,
                                   **train_args)
-    return _learner_stats([f.result() for f in futures])
+    results, failure = [], None
+    for future in futures:
+        try:
+            results.append(future.result())
+        except RemoteError as error:
+            failure = failure or error
+    if failure is not None:
+        # A shard that cannot be loaded is a ConfigError on every learner: report it as one.
+        if failure.cause_type == _CONFIG_ERROR:
+            raise ConfigError(failure.cause_message) from None
+        raise failure
+    return _learner_stats(results)
 
 
 def evaluate_policy(rollouts: WorkerGroup, episodes: int, deterministic: bool = False
@@ -167,6 +178,7 @@ def evaluate_policy(rollouts: WorkerGroup, episodes: int, deterministic: bool = 
 
 
 _PROCESS_FAILURE = f"{ProcessFailure.__module__}.{ProcessFailure.__qualname__}"
+_CONFIG_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}"
 _BROADCAST_RETRIES = 3
 
 

@@ -14,9 +14,9 @@ import gymnasium as gym
 import h5py
 import numpy as np
 
-from mpirl.config import build
 from mpirl.algorithm import load_algorithm
 from mpirl.checkpoint import read_state_file
+from mpirl.config import build
 from mpirl.evaluate import find_checkpoint
 from mpirl.policy import PolicySpec
 
