@@ -2,7 +2,9 @@
 
 Every learner holds the same policy and optimizer. Each receives its share of the sample batches
 straight from rollout ranks, and every SGD step averages the flattened gradients of all learners
-in one allreduce, so after every update all learners hold identical weights.
+in one allreduce, so after every update all learners hold identical weights. Offline algorithms
+(BC, MARWIL) have no sampling: each learner reads its own shard of a trajectory dump instead
+(``train_offline``), with the same allreduce per step.
 
 The allreduce backend: NCCL through ``torch.distributed`` on GPUs, MPI (``Allreduce`` on the
 learner communicator) on CPUs, or Gloo on request. A torch process group is bootstrapped over the
