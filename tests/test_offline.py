@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import json
 
+import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import BIN, run_mpi
+from mpirl.algorithms import bc, marwil
 from offline_fixtures import checkpoint_policy, play_episodes, write_dump
+
+from mpirl.io import open_dataset
+from mpirl.offline import EpisodeShard, OfflineInput, returns_to_go
+from mpirl.policy import PolicySpec
 
 MPIRL = str(BIN / "mpirl")
 ENV = "CartPole-v1"
@@ -46,6 +53,9 @@ def test_learns_from_ppo_dump(dump, tmp_path, algo, n, layout):
                   {"episode_return_mean": target, "training_iteration": 30})
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "run" / "result.json").read_text())
+    print(f"{algo} -n {n} {layout}: dataset return {dataset_return:.1f}, evaluation return "
+          f"{result['episode_return_mean']:.1f} after {result['iteration']} iterations, "
+          f"{result['time_total_s']:.1f} s")
     assert result["episode_return_mean"] >= target, (result, dataset_return)
     # timesteps_total counts dataset rows trained on: 512 rows x 100 steps per iteration.
     assert result["timesteps_total"] == 512 * 100 * result["iteration"]
@@ -55,10 +65,6 @@ def test_learns_from_ppo_dump(dump, tmp_path, algo, n, layout):
 @pytest.fixture(scope="module")
 def small_dump(tmp_path_factory):
     """Ten episodes of an untrained policy: data for the error and resume tests."""
-    import gymnasium as gym
-
-    from mpirl.policy import PolicySpec
-
     env = gym.make(ENV)
     policy = PolicySpec(env.observation_space, env.action_space).build()
     episodes = play_episodes(policy, ENV, 10, seed=0)
@@ -111,3 +117,34 @@ def test_bad_input_is_a_clear_error(small_dump, tmp_path):
     _expect_usage_error(_train(3, algo, tmp_path / "f", {"input": str(small_dump),
                                                          "max_rows_in_memory": 50}, stop),
                         "max_rows_in_memory=50")
+
+
+def test_shards_split_the_episodes_and_carry_returns_to_go(small_dump):
+    """What each learner holds: disjoint shards that together are the whole dump, each row with
+    its discounted return-to-go."""
+    assert returns_to_go(np.array([1.0, 1.0, 1.0]), 0.5).tolist() == [1.75, 1.5, 1.0]
+    source = OfflineInput(str(small_dump), 0.5, 10_000)
+    shards = [EpisodeShard(source, (i, 2)) for i in range(2)]
+    dataset = open_dataset(small_dump)
+    assert [s.num_episodes for s in shards] == [5, 5]
+    assert sum(len(s) for s in shards) == dataset.total_steps
+    first = next(dataset.iterate_episodes())
+    rows = shards[0].rows
+    steps = len(first.rewards)
+    assert np.array_equal(rows["obs"][:steps], first.observations[:-1])
+    assert np.allclose(rows["returns"][:steps], returns_to_go(first.rewards, 0.5))
+    # CartPole pays 1 per step: the last step's return-to-go is 1, the first's close to 2.
+    assert rows["returns"][steps - 1] == 1.0 and rows["returns"][0] > 1.9
+
+
+def test_marwil_with_beta_zero_is_bc(small_dump):
+    dataset = open_dataset(small_dump)
+    policy = PolicySpec(dataset.observation_space, dataset.action_space).build()
+    shard = EpisodeShard(OfflineInput(str(small_dump), 0.99, 10_000), (0, 1))
+    batch = {k: torch.as_tensor(v) for k, v in shard.sample(64, np.random.default_rng(0)).items()}
+    _, bc_stats = bc.loss(policy, batch, bc.Config())
+    _, marwil_stats = marwil.Loss()(policy, batch, marwil.Config(beta=0.0))
+    assert marwil_stats["weight_mean"] == 1.0
+    assert abs(marwil_stats["policy_loss"] - bc_stats["policy_loss"]) < 1e-6
+    _, weighted = marwil.Loss()(policy, batch, marwil.Config(beta=1.0))
+    assert weighted["weight_mean"] != 1.0
