@@ -159,6 +159,8 @@ def evaluate_policy(rollouts: WorkerGroup, episodes: int, deterministic: bool = 
     """Every rollout worker plays its share of ``episodes`` whole episodes with the weights it
     holds; the driver gets their returns, lengths and env steps. No batch is made: evaluation
     episodes are never trained on. A worker lost meanwhile (survived, under ULFM) is left out."""
+    if not len(rollouts):  # every rollout rank lost (survived, under ULFM): nothing to play
+        return SampleResult()
     shares = [len(part) for part in np.array_split(np.arange(episodes), len(rollouts))]
     futures = [worker.call_async("evaluate", share, deterministic)
                for worker, share in zip(rollouts, shares, strict=True) if share]
