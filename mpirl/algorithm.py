@@ -36,7 +36,8 @@ from mpirl.runtime import Driver
 from mpirl.trajectories import DumpIndex, DumpSettings
 
 #: Algorithm name on the command line -> module.
-ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c"}
+ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
+              "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil"}
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run).
 STOP_KEYS = ("episode_return_mean", "timesteps_total", "training_iteration", "time_total_s")
@@ -63,11 +64,16 @@ class Algorithm:
                                         module.__name__.rsplit(".", 1)[-1].upper())
         self.policy_spec = PolicySpec(observation_space, action_space,
                                       tuple(config.hidden_sizes), config.activation)
+        # Offline configs have no GAE and no observation filter (BC no discount either): their
+        # rollout workers only evaluate, on observations as the dump holds them.
+        gamma = getattr(config, "gamma", 1.0)
+        gae_lambda = getattr(config, "gae_lambda", 1.0)
+        normalize_observations = getattr(config, "normalize_observations", False)
         try:
             # Each worker resets its envs here: one that always fails ends the run right away.
             self.rollouts = driver.spawn(
                 "rollout", RolloutWorker, env, self.policy_spec, config.num_envs_per_worker,
-                config.seed, config.gamma, config.gae_lambda, config.normalize_observations,
+                config.seed, gamma, gae_lambda, normalize_observations,
                 config.torch_threads, max_env_failures=config.max_env_failures,
                 dump=self.dump_index.target if self.dump_index is not None else None,
                 local_if_empty=True,
@@ -81,11 +87,12 @@ class Algorithm:
         )
         broadcast_weights(self.learners, self.rollouts)
         shape = observation_space.shape
-        self.obs_filter = RunningMeanStd(shape) if config.normalize_observations and shape else None
+        self.obs_filter = RunningMeanStd(shape) if normalize_observations and shape else None
         self.iteration = 0
         self.timesteps_total = 0
         self.episodes_total = 0
         self.num_env_failures = 0
+        self.evaluation_env_steps_total = 0  # offline plans: steps played only to evaluate
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
         self.started = time.monotonic()
@@ -95,8 +102,11 @@ class Algorithm:
 
     @property
     def train_batch_size(self) -> int:
-        """Environment steps per iteration, over all rollout workers."""
+        """Environment steps per iteration, over all rollout workers (offline: dataset rows
+        trained on per iteration, over all learners)."""
         c = self.config
+        if hasattr(c, "num_sgd_steps_per_iteration"):
+            return c.train_batch_size * c.num_sgd_steps_per_iteration
         return len(self.rollouts) * c.num_envs_per_worker * c.rollout_fragment_length
 
     def num_minibatches(self, minibatch_size: int) -> int:
@@ -163,6 +173,7 @@ class Algorithm:
         return {
             "iteration": self.iteration, "timesteps_total": self.timesteps_total,
             "episodes_total": self.episodes_total, "num_env_failures": self.num_env_failures,
+            "evaluation_env_steps_total": self.evaluation_env_steps_total,
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
@@ -175,6 +186,7 @@ class Algorithm:
         self.timesteps_total = state["timesteps_total"]
         self.episodes_total = state["episodes_total"]
         self.num_env_failures = state["num_env_failures"]
+        self.evaluation_env_steps_total = state.get("evaluation_env_steps_total", 0)
         self.returns.clear()
         self.returns.extend(state["returns"])
         self.lengths.clear()

@@ -101,7 +101,7 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                                             files["learner_0.pkl"])["weights"])
     obs_filter = None
     driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
-    if config.normalize_observations and driver["obs_filter"] is not None:
+    if getattr(config, "normalize_observations", False) and driver["obs_filter"] is not None:
         mean, var, count = driver["obs_filter"]
         obs_filter = RunningMeanStd(mean.shape)
         obs_filter.mean, obs_filter.var, obs_filter.count = mean, var, count

@@ -2,7 +2,9 @@
 
 Every learner holds the same policy and optimizer. Each receives its share of the sample batches
 straight from rollout ranks, and every SGD step averages the flattened gradients of all learners
-in one allreduce, so after every update all learners hold identical weights.
+in one allreduce, so after every update all learners hold identical weights. Offline algorithms
+(BC, MARWIL) have no sampling: each learner reads its own shard of a trajectory dump instead
+(``train_offline``), with the same allreduce per step.
 
 The allreduce backend: NCCL through ``torch.distributed`` on GPUs, MPI (``Allreduce`` on the
 learner communicator) on CPUs, or Gloo on request. A torch process group is bootstrapped over the
@@ -23,6 +25,7 @@ from mpi4py import MPI
 from mpirl.checkpoint import capture_rng, restore_rng
 from mpirl.core import RankContext, Worker
 from mpirl.errors import ConfigError
+from mpirl.offline import EpisodeShard, OfflineInput, load_shard, rows_per_learner
 from mpirl.operators import concat_batches, standardize_fields
 from mpirl.policy import PolicySpec
 from mpirl.rollout import BATCH_TAG
@@ -96,8 +99,8 @@ LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[
 class Learner(Worker):
     """One data-parallel learner: receives batches, runs minibatch SGD, shares weights."""
 
-    MESSAGES = ("train", "get_weights", "set_weights", "broadcast_weights", "save_state",
-                "load_state")
+    MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
+                "save_state", "load_state")
 
     def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
                  lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
@@ -117,6 +120,8 @@ class Learner(Worker):
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5)
         self.grad_clip = grad_clip
         self.rng = np.random.default_rng(seed + 7919 * context.role_index)
+        # Offline algorithms only: this learner's shard of a dump, read on the first call.
+        self.offline_shard: EpisodeShard | None = None
 
     def train(self, sources: list[int], batches: list[dict] | None, num_epochs: int,
               num_minibatches: int, lr: float | None = None,
@@ -141,33 +146,63 @@ class Learner(Worker):
         if num_minibatches == 0:
             return {"sgd_steps": 0, "learner_samples": 0}
         standardize_fields(batch, standardize, comm)
-        if lr is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+        self._set_lr(lr)
         tensors = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
         totals: dict[str, float] = {}
         steps = losses = 0
         for _ in range(num_epochs):
             for index in np.array_split(self.rng.permutation(size), num_minibatches):
-                if len(index) == 0:
-                    for p in self.params:
-                        p.grad = torch.zeros_like(p)
-                else:
-                    minibatch = {k: v[torch.as_tensor(index, device=self.device)]
-                                 for k, v in tensors.items()}
-                    loss, stats = self.loss(self.policy, minibatch, self.loss_config)
-                    self.optimizer.zero_grad(set_to_none=False)
-                    loss.backward()
-                    for key, value in stats.items():
-                        totals[key] = totals.get(key, 0.0) + float(value)
-                    losses += 1
-                self._average_gradients()
-                if self.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-                self.optimizer.step()
+                minibatch = None if len(index) == 0 else {
+                    k: v[torch.as_tensor(index, device=self.device)] for k, v in tensors.items()}
+                losses += self._sgd_step(minibatch, totals)
                 steps += 1
         return {k: v / max(losses, 1) for k, v in totals.items()} | {"sgd_steps": steps,
                                                                      "learner_samples": size}
+
+    def train_offline(self, source: OfflineInput, num_steps: int, train_batch_size: int,
+                      lr: float | None = None) -> dict[str, float]:
+        """Run ``num_steps`` SGD steps on rows drawn from this learner's own shard of the dump
+        at ``source.path``; each step takes ``train_batch_size`` rows summed over learners.
+        Only the path crosses ranks: the shard is read here, on the first call."""
+        if self.offline_shard is None:
+            self.offline_shard = load_shard(source, self.context.role_comm)
+        self._set_lr(lr)
+        rows = rows_per_learner(train_batch_size, self.context.role_comm.Get_size())
+        totals: dict[str, float] = {}
+        for _ in range(num_steps):
+            minibatch = {k: torch.as_tensor(v, device=self.device)
+                         for k, v in self.offline_shard.sample(rows, self.rng).items()}
+            self._sgd_step(minibatch, totals)
+        return {k: v / max(num_steps, 1) for k, v in totals.items()} | {
+            "sgd_steps": num_steps, "learner_samples": rows * num_steps}
+
+    def _set_lr(self, lr: float | None) -> None:
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+
+    def _sgd_step(self, minibatch: dict[str, torch.Tensor] | None,
+                  totals: dict[str, float]) -> bool:
+        """One step that every learner takes together: this learner's gradient (zero for no
+        rows) averaged over all learners, clipped and applied. Adds the loss statistics to
+        ``totals``; True if this learner had rows."""
+        if minibatch is None:
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+        else:
+            loss, stats = self.loss(self.policy, minibatch, self.loss_config)
+            self.optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            for p in self.params:
+                if p.grad is None:  # a loss may leave a part unused (BC: the critic)
+                    p.grad = torch.zeros_like(p)
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self._average_gradients()
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+        return minibatch is not None
 
     def _average_gradients(self) -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
@@ -185,16 +220,23 @@ class Learner(Worker):
         self.policy.set_flat_weights(flat)
 
     def get_state(self) -> dict[str, Any]:
-        """Weights, optimizer state (moved to the CPU, so a GPU checkpoint loads anywhere) and
-        the RNGs that choose minibatches."""
+        """Weights, optimizer state (moved to the CPU, so a GPU checkpoint loads anywhere), the
+        RNGs that choose minibatches and the loss's own state if it has one (MARWIL's moving
+        average). An offline shard is not saved: it is read again from the dump, and the
+        minibatch RNG says which rows come next."""
         optimizer = _to_cpu(self.optimizer.state_dict())
-        return {"weights": self.policy.get_flat_weights(), "optimizer": optimizer,
-                "minibatch_rng": self.rng.bit_generator.state, "rng": capture_rng()}
+        state = {"weights": self.policy.get_flat_weights(), "optimizer": optimizer,
+                 "minibatch_rng": self.rng.bit_generator.state, "rng": capture_rng()}
+        if hasattr(self.loss, "get_state"):
+            state["loss"] = self.loss.get_state()
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.policy.set_flat_weights(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.bit_generator.state = state["minibatch_rng"]
+        if "loss" in state:
+            self.loss.set_state(state["loss"])
         restore_rng(state["rng"])
 
     def broadcast_weights(self) -> None:

@@ -25,7 +25,8 @@ from mpi4py import MPI
 
 from mpirl.dispatch import WorkerGroup
 from mpirl.env_guard import unwrap_env_failure
-from mpirl.errors import ProcessFailure, RankLost, RemoteError
+from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError
+from mpirl.offline import OfflineInput
 from mpirl.policy import RunningMeanStd
 from mpirl.ulfm import shrink_weights_comm
 
@@ -123,7 +124,11 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
                            **train_args)
         for i, learner in enumerate(learners)
     ]
-    results = [f.result() for f in futures]
+    return _learner_stats([f.result() for f in futures])
+
+
+def _learner_stats(results: list[dict[str, float]]) -> dict[str, float]:
+    """Loss statistics averaged over learners; ``learner_samples`` summed."""
     # A learner that got no rows (env failures dropped them all, or its sources were lost) has
     # no loss statistics.
     keys = dict.fromkeys(k for r in results for k in r)
@@ -132,7 +137,54 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
     return stats
 
 
+def train_on_dataset(learners: WorkerGroup, source: OfflineInput, num_steps: int,
+                     train_batch_size: int, **train_args: Any) -> dict[str, float]:
+    """Every learner runs ``num_steps`` SGD steps on rows of its own shard of the dump
+    ``source`` (read on the learner's rank; only the path crosses); returns statistics averaged
+    over learners, with ``learner_samples`` the dataset rows trained on by all of them."""
+    futures = learners.call_async("train_offline", source, num_steps, train_batch_size,
+                                  **train_args)
+    results, failure = [], None
+    for future in futures:
+        try:
+            results.append(future.result())
+        except RemoteError as error:
+            failure = failure or error
+    if failure is not None:
+        # A shard that cannot be loaded is a ConfigError on every learner: report it as one.
+        if failure.cause_type == _CONFIG_ERROR:
+            raise ConfigError(failure.cause_message) from None
+        raise failure
+    return _learner_stats(results)
+
+
+def evaluate_policy(rollouts: WorkerGroup, episodes: int, deterministic: bool = False
+                    ) -> SampleResult:
+    """Every rollout worker plays its share of ``episodes`` whole episodes with the weights it
+    holds; the driver gets their returns, lengths and env steps. No batch is made: evaluation
+    episodes are never trained on. A worker lost meanwhile (survived, under ULFM) is left out."""
+    if not len(rollouts):  # every rollout rank lost (survived, under ULFM): nothing to play
+        return SampleResult()
+    shares = [len(part) for part in np.array_split(np.arange(episodes), len(rollouts))]
+    futures = [worker.call_async("evaluate", share, deterministic)
+               for worker, share in zip(rollouts, shares, strict=True) if share]
+    result = SampleResult()
+    for future in futures:
+        try:
+            metrics = future.result()
+        except RankLost:
+            continue
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        result.env_steps += metrics["env_steps"]
+        result.env_failures += metrics["env_failures"]
+        result.episode_returns += metrics["episode_returns"]
+        result.episode_lengths += metrics["episode_lengths"]
+    return result
+
+
 _PROCESS_FAILURE = f"{ProcessFailure.__module__}.{ProcessFailure.__qualname__}"
+_CONFIG_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}"
 _BROADCAST_RETRIES = 3
 
 

@@ -92,8 +92,8 @@ class EnvSpec:
 class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
-    MESSAGES = ("sample", "receive_weights", "set_weights", "get_weights", "save_state",
-                "load_state", "finish_dump")
+    MESSAGES = ("sample", "evaluate", "receive_weights", "set_weights", "get_weights",
+                "save_state", "load_state", "finish_dump")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
@@ -235,6 +235,43 @@ class RolloutWorker(Worker):
         name, written = self.recorder.path.name, self.recorder.close()
         self.recorder = None
         return name, written
+
+    def evaluate(self, episodes: int, deterministic: bool = False) -> dict[str, Any]:
+        """Play ``episodes`` whole episodes with the current weights from freshly reset
+        environments; return their returns and lengths and the env steps played (nothing is
+        trained on). Each sub-env plays a fixed share of the episodes, so that short episodes
+        are not favoured. Episodes that sampling had in progress are abandoned."""
+        num_envs = self.envs.num_envs
+        quota = np.array([len(part) for part in np.array_split(np.arange(episodes), num_envs)])
+        self.obs, infos = self.envs.reset()
+        self._note_failures(infos)
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+        returns, lengths, env_steps = [], [], 0
+        while quota.any():
+            actions, _, _ = self.policy.act(self._normalize(self.obs), deterministic)
+            self.obs, rewards, terminated, truncated, infos = self.envs.step(
+                self.policy.env_actions(actions))
+            env_steps += int((quota > 0).sum())
+            self.episode_return += rewards
+            self.episode_length += 1
+            done = terminated | truncated
+            dropped = np.zeros(num_envs, dtype=bool)
+            if FAILURES in infos:
+                self._note_failures(infos)
+                dropped = infos.get(EPISODE_DROPPED, dropped)
+            for i in np.flatnonzero(done & ~dropped & (quota > 0)):
+                returns.append(float(self.episode_return[i]))
+                lengths.append(int(self.episode_length[i]))
+                quota[i] -= 1
+            self.episode_return[done | dropped] = 0.0
+            self.episode_length[done | dropped] = 0
+        if self.recorder is not None:
+            # The episodes now in progress began during evaluation, unrecorded: never dump them.
+            self.recorder.untrack()
+        failures, self._unreported_failures = self._unreported_failures, 0
+        return {"env_steps": env_steps, "episode_returns": returns, "episode_lengths": lengths,
+                "env_failures": failures}
 
     def _note_failures(self, infos: dict[str, Any]) -> None:
         """Count the failures the guarded envs report in ``infos``; warn on stderr now and then

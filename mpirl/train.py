@@ -95,6 +95,8 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
             raise ConfigError(f"--stop {key!r} must be a number, got {value!r}")
     env = EnvSpec(env_id, env_module)
     env.check()
+    if hasattr(module, "check_config"):  # checks that need the env (an offline input's env id)
+        module.check_config(algo_config, env)
     if run_dir is None:
         # Rank 0's clock names the directory; the other ranks never use it.
         stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,181 @@
+"""BC and MARWIL: learning from a trained PPO's CartPole episodes, sharded over learner ranks;
+a missing or foreign input is a clear error (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from conftest import BIN, mpi_env, run_mpi
+from mpirl.algorithms import bc, marwil
+
+from mpirl.io import open_dataset
+from mpirl.offline import EpisodeShard, OfflineInput, returns_to_go
+from mpirl.policy import PolicySpec
+
+MPIRL = str(BIN / "mpirl")
+ENV = "CartPole-v1"
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory):
+    """Dumps from a trained PPO: train to >= 475, then resume with --dump-trajectories for 25
+    more iterations (stochastic actions, still learning); and the dataset's mean return."""
+    root = tmp_path_factory.mktemp("offline")
+    ppo = root / "ppo"
+    proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", ENV, "--run-dir", str(ppo),
+                   "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}',
+                   timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    trained = json.loads((ppo / "result.json").read_text())["iteration"]
+    proc = run_mpi(3, MPIRL, "train", "--resume", str(ppo), "--dump-trajectories",
+                   str(root / "dump"), "--stop",
+                   json.dumps({"training_iteration": trained + 25}), timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    dataset = open_dataset(root / "dump")
+    assert dataset.num_episodes >= 20 and dataset.env_id == ENV
+    mean_return = float(np.mean([e.rewards.sum() for e in dataset.iterate_episodes()]))
+    return root / "dump", mean_return
+
+
+def _train(n: int, algo: str, run_dir, config: dict, stop: dict, timeout: float = 120):
+    return run_mpi(n, MPIRL, "train", "--algo", algo, "--env", ENV, "--run-dir", str(run_dir),
+                   "--config", json.dumps(config), "--stop", json.dumps(stop), timeout=timeout)
+
+
+@pytest.mark.parametrize(("algo", "n", "layout"), [
+    ("BC", 3, {}),
+    ("BC", 4, {"num_learners": 2}),
+    ("MARWIL", 4, {"num_learners": 2}),
+])
+def test_learns_from_ppo_dump(dump, tmp_path, algo, n, layout):
+    path, dataset_return = dump
+    target = 0.9 * dataset_return
+    proc = _train(n, algo, tmp_path / "run", {"input": str(path), **layout},
+                  {"episode_return_mean": target, "training_iteration": 30})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    print(f"{algo} -n {n} {layout}: dataset return {dataset_return:.1f}, evaluation return "
+          f"{result['episode_return_mean']:.1f} after {result['iteration']} iterations, "
+          f"{result['time_total_s']:.1f} s")
+    assert result["episode_return_mean"] >= target, (result, dataset_return)
+    # timesteps_total counts dataset rows trained on: 512 rows x 100 steps per iteration.
+    assert result["timesteps_total"] == 512 * 100 * result["iteration"]
+    assert result["evaluation_env_steps_total"] >= 10 * result["iteration"]
+
+
+@pytest.fixture(scope="module")
+def small_dump(tmp_path_factory):
+    """The first iteration of an untrained PPO, dumped (about ten short CartPole episodes):
+    data for the error, shard and resume tests."""
+    root = tmp_path_factory.mktemp("small")
+    proc = subprocess.run(
+        [MPIRL, "train", "--algo", "PPO", "--env", ENV, "--run-dir", str(root / "run"),
+         "--dump-trajectories", str(root / "dump"), "--config",
+         '{"num_envs_per_worker": 2, "rollout_fragment_length": 128}',
+         "--stop", '{"training_iteration": 1}'],
+        capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    assert open_dataset(root / "dump").num_episodes >= 4
+    return root / "dump"
+
+
+def test_resume_continues_identically(small_dump, tmp_path):
+    """MARWIL over two learners: a run stopped after iteration 2 and resumed trains iteration 3
+    exactly as an uninterrupted run (weights, optimizer, shard sampling RNG, moving average)."""
+    config = {"input": str(small_dump), "num_learners": 2, "num_sgd_steps_per_iteration": 20,
+              "checkpoint_every": 1}
+    whole = _train(4, "MARWIL", tmp_path / "whole", config, {"training_iteration": 3})
+    assert whole.returncode == 0, whole.stderr
+    part = _train(4, "MARWIL", tmp_path / "part", config, {"training_iteration": 2})
+    assert part.returncode == 0, part.stderr
+    resumed = run_mpi(4, MPIRL, "train", "--resume", str(tmp_path / "part"), "--stop",
+                      '{"training_iteration": 3}', timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    rows = [json.loads((tmp_path / name / "result.json").read_text()) for name in ("whole",
+                                                                                    "part")]
+    for key in ("policy_loss", "vf_loss", "advantage_scale", "timesteps_total"):
+        assert rows[0][key] == rows[1][key], (key, rows)
+
+
+def _expect_usage_error(proc, *phrases):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    for phrase in phrases:
+        assert phrase in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_input_is_a_clear_error(small_dump, tmp_path):
+    """BC and MARWIL share these checks (mpirl.offline.check_config); each case runs on one."""
+    stop = {"training_iteration": 1}
+    for algo in ("BC", "MARWIL"):
+        _expect_usage_error(_train(1, algo, tmp_path / algo, {}, stop), 'config key "input"')
+    algo = "BC"
+    _expect_usage_error(_train(2, algo, tmp_path / "b", {"input": str(tmp_path / "nope")}, stop),
+                        "no such file or directory")
+    (tmp_path / "empty").mkdir()
+    _expect_usage_error(_train(2, algo, tmp_path / "c", {"input": str(tmp_path / "empty")}, stop),
+                        str(tmp_path / "empty"))
+    proc = run_mpi(2, MPIRL, "train", "--algo", algo, "--env", "Acrobot-v1", "--run-dir",
+                   str(tmp_path / "d"), "--config", json.dumps({"input": str(small_dump)}))
+    _expect_usage_error(proc, "holds episodes of CartPole-v1", "--env is Acrobot-v1")
+    episodes = open_dataset(small_dump).num_episodes
+    _expect_usage_error(_train(3, algo, tmp_path / "e", {"input": str(small_dump),
+                                                         "num_learners": episodes + 1}, stop),
+                        f"holds {episodes} episodes, fewer than the {episodes + 1} learners")
+    _expect_usage_error(_train(3, algo, tmp_path / "f", {"input": str(small_dump),
+                                                         "max_rows_in_memory": 50}, stop),
+                        "max_rows_in_memory=50")
+
+
+def test_shards_split_the_episodes_and_carry_returns_to_go(small_dump):
+    """What each learner holds: disjoint shards that together are the whole dump, each row with
+    its discounted return-to-go."""
+    assert returns_to_go(np.array([1.0, 1.0, 1.0]), 0.5).tolist() == [1.75, 1.5, 1.0]
+    source = OfflineInput(str(small_dump), 0.5, 10_000)
+    shards = [EpisodeShard(source, (i, 2)) for i in range(2)]
+    dataset = open_dataset(small_dump)
+    sizes = [s.num_episodes for s in shards]
+    assert sum(sizes) == dataset.num_episodes and abs(sizes[0] - sizes[1]) <= 1
+    assert sum(len(s) for s in shards) == dataset.total_steps
+    first = next(dataset.iterate_episodes())
+    rows = shards[0].rows
+    steps = len(first.rewards)
+    assert np.array_equal(rows["obs"][:steps], first.observations[:-1])
+    assert np.allclose(rows["returns"][:steps], returns_to_go(first.rewards, 0.5))
+    # CartPole pays 1 per step: the last step's return-to-go is 1, the first's close to 2.
+    assert rows["returns"][steps - 1] == 1.0 and rows["returns"][0] > 1.9
+
+
+def test_marwil_with_beta_zero_is_bc(small_dump):
+    dataset = open_dataset(small_dump)
+    policy = PolicySpec(dataset.observation_space, dataset.action_space).build()
+    shard = EpisodeShard(OfflineInput(str(small_dump), 0.99, 10_000), (0, 1))
+    batch = {k: torch.as_tensor(v) for k, v in shard.sample(64, np.random.default_rng(0)).items()}
+    _, bc_stats = bc.loss(policy, batch, bc.Config())
+    _, marwil_stats = marwil.Loss()(policy, batch, marwil.Config(beta=0.0))
+    assert marwil_stats["weight_mean"] == 1.0
+    assert abs(marwil_stats["policy_loss"] - bc_stats["policy_loss"]) < 1e-6
+    _, weighted = marwil.Loss()(policy, batch, marwil.Config(beta=1.0))
+    assert weighted["weight_mean"] != 1.0
+
+
+def test_marwil_improves_on_a_poor_behaviour_policy(small_dump, tmp_path):
+    """On an untrained policy's episodes, advantage weighting favours the actions that led to
+    longer episodes: MARWIL plays clearly better than the data (BC can only imitate it)."""
+    dataset_return = float(np.mean([e.rewards.sum()
+                                     for e in open_dataset(small_dump).iterate_episodes()]))
+    proc = _train(3, "MARWIL", tmp_path / "run", {"input": str(small_dump),
+                                                   "evaluation_episodes": 20},
+                  {"training_iteration": 5})
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "run" / "progress.csv").read_text().splitlines()
+    column = lines[0].split(",").index("episode_return_mean")
+    returns = [float(line.split(",")[column]) for line in lines[1:]]
+    print(f"MARWIL on an untrained policy's data: dataset return {dataset_return:.1f}, "
+          f"evaluations {returns}")
+    assert max(returns) >= 1.5 * dataset_return, (dataset_return, returns)
