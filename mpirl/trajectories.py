@@ -55,6 +55,8 @@ SEND_INTERVAL_S = 0.05
 FILE_FORMAT = ("v108", "v108")
 #: Rows per HDF5 chunk at most (an episode's datasets are one chunk unless longer).
 MAX_CHUNK_ROWS = 4096
+#: The writer reopens its file after this many episodes (see EpisodeFile.write).
+REOPEN_EVERY_EPISODES = 1000
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,7 @@ class EpisodeFile:
         _hold_metadata_until_flush(self.file)
         self.file.attrs.update(attrs)
         self.file.flush()
+        self.episodes_since_open = 0
         self.level = compression_level
         self.min_bytes = compression_min_bytes
         self.dcpl_cache: dict[tuple, Any] = {}
@@ -185,6 +188,15 @@ class EpisodeFile:
             written.append((k, steps))
         # What a kill -9 after this line leaves on disk reads back in full.
         self.file.flush()
+        self.episodes_since_open += len(episodes)
+        if self.episodes_since_open >= REOPEN_EVERY_EPISODES:
+            # With evictions off, every flush walks the whole metadata cache, which grows with
+            # each episode: writing slowed from 2,300 to 550 episodes/s over 20,000 CartPole
+            # episodes. Closing and reopening empties the cache: a steady 2,600/s.
+            self.file.close()
+            self.file = h5py.File(self.path, "r+", libver=FILE_FORMAT)
+            _hold_metadata_until_flush(self.file)
+            self.episodes_since_open = 0
         return written
 
     def _write(self, parent: Any, name: str, data: Any) -> None:
