@@ -181,28 +181,22 @@ class Dataset:
                 if rows < capacity:
                     continue
                 # Emit about half of a full buffer, keep the rest to mix with what comes next.
-                pool = _concat(buffer)
-                order = rng.permutation(rows)
                 emit = (rows // 2) // batch_size * batch_size or batch_size
-                for start in range(0, emit, batch_size):
-                    yield {k: v[order[start:start + batch_size]] for k, v in pool.items()}
+                for batch in _draw(buffer, rows, emit, batch_size, rng):
+                    yield batch
                     made += 1
                     if num_batches is not None and made >= num_batches:
                         return
-                pool = {k: v[order[emit:]] for k, v in pool.items()}
-                buffer, rows = [pool], rows - emit
+                rows -= emit
             # End of a pass: emit whole batches, carry the rest into the next pass.
             if rows >= batch_size:
-                pool = _concat(buffer)
-                order = rng.permutation(rows)
                 emit = rows // batch_size * batch_size
-                for start in range(0, emit, batch_size):
-                    yield {k: v[order[start:start + batch_size]] for k, v in pool.items()}
+                for batch in _draw(buffer, rows, emit, batch_size, rng):
+                    yield batch
                     made += 1
                     if num_batches is not None and made >= num_batches:
                         return
-                pool = {k: v[order[emit:]] for k, v in pool.items()}
-                buffer, rows = [pool], rows - emit
+                rows -= emit
 
     # Files.
 
@@ -437,6 +431,17 @@ def _transitions(episode: Episode) -> dict[str, np.ndarray]:
     return {"obs": obs[:-1], "actions": np.asarray(episode.actions), "rewards": episode.rewards,
             "next_obs": obs[1:], "terminations": episode.terminations,
             "truncations": episode.truncations, "action_logp": np.asarray(logp)}
+
+
+def _draw(buffer: list[dict[str, np.ndarray]], rows: int, emit: int, batch_size: int,
+          rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
+    """Shuffle the ``rows`` transitions of ``buffer``, yield the first ``emit`` of them as
+    batches, and leave the rest in ``buffer`` (replaced in place by one array per key)."""
+    pool = _concat(buffer)
+    order = rng.permutation(rows)
+    buffer[:] = [{k: v[order[emit:]] for k, v in pool.items()}]
+    for start in range(0, emit, batch_size):
+        yield {k: v[order[start:start + batch_size]] for k, v in pool.items()}
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -140,3 +140,22 @@ class LiveRun:
     @property
     def stderr(self) -> str:
         return "".join(self.err)
+
+
+def assert_every_rank_ended(pids, within_s: float = 10.0) -> None:
+    """mpiexec exiting is not enough: under ULFM it can exit while ranks run on, holding the
+    allocation. Every rank's process (an iterable of pids) must be gone."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"ranks still running {within_s} s after the job ended: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

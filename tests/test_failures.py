@@ -12,7 +12,14 @@ import sys
 import time
 
 import pytest
-from conftest import SCENARIOS, mpi_env, mpiexec_command, parse_result, run_scenario
+from conftest import (
+    SCENARIOS,
+    assert_every_rank_ended,
+    mpi_env,
+    mpiexec_command,
+    parse_result,
+    run_scenario,
+)
 
 from mpirl.errors import EXIT_RANK_LOST
 
@@ -43,23 +50,6 @@ def _finish(proc, limit=HANG_LIMIT_S):
         pytest.fail(f"the job hung for {limit} s after the fault:\n{out}\n{err}")
 
 
-def _assert_every_rank_ended(pids, within_s=10.0):
-    """mpiexec exiting is not enough: under ULFM it can exit while ranks run on, holding the
-    allocation. Every rank's process must be gone."""
-    deadline = time.monotonic() + within_s
-    while (alive := [p for p in pids.values() if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive, f"ranks still running {within_s} s after the job ended: {alive}"
-
-
-def _running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _kill_and_time(proc, pid):
     time.sleep(0.5)  # let the run get going
     start = time.monotonic()
@@ -75,7 +65,7 @@ def test_kill_9_of_a_worker_ends_the_job(tmp_path):
     assert elapsed < 30
     assert "rank 2" in err, err  # Open MPI's launcher names the dead rank
     assert "survived" not in out
-    _assert_every_rank_ended(pids)
+    assert_every_rank_ended(pids.values())
 
 
 @pytest.mark.parametrize("scenario", ["busy_until_killed", "computing_until_killed"])
@@ -91,7 +81,7 @@ def test_heartbeat_catches_a_dead_worker_when_mpi_keeps_running(tmp_path, scenar
     assert "mpirl: lost rank 2 (rollout 1)" in err, err
     assert f"(pid {pids[2]})" in err
     assert "survived" not in out
-    _assert_every_rank_ended(pids)
+    assert_every_rank_ended(pids.values())
 
 
 def test_workers_end_when_the_driver_is_killed(tmp_path):
@@ -100,7 +90,7 @@ def test_workers_end_when_the_driver_is_killed(tmp_path):
     assert proc.returncode == EXIT_RANK_LOST, (proc.returncode, err)
     assert elapsed < 30
     assert "mpirl: lost rank 0 (driver 0)" in err, err
-    _assert_every_rank_ended(pids)
+    assert_every_rank_ended(pids.values())
 
 
 def test_worker_leaving_its_serve_loop_ends_the_job():
@@ -132,7 +122,7 @@ def test_a_frozen_worker_is_declared_lost_by_heartbeat_silence(tmp_path):
     # Silence counts from the last heartbeat, which is up to one interval (1 s) before the stop.
     assert 4 - 1 - 0.2 <= elapsed < 30
     assert "mpirl: lost rank 1 (rollout 0)" in err and "no heartbeat for" in err, err
-    _assert_every_rank_ended(pids)
+    assert_every_rank_ended(pids.values())
 
 
 def test_a_lost_rollout_rank_is_survived_under_ulfm(tmp_path):
@@ -150,7 +140,7 @@ def test_a_lost_rollout_rank_is_survived_under_ulfm(tmp_path):
     assert result["lost"] == [[2, 1]] and result["workers"] == [1, 3], result
     assert all(rank == 2 and "rollout rank 2 was lost" in text for rank, text in result["errors"])
     assert result["calls_after"] > 0 and result["answers"] == ["still here"] * 2
-    _assert_every_rank_ended(pids)
+    assert_every_rank_ended(pids.values())
 
 
 def test_losing_the_last_rollout_rank_ends_the_job_under_ulfm(tmp_path):
@@ -159,4 +149,4 @@ def test_losing_the_last_rollout_rank_ends_the_job_under_ulfm(tmp_path):
     assert proc.returncode == EXIT_RANK_LOST, (proc.returncode, err)
     assert "mpirl: lost rank 1 (rollout 0)" in err and "it was the last rollout worker" in err
     assert "survived" not in out
-    _assert_every_rank_ended(pids)
+    assert_every_rank_ended(pids.values())

@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from conftest import mpi_env, mpiexec_command
+from conftest import assert_every_rank_ended, mpi_env, mpiexec_command
 
 LIMIT_S = 90  # the whole run, start-up included; the test fails rather than hangs past it
 STOP = {"episode_return_mean": 450, "timesteps_total": 300_000}
@@ -88,21 +88,6 @@ class LiveRun:
         pytest.fail(with_output)
 
 
-def _assert_every_rank_ended(pids, within_s=10.0):
-    deadline = time.monotonic() + within_s
-    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive, f"ranks still running {within_s} s after the job ended: {alive}"
-
-
-def _running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("n, config", [
     (4, {}),                   # learner in the driver's process, 3 rollout ranks
     (5, {"num_learners": 1}),  # learner rank 4, 3 rollout ranks
@@ -138,6 +123,6 @@ def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config):
     assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
     workers = [int(r["num_rollout_workers"]) for r in rows]
     assert workers[:5] == [3] * 5 and workers[-1] == 2 and workers == sorted(workers, reverse=True)
-    _assert_every_rank_ended([pid for _, pid in table.values()])
+    assert_every_rank_ended([pid for _, pid in table.values()])
     print(f"kill -9 to the driver's loss line: {lost_at - killed_at:.3f} s; "
           f"{len(rows)} iterations, {result['time_total_s']:.1f} s of training")
