@@ -66,7 +66,7 @@ def role_checkpoint_io(hidden: tuple[int, ...], repeats: int) -> int:
             saves, verifies, restores = [], [], []
             for _ in range(repeats):
                 start = time.perf_counter()
-                path = algo.save_checkpoint(store, "PPO")
+                path = algo.save_checkpoint(store)
                 saves.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 manifest = verify(path)

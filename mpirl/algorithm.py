@@ -56,12 +56,14 @@ class Algorithm:
     def __init__(self, driver: Driver, module: ModuleType, config: Any, env: EnvSpec,
                  dump: DumpSettings | None = None) -> None:
         self.driver, self.module, self.config, self.env = driver, module, config, env
+        #: The name on the command line: PPO for mpirl.algorithms.ppo.
+        self.name = module.__name__.rsplit(".", 1)[-1].upper()
         observation_space, action_space = env.spaces()
         # Trajectory dumps: the driver keeps the index; each rollout rank writes its own file.
         self.dump_index: DumpIndex | None = None
         if dump is not None and dump.dump_trajectories is not None:
             self.dump_index = DumpIndex(dump, env.env_id, observation_space, action_space,
-                                        module.__name__.rsplit(".", 1)[-1].upper())
+                                        self.name)
         self.policy_spec = PolicySpec(observation_space, action_space,
                                       tuple(config.hidden_sizes), config.activation)
         # Offline configs have no GAE and no observation filter (BC no discount either): their
@@ -99,6 +101,11 @@ class Algorithm:
         self.time_before_resume = 0.0
         self.last_row: dict[str, Any] | None = None
         self.extra_groups: list = []
+
+    @property
+    def time_total_s(self) -> float:
+        """Seconds of training in this run, the time before each resume included."""
+        return self.time_before_resume + time.monotonic() - self.started
 
     @property
     def train_batch_size(self) -> int:
@@ -144,7 +151,7 @@ class Algorithm:
             "num_env_failures": self.num_env_failures,
             "env_steps_per_s": (self.timesteps_total - steps_before) / max(elapsed, 1e-9),
             "time_this_iter_s": elapsed,
-            "time_total_s": self.time_before_resume + time.monotonic() - self.started,
+            "time_total_s": self.time_total_s,
             # Rollout ranks can be lost and survived (survive_rollout_loss, under ULFM).
             "num_rollout_workers": len(self.rollouts),
             "rollout_ranks_lost": len(self.rollouts.lost),
@@ -177,7 +184,7 @@ class Algorithm:
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
-            "time_total_s": self.time_before_resume + time.monotonic() - self.started,
+            "time_total_s": self.time_total_s,
             "last_row": self.last_row, "rng": capture_rng(),
         }
 
@@ -204,8 +211,7 @@ class Algorithm:
         A plan that adds groups (replay shards, say) appends them here."""
         return [self.learners, self.rollouts, *self.extra_groups]
 
-    def save_checkpoint(self, store: CheckpointStore, algo_name: str,
-                        include_replay: bool = True) -> Path:
+    def save_checkpoint(self, store: CheckpointStore, include_replay: bool = True) -> Path:
         """Write a checkpoint of the whole run: every worker writes its own file, in parallel."""
         tmp = store.begin(self.iteration)
         groups = [g for g in self.stateful_groups if include_replay or g.role != "replay"]
@@ -217,7 +223,7 @@ class Algorithm:
         files = {name: future.result() for name, future in futures}
         files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
         layout = {group.role: len(group) for group in groups}
-        manifest = manifest_header(algo_name, self.env, self.config, self.iteration,
+        manifest = manifest_header(self.name, self.env, self.config, self.iteration,
                                    self.timesteps_total, layout)
         manifest["files"] = files
         return store.commit(tmp, manifest)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import MpirlError
+from mpirl.run_dir import json_default
 
 #: Bumped when the layout of checkpoint files changes incompatibly.
 FORMAT_VERSION = 1
@@ -100,11 +101,15 @@ def restore_rng(state: dict[str, Any]) -> None:
 def write_state_file(path: str | Path, state: Any) -> dict[str, Any]:
     """Pickle ``state`` to ``path`` and fsync it; return its ``{"sha256", "bytes"}`` entry."""
     data = pickle.dumps(state, protocol=5)
+    _write_synced(Path(path), data)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _write_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as file:
         file.write(data)
         file.flush()
         os.fsync(file.fileno())
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
 def read_state_file(path: str | Path, entry: dict[str, Any]) -> Any:
@@ -153,11 +158,8 @@ class CheckpointStore:
     def commit(self, tmp: Path, manifest: dict[str, Any]) -> Path:
         """Write the manifest into ``tmp``, move it into place, point ``latest`` at it, prune."""
         manifest = {"format_version": FORMAT_VERSION, **manifest}
-        text = json.dumps(manifest, indent=2, sort_keys=True, default=_json_default) + "\n"
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
+        text = json.dumps(manifest, indent=2, sort_keys=True, default=json_default) + "\n"
+        _write_synced(tmp / MANIFEST, text.encode("utf-8"))
         _fsync_dir(tmp)
         final = self.root / checkpoint_name(manifest["iteration"])
         if final.exists():  # a resumed run redoing an iteration it had checkpointed before
@@ -165,10 +167,7 @@ class CheckpointStore:
         os.rename(tmp, final)
         _fsync_dir(self.root)
         pointer = self.root / f".{LATEST}.tmp"
-        with open(pointer, "w", encoding="utf-8") as file:
-            file.write(final.name + "\n")
-            file.flush()
-            os.fsync(file.fileno())
+        _write_synced(pointer, f"{final.name}\n".encode())
         os.replace(pointer, self.root / LATEST)
         _fsync_dir(self.root)
         self.prune(keep_name=final.name)
@@ -256,11 +255,3 @@ def manifest_header(algo: str, env: Any, config: Any, iteration: int,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(),
         "python": sys.version.split()[0],
     }
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, tuple | set):
-        return list(value)
-    return str(value)

@@ -20,6 +20,7 @@ leaves some), in file order. Without ``main_data.hdf5`` the per-rank files alone
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -171,9 +172,14 @@ class Dataset:
         if not ids or self._lengths[ids].sum() == 0:
             raise DatasetError(f"{self.root}: shard {shard} holds no transitions")
         capacity = max(buffer_size, 2 * batch_size)
+        yield from itertools.islice(self._shuffled_batches(ids, batch_size, capacity, rng),
+                                    num_batches)
+
+    def _shuffled_batches(self, ids: list[int], batch_size: int, capacity: int,
+                          rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
+        """Endless shuffled batches of the episodes ``ids`` (see ``sample_batches``)."""
         buffer: list[dict[str, np.ndarray]] = []
         rows = 0
-        made = 0
         while True:
             for i in rng.permutation(ids):
                 buffer.append(_transitions(self.episode(int(i))))
@@ -182,20 +188,12 @@ class Dataset:
                     continue
                 # Emit about half of a full buffer, keep the rest to mix with what comes next.
                 emit = (rows // 2) // batch_size * batch_size or batch_size
-                for batch in _draw(buffer, rows, emit, batch_size, rng):
-                    yield batch
-                    made += 1
-                    if num_batches is not None and made >= num_batches:
-                        return
+                yield from _draw(buffer, rows, emit, batch_size, rng)
                 rows -= emit
             # End of a pass: emit whole batches, carry the rest into the next pass.
             if rows >= batch_size:
                 emit = rows // batch_size * batch_size
-                for batch in _draw(buffer, rows, emit, batch_size, rng):
-                    yield batch
-                    made += 1
-                    if num_batches is not None and made >= num_batches:
-                        return
+                yield from _draw(buffer, rows, emit, batch_size, rng)
                 rows -= emit
 
     # Files.

@@ -61,6 +61,7 @@ from pathlib import Path
 
 # errors.py imports nothing else from mpirl; launch must stay clear of mpi4py (see __init__.py).
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, EXIT_RANK_LOST, EXIT_RESUME, EXIT_USAGE
+from mpirl.run_dir import default_run_dir
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP)
 #: The signals a scheduler sends for "checkpoint and stop" (mpirl train ends them with 75).
@@ -117,12 +118,6 @@ def _option(args: Sequence[str], name: str) -> str | None:
         elif word.startswith(name + "="):
             value = word[len(name) + 1:]
     return value
-
-
-def default_run_dir(algo: str, env: str) -> str:
-    """The name ``mpirl train`` gives a run directory when --run-dir is left out."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"runs/{algo.upper()}-{env.replace(':', '_')}-{stamp}"
 
 
 def first_command(command: Sequence[str]) -> tuple[list[str], str | None]:

@@ -15,6 +15,7 @@ import json
 import math
 import numbers
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _json_default(value: Any) -> Any:
+def default_run_dir(algo: str, env: str) -> str:
+    """The run directory ``mpirl train`` uses when --run-dir is left out (``mpirl launch``
+    names it the same way)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"runs/{algo.upper()}-{env.replace(':', '_')}-{stamp}"
+
+
+def json_default(value: Any) -> Any:
     if hasattr(value, "item"):  # NumPy scalars and 0-d arrays
         return value.item()
     if hasattr(value, "tolist"):
@@ -51,7 +59,7 @@ def _strict_json(value: Any) -> Any:
     return value
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as file:
         file.write(text)
@@ -89,8 +97,8 @@ class RunRecorder:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         params_path = self.run_dir / PARAMS_FILE
         if not (resume and params_path.exists()):
-            _write_atomically(params_path, json.dumps(params, indent=2, sort_keys=True,
-                                                      default=_json_default) + "\n")
+            write_atomically(params_path, json.dumps(params, indent=2, sort_keys=True,
+                                                      default=json_default) + "\n")
         progress_path = self.run_dir / PROGRESS_FILE
         self._columns: list[str] | None = None
         if resume and progress_path.exists():
@@ -121,10 +129,10 @@ class RunRecorder:
         self._csv_file.flush()
         os.fsync(self._csv_file.fileno())
 
-        _write_atomically(
+        write_atomically(
             self.run_dir / RESULT_FILE,
             json.dumps({key: _strict_json(value) for key, value in row.items()}, indent=2,
-                       default=_json_default) + "\n",
+                       default=json_default) + "\n",
         )
 
         self._rows += 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from mpirl.errors import EXIT_RESUME, ConfigError
 from mpirl.layout import Layout
 from mpirl.progress import ProgressDisplay
 from mpirl.rollout import EnvSpec
-from mpirl.run_dir import PARAMS_FILE, RunRecorder
+from mpirl.run_dir import PARAMS_FILE, RunRecorder, default_run_dir
 from mpirl.runtime import Driver, RuntimeSettings, run
 from mpirl.trajectories import DumpSettings
 
@@ -99,8 +98,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         module.check_config(algo_config, env)
     if run_dir is None:
         # Rank 0's clock names the directory; the other ranks never use it.
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = f"runs/{algo.upper()}-{env_id.replace(':', '_')}-{stamp}"
+        run_dir = default_run_dir(algo, env_id)
     changes = {}
     if resume is None:
         existing = [name for name in ("progress.csv", "result.json")
@@ -189,8 +187,7 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
             requested = driver.stop_requested()
             if requested or (reason and request.checkpoints.checkpoint_at_end) or (
                     every and algo.iteration % every == 0):
-                checkpoint = algo.save_checkpoint(store, request.algo,
-                                                  request.checkpoints.checkpoint_replay)
+                checkpoint = algo.save_checkpoint(store, request.checkpoints.checkpoint_replay)
             if reason or requested:
                 break
     algo.finish_dumps()

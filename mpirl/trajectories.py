@@ -36,6 +36,7 @@ import h5py
 import numpy as np
 
 from mpirl.errors import ConfigError
+from mpirl.run_dir import write_atomically
 
 #: The driver's index of every episode, and Minari's metadata file.
 MAIN_FILE = "main_data.hdf5"
@@ -657,9 +658,7 @@ class DumpIndex:
         env_spec = _env_spec_json(self.env_id)
         if env_spec is not None:
             metadata["env_spec"] = env_spec
-        tmp = self.directory / (METADATA_FILE + ".tmp")
-        tmp.write_text(json.dumps(metadata), encoding="utf-8")
-        os.replace(tmp, self.directory / METADATA_FILE)
+        write_atomically(self.directory / METADATA_FILE, json.dumps(metadata))
 
 
 def _slug(env_id: str) -> str:
