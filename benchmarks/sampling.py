@@ -21,8 +21,10 @@ median rate. ``efficiency`` is the per-rank rate with 1 rollout rank over the ra
 the driver share them, so ``efficiency_2`` also shows whatever else runs on the machine.
 
 ``dump_efficiency``: the 1-rollout-rank rate with trajectory dumps on (``dump``: every completed
-episode written to HDF5 by the rank's writer process) over the same run without them, measured
-one after the other; ``dump_inline_efficiency`` the same with the worker writing its file itself.
+episode written to HDF5 by the rank's writer process) over the same run without them. The two
+runs alternate ``DUMP_PAIRS`` times (once with ``--quick``) and the median of the pairs' ratios is
+reported, so that a burst of load from elsewhere on a shared machine moves one pair, not the
+figure. ``dump_inline_efficiency`` is one pair with the worker writing its file itself.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ ROLLOUT_FRAGMENT_LENGTH = 128
 HIDDEN_SIZES = (64, 64)
 SEED = 0
 ROLLOUT_RANKS = (1, 2)
+#: Alternating runs without and with trajectory dumps, for dump_efficiency.
+DUMP_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -242,8 +246,12 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
                 for n in ROLLOUT_RANKS}
     # Trajectory dumps, side by side with the same 1-rollout-rank run without them.
-    no_dump = attempt_role(SCRIPT, "mpirl", 2, quick, describe_rate)
-    dump = attempt_role(SCRIPT, "dump", 2, quick, describe_rate)
+    pairs = []
+    for _ in range(1 if quick else DUMP_PAIRS):
+        pairs.append((attempt_role(SCRIPT, "mpirl", 2, quick, describe_rate),
+                      attempt_role(SCRIPT, "dump", 2, quick, describe_rate)))
+    pair_ratios = [ratio(d.get("steps_per_s"), n.get("steps_per_s")) for n, d in pairs]
+    no_dump, dump = pairs[-1]
     dump_inline = attempt_role(SCRIPT, "dump_inline", 2, quick, describe_rate)
 
     mpirl: dict[str, Any] = {"steps_per_s_total": {}, "steps_per_s_per_rank": {}, "runs": by_ranks}
@@ -265,10 +273,12 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
         "efficiency_2": ratio(per_rank.get("2"), raw_rate),
         "local_worker_efficiency": ratio(local.get("steps_per_s"), raw_rate),
         # Sampling rate with trajectory dumps on over the rate without, 1 rollout rank.
-        "dump_efficiency": ratio(dump.get("steps_per_s"), no_dump.get("steps_per_s")),
+        "dump_efficiency": (None if None in pair_ratios else statistics.median(pair_ratios)),
+        "dump_efficiency_pairs": pair_ratios,
         "dump_inline_efficiency": ratio(dump_inline.get("steps_per_s"),
                                         no_dump.get("steps_per_s")),
-        "dump": {"no_dump": no_dump, "writer_process": dump, "inline": dump_inline},
+        "dump": {"no_dump": no_dump, "writer_process": dump, "inline": dump_inline,
+                 "pairs": [{"no_dump": n, "writer_process": d} for n, d in pairs]},
         "raw": raw,
         "local": local,
     }
@@ -279,7 +289,7 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     if json_path is not None:
         print(f"wrote {json_path}")
     # Without the raw rate there is no efficiency to report, so that is a failure too.
-    dump_errors = any("error" in r for r in (no_dump, dump, dump_inline))
+    dump_errors = any("error" in r for r in (*(r for pair in pairs for r in pair), dump_inline))
     return 1 if errors or raw_rate is None or "error" in local or dump_errors else 0
 
 
@@ -307,7 +317,8 @@ def print_summary(report: dict[str, Any]) -> None:
           f"2 ranks {fmt(report['efficiency_2'], 2)}")
     dump = report["dump"]["writer_process"]
     print(f"trajectory dumps (1 rollout rank, rate with / without): writer process "
-          f"{fmt(report['dump_efficiency'], 2)}, in the worker "
+          f"{fmt(report['dump_efficiency'], 2)} (median of pairs "
+          f"{', '.join(fmt(r, 2) for r in report['dump_efficiency_pairs'])}), in the worker "
           f"{fmt(report['dump_inline_efficiency'], 2)}; "
           f"{fmt(dump.get('dump_bytes_per_step'), 1)} bytes per step on disk")
 

@@ -75,6 +75,7 @@ def test_sampling_benchmark_quick_writes_every_key(tmp_path):
     assert 0 < report["efficiency"]
     # Trajectory dumps, side by side with the same run without them.
     assert 0 < report["dump_efficiency"] and 0 < report["dump_inline_efficiency"]
+    assert report["dump_efficiency_pairs"] == [report["dump_efficiency"]]  # one pair if quick
     assert report["dump"]["writer_process"]["dumped_episodes"] > 0
 
 
