@@ -27,8 +27,9 @@ class Config:
     input: str = ""
     """The trajectory dump to learn from (a directory, or its main_data.hdf5). Required."""
     max_rows_in_memory: int = 5_000_000
-    """The most dataset rows one learner holds in memory (its shard is read whole); more is an
-    error: add learners to split the dump finer."""
+    """The most dataset rows one learner holds in memory. A smaller shard is read whole and
+    sampled uniformly; a larger one is streamed from the files through a shuffle buffer of this
+    many rows (a resume then restarts the stream: not bit-identical)."""
 
     # Layout
     num_rollout_workers: int = -1

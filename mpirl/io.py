@@ -130,6 +130,10 @@ class Dataset:
             return [i for i, (f, _) in enumerate(self._refs) if f % count == index]
         return list(range(index, self.num_episodes, count))
 
+    def shard_steps(self, shard: tuple[int, int] = (0, 1)) -> int:
+        """Transitions in ``shard`` (from the index: reads no episode)."""
+        return int(self._lengths[self.shard_ids(shard)].sum())
+
     def iterate_episodes(self, shard: tuple[int, int] = (0, 1)) -> Iterator[Episode]:
         """Episodes of ``shard`` in id order, read one at a time."""
         for i in self.shard_ids(shard):
@@ -161,28 +165,31 @@ class Dataset:
 
     def sample_batches(self, batch_size: int, rng: np.random.Generator,
                        shard: tuple[int, int] = (0, 1), num_batches: int | None = None,
-                       buffer_size: int = 65536) -> Iterator[dict[str, np.ndarray]]:
+                       buffer_size: int = 65536,
+                       gamma: float | None = None) -> Iterator[dict[str, np.ndarray]]:
         """Shuffled batches of ``batch_size`` transitions of ``shard``, endless unless
         ``num_batches``: episodes are read in a random order into a shuffle buffer of about
         ``buffer_size`` transitions (the memory bound), and batches drawn from it at random.
-        ``action_logp`` is NaN for episodes that did not record it."""
+        ``action_logp`` is NaN for episodes that did not record it. With ``gamma``, batches
+        also hold each transition's discounted ``returns_to_go`` within its episode."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         ids = self.shard_ids(shard)
         if not ids or self._lengths[ids].sum() == 0:
             raise DatasetError(f"{self.root}: shard {shard} holds no transitions")
         capacity = max(buffer_size, 2 * batch_size)
-        yield from itertools.islice(self._shuffled_batches(ids, batch_size, capacity, rng),
-                                    num_batches)
+        yield from itertools.islice(
+            self._shuffled_batches(ids, batch_size, capacity, rng, gamma), num_batches)
 
     def _shuffled_batches(self, ids: list[int], batch_size: int, capacity: int,
-                          rng: np.random.Generator) -> Iterator[dict[str, np.ndarray]]:
+                          rng: np.random.Generator,
+                          gamma: float | None) -> Iterator[dict[str, np.ndarray]]:
         """Endless shuffled batches of the episodes ``ids`` (see ``sample_batches``)."""
         buffer: list[dict[str, np.ndarray]] = []
         rows = 0
         while True:
             for i in rng.permutation(ids):
-                buffer.append(_transitions(self.episode(int(i))))
+                buffer.append(_transitions(self.episode(int(i)), gamma))
                 rows += len(buffer[-1]["rewards"])
                 if rows < capacity:
                     continue
@@ -420,15 +427,29 @@ def _rows(value: Any) -> int:
     return len(value)
 
 
-def _transitions(episode: Episode) -> dict[str, np.ndarray]:
+def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """Discounted sum of each step's reward and those after it, within one episode. A truncated
+    episode is not bootstrapped (a dump has no value estimates)."""
+    returns = np.empty(len(rewards), np.float32)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = float(rewards[t]) + gamma * running
+        returns[t] = running
+    return returns
+
+
+def _transitions(episode: Episode, gamma: float | None = None) -> dict[str, np.ndarray]:
     obs = np.asarray(episode.observations)
     steps = len(episode)
     logp = episode.infos.get("action_logp")
     if logp is None:
         logp = np.full(steps, np.nan, dtype=np.float32)
-    return {"obs": obs[:-1], "actions": np.asarray(episode.actions), "rewards": episode.rewards,
+    rows = {"obs": obs[:-1], "actions": np.asarray(episode.actions), "rewards": episode.rewards,
             "next_obs": obs[1:], "terminations": episode.terminations,
             "truncations": episode.truncations, "action_logp": np.asarray(logp)}
+    if gamma is not None:
+        rows["returns_to_go"] = returns_to_go(episode.rewards, gamma)
+    return rows
 
 
 def _draw(buffer: list[dict[str, np.ndarray]], rows: int, emit: int, batch_size: int,
@@ -445,4 +466,4 @@ def _draw(buffer: list[dict[str, np.ndarray]], rows: int, emit: int, batch_size:
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     if len(parts) == 1:
         return parts[0]
-    return {key: np.concatenate([p[key] for p in parts]) for key in BATCH_KEYS}
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}

@@ -1,13 +1,14 @@
 """Offline training: learners train on their own shard of a trajectory dump.
 
 What crosses ranks: the driver sends each learner an ``OfflineInput`` (a path and a few numbers,
-never data); learner i of n opens the dump itself on its first call and keeps shard (i, n) of its
-episodes in memory (``EpisodeShard``). The rollout workers only evaluate the current policy; what
-they play is never trained on.
+never data); learner i of n opens the dump itself on its first call and reads shard (i, n) of its
+episodes (``EpisodeShard``): whole into memory, or streamed when larger than memory allows. The
+rollout workers only evaluate the current policy; what they play is never trained on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ class OfflineInput:
     gamma: float
     """Discount of the returns-to-go stored with every row."""
     max_rows_in_memory: int
-    """The most rows one learner holds; a larger shard is a ConfigError."""
+    """The most rows one learner holds in memory; a larger shard is streamed."""
 
 
 def _open(path: str):
@@ -52,46 +53,50 @@ def check_input(path: str, env_id: str) -> int:
     return dataset.num_episodes
 
 
-def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
-    """Discounted sum of each step's reward and those after it, within one episode. A truncated
-    episode is not bootstrapped (the dump has no value estimates)."""
-    returns = np.empty(len(rewards), np.float32)
-    running = 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = float(rewards[t]) + gamma * running
-        returns[t] = running
-    return returns
-
-
 class EpisodeShard:
-    """One learner's shard of a dump, in memory as rows ``obs``, ``actions``, ``returns``."""
+    """One learner's shard of a dump as rows ``obs``, ``actions``, ``returns`` (discounted
+    returns-to-go). A shard of at most ``max_rows_in_memory`` rows is read whole and sampled
+    uniformly with replacement; a larger one is streamed from the files through a shuffle
+    buffer of that many rows (``Dataset.sample_batches``), a pass at a time."""
 
     def __init__(self, source: OfflineInput, shard: tuple[int, int]) -> None:
-        columns: dict[str, list[np.ndarray]] = {"obs": [], "actions": [], "returns": []}
-        rows = 0
-        self.num_episodes = 0
-        for episode in _open(source.path).iterate_episodes(shard):
-            rows += len(episode.rewards)
-            if rows > source.max_rows_in_memory:
-                raise ConfigError(
-                    f"learner shard {shard[0]} of {shard[1]} of {source.path} holds more than "
-                    f"max_rows_in_memory={source.max_rows_in_memory} rows; raise it, or use more "
-                    f"learners (num_learners) so that each holds a smaller shard")
-            columns["obs"].append(episode.observations[:-1])
-            columns["actions"].append(episode.actions)
-            columns["returns"].append(returns_to_go(episode.rewards, source.gamma))
-            self.num_episodes += 1
-        self.rows = {k: np.concatenate(v) if v else np.zeros(0, np.float32)
-                     for k, v in columns.items()}
-        self.rows["obs"] = self.rows["obs"].astype(np.float32, copy=False)
+        self.source, self.shard = source, shard
+        self.dataset = _open(source.path)
+        self.num_episodes = len(self.dataset.shard_ids(shard))
+        self.num_rows = self.dataset.shard_steps(shard)
+        self.streamed = self.num_rows > source.max_rows_in_memory
+        self._stream: Iterator[dict[str, np.ndarray]] | None = None
+        self._stream_batch = 0
+        self.rows: dict[str, np.ndarray] = {}
+        if not self.streamed:
+            from mpirl.io import returns_to_go
+
+            columns: dict[str, list[np.ndarray]] = {"obs": [], "actions": [], "returns": []}
+            for episode in self.dataset.iterate_episodes(shard):
+                columns["obs"].append(episode.observations[:-1])
+                columns["actions"].append(episode.actions)
+                columns["returns"].append(returns_to_go(episode.rewards, source.gamma))
+            self.rows = {k: np.concatenate(v) if v else np.zeros(0, np.float32)
+                         for k, v in columns.items()}
+            self.rows["obs"] = self.rows["obs"].astype(np.float32, copy=False)
+            self.dataset.close()
 
     def __len__(self) -> int:
-        return len(self.rows["returns"])
+        return self.num_rows
 
     def sample(self, size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """``size`` rows drawn uniformly with replacement."""
-        index = rng.integers(0, len(self), size)
-        return {k: v[index] for k, v in self.rows.items()}
+        """``size`` rows: uniformly with replacement from memory, or the stream's next batch."""
+        if not self.streamed:
+            index = rng.integers(0, len(self), size)
+            return {k: v[index] for k, v in self.rows.items()}
+        if self._stream is None or self._stream_batch != size:
+            self._stream = self.dataset.sample_batches(
+                size, rng, self.shard, buffer_size=self.source.max_rows_in_memory,
+                gamma=self.source.gamma)
+            self._stream_batch = size
+        batch = next(self._stream)
+        return {"obs": batch["obs"].astype(np.float32, copy=False), "actions": batch["actions"],
+                "returns": batch["returns_to_go"]}
 
 
 def load_shard(source: OfflineInput, comm) -> EpisodeShard:

@@ -12,8 +12,8 @@ import torch
 from conftest import BIN, mpi_env, run_mpi
 from mpirl.algorithms import bc, marwil
 
-from mpirl.io import open_dataset
-from mpirl.offline import EpisodeShard, OfflineInput, returns_to_go
+from mpirl.io import open_dataset, returns_to_go
+from mpirl.offline import EpisodeShard, OfflineInput
 from mpirl.policy import PolicySpec
 
 MPIRL = str(BIN / "mpirl")
@@ -48,12 +48,17 @@ def _train(n: int, algo: str, run_dir, config: dict, stop: dict, timeout: float 
 
 @pytest.mark.parametrize(("algo", "n", "layout"), [
     ("BC", 3, {}),
-    ("BC", 4, {"num_learners": 2}),
+    # Each learner's shard (about 50,000 rows) larger than max_rows_in_memory: streamed.
+    ("BC", 4, {"num_learners": 2, "max_rows_in_memory": 8000}),
     ("MARWIL", 4, {"num_learners": 2}),
 ])
 def test_learns_from_ppo_dump(dump, tmp_path, algo, n, layout):
     path, dataset_return = dump
     target = 0.9 * dataset_return
+    if "max_rows_in_memory" in layout:  # the case is meant to stream every learner's shard
+        shards = [(i, layout["num_learners"]) for i in range(layout["num_learners"])]
+        assert min(open_dataset(path).shard_steps(s) for s in shards) > layout[
+            "max_rows_in_memory"]
     proc = _train(n, algo, tmp_path / "run", {"input": str(path), **layout},
                   {"episode_return_mean": target, "training_iteration": 30})
     assert proc.returncode == 0, proc.stderr
@@ -127,9 +132,6 @@ def test_bad_input_is_a_clear_error(small_dump, tmp_path):
     _expect_usage_error(_train(3, algo, tmp_path / "e", {"input": str(small_dump),
                                                          "num_learners": episodes + 1}, stop),
                         f"holds {episodes} episodes, fewer than the {episodes + 1} learners")
-    _expect_usage_error(_train(3, algo, tmp_path / "f", {"input": str(small_dump),
-                                                         "max_rows_in_memory": 50}, stop),
-                        "max_rows_in_memory=50")
 
 
 def test_shards_split_the_episodes_and_carry_returns_to_go(small_dump):
@@ -149,6 +151,26 @@ def test_shards_split_the_episodes_and_carry_returns_to_go(small_dump):
     assert np.allclose(rows["returns"][:steps], returns_to_go(first.rewards, 0.5))
     # CartPole pays 1 per step: the last step's return-to-go is 1, the first's close to 2.
     assert rows["returns"][steps - 1] == 1.0 and rows["returns"][0] > 1.9
+
+
+def test_a_shard_larger_than_memory_is_streamed(small_dump):
+    """Above max_rows_in_memory a shard is read through a shuffle buffer: a pass of batches
+    holds every row of the shard once, with the same returns-to-go as the in-memory shard."""
+    source = OfflineInput(str(small_dump), 0.9, 10_000)
+    whole = EpisodeShard(source, (0, 1))
+    streamed = EpisodeShard(OfflineInput(str(small_dump), 0.9, 100), (0, 1))
+    assert not whole.streamed and streamed.streamed and streamed.rows == {}
+    assert len(streamed) == len(whole) > 200
+    rng = np.random.default_rng(0)
+    batches = [streamed.sample(16, rng) for _ in range(len(whole) // 16)]
+    assert all(len(b["obs"]) == 16 and b["obs"].dtype == np.float32 for b in batches)
+    seen = np.concatenate([np.column_stack([b["obs"], b["returns"]]) for b in batches])
+    held = np.column_stack([whole.rows["obs"], whole.rows["returns"]])
+    # One pass, whole batches only: every row at most once, all but the last partial batch.
+    assert len(np.unique(seen, axis=0)) == len(seen) >= len(held) - 16
+    assert {tuple(r) for r in seen} <= {tuple(r) for r in held}
+    # Shuffled: not in the file's order.
+    assert not np.array_equal(seen[:, :4], held[:len(seen), :4])
 
 
 def test_marwil_with_beta_zero_is_bc(small_dump):
