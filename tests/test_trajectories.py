@@ -195,12 +195,15 @@ def _progress_rows(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(file))
 
 
-def _writers_done(dump: Path) -> bool:
-    """True once no process holds a per-rank file open for writing (HDF5 locks it)."""
-    for path in dump.glob("rollout-*.hdf5"):
+def _writers_done(pids: list[int]) -> bool:
+    """True once every writer process has exited (a writer closes its file between batches, so
+    an openable file does not mean its writer is done)."""
+    for pid in pids:
         try:
-            h5py.File(path, "r").close()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
+            continue  # gone
+        if state != "Z":
             return False
     return True
 
@@ -235,7 +238,7 @@ def test_kill_9_leaves_every_completed_episode_readable(tmp_path, writers_too):
     counted = int(_progress_rows(run_dir)[-1]["episodes_total"])
     # The writer processes see EOF and write what they were sent; wait for them to close.
     deadline = time.monotonic() + 60
-    while not _writers_done(dump):
+    while not _writers_done(writers):
         assert time.monotonic() < deadline, "writer processes still hold their files"
         time.sleep(0.2)
     if writers_too:
