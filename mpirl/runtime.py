@@ -188,9 +188,13 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
     placement = layout.resolve(world.Get_size())
     if stop_signals_enabled:
         stop_signals.install()
-    if placement.local:
-        return _run_local(main, placement, settings)
-    return _run_distributed(main, placement, settings, world)
+    try:
+        if placement.local:
+            return _run_local(main, placement, settings)
+        return _run_distributed(main, placement, settings, world)
+    finally:
+        if stop_signals_enabled:
+            stop_signals.settle()
 
 
 def _run_local(main: Callable[[Driver], int | None], placement: Placement,
