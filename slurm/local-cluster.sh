@@ -26,7 +26,7 @@
 # (libpmix2 has libpmix.so.2), and slurmd must start after it is installed. On an emulated node
 # (a name that is not the host's), Open MPI 5's wheel fails MPI_Init in every task after the
 # second (it reads a cpuset from Slurm's PMIx 4 server and aborts); on the first node any number
-# works. So the first node has the lowest Weight: single-node jobs go there.
+# works. So the default partition (debug) holds the first node only; partition "all" has them all.
 set -euo pipefail
 
 DIR=${MPIRL_SLURM_DIR:-/tmp/mpirl-slurm}
@@ -125,10 +125,13 @@ JobCompLoc=$DIR/log/jobcomp.log
 CONF
     for node in $(node_names); do
         echo "NodeName=$node NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + i))" \
-            "CPUs=$CPUS RealMemory=$memory Weight=$((i == 1 ? 1 : 10)) State=UNKNOWN" >>"$CONF"
+            "CPUs=$CPUS RealMemory=$memory State=UNKNOWN" >>"$CONF"
         i=$((i + 1))
     done
-    echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+    # The default partition holds the first node only (see the note on emulated nodes above);
+    # "all" holds every node, for jobs that need several.
+    echo "PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+    echo "PartitionName=all Nodes=ALL MaxTime=INFINITE State=UP" >>"$CONF"
 }
 
 start() {

@@ -373,24 +373,25 @@ def test_submitted_ppo_job_completes(slurm, tmp_path):
     assert (run_dir / "job.sbatch").read_text().startswith("#!/bin/bash")
 
 
+@pytest.mark.timeout(600)  # about 95 s; each run is shorter when start-up is slow (a busy machine)
 def test_time_limit_signals_checkpoints_requeues_and_completes(slurm, tmp_path):
     """--time 2 with the signal 60 s ahead: slurmctld checks every 30 s and sends it 60-90 s
     before the limit, 30-60 s into each run; 60 s of training needs at least one requeue."""
     run_dir = tmp_path / "run"
     job = slurm.submit(tmp_path, "--nodes", "1", "--ntasks-per-node", "3", "--time", "2",
-                       "--signal-lead", "60", "--max-requeues", "4", "--launcher", "srun-pmix",
+                       "--signal-lead", "60", "--max-requeues", "6", "--launcher", "srun-pmix",
                        "--run-dir", str(run_dir), "--",
                        *TRAIN, "--stop", '{"time_total_s": 60}',
                        "--config", '{"checkpoint_every": 5}')
-    info = slurm.wait(job, tmp_path, timeout=420)
+    info = slurm.wait(job, tmp_path, timeout=540)
     log = job_log(tmp_path, job)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
     restarts = int(info["Restarts"])
-    assert 1 <= restarts <= 4, log
+    assert 1 <= restarts <= 6, log
     assert log.count("requeueing") == restarts, log
     # A signal may also land in the last run, as it finishes: that run still ends with 0.
     assert log.count("got SIGUSR2") in (restarts, restarts + 1), log
-    assert f"restart {restarts} of at most 4" in log
+    assert f"restart {restarts} of at most 6" in log
     assert_resumed_where_it_stopped(log, run_dir)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["time_total_s"] >= 60 and result["iteration"] == iterations(run_dir)[-1]
@@ -452,7 +453,8 @@ def test_learners_run_on_the_learner_node(slurm, tmp_path, het):
     run_dir = tmp_path / "run"
     job = slurm.submit(tmp_path, "--het", het, "--nodes", "1", "--ntasks-per-node", "2",
                        "--learner-nodes", "1", "--learners-per-node", "1", "--time", "10",
-                       "--site", str(site), "--run-dir", str(run_dir), "--",
+                       "--partition", "all", "--site", str(site), "--run-dir", str(run_dir),
+                       "--",
                        *TRAIN, "--stop", '{"training_iteration": 2}')
     info = slurm.wait(job, tmp_path, timeout=150)
     log = job_log(tmp_path, job)
