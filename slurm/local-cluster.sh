@@ -155,7 +155,8 @@ start() {
         alive "$DIR/slurmd-$node.pid" || slurmd -f "$CONF" -N "$node"
     done
     for _ in $(seq 1 120); do
-        states=$(sinfo -h -N -o "%N %T" 2>/dev/null || true)
+        # A node in two partitions is listed twice.
+        states=$(sinfo -h -N -o "%N %T" 2>/dev/null | sort -u || true)
         up=$(echo "$states" | grep -cE " (idle|mixed|allocated)$" || true)
         [ "$up" = "$NODES" ] && break
         if echo "$states" | grep -qE "drain|down"; then

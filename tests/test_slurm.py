@@ -304,16 +304,17 @@ class Cluster:
             self.run("scancel", *self.jobs)
 
 
-def _cluster_env(directory: Path) -> dict[str, str]:
-    return mpi_env({"MPIRL_SLURM_DIR": str(directory), "MPIRL_SLURM_PORT": "6917",
-                    "SLURM_CONF": str(directory / "slurm.conf")})
-
-
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory) -> Cluster:
-    """A two-node Slurm on localhost for the session; skip (fail on CI) if it cannot start."""
-    directory = Path("/tmp/mpirl-slurm-tests")  # short: munge's socket path has a length limit
-    env = _cluster_env(directory)
+def slurm() -> Cluster:
+    """A two-node Slurm on localhost for the session; skip (fail on CI) if it cannot start.
+
+    Its directory and ports are the session's own, so that two test sessions on one machine do
+    not share (and stop) one cluster."""
+    # Short: munge's socket path has a length limit.
+    directory = Path(f"/tmp/mpirl-slurm-{os.getpid()}")
+    port = 20000 + os.getpid() % 2000 * 4  # slurmctld, then one port per slurmd
+    env = mpi_env({"MPIRL_SLURM_DIR": str(directory), "MPIRL_SLURM_PORT": str(port),
+                   "SLURM_CONF": str(directory / "slurm.conf")})
     problem = None
     install = subprocess.run(["bash", str(CLUSTER_SCRIPT), "install"], capture_output=True,
                              text=True, timeout=600, env=env)
@@ -324,6 +325,9 @@ def slurm(tmp_path_factory) -> Cluster:
                                text=True, timeout=120, env=env)
         if start.returncode != 0:
             problem = f"the local Slurm did not start: {start.stderr.strip()}"
+            subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True,
+                           timeout=120, env=env)  # whatever of it did start
+            shutil.rmtree(directory, ignore_errors=True)
     if problem:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{problem} (CI=true: the Slurm tests must run)")
@@ -333,6 +337,7 @@ def slurm(tmp_path_factory) -> Cluster:
     cluster.cancel_all()
     subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True, text=True,
                    timeout=120, env=env)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def job_log(tmp_path: Path, job: str) -> str:
