@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
         "slurm", help="render a Slurm job script for an mpirl command, or submit it",
         description="Print a job script that runs COMMAND under srun (or mpiexec) with "
                     "checkpoint-and-requeue on SIGUSR2 before the time limit; with --submit, "
-                    "sbatch it and print the job id. Run on a login node, without mpiexec.",
+                    "sbatch it and print the job id. Run on a login node, without mpiexec. "
+                    "Options go before --, the mpirl command after it.",
     ))
 
     plot = commands.add_parser("plot", help="plot return curves of one or more run directories")

@@ -378,8 +378,11 @@ def node_name() -> str:
 def pick_device(role: str, node_local_index: int) -> str:
     """The torch device for a rank: a GPU for learners when CUDA is there, else the CPU.
 
-    Learners take GPUs round-robin by their index among the learners on the same node, so a node
-    with 4 GPUs and 4 learner ranks gives each learner its own. Only learners import torch here.
+    Learners take GPUs round-robin by their index among the learners on the same node (a
+    ``COMM_TYPE_SHARED`` split of the learner communicator), so a node with 4 GPUs and 4 learner
+    ranks gives each learner its own. That index, not ``SLURM_LOCALID`` or Open MPI's local rank,
+    which also count the rollout ranks on the node. Where each task sees one GPU
+    (``--gpus-per-task``) every learner gets ``cuda:0``. Only learners import torch here.
     """
     if role != LEARNER or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return "cpu"

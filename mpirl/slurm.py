@@ -466,8 +466,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--job-name", metavar="NAME",
                      help="default: mpirl-RUN_DIR's name")
     job.add_argument("--output", default=DEFAULT_OUTPUT, metavar="PATTERN",
-                     help=f"log file, appended across requeues (default {DEFAULT_OUTPUT}: job "
-                          f"name and id, in the submission directory)")
+                     # argparse %-formats help texts: Slurm's %x and %j must be doubled.
+                     help=f"log file, appended across requeues (default "
+                          f"{DEFAULT_OUTPUT.replace('%', '%%')}: job name and id, in the "
+                          f"submission directory)")
     het = parser.add_argument_group("learners on GPU nodes, rollouts on CPU nodes")
     het.add_argument("--het", choices=HET_MODES,
                      help="steps: a heterogeneous job; nodes: one allocation, roles by node")

@@ -208,6 +208,13 @@ def test_cli_prints_the_script_it_renders(tmp_path):
     assert not (tmp_path / "runs").exists()  # printing creates nothing
 
 
+def test_help_lists_the_options():
+    proc = mpirl_slurm("--help")
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--signal-lead", "--max-requeues", "--het", "--site", "%x-%j.out"):
+        assert option in proc.stdout
+
+
 def test_the_scripts_in_slurm_dir_are_current():
     """slurm/*.sbatch are renderings of EXAMPLES; regenerate them with make slurm-examples."""
     for name, script in example_scripts().items():
