@@ -18,7 +18,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 MPIEXEC := $(BIN)/mpiexec --oversubscribe --bind-to none
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench clean slurm-cluster slurm-examples
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,20 @@ run: install
 	$(MPIEXEC) -n $(NP) $(BIN)/mpirl train --algo PPO --env CartPole-v1 \
 	    --stop '{"episode_return_mean": 475, "timesteps_total": 200000}'
 
-test: install
+# The Slurm tests start a two-node Slurm on localhost (slurm/local-cluster.sh). Install Debian's
+# packages first where apt-get and root allow; elsewhere those tests skip and say why. On CI
+# (CI=true) a failed install fails here, and a Slurm that does not start fails the tests.
+test: install slurm-cluster
 	$(BIN)/python -m pytest
+
+slurm-cluster:
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    slurm/local-cluster.sh install || [ "$(CI)" != true ]; \
+	else echo "not installing Slurm (needs apt-get and root); the Slurm tests will skip"; fi
+
+# slurm/*.sbatch are renderings of mpirl.slurm.EXAMPLES (a test checks they are current).
+slurm-examples: install
+	$(BIN)/python -c "from mpirl.slurm import write_examples; write_examples('slurm')"
 
 lint: install
 	$(BIN)/ruff check .

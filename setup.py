@@ -19,6 +19,8 @@ setup(
     # "import algorithms" never clashes with another package of that name.
     packages=["mpirl", "mpirl.algorithms"],
     package_dir={"mpirl": "mpirl", "mpirl.algorithms": "algorithms"},
+    # The job script template of mpirl slurm.
+    package_data={"mpirl": ["templates/*.sbatch"]},
     install_requires=[
         "mpi4py>=4.0",
         "numpy>=1.26",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpirl import launch
+from mpirl import launch, slurm
 from mpirl.config import build, parse_json_object, split_by_dataclass
-from mpirl.errors import MpirlError
+from mpirl.errors import LaunchError, MpirlError
 from mpirl.layout import Layout
 
 
@@ -85,6 +85,14 @@ def _parser() -> argparse.ArgumentParser:
                     "restarts.",
     ))
 
+    slurm.add_arguments(commands.add_parser(
+        "slurm", help="render a Slurm job script for an mpirl command, or submit it",
+        description="Print a job script that runs COMMAND under srun (or mpiexec) with "
+                    "checkpoint-and-requeue on SIGUSR2 before the time limit; with --submit, "
+                    "sbatch it and print the job id. Run on a login node, without mpiexec. "
+                    "Options go before --, the mpirl command after it.",
+    ))
+
     plot = commands.add_parser("plot", help="plot return curves of one or more run directories")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("-o", "--output", default="curve.png", help="PNG file to write")
@@ -93,9 +101,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     if args.command == "launch":
         return launch.main(args)  # outside MPI: nothing below may be imported for it
+    if args.command == "slurm":
+        return slurm.main(args, argv[argv.index("slurm") + 1:])  # outside MPI too
     if args.command == "inspect":
         return _inspect(args)  # outside MPI too
     try:
@@ -133,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
 
             _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}")
             return 0
+    except LaunchError as error:
+        # Every task may be a rank 0 of its own here (singletons): Slurm's task 0 speaks.
+        if error.speaker:
+            print(f"mpirl: error: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
     except MpirlError as error:
         _print_on_rank0(f"mpirl: error: {error}")
         return error.exit_code

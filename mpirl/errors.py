@@ -35,6 +35,19 @@ class LayoutError(ConfigError):
     """The MPI world size does not fit the requested layout of roles."""
 
 
+class LaunchError(LayoutError):
+    """The MPI world does not match the Slurm step that started this process: a PMI setting that
+    does not fit the MPI library starts every task as a singleton. Raised on every task;
+    ``speaker`` is True on the one task (Slurm's task 0) that reports it."""
+
+    def __init__(self, message: str, speaker: bool = True) -> None:
+        super().__init__(message)
+        self.speaker = speaker
+
+    def __reduce__(self):
+        return (LaunchError, (str(self), self.speaker))
+
+
 class RemoteError(MpirlError, RuntimeError):
     """A method called on a worker raised there. The worker keeps serving.
 

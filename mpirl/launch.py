@@ -104,12 +104,13 @@ def find_train(command: Sequence[str]) -> TrainCall | None:
         args = list(command[subcommand + 1:])
         if ":" in args:  # mpiexec's MPMD separator: what follows belongs to another program
             args = args[:args.index(":")]
-        return TrainCall(subcommand, _option(args, "--run-dir"), _option(args, "--resume"),
-                         _option(args, "--algo"), _option(args, "--env"))
+        return TrainCall(subcommand, option_value(args, "--run-dir"),
+                         option_value(args, "--resume"), option_value(args, "--algo"),
+                         option_value(args, "--env"))
     return None
 
 
-def _option(args: Sequence[str], name: str) -> str | None:
+def option_value(args: Sequence[str], name: str) -> str | None:
     """The value of the last ``NAME VALUE`` or ``NAME=VALUE`` in args (argparse's rule)."""
     value = None
     for index, word in enumerate(args):

@@ -10,10 +10,11 @@ object on rank 0, behind the same handles the distributed mode uses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mpirl.errors import ConfigError, LayoutError
+from mpirl.errors import ConfigError, LaunchError, LayoutError
 
 DRIVER = "driver"
 ROLLOUT = "rollout"
@@ -24,6 +25,44 @@ WORKER_ROLES = (ROLLOUT, REPLAY, LEARNER)
 
 #: ``num_rollout_workers`` value meaning "every rank that the other roles leave".
 AUTO = -1
+
+#: Set to 1 to skip ``check_slurm_step`` (a launcher this check does not know).
+SKIP_WORLD_SIZE_CHECK = "MPIRL_SKIP_WORLD_SIZE_CHECK"
+
+
+def check_slurm_step(world_size: int, environ: Mapping[str, str] = os.environ) -> None:
+    """Raise LaunchError, on every task, when srun started this process as one of N tasks but
+    the MPI world has another size.
+
+    A ``--mpi`` setting that does not fit the MPI library (pmi2 for Open MPI 5's wheel, say) does
+    not fail: every task starts as a world of its own, and N copies of the job would run side by
+    side. The check applies only to tasks that srun started itself (``SLURM_STEP_ID`` and
+    ``SLURM_STEP_NUM_TASKS`` set). A batch script has no step id, so mpiexec inside an
+    allocation is not checked: there ``SLURM_NTASKS`` describes the allocation, not mpiexec's
+    ``-n``; nor is Open MPI's mpiexec run inside a step (it sets ``OMPI_COMM_WORLD_SIZE``).
+    """
+    if environ.get(SKIP_WORLD_SIZE_CHECK, "") not in ("", "0"):
+        return
+    step_tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if "SLURM_STEP_ID" not in environ or not step_tasks.isdigit():
+        return
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return
+    expected = int(step_tasks)
+    if expected == world_size:
+        return
+    task = environ.get("SLURM_PROCID", "0")
+    mpi = environ.get("SLURM_MPI_TYPE")
+    started = f"srun{f' --mpi={mpi}' if mpi else ''} started {expected} tasks"
+    got = ("each one is an MPI world of its own (a singleton)" if world_size == 1
+           else f"MPI's world has {world_size}")
+    raise LaunchError(
+        f"{started}, but {got}: srun's --mpi does not fit this MPI library. Use srun "
+        f"--mpi=pmix for Open MPI 5 or another PMIx-based MPI, --mpi=pmi2 for MPICH (srun "
+        f"--mpi=list shows what this Slurm offers), or mpiexec inside the allocation "
+        f"(mpirl slurm --launcher). Set {SKIP_WORLD_SIZE_CHECK}=1 to start anyway.",
+        speaker=task == "0",
+    )
 
 
 @dataclass(frozen=True)

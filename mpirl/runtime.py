@@ -41,6 +41,7 @@ from mpirl.layout import (
     WORKER_ROLES,
     Layout,
     Placement,
+    check_slurm_step,
     format_table,
 )
 from mpirl.transport import Backoff, Channel, reduce_timer_slack
@@ -174,7 +175,8 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
     """Run ``main`` on rank 0 and serve workers on every other rank; return the job's exit code.
 
     Call it on every rank. Raises ``LayoutError`` on every rank, before any communication, when
-    the world size does not fit ``layout``. If ``main`` raises, the error is printed on rank 0 and
+    the world size does not fit ``layout``, or (``LaunchError``) when srun started more tasks
+    than the MPI world holds. If ``main`` raises, the error is printed on rank 0 and
     every rank returns a non-zero code (the error's ``exit_code`` for an ``MpirlError``).
 
     With ``stop_signals_enabled``, SIGUSR1/SIGUSR2/SIGTERM on any rank no longer end the
@@ -182,17 +184,22 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
     """
     settings = settings or RuntimeSettings()
     world = MPI.COMM_WORLD
+    check_slurm_step(world.Get_size())
     placement = layout.resolve(world.Get_size())
     if stop_signals_enabled:
         stop_signals.install()
-    if placement.local:
-        return _run_local(main, placement, settings)
-    return _run_distributed(main, placement, settings, world)
+    try:
+        if placement.local:
+            return _run_local(main, placement, settings)
+        return _run_distributed(main, placement, settings, world)
+    finally:
+        if stop_signals_enabled:
+            stop_signals.settle()
 
 
 def _run_local(main: Callable[[Driver], int | None], placement: Placement,
                settings: RuntimeSettings) -> int:
-    host = socket.gethostname()
+    host = node_name()
     contexts = {
         role: RankContext(0, role, 0, 1, placement, None, MPI.COMM_SELF, None, host,
                           pick_device(role, 0))
@@ -234,7 +241,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     context = RankContext(
         rank=rank, role=role, role_index=placement.role_index(rank),
         role_size=role_comm.Get_size(), placement=placement, data_channel=data_channel,
-        role_comm=role_comm, weights_comm=weights_comm, host=socket.gethostname(),
+        role_comm=role_comm, weights_comm=weights_comm, host=node_name(),
         device=pick_device(role, node_comm.Get_rank()),
     )
     node_comm.Free()
@@ -360,11 +367,22 @@ def _call_main(main: Callable[[Driver], int | None], driver: Driver,
     return EXIT_OK if code is None else int(code)
 
 
+def node_name() -> str:
+    """This rank's node as the layout table and lost-rank messages name it: Slurm's node name in
+    a task srun started (what squeue and scontrol show), else the host name."""
+    if "SLURM_STEP_ID" in os.environ and os.environ.get("SLURMD_NODENAME"):
+        return os.environ["SLURMD_NODENAME"]
+    return socket.gethostname()
+
+
 def pick_device(role: str, node_local_index: int) -> str:
     """The torch device for a rank: a GPU for learners when CUDA is there, else the CPU.
 
-    Learners take GPUs round-robin by their index among the learners on the same node, so a node
-    with 4 GPUs and 4 learner ranks gives each learner its own. Only learners import torch here.
+    Learners take GPUs round-robin by their index among the learners on the same node (a
+    ``COMM_TYPE_SHARED`` split of the learner communicator), so a node with 4 GPUs and 4 learner
+    ranks gives each learner its own. That index, not ``SLURM_LOCALID`` or Open MPI's local rank,
+    which also count the rollout ranks on the node. Where each task sees one GPU
+    (``--gpus-per-task``) every learner gets ``cuda:0``. Only learners import torch here.
     """
     if role != LEARNER or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return "cpu"

@@ -40,6 +40,17 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         _received = signum
 
 
+def settle() -> None:
+    """Ignore SIGUSR1 and SIGUSR2 from now on: the run's outcome is decided.
+
+    At interpreter exit Python gives back the default action (terminate) to every signal it
+    handled, so a scheduler's warning that lands while a finished run shuts down would turn a
+    finished job into a killed one (exit 140 instead of 0). SIGTERM still ends the process.
+    """
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def received() -> int | None:
     """The first stop signal this process received, or None."""
     return _received

@@ -191,7 +191,7 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
             if reason or requested:
                 break
     algo.finish_dumps()
-    if requested:
+    if requested and not reason:
         print(f"mpirl: {requested}: wrote {checkpoint} at iteration {algo.iteration} and stopped "
               f"(exit code {EXIT_RESUME}). Continue with: mpirl train --resume {request.run_dir}",
               file=sys.stderr, flush=True)
@@ -200,6 +200,10 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
           f"{row['timesteps_total']} env steps, {row['time_total_s']:.1f} s; "
           f"episode_return_mean {row['episode_return_mean']:.1f}. Results in {request.run_dir}",
           flush=True)
+    if requested:
+        # Finished anyway: nothing is left to resume, so the job ends as done, not as "requeue".
+        print(f"mpirl: {requested} arrived as the run finished; exit code 0", file=sys.stderr,
+              flush=True)
     return 0
 
 

@@ -54,6 +54,14 @@ def run_scenario(n: int, name: str, *args: str, timeout: float = 120,
     return proc, parse_result(proc.stdout)
 
 
+def latest_checkpoint_iteration(run_dir: Path) -> int:
+    """The iteration of the run's newest checkpoint (its ``latest`` pointer); 0 if none."""
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.is_file():
+        return 0
+    return int(latest.read_text().strip().rsplit("_", 1)[1])
+
+
 def parse_result(stdout: str) -> dict | None:
     for line in stdout.splitlines():
         if line.startswith("RESULT "):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import BIN, LiveRun, mpi_env, run_mpi
+from conftest import latest_checkpoint_iteration as _latest_iteration
 
 from mpirl.checkpoint import CheckpointError, CheckpointStore, verify
 from mpirl.errors import EXIT_RESUME, EXIT_USAGE
@@ -38,13 +39,6 @@ def _train(n, *args, timeout=120):
         return subprocess.run([MPIRL, "train", *args], capture_output=True, text=True,
                               timeout=timeout, env=mpi_env())
     return run_mpi(n, MPIRL, "train", *args, timeout=timeout)
-
-
-def _latest_iteration(run_dir: Path) -> int:
-    latest = run_dir / "checkpoints" / "latest"
-    if not latest.is_file():
-        return 0
-    return int(latest.read_text().strip().rsplit("_", 1)[1])
 
 
 def _rows(run_dir: Path):
