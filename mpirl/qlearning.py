@@ -1,0 +1,350 @@
+"""Value-based learning on replay: a Q network, an epsilon-greedy rollout worker, a replay learner.
+
+* ``QNetwork``: an MLP (optionally dueling) from observations to one value per discrete action.
+  Its weights cross ranks as one flat float32 vector, like ``Policy``'s.
+* ``TransitionWorker``: a ``RolloutWorker`` that acts epsilon-greedily and sends its steps
+  (observations, actions, rewards, terminations, truncations with final observations) straight to
+  a replay shard rank, not to a learner. It takes new weights either from the synchronous
+  broadcast or, asynchronously, from the newest weights message learner 0 posted to it.
+* ``QLearner``: a ``Learner`` that receives minibatches from replay shard ranks, takes one
+  (allreduced) SGD step per minibatch against a target network, and sends the TD errors back to
+  the shard each minibatch came from.
+
+An off-policy loss is ``(policy, target, batch, config) -> (loss, td_errors, stats)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from mpirl.core import RankContext
+from mpirl.dispatch import WorkerGroup
+from mpirl.env_guard import EPISODE_DROPPED, FAILURES
+from mpirl.errors import ConfigError
+from mpirl.layout import REPLAY
+from mpirl.learner import Learner
+from mpirl.policy import _ACTIVATIONS, Policy, _mlp
+from mpirl.replay import (
+    INSERT_TAG,
+    PRIORITY_TAG,
+    SAMPLE_TAG,
+    WEIGHTS_TAG,
+    ReplaySettings,
+    ReplayShard,
+)
+from mpirl.rollout import RolloutWorker
+
+
+@dataclass(frozen=True)
+class QSpec:
+    """What every rank needs to build the same Q network."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "relu"
+    dueling: bool = True
+
+    def build(self, device: str = "cpu") -> QNetwork:
+        return QNetwork(self).to(device)
+
+
+def check_discrete(action_space: gym.Space, algo: str) -> None:
+    """ConfigError unless ``action_space`` is Discrete (Q networks need a finite action set)."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"{algo} needs a Discrete action space; this environment's is "
+                          f"{action_space}. Use SAC or PPO for continuous actions.")
+
+
+class QNetwork(nn.Module):
+    """Q values for every action of a Discrete space; dueling splits them into V + A - mean(A)."""
+
+    # The observation encoding and the flat-weights protocol are Policy's.
+    encode = Policy.encode
+    num_weights = Policy.num_weights
+    get_flat_weights = Policy.get_flat_weights
+    set_flat_weights = Policy.set_flat_weights
+
+    def __init__(self, spec: QSpec) -> None:
+        super().__init__()
+        if spec.activation not in _ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {sorted(_ACTIVATIONS)}, "
+                              f"got {spec.activation!r}")
+        check_discrete(spec.action_space, "a Q network")
+        self.spec = spec
+        space = spec.observation_space
+        self.obs_dim = int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) \
+            else int(space.n)
+        self.num_actions = int(spec.action_space.n)
+        hidden = list(spec.hidden_sizes)
+        body = _mlp([self.obs_dim, *hidden], spec.activation, out_gain=np.sqrt(2))
+        self.body = nn.Sequential(*body, _ACTIVATIONS[spec.activation]())
+        width = hidden[-1] if hidden else self.obs_dim
+        self.advantage = nn.Linear(width, self.num_actions)
+        self.value = nn.Linear(width, 1) if spec.dueling else None
+
+    def forward(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        x = self.body(self.encode(obs))
+        advantage = self.advantage(x)
+        if self.value is None:
+            return advantage
+        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = True):
+        """Greedy actions, as ``Policy.act`` returns them: ``(actions, log_probs, values)``."""
+        q = self(obs)
+        values, actions = q.max(-1)
+        return actions.cpu().numpy(), np.zeros(len(actions), np.float32), values.cpu().numpy()
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        return actions
+
+
+class TransitionWorker(RolloutWorker):
+    """An epsilon-greedy rollout worker whose steps go to a replay shard."""
+
+    MESSAGES = (*RolloutWorker.MESSAGES, "sample_transitions")
+
+    def __init__(self, context: RankContext, *args: Any, **kwargs: Any) -> None:
+        super().__init__(context, *args, **kwargs)
+        self.rng = np.random.default_rng(self.seed + 17)
+        # A stream whose envs were reset outside sampling does not continue its last row.
+        self.cut = np.ones(self.envs.num_envs, bool)
+        self.weights_taken = 0
+
+    def _take_posted_weights(self) -> None:
+        """Apply the newest weights learner 0 posted (asynchronous sync); older ones are
+        skipped."""
+        channel = self.context.data_channel
+        newest = None
+        while channel is not None and (item := channel.poll(tag=WEIGHTS_TAG)) is not None:
+            newest = item[0]
+        if newest is not None:
+            self.policy.set_flat_weights(newest)
+            self.weights_taken += 1
+
+    def sample_transitions(self, steps_per_env: int, epsilon: float, dest: int | None
+                           ) -> dict[str, Any]:
+        """Step every environment ``steps_per_env`` times, epsilon-greedily; send the chunk of
+        steps to replay rank ``dest`` (or return it in ``chunk`` when ``dest`` is None).
+        Returns counts and episode metrics like ``sample``."""
+        self._take_posted_weights()
+        num_envs = self.envs.num_envs
+        shape = (steps_per_env, num_envs)
+        obs = np.empty((*shape, *self.obs_shape), self.envs.single_observation_space.dtype)
+        actions = np.empty(shape, np.int64)
+        rewards = np.empty(shape, np.float32)
+        terminated = np.empty(shape, bool)
+        truncated = np.empty(shape, bool)
+        failed = np.zeros(shape, bool)
+        final_obs = np.zeros_like(obs)
+        returns, lengths = [], []
+        for t in range(steps_per_env):
+            greedy, _, _ = self.policy.act(self.obs)
+            explore = self.rng.random(num_envs) < epsilon
+            action = np.where(explore, self.rng.integers(0, self.policy.num_actions, num_envs),
+                              greedy)
+            next_obs, reward, term, trunc, infos = self.envs.step(action)
+            obs[t], actions[t], rewards[t] = self.obs, action, reward
+            terminated[t], truncated[t] = term, trunc
+            for i in np.flatnonzero(trunc):
+                final_obs[t, i] = infos["final_obs"][i]
+            self.episode_return += reward
+            self.episode_length += 1
+            done = term | trunc
+            if FAILURES in infos:
+                self._note_failures(infos)
+                dropped = infos.get(EPISODE_DROPPED, np.zeros(num_envs, bool))
+                failed[t] = dropped
+                done = done & ~dropped
+                self.episode_return[dropped] = 0.0
+                self.episode_length[dropped] = 0
+            for i in np.flatnonzero(done):
+                returns.append(float(self.episode_return[i]))
+                lengths.append(int(self.episode_length[i]))
+            self.episode_return[done] = 0.0
+            self.episode_length[done] = 0
+            if self.recorder is not None:
+                self.recorder.step(self.obs, action, reward, term, trunc,
+                                   np.zeros(num_envs, np.float32), infos,
+                                   infos.get(EPISODE_DROPPED))
+            self.obs = next_obs
+        chunk = {"worker": self.context.role_index, "obs": obs, "actions": actions,
+                 "rewards": rewards, "terminated": terminated, "truncated": truncated,
+                 "final_obs": final_obs, "failed": failed, "cut": self.cut.copy()}
+        self.cut[:] = False
+        failures, self._unreported_failures = self._unreported_failures, 0
+        metrics = {"env_steps": steps_per_env * num_envs, "episode_returns": returns,
+                   "episode_lengths": lengths, "env_failures": failures,
+                   "weights_taken": self.weights_taken}
+        if self.recorder is not None:
+            metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
+        if dest is None:
+            metrics["chunk"] = chunk
+        else:
+            self.context.data_channel.flush()
+            self.context.data_channel.isend(chunk, dest, INSERT_TAG)
+        return metrics
+
+    def evaluate(self, episodes: int, deterministic: bool = True) -> dict[str, Any]:
+        self.cut[:] = True  # evaluation resets the envs
+        return super().evaluate(episodes, deterministic)
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "epsilon_rng": self.rng.bit_generator.state}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.rng.bit_generator.state = state["epsilon_rng"]
+        self.cut[:] = True
+
+
+class QLearner(Learner):
+    """A learner on replay: minibatches from shard ranks, a target network, TD errors back."""
+
+    MESSAGES = (*Learner.MESSAGES, "train_replay")
+
+    def __init__(self, context: RankContext, *args: Any, **kwargs: Any) -> None:
+        super().__init__(context, *args, **kwargs)
+        self.target = copy.deepcopy(self.policy).requires_grad_(False)
+        self.target_update_freq = self.loss_config.target_network_update_freq
+        self.updates = 0
+        self.posted = 0
+
+    def train_replay(self, sources: list[int], messages: list[dict] | None,
+                     priority_dests: dict[int, int | None], post_weights_to: list[int] = (),
+                     post_every: int = 0) -> dict[str, Any]:
+        """Train on the minibatches replay ranks ``sources`` sent (or ``messages`` given in the
+        call): one SGD step each, averaged over learners. The TD errors of shard k's minibatches
+        go back to rank ``priority_dests[k]``, or in the result (``priorities``) where that is
+        None. With ``post_weights_to``, learner 0 sends its weights to those rollout ranks every
+        ``post_every`` updates, without waiting for them to be received."""
+        received = list(messages or [])
+        if sources:
+            received += self.context.data_channel.recv_each(sources, SAMPLE_TAG)
+        totals: dict[str, float] = {}
+        returned, steps = [], 0
+        for message in received:
+            errors = []
+            for batch in message["batches"]:
+                errors.append(self._replay_step(batch, totals))
+                steps += 1
+            update = {"indices": np.concatenate([b["indices"] for b in message["batches"]]),
+                      "generations": np.concatenate([b["generations"]
+                                                     for b in message["batches"]]),
+                      "td": np.concatenate(errors)}
+            dest = priority_dests.get(message["shard"])
+            if dest is None:
+                returned.append((message["shard"], update))
+            else:
+                self.context.data_channel.isend(update, dest, PRIORITY_TAG)
+        if self.context.data_channel is not None:
+            self.context.data_channel.flush()
+        if post_weights_to and post_every and self.updates - self.posted >= post_every:
+            flat = self.policy.get_flat_weights()
+            for rank in post_weights_to:
+                self.context.data_channel.isend(flat, rank, WEIGHTS_TAG)
+            self.posted = self.updates
+        stats = {k: v / max(steps, 1) for k, v in totals.items()}
+        return stats | {"sgd_steps": steps, "priorities": returned,
+                        "num_target_updates": self.updates // self.target_update_freq}
+
+    def _replay_step(self, batch: dict[str, np.ndarray], totals: dict[str, float]
+                     ) -> np.ndarray:
+        tensors = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()
+                   if k not in ("indices", "generations")}
+        loss, td, stats = self.loss(self.policy, self.target, tensors, self.loss_config)
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        self._average_gradients()
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % self.target_update_freq == 0:
+            self.target.load_state_dict(self.policy.state_dict())
+        for key, value in stats.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+        return td.detach().cpu().numpy()
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "target": self.target.get_flat_weights(),
+                "updates": self.updates, "posted": self.posted}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.target.set_flat_weights(state["target"])
+        self.updates, self.posted = state["updates"], state["posted"]
+
+
+# What DQN and Ape-X share: the loss, the replay group, the config checks.
+
+
+def dqn_loss(policy: QNetwork, target: QNetwork, batch: dict[str, torch.Tensor], config: Any):
+    """Huber loss of Q(s, a) against the n-step target ``r + discount * Q_target(s', a')``,
+    weighted by the importance weights of prioritized replay. ``a'`` is the online network's
+    argmax with ``double_q`` (double DQN), else the target network's."""
+    q = policy(batch["obs"]).gather(1, batch["actions"].long().view(-1, 1)).squeeze(1)
+    with torch.no_grad():
+        next_target = target(batch["next_obs"])
+        chooser = policy(batch["next_obs"]) if config.double_q else next_target
+        best = chooser.argmax(-1, keepdim=True)
+        targets = batch["rewards"] + batch["discounts"] * next_target.gather(1, best).squeeze(1)
+    td = q - targets
+    loss = (batch["weights"] * nn.functional.smooth_l1_loss(q, targets, reduction="none")).mean()
+    stats = {"td_loss": loss.item(), "q_mean": q.mean().item(),
+             "td_error_abs": td.abs().mean().item()}
+    return loss, td, stats
+
+
+def q_model_spec(observation_space: gym.Space, action_space: gym.Space, config: Any) -> QSpec:
+    return QSpec(observation_space, action_space, tuple(config.hidden_sizes), config.activation,
+                 config.dueling)
+
+
+def replay_settings(config: Any) -> ReplaySettings:
+    """The replay keys of a DQN-family config."""
+    return ReplaySettings(config.buffer_size, config.prioritized_replay,
+                          config.prioritized_replay_alpha, config.prioritized_replay_beta,
+                          config.prioritized_replay_eps, config.n_step, config.gamma)
+
+
+def check_q_config(config: Any, env: Any, algo: str) -> None:
+    """ConfigError on every rank, before anything starts, for a config or environment that a
+    DQN-family plan cannot run."""
+    replay_settings(config).check(config.train_batch_size, max(config.num_replay_shards, 1))
+    if config.target_network_update_freq < 1:
+        raise ConfigError(f"target_network_update_freq must be >= 1, got "
+                          f"{config.target_network_update_freq}")
+    check_discrete(env.spaces()[1], algo)
+
+
+def spawn_replay(algo: Any) -> WorkerGroup:
+    """The replay shards of ``algo``: one per replay rank, or one in the driver's process when
+    there are none. Rollout worker i feeds shard i mod K, each of its envs a stream of its own.
+    The group joins the checkpoint (``checkpoint_replay``)."""
+    config = algo.config
+    shards = max(1, algo.driver.placement.count(REPLAY))
+    streams = math.ceil(len(algo.rollouts) / shards) * config.num_envs_per_worker
+    observation_space, action_space = algo.env.spaces()
+    replay = algo.driver.spawn(
+        REPLAY, ReplayShard, config.buffer_size // shards, streams, observation_space,
+        action_space, replay_settings(config), shards, config.num_envs_per_worker, config.seed,
+        local_if_empty=True)
+    algo.extra_groups.append(replay)
+    return replay
+
+
+def linear_epsilon(step: int, initial: float, final: float, steps: int) -> float:
+    """Epsilon annealed linearly from ``initial`` to ``final`` over ``steps`` env steps."""
+    fraction = min(1.0, step / max(steps, 1))
+    return initial + fraction * (final - initial)
