@@ -251,7 +251,7 @@ def standardize_fields(batch: dict[str, np.ndarray], fields: tuple[str, ...],
 # hand their data over in the call instead.
 
 
-def _dest(sender, receiver) -> int | None:
+def replay_dest(sender, receiver) -> int | None:
     """Where ``sender`` sends data for ``receiver``: its rank, or None when both are in the
     driver's process (the data then travels in the call's result)."""
     return None if sender.in_process and receiver.in_process else receiver.rank
@@ -269,7 +269,7 @@ def store_to_replay(rollouts: WorkerGroup, replay: WorkerGroup, steps_per_env: i
     for i, worker in enumerate(rollouts):
         shard = i % len(replay)
         futures.append((shard, worker, worker.call_async(
-            "sample_transitions", steps_per_env, epsilons[i], _dest(worker, replay[shard]))))
+            "sample_transitions", steps_per_env, epsilons[i], replay_dest(worker, replay[shard]))))
     for shard, worker, future in futures:
         try:
             metrics = future.result()
@@ -279,7 +279,7 @@ def store_to_replay(rollouts: WorkerGroup, replay: WorkerGroup, steps_per_env: i
             chunks.setdefault(shard, []).append(metrics["chunk"])
         else:
             sources.setdefault(shard, []).append(worker.rank)
-        _add_sample_metrics(result, metrics)
+        add_sample_metrics(result, metrics)
     inserts = [replay[k].call_async("insert", sources.get(k, []), chunks.get(k))
                for k in range(len(replay))]
     for future in inserts:
@@ -287,7 +287,7 @@ def store_to_replay(rollouts: WorkerGroup, replay: WorkerGroup, steps_per_env: i
     return result
 
 
-def _add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
+def add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
     result.env_steps += metrics["env_steps"]
     result.env_failures += metrics["env_failures"]
     result.episode_returns += metrics["episode_returns"]
@@ -309,13 +309,13 @@ def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int
         for shard, count in zip(replay, shares, strict=True):
             if not count:
                 continue
-            dest = _dest(shard, learner)
+            dest = replay_dest(shard, learner)
             sent = shard.call_async("sample", count, rows, dest, beta)
             if dest is None:
                 messages.append(sent.result())
             else:
                 sources.append(shard.rank)
-        dests = {k: _dest(learner, shard) for k, shard in enumerate(replay)}
+        dests = {k: replay_dest(learner, shard) for k, shard in enumerate(replay)}
         trains.append(learner.call_async("train_replay", sources, messages, dests))
     results = [f.result() for f in trains]
     # Each shard applies the TD errors of its minibatches before it samples again.
@@ -323,7 +323,7 @@ def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int
     for result in results:
         for shard, update in result.pop("priorities"):
             updates[shard].append(update)
-    expect = [sum(1 for learner in learners if _dest(learner, shard) is not None) if count
+    expect = [sum(1 for learner in learners if replay_dest(learner, shard) is not None) if count
               else 0 for shard, count in zip(replay, shares, strict=True)]
     for future in [shard.call_async("update_priorities", expect[k], updates[k])
                    for k, shard in enumerate(replay)]:

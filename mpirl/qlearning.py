@@ -26,11 +26,12 @@ import torch
 from torch import nn
 
 from mpirl.core import RankContext
-from mpirl.dispatch import WorkerGroup
-from mpirl.env_guard import EPISODE_DROPPED, FAILURES
-from mpirl.errors import ConfigError
+from mpirl.dispatch import WorkerGroup, wait
+from mpirl.env_guard import EPISODE_DROPPED, FAILURES, unwrap_env_failure
+from mpirl.errors import ConfigError, RemoteError
 from mpirl.layout import REPLAY
 from mpirl.learner import Learner
+from mpirl.operators import SampleResult, add_sample_metrics, replay_dest
 from mpirl.policy import _ACTIVATIONS, Policy, _mlp
 from mpirl.replay import (
     INSERT_TAG,
@@ -348,3 +349,121 @@ def linear_epsilon(step: int, initial: float, final: float, steps: int) -> float
     """Epsilon annealed linearly from ``initial`` to ``final`` over ``steps`` env steps."""
     fraction = min(1.0, step / max(steps, 1))
     return initial + fraction * (final - initial)
+
+
+def apex_epsilons(num_workers: int, epsilon: float, alpha: float) -> list[float]:
+    """Ape-X's fixed per-worker exploration: eps_i = epsilon ** (1 + alpha * i / (N - 1))."""
+    if num_workers == 1:
+        return [epsilon]
+    return [epsilon ** (1 + alpha * i / (num_workers - 1)) for i in range(num_workers)]
+
+
+class AsyncReplayLoop:
+    """Ape-X's asynchronous driver loop: sampling, storing and training overlap.
+
+    Every rollout worker always has one ``sample_transitions`` call in flight, whose steps go to
+    its replay shard; when it returns the driver tells the shard to store them and starts the
+    next. The learners always have up to ``max_trains_in_flight`` ``train_replay`` calls queued,
+    each fed by one shard (round-robin) with ``batches_per_train`` minibatches; the TD errors go
+    back to the shard, which applies them at its next call. Learner 0 posts its weights to every
+    rollout rank every ``weight_sync_every`` SGD steps; a rollout worker takes the newest at the
+    start of its next call. Nobody waits on a collective.
+    """
+
+    def __init__(self, algo: Any, epsilons: list[float], batches_per_train: int = 16,
+                 max_trains_in_flight: int = 2) -> None:
+        self.algo, self.epsilons = algo, epsilons
+        self.config = algo.config
+        self.batches_per_train = batches_per_train
+        self.max_trains_in_flight = max_trains_in_flight
+        self.samples: dict[int, Any] = {}  # rollout index -> future
+        self.trains: list[Any] = []
+        self.inserts: list[Any] = []
+        self.next_shard = 0
+        self.sgd_steps = 0
+        self.weight_ranks = [w.rank for w in algo.rollouts if not w.in_process]
+
+    def _start_sample(self, i: int) -> None:
+        worker = self.algo.rollouts[i]
+        shard = self.algo.replay[i % len(self.algo.replay)]
+        self.samples[i] = worker.call_async("sample_transitions",
+                                            self.config.rollout_fragment_length,
+                                            self.epsilons[i], replay_dest(worker, shard))
+
+    def _start_train(self) -> None:
+        replay, learners = self.algo.replay, self.algo.learners
+        shard = replay[self.next_shard % len(replay)]
+        self.next_shard += 1
+        rows = max(1, self.config.train_batch_size // len(learners))
+        for learner in learners:
+            dest = replay_dest(shard, learner)
+            sent = shard.call_async("sample", self.batches_per_train, rows, dest,
+                                    self.config.prioritized_replay_beta)
+            messages = [sent.result()] if dest is None else None
+            dests = {k: replay_dest(learner, s) for k, s in enumerate(replay)}
+            post = self.weight_ranks if learner.index == 0 else []
+            self.trains.append((shard, learner.call_async(
+                "train_replay", [] if dest is None else [shard.rank], messages, dests, post,
+                self.config.weight_sync_every)))
+        self.sgd_steps += self.batches_per_train
+
+    def step(self, min_env_steps: int) -> dict[str, float]:
+        """Run until ``min_env_steps`` new env steps have been stored; return the statistics of
+        the training calls that finished meanwhile."""
+        algo, config = self.algo, self.config
+        for i in range(len(algo.rollouts)):
+            if i not in self.samples:
+                self._start_sample(i)
+        env_steps, results = 0, []
+        while env_steps < min_env_steps:
+            # Training is paced to at most sgd_steps_per_env_step of the env steps stored.
+            budget = (algo.timesteps_total - config.learning_starts) * \
+                config.sgd_steps_per_env_step
+            while (len(self.trains) < self.max_trains_in_flight
+                   and self.sgd_steps + self.batches_per_train <= budget):
+                self._start_train()
+            pending = list(self.samples.values()) + [f for _, f in self.trains]
+            wait(pending, num_returns=1)
+            for i, future in list(self.samples.items()):
+                if future.done():
+                    env_steps += self._stored(i, future)
+            for entry in [e for e in self.trains if e[1].done()]:
+                self.trains.remove(entry)
+                results.append(self._trained(*entry))
+        self.inserts = [f for f in self.inserts if not f.done()]
+        stats = _mean_stats(results)
+        stats["sgd_steps_total"] = self.sgd_steps
+        return stats
+
+    def _stored(self, i: int, future: Any) -> int:
+        algo = self.algo
+        try:
+            metrics = future.result()
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        worker = algo.rollouts[i]
+        shard = algo.replay[i % len(algo.replay)]
+        chunk = metrics.get("chunk")
+        self.inserts.append(shard.call_async("insert", [] if chunk else [worker.rank],
+                                             [chunk] if chunk else None))
+        sample = SampleResult()
+        add_sample_metrics(sample, metrics)
+        algo.count(sample)
+        self._start_sample(i)
+        return metrics["env_steps"]
+
+    def _trained(self, shard: Any, future: Any) -> dict[str, float]:
+        result = future.result()
+        updates = [update for _, update in result.pop("priorities")]
+        if updates:
+            shard.call_async("update_priorities", 0, updates).result()
+        if not self.weight_ranks and len(self.algo.rollouts):  # world size 1: no data channel
+            weights = self.algo.learners[0].call("get_weights")
+            for worker in self.algo.rollouts:
+                worker.call("set_weights", weights)
+        return result
+
+
+def _mean_stats(results: list[dict[str, Any]]) -> dict[str, float]:
+    keys = dict.fromkeys(k for r in results for k in r if isinstance(r[k], int | float))
+    return {k: float(np.mean([r[k] for r in results if k in r])) for k in keys}
