@@ -74,15 +74,18 @@ class Config:
     # Optimization
     gamma: float = 0.99
     """Discount factor."""
-    lr: float = 2.3e-3
+    lr: float = 1e-3
     """Adam learning rate."""
     train_batch_size: int = 64
     """Rows per SGD step, summed over learners."""
     sgd_steps_per_env_step: float = 0.5
     """Upper bound on SGD steps per stored env step (the learner never runs ahead of it)."""
+    throttle_sampling: bool = True
+    """Pause sampling while it runs more than two rounds ahead of the learner's
+    sgd_steps_per_env_step (off: rollout ranks sample flat out, as in the Ape-X paper)."""
     batches_per_train: int = 16
     """Minibatches a shard sends the learner per training call."""
-    target_network_update_freq: int = 256
+    target_network_update_freq: int = 128
     """SGD steps between copies of the online network into the target network."""
     weight_sync_every: int = 16
     """SGD steps between weight posts from learner 0 to the rollout ranks."""
@@ -94,7 +97,7 @@ class Config:
     """Global gradient-norm clip; 0 turns it off."""
 
     # Model and compute
-    hidden_sizes: tuple[int, ...] = (128, 128)
+    hidden_sizes: tuple[int, ...] = (256, 256)
     """Hidden layer widths of the Q network."""
     activation: str = "relu"
     """tanh, relu or elu."""
@@ -106,6 +109,9 @@ class Config:
     # Bookkeeping
     metrics_window: int = 100
     """Episodes averaged into episode_return_mean."""
+    metrics_max_epsilon: float = 0.02
+    """Only the episodes of rollout workers exploring with at most this epsilon go into
+    episode_return_mean (all of them if none does); the others are only counted."""
     seed: int = 0
     """Base seed; rank-specific seeds derive from it."""
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from mpirl.env_guard import check_max_failures
 from mpirl.operators import broadcast_weights, store_to_replay, train_from_replay
 from mpirl.qlearning import (
+    LEARNER_STATS,
     QLearner,
     TransitionWorker,
     check_q_config,
@@ -50,7 +51,7 @@ class Config:
     """Probability of a random action at the start."""
     final_epsilon: float = 0.02
     """Probability of a random action after exploration_steps."""
-    exploration_steps: int = 10_000
+    exploration_steps: int = 8_000
     """Env steps over which epsilon falls linearly from initial_epsilon to final_epsilon."""
     max_env_failures: int = 10
     """Failures in a row of one environment that end the run; fewer are recovered."""
@@ -80,7 +81,7 @@ class Config:
     """Rows per SGD step, summed over learners."""
     sgd_steps_per_env_step: float = 0.5
     """SGD steps per new env step (0.5: 128 steps after each 256 env steps)."""
-    target_network_update_freq: int = 256
+    target_network_update_freq: int = 128
     """SGD steps between copies of the online network into the target network."""
     double_q: bool = True
     """Choose the bootstrap action with the online network (double DQN)."""
@@ -90,7 +91,7 @@ class Config:
     """Global gradient-norm clip; 0 turns it off."""
 
     # Model and compute
-    hidden_sizes: tuple[int, ...] = (128, 128)
+    hidden_sizes: tuple[int, ...] = (256, 256)
     """Hidden layer widths of the Q network."""
     activation: str = "relu"
     """tanh, relu or elu."""
@@ -126,7 +127,7 @@ def training_step(algo) -> dict[str, float]:
     samples = store_to_replay(algo.rollouts, algo.replay, config.rollout_fragment_length,
                               [epsilon] * len(algo.rollouts))
     algo.count(samples)
-    stats = {"epsilon": epsilon}
+    stats = {"epsilon": epsilon, **LEARNER_STATS}
     if algo.timesteps_total >= config.learning_starts:
         algo.sgd_step_debt += samples.env_steps * config.sgd_steps_per_env_step
         steps, algo.sgd_step_debt = divmod(algo.sgd_step_debt, 1.0)

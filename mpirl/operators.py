@@ -302,7 +302,12 @@ def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int
     (``batch_size`` rows per step summed over learners, the steps split evenly over shards);
     the TD errors go back to the shards as priorities. Returns averaged learner statistics."""
     rows = max(1, batch_size // len(learners))
-    shares = [len(part) for part in np.array_split(np.arange(num_steps), len(replay))]
+    # Steps split over the shards in proportion to what they hold (a shard may have no feeder).
+    sizes = np.array([f.result() for f in replay.call_async("size")], np.float64)
+    if not sizes.sum():
+        raise ValueError("train_from_replay: every replay shard is empty")
+    bounds = np.round(np.cumsum(sizes) / sizes.sum() * num_steps).astype(int)
+    shares = np.diff(bounds, prepend=0).tolist()
     trains = []
     for learner in learners:
         sources, messages = [], []

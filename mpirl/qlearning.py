@@ -235,6 +235,8 @@ class QLearner(Learner):
         totals: dict[str, float] = {}
         returned, steps = [], 0
         for message in received:
+            if "error" in message:
+                raise RuntimeError(message["error"])
             errors = []
             for batch in message["batches"]:
                 errors.append(self._replay_step(batch, totals))
@@ -288,6 +290,11 @@ class QLearner(Learner):
 
 
 # What DQN and Ape-X share: the loss, the replay group, the config checks.
+
+#: Every iteration reports these columns (NaN before training starts): progress.csv takes its
+#: header from the first row.
+LEARNER_STATS = dict.fromkeys(("td_loss", "q_mean", "td_error_abs", "sgd_steps",
+                               "learner_samples"), float("nan"))
 
 
 def dqn_loss(policy: QNetwork, target: QNetwork, batch: dict[str, torch.Tensor], config: Any):
@@ -380,6 +387,7 @@ class AsyncReplayLoop:
         self.trains: list[Any] = []
         self.inserts: list[Any] = []
         self.next_shard = 0
+        self.stored = [0] * len(algo.replay)  # env steps sent to each shard
         self.sgd_steps = 0
         self.weight_ranks = [w.rank for w in algo.rollouts if not w.in_process]
 
@@ -390,10 +398,8 @@ class AsyncReplayLoop:
                                             self.config.rollout_fragment_length,
                                             self.epsilons[i], replay_dest(worker, shard))
 
-    def _start_train(self) -> None:
+    def _start_train(self, shard: Any) -> None:
         replay, learners = self.algo.replay, self.algo.learners
-        shard = replay[self.next_shard % len(replay)]
-        self.next_shard += 1
         rows = max(1, self.config.train_batch_size // len(learners))
         for learner in learners:
             dest = replay_dest(shard, learner)
@@ -411,21 +417,23 @@ class AsyncReplayLoop:
         """Run until ``min_env_steps`` new env steps have been stored; return the statistics of
         the training calls that finished meanwhile."""
         algo, config = self.algo, self.config
-        for i in range(len(algo.rollouts)):
-            if i not in self.samples:
-                self._start_sample(i)
         env_steps, results = 0, []
         while env_steps < min_env_steps:
+            for i in range(len(algo.rollouts)):
+                if i not in self.samples and (self._may_sample() or not self.trains):
+                    self._start_sample(i)
             # Training is paced to at most sgd_steps_per_env_step of the env steps stored.
             budget = (algo.timesteps_total - config.learning_starts) * \
                 config.sgd_steps_per_env_step
             while (len(self.trains) < self.max_trains_in_flight
-                   and self.sgd_steps + self.batches_per_train <= budget):
-                self._start_train()
+                   and self.sgd_steps + self.batches_per_train <= budget
+                   and (shard := self._next_shard()) is not None):
+                self._start_train(shard)
             pending = list(self.samples.values()) + [f for _, f in self.trains]
             wait(pending, num_returns=1)
             for i, future in list(self.samples.items()):
                 if future.done():
+                    del self.samples[i]
                     env_steps += self._stored(i, future)
             for entry in [e for e in self.trains if e[1].done()]:
                 self.trains.remove(entry)
@@ -434,6 +442,27 @@ class AsyncReplayLoop:
         stats = _mean_stats(results)
         stats["sgd_steps_total"] = self.sgd_steps
         return stats
+
+    def _may_sample(self) -> bool:
+        """With ``throttle_sampling``, sampling waits while it is more than one round of calls
+        ahead of what the learner has trained on (at ``sgd_steps_per_env_step``)."""
+        config, algo = self.config, self.algo
+        if not config.throttle_sampling:
+            return True
+        rounds = len(algo.rollouts) * config.num_envs_per_worker * config.rollout_fragment_length
+        covered = config.learning_starts + self.sgd_steps / config.sgd_steps_per_env_step
+        return algo.timesteps_total < covered + 2 * rounds
+
+    def _next_shard(self) -> Any:
+        """The next shard, round-robin, among those holding a few minibatches' worth of rows
+        (a shard that no rollout worker feeds is never asked)."""
+        replay = self.algo.replay
+        for _ in range(len(replay)):
+            k = self.next_shard % len(replay)
+            self.next_shard += 1
+            if self.stored[k] >= 4 * self.config.train_batch_size:
+                return replay[k]
+        return None
 
     def _stored(self, i: int, future: Any) -> int:
         algo = self.algo
@@ -446,10 +475,15 @@ class AsyncReplayLoop:
         chunk = metrics.get("chunk")
         self.inserts.append(shard.call_async("insert", [] if chunk else [worker.rank],
                                              [chunk] if chunk else None))
+        self.stored[i % len(algo.replay)] += metrics["env_steps"]
         sample = SampleResult()
         add_sample_metrics(sample, metrics)
+        if self.epsilons[i] > self.config.metrics_max_epsilon and \
+                min(self.epsilons) <= self.config.metrics_max_epsilon:
+            # An explorer's episodes say little about the policy: counted, not averaged.
+            algo.episodes_total += len(sample.episode_returns)
+            sample.episode_returns, sample.episode_lengths = [], []
         algo.count(sample)
-        self._start_sample(i)
         return metrics["env_steps"]
 
     def _trained(self, shard: Any, future: Any) -> dict[str, float]:

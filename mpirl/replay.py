@@ -420,8 +420,13 @@ class ReplayShard(Worker):
         """Draw ``num_batches`` minibatches and send them to learner rank ``dest`` (or return
         them when ``dest`` is None). Nothing is sent while the buffer is empty."""
         self._drain_priorities()
-        message = {"batches": [self.buffer.sample(batch_size, beta) for _ in range(num_batches)],
-                   "shard": self.context.role_index}
+        message = {"batches": [], "shard": self.context.role_index}
+        try:
+            message["batches"] = [self.buffer.sample(batch_size, beta)
+                                  for _ in range(num_batches)]
+        except ValueError as error:
+            # The learner waits for this message: it must come, and say why it is empty.
+            message["error"] = f"replay shard {self.context.role_index}: {error}"
         if dest is None:
             return message
         self.context.data_channel.isend(message, dest, SAMPLE_TAG)

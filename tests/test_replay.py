@@ -1,4 +1,4 @@
-"""The replay buffer: sum-tree sampling, n-step returns at episode ends, memory, uniform sampling."""
+"""The replay buffer: sum-tree sampling, n-step returns at episode ends, memory, uniformity."""
 
 import gymnasium as gym
 import numpy as np
