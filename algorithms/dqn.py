@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpirl.env_guard import check_max_failures
-from mpirl.operators import broadcast_weights, store_to_replay, train_from_replay
 from mpirl.qlearning import (
-    LEARNER_STATS,
+    DQN_STATS,
     QLearner,
     TransitionWorker,
     check_q_config,
     dqn_loss,
     linear_epsilon,
     q_model_spec,
+    sample_and_train,
     spawn_replay,
 )
 
@@ -116,7 +116,6 @@ def check_config(config: Config, env) -> None:
 
 def setup(algo) -> None:
     algo.replay = spawn_replay(algo)
-    algo.sgd_step_debt = 0.0  # fractional SGD steps carried to the next iteration
 
 
 def training_step(algo) -> dict[str, float]:
@@ -124,14 +123,4 @@ def training_step(algo) -> dict[str, float]:
     config = algo.config
     epsilon = linear_epsilon(algo.timesteps_total, config.initial_epsilon, config.final_epsilon,
                              config.exploration_steps)
-    samples = store_to_replay(algo.rollouts, algo.replay, config.rollout_fragment_length,
-                              [epsilon] * len(algo.rollouts))
-    algo.count(samples)
-    stats = {"epsilon": epsilon, **LEARNER_STATS}
-    if algo.timesteps_total >= config.learning_starts:
-        algo.sgd_step_debt += samples.env_steps * config.sgd_steps_per_env_step
-        steps, algo.sgd_step_debt = divmod(algo.sgd_step_debt, 1.0)
-        stats |= train_from_replay(algo.learners, algo.replay, int(steps),
-                                   config.train_batch_size, config.prioritized_replay_beta)
-        broadcast_weights(algo.learners, algo.rollouts)
-    return stats
+    return {"epsilon": epsilon} | sample_and_train(algo, epsilon, DQN_STATS)

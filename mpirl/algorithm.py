@@ -38,7 +38,8 @@ from mpirl.trajectories import DumpIndex, DumpSettings
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
-              "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex"}
+              "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
+              "SAC": "mpirl.algorithms.sac"}
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run).
 STOP_KEYS = ("episode_return_mean", "timesteps_total", "training_iteration", "time_total_s")

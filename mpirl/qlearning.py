@@ -31,7 +31,14 @@ from mpirl.env_guard import EPISODE_DROPPED, FAILURES, unwrap_env_failure
 from mpirl.errors import ConfigError, RemoteError
 from mpirl.layout import REPLAY
 from mpirl.learner import Learner
-from mpirl.operators import SampleResult, add_sample_metrics, replay_dest
+from mpirl.operators import (
+    SampleResult,
+    add_sample_metrics,
+    broadcast_weights,
+    replay_dest,
+    store_to_replay,
+    train_from_replay,
+)
 from mpirl.policy import _ACTIVATIONS, Policy, _mlp
 from mpirl.replay import (
     INSERT_TAG,
@@ -106,6 +113,12 @@ class QNetwork(nn.Module):
         values, actions = q.max(-1)
         return actions.cpu().numpy(), np.zeros(len(actions), np.float32), values.cpu().numpy()
 
+    def explore(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy actions for a batch of observations."""
+        greedy = self.act(obs)[0]
+        random = rng.integers(0, self.num_actions, len(greedy))
+        return np.where(rng.random(len(greedy)) < epsilon, random, greedy)
+
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         return actions
 
@@ -142,7 +155,8 @@ class TransitionWorker(RolloutWorker):
         num_envs = self.envs.num_envs
         shape = (steps_per_env, num_envs)
         obs = np.empty((*shape, *self.obs_shape), self.envs.single_observation_space.dtype)
-        actions = np.empty(shape, np.int64)
+        space = self.envs.single_action_space
+        actions = np.empty((*shape, *space.shape), space.dtype)
         rewards = np.empty(shape, np.float32)
         terminated = np.empty(shape, bool)
         truncated = np.empty(shape, bool)
@@ -150,10 +164,7 @@ class TransitionWorker(RolloutWorker):
         final_obs = np.zeros_like(obs)
         returns, lengths = [], []
         for t in range(steps_per_env):
-            greedy, _, _ = self.policy.act(self.obs)
-            explore = self.rng.random(num_envs) < epsilon
-            action = np.where(explore, self.rng.integers(0, self.policy.num_actions, num_envs),
-                              greedy)
+            action = self.policy.explore(self.obs, epsilon, self.rng)
             next_obs, reward, term, trunc, infos = self.envs.step(action)
             obs[t], actions[t], rewards[t] = self.obs, action, reward
             terminated[t], truncated[t] = term, trunc
@@ -273,7 +284,13 @@ class QLearner(Learner):
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
         self.updates += 1
-        if self.updates % self.target_update_freq == 0:
+        tau = getattr(self.loss_config, "tau", 1.0)
+        if tau < 1.0:  # soft update every step (SAC)
+            with torch.no_grad():
+                for mine, theirs in zip(self.target.parameters(), self.policy.parameters(),
+                                        strict=True):
+                    mine.lerp_(theirs, tau)
+        elif self.updates % self.target_update_freq == 0:
             self.target.load_state_dict(self.policy.state_dict())
         for key, value in stats.items():
             totals[key] = totals.get(key, 0.0) + float(value)
@@ -291,10 +308,9 @@ class QLearner(Learner):
 
 # What DQN and Ape-X share: the loss, the replay group, the config checks.
 
-#: Every iteration reports these columns (NaN before training starts): progress.csv takes its
-#: header from the first row.
-LEARNER_STATS = dict.fromkeys(("td_loss", "q_mean", "td_error_abs", "sgd_steps",
-                               "learner_samples"), float("nan"))
+#: The statistics dqn_loss reports. Every iteration reports them (NaN before training starts),
+#: since progress.csv takes its columns from the first row.
+DQN_STATS = ("td_loss", "q_mean", "td_error_abs")
 
 
 def dqn_loss(policy: QNetwork, target: QNetwork, batch: dict[str, torch.Tensor], config: Any):
@@ -326,14 +342,19 @@ def replay_settings(config: Any) -> ReplaySettings:
                           config.prioritized_replay_eps, config.n_step, config.gamma)
 
 
-def check_q_config(config: Any, env: Any, algo: str) -> None:
+def check_q_config(config: Any, env: Any, algo: str, continuous: bool = False) -> None:
     """ConfigError on every rank, before anything starts, for a config or environment that a
-    DQN-family plan cannot run."""
+    replay plan cannot run: DQN-family plans need Discrete actions, SAC Box actions."""
     replay_settings(config).check(config.train_batch_size, max(config.num_replay_shards, 1))
     if config.target_network_update_freq < 1:
         raise ConfigError(f"target_network_update_freq must be >= 1, got "
                           f"{config.target_network_update_freq}")
-    check_discrete(env.spaces()[1], algo)
+    action_space = env.spaces()[1]
+    if not continuous:
+        check_discrete(action_space, algo)
+    elif not isinstance(action_space, gym.spaces.Box):
+        raise ConfigError(f"{algo} needs a continuous (Box) action space; this environment's "
+                          f"is {action_space}. Use DQN or PPO for discrete actions.")
 
 
 def spawn_replay(algo: Any) -> WorkerGroup:
@@ -350,6 +371,27 @@ def spawn_replay(algo: Any) -> WorkerGroup:
         local_if_empty=True)
     algo.extra_groups.append(replay)
     return replay
+
+
+def sample_and_train(algo: Any, epsilon: float, stat_keys: tuple[str, ...]
+                     ) -> dict[str, float]:
+    """One synchronous replay iteration (DQN, SAC): every rollout worker samples into replay
+    with ``epsilon``; once ``learning_starts`` env steps are stored the learners take
+    ``sgd_steps_per_env_step`` SGD steps per new env step (fractions carry over) and learner 0
+    broadcasts the weights. ``stat_keys``: the loss's statistics, NaN until training starts."""
+    config = algo.config
+    samples = store_to_replay(algo.rollouts, algo.replay, config.rollout_fragment_length,
+                              [epsilon] * len(algo.rollouts))
+    algo.count(samples)
+    stats = dict.fromkeys((*stat_keys, "sgd_steps", "learner_samples"), float("nan"))
+    if algo.timesteps_total >= config.learning_starts:
+        debt = getattr(algo, "sgd_step_debt", 0.0) + \
+            samples.env_steps * config.sgd_steps_per_env_step
+        steps, algo.sgd_step_debt = divmod(debt, 1.0)
+        stats |= train_from_replay(algo.learners, algo.replay, int(steps),
+                                   config.train_batch_size, config.prioritized_replay_beta)
+        broadcast_weights(algo.learners, algo.rollouts)
+    return stats
 
 
 def linear_epsilon(step: int, initial: float, final: float, steps: int) -> float:
