@@ -2,7 +2,7 @@
 
     python benchmarks/learning.py --json /tmp/learning.json [--quick] [--seeds N] [--peers LIST]
     python benchmarks/learning.py --pendulum --json /tmp/pendulum.json [--seeds N]
-    python benchmarks/learning.py --dqn --json /tmp/dqn.json [--seeds N]     (or --apex)
+    python benchmarks/learning.py --dqn --json /tmp/dqn.json [--seeds N]   (or --apex, --sac)
 
 Each run is a whole process, timed by the orchestrator from launch to exit, so interpreter start,
 imports, cluster or MPI start-up and shutdown all count. The runs go one after another, never two
@@ -100,10 +100,11 @@ PENDULUM_CONFIG: dict[str, Any] = {
 # 100k env steps for DQN (rl-zoo's DQN reaches 500 at 50k); Ape-X gets 150k. DQN runs with the
 # buffer in the driver (local replay, 1 rollout rank); Ape-X with 2 rollout ranks, 2 replay shards
 # and 1 learner.
-TARGET_RETURN_REPLAY = 475.0
-REPLAY_PLANS: dict[str, tuple[int, dict[str, Any], int]] = {
-    "DQN": (2, {"metrics_window": WINDOW}, 100_000),
-    "APEX": (6, {"metrics_window": WINDOW, "num_rollout_workers": 2}, 150_000),
+# SAC (``--sac``): a 20-episode mean of -200 on Pendulum-v1 within 20k env steps (rl-zoo: -157).
+REPLAY_PLANS: dict[str, tuple[str, int, dict[str, Any], float, int]] = {
+    "DQN": (ENV_ID, 2, {"metrics_window": WINDOW}, 475.0, 100_000),
+    "APEX": (ENV_ID, 6, {"metrics_window": WINDOW, "num_rollout_workers": 2}, 475.0, 150_000),
+    "SAC": (PENDULUM_ENV_ID, 2, {"metrics_window": WINDOW}, -200.0, 20_000),
 }
 
 
@@ -390,16 +391,16 @@ def orchestrate_pendulum(plan: Plan, quick: bool, json_path: Path | None) -> int
 
 
 def orchestrate_replay(algo: str, plan: Plan, quick: bool, json_path: Path | None) -> int:
-    """mpirl DQN or Ape-X on CartPole-v1, once per seed, to ``TARGET_RETURN_REPLAY`` within
-    its step budget (``REPLAY_PLANS``)."""
+    """mpirl DQN, Ape-X or SAC, once per seed, to its target return within its step budget
+    (``REPLAY_PLANS``)."""
     started = time.perf_counter()
-    ranks, config, max_steps = REPLAY_PLANS[algo]
+    env_id, ranks, config, target, max_steps = REPLAY_PLANS[algo]
     meta = metadata_block(quick, plan)
-    meta.update(target_return=TARGET_RETURN_REPLAY, max_steps=max_steps,
+    meta.update(target_return=target, max_steps=max_steps, env_id=env_id,
                 settings={"mpirl": {"algo": algo, "ranks": ranks, "config": config}})
-    stop = {"episode_return_mean": TARGET_RETURN_REPLAY, "timesteps_total": max_steps}
-    runs = [attempt(f"mpirl {algo} {ENV_ID} seed {seed}", lambda s=seed: run_mpirl(
-        ENV_ID, config, stop, s, TARGET_RETURN_REPLAY, plan.timeout_s, algo, ranks),
+    stop = {"episode_return_mean": target, "timesteps_total": max_steps}
+    runs = [attempt(f"mpirl {algo} {env_id} seed {seed}", lambda s=seed: run_mpirl(
+        env_id, config, stop, s, target, plan.timeout_s, algo, ranks),
         describe_run) for seed in range(plan.seeds)]
     for run in runs:
         run.pop("config", None)
@@ -407,7 +408,7 @@ def orchestrate_replay(algo: str, plan: Plan, quick: bool, json_path: Path | Non
     meta["wall_s"] = time.perf_counter() - started
     write_report(report, json_path)
     result = report[algo.lower()]
-    print(f"\nmpirl {algo} {ENV_ID}, target {TARGET_RETURN_REPLAY:g} ({WINDOW}-episode mean) "
+    print(f"\nmpirl {algo} {env_id}, target {target:g} ({WINDOW}-episode mean) "
           f"within {max_steps:,} steps, {meta['wall_s']:.0f} s in all")
     for run in result.get("runs", []):
         if "error" in run:
@@ -452,9 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pendulum", action="store_true",
                         help=f"mpirl PPO on {PENDULUM_ENV_ID} only (no peers)")
     parser.add_argument("--dqn", action="store_const", const="DQN", dest="replay_algo",
-                        help=f"mpirl DQN on {ENV_ID} to {TARGET_RETURN_REPLAY:g} (no peers)")
+                        help=f"mpirl DQN on {ENV_ID} to 475 (no peers)")
     parser.add_argument("--apex", action="store_const", const="APEX", dest="replay_algo",
-                        help=f"mpirl Ape-X on {ENV_ID} to {TARGET_RETURN_REPLAY:g} (no peers)")
+                        help=f"mpirl Ape-X on {ENV_ID} to 475 (no peers)")
+    parser.add_argument("--sac", action="store_const", const="SAC", dest="replay_algo",
+                        help=f"mpirl SAC on {PENDULUM_ENV_ID} to -200 in 20k steps (no peers)")
     add_peers_option(parser, PEERS)
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -463,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pendulum:
         plan = Plan(seeds=1, step_cap=PENDULUM_MAX_STEPS, timeout_s=FULL.timeout_s)
     if args.replay_algo:
-        plan = Plan(seeds=1, step_cap=REPLAY_PLANS[args.replay_algo][2],
+        plan = Plan(seeds=1, step_cap=REPLAY_PLANS[args.replay_algo][4],
                     timeout_s=FULL.timeout_s)
     if args.seeds is not None:
         if args.seeds < 1:
