@@ -1,7 +1,7 @@
 """SAC through the real CLI: it learns Pendulum-v1 a little within a CI budget; bad input.
 
 The full threshold (a mean return of -200 within 20k env steps) is measured by
-``benchmarks/learning.py --sac``; here SAC must beat -700 within 5k steps (random play scores
+``benchmarks/learning.py --sac``; here SAC must beat -500 within 8k steps (random play scores
 about -1200).
 """
 
@@ -15,8 +15,8 @@ def test_sac_learns_pendulum_a_little(tmp_path):
     _, run_dir, result = train(
         2, tmp_path, "--algo", "SAC", "--env", "Pendulum-v1", "--seed", "0",
         "--config", json.dumps({"metrics_window": 5}),
-        "--stop", '{"episode_return_mean": -700, "timesteps_total": 5000}', timeout=240)
-    assert result["episode_return_mean"] >= -700, result
+        "--stop", '{"episode_return_mean": -500, "timesteps_total": 8000}', timeout=240)
+    assert result["episode_return_mean"] >= -500, result
     progress = rows(run_dir)
     assert {"critic_loss", "actor_loss", "alpha", "entropy"} <= set(progress[0])
     alpha = [float(r["alpha"]) for r in progress if r["alpha"] != "nan"]
