@@ -7,9 +7,10 @@ must reach 150 within 20k steps.
 
 import json
 import pickle
+import subprocess
 
 import pytest
-from conftest import run_mpi
+from conftest import mpi_env, run_mpi
 from test_train import MPIRL, rows, train
 
 LEARN = ["--algo", "DQN", "--env", "CartPole-v1", "--seed", "0"]
@@ -25,6 +26,11 @@ def test_dqn_learns_cartpole_in_local_mode(tmp_path):
     assert {"epsilon", "td_loss", "q_mean"} <= set(progress[0])
     assert float(progress[0]["epsilon"]) == 1.0 and float(progress[-1]["epsilon"]) < 1.0
     assert "local mode" in proc.stdout
+    # `mpirl evaluate` plays the greedy Q policy of the checkpoint.
+    proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "2"],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "DQN on CartPole-v1" in proc.stdout and "2 episodes" in proc.stdout
 
 
 def test_dqn_with_replay_shards_and_a_learner_rank_trains_and_resumes(tmp_path):
