@@ -134,6 +134,7 @@ class TransitionWorker(RolloutWorker):
         # A stream whose envs were reset outside sampling does not continue its last row.
         self.cut = np.ones(self.envs.num_envs, bool)
         self.weights_taken = 0
+        self.weights_version = 0  # learner 0's SGD step count when it posted these weights
 
     def _take_posted_weights(self) -> None:
         """Apply the newest weights learner 0 posted (asynchronous sync); older ones are
@@ -143,7 +144,8 @@ class TransitionWorker(RolloutWorker):
         while channel is not None and (item := channel.poll(tag=WEIGHTS_TAG)) is not None:
             newest = item[0]
         if newest is not None:
-            self.policy.set_flat_weights(newest)
+            self.weights_version, flat = newest
+            self.policy.set_flat_weights(flat)
             self.weights_taken += 1
 
     def sample_transitions(self, steps_per_env: int, epsilon: float, dest: int | None
@@ -197,7 +199,7 @@ class TransitionWorker(RolloutWorker):
         failures, self._unreported_failures = self._unreported_failures, 0
         metrics = {"env_steps": steps_per_env * num_envs, "episode_returns": returns,
                    "episode_lengths": lengths, "env_failures": failures,
-                   "weights_taken": self.weights_taken}
+                   "weights_taken": self.weights_taken, "weights_version": self.weights_version}
         if self.recorder is not None:
             metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
         if dest is None:
@@ -266,7 +268,7 @@ class QLearner(Learner):
         if post_weights_to and post_every and self.updates - self.posted >= post_every:
             flat = self.policy.get_flat_weights()
             for rank in post_weights_to:
-                self.context.data_channel.isend(flat, rank, WEIGHTS_TAG)
+                self.context.data_channel.isend((self.updates, flat), rank, WEIGHTS_TAG)
             self.posted = self.updates
         stats = {k: v / max(steps, 1) for k, v in totals.items()}
         return stats | {"sgd_steps": steps, "priorities": returned,
@@ -430,6 +432,8 @@ class AsyncReplayLoop:
         self.inserts: list[Any] = []
         self.next_shard = 0
         self.stored = [0] * len(algo.replay)  # env steps sent to each shard
+        self.sgd_done = 0  # SGD steps of the training calls that have returned
+        self.lags: list[int] = []
         self.sgd_steps = 0
         self.weight_ranks = [w.rank for w in algo.rollouts if not w.in_process]
 
@@ -481,8 +485,12 @@ class AsyncReplayLoop:
                 self.trains.remove(entry)
                 results.append(self._trained(*entry))
         self.inserts = [f for f in self.inserts if not f.done()]
-        stats = _mean_stats(results)
+        stats = dict.fromkeys(DQN_STATS, math.nan) | _mean_stats(results)
         stats["sgd_steps_total"] = self.sgd_steps
+        # How many SGD steps older than the learner's (as the driver last heard) the weights
+        # were that each sampling call of this iteration used: the cost of the async sync.
+        stats["weights_lag_sgd_steps"] = float(np.mean(self.lags)) if self.lags else math.nan
+        self.lags = []
         return stats
 
     def _may_sample(self) -> bool:
@@ -514,6 +522,8 @@ class AsyncReplayLoop:
             raise unwrap_env_failure(error) from None
         worker = algo.rollouts[i]
         shard = algo.replay[i % len(algo.replay)]
+        if self.weight_ranks:
+            self.lags.append(max(0, self.sgd_done - metrics["weights_version"]))
         chunk = metrics.get("chunk")
         self.inserts.append(shard.call_async("insert", [] if chunk else [worker.rank],
                                              [chunk] if chunk else None))
@@ -530,6 +540,7 @@ class AsyncReplayLoop:
 
     def _trained(self, shard: Any, future: Any) -> dict[str, float]:
         result = future.result()
+        self.sgd_done += result["sgd_steps"]
         updates = [update for _, update in result.pop("priorities")]
         if updates:
             shard.call_async("update_priorities", 0, updates).result()
