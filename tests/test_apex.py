@@ -22,6 +22,8 @@ def test_apex_learns_with_two_shards_and_async_weights(tmp_path):
     assert result["timesteps_total"] <= 25000 + 2 * 4 * 32  # the calls in flight at the end
     progress = rows(run_dir)
     assert float(progress[-1]["sgd_steps_total"]) > 0
+    lags = [float(r["weights_lag_sgd_steps"]) for r in progress[3:]]
+    assert lags and max(lags) < 100, lags  # posted every 16 SGD steps, taken at the next call
     checkpoint = sorted((run_dir / "checkpoints").glob("checkpoint_*"))[-1]
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     assert manifest["layout"] == {"learner": 1, "rollout": 2, "replay": 2}
