@@ -171,6 +171,55 @@ def role_rllib(seed: int, plan: Plan) -> int:
     return 0
 
 
+def role_rllib_dqn(seed: int, plan: Plan) -> int:
+    """RLlib DQN (new API stack) on CartPole-v1 with the settings of RLlib's own CartPole DQN
+    example (prioritized replay, 2-5 step returns, double, dueling, one 256-unit tanh layer), until
+    DQN's target return or its step cap."""
+    started = time.perf_counter()
+    try:
+        import ray
+        from ray.rllib.algorithms.dqn import DQNConfig
+        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    except ImportError as error:
+        return not_installed("RLlib", error)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        config = (
+            DQNConfig()
+            .environment(ENV_ID)
+            .training(lr=5e-4, train_batch_size_per_learner=32, n_step=(2, 5), double_q=True,
+                      dueling=True, num_atoms=1, epsilon=[(0, 1.0), (10000, 0.02)],
+                      replay_buffer_config={"type": "PrioritizedEpisodeReplayBuffer",
+                                            "capacity": 50000, "alpha": 0.6, "beta": 0.4})
+            .rl_module(model_config=DefaultModelConfig(
+                fcnet_hiddens=[256], fcnet_activation="tanh", head_fcnet_hiddens=[256],
+                head_fcnet_activation="tanh"))
+            .reporting(metrics_num_episodes_for_smoothing=WINDOW)
+            .debugging(seed=seed)
+        )
+        algo = config.build_algo()
+        built = time.perf_counter()
+        iterations, steps, mean_return = 0, 0, math.nan
+        target, cap = REPLAY_PLANS["DQN"][3:]
+        while True:
+            result = algo.train()
+            iterations += 1
+            runners = result.get("env_runners", {})
+            mean_return = float(runners.get("episode_return_mean", math.nan))
+            steps = int(result.get("num_env_steps_sampled_lifetime")
+                        or runners.get("num_env_steps_sampled_lifetime", 0))
+            if mean_return >= target or steps >= cap:
+                break
+        trained = time.perf_counter()
+        algo.stop()
+        emit({"env_steps": steps, "episode_return_mean": mean_return, "iterations": iterations,
+              "startup_s": built - started, "train_s": trained - built})
+    finally:
+        ray.shutdown()
+    return 0
+
+
 def _linear(start: float) -> Callable[[float], float]:
     """rl-zoo's ``lin_<start>``: SB3 passes the fraction of training left, from 1 down to 0."""
     return lambda remaining: remaining * start
@@ -224,7 +273,8 @@ def role_sb3(seed: int, plan: Plan) -> int:
     return 0
 
 
-ROLES: dict[str, Callable[[int, Plan], int]] = {"rllib": role_rllib, "sb3": role_sb3}
+ROLES: dict[str, Callable[[int, Plan], int]] = {"rllib": role_rllib, "sb3": role_sb3,
+                                                "rllib_dqn": role_rllib_dqn}
 
 
 # The orchestrator.
@@ -390,7 +440,18 @@ def orchestrate_pendulum(plan: Plan, quick: bool, json_path: Path | None) -> int
     return 1 if "error" in result or "errors" in result else 0
 
 
-def orchestrate_replay(algo: str, plan: Plan, quick: bool, json_path: Path | None) -> int:
+def run_replay_peer(role: str, seed: int, quick: bool, plan: Plan, target: float
+                    ) -> dict[str, Any]:
+    """A peer of a replay plan (``--role ROLE``); its result plus the wall time around it."""
+    finished = run_role(SCRIPT, role, quick, ("--seed", str(seed)), name=f"{role} seed {seed}",
+                        timeout_s=plan.timeout_s)
+    result = {"seed": seed, "wall_s": finished.wall_s, **finished.result}
+    result["reached"] = result["episode_return_mean"] >= target
+    return result
+
+
+def orchestrate_replay(algo: str, plan: Plan, quick: bool, json_path: Path | None,
+                       peers: tuple[str, ...] = ("mpirl",)) -> int:
     """mpirl DQN, Ape-X or SAC, once per seed, to its target return within its step budget
     (``REPLAY_PLANS``)."""
     started = time.perf_counter()
@@ -405,16 +466,24 @@ def orchestrate_replay(algo: str, plan: Plan, quick: bool, json_path: Path | Non
     for run in runs:
         run.pop("config", None)
     report: dict[str, Any] = {"meta": meta, algo.lower(): summarize(runs)}
+    if algo == "DQN" and "rllib" in peers:
+        # RLlib's DQN side by side, one process per seed after mpirl's runs.
+        rllib = [attempt(f"rllib DQN seed {seed}", lambda s=seed: run_replay_peer(
+            "rllib_dqn", s, quick, plan, target), describe_run) for seed in range(plan.seeds)]
+        report["rllib"] = summarize(rllib)
+        report["speedup_vs_rllib"] = ratio(report["rllib"].get("wall_s"),
+                                           report["dqn"].get("wall_s"))
     meta["wall_s"] = time.perf_counter() - started
     write_report(report, json_path)
     result = report[algo.lower()]
     print(f"\nmpirl {algo} {env_id}, target {target:g} ({WINDOW}-episode mean) "
           f"within {max_steps:,} steps, {meta['wall_s']:.0f} s in all")
-    for run in result.get("runs", []):
-        if "error" in run:
-            print(f"  error: {run['error'].splitlines()[0]}")
-        else:
-            print(f"  seed {run['seed']}: {describe_run(run)}")
+    for name in (algo.lower(), "rllib"):
+        for run in report.get(name, {}).get("runs", []):
+            if "error" in run:
+                print(f"  {name} error: {run['error'].splitlines()[0]}")
+            else:
+                print(f"  {name} seed {run['seed']}: {describe_run(run)}")
     if json_path is not None:
         print(f"wrote {json_path}")
     return 1 if "error" in result or "errors" in result else 0
@@ -477,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.pendulum:
         return orchestrate_pendulum(plan, args.quick, args.json)
     if args.replay_algo:
-        return orchestrate_replay(args.replay_algo, plan, args.quick, args.json)
+        # --dqn measures RLlib's DQN too when --peers names rllib; the others run mpirl alone.
+        peers = args.peers if "--peers" in (argv or sys.argv) else ("mpirl",)
+        return orchestrate_replay(args.replay_algo, plan, args.quick, args.json, peers)
     return orchestrate(plan, args.quick, args.json, args.peers)
 
 
