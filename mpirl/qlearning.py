@@ -163,7 +163,7 @@ class TransitionWorker(RolloutWorker):
         terminated = np.empty(shape, bool)
         truncated = np.empty(shape, bool)
         failed = np.zeros(shape, bool)
-        final_obs = np.zeros_like(obs)
+        final_obs = []  # only truncated steps have one: sent compactly, not as a [T, N] block
         returns, lengths = [], []
         for t in range(steps_per_env):
             action = self.policy.explore(self.obs, epsilon, self.rng)
@@ -171,7 +171,7 @@ class TransitionWorker(RolloutWorker):
             obs[t], actions[t], rewards[t] = self.obs, action, reward
             terminated[t], truncated[t] = term, trunc
             for i in np.flatnonzero(trunc):
-                final_obs[t, i] = infos["final_obs"][i]
+                final_obs.append(infos["final_obs"][i])
             self.episode_return += reward
             self.episode_length += 1
             done = term | trunc
@@ -194,7 +194,8 @@ class TransitionWorker(RolloutWorker):
             self.obs = next_obs
         chunk = {"worker": self.context.role_index, "obs": obs, "actions": actions,
                  "rewards": rewards, "terminated": terminated, "truncated": truncated,
-                 "final_obs": final_obs, "failed": failed, "cut": self.cut.copy()}
+                 "final_obs": np.array(final_obs, obs.dtype).reshape(-1, *self.obs_shape),
+                 "failed": failed, "cut": self.cut.copy()}
         self.cut[:] = False
         failures, self._unreported_failures = self._unreported_failures, 0
         metrics = {"env_steps": steps_per_env * num_envs, "episode_returns": returns,

@@ -410,8 +410,11 @@ class ReplayShard(Worker):
         rows = 0
         for chunk in received:
             streams = stream_of(chunk["worker"], self.num_shards, self.num_envs)
+            # The final observations of the truncated steps, in row-major (step, env) order.
+            final_obs = np.zeros_like(chunk["obs"])
+            final_obs[chunk["truncated"]] = chunk["final_obs"]
             rows += self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
-                                    chunk["terminated"], chunk["truncated"], chunk["final_obs"],
+                                    chunk["terminated"], chunk["truncated"], final_obs,
                                     chunk["failed"], chunk["cut"])
         return rows
 
