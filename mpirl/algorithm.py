@@ -37,7 +37,9 @@ from mpirl.trajectories import DumpIndex, DumpSettings
 
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
-              "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil"}
+              "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
+              "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
+              "SAC": "mpirl.algorithms.sac"}
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run).
 STOP_KEYS = ("episode_return_mean", "timesteps_total", "training_iteration", "time_total_s")
@@ -64,8 +66,15 @@ class Algorithm:
         if dump is not None and dump.dump_trajectories is not None:
             self.dump_index = DumpIndex(dump, env.env_id, observation_space, action_space,
                                         self.name)
-        self.policy_spec = PolicySpec(observation_space, action_space,
-                                      tuple(config.hidden_sizes), config.activation)
+        # A plan may bring its own model and workers (DQN: a Q network, epsilon-greedy rollout
+        # workers, replay learners); the defaults are the actor-critic ones.
+        if hasattr(module, "model_spec"):
+            self.policy_spec = module.model_spec(observation_space, action_space, config)
+        else:
+            self.policy_spec = PolicySpec(observation_space, action_space,
+                                          tuple(config.hidden_sizes), config.activation)
+        rollout_cls = getattr(module, "ROLLOUT_WORKER", RolloutWorker)
+        learner_cls = getattr(module, "LEARNER", Learner)
         # Offline configs have no GAE and no observation filter (BC no discount either): their
         # rollout workers only evaluate, on observations as the dump holds them.
         gamma = getattr(config, "gamma", 1.0)
@@ -74,7 +83,7 @@ class Algorithm:
         try:
             # Each worker resets its envs here: one that always fails ends the run right away.
             self.rollouts = driver.spawn(
-                "rollout", RolloutWorker, env, self.policy_spec, config.num_envs_per_worker,
+                "rollout", rollout_cls, env, self.policy_spec, config.num_envs_per_worker,
                 config.seed, gamma, gae_lambda, normalize_observations,
                 config.torch_threads, max_env_failures=config.max_env_failures,
                 dump=self.dump_index.target if self.dump_index is not None else None,
@@ -83,7 +92,7 @@ class Algorithm:
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         self.learners = driver.spawn(
-            "learner", Learner, self.policy_spec, module.loss, config, config.lr,
+            "learner", learner_cls, self.policy_spec, module.loss, config, config.lr,
             config.grad_clip, config.seed, config.learner_backend, config.torch_threads,
             local_if_empty=True,
         )
@@ -101,6 +110,8 @@ class Algorithm:
         self.time_before_resume = 0.0
         self.last_row: dict[str, Any] | None = None
         self.extra_groups: list = []
+        if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
+            module.setup(self)
 
     @property
     def time_total_s(self) -> float:

@@ -95,8 +95,12 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                                        name_prefix=f"{manifest['algo']}-{checkpoint.name}",
                                        disable_logger=True)
     files = manifest["files"]
-    policy = PolicySpec(env.observation_space, env.action_space, tuple(config.hidden_sizes),
-                        config.activation).build("cpu")
+    if hasattr(module, "model_spec"):  # DQN's Q network, SAC's actor-critics
+        spec_of_model = module.model_spec(env.observation_space, env.action_space, config)
+    else:
+        spec_of_model = PolicySpec(env.observation_space, env.action_space,
+                                   tuple(config.hidden_sizes), config.activation)
+    policy = spec_of_model.build("cpu")
     policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                             files["learner_0.pkl"])["weights"])
     obs_filter = None

@@ -244,3 +244,94 @@ def standardize_fields(batch: dict[str, np.ndarray], fields: tuple[str, ...],
         mean = total / count
         std = np.sqrt(max(squares / count - mean**2, 0.0))
         batch[name] = ((values - mean) / (std + 1e-8)).astype(np.float32)
+
+
+# Replay. Steps go rollout rank -> replay shard rank, minibatches shard -> learner rank, TD errors
+# learner -> shard; the driver only tells each rank when. Objects that share the driver's process
+# hand their data over in the call instead.
+
+
+def replay_dest(sender, receiver) -> int | None:
+    """Where ``sender`` sends data for ``receiver``: its rank, or None when both are in the
+    driver's process (the data then travels in the call's result)."""
+    return None if sender.in_process and receiver.in_process else receiver.rank
+
+
+def store_to_replay(rollouts: WorkerGroup, replay: WorkerGroup, steps_per_env: int,
+                    epsilons: list[float]) -> SampleResult:
+    """Every rollout worker i steps its envs ``steps_per_env`` times epsilon-greedily with
+    ``epsilons[i]`` and sends the steps to replay shard i mod K, which stores them. The driver
+    gets counts and episode metrics."""
+    result = SampleResult()
+    sources: dict[int, list[int]] = {}
+    chunks: dict[int, list[dict]] = {}
+    futures = []
+    for i, worker in enumerate(rollouts):
+        shard = i % len(replay)
+        futures.append((shard, worker, worker.call_async(
+            "sample_transitions", steps_per_env, epsilons[i], replay_dest(worker, replay[shard]))))
+    for shard, worker, future in futures:
+        try:
+            metrics = future.result()
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        if "chunk" in metrics:
+            chunks.setdefault(shard, []).append(metrics["chunk"])
+        else:
+            sources.setdefault(shard, []).append(worker.rank)
+        add_sample_metrics(result, metrics)
+    inserts = [replay[k].call_async("insert", sources.get(k, []), chunks.get(k))
+               for k in range(len(replay))]
+    for future in inserts:
+        future.result()
+    return result
+
+
+def add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
+    result.env_steps += metrics["env_steps"]
+    result.env_failures += metrics["env_failures"]
+    result.episode_returns += metrics["episode_returns"]
+    result.episode_lengths += metrics["episode_lengths"]
+    if "dumped" in metrics:
+        result.dumped.append(metrics["dumped"])
+
+
+def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int,
+                      batch_size: int, beta: float | None = None) -> dict[str, float]:
+    """Every learner takes ``num_steps`` SGD steps on minibatches drawn from the replay shards
+    (``batch_size`` rows per step summed over learners, the steps split evenly over shards);
+    the TD errors go back to the shards as priorities. Returns averaged learner statistics."""
+    rows = max(1, batch_size // len(learners))
+    # Steps split over the shards in proportion to what they hold (a shard may have no feeder).
+    sizes = np.array([f.result() for f in replay.call_async("size")], np.float64)
+    if not sizes.sum():
+        raise ValueError("train_from_replay: every replay shard is empty")
+    bounds = np.round(np.cumsum(sizes) / sizes.sum() * num_steps).astype(int)
+    shares = np.diff(bounds, prepend=0).tolist()
+    trains = []
+    for learner in learners:
+        sources, messages = [], []
+        for shard, count in zip(replay, shares, strict=True):
+            if not count:
+                continue
+            dest = replay_dest(shard, learner)
+            sent = shard.call_async("sample", count, rows, dest, beta)
+            if dest is None:
+                messages.append(sent.result())
+            else:
+                sources.append(shard.rank)
+        dests = {k: replay_dest(learner, shard) for k, shard in enumerate(replay)}
+        trains.append(learner.call_async("train_replay", sources, messages, dests))
+    results = [f.result() for f in trains]
+    # Each shard applies the TD errors of its minibatches before it samples again.
+    updates = [[] for _ in replay]
+    for result in results:
+        for shard, update in result.pop("priorities"):
+            updates[shard].append(update)
+    expect = [sum(1 for learner in learners if replay_dest(learner, shard) is not None) if count
+              else 0 for shard, count in zip(replay, shares, strict=True)]
+    for future in [shard.call_async("update_priorities", expect[k], updates[k])
+                   for k, shard in enumerate(replay)]:
+        future.result()
+    stats = _learner_stats([r | {"learner_samples": r["sgd_steps"] * rows} for r in results])
+    return stats

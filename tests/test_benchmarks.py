@@ -90,3 +90,22 @@ def test_peers_must_include_mpirl_and_be_known(script, peers, message):
     proc = run_benchmark(script, "--quick", "--peers", peers, timeout=60)
     assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
     assert message in proc.stderr
+
+
+def test_replay_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "replay.json"
+    proc = run_benchmark("replay.py", "--quick", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    overhead = report["replay_bytes_overhead"]
+    assert set(overhead) == {"cartpole", "atari_84x84x4"}
+    # One stored copy of each observation: within 10% of the raw bytes without a sum tree.
+    assert overhead["cartpole"]["uniform"] <= 1.1
+    assert overhead["atari_84x84x4"]["uniform"] <= 1.1
+    assert overhead["atari_84x84x4"]["prioritized"] <= 1.1
+    for kind in ("uniform", "prioritized"):
+        assert report["throughput"][kind]["sample_transitions_per_s"] > 0
+    scaling = report["apex_scaling"]
+    assert set(scaling) == {"1", "2"}
+    for entry in scaling.values():
+        assert entry["env_steps_per_s"] > 0 and entry["sgd_steps"] > 0, entry

@@ -1,0 +1,461 @@
+"""Replay: a preallocated NumPy buffer (uniform or prioritized, n-step) and the shard worker.
+
+Storage. Each environment a rollout worker steps is one *stream*, and every stream owns a
+contiguous ring of rows in the buffer's arrays (``obs[stream, row]`` and so on). A row is one step:
+its observation, action, reward and a flag byte. The next observation of row ``t`` is simply the
+observation of row ``t + 1`` of the same stream, so no observation is stored twice. The only extra
+rows are *observation-only* rows: the final observation of an episode cut by a time limit (needed
+to bootstrap), and the step of an environment failure. They are never sampled as a start.
+
+n-step returns are computed when sampling, by walking ``n`` rows forward from each sampled row
+(vectorized over the batch); a terminal row stops the walk without a bootstrap, an
+observation-only row stops it with a bootstrap from that row's observation.
+
+Prioritized replay keeps one ``SumTree`` leaf per row (16 bytes per row: float64 leaves and
+internal sums).
+
+What crosses ranks (``ReplayShard``): rollout ranks send chunks of steps straight to a shard rank
+(tag ``INSERT_TAG``); a shard sends minibatches straight to a learner rank (``SAMPLE_TAG``); the
+learner sends TD errors back (``PRIORITY_TAG``). The driver only tells each rank when to do what.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.core import RankContext, Worker
+from mpirl.errors import ConfigError
+
+#: Tags on the data channel.
+INSERT_TAG = 31
+SAMPLE_TAG = 32
+PRIORITY_TAG = 33
+WEIGHTS_TAG = 34
+
+#: Row flags (one byte per row).
+TERMINATED = 1
+"""The episode ended in a terminal state after this step: no bootstrap."""
+OBS_ONLY = 2
+"""The row holds only an observation (a truncated episode's final one, or the step at which an
+environment failed): never a transition start, and an n-step walk stops and bootstraps here."""
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """How a buffer samples; the replay keys of a replay-based algorithm's config."""
+
+    capacity: int = 50_000
+    """Rows over all shards (each shard holds capacity / num_shards)."""
+    prioritized: bool = False
+    """Sample rows in proportion to priority**alpha (else uniformly)."""
+    alpha: float = 0.6
+    """Prioritization exponent: 0 is uniform."""
+    beta: float = 0.4
+    """Importance-sampling exponent for the loss weights: 1 corrects the bias fully."""
+    priority_eps: float = 1e-6
+    """Added to |TD error| so that no row gets priority 0."""
+    n_step: int = 1
+    """Steps summed into each return before bootstrapping."""
+    gamma: float = 0.99
+    """Discount factor."""
+
+    def check(self, batch_size: int, num_shards: int = 1) -> None:
+        """ConfigError for settings no buffer can work with."""
+        if self.alpha < 0:
+            raise ConfigError(f"prioritized replay alpha must be >= 0, got {self.alpha}")
+        if not 0 <= self.beta <= 1:
+            raise ConfigError(f"prioritized replay beta must be in [0, 1], got {self.beta}")
+        if self.n_step < 1:
+            raise ConfigError(f"n_step must be >= 1, got {self.n_step}")
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.capacity // max(num_shards, 1) < batch_size:
+            raise ConfigError(
+                f"replay buffer_size {self.capacity} over {max(num_shards, 1)} shard(s) holds "
+                f"fewer rows per shard than train_batch_size {batch_size}; raise buffer_size or "
+                f"lower train_batch_size")
+
+
+class SumTree:
+    """Sums over a binary tree of ``size`` leaves in one float64 array of ``2 * size``.
+
+    Node 1 is the root, node i has children 2i and 2i+1, leaves are nodes ``size .. 2*size-1``
+    (any size, no padding to a power of two: leaves then sit at two depths, which sampling does
+    not mind). Updates and sampling are vectorized over batches of leaves.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.tree = np.zeros(2 * size, np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self.tree[1]) if self.size > 1 else float(self.tree[1 % (2 * self.size)])
+
+    def __getitem__(self, leaves: np.ndarray) -> np.ndarray:
+        return self.tree[np.asarray(leaves) + self.size]
+
+    def update(self, leaves: np.ndarray, values: np.ndarray) -> None:
+        """Set ``leaves`` (indices 0..size-1) to ``values`` and refresh their ancestors."""
+        nodes = np.asarray(leaves, np.int64) + self.size
+        self.tree[nodes] = values
+        nodes = np.unique(nodes // 2)
+        while nodes.size:
+            nodes = nodes[nodes >= 1]
+            self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
+            nodes = np.unique(nodes // 2)
+            nodes = nodes[nodes >= 1]
+
+    def find(self, mass: np.ndarray) -> np.ndarray:
+        """The leaf where each prefix sum ``mass`` (in [0, total)) falls."""
+        mass = np.array(mass, np.float64)
+        if self.size == 1:
+            return np.zeros(mass.shape, np.int64)
+        nodes = np.ones(mass.shape, np.int64)
+        inner = nodes < self.size
+        while inner.any():
+            current = nodes[inner]
+            left = self.tree[2 * current]
+            right = mass[inner] >= left
+            mass[inner] -= left * right
+            nodes[inner] = 2 * current + right
+            inner = nodes < self.size
+        return nodes - self.size
+
+
+class ReplayBuffer:
+    """Rows of steps from ``num_streams`` environments, ``capacity`` rows in all.
+
+    ``add`` takes a ``[T, N]`` block of steps of N streams; ``sample`` returns a minibatch of
+    n-step transitions with ``obs, actions, rewards, discounts, next_obs, weights`` and the
+    ``indices`` and ``generations`` that ``update_priorities`` needs to find the rows again.
+    """
+
+    def __init__(self, capacity: int, num_streams: int, observation_space: gym.Space,
+                 action_space: gym.Space, settings: ReplaySettings, seed: int = 0) -> None:
+        if num_streams < 1:
+            raise ConfigError(f"a replay buffer needs at least one stream, got {num_streams}")
+        self.settings = settings
+        self.num_streams = num_streams
+        self.length = max(2, math.ceil(capacity / num_streams))  # rows per stream
+        s, n = num_streams, self.length
+        self.obs = np.zeros((s, n, *observation_space.shape), observation_space.dtype)
+        self.actions = np.zeros((s, n, *action_space.shape), action_space.dtype)
+        self.rewards = np.zeros((s, n), np.float32)
+        self.flags = np.zeros((s, n), np.uint8)
+        self.written = np.zeros(s, np.int64)  # rows ever written per stream
+        self.tree = SumTree(s * n) if settings.prioritized else None
+        self.max_priority = 1.0
+        self.rng = np.random.default_rng(seed)
+
+    # Size and memory.
+
+    @property
+    def capacity(self) -> int:
+        return self.num_streams * self.length
+
+    def __len__(self) -> int:
+        return int(np.minimum(self.written, self.length).sum())
+
+    def nbytes(self) -> int:
+        """Bytes of every array the buffer holds (the sum tree included)."""
+        arrays = [self.obs, self.actions, self.rewards, self.flags, self.written]
+        if self.tree is not None:
+            arrays.append(self.tree.tree)
+        return sum(a.nbytes for a in arrays)
+
+    # Writing.
+
+    def add(self, streams: np.ndarray, obs: np.ndarray, actions: np.ndarray,
+            rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+            final_obs: np.ndarray | None = None, failed: np.ndarray | None = None,
+            cut: np.ndarray | None = None) -> int:
+        """Append a ``[T, N]`` block: column j continues stream ``streams[j]``.
+
+        ``final_obs[t, j]`` is read where ``truncated[t, j]`` (the observation to bootstrap from);
+        ``failed[t, j]`` marks a step at which the environment failed (not a transition);
+        ``cut[j]`` says stream j's previous rows do not continue into this block (its envs were
+        reset), so its last row loses its transition. Returns the rows written."""
+        steps, columns = rewards.shape
+        failed = np.zeros_like(terminated) if failed is None else failed
+        flags = np.where(terminated, TERMINATED, 0).astype(np.uint8)
+        flags[failed] = OBS_ONLY
+        written = 0
+        for j in range(columns):
+            stream = int(streams[j])
+            if cut is not None and cut[j] and self.written[stream]:
+                last = (self.written[stream] - 1) % self.length
+                self._set_flags(stream, np.array([last]), OBS_ONLY)
+            col_obs, col_act = obs[:, j], actions[:, j]
+            col_rew, col_flags = rewards[:, j], flags[:, j]
+            ends = np.flatnonzero(truncated[:, j] & ~failed[:, j])
+            if ends.size:
+                # One observation-only row after each truncated step holds its final observation.
+                at = ends + 1
+                col_obs = np.insert(col_obs, at, final_obs[ends, j], axis=0)
+                col_act = np.insert(col_act, at, np.zeros_like(col_act[:1]), axis=0)
+                col_rew = np.insert(col_rew, at, 0.0)
+                col_flags = np.insert(col_flags, at, OBS_ONLY)
+            written += self._write(stream, col_obs, col_act, col_rew, col_flags)
+        return written
+
+    def _write(self, stream: int, obs, actions, rewards, flags) -> int:
+        count = len(rewards)
+        if count > self.length:  # only the newest rows fit
+            obs, actions, rewards, flags = obs[-self.length:], actions[-self.length:], \
+                rewards[-self.length:], flags[-self.length:]
+            self.written[stream] += count - self.length
+            count = self.length
+        rows = (self.written[stream] + np.arange(count)) % self.length
+        self.obs[stream, rows] = obs
+        self.actions[stream, rows] = actions
+        self.rewards[stream, rows] = rewards
+        self.flags[stream, rows] = flags
+        self.written[stream] += count
+        if self.tree is not None:
+            priority = np.where(flags & OBS_ONLY, 0.0, self.max_priority)
+            self.tree.update(stream * self.length + rows, priority)
+        return count
+
+    def _set_flags(self, stream: int, rows: np.ndarray, flag: int) -> None:
+        self.flags[stream, rows] |= flag
+        if self.tree is not None and flag & OBS_ONLY:
+            self.tree.update(stream * self.length + rows, np.zeros(len(rows)))
+
+    # Sampling.
+
+    def sample(self, batch_size: int, beta: float | None = None) -> dict[str, np.ndarray]:
+        """``batch_size`` n-step transitions (uniformly, or by priority with importance weights
+        ``weights`` normalized to a maximum of 1; all 1 when uniform)."""
+        if len(self) == 0:
+            raise ValueError("cannot sample from an empty replay buffer")
+        beta = self.settings.beta if beta is None else beta
+        stream = np.empty(batch_size, np.int64)
+        row = np.empty(batch_size, np.int64)
+        todo = np.arange(batch_size)
+        for _ in range(100):
+            s, r = self._draw(len(todo), stratified=len(todo) == batch_size)
+            ok = self._is_start(s, r)
+            stream[todo[ok]], row[todo[ok]] = s[ok], r[ok]
+            todo = todo[~ok]
+            if not todo.size:
+                break
+        else:
+            raise ValueError("the replay buffer holds no complete transition yet")
+        batch = self._transitions(stream, row)
+        leaves = stream * self.length + row
+        if self.tree is not None:
+            probability = self.tree[leaves] / self.tree.total
+            weights = (len(self) * probability) ** -beta
+            batch["weights"] = (weights / weights.max()).astype(np.float32)
+        else:
+            batch["weights"] = np.ones(batch_size, np.float32)
+        batch["indices"] = leaves
+        batch["generations"] = self._generation(stream, row)
+        return batch
+
+    def _draw(self, count: int, stratified: bool) -> tuple[np.ndarray, np.ndarray]:
+        if self.tree is not None:
+            total = self.tree.total
+            if stratified:  # one draw per equal slice of the mass: lower variance
+                mass = (np.arange(count) + self.rng.random(count)) * (total / count)
+            else:
+                mass = self.rng.random(count) * total
+            leaves = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
+            return leaves // self.length, leaves % self.length
+        filled = np.minimum(self.written, self.length)
+        stream = self.rng.choice(self.num_streams, size=count, p=filled / filled.sum())
+        offset = (self.rng.random(count) * filled[stream]).astype(np.int64)
+        row = (self.written[stream] - filled[stream] + offset) % self.length
+        return stream, row
+
+    def _rows_after(self, stream: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """How many newer rows stream ``stream`` holds after ``row``."""
+        return (self.written[stream] - 1 - row) % self.length
+
+    def _generation(self, stream: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """The global position of each row in its stream: tells a row from its overwriter."""
+        return self.written[stream] - 1 - self._rows_after(stream, row)
+
+    def _is_start(self, stream: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Rows that start a complete n-step transition (its rows are all written)."""
+        ok = (self.flags[stream, row] & OBS_ONLY) == 0
+        ok &= self._generation(stream, row) >= 0
+        after = self._rows_after(stream, row)
+        live = ok.copy()  # walk still going
+        for k in range(self.settings.n_step):
+            flags = self.flags[stream, (row + k) % self.length]
+            live &= (k == 0) | ((flags & OBS_ONLY) == 0)
+            ended = live & ((flags & TERMINATED) != 0)
+            live &= ~ended
+            ok &= ~live | (after >= k + 1)  # a bootstrap row must exist
+        return ok
+
+    def _transitions(self, stream: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:
+        gamma = self.settings.gamma
+        size = len(row)
+        returns = np.zeros(size, np.float32)
+        discount = np.ones(size, np.float32)
+        boot = row.copy()
+        live = np.ones(size, bool)
+        for k in range(self.settings.n_step):
+            r = (row + k) % self.length
+            flags = self.flags[stream, r]
+            if k:
+                stop = live & ((flags & OBS_ONLY) != 0)  # bootstrap from this observation
+                live &= ~stop
+            returns += np.where(live, discount * self.rewards[stream, r], 0.0)
+            discount = np.where(live, discount * gamma, discount)
+            boot = np.where(live, (r + 1) % self.length, boot)
+            terminal = live & ((flags & TERMINATED) != 0)
+            discount[terminal] = 0.0
+            live &= ~terminal
+        return {"obs": self.obs[stream, row], "actions": self.actions[stream, row],
+                "rewards": returns, "discounts": discount, "next_obs": self.obs[stream, boot]}
+
+    # Priorities.
+
+    def update_priorities(self, indices: np.ndarray, generations: np.ndarray,
+                          td_errors: np.ndarray) -> int:
+        """Set the priorities of sampled rows from their TD errors; rows overwritten since they
+        were sampled are left alone. Returns the rows updated."""
+        if self.tree is None:
+            return 0
+        stream, row = indices // self.length, indices % self.length
+        same = self._generation(stream, row) == generations
+        priority = (np.abs(td_errors[same]) + self.settings.priority_eps) ** self.settings.alpha
+        if priority.size:
+            self.max_priority = max(self.max_priority, float(priority.max()))
+            self.tree.update(indices[same], priority)
+        return int(same.sum())
+
+    # Checkpoints.
+
+    def get_state(self) -> dict[str, Any]:
+        state = {"obs": self.obs, "actions": self.actions, "rewards": self.rewards,
+                 "flags": self.flags, "written": self.written, "max_priority": self.max_priority,
+                 "rng": self.rng.bit_generator.state}
+        if self.tree is not None:
+            state["tree"] = self.tree.tree
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if state["obs"].shape != self.obs.shape:
+            raise ConfigError(f"the checkpoint's replay shard has shape {state['obs'].shape[:2]} "
+                              f"(streams, rows); this run's has {self.obs.shape[:2]}")
+        for key in ("obs", "actions", "rewards", "flags", "written"):
+            getattr(self, key)[...] = state[key]
+        self.max_priority = state["max_priority"]
+        self.rng.bit_generator.state = state["rng"]
+        if self.tree is not None:
+            if "tree" in state:
+                self.tree.tree[...] = state["tree"]
+            else:  # saved uniform, resumed prioritized: every stored row at the top priority
+                rows = np.arange(self.capacity)
+                live = (self.flags.reshape(-1) & OBS_ONLY) == 0
+                self.tree.update(rows, np.where(live, self.max_priority, 0.0))
+
+
+def stream_of(worker_index: int, num_shards: int, num_envs: int) -> np.ndarray:
+    """The streams of a rollout worker's environments in its shard (worker i feeds shard
+    i mod num_shards)."""
+    base = (worker_index // max(num_shards, 1)) * num_envs
+    return base + np.arange(num_envs)
+
+
+class ReplayShard(Worker):
+    """One shard of the replay buffer; one per replay rank (or in the driver's process).
+
+    Chunks of steps arrive from rollout ranks (``insert``), minibatches leave for learner ranks
+    (``sample``), TD errors come back (``update_priorities``). Priority messages that arrive
+    while the shard does something else are applied at the start of its next call.
+    """
+
+    MESSAGES = ("insert", "sample", "update_priorities", "size", "save_state", "load_state")
+
+    def __init__(self, context: RankContext, capacity: int, num_streams: int,
+                 observation_space: gym.Space, action_space: gym.Space,
+                 settings: ReplaySettings, num_shards: int, num_envs: int, seed: int) -> None:
+        super().__init__(context)
+        self.buffer = ReplayBuffer(capacity, num_streams, observation_space, action_space,
+                                   settings, seed + 104_729 * (context.role_index + 1))
+        self.num_shards, self.num_envs = num_shards, num_envs
+        self.priority_messages = 0  # received since start, to match the driver's expectation
+        self.priority_expected = 0
+
+    def _drain_priorities(self) -> None:
+        channel = self.context.data_channel
+        if channel is None:
+            return
+        while (item := channel.poll(tag=PRIORITY_TAG)) is not None:
+            self._apply(item[0])
+
+    def _apply(self, update: dict[str, np.ndarray]) -> None:
+        self.buffer.update_priorities(update["indices"], update["generations"], update["td"])
+        self.priority_messages += 1
+
+    def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
+        """Store the chunks that rollout ranks ``sources`` sent (or ``chunks`` given in the
+        call); returns the rows stored."""
+        self._drain_priorities()
+        received = list(chunks or [])
+        if sources:
+            received += self.context.data_channel.recv_each(sources, INSERT_TAG)
+        rows = 0
+        for chunk in received:
+            streams = stream_of(chunk["worker"], self.num_shards, self.num_envs)
+            # The final observations of the truncated steps, in row-major (step, env) order.
+            final_obs = np.zeros_like(chunk["obs"])
+            final_obs[chunk["truncated"]] = chunk["final_obs"]
+            rows += self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
+                                    chunk["terminated"], chunk["truncated"], final_obs,
+                                    chunk["failed"], chunk["cut"])
+        return rows
+
+    def sample(self, num_batches: int, batch_size: int, dest: int | None,
+               beta: float | None = None) -> dict | None:
+        """Draw ``num_batches`` minibatches and send them to learner rank ``dest`` (or return
+        them when ``dest`` is None). Nothing is sent while the buffer is empty."""
+        self._drain_priorities()
+        message = {"batches": [], "shard": self.context.role_index}
+        try:
+            message["batches"] = [self.buffer.sample(batch_size, beta)
+                                  for _ in range(num_batches)]
+        except ValueError as error:
+            # The learner waits for this message: it must come, and say why it is empty.
+            message["error"] = f"replay shard {self.context.role_index}: {error}"
+        if dest is None:
+            return message
+        self.context.data_channel.isend(message, dest, SAMPLE_TAG)
+        self.context.data_channel.flush()
+        return None
+
+    def update_priorities(self, expect: int = 0, updates: list[dict] | None = None,
+                          timeout: float = 600.0) -> int:
+        """Apply ``updates`` given in the call, and wait until ``expect`` more priority messages
+        than expected before have come from learner ranks. Returns the buffer's size."""
+        for update in updates or []:
+            self._apply(update)
+            self.priority_expected += 1
+        self.priority_expected += expect
+        channel = self.context.data_channel
+        while self.priority_messages < self.priority_expected:
+            self._apply(channel.recv(MPI.ANY_SOURCE, PRIORITY_TAG, timeout))
+        return len(self.buffer)
+
+    def size(self) -> int:
+        self._drain_priorities()
+        return len(self.buffer)
+
+    def get_state(self) -> dict[str, Any]:
+        self._drain_priorities()
+        return self.buffer.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.buffer.set_state(state)

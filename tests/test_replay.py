@@ -1,0 +1,167 @@
+"""The replay buffer: sum-tree sampling, n-step returns at episode ends, memory, uniformity."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from mpirl.errors import ConfigError
+from mpirl.qlearning import apex_epsilons
+from mpirl.replay import OBS_ONLY, ReplayBuffer, ReplaySettings, SumTree
+
+COUNTER_OBS = gym.spaces.Box(-1e9, 1e9, (1,), np.float32)
+TWO_ACTIONS = gym.spaces.Discrete(2)
+
+
+def counter_buffer(capacity=64, streams=1, **settings):
+    return ReplayBuffer(capacity, streams, COUNTER_OBS, TWO_ACTIONS, ReplaySettings(**settings))
+
+
+def add_column(buffer, stream, obs, terminated=(), truncated=(), final=100.0, failed=()):
+    """One stream's steps: observation k at step k, reward 1 each."""
+    steps = len(obs)
+    flags = {name: np.zeros((steps, 1), bool) for name in ("term", "trunc", "fail")}
+    for name, rows in (("term", terminated), ("trunc", truncated), ("fail", failed)):
+        flags[name][list(rows), 0] = True
+    buffer.add(np.array([stream]), np.asarray(obs, np.float32).reshape(steps, 1, 1),
+               np.zeros((steps, 1), np.int64), np.ones((steps, 1), np.float32),
+               flags["term"], flags["trunc"], np.full((steps, 1, 1), final, np.float32),
+               flags["fail"])
+
+
+def transitions_by_obs(buffer, draws=400):
+    batch = buffer.sample(draws)
+    return {float(o): (float(r), float(d), float(n)) for o, r, d, n in zip(
+        batch["obs"][:, 0], batch["rewards"], batch["discounts"], batch["next_obs"][:, 0],
+        strict=True)}
+
+
+def test_sum_tree_samples_in_proportion_to_priority():
+    priorities = np.array([1.0, 2.0, 3.0, 4.0, 0.0, 10.0, 0.5])  # size 7: leaves at two depths
+    tree = SumTree(len(priorities))
+    tree.update(np.arange(len(priorities)), priorities)
+    assert tree.total == pytest.approx(priorities.sum())
+    rng = np.random.default_rng(0)
+    draws = 200_000
+    counts = np.bincount(tree.find(rng.random(draws) * tree.total), minlength=len(priorities))
+    expected = priorities / priorities.sum() * draws
+    assert counts[4] == 0  # priority 0 is never drawn
+    live = expected > 0
+    chi2 = (((counts - expected)[live]) ** 2 / expected[live]).sum()
+    assert chi2 < 22.5, (counts, expected)  # chi-square, 5 dof, p = 0.0004
+    tree.update(np.array([5]), np.array([0.0]))
+    assert tree.total == pytest.approx(priorities.sum() - 10.0)
+
+
+def test_n_step_returns_stop_at_terminations_and_bootstrap_at_truncations():
+    buffer = counter_buffer(n_step=3, gamma=0.5)
+    # Steps 0-2 end in a terminal state at step 2; steps 3-5 are cut by a time limit at step 5
+    # (final observation 100); steps 6-7 follow. 0.5 is exact in float32.
+    add_column(buffer, 0, range(8), terminated=[2], truncated=[5])
+    seen = transitions_by_obs(buffer)
+    assert seen[0.0] == (1.75, 0.0, 3.0)    # 1 + .5 + .25, no bootstrap past the terminal
+    assert seen[1.0][:2] == (1.5, 0.0)
+    assert seen[2.0][:2] == (1.0, 0.0)
+    assert seen[3.0] == (1.75, 0.125, 100.0)  # bootstrap from the final observation, gamma^3
+    assert seen[4.0] == (1.5, 0.25, 100.0)
+    assert seen[5.0] == (1.0, 0.5, 100.0)
+    # Step 6 lacks a third following row and step 7 any: not sampled yet; the final observation
+    # row never starts a transition.
+    assert set(seen) == {0.0, 1.0, 2.0, 3.0, 4.0, 5.0}
+    add_column(buffer, 0, [8, 9])
+    seen = transitions_by_obs(buffer)
+    assert seen[6.0] == (1.75, 0.125, 9.0)
+    assert {7.0, 8.0, 9.0, 100.0}.isdisjoint(seen)  # 7 needs rows 8, 9 and 10
+
+
+def test_one_step_returns_and_streams_continue_across_chunks():
+    buffer = counter_buffer(n_step=1, gamma=0.9, streams=2)
+    add_column(buffer, 0, [0, 1])
+    add_column(buffer, 1, [50, 51, 52])
+    add_column(buffer, 0, [2, 3])  # stream 0 goes on where it stopped
+    seen = transitions_by_obs(buffer)
+    assert seen[1.0] == (1.0, pytest.approx(0.9), 2.0)  # across the chunk boundary
+    assert seen[50.0][2] == 51.0 and seen[51.0][2] == 52.0
+    assert set(seen) == {0.0, 1.0, 2.0, 50.0, 51.0}
+
+
+def test_a_failed_step_is_no_transition_but_bootstraps_the_one_before():
+    buffer = counter_buffer(n_step=3, gamma=0.5)
+    add_column(buffer, 0, range(6), failed=[2])
+    seen = transitions_by_obs(buffer)
+    assert seen[0.0] == (1.5, 0.25, 2.0)  # stops at the failed step's observation
+    assert 2.0 not in seen
+
+
+def test_uniform_sampling_is_uniform_over_complete_rows():
+    buffer = counter_buffer(capacity=1000, n_step=1)
+    add_column(buffer, 0, range(101))  # 100 complete transitions
+    counts = np.bincount(buffer.sample(50_000)["obs"][:, 0].astype(int), minlength=101)
+    assert counts[100] == 0
+    expected = 500
+    chi2 = ((counts[:100] - expected) ** 2 / expected).sum()
+    assert chi2 < 160, chi2  # chi-square, 99 dof, p ~ 0.0001
+
+
+def test_the_ring_keeps_the_newest_rows():
+    buffer = counter_buffer(capacity=10, n_step=1)
+    add_column(buffer, 0, range(25))
+    assert len(buffer) == 10
+    assert sorted(transitions_by_obs(buffer)) == [float(k) for k in range(15, 24)]
+
+
+def test_prioritized_sampling_follows_td_errors_and_ignores_overwritten_rows():
+    buffer = counter_buffer(capacity=100, n_step=1, prioritized=True, alpha=1.0,
+                            priority_eps=0.0)
+    add_column(buffer, 0, range(11))
+    batch = buffer.sample(10)
+    # Row k gets priority k + 1 (every row is updated: the tree starts at max priority 1).
+    everything = np.arange(10)
+    buffer.update_priorities(everything, everything, everything + 1.0)
+    obs = buffer.sample(55_000)["obs"][:, 0].astype(int)
+    frequency = np.bincount(obs, minlength=10) / len(obs)
+    np.testing.assert_allclose(frequency, (everything + 1) / 55, atol=0.006)
+    weights = buffer.sample(64)["weights"]
+    assert weights.max() == pytest.approx(1.0) and weights.min() > 0
+    # A stale update (the generation no longer matches) is dropped.
+    assert buffer.update_priorities(batch["indices"][:1], batch["generations"][:1] + 1,
+                                    np.array([1e6])) == 0
+
+
+def test_checkpoint_state_round_trips():
+    buffer = counter_buffer(n_step=2, prioritized=True)
+    add_column(buffer, 0, range(20), truncated=[7])
+    copy = counter_buffer(n_step=2, prioritized=True)
+    copy.set_state(buffer.get_state())
+    for a, b in ((buffer.obs, copy.obs), (buffer.flags, copy.flags),
+                 (buffer.tree.tree, copy.tree.tree)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(buffer.sample(32)["obs"], copy.sample(32)["obs"])
+    assert np.count_nonzero(copy.flags[0] & OBS_ONLY) == 1  # the final-observation row
+
+
+@pytest.mark.parametrize("obs_space, limit", [
+    (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), 1.1),        # CartPole
+    (gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), 1.1),              # Atari frames
+])
+def test_memory_per_transition_is_within_ten_percent_of_its_raw_bytes(obs_space, limit):
+    capacity = 4096
+    buffer = ReplayBuffer(capacity, 4, obs_space, TWO_ACTIONS, ReplaySettings())
+    # One observation, action, reward and termination flag per transition: the next
+    # observation is the following row's.
+    raw = obs_space.shape and np.prod(obs_space.shape) * obs_space.dtype.itemsize
+    raw = raw + TWO_ACTIONS.dtype.itemsize + 4 + 1
+    assert buffer.nbytes() / capacity <= limit * raw
+
+
+def test_bad_settings_are_config_errors():
+    with pytest.raises(ConfigError, match="alpha must be >= 0"):
+        ReplaySettings(alpha=-0.1).check(32)
+    with pytest.raises(ConfigError, match="fewer rows per shard than train_batch_size 64"):
+        ReplaySettings(capacity=100).check(64, num_shards=2)
+
+
+def test_apex_epsilons_span_the_papers_range():
+    eps = apex_epsilons(8, 0.4, 7.0)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert all(a > b for a, b in zip(eps, eps[1:], strict=False))
+    assert apex_epsilons(1, 0.4, 7.0) == [0.4]
