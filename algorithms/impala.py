@@ -33,9 +33,10 @@ class Config:
     # Sampling
     num_envs_per_worker: int = 8
     """Environments each rollout worker steps together (a gymnasium vector env)."""
-    rollout_fragment_length: int = 20
-    """Steps per environment in one sample call: the length V-trace walks along. Short
-    fragments mean more, smaller updates (240k steps to 450 on CartPole with 20, 280k with 50)."""
+    rollout_fragment_length: int = 50
+    """Steps per environment in one sample call: the length V-trace walks along. Each update
+    takes the fragments that have arrived; on CartPole, 20 learned as fast but less stably (the
+    policy collapsed after reaching 400 in 3 of 5 runs, against none of 3 with 50)."""
     max_requests_in_flight_per_worker: int = 2
     """Sample calls kept running on each rollout worker; 2 lets a worker sample the next fragment
     while the learner trains on its last one."""
