@@ -59,7 +59,10 @@ class Config:
 
     # Optimization
     lr: float = 1e-3
-    """Adam learning rate."""
+    """Adam learning rate at the start."""
+    lr_decay_steps: int = 400_000
+    """Environment steps over which the learning rate falls linearly to 0, as in the IMPALA
+    paper (late large steps made CartPole's policy collapse); 0 keeps it constant."""
     num_epochs: int = 1
     """Passes over each batch of fragments."""
     num_minibatches: int = 1
@@ -116,6 +119,12 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     return total, stats
 
 
+def decayed_lr(config: Config, timesteps: int) -> float:
+    if not config.lr_decay_steps:
+        return config.lr
+    return config.lr * max(0.0, 1.0 - timesteps / config.lr_decay_steps)
+
+
 def training_step(algo) -> dict[str, float]:
     """Train on fragments as they finish until ``min_steps_per_iteration`` steps are used."""
     config = algo.config
@@ -126,6 +135,7 @@ def training_step(algo) -> dict[str, float]:
         samples = async_sample(requests, algo.learners, algo.obs_filter)
         algo.count(samples)
         stats.append(train_one_step(algo.learners, samples, num_epochs=config.num_epochs,
-                                    num_minibatches=config.num_minibatches, standardize=()))
+                                    num_minibatches=config.num_minibatches, standardize=(),
+                                    lr=decayed_lr(config, algo.timesteps_total)))
         sync_weights(requests, algo.learners, samples)
     return mean_stats(stats) | requests.metrics()
