@@ -40,6 +40,9 @@ class Config:
     max_requests_in_flight_per_worker: int = 2
     """Sample calls kept running on each rollout worker; 2 lets a worker sample the next fragment
     while the learner trains on its last one."""
+    train_batch_size: int = 800
+    """Environment steps per learner update, at least: finished fragments are gathered until
+    they hold this many (800: two fragments of 8 environments x 50 steps)."""
     min_steps_per_iteration: int = 2000
     """Environment steps trained on per iteration (one row of metrics), at least."""
     normalize_observations: bool = False
@@ -132,7 +135,8 @@ def training_step(algo) -> dict[str, float]:
                                config.max_requests_in_flight_per_worker)
     stats, start = [], algo.timesteps_total
     while algo.timesteps_total - start < config.min_steps_per_iteration:
-        samples = async_sample(requests, algo.learners, algo.obs_filter)
+        samples = async_sample(requests, algo.learners, algo.obs_filter,
+                               config.train_batch_size)
         algo.count(samples)
         stats.append(train_one_step(algo.learners, samples, num_epochs=config.num_epochs,
                                     num_minibatches=config.num_minibatches, standardize=(),

@@ -188,10 +188,15 @@ class AsyncSampleResult(SampleResult):
 
 
 def async_sample(requests: AsyncRequests, learners: WorkerGroup,
-                 obs_filter: RunningMeanStd | None = None) -> AsyncSampleResult:
-    """The sample calls that have finished once the first one has (at least one), as one
-    ``SampleResult`` whose batches wait on the learners' ranks; their policy lag is recorded."""
+                 obs_filter: RunningMeanStd | None = None,
+                 min_env_steps: int = 0) -> AsyncSampleResult:
+    """The sample calls that have finished once the first ones holding ``min_env_steps`` env
+    steps have (at least one call), as one ``SampleResult`` whose batches wait on the learners'
+    ranks; their policy lag is recorded. A fixed batch size per update keeps the learner's cost
+    per env step the same however the calls' arrivals interleave."""
     done = requests.ready()
+    while sum(item.result["env_steps"] for item in done) < min_env_steps:
+        done += requests.ready()
     for item in done:
         requests.used(item)
     return collect_samples(done, learners, obs_filter)
