@@ -61,8 +61,8 @@ class Plan:
 
 FULL = Plan(calibration_steps=20_000, throughput_steps=60_000, pairs=3, target=450.0,
             max_steps=400_000, timeout_s=600.0)
-QUICK = Plan(calibration_steps=8_000, throughput_steps=24_000, pairs=1, target=150.0,
-             max_steps=100_000, timeout_s=240.0)
+QUICK = Plan(calibration_steps=8_000, throughput_steps=24_000, pairs=1, target=100.0,
+             max_steps=120_000, timeout_s=240.0)
 
 
 def train(rollouts: int, slow_rank: int, stop: dict[str, float], plan: Plan,

@@ -70,3 +70,23 @@ def test_bad_in_flight_bound_is_one_clear_error(tmp_path, algo):
     assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
     assert "max_requests_in_flight_per_worker must be >= 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_straggler_rank_costs_impala_little_throughput(tmp_path):
+    """One rollout rank slowed 10x for real (sleeping in every env step, mpirl.testing's
+    MpirlStragglerCartPole-v0): 2 healthy ranks plus the slow one sample at least 80% as fast
+    as the 2 healthy ranks alone, and training still learns. Measured by the straggler
+    benchmark's quick mode (median rates over iterations; the full run takes medians over 3
+    alternating pairs, see benchmarks/RESULTS.md)."""
+    from test_benchmarks import run_benchmark
+
+    out = tmp_path / "straggler.json"
+    proc = run_benchmark("straggler.py", "--quick", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert report["slowdown_factor"] >= 7, report["calibration"]
+    assert report["throughput_ratio"] >= 0.8, report["pairs"]
+    # The slow rank's fragments are used late, and the metrics say so.
+    assert report["pairs"][0]["straggler"]["policy_lag_max"] > \
+        report["pairs"][0]["healthy"]["policy_lag_max"]
+    assert report["convergence"]["reached"], report["convergence"]
