@@ -61,7 +61,7 @@ class Plan:
 
 FULL = Plan(calibration_steps=20_000, throughput_steps=60_000, pairs=3, target=450.0,
             max_steps=400_000, timeout_s=600.0)
-QUICK = Plan(calibration_steps=8_000, throughput_steps=20_000, pairs=2, target=100.0,
+QUICK = Plan(calibration_steps=8_000, throughput_steps=30_000, pairs=3, target=100.0,
              max_steps=120_000, timeout_s=240.0)
 
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--quick", action="store_true",
-                        help="shorter runs, two pairs, a low return target (about 90 s)")
+                        help="shorter runs, a low return target (about 2 minutes)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter()

@@ -1,17 +1,11 @@
 """A3C end to end under mpiexec: gradients from rollout ranks applied first come, policy lag,
 a learner rank, and local mode."""
 
-import csv
 import json
 
 import pytest
 from conftest import run_mpi
-from test_train import MPIRL, train
-
-
-def rows(run_dir):
-    with open(run_dir / "progress.csv") as f:
-        return list(csv.DictReader(f))
+from test_train import MPIRL, rows, train
 
 
 def test_a3c_learns_cartpole_within_500k_steps(tmp_path):

@@ -1,18 +1,12 @@
 """IMPALA end to end under mpiexec: learning, policy lag, checkpoints with requests in flight,
 learner ranks, local mode, bad config, and a straggler rollout rank."""
 
-import csv
 import json
 import statistics
 
 import pytest
 from conftest import run_mpi
-from test_train import MPIRL, train
-
-
-def rows(run_dir):
-    with open(run_dir / "progress.csv") as f:
-        return list(csv.DictReader(f))
+from test_train import MPIRL, rows, train
 
 
 def test_impala_learns_cartpole(tmp_path):
