@@ -3,6 +3,7 @@
     python benchmarks/learning.py --json /tmp/learning.json [--quick] [--seeds N] [--peers LIST]
     python benchmarks/learning.py --pendulum --json /tmp/pendulum.json [--seeds N]
     python benchmarks/learning.py --dqn --json /tmp/dqn.json [--seeds N]   (or --apex, --sac)
+    python benchmarks/learning.py --async --json /tmp/async.json [--seeds N] [--peers LIST]
 
 Each run is a whole process, timed by the orchestrator from launch to exit, so interpreter start,
 imports, cluster or MPI start-up and shutdown all count. The runs go one after another, never two
@@ -23,6 +24,10 @@ which peers run besides mpirl; the others are recorded as skipped.
 
 Every process gets ``OMP_NUM_THREADS=1`` (and the same for OpenBLAS and MKL): mpirl runs torch
 with one thread per rank, and on 2 cores more threads per process only compete with each other.
+
+``--async`` runs mpirl's IMPALA (to 450 within 400k steps) and A3C (to 400 within 500k) with
+their default settings instead, and RLlib's IMPALA (its own CartPole example's settings, 2 env
+runners) beside them in each round; RLlib 2.60 has no A3C any more.
 
 ``--pendulum`` runs mpirl PPO alone on Pendulum-v1 instead (continuous actions), with
 ``PENDULUM_CONFIG``, and reports whether it reaches a mean return of -300 within 500k steps.
@@ -83,6 +88,17 @@ SB3_HYPERPARAMS: dict[str, Any] = {
 SB3_TIMESTEPS = 100_000
 """rl-zoo's n_timesteps: the horizon of its linear schedules, so also SB3's step cap here."""
 
+# --async: mpirl's asynchronous algorithms on CartPole-v1, with the issue's thresholds.
+ASYNC_ALGOS: dict[str, tuple[float, int]] = {"IMPALA": (450.0, 400_000), "A3C": (400.0, 500_000)}
+"""Algorithm -> (return to reach, env step cap)."""
+ASYNC_QUICK_TARGETS = {"IMPALA": 150.0, "A3C": 150.0}
+"""With --quick: lower targets, so the check of the script stays short."""
+# RLlib's own CartPole IMPALA example (tuned_examples/impala/cartpole_impala.py), 2 env runners.
+RLLIB_IMPALA_TRAINING = {"train_batch_size_per_learner": 500, "grad_clip": 40.0,
+                         "grad_clip_by": "global_norm", "lr": 5e-4, "vf_loss_coeff": 0.05,
+                         "entropy_coeff": 0.0}
+RLLIB_IMPALA_MODEL = {"vf_share_layers": True}
+
 PENDULUM_ENV_ID = "Pendulum-v1"
 PENDULUM_TARGET = -300.0
 PENDULUM_MAX_STEPS = 500_000
@@ -128,25 +144,48 @@ QUICK = Plan(seeds=1, step_cap=150_000, timeout_s=240.0)
 
 def role_rllib(seed: int, plan: Plan) -> int:
     """RLlib PPO on a local Ray cluster of 2 CPUs until the target or the step cap."""
+
+    def make_config(rllib: Any, model: Any) -> Any:
+        return (rllib.algorithms.ppo.PPOConfig()
+                .env_runners(num_env_runners=RLLIB_ENV_RUNNERS)
+                .training(**RLLIB_TRAINING)
+                .rl_module(model_config=model(**RLLIB_MODEL)))
+
+    return _run_rllib(make_config, seed, TARGET_RETURN, plan.step_cap)
+
+
+def role_rllib_impala(seed: int, plan: Plan) -> int:
+    """RLlib IMPALA on a local Ray cluster of 2 CPUs until IMPALA's target or step cap."""
+    target, step_cap = ASYNC_ALGOS["IMPALA"]
+
+    def make_config(rllib: Any, model: Any) -> Any:
+        return (rllib.algorithms.impala.IMPALAConfig()
+                .env_runners(num_env_runners=RLLIB_ENV_RUNNERS)
+                .training(**RLLIB_IMPALA_TRAINING)
+                .rl_module(model_config=model(**RLLIB_IMPALA_MODEL)))
+
+    return _run_rllib(make_config, seed, target, step_cap)
+
+
+def _run_rllib(make_config: Callable[[Any, Any], Any], seed: int, target: float,
+               step_cap: int) -> int:
+    """An RLlib algorithm (``make_config(ray.rllib, DefaultModelConfig)``) on CartPole-v1
+    until the ``WINDOW``-episode mean return reaches ``target`` or ``step_cap`` steps."""
     started = time.perf_counter()
     try:
         import ray
-        from ray.rllib.algorithms.ppo import PPOConfig
+        import ray.rllib.algorithms.impala
+        import ray.rllib.algorithms.ppo
         from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     except ImportError as error:
         return not_installed("RLlib", error)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        config = (
-            PPOConfig()
-            .environment(ENV_ID)
-            .env_runners(num_env_runners=RLLIB_ENV_RUNNERS)
-            .training(**RLLIB_TRAINING)
-            .rl_module(model_config=DefaultModelConfig(**RLLIB_MODEL))
-            .reporting(metrics_num_episodes_for_smoothing=WINDOW)
-            .debugging(seed=seed)
-        )
+        config = (make_config(ray.rllib, DefaultModelConfig)
+                  .environment(ENV_ID)
+                  .reporting(metrics_num_episodes_for_smoothing=WINDOW)
+                  .debugging(seed=seed))
         algo = config.build_algo()
         built = time.perf_counter()
         iterations, steps, mean_return = 0, 0, math.nan
@@ -159,7 +198,7 @@ def role_rllib(seed: int, plan: Plan) -> int:
             steps = int(result.get("num_env_steps_sampled_lifetime")
                         or runners.get("num_env_steps_sampled_lifetime", 0))
             curve.append((steps, round(mean_return, 1)))
-            if mean_return >= TARGET_RETURN or steps >= plan.step_cap:
+            if mean_return >= target or steps >= step_cap:
                 break
         trained = time.perf_counter()
         algo.stop()
@@ -274,7 +313,8 @@ def role_sb3(seed: int, plan: Plan) -> int:
 
 
 ROLES: dict[str, Callable[[int, Plan], int]] = {"rllib": role_rllib, "sb3": role_sb3,
-                                                "rllib_dqn": role_rllib_dqn}
+                                                "rllib_dqn": role_rllib_dqn,
+                                                "rllib_impala": role_rllib_impala}
 
 
 # The orchestrator.
@@ -308,12 +348,13 @@ def run_mpirl(env_id: str, config: dict[str, Any], stop: dict[str, float], seed:
     }
 
 
-def run_peer(role: str, seed: int, quick: bool, plan: Plan) -> dict[str, Any]:
+def run_peer(role: str, seed: int, quick: bool, plan: Plan,
+             target: float = TARGET_RETURN) -> dict[str, Any]:
     """This script as ``role`` under plain Python; its result plus the wall time around it."""
     finished = run_role(SCRIPT, role, quick, ("--seed", str(seed)), name=f"{role} seed {seed}",
                         timeout_s=plan.timeout_s)
     result = {"seed": seed, "wall_s": finished.wall_s, **finished.result}
-    result["reached"] = result["episode_return_mean"] >= TARGET_RETURN
+    result["reached"] = result["episode_return_mean"] >= target
     return result
 
 
@@ -489,6 +530,58 @@ def orchestrate_replay(algo: str, plan: Plan, quick: bool, json_path: Path | Non
     return 1 if "error" in result or "errors" in result else 0
 
 
+def orchestrate_async(plan: Plan, quick: bool, json_path: Path | None,
+                      peers: tuple[str, ...]) -> int:
+    """mpirl IMPALA and A3C to their thresholds, once per seed, with RLlib's IMPALA beside
+    mpirl's in each round (RLlib 2.60 has no A3C, SB3 neither)."""
+    started = time.perf_counter()
+    meta = metadata_block(quick, plan)
+    targets = {algo: ASYNC_QUICK_TARGETS[algo] if quick else target
+               for algo, (target, _) in ASYNC_ALGOS.items()}
+    meta["targets"], meta["window_episodes"] = targets, WINDOW
+    meta["step_caps"] = {algo: cap for algo, (_, cap) in ASYNC_ALGOS.items()}
+    meta["settings"] = {"mpirl": {"ranks": MPIRL_RANKS, "config": MPIRL_CONFIG},
+                        "rllib_impala": {"num_env_runners": RLLIB_ENV_RUNNERS,
+                                         "training": RLLIB_IMPALA_TRAINING,
+                                         "model": RLLIB_IMPALA_MODEL}}
+    runs: dict[str, list[dict[str, Any]]] = {"IMPALA": [], "A3C": [], "rllib_impala": []}
+    for seed in range(plan.seeds):
+        for algo, (_, cap) in ASYNC_ALGOS.items():
+            stop = {"episode_return_mean": targets[algo], "timesteps_total": cap}
+            runs[algo].append(attempt(f"mpirl {algo} seed {seed}", lambda a=algo, st=stop, s=seed:
+                                      run_mpirl(ENV_ID, MPIRL_CONFIG, st, s, targets[a],
+                                                plan.timeout_s, a), describe_run))
+        if "rllib" in peers:
+            runs["rllib_impala"].append(attempt(
+                f"rllib IMPALA seed {seed}", lambda s=seed: run_peer(
+                    "rllib_impala", s, quick, plan, targets["IMPALA"]), describe_run))
+    report: dict[str, Any] = {"meta": meta}
+    for name, entries in runs.items():
+        for run in entries:
+            run.pop("config", None)
+        report[name] = summarize(entries) if entries else skipped()
+    report["impala_speedup_vs_rllib"] = ratio(report["rllib_impala"].get("wall_s"),
+                                              report["IMPALA"].get("wall_s"))
+    meta["wall_s"] = time.perf_counter() - started
+    write_report(report, json_path)
+    print(f"\nasynchronous algorithms on {ENV_ID} ({'quick' if quick else 'full'}, "
+          f"{plan.seeds} seed(s)), {WINDOW}-episode mean return, on {meta['hostname']}, "
+          f"{meta['wall_s']:.0f} s in all")
+    rows = [("", "target", "wall s (median)", "env steps (median)", "reached every seed")]
+    for name, label, target in (("IMPALA", "mpirl IMPALA", targets["IMPALA"]),
+                                ("A3C", "mpirl A3C", targets["A3C"]),
+                                ("rllib_impala", "RLlib IMPALA", targets["IMPALA"])):
+        entry = report[name]
+        rows.append((label, fmt(target, 0), fmt(entry.get("wall_s"), 1),
+                     fmt(entry.get("env_steps"), 0), fmt(entry.get("reached"), 0)))
+    print_table(rows)
+    print_problems({name: report[name] for name in runs})
+    if json_path is not None:
+        print(f"wrote {json_path}")
+    failed = any("error" in report[a] or "errors" in report[a] for a in ASYNC_ALGOS)
+    return 1 if failed else 0
+
+
 def print_summary(report: dict[str, Any]) -> None:
     """A small table for people; the JSON holds everything."""
     meta = report["meta"]
@@ -527,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"mpirl Ape-X on {ENV_ID} to 475 (no peers)")
     parser.add_argument("--sac", action="store_const", const="SAC", dest="replay_algo",
                         help=f"mpirl SAC on {PENDULUM_ENV_ID} to -200 in 20k steps (no peers)")
+    parser.add_argument("--async", dest="async_algos", action="store_true",
+                        help="mpirl IMPALA and A3C instead, with RLlib's IMPALA beside them")
     add_peers_option(parser, PEERS)
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -549,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
         # --dqn measures RLlib's DQN too when --peers names rllib; the others run mpirl alone.
         peers = args.peers if "--peers" in (argv or sys.argv) else ("mpirl",)
         return orchestrate_replay(args.replay_algo, plan, args.quick, args.json, peers)
+    if args.async_algos:
+        return orchestrate_async(plan, args.quick, args.json, args.peers)
     return orchestrate(plan, args.quick, args.json, args.peers)
 
 

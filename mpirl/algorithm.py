@@ -12,6 +12,7 @@ import importlib
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,7 +40,8 @@ from mpirl.trajectories import DumpIndex, DumpSettings
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
               "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
-              "SAC": "mpirl.algorithms.sac"}
+              "SAC": "mpirl.algorithms.sac",
+              "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c"}
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run).
 STOP_KEYS = ("episode_return_mean", "timesteps_total", "training_iteration", "time_total_s")
@@ -110,6 +112,10 @@ class Algorithm:
         self.time_before_resume = 0.0
         self.last_row: dict[str, Any] | None = None
         self.extra_groups: list = []
+        #: What a plan keeps between iterations (asynchronous requests in flight, say).
+        self.plan_state: dict[str, Any] = {}
+        #: Called before a checkpoint is written: a plan with requests in flight settles them.
+        self.before_checkpoint: list[Callable[[], None]] = []
         if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
             module.setup(self)
 
@@ -224,6 +230,8 @@ class Algorithm:
 
     def save_checkpoint(self, store: CheckpointStore, include_replay: bool = True) -> Path:
         """Write a checkpoint of the whole run: every worker writes its own file, in parallel."""
+        for settle in self.before_checkpoint:
+            settle()
         tmp = store.begin(self.iteration)
         groups = [g for g in self.stateful_groups if include_replay or g.role != "replay"]
         futures = [

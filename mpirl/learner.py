@@ -100,7 +100,7 @@ class Learner(Worker):
     """One data-parallel learner: receives batches, runs minibatch SGD, shares weights."""
 
     MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
-                "save_state", "load_state")
+                "save_state", "load_state", "apply_gradients")
 
     def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
                  lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
@@ -139,7 +139,7 @@ class Learner(Worker):
             self.context.data_channel.recv_each(sources, BATCH_TAG) if sources else [])
         batch = (concat_batches(parts) if parts
                  else {k: np.zeros(0, np.float32) for k in ("advantages", *standardize)})
-        size = len(batch["advantages"])
+        size = len(next(iter(batch.values())))  # rows; a row may be a whole fragment (V-trace)
         comm = self.context.role_comm
         sizes = comm.allgather(size) if comm.Get_size() > 1 else [size]
         num_minibatches = min(num_minibatches, max(sizes))
@@ -203,6 +203,16 @@ class Learner(Worker):
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
         return minibatch is not None
+
+    def apply_gradients(self, flat: np.ndarray) -> np.ndarray:
+        """Apply one gradient computed elsewhere (an A3C rollout worker's flat vector), clipped,
+        with this learner's optimizer; return the new weights. For a single learner: no
+        allreduce is made."""
+        self.policy.set_flat_gradients(flat)
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+        return self.policy.get_flat_weights()
 
     def _average_gradients(self) -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])

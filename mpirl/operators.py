@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.dispatch import WorkerGroup
+from mpirl.dispatch import WorkerGroup, WorkerHandle
 from mpirl.env_guard import unwrap_env_failure
 from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError
 from mpirl.offline import OfflineInput
@@ -71,21 +71,29 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
             continue  # its batch may never come: the learner is not told to wait for it
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
-        if not worker.in_process:
-            result.sources.setdefault(target, []).append(worker.rank)
-        result.env_steps += metrics["env_steps"]
-        result.env_failures += metrics["env_failures"]
-        result.episode_returns += metrics["episode_returns"]
-        result.episode_lengths += metrics["episode_lengths"]
-        if "dumped" in metrics:
-            result.dumped.append(metrics["dumped"])
-        if "batch" in metrics:
-            result.batches.setdefault(target, []).append(metrics["batch"])
-        if obs_filter is not None and metrics["filter_delta"] is not None:
-            mean, var, count = metrics["filter_delta"]
-            obs_filter.merge(mean, var, count)
+        add_sample(result, target, worker, metrics, obs_filter)
     _discard_lost_rollouts(learners, rollouts)
     return result
+
+
+def add_sample(result: SampleResult, target: int, worker: WorkerHandle, metrics: dict[str, Any],
+               obs_filter: RunningMeanStd | None) -> None:
+    """Add what one ``sample()`` call of ``worker`` returned to ``result``: its counts and
+    episodes, where its batch is (sent to learner ``target``, or in ``metrics``), and its
+    observation statistics, merged into ``obs_filter``."""
+    if not worker.in_process:
+        result.sources.setdefault(target, []).append(worker.rank)
+    result.env_steps += metrics["env_steps"]
+    result.env_failures += metrics["env_failures"]
+    result.episode_returns += metrics["episode_returns"]
+    result.episode_lengths += metrics["episode_lengths"]
+    if "dumped" in metrics:
+        result.dumped.append(metrics["dumped"])
+    if "batch" in metrics:
+        result.batches.setdefault(target, []).append(metrics["batch"])
+    if obs_filter is not None and metrics["filter_delta"] is not None:
+        mean, var, count = metrics["filter_delta"]
+        obs_filter.merge(mean, var, count)
 
 
 def _discard_lost_rollouts(learners: WorkerGroup, rollouts: WorkerGroup) -> bool:

@@ -164,6 +164,21 @@ class Policy(nn.Module):
         """All parameters concatenated into one float32 vector (a copy, on the CPU)."""
         return torch.cat([p.detach().reshape(-1) for p in self.parameters()]).cpu().numpy()
 
+    def get_flat_gradients(self) -> np.ndarray:
+        """All parameters' gradients as one float32 vector in the order of the weights (zeros
+        for a parameter the loss left unused), on the CPU."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.parameters()]).detach().cpu().numpy()
+
+    def set_flat_gradients(self, flat: np.ndarray) -> None:
+        """Set every parameter's ``.grad`` from one flat vector (``get_flat_gradients``'s)."""
+        flat_t = torch.as_tensor(flat, dtype=torch.float32)
+        offset = 0
+        for p in self.parameters():
+            n = p.numel()
+            p.grad = flat_t[offset:offset + n].view_as(p).to(p.device).clone()
+            offset += n
+
     @torch.no_grad()
     def set_flat_weights(self, flat: np.ndarray) -> None:
         flat_t = torch.as_tensor(flat, dtype=torch.float32)

@@ -15,6 +15,7 @@ import importlib
 import pickle
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -89,11 +90,32 @@ class EnvSpec:
             env.close()
 
 
+def trajectory_batch(arrays: dict[str, np.ndarray], keep: np.ndarray,
+                     last_obs: np.ndarray) -> dict[str, np.ndarray]:
+    """One fragment per environment, for off-policy corrections that walk along time (V-trace):
+    ``[N, T, ...]`` arrays built from sample()'s ``[T, N, ...]`` columns, so that every row is
+    one environment's whole fragment and rows can be shuffled and split like any batch.
+
+    ``logp`` is the behaviour policy's; ``dones`` end episodes (time limits too, with
+    ``gamma * V(final_obs)`` folded into the reward); ``mask`` is 0 on the steps of episodes an
+    env failure cut short; ``bootstrap_obs`` is the observation after the last step."""
+    def rows(value: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.swapaxes(value, 0, 1))
+
+    return {
+        "obs": rows(arrays["obs"]), "actions": rows(arrays["actions"]),
+        "logp": rows(arrays["logp"]), "rewards": rows(arrays["rewards"]),
+        "dones": rows(arrays["dones"]).astype(np.float32),
+        "mask": rows(keep).astype(np.float32),
+        "bootstrap_obs": np.ascontiguousarray(last_obs, dtype=np.float32),
+    }
+
+
 class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
     MESSAGES = ("sample", "evaluate", "receive_weights", "set_weights", "get_weights",
-                "save_state", "load_state", "finish_dump")
+                "save_state", "load_state", "finish_dump", "compute_gradients")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
@@ -140,11 +162,14 @@ class RolloutWorker(Worker):
         return self.filter.normalize(obs)
 
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,
-               send_to: int | None = None) -> dict[str, Any]:
+               send_to: int | None = None, trajectories: bool = False) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
         unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
         episodes that an env failure cut short are left out, so the batch may be short; the
-        metrics count the failures (``env_failures``)."""
+        metrics count the failures (``env_failures``).
+
+        With ``trajectories`` the batch holds raw fragments for off-policy corrections (V-trace)
+        instead of GAE advantages; see ``trajectory_batch``."""
         if filter_state is not None:
             self.filter.mean, self.filter.var, self.filter.count = filter_state
         delta = RunningMeanStd(self.obs_shape)  # what this call saw, merged on the driver
@@ -195,8 +220,11 @@ class RolloutWorker(Worker):
                                ("values", values), ("rewards", rewards), ("dones", done)):
                 columns[key].append(value)
             self.obs = next_obs
-        last_values = self.policy.value(self._normalize(self.obs))
         arrays = {k: np.stack(v) for k, v in columns.items()}
+        if trajectories:
+            batch = trajectory_batch(arrays, keep, self._normalize(self.obs))
+            return self._finish_sample(batch, keep.size, returns, lengths, delta, send_to)
+        last_values = self.policy.value(self._normalize(self.obs))
         advantages, targets = compute_gae(arrays["rewards"], arrays["values"],
                                           arrays["dones"].astype(np.float32), last_values,
                                           self.gamma, self.lam)
@@ -212,6 +240,13 @@ class RolloutWorker(Worker):
         if not keep.all():
             rows = keep.reshape(count)  # [T, N] flattened row-major, as the batch was
             batch = {key: value[rows] for key, value in batch.items()}
+        return self._finish_sample(batch, count, returns, lengths, delta, send_to)
+
+    def _finish_sample(self, batch: dict[str, np.ndarray], count: int, returns: list[float],
+                       lengths: list[int], delta: RunningMeanStd,
+                       send_to: int | None) -> dict[str, Any]:
+        """The metrics of one sample() call (``count`` env steps); the batch goes to
+        ``send_to`` over the data channel, or into the metrics."""
         failures, self._unreported_failures = self._unreported_failures, 0
         metrics = {"env_steps": count, "episode_returns": returns, "episode_lengths": lengths,
                    "env_failures": failures,
@@ -225,6 +260,23 @@ class RolloutWorker(Worker):
             channel = self.context.data_channel
             channel.flush()
             channel.isend(batch, send_to, BATCH_TAG)
+        return metrics
+
+    def compute_gradients(self, steps_per_env: int, loss: Callable, loss_config: Any,
+                          filter_state: tuple | None = None) -> dict[str, Any]:
+        """Sample like ``sample()``, then take the gradient of ``loss(policy, batch, config)``
+        on that batch with this worker's own policy copy (A3C). Returns sample()'s metrics with,
+        instead of the batch, ``"gradients"``: one flat float32 vector (None when env failures
+        left no rows), and ``"stats"``: the loss statistics. Only these cross to the driver."""
+        metrics = self.sample(steps_per_env, filter_state)
+        batch = metrics.pop("batch")
+        metrics["gradients"], metrics["stats"] = None, {}
+        if len(batch["logp"]):
+            tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
+            self.policy.zero_grad(set_to_none=True)
+            total, metrics["stats"] = loss(self.policy, tensors, loss_config)
+            total.backward()
+            metrics["gradients"] = self.policy.get_flat_gradients()
         return metrics
 
     def finish_dump(self) -> tuple[str, list[tuple[int, int]]] | None:

@@ -174,6 +174,33 @@ class FlakyCartPoleEnv(CartPoleEnv):
         return super().reset(seed=seed, options=options)
 
 
+class StragglerCartPoleEnv(CartPoleEnv):
+    """CartPole that sleeps ``step_delay_s`` in every step on MPI rank ``slow_rank`` only, so
+    that one rollout rank is slow for real (sleeping, it leaves the cores to the others). The
+    environment variables ``MPIRL_STRAGGLER_DELAY_S`` and ``MPIRL_STRAGGLER_RANK`` override both
+    (benchmarks calibrate the delay to a slow-down factor)."""
+
+    def __init__(self, slow_rank: int = 1, step_delay_s: float = 7e-4, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        from mpi4py import MPI
+
+        slow_rank = int(os.environ.get("MPIRL_STRAGGLER_RANK", slow_rank))
+        step_delay_s = float(os.environ.get("MPIRL_STRAGGLER_DELAY_S", step_delay_s))
+        self.delay_s = step_delay_s if MPI.COMM_WORLD.Get_rank() == slow_rank else 0.0
+        self.owed_s = 0.0
+
+    def step(self, action):
+        if self.delay_s:
+            # Sleep in lumps of 10 steps' delay: on a shared 2-core machine a wake-up every
+            # step would preempt the healthy ranks a thousand times a second, which a slow rank
+            # on a node of its own never does. The slow-down is the same.
+            self.owed_s += self.delay_s
+            if self.owed_s >= 10 * self.delay_s:
+                time.sleep(self.owed_s)
+                self.owed_s = 0.0
+        return super().step(action)
+
+
 class CountingEnv(gym.Env):
     """Episodes of exactly ``episode_length`` steps whatever the actions, reward 1 a step, on a
     ``FailureSchedule``. The observation is the number of steps this instance has taken, so a
@@ -216,6 +243,9 @@ _IDS = {
                                         kwargs={"fail_resets_after": 0}),
     "MpirlBrokenStepCartPole-v0": dict(entry_point=FlakyCartPoleEnv, max_episode_steps=500,
                                        kwargs={"fail_every_steps": 1}),
+    # CartPole-v1 whose steps on rank 1 (the first rollout rank) each sleep 0.7 ms: about 10x
+    # the cost of a healthy rank's step (policy included) on the project's 2-core machine.
+    "MpirlStragglerCartPole-v0": dict(entry_point=StragglerCartPoleEnv, max_episode_steps=500),
 }
 for _id, _registration in _IDS.items():
     if _id not in gym.registry:

@@ -1,0 +1,104 @@
+"""A3C: asynchronous advantage actor-critic, with gradients computed on the rollout workers.
+
+Every rollout worker samples a short fragment, computes GAE advantages and the gradient of A2C's
+loss on its own policy copy, and sends the gradient (one flat float32 vector) to the driver. The
+driver has learner 0 apply each gradient as it comes, first come first applied, and sends the new
+weights back to that worker alone; the others keep working. ``policy_lag_mean`` counts the
+updates other workers made between a gradient's weights and its application.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpirl.algorithms.a2c import loss  # A3C's update is A2C's, applied asynchronously
+
+from mpirl.async_ops import (
+    async_apply_gradients,
+    check_in_flight,
+    gradient_requests,
+    mean_stats,
+)
+from mpirl.env_guard import check_max_failures
+from mpirl.errors import ConfigError
+
+__all__ = ["Config", "loss", "training_step"]
+
+
+@dataclass
+class Config:
+    """A3C's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
+
+    # Layout
+    num_rollout_workers: int = -1
+    """Rollout ranks; -1 takes every rank the learner leaves. 0 samples in the driver."""
+    num_learners: int = 0
+    """0 applies the gradients in the driver's process, 1 on a learner rank (no more: each
+    gradient is one update of one optimizer)."""
+
+    # Sampling
+    num_envs_per_worker: int = 8
+    """Environments each rollout worker steps together (a gymnasium vector env)."""
+    rollout_fragment_length: int = 8
+    """Steps per environment behind each gradient."""
+    max_requests_in_flight_per_worker: int = 1
+    """Gradient calls kept running on each rollout worker. 1 is classic A3C: a worker computes
+    its next gradient with the weights its last one produced."""
+    min_steps_per_iteration: int = 2000
+    """Environment steps behind the gradients applied per iteration (one row of metrics)."""
+    normalize_observations: bool = False
+    """Normalize observations with running statistics merged over all rollout ranks."""
+    max_env_failures: int = 10
+    """Failures in a row of one environment (an exception in reset or step; a successful step
+    resets the count) that end the run. Fewer are recovered: the env is rebuilt and its partial
+    episode dropped. 1 ends the run on the first failure."""
+
+    # Returns and advantages
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 1.0
+    """GAE lambda; 1 gives plain n-step advantages."""
+
+    # Optimization
+    lr: float = 1e-3
+    """Adam learning rate."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    grad_clip: float = 0.5
+    """Global gradient-norm clip, applied by the learner to each gradient; 0 turns it off."""
+
+    # Model and compute
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and the critic."""
+    activation: str = "tanh"
+    """tanh, relu or elu."""
+    learner_backend: str = "auto"
+    """Kept for the learner's constructor; A3C makes no allreduce."""
+    torch_threads: int = 1
+    """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
+
+    # Bookkeeping
+    metrics_window: int = 100
+    """Episodes averaged into episode_return_mean."""
+    seed: int = 0
+    """Base seed; rank-specific seeds derive from it."""
+
+    def __post_init__(self) -> None:
+        check_max_failures(self.max_env_failures)
+        check_in_flight(self.max_requests_in_flight_per_worker)
+        if self.num_learners > 1:
+            raise ConfigError(f"A3C applies each gradient on one learner: num_learners must be "
+                              f"0 or 1, got {self.num_learners}")
+
+
+def training_step(algo) -> dict[str, float]:
+    """Apply gradients as they come until ``min_steps_per_iteration`` steps are behind them."""
+    config = algo.config
+    requests = gradient_requests(algo, config.rollout_fragment_length, loss,
+                                 config.max_requests_in_flight_per_worker)
+    stats, start = [], algo.timesteps_total
+    while algo.timesteps_total - start < config.min_steps_per_iteration:
+        stats += async_apply_gradients(algo, requests)
+    return mean_stats(stats) | requests.metrics()
