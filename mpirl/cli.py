@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
                     "on any rank writes a checkpoint and exits with code 75: resume with "
                     "--resume RUN_DIR.",
     )
-    train.add_argument("--algo", help="PPO or A2C")
+    train.add_argument("--algo", help="PPO, A2C, IMPALA, A3C, DQN, APEX, SAC, BC or MARWIL")
     train.add_argument("--env", help="a gymnasium id such as CartPole-v1, or module:ClassName")
     train.add_argument("--env-module", help="import this module first (it registers the env id)")
     train.add_argument("--config", default="{}", metavar="JSON",
