@@ -83,12 +83,7 @@ def add_sample(result: SampleResult, target: int, worker: WorkerHandle, metrics:
     observation statistics, merged into ``obs_filter``."""
     if not worker.in_process:
         result.sources.setdefault(target, []).append(worker.rank)
-    result.env_steps += metrics["env_steps"]
-    result.env_failures += metrics["env_failures"]
-    result.episode_returns += metrics["episode_returns"]
-    result.episode_lengths += metrics["episode_lengths"]
-    if "dumped" in metrics:
-        result.dumped.append(metrics["dumped"])
+    add_sample_metrics(result, metrics)
     if "batch" in metrics:
         result.batches.setdefault(target, []).append(metrics["batch"])
     if obs_filter is not None and metrics["filter_delta"] is not None:
@@ -296,6 +291,7 @@ def store_to_replay(rollouts: WorkerGroup, replay: WorkerGroup, steps_per_env: i
 
 
 def add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
+    """Add the counts, episodes and dumped-episode ids of one sample call to ``result``."""
     result.env_steps += metrics["env_steps"]
     result.env_failures += metrics["env_failures"]
     result.episode_returns += metrics["episode_returns"]
