@@ -99,10 +99,10 @@ def test_replay_benchmark_quick_writes_every_key(tmp_path):
     report = json.loads(out.read_text())
     overhead = report["replay_bytes_overhead"]
     assert set(overhead) == {"cartpole", "atari_84x84x4"}
-    # One stored copy of each observation: within 10% of the raw bytes without a sum tree.
-    assert overhead["cartpole"]["uniform"] <= 1.1
-    assert overhead["atari_84x84x4"]["uniform"] <= 1.1
-    assert overhead["atari_84x84x4"]["prioritized"] <= 1.1
+    # One stored copy of each observation, and 2.25 bytes of priority per row: within 10%.
+    for name in ("cartpole", "atari_84x84x4"):
+        for kind in ("uniform", "prioritized"):
+            assert overhead[name][kind] <= 1.1, (name, kind, overhead)
     for kind in ("uniform", "prioritized"):
         assert report["throughput"][kind]["sample_transitions_per_s"] > 0
     scaling = report["apex_scaling"]

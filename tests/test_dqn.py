@@ -47,7 +47,7 @@ def test_dqn_with_replay_shards_and_a_learner_rank_trains_and_resumes(tmp_path):
     assert manifest["layout"] == {"learner": 1, "rollout": 2, "replay": 2}
     shard = pickle.loads((checkpoint / "replay_0.pkl").read_bytes())
     assert shard["written"].sum() == 4 * 4 * 64  # rollout worker 0's steps, no truncations yet
-    assert "tree" in shard
+    assert "priority_codes" in shard
     learner = pickle.loads((checkpoint / "learner_0.pkl").read_bytes())
     assert learner["updates"] == 4 * 256
     # Resume: the shards come back with their rows, the learner with its target network.

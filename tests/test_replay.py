@@ -39,7 +39,7 @@ def test_sum_tree_samples_in_proportion_to_priority():
     priorities = np.array([1.0, 2.0, 3.0, 4.0, 0.0, 10.0, 0.5])  # size 7: leaves at two depths
     tree = SumTree(len(priorities))
     tree.update(np.arange(len(priorities)), priorities)
-    assert tree.total == pytest.approx(priorities.sum())
+    assert tree.total == pytest.approx(priorities.sum(), rel=1e-3)  # 16-bit codes
     rng = np.random.default_rng(0)
     draws = 200_000
     counts = np.bincount(tree.find(rng.random(draws) * tree.total), minlength=len(priorities))
@@ -49,7 +49,43 @@ def test_sum_tree_samples_in_proportion_to_priority():
     chi2 = (((counts - expected)[live]) ** 2 / expected[live]).sum()
     assert chi2 < 22.5, (counts, expected)  # chi-square, 5 dof, p = 0.0004
     tree.update(np.array([5]), np.array([0.0]))
-    assert tree.total == pytest.approx(priorities.sum() - 10.0)
+    assert tree.total == pytest.approx(priorities.sum() - 10.0, rel=1e-3)
+
+
+def test_sum_tree_over_many_blocks_matches_priorities_and_never_draws_a_zero():
+    rng = np.random.default_rng(1)
+    size = 1000  # 16 blocks, the last one partly filled
+    priorities = rng.lognormal(0.0, 3.0, size) * (rng.random(size) > 0.2)
+    tree = SumTree(size)
+    tree.update(np.arange(size), priorities)
+    live = priorities > 0
+    np.testing.assert_allclose(tree[np.arange(size)], priorities, rtol=4e-4)
+    assert tree.total == pytest.approx(priorities.sum(), rel=4e-4)
+    # Every prefix of the mass, edges included, lands on a leaf with a priority.
+    mass = np.concatenate([np.linspace(0, tree.total, 50_000, endpoint=False),
+                           [np.nextafter(tree.total, 0)]])
+    drawn = tree.find(mass)
+    assert live[drawn].all()
+    draws = np.bincount(tree.find(rng.random(400_000) * tree.total), minlength=size)
+    expected = tree[np.arange(size)] / tree.total * 400_000
+    big = expected > 50
+    assert np.abs(draws[big] - expected[big]).max() < 5 * np.sqrt(expected[big]).max()
+    # Block sums are recomputed, not adjusted: zeroing every leaf leaves exactly nothing.
+    tree.update(np.arange(size), np.zeros(size))
+    assert tree.total == 0.0
+
+
+def test_priority_codes_keep_zero_and_relative_precision():
+    values = np.array([0.0, 1e-12, 2.5e-4, 1.0, 3.7, 1e6, 1e12, np.inf])
+    decoded = SumTree(8)
+    decoded.update(np.arange(8), values)
+    got = decoded[np.arange(8)]
+    assert got[0] == 0.0
+    np.testing.assert_allclose(got[2:6], values[2:6], rtol=3.5e-4)
+    assert got[1] == pytest.approx(2.0 ** -32, rel=1e-3)  # clipped to the lowest level
+    assert got[6] == got[7] == pytest.approx(2.0 ** 32, rel=1e-3)  # and to the highest
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        decoded.update(np.array([0]), np.array([np.nan]))
 
 
 def test_n_step_returns_stop_at_terminations_and_bootstrap_at_truncations():
@@ -133,7 +169,7 @@ def test_checkpoint_state_round_trips():
     copy = counter_buffer(n_step=2, prioritized=True)
     copy.set_state(buffer.get_state())
     for a, b in ((buffer.obs, copy.obs), (buffer.flags, copy.flags),
-                 (buffer.tree.tree, copy.tree.tree)):
+                 (buffer.tree.codes, copy.tree.codes), (buffer.tree.sums, copy.tree.sums)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(buffer.sample(32)["obs"], copy.sample(32)["obs"])
     assert np.count_nonzero(copy.flags[0] & OBS_ONLY) == 1  # the final-observation row
@@ -143,9 +179,12 @@ def test_checkpoint_state_round_trips():
     (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), 1.1),        # CartPole
     (gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), 1.1),              # Atari frames
 ])
-def test_memory_per_transition_is_within_ten_percent_of_its_raw_bytes(obs_space, limit):
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_memory_per_transition_is_within_ten_percent_of_its_raw_bytes(obs_space, limit,
+                                                                       prioritized):
     capacity = 4096
-    buffer = ReplayBuffer(capacity, 4, obs_space, TWO_ACTIONS, ReplaySettings())
+    buffer = ReplayBuffer(capacity, 4, obs_space, TWO_ACTIONS,
+                          ReplaySettings(prioritized=prioritized))
     # One observation, action, reward and termination flag per transition: the next
     # observation is the following row's.
     raw = obs_space.shape and np.prod(obs_space.shape) * obs_space.dtype.itemsize
