@@ -100,6 +100,10 @@ def end_session(proc: subprocess.Popen) -> None:
         time.sleep(1.0)
 
 
+PROGRESS_PREFIX = "progress: "
+"""Lines a measured program writes to stderr as it goes; a timeout's error quotes the last."""
+
+
 def run_process(command: Sequence[str], name: str, timeout_s: float,
                 extra_env: Mapping[str, str] | None = None,
                 want_result: bool = False) -> Finished:
@@ -115,7 +119,10 @@ def run_process(command: Sequence[str], name: str, timeout_s: float,
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         end_session(proc)
-        raise BenchError(f"{name}: no result within {timeout_s:g} s; killed") from None
+        out, err = proc.communicate()
+        progress = [line for line in err.splitlines() if line.startswith(PROGRESS_PREFIX)]
+        last = f"; last progress: {progress[-1]}" if progress else ""
+        raise BenchError(f"{name}: no result within {timeout_s:g} s; killed{last}") from None
     wall = time.perf_counter() - start
     # Nothing it started may outlive it and eat into the next measurement.
     end_session(proc)

@@ -2,7 +2,8 @@
 
     python benchmarks/learning.py --json /tmp/learning.json [--quick] [--seeds N] [--peers LIST]
     python benchmarks/learning.py --pendulum --json /tmp/pendulum.json [--seeds N]
-    python benchmarks/learning.py --dqn --json /tmp/dqn.json [--seeds N]   (or --apex, --sac)
+    python benchmarks/learning.py --dqn --json /tmp/dqn.json [--seeds N] [--peers mpirl,rllib]
+    (or --apex, --sac; RLlib has DQN and SAC, not Ape-X)
     python benchmarks/learning.py --async --json /tmp/async.json [--seeds N] [--peers LIST]
 
 Each run is a whole process, timed by the orchestrator from launch to exit, so interpreter start,
@@ -27,7 +28,8 @@ with one thread per rank, and on 2 cores more threads per process only compete w
 
 ``--async`` runs mpirl's IMPALA (to 450 within 400k steps) and A3C (to 400 within 500k) with
 their default settings instead, and RLlib's IMPALA (its own CartPole example's settings, 2 env
-runners) beside them in each round; RLlib 2.60 has no A3C any more.
+runners, its learner actor on a third logical CPU) beside them in each round; RLlib 2.60 has no
+A3C any more.
 
 ``--pendulum`` runs mpirl PPO alone on Pendulum-v1 instead (continuous actions), with
 ``PENDULUM_CONFIG``, and reports whether it reaches a mean return of -300 within 500k steps.
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    PROGRESS_PREFIX,
     THREAD_ENV,
     BenchError,
     add_peers_option,
@@ -98,6 +101,10 @@ RLLIB_IMPALA_TRAINING = {"train_batch_size_per_learner": 500, "grad_clip": 40.0,
                          "grad_clip_by": "global_norm", "lr": 5e-4, "vf_loss_coeff": 0.05,
                          "entropy_coeff": 0.0}
 RLLIB_IMPALA_MODEL = {"vf_share_layers": True}
+RLLIB_IMPALA_MIN_ITERATION_S = 1.0
+"""RLlib IMPALA's iterations last at least 10 s by default; the target is checked once per
+iteration, so its time to the target would be rounded up by up to 10 s. mpirl's IMPALA
+iterations take about 1 s."""
 
 PENDULUM_ENV_ID = "Pendulum-v1"
 PENDULUM_TARGET = -300.0
@@ -122,6 +129,27 @@ REPLAY_PLANS: dict[str, tuple[str, int, dict[str, Any], float, int]] = {
     "APEX": (ENV_ID, 6, {"metrics_window": WINDOW, "num_rollout_workers": 2}, 475.0, 150_000),
     "SAC": (PENDULUM_ENV_ID, 2, {"metrics_window": WINDOW}, -200.0, 20_000),
 }
+# RLlib's own examples for the same algorithms (tuned_examples/dqn/cartpole_dqn.py and
+# tuned_examples/sac/pendulum_sac.py in RLlib 2.60), run side by side with ``--peers mpirl,rllib``.
+RLLIB_DQN_TRAINING: dict[str, Any] = {
+    "lr": 5e-4, "train_batch_size_per_learner": 32, "n_step": (2, 5), "double_q": True,
+    "dueling": True, "num_atoms": 1, "epsilon": [(0, 1.0), (10000, 0.02)],
+    "replay_buffer_config": {"type": "PrioritizedEpisodeReplayBuffer", "capacity": 50000,
+                             "alpha": 0.6, "beta": 0.4}}
+RLLIB_DQN_MODEL: dict[str, Any] = {"fcnet_hiddens": [256], "fcnet_activation": "tanh",
+                                   "head_fcnet_hiddens": [256], "head_fcnet_activation": "tanh"}
+RLLIB_SAC_TRAINING: dict[str, Any] = {
+    "initial_alpha": 1.001, "actor_lr": 2e-4, "critic_lr": 8e-4, "alpha_lr": 9e-4, "lr": None,
+    "target_entropy": "auto", "n_step": (2, 5), "tau": 0.005, "train_batch_size_per_learner": 256,
+    "target_network_update_freq": 1, "num_steps_sampled_before_learning_starts": 256,
+    "replay_buffer_config": {"type": "PrioritizedEpisodeReplayBuffer", "capacity": 100000,
+                             "alpha": 1.0, "beta": 0.0}}
+RLLIB_SAC_MODEL: dict[str, Any] = {
+    "fcnet_hiddens": [256, 256], "fcnet_activation": "relu", "head_fcnet_hiddens": [],
+    "head_fcnet_activation": None, "head_fcnet_kernel_initializer": "orthogonal_",
+    "head_fcnet_kernel_initializer_kwargs": {"gain": 0.01}}
+RLLIB_REPLAY_ROLES = {"DQN": "rllib_dqn", "SAC": "rllib_sac"}
+"""The replay algorithms RLlib 2.60 also has (it has no Ape-X any more) and their roles."""
 
 
 @dataclass(frozen=True)
@@ -162,28 +190,35 @@ def role_rllib_impala(seed: int, plan: Plan) -> int:
         return (rllib.algorithms.impala.IMPALAConfig()
                 .env_runners(num_env_runners=RLLIB_ENV_RUNNERS)
                 .training(**RLLIB_IMPALA_TRAINING)
-                .rl_module(model_config=model(**RLLIB_IMPALA_MODEL)))
+                .rl_module(model_config=model(**RLLIB_IMPALA_MODEL))
+                .reporting(min_time_s_per_iteration=RLLIB_IMPALA_MIN_ITERATION_S))
 
-    return _run_rllib(make_config, seed, target, step_cap)
+    # IMPALA's learner is a Ray actor of its own that reserves a CPU: with 2 env runners it needs
+    # 3, and on a cluster told the truth (2) it never starts and the run waits forever. Told 3,
+    # it runs 3 processes on 2 cores, as mpirl's IMPALA does (a learning driver, 2 rollout ranks).
+    return _run_rllib(make_config, seed, target, step_cap, num_cpus=RLLIB_ENV_RUNNERS + 1)
 
 
 def _run_rllib(make_config: Callable[[Any, Any], Any], seed: int, target: float,
-               step_cap: int) -> int:
-    """An RLlib algorithm (``make_config(ray.rllib, DefaultModelConfig)``) on CartPole-v1
-    until the ``WINDOW``-episode mean return reaches ``target`` or ``step_cap`` steps."""
+               step_cap: int, env_id: str = ENV_ID, num_cpus: int = 2) -> int:
+    """An RLlib algorithm (``make_config(ray.rllib, DefaultModelConfig)``) on ``env_id`` until
+    the ``WINDOW``-episode mean return reaches ``target`` or ``step_cap`` steps. ``num_cpus`` is
+    what Ray is told the machine has (its actors reserve whole CPUs)."""
     started = time.perf_counter()
     try:
         import ray
+        import ray.rllib.algorithms.dqn
         import ray.rllib.algorithms.impala
         import ray.rllib.algorithms.ppo
+        import ray.rllib.algorithms.sac
         from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     except ImportError as error:
         return not_installed("RLlib", error)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:
         config = (make_config(ray.rllib, DefaultModelConfig)
-                  .environment(ENV_ID)
+                  .environment(env_id)
                   .reporting(metrics_num_episodes_for_smoothing=WINDOW)
                   .debugging(seed=seed))
         algo = config.build_algo()
@@ -198,6 +233,10 @@ def _run_rllib(make_config: Callable[[Any, Any], Any], seed: int, target: float,
             steps = int(result.get("num_env_steps_sampled_lifetime")
                         or runners.get("num_env_steps_sampled_lifetime", 0))
             curve.append((steps, round(mean_return, 1)))
+            # A trail on stderr, so that a run stopped by its timeout still shows how far it got.
+            print(f"{PROGRESS_PREFIX}rllib iteration {iterations}: {steps} env steps, return "
+                  f"{mean_return:.1f}, {time.perf_counter() - built:.0f} s", file=sys.stderr,
+                  flush=True)
             if mean_return >= target or steps >= step_cap:
                 break
         trained = time.perf_counter()
@@ -214,49 +253,28 @@ def role_rllib_dqn(seed: int, plan: Plan) -> int:
     """RLlib DQN (new API stack) on CartPole-v1 with the settings of RLlib's own CartPole DQN
     example (prioritized replay, 2-5 step returns, double, dueling, one 256-unit tanh layer), until
     DQN's target return or its step cap."""
-    started = time.perf_counter()
-    try:
-        import ray
-        from ray.rllib.algorithms.dqn import DQNConfig
-        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-    except ImportError as error:
-        return not_installed("RLlib", error)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        config = (
-            DQNConfig()
-            .environment(ENV_ID)
-            .training(lr=5e-4, train_batch_size_per_learner=32, n_step=(2, 5), double_q=True,
-                      dueling=True, num_atoms=1, epsilon=[(0, 1.0), (10000, 0.02)],
-                      replay_buffer_config={"type": "PrioritizedEpisodeReplayBuffer",
-                                            "capacity": 50000, "alpha": 0.6, "beta": 0.4})
-            .rl_module(model_config=DefaultModelConfig(
-                fcnet_hiddens=[256], fcnet_activation="tanh", head_fcnet_hiddens=[256],
-                head_fcnet_activation="tanh"))
-            .reporting(metrics_num_episodes_for_smoothing=WINDOW)
-            .debugging(seed=seed)
-        )
-        algo = config.build_algo()
-        built = time.perf_counter()
-        iterations, steps, mean_return = 0, 0, math.nan
-        target, cap = REPLAY_PLANS["DQN"][3:]
-        while True:
-            result = algo.train()
-            iterations += 1
-            runners = result.get("env_runners", {})
-            mean_return = float(runners.get("episode_return_mean", math.nan))
-            steps = int(result.get("num_env_steps_sampled_lifetime")
-                        or runners.get("num_env_steps_sampled_lifetime", 0))
-            if mean_return >= target or steps >= cap:
-                break
-        trained = time.perf_counter()
-        algo.stop()
-        emit({"env_steps": steps, "episode_return_mean": mean_return, "iterations": iterations,
-              "startup_s": built - started, "train_s": trained - built})
-    finally:
-        ray.shutdown()
-    return 0
+    def make_config(rllib: Any, model: Any) -> Any:
+        return (rllib.algorithms.dqn.DQNConfig()
+                .training(**RLLIB_DQN_TRAINING)
+                .rl_module(model_config=model(**RLLIB_DQN_MODEL)))
+
+    return _run_rllib(make_config, seed, *REPLAY_PLANS["DQN"][3:])
+
+
+def role_rllib_sac(seed: int, plan: Plan) -> int:
+    """RLlib SAC (new API stack) on Pendulum-v1 with the settings of RLlib's own Pendulum SAC
+    example, until SAC's target return or its step cap."""
+
+    def make_config(rllib: Any, model: Any) -> Any:
+        import torch
+
+        return (rllib.algorithms.sac.SACConfig()
+                .training(**RLLIB_SAC_TRAINING)
+                .rl_module(model_config=model(**RLLIB_SAC_MODEL,
+                                              fcnet_kernel_initializer=torch.nn.init.xavier_uniform_)))
+
+    return _run_rllib(make_config, seed, *REPLAY_PLANS["SAC"][3:], env_id=PENDULUM_ENV_ID)
 
 
 def _linear(start: float) -> Callable[[float], float]:
@@ -314,6 +332,7 @@ def role_sb3(seed: int, plan: Plan) -> int:
 
 ROLES: dict[str, Callable[[int, Plan], int]] = {"rllib": role_rllib, "sb3": role_sb3,
                                                 "rllib_dqn": role_rllib_dqn,
+                                                "rllib_sac": role_rllib_sac,
                                                 "rllib_impala": role_rllib_impala}
 
 
@@ -507,13 +526,18 @@ def orchestrate_replay(algo: str, plan: Plan, quick: bool, json_path: Path | Non
     for run in runs:
         run.pop("config", None)
     report: dict[str, Any] = {"meta": meta, algo.lower(): summarize(runs)}
-    if algo == "DQN" and "rllib" in peers:
-        # RLlib's DQN side by side, one process per seed after mpirl's runs.
-        rllib = [attempt(f"rllib DQN seed {seed}", lambda s=seed: run_replay_peer(
-            "rllib_dqn", s, quick, plan, target), describe_run) for seed in range(plan.seeds)]
+    if algo in RLLIB_REPLAY_ROLES and "rllib" in peers:
+        # RLlib's same algorithm side by side, one process per seed after mpirl's runs.
+        meta["settings"]["rllib"] = {"DQN": {"training": RLLIB_DQN_TRAINING,
+                                             "model": RLLIB_DQN_MODEL},
+                                     "SAC": {"training": RLLIB_SAC_TRAINING,
+                                             "model": RLLIB_SAC_MODEL}}[algo]
+        rllib = [attempt(f"rllib {algo} seed {seed}", lambda s=seed: run_replay_peer(
+            RLLIB_REPLAY_ROLES[algo], s, quick, plan, target), describe_run)
+            for seed in range(plan.seeds)]
         report["rllib"] = summarize(rllib)
         report["speedup_vs_rllib"] = ratio(report["rllib"].get("wall_s"),
-                                           report["dqn"].get("wall_s"))
+                                           report[algo.lower()].get("wall_s"))
     meta["wall_s"] = time.perf_counter() - started
     write_report(report, json_path)
     result = report[algo.lower()]
@@ -615,11 +639,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pendulum", action="store_true",
                         help=f"mpirl PPO on {PENDULUM_ENV_ID} only (no peers)")
     parser.add_argument("--dqn", action="store_const", const="DQN", dest="replay_algo",
-                        help=f"mpirl DQN on {ENV_ID} to 475 (no peers)")
+                        help=f"mpirl DQN on {ENV_ID} to 475 (RLlib's DQN too with --peers "
+                        "mpirl,rllib)")
     parser.add_argument("--apex", action="store_const", const="APEX", dest="replay_algo",
                         help=f"mpirl Ape-X on {ENV_ID} to 475 (no peers)")
     parser.add_argument("--sac", action="store_const", const="SAC", dest="replay_algo",
-                        help=f"mpirl SAC on {PENDULUM_ENV_ID} to -200 in 20k steps (no peers)")
+                        help=f"mpirl SAC on {PENDULUM_ENV_ID} to -200 in 20k steps (RLlib's SAC "
+                        "too with --peers mpirl,rllib)")
     parser.add_argument("--async", dest="async_algos", action="store_true",
                         help="mpirl IMPALA and A3C instead, with RLlib's IMPALA beside them")
     add_peers_option(parser, PEERS)
@@ -641,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pendulum:
         return orchestrate_pendulum(plan, args.quick, args.json)
     if args.replay_algo:
-        # --dqn measures RLlib's DQN too when --peers names rllib; the others run mpirl alone.
+        # --dqn and --sac measure RLlib's too when --peers names rllib (RLlib has no Ape-X).
         peers = args.peers if "--peers" in (argv or sys.argv) else ("mpirl",)
         return orchestrate_replay(args.replay_algo, plan, args.quick, args.json, peers)
     if args.async_algos:
