@@ -19,14 +19,14 @@ from mpirl.async_ops import (
     gradient_requests,
     mean_stats,
 )
-from mpirl.env_guard import check_max_failures
+from mpirl.config_fields import OnPolicyConfig
 from mpirl.errors import ConfigError
 
 __all__ = ["Config", "loss", "training_step"]
 
 
 @dataclass
-class Config:
+class Config(OnPolicyConfig):
     """A3C's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
 
     # Layout
@@ -37,8 +37,6 @@ class Config:
     gradient is one update of one optimizer)."""
 
     # Sampling
-    num_envs_per_worker: int = 8
-    """Environments each rollout worker steps together (a gymnasium vector env)."""
     rollout_fragment_length: int = 8
     """Steps per environment behind each gradient."""
     max_requests_in_flight_per_worker: int = 1
@@ -46,47 +44,17 @@ class Config:
     its next gradient with the weights its last one produced."""
     min_steps_per_iteration: int = 2000
     """Environment steps behind the gradients applied per iteration (one row of metrics)."""
-    normalize_observations: bool = False
-    """Normalize observations with running statistics merged over all rollout ranks."""
-    max_env_failures: int = 10
-    """Failures in a row of one environment (an exception in reset or step; a successful step
-    resets the count) that end the run. Fewer are recovered: the env is rebuilt and its partial
-    episode dropped. 1 ends the run on the first failure."""
 
-    # Returns and advantages
-    gamma: float = 0.99
-    """Discount factor."""
+    # Returns, advantages and optimization
     gae_lambda: float = 1.0
     """GAE lambda; 1 gives plain n-step advantages."""
-
-    # Optimization
-    lr: float = 1e-3
-    """Adam learning rate."""
-    vf_coef: float = 0.5
-    """Weight of the value loss."""
-    ent_coef: float = 0.0
-    """Weight of the entropy bonus."""
     grad_clip: float = 0.5
     """Global gradient-norm clip, applied by the learner to each gradient; 0 turns it off."""
-
-    # Model and compute
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the actor and the critic."""
-    activation: str = "tanh"
-    """tanh, relu or elu."""
     learner_backend: str = "auto"
     """Kept for the learner's constructor; A3C makes no allreduce."""
-    torch_threads: int = 1
-    """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
-
-    # Bookkeeping
-    metrics_window: int = 100
-    """Episodes averaged into episode_return_mean."""
-    seed: int = 0
-    """Base seed; rank-specific seeds derive from it."""
 
     def __post_init__(self) -> None:
-        check_max_failures(self.max_env_failures)
+        super().__post_init__()
         check_in_flight(self.max_requests_in_flight_per_worker)
         if self.num_learners > 1:
             raise ConfigError(f"A3C applies each gradient on one learner: num_learners must be "

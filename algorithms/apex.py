@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpirl.env_guard import check_max_failures
+from mpirl.config_fields import QLearningConfig
 from mpirl.qlearning import (
     AsyncReplayLoop,
     QLearner,
@@ -30,20 +30,16 @@ loss = dqn_loss
 
 
 @dataclass
-class Config:
+class Config(QLearningConfig):
     """Ape-X's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
 
     # Layout
-    num_rollout_workers: int = -1
-    """Rollout ranks; -1 takes every rank the replay shards and learners leave."""
     num_replay_shards: int = 2
     """Replay ranks, each holding buffer_size / num_replay_shards rows."""
     num_learners: int = 1
     """Learner ranks; Ape-X has one. 0 trains in the driver's process (no overlap then)."""
 
     # Sampling and exploration
-    num_envs_per_worker: int = 4
-    """Environments each rollout worker steps together."""
     rollout_fragment_length: int = 32
     """Steps per environment per sampling call."""
     epsilon: float = 0.4
@@ -52,32 +48,13 @@ class Config:
     """Exponent spread of the per-worker epsilons."""
     min_env_steps_per_iteration: int = 1_000
     """Env steps stored per reported iteration."""
-    max_env_failures: int = 10
-    """Failures in a row of one environment that end the run; fewer are recovered."""
 
     # Replay
-    buffer_size: int = 100_000
-    """Rows of replay over all shards."""
     learning_starts: int = 1_000
     """Env steps stored before the first SGD step."""
     prioritized_replay: bool = True
-    """Sample in proportion to |TD error|**alpha instead of uniformly."""
-    prioritized_replay_alpha: float = 0.6
-    """Prioritization exponent (0 is uniform)."""
-    prioritized_replay_beta: float = 0.4
-    """Importance-sampling exponent of the loss weights."""
-    prioritized_replay_eps: float = 1e-6
-    """Added to |TD error| so that no row has priority 0."""
-    n_step: int = 3
-    """Rewards summed before bootstrapping."""
 
     # Optimization
-    gamma: float = 0.99
-    """Discount factor."""
-    lr: float = 1e-3
-    """Adam learning rate."""
-    train_batch_size: int = 64
-    """Rows per SGD step, summed over learners."""
     sgd_steps_per_env_step: float = 0.5
     """Upper bound on SGD steps per stored env step (the learner never runs ahead of it)."""
     throttle_sampling: bool = True
@@ -85,38 +62,13 @@ class Config:
     sgd_steps_per_env_step (off: rollout ranks sample flat out, as in the Ape-X paper)."""
     batches_per_train: int = 16
     """Minibatches a shard sends the learner per training call."""
-    target_network_update_freq: int = 128
-    """SGD steps between copies of the online network into the target network."""
     weight_sync_every: int = 16
     """SGD steps between weight posts from learner 0 to the rollout ranks."""
-    double_q: bool = True
-    """Choose the bootstrap action with the online network (double DQN)."""
-    dueling: bool = True
-    """Split Q into a state value and action advantages."""
-    grad_clip: float = 10.0
-    """Global gradient-norm clip; 0 turns it off."""
-
-    # Model and compute
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of the Q network."""
-    activation: str = "relu"
-    """tanh, relu or elu."""
-    learner_backend: str = "auto"
-    """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
-    torch_threads: int = 1
-    """torch threads per rank."""
 
     # Bookkeeping
-    metrics_window: int = 100
-    """Episodes averaged into episode_return_mean."""
     metrics_max_epsilon: float = 0.02
     """Only the episodes of rollout workers exploring with at most this epsilon go into
     episode_return_mean (all of them if none does); the others are only counted."""
-    seed: int = 0
-    """Base seed; rank-specific seeds derive from it."""
-
-    def __post_init__(self) -> None:
-        check_max_failures(self.max_env_failures)
 
 
 def check_config(config: Config, env) -> None:

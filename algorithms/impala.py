@@ -14,25 +14,17 @@ from dataclasses import dataclass
 import torch
 
 from mpirl.async_ops import async_sample, check_in_flight, mean_stats, sample_requests, sync_weights
-from mpirl.env_guard import check_max_failures
+from mpirl.config_fields import OnPolicyConfig
 from mpirl.errors import ConfigError
 from mpirl.operators import train_one_step
 from mpirl.vtrace import vtrace
 
 
 @dataclass
-class Config:
+class Config(OnPolicyConfig):
     """IMPALA's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
 
-    # Layout
-    num_rollout_workers: int = -1
-    """Rollout ranks; -1 takes every rank the learners leave. 0 samples in the driver."""
-    num_learners: int = 0
-    """Learner ranks (data-parallel SGD). 0 trains in the driver's process."""
-
     # Sampling
-    num_envs_per_worker: int = 8
-    """Environments each rollout worker steps together (a gymnasium vector env)."""
     rollout_fragment_length: int = 50
     """Steps per environment in one sample call: the length V-trace walks along. Each update
     takes the fragments that have arrived; on CartPole, 20 learned as fast but less stably (the
@@ -45,16 +37,9 @@ class Config:
     they hold this many (800: two fragments of 8 environments x 50 steps)."""
     min_steps_per_iteration: int = 2000
     """Environment steps trained on per iteration (one row of metrics), at least."""
-    normalize_observations: bool = False
-    """Normalize observations with running statistics merged over all rollout ranks."""
-    max_env_failures: int = 10
-    """Failures in a row of one environment (an exception in reset or step; a successful step
-    resets the count) that end the run. Fewer are recovered: the env is rebuilt and its partial
-    episode dropped. 1 ends the run on the first failure."""
 
     # V-trace
     gamma: float = 0.98
-    """Discount factor."""
     vtrace_rho_bar: float = 1.0
     """Truncation of the importance weights in the value targets and the policy gradient."""
     vtrace_c_bar: float = 1.0
@@ -70,31 +55,10 @@ class Config:
     """Passes over each batch of fragments."""
     num_minibatches: int = 1
     """SGD steps per pass (each takes whole fragments)."""
-    vf_coef: float = 0.5
-    """Weight of the value loss."""
     ent_coef: float = 0.003
-    """Weight of the entropy bonus."""
-    grad_clip: float = 0.5
-    """Global gradient-norm clip (after averaging across learners); 0 turns it off."""
-
-    # Model and compute
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the actor and the critic."""
-    activation: str = "tanh"
-    """tanh, relu or elu."""
-    learner_backend: str = "auto"
-    """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
-    torch_threads: int = 1
-    """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
-
-    # Bookkeeping
-    metrics_window: int = 100
-    """Episodes averaged into episode_return_mean."""
-    seed: int = 0
-    """Base seed; rank-specific seeds derive from it."""
 
     def __post_init__(self) -> None:
-        check_max_failures(self.max_env_failures)
+        super().__post_init__()
         check_in_flight(self.max_requests_in_flight_per_worker)
         if self.rollout_fragment_length < 1 or self.min_steps_per_iteration < 1:
             raise ConfigError("rollout_fragment_length and min_steps_per_iteration must be >= 1")

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mpirl.env_guard import check_max_failures
+from mpirl.config_fields import OfflineConfig
 from mpirl.offline import check_config, count_and_evaluate, offline_input
 from mpirl.operators import broadcast_weights, train_on_dataset
 
@@ -22,23 +22,8 @@ __all__ = ["Config", "check_config", "loss", "training_step"]
 
 
 @dataclass
-class Config:
+class Config(OfflineConfig):
     """MARWIL's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
-
-    # Data
-    input: str = ""
-    """The trajectory dump to learn from (a directory, or its main_data.hdf5). Required."""
-    max_rows_in_memory: int = 5_000_000
-    """The most dataset rows one learner holds in memory. A smaller shard is read whole and
-    sampled uniformly; a larger one is streamed from the files through a shuffle buffer of this
-    many rows (a resume then restarts the stream: not bit-identical)."""
-
-    # Layout
-    num_rollout_workers: int = -1
-    """Rollout ranks, which only evaluate; -1 takes every rank the learners leave. 0 evaluates in
-    the driver."""
-    num_learners: int = 1
-    """Learner ranks, each reading its own shard of the dump. 0 trains in the driver's process."""
 
     # Advantage weighting
     beta: float = 1.0
@@ -51,52 +36,8 @@ class Config:
     """Upper clip of each row's weight exp(beta * A / c)."""
 
     # Optimization
-    lr: float = 1e-3
-    """Adam learning rate."""
-    train_batch_size: int = 512
-    """Dataset rows per SGD step, summed over all learners (each draws its share)."""
-    num_sgd_steps_per_iteration: int = 100
-    """SGD steps per iteration."""
     vf_coef: float = 1.0
     """Weight of the value loss (actor and critic are separate networks)."""
-    ent_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    grad_clip: float = 0.0
-    """Global gradient-norm clip (after averaging across learners); 0 turns it off."""
-
-    # Evaluation
-    evaluation_episodes: int = 10
-    """Episodes played with the current policy at each evaluation, over all rollout workers."""
-    evaluation_interval: int = 1
-    """Evaluate every this many iterations."""
-    evaluation_deterministic: bool = False
-    """Play the most likely actions instead of sampling them."""
-    num_envs_per_worker: int = 5
-    """Environments each rollout worker plays its evaluation episodes in."""
-    max_env_failures: int = 10
-    """Failures in a row of one evaluation environment that end the run; fewer are recovered
-    (the env is rebuilt and its episode dropped)."""
-
-    # Model and compute
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the actor and the critic."""
-    activation: str = "tanh"
-    """tanh, relu or elu."""
-    learner_backend: str = "auto"
-    """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
-    torch_threads: int = 1
-    """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
-
-    # Bookkeeping
-    metrics_window: int = 0
-    """Episodes averaged into episode_return_mean; 0 means evaluation_episodes, so that it is
-    the mean of the latest evaluation."""
-    seed: int = 0
-    """Base seed; rank-specific seeds derive from it."""
-
-    def __post_init__(self) -> None:
-        check_max_failures(self.max_env_failures)
-        self.metrics_window = self.metrics_window or self.evaluation_episodes
 
 
 class Loss:

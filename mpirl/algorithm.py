@@ -1,6 +1,7 @@
 """Running an algorithm: its worker groups, counters, metrics and stop criteria.
 
-An algorithm module (``mpirl.algorithms.<name>``) provides ``Config`` (a flat dataclass), a loss
+An algorithm module (``mpirl.algorithms.<name>``) provides ``Config`` (a dataclass whose fields,
+its own and those inherited from ``mpirl.config_fields``, are the flat ``--config`` keys), a loss
 ``(policy, batch, config) -> (loss, stats)`` and ``training_step(algo) -> stats``. ``Algorithm``
 builds the rollout and learner groups that every plan uses and turns each iteration into one
 metrics row.

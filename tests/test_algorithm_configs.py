@@ -1,0 +1,135 @@
+"""Every algorithm's Config: its flat ``--config`` keys, key defaults and field docstrings.
+
+The shared fields live in base classes (mpirl.config_fields); these tests pin the keys each
+algorithm exposes, so that params.json, ``--config`` and checkpoints see the same keys.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from mpirl.algorithm import ALGORITHMS, load_algorithm
+from mpirl.config import build
+from mpirl.config_fields import field_docs
+from mpirl.errors import ConfigError
+
+COMMON = {"num_rollout_workers", "num_learners", "num_envs_per_worker", "max_env_failures", "lr",
+          "grad_clip", "hidden_sizes", "activation", "learner_backend", "torch_threads",
+          "metrics_window", "seed"}
+ON_POLICY = COMMON | {"rollout_fragment_length", "normalize_observations", "gamma", "vf_coef",
+                      "ent_coef"}
+REPLAY = COMMON | {"num_replay_shards", "rollout_fragment_length", "buffer_size", "learning_starts",
+                   "prioritized_replay", "prioritized_replay_alpha", "prioritized_replay_beta",
+                   "prioritized_replay_eps", "n_step", "gamma", "train_batch_size",
+                   "sgd_steps_per_env_step", "target_network_update_freq"}
+OFFLINE = COMMON | {"input", "max_rows_in_memory", "train_batch_size",
+                    "num_sgd_steps_per_iteration", "ent_coef", "evaluation_episodes",
+                    "evaluation_interval", "evaluation_deterministic"}
+
+KEYS = {
+    "PPO": ON_POLICY | {"gae_lambda", "num_epochs", "minibatch_size", "clip_param"},
+    "A2C": ON_POLICY | {"gae_lambda", "standardize_advantages"},
+    "A3C": ON_POLICY | {"gae_lambda", "max_requests_in_flight_per_worker",
+                        "min_steps_per_iteration"},
+    "IMPALA": ON_POLICY | {"max_requests_in_flight_per_worker", "train_batch_size",
+                           "min_steps_per_iteration", "vtrace_rho_bar", "vtrace_c_bar",
+                           "lr_decay_steps", "num_epochs", "num_minibatches"},
+    "DQN": REPLAY | {"initial_epsilon", "final_epsilon", "exploration_steps", "double_q",
+                     "dueling"},
+    "APEX": REPLAY | {"epsilon", "epsilon_alpha", "min_env_steps_per_iteration",
+                      "throttle_sampling", "batches_per_train", "weight_sync_every", "double_q",
+                      "dueling", "metrics_max_epsilon"},
+    "SAC": REPLAY | {"tau", "initial_alpha", "target_entropy"},
+    "BC": OFFLINE,
+    "MARWIL": OFFLINE | {"beta", "gamma", "advantage_norm_rate", "max_weight", "vf_coef"},
+}
+
+# The defaults that differ most between algorithms (and that a slip in a base class would change).
+DEFAULTS = {
+    "PPO": {"num_learners": 0, "num_envs_per_worker": 8, "rollout_fragment_length": 64,
+            "gamma": 0.98, "gae_lambda": 0.8, "lr": 1e-3, "grad_clip": 0.5, "ent_coef": 0.0,
+            "hidden_sizes": (64, 64), "activation": "tanh", "metrics_window": 100},
+    "A2C": {"rollout_fragment_length": 8, "gamma": 0.99, "gae_lambda": 1.0, "grad_clip": 0.5},
+    "A3C": {"rollout_fragment_length": 8, "max_requests_in_flight_per_worker": 1,
+            "learner_backend": "auto"},
+    "IMPALA": {"rollout_fragment_length": 50, "gamma": 0.98, "lr": 2e-3, "ent_coef": 0.003,
+               "train_batch_size": 800, "max_requests_in_flight_per_worker": 2},
+    "DQN": {"num_replay_shards": 0, "num_learners": 0, "num_envs_per_worker": 4,
+            "rollout_fragment_length": 64, "grad_clip": 10.0, "hidden_sizes": (256, 256),
+            "activation": "relu", "prioritized_replay": False, "n_step": 3,
+            "train_batch_size": 64, "learning_starts": 1_000},
+    "APEX": {"num_replay_shards": 2, "num_learners": 1, "rollout_fragment_length": 32,
+             "prioritized_replay": True, "hidden_sizes": (256, 256)},
+    "SAC": {"num_envs_per_worker": 1, "n_step": 1, "train_batch_size": 256, "grad_clip": 0.0,
+            "learning_starts": 128, "target_network_update_freq": 1, "hidden_sizes": (64, 64),
+            "activation": "relu"},
+    "BC": {"num_learners": 1, "num_envs_per_worker": 5, "grad_clip": 0.0, "metrics_window": 10,
+           "train_batch_size": 512, "hidden_sizes": (64, 64), "activation": "tanh"},
+    "MARWIL": {"num_learners": 1, "gamma": 0.99, "vf_coef": 1.0, "metrics_window": 10},
+}
+
+
+def config_class(name: str) -> type:
+    return load_algorithm(name).Config
+
+
+def test_every_algorithm_is_covered():
+    assert set(KEYS) == set(ALGORITHMS) == set(DEFAULTS)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_keys_are_flat_and_unchanged(name):
+    config = config_class(name)()
+    values = dataclasses.asdict(config)
+    assert set(values) == KEYS[name]
+    # Flat: every value is a JSON scalar or a list of them, never a nested config.
+    assert all(not isinstance(v, dict) for v in values.values())
+    json.dumps(values)
+    assert build(config_class(name), json.loads(json.dumps(values))) == config
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_defaults(name):
+    values = dataclasses.asdict(config_class(name)())
+    assert {key: values[key] for key in DEFAULTS[name]} == DEFAULTS[name]
+    assert values["num_rollout_workers"] == -1 and values["seed"] == 0
+    assert values["max_env_failures"] == 10 and values["torch_threads"] == 1
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_key_has_a_docstring(name):
+    cls = config_class(name)
+    docs = field_docs(cls)
+    missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name, "").strip()]
+    assert not missing
+
+
+def test_the_most_derived_docstring_wins():
+    assert field_docs(config_class("A3C"))["learner_backend"].startswith("Kept for the learner")
+    assert field_docs(config_class("PPO"))["learner_backend"].startswith("Gradient allreduce")
+    # Redeclared only for its default: the base's docstring stays.
+    assert field_docs(config_class("IMPALA"))["gamma"] == "Discount factor."
+    assert field_docs(config_class("SAC"))["grad_clip"].startswith("Global gradient-norm clip")
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_inherited_checks_run(name):
+    with pytest.raises(ConfigError, match="max_env_failures"):
+        config_class(name)(max_env_failures=0)
+
+
+def test_algorithm_checks_still_run_after_the_shared_ones():
+    with pytest.raises(ConfigError, match="num_learners must be 0 or 1"):
+        config_class("A3C")(num_learners=2)
+    with pytest.raises(ConfigError, match="rollout_fragment_length"):
+        config_class("IMPALA")(rollout_fragment_length=0)
+    assert config_class("MARWIL")(evaluation_episodes=7).metrics_window == 7
+    assert config_class("BC")(metrics_window=3).metrics_window == 3
+
+
+def test_unknown_keys_are_still_rejected():
+    with pytest.raises(ConfigError, match="Did you mean 'num_learners'"):
+        build(config_class("PPO"), {"num_learner": 1})
+    with pytest.raises(ConfigError, match="unknown config key 'num_replay_shards'"):
+        build(config_class("PPO"), {"num_replay_shards": 1})
