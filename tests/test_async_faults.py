@@ -28,16 +28,21 @@ def _rows(run_dir):
         return list(csv.DictReader(file))
 
 
-@pytest.mark.parametrize("algo", ["IMPALA", "A3C"])
-def test_async_run_goes_on_without_a_rollout_rank_killed_under_ulfm(tmp_path, monkeypatch, algo):
-    # 4 ranks: the driver (learner in its process) and 3 rollout ranks, each with requests in
-    # flight when rank 2 is killed. The run must reach its stop criterion in the same job.
+@pytest.mark.parametrize("algo, n, layout", [
+    ("IMPALA", 4, {}),                       # learner in the driver's process, 3 rollout ranks
+    ("IMPALA", 5, {"num_learners": 1}),      # learner rank 4 receives the fragments
+    ("A3C", 4, {}),
+], ids=["IMPALA", "IMPALA-learner-rank", "A3C"])
+def test_async_run_goes_on_without_a_rollout_rank_killed_under_ulfm(tmp_path, monkeypatch, algo,
+                                                                     n, layout):
+    # 3 rollout ranks, each with requests in flight when rank 2 is killed. The run must reach
+    # its stop criterion in the same job.
     # Before the fix, the driver's poll for stop signals (a probe from any source) could be the
     # first MPI call to see the failure and raise: the job ended with exit 70 (2 runs in 8).
     monkeypatch.setenv("CI", "true")  # plain lines: no live display capturing stderr
     run_dir = tmp_path / "run"
-    config = {**CONFIG[algo], "checkpoint_every": 0}
-    run = LiveRun(4, "--algo", algo, "--env", "CartPole-v1", "--run-dir", str(run_dir),
+    config = {**CONFIG[algo], **layout, "num_rollout_workers": 3, "checkpoint_every": 0}
+    run = LiveRun(n, "--algo", algo, "--env", "CartPole-v1", "--run-dir", str(run_dir),
                   "--config", json.dumps(config), "--stop", '{"training_iteration": 30}',
                   ulfm=True)
     run.wait_until(lambda: (run_dir / "progress.csv").exists() and len(_rows(run_dir)) >= 2,
@@ -97,3 +102,21 @@ def test_async_run_ends_on_a_killed_rollout_rank_and_resumes_without_ulfm(tmp_pa
     steps = [int(r["timesteps_total"]) for r in progress]
     assert steps == sorted(steps) and steps[-1] - steps[resumed_at - 1] >= 2000
     print(f"{algo}: kill -9 to the end of the job: {elapsed:.1f} s")
+
+
+@pytest.mark.parametrize("algo", ["IMPALA", "A3C"])
+def test_an_env_that_always_fails_ends_an_async_run_with_one_error(tmp_path, algo):
+    # A worker exception (not a lost rank) with requests in flight on every rollout rank: the
+    # first failed call ends the run with PPO's one-line message, and no call is left waiting.
+    env_id = "MpirlBrokenStepCartPole-v0"
+    start = time.monotonic()
+    proc = run_mpi(3, MPIRL, "train", "--algo", algo, "--env-module", "mpirl.testing",
+                   "--env", env_id, "--run-dir", str(tmp_path / "run"),
+                   "--config", '{"max_env_failures": 4}', timeout=60, env={"CI": "true"})
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, f"{proc.stdout[-3000:]}\n{proc.stderr}"
+    assert elapsed < 40, elapsed
+    assert proc.stderr.count("max_env_failures") == 1, proc.stderr
+    assert f"mpirl: environment {env_id!r} failed 4 times in a row" in proc.stderr
+    assert "InjectedFailure: injected failure in step 1" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Remote traceback" not in proc.stderr
