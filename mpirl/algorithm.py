@@ -107,6 +107,14 @@ class Algorithm:
         self.episodes_total = 0
         self.num_env_failures = 0
         self.evaluation_env_steps_total = 0  # offline plans: steps played only to evaluate
+        #: replay plans: the fraction of an SGD step owed to the env steps sampled so far
+        #: (``sgd_steps_per_env_step`` times a round's steps is seldom whole); checkpointed, so
+        #: that a resumed run takes the SGD steps the uninterrupted run would have
+        self.sgd_step_debt = 0.0
+        #: replay plans: env steps at which the replay buffer was last empty, 0 at the start;
+        #: the steps of a run resumed without its replay (``checkpoint_replay`` false), whose
+        #: buffer refills for ``learning_starts`` steps before training goes on
+        self.replay_empty_at = 0
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
         self.started = time.monotonic()
@@ -199,6 +207,7 @@ class Algorithm:
             "iteration": self.iteration, "timesteps_total": self.timesteps_total,
             "episodes_total": self.episodes_total, "num_env_failures": self.num_env_failures,
             "evaluation_env_steps_total": self.evaluation_env_steps_total,
+            "sgd_step_debt": self.sgd_step_debt, "replay_empty_at": self.replay_empty_at,
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
@@ -212,6 +221,8 @@ class Algorithm:
         self.episodes_total = state["episodes_total"]
         self.num_env_failures = state["num_env_failures"]
         self.evaluation_env_steps_total = state.get("evaluation_env_steps_total", 0)
+        self.sgd_step_debt = state.get("sgd_step_debt", 0.0)  # absent before it was saved
+        self.replay_empty_at = state.get("replay_empty_at", 0)
         self.returns.clear()
         self.returns.extend(state["returns"])
         self.lengths.clear()
@@ -261,6 +272,8 @@ class Algorithm:
             if saved == 0:
                 if len(group):
                     notes.append(f"{group.role} workers start empty (none in the checkpoint)")
+                    if group.role == "replay":  # refilled before training goes on
+                        self.replay_empty_at = self.timesteps_total
                 continue
             if saved != len(group):
                 note = f"{group.role} workers {saved} -> {len(group)}"

@@ -207,6 +207,18 @@ class Dispatcher:
             return True
         return arrived
 
+    def poll_any(self, tag: int) -> tuple[Any, int] | None:
+        """One message of ``tag`` from any worker rank on the control channel, or None.
+
+        Under ULFM a probe from any source raises once a rank has failed, until the failure is
+        acknowledged; that failure is handled here as in ``progress`` (the rank is lost and
+        survived, or the job ends), and None is returned: the caller polls again later."""
+        try:
+            return self.channel.poll(MPI.ANY_SOURCE, tag)
+        except MPI.Exception as error:
+            self._handle_mpi_error(error)
+            return None
+
     def _handle_mpi_error(self, error: MPI.Exception) -> None:
         """Turn an MPI error caused by dead worker ranks into lost ranks; re-raise any other."""
         new = [r for r in failed_world_ranks(self.channel.comm) if r not in self.lost]

@@ -381,15 +381,16 @@ def sample_and_train(algo: Any, epsilon: float, stat_keys: tuple[str, ...]
     """One synchronous replay iteration (DQN, SAC): every rollout worker samples into replay
     with ``epsilon``; once ``learning_starts`` env steps are stored the learners take
     ``sgd_steps_per_env_step`` SGD steps per new env step (fractions carry over) and learner 0
-    broadcasts the weights. ``stat_keys``: the loss's statistics, NaN until training starts."""
+    broadcasts the weights (a run resumed without its replay first stores ``learning_starts``
+    steps again). ``stat_keys``: the loss's statistics, NaN until training starts."""
     config = algo.config
     samples = store_to_replay(algo.rollouts, algo.replay, config.rollout_fragment_length,
                               [epsilon] * len(algo.rollouts))
     algo.count(samples)
     stats = dict.fromkeys((*stat_keys, "sgd_steps", "learner_samples"), float("nan"))
-    if algo.timesteps_total >= config.learning_starts:
-        debt = getattr(algo, "sgd_step_debt", 0.0) + \
-            samples.env_steps * config.sgd_steps_per_env_step
+    # A run resumed without its replay (checkpoint_replay false) refills it first.
+    if algo.timesteps_total >= algo.replay_empty_at + config.learning_starts:
+        debt = algo.sgd_step_debt + samples.env_steps * config.sgd_steps_per_env_step
         steps, algo.sgd_step_debt = divmod(debt, 1.0)
         stats |= train_from_replay(algo.learners, algo.replay, int(steps),
                                    config.train_batch_size, config.prioritized_replay_beta)

@@ -96,7 +96,7 @@ class Driver:
         if self._stop_request is None:
             signum, rank = stop_signals.received(), 0
             if signum is None and self.dispatcher is not None:
-                item = self.dispatcher.channel.poll(MPI.ANY_SOURCE, SIGNAL)
+                item = self.dispatcher.poll_any(SIGNAL)
                 if item is not None:
                     signum, rank = item
             if signum is not None:
