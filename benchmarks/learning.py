@@ -26,7 +26,7 @@ which peers run besides mpirl; the others are recorded as skipped.
 Every process gets ``OMP_NUM_THREADS=1`` (and the same for OpenBLAS and MKL): mpirl runs torch
 with one thread per rank, and on 2 cores more threads per process only compete with each other.
 
-``--async`` runs mpirl's IMPALA (to 450 within 400k steps) and A3C (to 400 within 500k) with
+``--async`` runs mpirl's IMPALA (to 450 within 800k steps) and A3C (to 400 within 500k) with
 their default settings instead, and RLlib's IMPALA (its own CartPole example's settings, 2 env
 runners, its learner actor on a third logical CPU) beside them in each round; RLlib 2.60 has no
 A3C any more.
@@ -92,7 +92,7 @@ SB3_TIMESTEPS = 100_000
 """rl-zoo's n_timesteps: the horizon of its linear schedules, so also SB3's step cap here."""
 
 # --async: mpirl's asynchronous algorithms on CartPole-v1, with the issue's thresholds.
-ASYNC_ALGOS: dict[str, tuple[float, int]] = {"IMPALA": (450.0, 400_000), "A3C": (400.0, 500_000)}
+ASYNC_ALGOS: dict[str, tuple[float, int]] = {"IMPALA": (450.0, 800_000), "A3C": (400.0, 500_000)}
 """Algorithm -> (return to reach, env step cap)."""
 ASYNC_QUICK_TARGETS = {"IMPALA": 150.0, "A3C": 150.0}
 """With --quick: lower targets, so the check of the script stays short."""

@@ -53,7 +53,7 @@ DEFAULTS = {
     "A2C": {"rollout_fragment_length": 8, "gamma": 0.99, "gae_lambda": 1.0, "grad_clip": 0.5},
     "A3C": {"rollout_fragment_length": 8, "max_requests_in_flight_per_worker": 1,
             "learner_backend": "auto"},
-    "IMPALA": {"rollout_fragment_length": 50, "gamma": 0.98, "lr": 2e-3, "ent_coef": 0.003,
+    "IMPALA": {"rollout_fragment_length": 50, "gamma": 0.98, "lr": 1e-3, "ent_coef": 0.003,
                "train_batch_size": 800, "max_requests_in_flight_per_worker": 2},
     "DQN": {"num_replay_shards": 0, "num_learners": 0, "num_envs_per_worker": 4,
             "rollout_fragment_length": 64, "grad_clip": 10.0, "hidden_sizes": (256, 256),

@@ -10,14 +10,15 @@ from test_train import MPIRL, rows, train
 
 
 def test_impala_learns_cartpole(tmp_path):
-    # The full threshold (450 within 400k steps) is in benchmarks/learning.py --async. Sampling
-    # is asynchronous, so runs differ even with one seed; 300 within 250k steps is the bar that
-    # the runs tried here cleared (450 within 400k only about half of them), in about a minute.
+    # The full threshold (450 within 800k steps) is in benchmarks/learning.py --async. Sampling
+    # is asynchronous, so runs differ even with one seed. The defaults' 20-episode mean first
+    # reached 300 at 128k-228k steps in 8 benchmark runs, so 300 within 300k, in about a minute.
     _, run_dir, result = train(
         3, tmp_path, "--algo", "IMPALA", "--env", "CartPole-v1", "--seed", "1",
-        "--stop", '{"episode_return_mean": 300, "timesteps_total": 250000}', timeout=240)
+        "--config", '{"metrics_window": 20}',
+        "--stop", '{"episode_return_mean": 300, "timesteps_total": 300000}', timeout=300)
     assert result["episode_return_mean"] >= 300, result
-    assert result["timesteps_total"] <= 250000
+    assert result["timesteps_total"] <= 300000
     progress = rows(run_dir)
     # Two requests in flight per worker: fragments are used one or more updates after they were
     # asked for, and the metrics say by how much.
