@@ -198,13 +198,17 @@ def test_ppo_learns_cartpole_through_env_failures(tmp_path):
     assert 1 <= proc.stderr.count("mpirl: warning:") <= 2 * (1 + result["time_total_s"] // 60)
 
 
-@pytest.mark.parametrize("env_id, where", [
-    ("MpirlBrokenResetCartPole-v0", "injected failure in reset 1"),  # fails as workers start
-    ("MpirlBrokenStepCartPole-v0", "injected failure in step 1"),    # fails in the first sample
+@pytest.mark.parametrize("algo, env_id, where", [
+    ("PPO", "MpirlBrokenResetCartPole-v0", "injected failure in reset 1"),  # as workers start
+    ("PPO", "MpirlBrokenStepCartPole-v0", "injected failure in step 1"),    # in the first sample
+    # Asynchronous plans have requests in flight on every rollout rank when the first fails: the
+    # same one line, and no call is left waiting.
+    ("IMPALA", "MpirlBrokenStepCartPole-v0", "injected failure in step 1"),
+    ("A3C", "MpirlBrokenStepCartPole-v0", "injected failure in step 1"),
 ])
-def test_an_env_that_always_fails_ends_the_run_with_one_error(tmp_path, env_id, where):
+def test_an_env_that_always_fails_ends_the_run_with_one_error(tmp_path, algo, env_id, where):
     start = time.monotonic()
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env-module", "mpirl.testing",
+    proc = run_mpi(3, *MPIRL, "train", "--algo", algo, "--env-module", "mpirl.testing",
                    "--env", env_id, "--run-dir", str(tmp_path / "run"),
                    "--config", '{"max_env_failures": 4}', timeout=60, env={"CI": "true"})
     elapsed = time.monotonic() - start
