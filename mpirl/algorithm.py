@@ -115,6 +115,11 @@ class Algorithm:
         #: the steps of a run resumed without its replay (``checkpoint_replay`` false), whose
         #: buffer refills for ``learning_starts`` steps before training goes on
         self.replay_empty_at = 0
+        #: asynchronous replay plans (Ape-X): SGD steps of the training calls started so far;
+        #: checkpointed, so that a resumed run paces sampling against the learner from where it
+        #: was rather than from 0 (which made the learner redo every SGD step while sampling
+        #: waited)
+        self.sgd_steps_total = 0
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
         self.started = time.monotonic()
@@ -208,6 +213,7 @@ class Algorithm:
             "episodes_total": self.episodes_total, "num_env_failures": self.num_env_failures,
             "evaluation_env_steps_total": self.evaluation_env_steps_total,
             "sgd_step_debt": self.sgd_step_debt, "replay_empty_at": self.replay_empty_at,
+            "sgd_steps_total": self.sgd_steps_total,
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
@@ -223,6 +229,7 @@ class Algorithm:
         self.evaluation_env_steps_total = state.get("evaluation_env_steps_total", 0)
         self.sgd_step_debt = state.get("sgd_step_debt", 0.0)  # absent before it was saved
         self.replay_empty_at = state.get("replay_empty_at", 0)
+        self.sgd_steps_total = state.get("sgd_steps_total", 0)
         self.returns.clear()
         self.returns.extend(state["returns"])
         self.lengths.clear()

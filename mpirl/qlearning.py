@@ -434,9 +434,10 @@ class AsyncReplayLoop:
         self.inserts: list[Any] = []
         self.next_shard = 0
         self.stored = [0] * len(algo.replay)  # env steps sent to each shard
-        self.sgd_done = 0  # SGD steps of the training calls that have returned
+        # SGD steps of the training calls that have returned; set at the first step from the
+        # count restored with a checkpoint (the learner saved after every call started before)
+        self.sgd_done: int | None = None
         self.lags: list[int] = []
-        self.sgd_steps = 0
         self.weight_ranks = [w.rank for w in algo.rollouts if not w.in_process]
 
     def _start_sample(self, i: int) -> None:
@@ -459,13 +460,15 @@ class AsyncReplayLoop:
             self.trains.append((shard, learner.call_async(
                 "train_replay", [] if dest is None else [shard.rank], messages, dests, post,
                 self.config.weight_sync_every)))
-        self.sgd_steps += self.batches_per_train
+        self.algo.sgd_steps_total += self.batches_per_train
 
     def step(self, min_env_steps: int) -> dict[str, float]:
         """Run until ``min_env_steps`` new env steps have been stored; return the statistics of
         the training calls that finished meanwhile."""
         algo, config = self.algo, self.config
         env_steps, results = 0, []
+        if self.sgd_done is None:
+            self.sgd_done = algo.sgd_steps_total
         while env_steps < min_env_steps:
             for i in range(len(algo.rollouts)):
                 if i not in self.samples and (self._may_sample() or not self.trains):
@@ -474,7 +477,7 @@ class AsyncReplayLoop:
             budget = (algo.timesteps_total - config.learning_starts) * \
                 config.sgd_steps_per_env_step
             while (len(self.trains) < self.max_trains_in_flight
-                   and self.sgd_steps + self.batches_per_train <= budget
+                   and algo.sgd_steps_total + self.batches_per_train <= budget
                    and (shard := self._next_shard()) is not None):
                 self._start_train(shard)
             pending = list(self.samples.values()) + [f for _, f in self.trains]
@@ -488,7 +491,7 @@ class AsyncReplayLoop:
                 results.append(self._trained(*entry))
         self.inserts = [f for f in self.inserts if not f.done()]
         stats = dict.fromkeys(DQN_STATS, math.nan) | _mean_stats(results)
-        stats["sgd_steps_total"] = self.sgd_steps
+        stats["sgd_steps_total"] = algo.sgd_steps_total
         # How many SGD steps older than the learner's (as the driver last heard) the weights
         # were that each sampling call of this iteration used: the cost of the async sync.
         stats["weights_lag_sgd_steps"] = float(np.mean(self.lags)) if self.lags else math.nan
@@ -502,7 +505,7 @@ class AsyncReplayLoop:
         if not config.throttle_sampling:
             return True
         rounds = len(algo.rollouts) * config.num_envs_per_worker * config.rollout_fragment_length
-        covered = config.learning_starts + self.sgd_steps / config.sgd_steps_per_env_step
+        covered = config.learning_starts + algo.sgd_steps_total / config.sgd_steps_per_env_step
         return algo.timesteps_total < covered + 2 * rounds
 
     def _next_shard(self) -> Any:

@@ -1,6 +1,6 @@
 """Replay plans' configuration and exit paths: ``checkpoint_replay`` off and on, DQN with two
-learner ranks, an Ape-X run ending with weight posts in flight, and the SGD-step debt across a
-resume."""
+learner ranks, an Ape-X run ending with weight posts in flight, and the SGD-step debt (DQN) and
+count (Ape-X) across a resume."""
 
 import csv
 import json
@@ -135,3 +135,25 @@ def test_apex_exits_cleanly_with_weight_posts_in_flight(tmp_path, seed):
     assert learner["updates"] > 0 and learner["posted"] == learner["updates"]
     print(f"Ape-X seed {seed}: {elapsed:.1f} s from launch to exit, "
           f"{learner['updates']} SGD steps, each followed by a weight post")
+
+
+def test_apex_resumes_with_its_sgd_step_count(tmp_path):
+    # Ape-X paces sampling against the SGD steps its learner has taken. A resumed run that
+    # counted them from 0 again took them all a second time while sampling waited (here 1,728
+    # learner updates where the pacing allows 1,248).
+    config = {"num_rollout_workers": 1, "num_replay_shards": 1, "num_learners": 1,
+              "learning_starts": 256, "min_env_steps_per_iteration": 512,
+              "hidden_sizes": [64, 64], "checkpoint_every": 3, "keep_checkpoints": 10}
+    _, run_dir, result = train(4, tmp_path, "--algo", "APEX", "--env", "CartPole-v1",
+                               "--config", json.dumps(config),
+                               "--stop", '{"training_iteration": 3}', timeout=120)
+    before = int(float(_rows(run_dir)[-1]["sgd_steps_total"]))
+    assert before > 0
+    _resume(run_dir, 6, n=4)
+    progress = _rows(run_dir)
+    counts = [int(float(r["sgd_steps_total"])) for r in progress]
+    assert [int(r["iteration"]) for r in progress] == list(range(1, 7))
+    assert counts == sorted(counts) and counts[-1] > before, counts
+    # The driver's count is the learner's: every training call started was trained.
+    learner = _load(_checkpoint(run_dir, 6) / "learner_0.pkl")
+    assert learner["updates"] == counts[-1], (learner["updates"], counts)
