@@ -2,6 +2,7 @@
 a learner rank, and local mode."""
 
 import json
+import statistics
 
 import pytest
 from conftest import run_mpi
@@ -15,10 +16,11 @@ def test_a3c_learns_cartpole_within_500k_steps(tmp_path):
     assert result["episode_return_mean"] >= 400, result
     assert result["timesteps_total"] <= 500000
     progress = rows(run_dir)
-    # One call in flight per worker: a gradient is applied after at most the other worker's
-    # updates since its weights, so the lag is small but not always zero.
+    # One call in flight per worker: a gradient is applied after the other worker's updates
+    # since its weights, so the lag is small but not always zero. Its maximum is not bounded: a
+    # worker descheduled on a loaded machine lets the other apply many (24 seen under load 15).
     lags = [float(r["policy_lag_mean"]) for r in progress]
-    assert 0 < max(lags) and max(float(r["policy_lag_max"]) for r in progress) < 20
+    assert 0 < max(lags) and statistics.median(lags) <= 3, lags
     assert all(float(r["requests_in_flight"]) <= 2 for r in progress)
 
 
