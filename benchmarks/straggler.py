@@ -60,7 +60,7 @@ class Plan:
 
 
 FULL = Plan(calibration_steps=20_000, throughput_steps=60_000, pairs=3, target=450.0,
-            max_steps=400_000, timeout_s=600.0)
+            max_steps=800_000, timeout_s=600.0)
 QUICK = Plan(calibration_steps=8_000, throughput_steps=30_000, pairs=3, target=100.0,
              max_steps=120_000, timeout_s=240.0)
 
