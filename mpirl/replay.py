@@ -229,7 +229,9 @@ class ReplayBuffer:
             cut: np.ndarray | None = None) -> int:
         """Append a ``[T, N]`` block: column j continues stream ``streams[j]``.
 
-        ``final_obs[t, j]`` is read where ``truncated[t, j]`` (the observation to bootstrap from);
+        ``final_obs`` holds one observation per truncated step, in row-major ``(t, j)`` order
+        (what a rollout worker sends: no ``[T, N]`` block that is mostly unused); each is the
+        observation to bootstrap from after its step;
         ``failed[t, j]`` marks a step at which the environment failed (not a transition);
         ``cut[j]`` says stream j's previous rows do not continue into this block (its envs were
         reset), so its last row loses its transition. Returns the rows written."""
@@ -237,6 +239,8 @@ class ReplayBuffer:
         failed = np.zeros_like(terminated) if failed is None else failed
         flags = np.where(terminated, TERMINATED, 0).astype(np.uint8)
         flags[failed] = OBS_ONLY
+        # Where each truncated step's final observation sits in final_obs.
+        final_at = np.cumsum(truncated.reshape(-1)).reshape(truncated.shape) - 1
         written = 0
         for j in range(columns):
             stream = int(streams[j])
@@ -249,7 +253,7 @@ class ReplayBuffer:
             if ends.size:
                 # One observation-only row after each truncated step holds its final observation.
                 at = ends + 1
-                col_obs = np.insert(col_obs, at, final_obs[ends, j], axis=0)
+                col_obs = np.insert(col_obs, at, final_obs[final_at[ends, j]], axis=0)
                 col_act = np.insert(col_act, at, np.zeros_like(col_act[:1]), axis=0)
                 col_rew = np.insert(col_rew, at, 0.0)
                 col_flags = np.insert(col_flags, at, OBS_ONLY)
@@ -463,11 +467,8 @@ class ReplayShard(Worker):
         rows = 0
         for chunk in received:
             streams = stream_of(chunk["worker"], self.num_shards, self.num_envs)
-            # The final observations of the truncated steps, in row-major (step, env) order.
-            final_obs = np.zeros_like(chunk["obs"])
-            final_obs[chunk["truncated"]] = chunk["final_obs"]
             rows += self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
-                                    chunk["terminated"], chunk["truncated"], final_obs,
+                                    chunk["terminated"], chunk["truncated"], chunk["final_obs"],
                                     chunk["failed"], chunk["cut"])
         return rows
 

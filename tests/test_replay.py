@@ -24,7 +24,7 @@ def add_column(buffer, stream, obs, terminated=(), truncated=(), final=100.0, fa
         flags[name][list(rows), 0] = True
     buffer.add(np.array([stream]), np.asarray(obs, np.float32).reshape(steps, 1, 1),
                np.zeros((steps, 1), np.int64), np.ones((steps, 1), np.float32),
-               flags["term"], flags["trunc"], np.full((steps, 1, 1), final, np.float32),
+               flags["term"], flags["trunc"], np.full((len(truncated), 1), final, np.float32),
                flags["fail"])
 
 
@@ -107,6 +107,19 @@ def test_n_step_returns_stop_at_terminations_and_bootstrap_at_truncations():
     seen = transitions_by_obs(buffer)
     assert seen[6.0] == (1.75, 0.125, 9.0)
     assert {7.0, 8.0, 9.0, 100.0}.isdisjoint(seen)  # 7 needs rows 8, 9 and 10
+
+
+def test_final_observations_of_several_columns_come_in_step_major_order():
+    # What a rollout worker sends: the final observations of the truncated steps only, ordered
+    # by step, then by env. Column 1 is cut at step 0 and column 0 at step 1, so the first final
+    # observation (200) is column 1's.
+    buffer = counter_buffer(n_step=1, gamma=0.5, streams=2)
+    obs = np.array([[0, 10], [1, 11], [2, 12]], np.float32).reshape(3, 2, 1)
+    truncated = np.array([[False, True], [True, False], [False, False]])
+    buffer.add(np.array([0, 1]), obs, np.zeros((3, 2), np.int64), np.ones((3, 2), np.float32),
+               np.zeros((3, 2), bool), truncated, np.array([[200.0], [100.0]], np.float32))
+    seen = transitions_by_obs(buffer)
+    assert seen[1.0] == (1.0, 0.5, 100.0) and seen[10.0] == (1.0, 0.5, 200.0)
 
 
 def test_one_step_returns_and_streams_continue_across_chunks():
