@@ -49,7 +49,47 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class Policy(nn.Module):
+class FlatParameters(nn.Module):
+    """A module whose parameters cross ranks as one flat float32 vector: weight broadcasts and
+    posts, checkpoints, and A3C's gradients. Policy, QNetwork and SACModel are such modules."""
+
+    def num_weights(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def get_flat_weights(self) -> np.ndarray:
+        """All parameters concatenated into one float32 vector (a copy, on the CPU)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.parameters()]).cpu().numpy()
+
+    @torch.no_grad()
+    def set_flat_weights(self, flat: np.ndarray) -> None:
+        flat_t = torch.as_tensor(flat, dtype=torch.float32)
+        if flat_t.numel() != self.num_weights():
+            raise ValueError(f"weight vector has {flat_t.numel()} values, the policy has "
+                             f"{self.num_weights()}")
+        for p, part in self._split(flat_t):
+            p.copy_(part)
+
+    def get_flat_gradients(self) -> np.ndarray:
+        """All parameters' gradients as one float32 vector in the order of the weights (zeros
+        for a parameter the loss left unused), on the CPU."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.parameters()]).detach().cpu().numpy()
+
+    def set_flat_gradients(self, flat: np.ndarray) -> None:
+        """Set every parameter's ``.grad`` from one flat vector (``get_flat_gradients``'s)."""
+        for p, part in self._split(torch.as_tensor(flat, dtype=torch.float32)):
+            p.grad = part.to(p.device).clone()
+
+    def _split(self, flat: torch.Tensor):
+        """(parameter, its slice of ``flat`` shaped like it), in parameter order."""
+        offset = 0
+        for p in self.parameters():
+            n = p.numel()
+            yield p, flat[offset:offset + n].view_as(p)
+            offset += n
+
+
+class Policy(FlatParameters):
     """Separate actor and critic MLPs over a flattened observation.
 
     Action spaces: Discrete (categorical), MultiDiscrete (independent categoricals), Box
@@ -154,42 +194,6 @@ class Policy(nn.Module):
             space = self.spec.action_space
             return np.clip(actions, space.low, space.high).reshape(-1, *space.shape)
         return actions
-
-    # Weights as one flat buffer.
-
-    def num_weights(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def get_flat_weights(self) -> np.ndarray:
-        """All parameters concatenated into one float32 vector (a copy, on the CPU)."""
-        return torch.cat([p.detach().reshape(-1) for p in self.parameters()]).cpu().numpy()
-
-    def get_flat_gradients(self) -> np.ndarray:
-        """All parameters' gradients as one float32 vector in the order of the weights (zeros
-        for a parameter the loss left unused), on the CPU."""
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.parameters()]).detach().cpu().numpy()
-
-    def set_flat_gradients(self, flat: np.ndarray) -> None:
-        """Set every parameter's ``.grad`` from one flat vector (``get_flat_gradients``'s)."""
-        flat_t = torch.as_tensor(flat, dtype=torch.float32)
-        offset = 0
-        for p in self.parameters():
-            n = p.numel()
-            p.grad = flat_t[offset:offset + n].view_as(p).to(p.device).clone()
-            offset += n
-
-    @torch.no_grad()
-    def set_flat_weights(self, flat: np.ndarray) -> None:
-        flat_t = torch.as_tensor(flat, dtype=torch.float32)
-        if flat_t.numel() != self.num_weights():
-            raise ValueError(f"weight vector has {flat_t.numel()} values, the policy has "
-                             f"{self.num_weights()}")
-        offset = 0
-        for p in self.parameters():
-            n = p.numel()
-            p.copy_(flat_t[offset:offset + n].view_as(p))
-            offset += n
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray,

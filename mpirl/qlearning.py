@@ -39,7 +39,7 @@ from mpirl.operators import (
     store_to_replay,
     train_from_replay,
 )
-from mpirl.policy import _ACTIVATIONS, Policy, _mlp
+from mpirl.policy import _ACTIVATIONS, FlatParameters, Policy, _mlp
 from mpirl.replay import (
     INSERT_TAG,
     PRIORITY_TAG,
@@ -72,14 +72,10 @@ def check_discrete(action_space: gym.Space, algo: str) -> None:
                           f"{action_space}. Use SAC or PPO for continuous actions.")
 
 
-class QNetwork(nn.Module):
+class QNetwork(FlatParameters):
     """Q values for every action of a Discrete space; dueling splits them into V + A - mean(A)."""
 
-    # The observation encoding and the flat-weights protocol are Policy's.
-    encode = Policy.encode
-    num_weights = Policy.num_weights
-    get_flat_weights = Policy.get_flat_weights
-    set_flat_weights = Policy.set_flat_weights
+    encode = Policy.encode  # observations as Policy encodes them
 
     def __init__(self, spec: QSpec) -> None:
         super().__init__()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from mpirl.policy import _ACTIVATIONS, Policy, _mlp
+from mpirl.policy import _ACTIVATIONS, FlatParameters, Policy, _mlp
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,10 @@ class SACSpec:
         return SACModel(self).to(device)
 
 
-class SACModel(nn.Module):
+class SACModel(FlatParameters):
     """Actor (mean and log std of a Gaussian squashed by tanh) and critics Q1, Q2."""
 
-    encode = Policy.encode
-    num_weights = Policy.num_weights
-    get_flat_weights = Policy.get_flat_weights
-    set_flat_weights = Policy.set_flat_weights
+    encode = Policy.encode  # observations as Policy encodes them
 
     def __init__(self, spec: SACSpec) -> None:
         super().__init__()
