@@ -17,10 +17,10 @@ from mpirl.async_ops import (
     async_apply_gradients,
     check_in_flight,
     gradient_requests,
-    mean_stats,
 )
 from mpirl.config_fields import OnPolicyConfig
 from mpirl.errors import ConfigError
+from mpirl.operators import mean_stats
 
 __all__ = ["Config", "loss", "training_step"]
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mpirl.async_ops import async_sample, check_in_flight, mean_stats, sample_requests, sync_weights
+from mpirl.async_ops import async_sample, check_in_flight, sample_requests, sync_weights
 from mpirl.config_fields import OnPolicyConfig
 from mpirl.errors import ConfigError
-from mpirl.operators import train_one_step
+from mpirl.operators import mean_stats, train_one_step
 from mpirl.vtrace import vtrace
 
 

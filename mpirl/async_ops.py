@@ -265,9 +265,3 @@ def _count(algo: Any, item: Done) -> None:
     samples = SampleResult()
     add_sample(samples, 0, item.worker, item.result, algo.obs_filter)
     algo.count(samples)
-
-
-def mean_stats(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Each key's mean over the rows that have it (updates of one iteration)."""
-    keys = dict.fromkeys(k for row in rows for k in row)
-    return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}

@@ -130,12 +130,17 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
     return _learner_stats([f.result() for f in futures])
 
 
+def mean_stats(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's mean over the rows that have it (learners, or the updates of an iteration)."""
+    keys = dict.fromkeys(k for row in rows for k in row)
+    return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
+
+
 def _learner_stats(results: list[dict[str, float]]) -> dict[str, float]:
     """Loss statistics averaged over learners; ``learner_samples`` summed."""
     # A learner that got no rows (env failures dropped them all, or its sources were lost) has
-    # no loss statistics.
-    keys = dict.fromkeys(k for r in results for k in r)
-    stats = {k: float(np.mean([r[k] for r in results if k in r])) for k in keys}
+    # no loss statistics: means over those that have them.
+    stats = mean_stats(results)
     stats["learner_samples"] = float(sum(r["learner_samples"] for r in results))
     return stats
 

@@ -35,6 +35,7 @@ from mpirl.operators import (
     SampleResult,
     add_sample_metrics,
     broadcast_weights,
+    mean_stats,
     replay_dest,
     store_to_replay,
     train_from_replay,
@@ -486,7 +487,7 @@ class AsyncReplayLoop:
                 self.trains.remove(entry)
                 results.append(self._trained(*entry))
         self.inserts = [f for f in self.inserts if not f.done()]
-        stats = dict.fromkeys(DQN_STATS, math.nan) | _mean_stats(results)
+        stats = dict.fromkeys(DQN_STATS, math.nan) | mean_stats(results)
         stats["sgd_steps_total"] = algo.sgd_steps_total
         # How many SGD steps older than the learner's (as the driver last heard) the weights
         # were that each sampling call of this iteration used: the cost of the async sync.
@@ -550,8 +551,3 @@ class AsyncReplayLoop:
             for worker in self.algo.rollouts:
                 worker.call("set_weights", weights)
         return result
-
-
-def _mean_stats(results: list[dict[str, Any]]) -> dict[str, float]:
-    keys = dict.fromkeys(k for r in results for k in r if isinstance(r[k], int | float))
-    return {k: float(np.mean([r[k] for r in results if k in r])) for k in keys}
