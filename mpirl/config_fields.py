@@ -3,16 +3,12 @@
 Each algorithm's ``Config`` inherits one family base here and adds its own fields. The keys stay
 flat: a subclass is still one dataclass whose fields are the ``--config`` keys. A subclass that
 only changes a default redeclares the field without a docstring and keeps the inherited one; it
-gives its own docstring where the meaning differs. ``field_docs`` reads the docstrings (a string
-literal right after a field) along the MRO.
+gives its own docstring where the meaning differs (a string literal right after a field;
+tests/test_algorithm_configs.py checks that every key has one).
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
-import textwrap
 from dataclasses import dataclass
 
 from mpirl.env_guard import check_max_failures
@@ -188,20 +184,3 @@ class OfflineConfig(CommonConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.metrics_window = self.metrics_window or self.evaluation_episodes
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field of the dataclass ``cls`` -> its docstring, the most derived one along the MRO
-    (a field redeclared without a docstring keeps its base's)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for node, after in zip(body, body[1:], strict=False):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {name: doc for name, doc in docs.items() if name in names}

@@ -4,15 +4,35 @@ The shared fields live in base classes (mpirl.config_fields); these tests pin th
 algorithm exposes, so that params.json, ``--config`` and checkpoints see the same keys.
 """
 
+import ast
 import dataclasses
+import inspect
 import json
+import textwrap
 
 import pytest
 
 from mpirl.algorithm import ALGORITHMS, load_algorithm
 from mpirl.config import build
-from mpirl.config_fields import field_docs
 from mpirl.errors import ConfigError
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field of the dataclass ``cls`` -> its docstring, the most derived one along the MRO
+    (a field redeclared without a docstring keeps its base's)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in zip(body, body[1:], strict=False):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name: doc for name, doc in docs.items() if name in names}
+
 
 COMMON = {"num_rollout_workers", "num_learners", "num_envs_per_worker", "max_env_failures", "lr",
           "grad_clip", "hidden_sizes", "activation", "learner_backend", "torch_threads",
