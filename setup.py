@@ -47,7 +47,7 @@ setup(
         # Peers for side-by-side benchmarks only.
         "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4"],
     },
-    entry_points={"console_scripts": ["mpirl=mpirl.cli:main"]},
+    entry_points={"console_scripts": ["mpirl=mpirl.cli:entry"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -1,5 +1,3 @@
-import sys
+from mpirl.cli import entry
 
-from mpirl.cli import main
-
-sys.exit(main())
+entry()
