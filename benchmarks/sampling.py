@@ -246,10 +246,12 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
                 for n in ROLLOUT_RANKS}
     # Trajectory dumps, side by side with the same 1-rollout-rank run without them.
+    # A quick run pairs the dump with the 1-rank run just measured: one launch fewer.
     pairs = []
     for _ in range(1 if quick else DUMP_PAIRS):
-        pairs.append((attempt_role(SCRIPT, "mpirl", 2, quick, describe_rate),
-                      attempt_role(SCRIPT, "dump", 2, quick, describe_rate)))
+        no_dump = by_ranks["1"] if quick else attempt_role(SCRIPT, "mpirl", 2, quick,
+                                                           describe_rate)
+        pairs.append((no_dump, attempt_role(SCRIPT, "dump", 2, quick, describe_rate)))
     pair_ratios = [ratio(d.get("steps_per_s"), n.get("steps_per_s")) for n, d in pairs]
     no_dump, dump = pairs[-1]
     dump_inline = attempt_role(SCRIPT, "dump_inline", 2, quick, describe_rate)

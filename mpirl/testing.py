@@ -175,25 +175,31 @@ class FlakyCartPoleEnv(CartPoleEnv):
 
 
 class StragglerCartPoleEnv(CartPoleEnv):
-    """CartPole that sleeps ``step_delay_s`` in every step on MPI rank ``slow_rank`` only, so
-    that one rollout rank is slow for real (sleeping, it leaves the cores to the others). The
-    environment variables ``MPIRL_STRAGGLER_DELAY_S`` and ``MPIRL_STRAGGLER_RANK`` override both
-    (benchmarks calibrate the delay to a slow-down factor)."""
+    """CartPole that sleeps ``base_delay_s`` in every step on every rank, and ``step_delay_s``
+    more on MPI rank ``slow_rank`` only, so that one rollout rank is slow for real (sleeping, it
+    leaves the cores to the others). A base delay makes every rank's step cost mostly waiting, as
+    for a simulator that is not CPU-bound, so that on a 2-core machine the rates measure the
+    driver and not how the kernel shares 2 cores among 4 busy processes. The environment
+    variables ``MPIRL_STEP_DELAY_S``, ``MPIRL_STRAGGLER_DELAY_S`` and ``MPIRL_STRAGGLER_RANK``
+    override the arguments (benchmarks calibrate the delays to a slow-down factor)."""
 
-    def __init__(self, slow_rank: int = 1, step_delay_s: float = 7e-4, **kwargs: Any) -> None:
+    def __init__(self, slow_rank: int = 1, step_delay_s: float = 7e-4, base_delay_s: float = 0.0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         from mpi4py import MPI
 
         slow_rank = int(os.environ.get("MPIRL_STRAGGLER_RANK", slow_rank))
         step_delay_s = float(os.environ.get("MPIRL_STRAGGLER_DELAY_S", step_delay_s))
-        self.delay_s = step_delay_s if MPI.COMM_WORLD.Get_rank() == slow_rank else 0.0
+        base_delay_s = float(os.environ.get("MPIRL_STEP_DELAY_S", base_delay_s))
+        slow = MPI.COMM_WORLD.Get_rank() == slow_rank
+        self.delay_s = base_delay_s + (step_delay_s if slow else 0.0)
         self.owed_s = 0.0
 
     def step(self, action):
         if self.delay_s:
             # Sleep in lumps of 10 steps' delay: on a shared 2-core machine a wake-up every
-            # step would preempt the healthy ranks a thousand times a second, which a slow rank
-            # on a node of its own never does. The slow-down is the same.
+            # step would preempt the busy ranks a thousand times a second, which a rank on a
+            # node of its own never suffers. The average delay per step is the same.
             self.owed_s += self.delay_s
             if self.owed_s >= 10 * self.delay_s:
                 time.sleep(self.owed_s)

@@ -249,7 +249,8 @@ def test_launch_stays_outside_mpi_and_rejects_bad_input(tmp_path):
 def test_launch_survives_killed_rollout_and_learner_ranks(tmp_path):
     """The whole story: kill -9 a rollout rank, then (after the automatic restart) a learner
     rank; mpirl launch resumes from the newest checkpoint each time and the run reaches its
-    stop criterion, with every iteration in progress.csv exactly once."""
+    stop criterion, with every iteration in progress.csv exactly once. (That a resumed run
+    learns exactly as an uninterrupted one is test_checkpoints.py's bit-identity test.)"""
     import csv
 
     from conftest import LiveRun
@@ -260,8 +261,7 @@ def test_launch_survives_killed_rollout_and_learner_ranks(tmp_path):
                *mpiexec_command(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env",
                                 "CartPole-v1", "--run-dir", str(run_dir), "--config",
                                 json.dumps({"num_learners": 1, "checkpoint_every": every}),
-                                "--stop", '{"episode_return_mean": 450, '
-                                          '"timesteps_total": 400000}')]
+                                "--stop", '{"training_iteration": 30}')]
     run = LiveRun(0, command=command)
 
     def checkpoint_at_least(iteration):
@@ -283,5 +283,4 @@ def test_launch_survives_killed_rollout_and_learner_ranks(tmp_path):
     assert run.stdout.count(f"resumed from {run_dir}/checkpoints/checkpoint_") == 2
     with open(run_dir / "progress.csv") as file:
         rows = list(csv.DictReader(file))
-    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
-    assert float(rows[-1]["episode_return_mean"]) >= 450
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 31))
