@@ -130,6 +130,9 @@ class TransitionWorker(RolloutWorker):
         self.rng = np.random.default_rng(self.seed + 17)
         # A stream whose envs were reset outside sampling does not continue its last row.
         self.cut = np.ones(self.envs.num_envs, bool)
+        # Chunks sent so far: a shard that did not store the previous one (it was in flight at
+        # a checkpoint) cuts the streams instead of joining rows that are not consecutive.
+        self.chunks_sent = 0
         self.weights_taken = 0
         self.weights_version = 0  # learner 0's SGD step count when it posted these weights
 
@@ -192,8 +195,9 @@ class TransitionWorker(RolloutWorker):
         chunk = {"worker": self.context.role_index, "obs": obs, "actions": actions,
                  "rewards": rewards, "terminated": terminated, "truncated": truncated,
                  "final_obs": np.array(final_obs, obs.dtype).reshape(-1, *self.obs_shape),
-                 "failed": failed, "cut": self.cut.copy()}
+                 "failed": failed, "cut": self.cut.copy(), "seq": self.chunks_sent}
         self.cut[:] = False
+        self.chunks_sent += 1
         failures, self._unreported_failures = self._unreported_failures, 0
         metrics = {"env_steps": steps_per_env * num_envs, "episode_returns": returns,
                    "episode_lengths": lengths, "env_failures": failures,
@@ -212,12 +216,17 @@ class TransitionWorker(RolloutWorker):
         return super().evaluate(episodes, deterministic)
 
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "epsilon_rng": self.rng.bit_generator.state}
+        return {**super().get_state(), "epsilon_rng": self.rng.bit_generator.state,
+                "chunks_sent": self.chunks_sent}
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
+    def set_state(self, state: dict[str, Any]) -> bool:
+        continued = super().set_state(state)
         self.rng.bit_generator.state = state["epsilon_rng"]
-        self.cut[:] = True
+        # Environments restored with their episodes in progress continue their streams, so a
+        # resumed run stores what one never stopped would; reset ones start new streams.
+        self.chunks_sent = state.get("chunks_sent", -1)  # older checkpoints: always cut
+        self.cut[:] = not continued
+        return continued
 
 
 class QLearner(Learner):

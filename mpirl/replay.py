@@ -445,6 +445,7 @@ class ReplayShard(Worker):
         self.num_shards, self.num_envs = num_shards, num_envs
         self.priority_messages = 0  # received since start, to match the driver's expectation
         self.priority_expected = 0
+        self.last_chunk: dict[int, int] = {}  # each rollout worker's last chunk stored
 
     def _drain_priorities(self) -> None:
         channel = self.context.data_channel
@@ -466,10 +467,16 @@ class ReplayShard(Worker):
             received += self.context.data_channel.recv_each(sources, INSERT_TAG)
         rows = 0
         for chunk in received:
-            streams = stream_of(chunk["worker"], self.num_shards, self.num_envs)
+            worker, seq = chunk["worker"], chunk.get("seq", -1)
+            streams = stream_of(worker, self.num_shards, self.num_envs)
+            # A chunk that does not follow the last one stored (one was lost in flight at a
+            # checkpoint, say) must not continue its streams' last rows.
+            follows = seq >= 1 and self.last_chunk.get(worker) == seq - 1
+            cut = chunk["cut"] if follows else np.ones_like(chunk["cut"])
+            self.last_chunk[worker] = seq
             rows += self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
                                     chunk["terminated"], chunk["truncated"], chunk["final_obs"],
-                                    chunk["failed"], chunk["cut"])
+                                    chunk["failed"], cut)
         return rows
 
     def sample(self, num_batches: int, batch_size: int, dest: int | None,
@@ -509,7 +516,8 @@ class ReplayShard(Worker):
 
     def get_state(self) -> dict[str, Any]:
         self._drain_priorities()
-        return self.buffer.get_state()
+        return {**self.buffer.get_state(), "last_chunk": dict(self.last_chunk)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.buffer.set_state(state)
+        self.last_chunk = dict(state.get("last_chunk", {}))

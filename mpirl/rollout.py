@@ -375,7 +375,9 @@ class RolloutWorker(Worker):
             "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
         }
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any]) -> bool:
+        """Restore from ``get_state``; True when the environments continue their episodes,
+        False when they were reset instead."""
         self.restores = state["restores"] + 1
         self.env_failures = state["env_failures"]
         self._unreported_failures = state["unreported_failures"]
@@ -391,7 +393,7 @@ class RolloutWorker(Worker):
                 restore_rng(state["rng"])
                 if self.recorder is not None:
                     self.recorder.untrack()  # their beginnings are in an earlier session
-                return
+                return True
             envs.close()
         # Environments start over (from a seed that differs from the first run's) when they
         # could not be saved or num_envs_per_worker changed.
@@ -401,3 +403,4 @@ class RolloutWorker(Worker):
         if self.recorder is not None:
             self.recorder.begin()
         restore_rng(state["rng"])
+        return False

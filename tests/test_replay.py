@@ -133,6 +133,43 @@ def test_one_step_returns_and_streams_continue_across_chunks():
     assert set(seen) == {0.0, 1.0, 2.0, 50.0, 51.0}
 
 
+def test_a_shard_joins_a_workers_consecutive_chunks_and_cuts_at_a_lost_one():
+    """Chunks carry the worker's count of chunks sent: one that follows the last stored continues
+    its streams (a restored run's first chunk, too); one after a gap (a chunk in flight at a
+    checkpoint, lost) does not join rows that were never consecutive."""
+    import socket
+
+    from mpi4py import MPI
+
+    from mpirl.core import RankContext
+    from mpirl.layout import Layout
+    from mpirl.replay import ReplayShard
+
+    context = RankContext(0, "replay", 0, 1, Layout().resolve(1), None, MPI.COMM_SELF, None,
+                          socket.gethostname(), "cpu")
+    shard = ReplayShard(context, 64, 1, COUNTER_OBS, TWO_ACTIONS,
+                        ReplaySettings(n_step=1, gamma=0.9), 1, 1, seed=0)
+
+    def chunk(seq, obs):
+        steps = len(obs)
+        return {"worker": 0, "seq": seq, "obs": np.asarray(obs, np.float32).reshape(steps, 1, 1),
+                "actions": np.zeros((steps, 1), np.int64),
+                "rewards": np.ones((steps, 1), np.float32),
+                "terminated": np.zeros((steps, 1), bool), "truncated": np.zeros((steps, 1), bool),
+                "final_obs": np.zeros((0, 1), np.float32), "failed": np.zeros((steps, 1), bool),
+                "cut": np.zeros(1, bool)}
+
+    shard.insert([], [chunk(0, [0, 1]), chunk(1, [2, 3])])
+    restored = ReplayShard(context, 64, 1, COUNTER_OBS, TWO_ACTIONS,
+                           ReplaySettings(n_step=1, gamma=0.9), 1, 1, seed=0)
+    restored.set_state(shard.get_state())
+    restored.insert([], [chunk(2, [4, 5]), chunk(4, [40, 41])])  # chunk 3 never arrived
+    seen = transitions_by_obs(restored.buffer)
+    assert seen[1.0][2] == 2.0 and seen[3.0][2] == 4.0  # joined, across the restore too
+    assert 5.0 not in seen  # its successor was lost: no transition to 40
+    assert seen[40.0][2] == 41.0
+
+
 def test_a_failed_step_is_no_transition_but_bootstraps_the_one_before():
     buffer = counter_buffer(n_step=3, gamma=0.5)
     add_column(buffer, 0, range(6), failed=[2])

@@ -81,8 +81,10 @@ def test_sgd_step_debt_carries_over_a_resume(tmp_path):
     # 0.3 SGD steps per env step: 76.8 per 256-step iteration, so the fraction owed carries
     # from iteration to iteration (76, 77, 77, 77, 76, ...). It is in the checkpoint: a resumed
     # run takes exactly the SGD steps of one never stopped (before, the fraction was lost and
-    # iteration 4 took 76 steps, not 77). The weights are not compared: a DQN resume is not
-    # bit-identical (the rollout worker's n-step streams are cut at a restore).
+    # iteration 4 took 76 steps, not 77). The resumed run is bit-identical: its environments
+    # continue their episodes, so the streams are not cut at the restore and the replay shard
+    # holds exactly the rows of the run never stopped (before, the last row of every stream
+    # lost its transition and the weights differed).
     config = {**SMALL, "learning_starts": 256, "sgd_steps_per_env_step": 0.3}
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     for run_dir, stop in ((reference, 6), (resumed, 3)):
@@ -93,6 +95,11 @@ def test_sgd_step_debt_carries_over_a_resume(tmp_path):
     assert steps[0] == steps[1] and sum(steps[0]) == int(6 * 256 * 0.3), steps
     a, b = (_load(_checkpoint(d / "run", 6) / "learner_0.pkl") for d in (reference, resumed))
     assert a["updates"] == b["updates"] == int(6 * 256 * 0.3)
+    assert np.array_equal(a["weights"], b["weights"])
+    assert np.array_equal(a["target"], b["target"])
+    shards = [_load(_checkpoint(d / "run", 6) / "replay_0.pkl") for d in (reference, resumed)]
+    for key in ("obs", "actions", "rewards", "flags", "written"):
+        assert np.array_equal(shards[0][key], shards[1][key]), key
     driver = _load(_checkpoint(resumed / "run", 6) / "driver.pkl")
     assert driver["sgd_step_debt"] == pytest.approx(6 * 256 * 0.3 % 1.0)
 
