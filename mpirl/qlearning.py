@@ -128,10 +128,9 @@ class TransitionWorker(RolloutWorker):
     def __init__(self, context: RankContext, *args: Any, **kwargs: Any) -> None:
         super().__init__(context, *args, **kwargs)
         self.rng = np.random.default_rng(self.seed + 17)
-        # A stream whose envs were reset outside sampling does not continue its last row.
-        self.cut = np.ones(self.envs.num_envs, bool)
-        # Chunks sent so far: a shard that did not store the previous one (it was in flight at
-        # a checkpoint) cuts the streams instead of joining rows that are not consecutive.
+        # Each chunk's number: a shard joins a chunk to this worker's streams only when it
+        # stored the one numbered just before. Resetting the envs outside sampling skips a
+        # number, and so does a chunk lost in flight at a checkpoint.
         self.chunks_sent = 0
         self.weights_taken = 0
         self.weights_version = 0  # learner 0's SGD step count when it posted these weights
@@ -195,8 +194,7 @@ class TransitionWorker(RolloutWorker):
         chunk = {"worker": self.context.role_index, "obs": obs, "actions": actions,
                  "rewards": rewards, "terminated": terminated, "truncated": truncated,
                  "final_obs": np.array(final_obs, obs.dtype).reshape(-1, *self.obs_shape),
-                 "failed": failed, "cut": self.cut.copy(), "seq": self.chunks_sent}
-        self.cut[:] = False
+                 "failed": failed, "seq": self.chunks_sent}
         self.chunks_sent += 1
         failures, self._unreported_failures = self._unreported_failures, 0
         metrics = {"env_steps": steps_per_env * num_envs, "episode_returns": returns,
@@ -212,7 +210,7 @@ class TransitionWorker(RolloutWorker):
         return metrics
 
     def evaluate(self, episodes: int, deterministic: bool = True) -> dict[str, Any]:
-        self.cut[:] = True  # evaluation resets the envs
+        self.chunks_sent += 1  # evaluation resets the envs: the streams start again
         return super().evaluate(episodes, deterministic)
 
     def get_state(self) -> dict[str, Any]:
@@ -224,8 +222,7 @@ class TransitionWorker(RolloutWorker):
         self.rng.bit_generator.state = state["epsilon_rng"]
         # Environments restored with their episodes in progress continue their streams, so a
         # resumed run stores what one never stopped would; reset ones start new streams.
-        self.chunks_sent = state.get("chunks_sent", -1)  # older checkpoints: always cut
-        self.cut[:] = not continued
+        self.chunks_sent = state.get("chunks_sent", 0) + (0 if continued else 1)
         return continued
 
 

@@ -234,7 +234,8 @@ class ReplayBuffer:
         observation to bootstrap from after its step;
         ``failed[t, j]`` marks a step at which the environment failed (not a transition);
         ``cut[j]`` says stream j's previous rows do not continue into this block (its envs were
-        reset), so its last row loses its transition. Returns the rows written."""
+        reset, or rows between were lost), so its last row loses its transition. Returns the
+        rows written."""
         steps, columns = rewards.shape
         failed = np.zeros_like(terminated) if failed is None else failed
         flags = np.where(terminated, TERMINATED, 0).astype(np.uint8)
@@ -467,12 +468,12 @@ class ReplayShard(Worker):
             received += self.context.data_channel.recv_each(sources, INSERT_TAG)
         rows = 0
         for chunk in received:
-            worker, seq = chunk["worker"], chunk.get("seq", -1)
+            worker, seq = chunk["worker"], chunk["seq"]
             streams = stream_of(worker, self.num_shards, self.num_envs)
-            # A chunk that does not follow the last one stored (one was lost in flight at a
-            # checkpoint, say) must not continue its streams' last rows.
-            follows = seq >= 1 and self.last_chunk.get(worker) == seq - 1
-            cut = chunk["cut"] if follows else np.ones_like(chunk["cut"])
+            # A chunk that does not follow the last one stored (the envs were reset, or one was
+            # lost in flight at a checkpoint) must not continue its streams' last rows.
+            follows = self.last_chunk.get(worker) == seq - 1
+            cut = None if follows else np.ones(len(streams), bool)
             self.last_chunk[worker] = seq
             rows += self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
                                     chunk["terminated"], chunk["truncated"], chunk["final_obs"],

@@ -156,8 +156,7 @@ def test_a_shard_joins_a_workers_consecutive_chunks_and_cuts_at_a_lost_one():
                 "actions": np.zeros((steps, 1), np.int64),
                 "rewards": np.ones((steps, 1), np.float32),
                 "terminated": np.zeros((steps, 1), bool), "truncated": np.zeros((steps, 1), bool),
-                "final_obs": np.zeros((0, 1), np.float32), "failed": np.zeros((steps, 1), bool),
-                "cut": np.zeros(1, bool)}
+                "final_obs": np.zeros((0, 1), np.float32), "failed": np.zeros((steps, 1), bool)}
 
     shard.insert([], [chunk(0, [0, 1]), chunk(1, [2, 3])])
     restored = ReplayShard(context, 64, 1, COUNTER_OBS, TWO_ACTIONS,
