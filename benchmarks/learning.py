@@ -38,6 +38,7 @@ A3C any more.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -606,6 +607,75 @@ def orchestrate_async(plan: Plan, quick: bool, json_path: Path | None,
     return 1 if failed else 0
 
 
+# --thresholds: every algorithm's documented threshold, on the default 100-episode mean, for
+# several seeds and with 1 and with 2 rollout ranks. Algorithm -> (env, return to reach, env step
+# budget, ranks besides the driver and the rollout ranks). The thresholds and budgets are the
+# README's; a run reaches its threshold when the default ``metrics_window`` (100 episodes) mean
+# does, within the budget.
+THRESHOLDS: dict[str, tuple[str, float, int, int]] = {
+    "PPO": (ENV_ID, 475.0, 200_000, 0),
+    "A2C": (ENV_ID, 400.0, 500_000, 0),
+    "IMPALA": (ENV_ID, 450.0, 800_000, 0),
+    "A3C": (ENV_ID, 400.0, 500_000, 0),
+    "DQN": (ENV_ID, 475.0, 100_000, 0),
+    "APEX": (ENV_ID, 475.0, 150_000, 3),  # 2 replay shards and a learner rank
+    "SAC": (PENDULUM_ENV_ID, -200.0, 20_000, 0),
+}
+THRESHOLD_MIN_REACHED = 4
+"""Of 5 seeds, how many must reach the threshold in every layout (the issue's bar)."""
+
+
+def orchestrate_thresholds(seeds: int, algos: list[str], rollout_ranks: list[int],
+                           timeout_s: float, json_path: Path | None,
+                           overrides: dict[str, Any] | None = None,
+                           budget: int | None = None) -> int:
+    """Each algorithm of ``algos`` with its default settings (plus ``overrides``, for trying
+    other defaults), seeds 0..seeds-1, once per number of rollout ranks; how many runs reached
+    the threshold, median steps and seconds. ``budget`` replaces the step budgets."""
+    started = time.perf_counter()
+    meta = metadata_block(False, Plan(seeds, 0, timeout_s))
+    meta["thresholds"] = {a: {"env": THRESHOLDS[a][0], "target": THRESHOLDS[a][1],
+                              "step_budget": THRESHOLDS[a][2]} for a in algos}
+    meta["metrics_window"] = "default (100 episodes)"
+    meta["overrides"], meta["budget_override"] = overrides or {}, budget
+    report: dict[str, Any] = {"meta": meta}
+    table = [("algorithm", "rollout ranks", "target", "budget", "reached", "median steps",
+              "median s", "returns at the end")]
+    failed = False
+    for algo in algos:
+        env_id, target, steps, extra = THRESHOLDS[algo]
+        steps = budget or steps
+        stop = {"episode_return_mean": target, "timesteps_total": steps}
+        for rollouts in rollout_ranks:
+            config = {**(overrides or {}), "num_rollout_workers": rollouts}
+            measure = functools.partial(run_mpirl, env_id, config, stop, target=target,
+                                        timeout_s=timeout_s, algo=algo,
+                                        ranks=1 + rollouts + extra)
+            runs = [attempt(f"mpirl {algo} {env_id} {rollouts} rollout rank(s) seed {seed}",
+                            functools.partial(measure, seed=seed), describe_run)
+                    for seed in range(seeds)]
+            for run in runs:
+                run.pop("config", None)
+            summary = summarize(runs)
+            report[f"{algo}/{rollouts}"] = summary
+            good = [r for r in runs if "error" not in r]
+            count = sum(r["reached"] for r in good)
+            failed |= count < min(THRESHOLD_MIN_REACHED, seeds) or len(good) < len(runs)
+            table.append((algo, str(rollouts), fmt(target, 0), f"{steps:,}",
+                          f"{count}/{len(runs)}", fmt(summary.get("env_steps"), 0),
+                          fmt(summary.get("wall_s"), 1),
+                          " ".join(fmt(r.get("episode_return_mean"), 0) for r in runs)))
+            write_report(report, json_path)  # after every layout: a long sweep keeps its rows
+    meta["wall_s"] = time.perf_counter() - started
+    write_report(report, json_path)
+    print(f"\nthresholds on the default 100-episode mean, seeds 0-{seeds - 1}, on "
+          f"{meta['hostname']}, {meta['wall_s']:.0f} s in all")
+    print_table(table)
+    if json_path is not None:
+        print(f"wrote {json_path}")
+    return 1 if failed else 0
+
+
 def print_summary(report: dict[str, Any]) -> None:
     """A small table for people; the JSON holds everything."""
     meta = report["meta"]
@@ -646,6 +716,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sac", action="store_const", const="SAC", dest="replay_algo",
                         help=f"mpirl SAC on {PENDULUM_ENV_ID} to -200 in 20k steps (RLlib's SAC "
                         "too with --peers mpirl,rllib)")
+    parser.add_argument("--thresholds", action="store_true",
+                        help="every algorithm's README threshold on the default 100-episode "
+                        "mean, seeds 0..N-1 (--seeds, default 5), 1 and 2 rollout ranks")
+    parser.add_argument("--algos", default=",".join(THRESHOLDS), metavar="LIST",
+                        help="with --thresholds: the algorithms (default all)")
+    parser.add_argument("--rollout-ranks", default="1,2", metavar="LIST",
+                        help="with --thresholds: rollout rank counts (default 1,2)")
+    parser.add_argument("--config", type=json.loads, metavar="JSON",
+                        help="with --thresholds: config keys to try instead of the defaults")
+    parser.add_argument("--budget", type=int, metavar="STEPS",
+                        help="with --thresholds: env step budget instead of the README's")
     parser.add_argument("--async", dest="async_algos", action="store_true",
                         help="mpirl IMPALA and A3C instead, with RLlib's IMPALA beside them")
     add_peers_option(parser, PEERS)
@@ -664,6 +745,15 @@ def main(argv: list[str] | None = None) -> int:
         plan = Plan(args.seeds, plan.step_cap, plan.timeout_s)
     if args.role is not None:
         return ROLES[args.role](args.seed, plan)
+    if args.thresholds:
+        algos = [a.strip().upper() for a in args.algos.split(",") if a.strip()]
+        unknown = sorted(set(algos) - set(THRESHOLDS))
+        if unknown:
+            parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from "
+                         f"{','.join(THRESHOLDS)}")
+        return orchestrate_thresholds(args.seeds or 5, algos,
+                                      [int(n) for n in args.rollout_ranks.split(",")],
+                                      FULL.timeout_s, args.json, args.config, args.budget)
     if args.pendulum:
         return orchestrate_pendulum(plan, args.quick, args.json)
     if args.replay_algo:

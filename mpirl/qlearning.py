@@ -408,9 +408,12 @@ def linear_epsilon(step: int, initial: float, final: float, steps: int) -> float
 
 
 def apex_epsilons(num_workers: int, epsilon: float, alpha: float) -> list[float]:
-    """Ape-X's fixed per-worker exploration: eps_i = epsilon ** (1 + alpha * i / (N - 1))."""
+    """Ape-X's fixed per-worker exploration: eps_i = epsilon ** (1 + alpha * i / (N - 1)).
+    A lone worker takes the middle of that range, epsilon ** (1 + alpha / 2) (0.016 with the
+    defaults): the paper's formula has no value for N = 1, and ``epsilon`` itself (0.4) explores
+    so much that its episodes can never show what the greedy policy has learned."""
     if num_workers == 1:
-        return [epsilon]
+        return [epsilon ** (1 + alpha / 2)]
     return [epsilon ** (1 + alpha * i / (num_workers - 1)) for i in range(num_workers)]
 
 

@@ -252,4 +252,4 @@ def test_apex_epsilons_span_the_papers_range():
     eps = apex_epsilons(8, 0.4, 7.0)
     assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
     assert all(a > b for a, b in zip(eps, eps[1:], strict=False))
-    assert apex_epsilons(1, 0.4, 7.0) == [0.4]
+    assert apex_epsilons(1, 0.4, 7.0) == [0.4 ** 4.5]
