@@ -96,6 +96,7 @@ SITE_KEYS = tuple(f.name for f in fields(Site))
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Words sbatch and bash both read as they stand (shlex's safe characters).
 _PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_C_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def _utf8(value: str, what: str) -> bytes:
@@ -113,9 +114,10 @@ def shell_word(value: str, what: str) -> str:
     """``value`` as one bash word on one line that bash reads back byte for byte.
 
     Printable text gets shlex's single quotes; text with a newline, tab or other character that
-    is not printable gets ``$'...'`` with that character's bytes as ``\\xHH`` (locale-free), so
-    that it cannot end a comment line or put a carriage return into the script. ``what`` names
-    the value in the ConfigError for what cannot be carried (a NUL, a lone surrogate).
+    is not printable gets ``$'...'`` with ``\\n``, ``\\t``, ``\\r`` or the character's bytes as
+    ``\\xHH`` (locale-free), so that it cannot end a comment line or put a carriage return into
+    the script. ``what`` names the value in the ConfigError for what cannot be carried (a NUL, a
+    lone surrogate).
     """
     _utf8(value, what)
     if value.isprintable():
@@ -126,6 +128,8 @@ def shell_word(value: str, what: str) -> str:
             parts.append("\\" + char)
         elif char.isprintable():
             parts.append(char)
+        elif char in _C_ESCAPES:
+            parts.append(_C_ESCAPES[char])
         else:
             parts += (f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape"))
     return "$'" + "".join(parts) + "'"

@@ -254,7 +254,7 @@ def test_a_run_dir_with_a_newline_needs_a_job_name(tmp_path):
         render(spec)
     spec.job_name = "ok name"
     script, _ = render(spec)
-    assert 'RUN_DIR=$\'runs/a\\x0ab\'' in script
+    assert "RUN_DIR=$'runs/a\\nb'" in script
     assert "--job-name=ok name" in sbatch_arguments(script)
     check_script_text(script, tmp_path)
 
