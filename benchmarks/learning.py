@@ -699,7 +699,7 @@ def print_summary(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for the orchestrator and for every measured program."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, lower step caps (about 2 minutes)")

@@ -230,7 +230,7 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     parser.add_argument("--role", help=argparse.SUPPRESS)

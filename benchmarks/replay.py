@@ -145,7 +145,7 @@ def measure_apex(rollouts: int, env_steps: int, timeout_s: float) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--quick", action="store_true", help="small buffers, short Ape-X runs")
     args = parser.parse_args(argv)

@@ -106,7 +106,7 @@ def one_round(env: dict[str, str], plan: Plan, workdir: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--rounds", type=int, default=Plan.rounds)
     parser.add_argument("--launcher", default=Plan.launcher,

@@ -113,7 +113,7 @@ def describe(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--quick", action="store_true",
                         help="shorter runs, a low return target (about 2 minutes)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import os
 import sys
 
@@ -14,12 +15,18 @@ from mpirl.layout import Layout
 
 
 def _parser() -> argparse.ArgumentParser:
+    # No abbreviations (--run for --run-dir): launch and slurm read options by their exact
+    # spelling, and must see what mpirl will. Every subcommand's parser is made by parser_class.
     parser = argparse.ArgumentParser(
         prog="mpirl",
         description="Distributed reinforcement learning on MPI. Launch with mpiexec or srun; "
                     "rank 0 drives, the other ranks are rollout, replay and learner workers.",
+        allow_abbrev=False,
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND",
+        parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False),
+    )
     doctor = commands.add_parser(
         "doctor", help="check that every rank starts, answers and moves data; print the layout",
     )

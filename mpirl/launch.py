@@ -111,7 +111,10 @@ def find_train(command: Sequence[str]) -> TrainCall | None:
 
 
 def option_value(args: Sequence[str], name: str) -> str | None:
-    """The value of the last ``NAME VALUE`` or ``NAME=VALUE`` in args (argparse's rule)."""
+    """The value of the last ``NAME VALUE`` or ``NAME=VALUE`` in args (argparse's rule).
+
+    Exact spelling only, as mpirl's parsers (no abbreviations: ``--run`` is an error there, not
+    ``--run-dir``), so the value found here is the one the job uses."""
     value = None
     for index, word in enumerate(args):
         if word == name and index + 1 < len(args):

@@ -19,11 +19,19 @@ Three shapes of job:
 
 Site specifics come from flags or a small TOML/JSON site file (``SITE_KEYS``); flags win.
 Everything a user can get wrong is a ``ConfigError`` (exit 2), reported in one line.
+
+The script is code, so every value in it is quoted: ``shell_word`` for what bash reads (one word,
+on one line, ``$'...'`` where a character is not printable), ``sbatch_word`` for what sbatch
+reads in the ``#SBATCH`` lines (its own quoting; a control character is refused there, since a
+newline would end the line and start shell code). Site ``setup`` lines are shell code on purpose;
+each runs through ``eval`` of its quoted text, so one cannot change how the rest is read.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import re
@@ -67,9 +75,11 @@ class Site:
     env: dict[str, str] = field(default_factory=dict)
     """Variables to export in the job, e.g. {"OMP_NUM_THREADS": "1"}."""
     setup: list[str] = field(default_factory=list)
-    """Shell lines run before the step, e.g. ["source ~/venvs/rl/bin/activate"]."""
+    """Shell commands run before the step, each complete in itself (checked with bash -n), e.g.
+    ["source ~/venvs/rl/bin/activate"]."""
     sbatch: list[str] = field(default_factory=list)
-    """Extra sbatch options, one per #SBATCH line, e.g. ["--constraint=a100", "--qos=high"]."""
+    """Extra sbatch options, one option word per #SBATCH line, e.g. ["--constraint=a100",
+    "--qos=high"]."""
     srun_args: list[str] = field(default_factory=list)
     """Extra srun options for the job step, e.g. ["--cpu-bind=cores"]."""
     mpiexec_args: list[str] = field(default_factory=list)
@@ -83,6 +93,64 @@ class Site:
 
 
 SITE_KEYS = tuple(f.name for f in fields(Site))
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Words sbatch and bash both read as they stand (shlex's safe characters).
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_C_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _utf8(value: str, what: str) -> bytes:
+    """The bytes of ``value`` (an argument that was not UTF-8 comes back as its own bytes)."""
+    if "\0" in value:
+        raise ConfigError(f"{what} {value!r} holds a NUL character, which no shell word or "
+                          f"program argument can carry")
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} {value!r} is not valid text (a lone surrogate)") from None
+
+
+def shell_word(value: str, what: str) -> str:
+    """``value`` as one bash word on one line that bash reads back byte for byte.
+
+    Printable text gets shlex's single quotes; text with a newline, tab or other character that
+    is not printable gets ``$'...'`` with ``\\n``, ``\\t``, ``\\r`` or the character's bytes as
+    ``\\xHH`` (locale-free), so that it cannot end a comment line or put a carriage return into
+    the script. ``what`` names the value in the ConfigError for what cannot be carried (a NUL, a
+    lone surrogate).
+    """
+    _utf8(value, what)
+    if value.isprintable():
+        return shlex.quote(value)
+    parts = []
+    for char in value:
+        if char in "\\'":
+            parts.append("\\" + char)
+        elif char.isprintable():
+            parts.append(char)
+        elif char in _C_ESCAPES:
+            parts.append(_C_ESCAPES[char])
+        else:
+            parts += (f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape"))
+    return "$'" + "".join(parts) + "'"
+
+
+def shell_join(words: list[str], what: str) -> str:
+    return " ".join(shell_word(word, what) for word in words)
+
+
+def sbatch_word(value: str, what: str, hint: str = "") -> str:
+    """``value`` quoted for an ``#SBATCH`` line as sbatch splits it (Slurm's get_argument in
+    src/sbatch/opt.c: double quotes group, a backslash escapes the next character, an unquoted
+    ``#`` starts a comment). A line ends at a newline whatever the quotes, and bash would run
+    what follows, so a value with a character that is not printable is refused."""
+    _utf8(value, what)
+    if not value.isprintable():
+        raise ConfigError(f"{what} {value!r} holds a control character (newline, tab, ...); "
+                          f"an #SBATCH line cannot carry it{hint}")
+    if _PLAIN_WORD.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def load_site(path: str | Path) -> Site:
@@ -122,7 +190,7 @@ def load_site(path: str | Path) -> Site:
         raise ConfigError(f"--site {path}: launcher must be one of {', '.join(LAUNCHERS)}, "
                           f"got {site.launcher!r}")
     for name in site.env:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        if not _SHELL_NAME.fullmatch(name):
             raise ConfigError(f"--site {path}: env name {name!r} is not a shell variable name")
     return site
 
@@ -183,7 +251,8 @@ class JobSpec:
     learner_nodes: int = 1
     learners_per_node: int | None = None
     mpirl: str | None = None
-    rendered_by: str = "mpirl slurm"
+    rendered_by: tuple[str, ...] = ("mpirl", "slurm")
+    """The command line that rendered the script, for its header."""
 
     @property
     def learner_tasks_per_node(self) -> int:
@@ -210,6 +279,8 @@ def _check_spec(spec: JobSpec) -> None:
                               f"got {getattr(spec, name)}")
     if spec.learners_per_node is not None and spec.learners_per_node < 1:
         raise ConfigError(f"--learners-per-node must be 1 or more, got {spec.learners_per_node}")
+    if spec.het not in (None, *HET_MODES):
+        raise ConfigError(f"--het must be one of {', '.join(HET_MODES)}, got {spec.het!r}")
     if spec.launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
                           f"got {spec.launcher!r}")
@@ -221,8 +292,10 @@ def _check_spec(spec: JobSpec) -> None:
         raise ConfigError(f"--signal-lead {spec.signal_lead_s} s must be above 0 and below the "
                           f"time limit ({limit} s for --time {spec.time}; Slurm rounds up to "
                           f"whole minutes)")
-    for name, value in (("--output", spec.output), ("--job-name", spec.job_name),
-                        ("--partition", spec.partition), ("--account", spec.account)):
+    for name, value in (("--output", spec.output), ("--job-name", spec.job_name)):
+        if value is not None and not value:
+            raise ConfigError(f"{name} must not be empty")
+    for name, value in (("--partition", spec.partition), ("--account", spec.account)):
         if value is not None and (not value or any(c.isspace() for c in value)):
             raise ConfigError(f"{name} {value!r} must be one word without spaces")
 
@@ -235,7 +308,8 @@ def _job_commands(spec: JobSpec) -> tuple[list[str], list[str], str | None]:
     if spec.command[0] not in JOB_SUBCOMMANDS:
         raise ConfigError(f"the command after -- must be an mpirl subcommand, one of "
                           f"{', '.join(JOB_SUBCOMMANDS)}, without 'mpirl' itself; "
-                          f"got {shlex.join(spec.command[:3])}")
+                          f"got {shell_join(spec.command[:3], 'the command after --')}")
+    _parse_job_command(spec.command)
     command = ["mpirl", *spec.command]
     if spec.het:
         command = _with_learners(command, spec)
@@ -254,6 +328,25 @@ def _job_commands(spec: JobSpec) -> tuple[list[str], list[str], str | None]:
         raise ConfigError("train needs --algo and --env (or --resume RUN_DIR)")
     first, run_dir = first_command(command)
     return first[1:], restart_command(first)[1:], run_dir
+
+
+def _parse_job_command(command: list[str]) -> None:
+    """Parse the job's mpirl arguments with mpirl's own parser, so that a mistake is reported
+    here, on the login node, and not after the job has waited in the queue; and so that the
+    options read here by their exact spelling (--run-dir, --resume, --config) are the ones the
+    job's mpirl will use (its parser takes no abbreviations)."""
+    from mpirl.cli import _parser  # cli imports this module
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            _parser().parse_args(command)
+    except SystemExit as exit:
+        # argparse printed its usage and, last, "mpirl: error: PROBLEM" (or the help: exit 0).
+        problem = (said.getvalue().strip().splitlines()[-1].removeprefix("mpirl: error: ")
+                   if exit.code else "it only prints the help")
+        raise ConfigError(f"the command after -- is not a valid mpirl {command[0]} command: "
+                          f"{problem}") from None
 
 
 def _with_learners(command: list[str], spec: JobSpec) -> list[str]:
@@ -305,20 +398,32 @@ def _sbatch_lines(spec: JobSpec, site: Site, run_dir: str | None) -> tuple[list[
     """The #SBATCH lines of the job (of component 0), and those of a heterogeneous job's
     component 1 (after the template's job-wide lines: everything after ``hetjob`` belongs to
     component 1)."""
-    name = spec.job_name or (f"mpirl-{Path(run_dir).name}" if run_dir else
-                             f"mpirl-{spec.command[0]}")
-    partition = spec.partition or site.partition
-    account = spec.account or site.account
+    if spec.job_name:
+        name = sbatch_word(spec.job_name, "--job-name")
+    else:
+        default = f"mpirl-{Path(run_dir).name}" if run_dir else f"mpirl-{spec.command[0]}"
+        name = sbatch_word(default, "the job name made from the run directory's name",
+                           "; choose another with --job-name")
     shared = [f"--time={spec.time}"]
-    shared += [f"--partition={partition}"] if partition else []
-    shared += [f"--account={account}"] if account else []
+    for key, flag, value in (("partition", spec.partition, site.partition),
+                             ("account", spec.account, site.account)):
+        if flag or value:
+            what = f"--{key}" if flag else f"site file {key}"
+            shared.append(f"--{key}={sbatch_word(flag or value, what)}")
+    extra = []
+    for option in site.sbatch:
+        # One option word per entry: "hetjob" or a bare word would start another component.
+        if not option.startswith("-"):
+            raise ConfigError(f"site file sbatch entry {option!r} is not an sbatch option; each "
+                              f"entry is one option such as --qos=high")
+        extra.append(sbatch_word(option, "site file sbatch entry"))
     gpus = [f"--gpus-per-node={spec.gpus_per_node}"] if spec.gpus_per_node else []
     cpu_part = [f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.ntasks_per_node}",
                 f"--cpus-per-task={spec.cpus_per_task}"]
     options, learner_part = [f"--job-name={name}"], []
     if spec.het == "steps":
         # Component 0: driver and rollout ranks on CPU nodes; component 1: one learner per GPU.
-        options += [*cpu_part, *shared, *site.sbatch]
+        options += [*cpu_part, *shared, *extra]
         learner_part = ["hetjob", f"--nodes={spec.learner_nodes}",
                         f"--ntasks-per-node={spec.learner_tasks_per_node}",
                         f"--cpus-per-task={spec.cpus_per_task}", *gpus, *shared]
@@ -327,22 +432,23 @@ def _sbatch_lines(spec: JobSpec, site: Site, run_dir: str | None) -> tuple[list[
         per_node = max(spec.ntasks_per_node, spec.learner_tasks_per_node)
         options += [f"--nodes={spec.nodes + spec.learner_nodes}",
                     f"--ntasks-per-node={per_node}", f"--cpus-per-task={spec.cpus_per_task}",
-                    *gpus, *shared, *site.sbatch]
+                    *gpus, *shared, *extra]
     else:
-        options += [*cpu_part, *gpus, *shared, *site.sbatch]
+        options += [*cpu_part, *gpus, *shared, *extra]
     return ([f"#SBATCH {option}" for option in options],
             [f"#SBATCH {option}" for option in learner_part])
 
 
 def _launcher_lines(spec: JobSpec, site: Site) -> list[str]:
     if spec.launcher == "mpiexec":
-        mpiexec = shlex.quote(site.mpiexec or _default_tool("mpiexec"))
-        extra = "".join(f" {shlex.quote(a)}" for a in site.mpiexec_args)
+        mpiexec = shell_word(site.mpiexec or _default_tool("mpiexec"), "site file mpiexec")
+        extra = "".join(f" {shell_word(a, 'site file mpiexec_args entry')}"
+                        for a in site.mpiexec_args)
         # Inside the allocation mpiexec reads the nodes and slots from Slurm; --bind-to none
         # keeps each rank's torch threads from being pinned to one core.
         return [f'launcher=({mpiexec} -n "$SLURM_NTASKS" --bind-to none{extra})']
     mpi = spec.launcher.removeprefix("srun-")
-    extra = "".join(f" {shlex.quote(a)}" for a in site.srun_args)
+    extra = "".join(f" {shell_word(a, 'site file srun_args entry')}" for a in site.srun_args)
     if spec.het == "steps":
         # Both components in one step: one MPI world, component 0's ranks first.
         return [f"launcher=(srun --mpi={mpi} --het-group=0,1{extra})"]
@@ -370,10 +476,29 @@ def _launcher_lines(spec: JobSpec, site: Site) -> list[str]:
 
 
 def _setup_lines(site: Site) -> list[str]:
-    lines = [f"module load {shlex.quote(module)}" for module in site.modules]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in site.env.items()]
-    lines += site.setup
+    lines = [f"module load {shell_word(module, 'site file module')}" for module in site.modules]
+    for name, value in site.env.items():
+        if not _SHELL_NAME.fullmatch(name):
+            raise ConfigError(f"site file env name {name!r} is not a shell variable name")
+        lines.append(f"export {name}={shell_word(value, f'site file env {name}')}")
+    for command in site.setup:
+        _check_setup_command(command)
+        # eval of the quoted text: shell code on purpose, but confined to itself.
+        lines.append(f"eval {shell_word(command, 'site file setup line')}")
     return ["# Site set-up", *lines, ""] if lines else []
+
+
+def _check_setup_command(command: str) -> None:
+    """ConfigError unless ``command`` is complete shell code (bash -n), e.g. no open quote."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return  # no bash to ask here; eval in the job reports it
+    _utf8(command, "site file setup line")
+    proc = subprocess.run([bash, "-n"], input=command.encode("utf-8", "surrogateescape"),
+                          capture_output=True, timeout=30)
+    if proc.returncode != 0:
+        said = " ".join(proc.stderr.decode(errors="replace").split())
+        raise ConfigError(f"site file setup line {command!r} is not complete shell code: {said}")
 
 
 def _describe(spec: JobSpec) -> str:
@@ -401,15 +526,15 @@ def render(spec: JobSpec, site: Site | None = None) -> tuple[str, str | None]:
         "sbatch": "\n".join(job_lines),
         "het_component": "\n".join(component_lines),
         "signal_lead": str(spec.signal_lead_s),
-        "output": spec.output,
+        "output": sbatch_word(spec.output, "--output"),
         "description": _describe(spec),
-        "rendered_by": spec.rendered_by,
-        "run_dir": shlex.quote(run_dir or ""),
+        "rendered_by": shell_join(list(spec.rendered_by), "the mpirl slurm command line"),
+        "run_dir": shell_word(run_dir or "", "the run directory"),
         "max_requeues": str(spec.max_requeues),
-        "mpirl": shlex.quote(mpirl),
+        "mpirl": shell_word(mpirl, "the mpirl command (--mpirl)"),
         "setup": "\n".join(_setup_lines(site)),
-        "first_command": '"$MPIRL" ' + shlex.join(first),
-        "resume_command": '"$MPIRL" ' + shlex.join(resume),
+        "first_command": '"$MPIRL" ' + shell_join(first, "an argument of the mpirl command"),
+        "resume_command": '"$MPIRL" ' + shell_join(resume, "an argument of the mpirl command"),
         "launcher": "\n".join(_launcher_lines(spec, site)),
     }
     template = TEMPLATE.read_text(encoding="utf-8")
@@ -515,7 +640,7 @@ def spec_from_args(args: argparse.Namespace, site: Site, argv: list[str]) -> Job
         max_requeues=args.max_requeues, signal_lead_s=args.signal_lead, run_dir=args.run_dir,
         het=args.het, learner_nodes=args.learner_nodes,
         learners_per_node=args.learners_per_node, mpirl=args.mpirl,
-        rendered_by=shlex.join(["mpirl", "slurm", *argv]),
+        rendered_by=("mpirl", "slurm", *argv),
     )
 
 

@@ -158,7 +158,8 @@ def test_site_file_toml_and_json(tmp_path):
     site = load_site(toml)
     script, _ = render(JobSpec(command=TRAIN, time="10", launcher=site.launcher), site)
     for line in ("module load openmpi/5.0", "export OMP_NUM_THREADS=1", "export TAG='a b'",
-                 "source /opt/rl/bin/activate", "#SBATCH --qos=high", "#SBATCH --partition=cpu",
+                 "eval 'source /opt/rl/bin/activate'", "#SBATCH --qos=high",
+                 "#SBATCH --partition=cpu",
                  'launcher=(/opt/ompi/bin/mpiexec -n "$SLURM_NTASKS" --bind-to none '
                  '--oversubscribe)'):
         assert line in script.splitlines(), line
