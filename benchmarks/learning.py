@@ -5,6 +5,8 @@
     python benchmarks/learning.py --dqn --json /tmp/dqn.json [--seeds N] [--peers mpirl,rllib]
     (or --apex, --sac; RLlib has DQN and SAC, not Ape-X)
     python benchmarks/learning.py --async --json /tmp/async.json [--seeds N] [--peers LIST]
+    python benchmarks/learning.py --thresholds --json /tmp/thresholds.json [--seeds 5]
+        [--algos PPO,DQN] [--rollout-ranks 1,2] [--config JSON] [--budget STEPS] [--target R]
 
 Each run is a whole process, timed by the orchestrator from launch to exit, so interpreter start,
 imports, cluster or MPI start-up and shutdown all count. The runs go one after another, never two
@@ -30,6 +32,13 @@ with one thread per rank, and on 2 cores more threads per process only compete w
 their default settings instead, and RLlib's IMPALA (its own CartPole example's settings, 2 env
 runners, its learner actor on a third logical CPU) beside them in each round; RLlib 2.60 has no
 A3C any more.
+
+``--thresholds`` runs mpirl alone: every algorithm with its default settings, on the default
+100-episode mean, to the threshold and within the step budget the README states for it
+(``THRESHOLDS``), for seeds 0..N-1 and with 1 and with 2 rollout ranks; it prints, per algorithm
+and layout, how many seeds reached the threshold and the median steps and seconds, and exits 1
+when fewer than 4 of 5 did. ``--config``, ``--budget`` and ``--target`` try other settings (a
+learning test's, or candidate defaults) on the same seeds.
 
 ``--pendulum`` runs mpirl PPO alone on Pendulum-v1 instead (continuous actions), with
 ``PENDULUM_CONFIG``, and reports whether it reaches a mean return of -300 within 500k steps.
@@ -628,27 +637,29 @@ THRESHOLD_MIN_REACHED = 4
 def orchestrate_thresholds(seeds: int, algos: list[str], rollout_ranks: list[int],
                            timeout_s: float, json_path: Path | None,
                            overrides: dict[str, Any] | None = None,
-                           budget: int | None = None) -> int:
+                           budget: int | None = None, target: float | None = None) -> int:
     """Each algorithm of ``algos`` with its default settings (plus ``overrides``, for trying
     other defaults), seeds 0..seeds-1, once per number of rollout ranks; how many runs reached
-    the threshold, median steps and seconds. ``budget`` replaces the step budgets."""
+    the threshold, median steps and seconds. ``budget`` and ``target`` replace the README's (to
+    check a learning test's settings on the benchmark's seeds)."""
     started = time.perf_counter()
     meta = metadata_block(False, Plan(seeds, 0, timeout_s))
     meta["thresholds"] = {a: {"env": THRESHOLDS[a][0], "target": THRESHOLDS[a][1],
                               "step_budget": THRESHOLDS[a][2]} for a in algos}
     meta["metrics_window"] = "default (100 episodes)"
     meta["overrides"], meta["budget_override"] = overrides or {}, budget
+    meta["target_override"] = target
     report: dict[str, Any] = {"meta": meta}
     table = [("algorithm", "rollout ranks", "target", "budget", "reached", "median steps",
               "median s", "returns at the end")]
     failed = False
     for algo in algos:
-        env_id, target, steps, extra = THRESHOLDS[algo]
-        steps = budget or steps
-        stop = {"episode_return_mean": target, "timesteps_total": steps}
+        env_id, goal, steps, extra = THRESHOLDS[algo]
+        steps, goal = budget or steps, goal if target is None else target
+        stop = {"episode_return_mean": goal, "timesteps_total": steps}
         for rollouts in rollout_ranks:
             config = {**(overrides or {}), "num_rollout_workers": rollouts}
-            measure = functools.partial(run_mpirl, env_id, config, stop, target=target,
+            measure = functools.partial(run_mpirl, env_id, config, stop, target=goal,
                                         timeout_s=timeout_s, algo=algo,
                                         ranks=1 + rollouts + extra)
             runs = [attempt(f"mpirl {algo} {env_id} {rollouts} rollout rank(s) seed {seed}",
@@ -661,7 +672,7 @@ def orchestrate_thresholds(seeds: int, algos: list[str], rollout_ranks: list[int
             good = [r for r in runs if "error" not in r]
             count = sum(r["reached"] for r in good)
             failed |= count < min(THRESHOLD_MIN_REACHED, seeds) or len(good) < len(runs)
-            table.append((algo, str(rollouts), fmt(target, 0), f"{steps:,}",
+            table.append((algo, str(rollouts), fmt(goal, 0), f"{steps:,}",
                           f"{count}/{len(runs)}", fmt(summary.get("env_steps"), 0),
                           fmt(summary.get("wall_s"), 1),
                           " ".join(fmt(r.get("episode_return_mean"), 0) for r in runs)))
@@ -727,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --thresholds: config keys to try instead of the defaults")
     parser.add_argument("--budget", type=int, metavar="STEPS",
                         help="with --thresholds: env step budget instead of the README's")
+    parser.add_argument("--target", type=float, metavar="RETURN",
+                        help="with --thresholds: return to reach instead of the README's")
     parser.add_argument("--async", dest="async_algos", action="store_true",
                         help="mpirl IMPALA and A3C instead, with RLlib's IMPALA beside them")
     add_peers_option(parser, PEERS)
@@ -753,7 +766,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{','.join(THRESHOLDS)}")
         return orchestrate_thresholds(args.seeds or 5, algos,
                                       [int(n) for n in args.rollout_ranks.split(",")],
-                                      FULL.timeout_s, args.json, args.config, args.budget)
+                                      FULL.timeout_s, args.json, args.config, args.budget,
+                                      args.target)
     if args.pendulum:
         return orchestrate_pendulum(plan, args.quick, args.json)
     if args.replay_algo:
