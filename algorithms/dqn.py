@@ -44,6 +44,11 @@ class Config(QLearningConfig):
     # Optimization
     sgd_steps_per_env_step: float = 0.5
     """SGD steps per new env step (0.5: 128 steps after each 256 env steps)."""
+    # On CartPole-v1, lr 1e-3 with a target copy every 128 SGD steps peaked near 340 and then
+    # collapsed (seeds 1 and 2 ended at 69 and 243 after 100k steps); these reached a 100-episode
+    # mean of 475 on 5 of 5 seeds in 94k-107k steps (benchmarks/RESULTS.md).
+    lr: float = 5e-4
+    target_network_update_freq: int = 500
 
 
 def check_config(config: Config, env) -> None:
