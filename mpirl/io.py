@@ -379,12 +379,15 @@ def _scan(file: Path, linked: set[int], main: Path | None) -> _FileScan:
 
 
 def _open_h5(path: Path) -> h5py.File:
+    if path.is_dir():
+        raise DatasetError(f"{path}: a directory, not an HDF5 file")
     try:
         return open_hdf5(path, "r")
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
     except OSError as error:
-        raise DatasetError(f"{path}: not a readable HDF5 file ({error}); it is truncated, "
+        detail = " ".join(str(error).split())  # HDF5's messages may span lines
+        raise DatasetError(f"{path}: not a readable HDF5 file ({detail}); it is truncated, "
                            f"corrupt, or of another format") from None
 
 
