@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.io import open_dataset
+from mpirl.trajectories import QUARANTINE_KEY
 
 
 def summarize(path: str | Path) -> dict[str, Any]:
@@ -31,6 +32,10 @@ def summarize(path: str | Path) -> dict[str, Any]:
             "files": files,
             "size_bytes": dataset.size_on_disk(),
             "returns": returns.tolist(),
+            # Unreadable files left out now, and those a dumping run quarantined earlier.
+            "damaged": [{"path": str(d.path), "reason": d.reason,
+                         "episodes_lost": d.episodes_lost} for d in dataset.damaged],
+            "quarantined": dataset.metadata.get(QUARANTINE_KEY, []),
         }
 
 
@@ -54,7 +59,17 @@ def report(summary: dict[str, Any], as_json: bool = False) -> str:
         f"file(s):",
     ]
     lines += [f"  {f['path']}  {f['bytes'] / 1e6:.2f} MB" for f in summary["files"]]
+    for d in summary["damaged"]:
+        lines.append(f"damaged, left out ({_lost(d)} indexed episodes lost): {d['reason']}")
+    for q in summary["quarantined"]:
+        lines.append(f"quarantined earlier ({_lost(q)} indexed episodes lost): "
+                     f"{q.get('renamed_to') or q.get('file')}: {q.get('reason')}")
     return "\n".join(lines)
+
+
+def _lost(record: dict[str, Any]) -> str:
+    lost = record.get("episodes_lost")
+    return "an unknown number of" if lost is None else str(lost)
 
 
 def plot_returns(summary: dict[str, Any], output: str | Path) -> Path:

@@ -16,6 +16,10 @@ attribute is its number within its own file). The episodes are those ``main_data
 to (numbered 0, 1, ... as Minari numbers them),
 then those in the per-rank files that it does not link yet (a run killed between iterations
 leaves some), in file order. Without ``main_data.hdf5`` the per-rank files alone make the dump.
+
+A per-rank file that cannot be read is left out, with its episodes: ``Dataset.damaged`` names
+it, why, and how many indexed episodes it held. Only a dump with no readable file is an error.
+Reading never changes the dump; a dumping run quarantines such files when it starts.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from mpirl.trajectories import (
     METADATA_FILE,
     deserialize_space,
     episode_number,
+    open_hdf5,
     rank_files,
 )
 
@@ -52,6 +57,22 @@ class DatasetError(MpirlError):
     """A trajectory dump cannot be read: missing, truncated, corrupt, or not a dump at all."""
 
     exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class DamagedFile:
+    """A data file of a dump that cannot be read, left out of the ``Dataset``."""
+
+    path: Path
+    reason: str
+    """The reader's error, starting with the path."""
+    episodes_lost: int | None
+    """Episodes that ``main_data.hdf5`` links into it; None without a readable index."""
+
+    def describe(self) -> str:
+        lost = ("an unknown number of episodes (no readable main_data.hdf5 counts them)"
+                if self.episodes_lost is None else f"{self.episodes_lost} indexed episodes")
+        return f"{self.reason}; lost: {lost}"
 
 
 @dataclass
@@ -77,7 +98,7 @@ class Dataset:
     def __init__(self, root: Path, files: list[Path], refs: list[tuple[int, int]],
                  lengths: list[int], observation_space: gym.Space | None,
                  action_space: gym.Space | None, env_id: str | None,
-                 metadata: dict[str, Any]) -> None:
+                 metadata: dict[str, Any], damaged: list[DamagedFile] | None = None) -> None:
         self.root = root
         self.files = files
         #: (index into files, group number) of every episode, in id order
@@ -87,6 +108,8 @@ class Dataset:
         self.action_space = action_space
         self.env_id = env_id
         self.metadata = metadata
+        #: Data files left out because they cannot be read (their episodes are not here).
+        self.damaged = list(damaged or [])
         self._open: dict[int, h5py.File] = {}
 
     # Summary.
@@ -268,95 +291,113 @@ def open_dataset(path: str | Path) -> Dataset:
 
     for file in data_files:
         index_of(file)
-    refs: list[tuple[int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    if main is not None and main.is_file():
-        for file, k in _main_links(main):
-            ref = (index_of(file), k)
-            if ref not in seen:
-                seen.add(ref)
-                refs.append(ref)
+    linked: dict[tuple[int, int], None] = {}  # ordered, without repeats
+    main_links = _main_links(main) if main is not None and main.is_file() else None
+    for file, k in main_links or []:
+        linked[(index_of(file), k)] = None
+    linked_in: dict[int, set[int]] = {}
+    for f, k in linked:
+        linked_in.setdefault(f, set()).add(k)
     if not files:
         raise DatasetError(f"{path}: no trajectory files (expected {MAIN_FILE} or "
                            f"rollout-s*-w*.hdf5)")
-    lengths: list[int] = []
-    spaces: dict[str, Any] = {}
-    known: dict[int, list[int]] = {}
+    scans: dict[int, _FileScan] = {}
+    damaged: list[DamagedFile] = []
     for f, file in enumerate(files):
-        with _open_h5(file) as handle:
-            try:
-                names = list(handle.keys())
-            except (OSError, RuntimeError) as error:
-                raise DatasetError(f"{file}: its episode index cannot be read ({error}); the "
-                                   f"file is truncated or corrupt") from None
-            numbers = sorted(n for n in map(episode_number, names) if n is not None)
-            # A dump file of ours may hold no episode yet; any other file must.
-            if not numbers and FORMAT_ATTR not in handle.attrs:
-                raise DatasetError(f"{file}: not a trajectory file (no episode_{{i}} groups)")
-            for key in ("observation_space", "action_space", "env_id"):
-                if key in handle.attrs and key not in spaces:
-                    spaces[key] = _text(handle.attrs[key])
-            known[f] = numbers
-    # Episodes that main_data.hdf5 does not link yet come after the linked ones.
-    for f, numbers in known.items():
-        for k in numbers:
-            if (f, k) not in seen:
-                seen.add((f, k))
-                refs.append((f, k))
-    handles = {f: _open_h5(file) for f, file in enumerate(files)}
-    try:
-        for f, k in refs:
-            try:
-                group = handles[f].get(f"episode_{k}")
-            except (OSError, RuntimeError) as error:
-                raise DatasetError(f"{files[f]}: episode_{k} cannot be read ({error}); the file "
-                                   f"is truncated or corrupt") from None
-            if not isinstance(group, h5py.Group):
-                raise DatasetError(f"{files[f]}: episode_{k} is missing (linked from {main})")
-            if "rewards" not in group:
-                raise DatasetError(f"{files[f]}: episode_{k} is not a trajectory episode (no "
-                                   f"rewards dataset)")
-            try:
-                steps = group.attrs.get("total_steps")
-                lengths.append(int(steps) if steps is not None else len(group["rewards"]))
-            except (OSError, RuntimeError) as error:
-                raise DatasetError(f"{files[f]}: episode_{k} cannot be read ({error}); the file "
-                                   f"is truncated or corrupt") from None
-    finally:
-        for handle in handles.values():
-            handle.close()
+        try:
+            scans[f] = _scan(file, linked_in.get(f, set()), main)
+        except DatasetError as error:
+            lost = None if main_links is None else len(linked_in.get(f, ()))
+            damaged.append(DamagedFile(file, str(error), lost))
+    if not scans:
+        if len(damaged) == 1:
+            raise DatasetError(damaged[0].reason)
+        raise DatasetError(f"{path}: none of its {len(damaged)} trajectory files is readable: "
+                           + "; ".join(d.reason for d in damaged))
+    # The readable files, renumbered; the episodes main_data.hdf5 does not link yet come after
+    # the linked ones.
+    kept = {f: i for i, f in enumerate(scans)}
+    refs = [(kept[f], k) for f, k in linked if f in kept]
+    seen = set(refs)
+    for f, scan in scans.items():
+        refs += [(kept[f], k) for k in scan.numbers if (kept[f], k) not in seen]
+    readable = list(scans.values())
+    lengths = [readable[i].lengths[k] for i, k in refs]
+    spaces: dict[str, str] = {}
+    for scan in scans.values():
+        spaces = {**scan.attrs, **spaces}
     observation_space = _space(metadata.get("observation_space")
                                or spaces.get("observation_space"), root)
     action_space = _space(metadata.get("action_space") or spaces.get("action_space"), root)
     env_id = metadata.get("mpirl_env_id") or spaces.get("env_id") or _env_id_of(metadata)
-    return Dataset(root, files, refs, lengths, observation_space, action_space, env_id,
-                   metadata)
+    return Dataset(root, [files[f] for f in scans], refs, lengths, observation_space,
+                   action_space, env_id, metadata, damaged)
+
+
+@dataclass
+class _FileScan:
+    """What ``open_dataset`` learns of one data file: its episode numbers, their lengths, and
+    the spaces and env id it records."""
+
+    numbers: list[int]
+    lengths: dict[int, int]
+    attrs: dict[str, str]
+
+
+def _scan(file: Path, linked: set[int], main: Path | None) -> _FileScan:
+    """Read the episode index of ``file`` (and check the episodes ``main`` links into it);
+    DatasetError, naming the file, if it cannot be read as a trajectory file."""
+    with _open_h5(file) as handle:
+        try:
+            names = list(handle.keys())
+            ours = FORMAT_ATTR in handle.attrs
+            attrs = {key: _text(handle.attrs[key])
+                     for key in ("observation_space", "action_space", "env_id")
+                     if key in handle.attrs}
+        except (OSError, RuntimeError) as error:
+            raise DatasetError(f"{file}: its episode index cannot be read ({error}); the "
+                               f"file is truncated or corrupt") from None
+        numbers = sorted(n for n in map(episode_number, names) if n is not None)
+        # A dump file of ours may hold no episode yet; any other file must.
+        if not numbers and not ours:
+            raise DatasetError(f"{file}: not a trajectory file (no episode_{{i}} groups)")
+        lengths = {}
+        for k in sorted(set(numbers) | linked):
+            try:
+                group = handle.get(f"episode_{k}")
+                if not isinstance(group, h5py.Group):
+                    raise DatasetError(f"{file}: episode_{k} is missing (linked from {main})")
+                if "rewards" not in group:
+                    raise DatasetError(f"{file}: episode_{k} is not a trajectory episode (no "
+                                       f"rewards dataset)")
+                steps = group.attrs.get("total_steps")
+                lengths[k] = int(steps) if steps is not None else len(group["rewards"])
+            except (OSError, RuntimeError) as error:
+                raise DatasetError(f"{file}: episode_{k} cannot be read ({error}); the file "
+                                   f"is truncated or corrupt") from None
+    return _FileScan(numbers, lengths, attrs)
 
 
 def _open_h5(path: Path) -> h5py.File:
+    if path.is_dir():
+        raise DatasetError(f"{path}: a directory, not an HDF5 file")
     try:
-        try:
-            return h5py.File(path, "r")
-        except OSError as error:
-            if "lock" not in str(error):
-                raise
-            # Its run still writes it: read what is flushed, without the lock.
-            return h5py.File(path, "r", locking=False)
+        return open_hdf5(path, "r")
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
     except OSError as error:
-        raise DatasetError(f"{path}: not a readable HDF5 file ({error}); it is truncated, "
+        detail = " ".join(str(error).split())  # HDF5's messages may span lines
+        raise DatasetError(f"{path}: not a readable HDF5 file ({detail}); it is truncated, "
                            f"corrupt, or of another format") from None
 
 
-def _main_links(main: Path) -> list[tuple[Path, int]]:
-    """(file, group number) of each episode_{g} of main_data.hdf5, in g order. An unreadable
-    main_data.hdf5 (killed while the driver wrote it) counts as empty: the per-rank files hold
-    every episode anyway."""
+def _main_links(main: Path) -> list[tuple[Path, int]] | None:
+    """(file, group number) of each episode_{g} of main_data.hdf5, in g order; None if it cannot
+    be read (killed while the driver wrote it): the per-rank files hold every episode anyway."""
     try:
         handle = _open_h5(main)
     except DatasetError:
-        return []
+        return None
     found = []
     with handle:
         for name in handle.keys():

@@ -8,6 +8,7 @@ rollout workers only evaluate the current policy; what they play is never traine
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,14 @@ def check_input(path: str, env_id: str) -> int:
     if not Path(path).exists():
         raise ConfigError(f'config key "input": {path}: no such file or directory')
     dataset = _open(path)
+    if dataset.damaged:
+        # Every rank checks the input; rank 0 speaks. The learners' shards leave them out too.
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            for damaged in dataset.damaged:
+                print(f'mpirl: warning: config key "input": {damaged.describe()}; training on '
+                      f'the rest', file=sys.stderr, flush=True)
     if dataset.env_id != env_id:
         raise ConfigError(f'config key "input": {path} holds episodes of {dataset.env_id}, but '
                           f'--env is {env_id}. Train on the environment the dump was made on.')

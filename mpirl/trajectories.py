@@ -17,10 +17,19 @@ also finds episodes that a killed run wrote but never indexed.
 
 Each run start (fresh or ``--resume``) is a new session: its ranks write new files, so no
 existing episode is ever reopened or overwritten.
+
+A per-rank file that cannot be read (truncated, overwritten, replaced) is quarantined when a
+dumping run starts or resumes in its directory: renamed ``*.hdf5.damaged``, its links dropped from
+``main_data.hdf5``, and recorded under ``mpirl_quarantined`` in ``metadata.json`` with the
+number of indexed episodes lost. Readers (``mpirl.io``) skip such a file without touching it.
+
+File locks: HDF5 locks every file it opens (flock). Where the file system refuses (NFS without
+a lock daemon, Lustre mounted without flock), ``open_hdf5`` opens without the lock.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -43,6 +52,10 @@ MAIN_FILE = "main_data.hdf5"
 METADATA_FILE = "metadata.json"
 #: Per-rank data files: rollout-s{session}-w{worker}.hdf5.
 RANK_FILE_RE = re.compile(r"^rollout-s(\d+)-w(\d+)\.hdf5$")
+#: A damaged per-rank file is renamed with this suffix (then RANK_FILE_RE no longer matches it).
+QUARANTINE_SUFFIX = ".damaged"
+#: metadata.json key: the files quarantined so far, with why and how many episodes were lost.
+QUARANTINE_KEY = "mpirl_quarantined"
 #: Root attribute that marks a per-rank file as written by mpirl.
 FORMAT_ATTR = "mpirl_trajectories"
 FORMAT_VERSION = 1
@@ -56,6 +69,52 @@ SEND_INTERVAL_S = 0.05
 FILE_FORMAT = ("v108", "v108")
 #: Rows per HDF5 chunk at most (an episode's datasets are one chunk unless longer).
 MAX_CHUNK_ROWS = 4096
+
+
+# File locking. HDF5 takes a flock on every file it opens; the file systems of many clusters refuse.
+
+
+#: errno of a file system without flock: NFS without a lock daemon (ENOLCK), Lustre mounted
+#: without flock (ENOSYS; HDF5 2.0 already ignores that one), others (EOPNOTSUPP).
+NO_FLOCK_ERRNOS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
+#: Why this process opens files without locks (None while locks work); warned about once.
+_no_flock: str | None = None
+_no_flock_warned = False
+
+
+def open_hdf5(path: str | Path, mode: str, *, warn: bool = False, **kwargs: Any) -> h5py.File:
+    """``h5py.File(path, mode, **kwargs)``, without HDF5's file lock where it cannot be taken.
+
+    A file system without flock turns locking off for the rest of this process; with ``warn``
+    (the driver only: only rank 0 prints) that is said once on stderr. A lock held by another
+    process (a reader of a file being written, the writer of a file being read) is skipped for
+    this open only: each dump file has one writer, and it closes the file after every batch,
+    so a reader reads what is complete. Setting ``HDF5_USE_FILE_LOCKING=FALSE`` skips locks
+    from the start."""
+    global _no_flock
+    if _no_flock is None:
+        created = mode in ("w-", "x", "a") and not os.path.exists(path)
+        try:
+            return h5py.File(path, mode, **kwargs)
+        except OSError as error:
+            if "unable to lock file" not in str(error):
+                raise
+            if error.errno in NO_FLOCK_ERRNOS:
+                _no_flock = f"{Path(path).parent}: {error}"
+            if created:
+                mode = "w"  # the failed open left the file it created, empty: ours to reuse
+    if warn:
+        _warn_no_flock()
+    return h5py.File(path, mode, locking=False, **kwargs)
+
+
+def _warn_no_flock() -> None:
+    global _no_flock_warned
+    if _no_flock is not None and not _no_flock_warned:
+        _no_flock_warned = True
+        print(f"mpirl: warning: the file system refuses HDF5's file locks ({_no_flock}); "
+              f"trajectory files are written and read without them", file=sys.stderr,
+              flush=True)
 
 
 @dataclass(frozen=True)
@@ -163,7 +222,7 @@ class EpisodeFile:
                  compression_min_bytes: int) -> None:
         self.path = path
         # 'w-': a session's file is new; an existing one is never overwritten.
-        with h5py.File(path, "w-", libver=FILE_FORMAT) as file:
+        with open_hdf5(path, "w-", libver=FILE_FORMAT) as file:
             file.attrs.update(attrs)
         self.level = compression_level
         self.min_bytes = compression_min_bytes
@@ -183,7 +242,7 @@ class EpisodeFile:
         if not episodes:
             return []
         written = []
-        file = h5py.File(self.path, "r+", libver=FILE_FORMAT)
+        file = open_hdf5(self.path, "r+", libver=FILE_FORMAT)
         try:
             _hold_metadata_until_flush(file)
             for k, episode in episodes:
@@ -631,7 +690,9 @@ class DumpIndex:
             raise ConfigError(f"dump_trajectories {self.directory}: cannot create it "
                               f"({error})") from None
         existing = rank_files(self.directory)
-        sessions = [int(RANK_FILE_RE.match(p.name)[1]) for p in existing]
+        # Quarantined files keep their session number: a new session never reuses a name.
+        sessions = [int(match[1]) for p in self.directory.iterdir()
+                    if (match := RANK_FILE_RE.match(p.name.removesuffix(QUARANTINE_SUFFIX)))]
         self.session = max(sessions, default=-1) + 1
         self.target = DumpTarget(str(self.directory), self.session,
                                  settings.dump_compression_level,
@@ -642,24 +703,30 @@ class DumpIndex:
         self.action_space = action_space
         self.algorithm_name = algorithm_name
         self.pending: list[tuple[str, int]] = []
+        #: Files quarantined in this directory so far (metadata.json's QUARANTINE_KEY).
+        self.quarantined: list[dict[str, Any]] = []
         self.total_episodes, self.total_steps = self._reconcile(existing)
         self._write_metadata()
 
     def _reconcile(self, existing: list[Path]) -> tuple[int, int]:
         """Keep the links main_data.hdf5 holds; link the episodes of earlier sessions that it
-        lacks (written after the last index update of a run that was killed); return totals."""
+        lacks (written after the last index update of a run that was killed); quarantine the
+        files that cannot be read; return totals."""
         from mpirl.io import DatasetError, open_dataset
 
         if not existing:
-            with h5py.File(self.directory / MAIN_FILE, "w"):
+            with open_hdf5(self.directory / MAIN_FILE, "w", warn=True):
                 pass
             return 0, 0
         try:
             dataset = open_dataset(self.directory)
         except DatasetError as error:
-            raise ConfigError(f"dump_trajectories {self.directory} holds an unreadable dump: "
-                              f"{error}. Choose a new directory.") from None
+            raise ConfigError(f"dump_trajectories {self.directory} holds no readable trajectory "
+                              f"file: {error}. Choose a new directory.") from None
         with dataset:
+            self.quarantined = list(dataset.metadata.get(QUARANTINE_KEY, []))
+            for damaged in dataset.damaged:
+                self.quarantined.append(self._quarantine(damaged))
             if (dataset.env_id not in (None, self.env_id)
                     or dataset.observation_space not in (None, self.observation_space)
                     or dataset.action_space not in (None, self.action_space)):
@@ -670,11 +737,35 @@ class DumpIndex:
             links = [(file.name, f"episode_{k}") for file, k in dataset.episode_refs]
             steps = dataset.total_steps
         tmp = self.directory / (MAIN_FILE + ".tmp")
-        with h5py.File(tmp, "w") as main:
+        with open_hdf5(tmp, "w", warn=True) as main:
             for g, (file_name, group) in enumerate(links):
                 main[f"episode_{g}"] = h5py.ExternalLink(file_name, group)
         os.replace(tmp, self.directory / MAIN_FILE)
         return len(links), steps
+
+    def _quarantine(self, damaged: Any) -> dict[str, Any]:
+        """Rename a damaged file (an ``mpirl.io.DamagedFile``) out of the dump, so that no
+        later open trips on it; warn (the driver is the only rank that prints); return its
+        metadata.json record."""
+        path = damaged.path
+        target = path.with_name(path.name + QUARANTINE_SUFFIX)
+        n = 0
+        while target.exists() or target.is_symlink():
+            n += 1
+            target = path.with_name(f"{path.name}{QUARANTINE_SUFFIX}.{n}")
+        renamed: str | None = None
+        if not (path.exists() or path.is_symlink()):
+            where = "it is missing"
+        else:
+            try:
+                os.replace(path, target)
+                renamed, where = target.name, f"renamed to {target.name}"
+            except OSError as error:
+                where = f"left in place: cannot rename it ({error})"
+        print(f"mpirl: warning: trajectory dump {self.directory}: {damaged.describe()}; "
+              f"quarantined ({where}) and left out of {MAIN_FILE}", file=sys.stderr, flush=True)
+        return {"file": path.name, "renamed_to": renamed, "reason": damaged.reason,
+                "episodes_lost": damaged.episodes_lost}
 
     def add(self, file_name: str, episodes: list[tuple[int, int]]) -> None:
         """Episodes (local id, steps) that a rollout worker wrote to ``file_name``."""
@@ -686,7 +777,7 @@ class DumpIndex:
         """Link the episodes added since the last commit; rewrite metadata.json atomically."""
         if not self.pending:
             return
-        with h5py.File(self.directory / MAIN_FILE, "a") as main:
+        with open_hdf5(self.directory / MAIN_FILE, "a", warn=True) as main:
             for file_name, k in self.pending:
                 main[f"episode_{self.total_episodes}"] = h5py.ExternalLink(file_name,
                                                                            f"episode_{k}")
@@ -710,6 +801,8 @@ class DumpIndex:
             "mpirl_version": mpirl.__version__,
             "mpirl_env_id": self.env_id,
         }
+        if self.quarantined:
+            metadata[QUARANTINE_KEY] = self.quarantined
         env_spec = _env_spec_json(self.env_id)
         if env_spec is not None:
             metadata["env_spec"] = env_spec
