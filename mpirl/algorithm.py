@@ -97,7 +97,7 @@ class Algorithm:
         self.learners = driver.spawn(
             "learner", learner_cls, self.policy_spec, module.loss, config, config.lr,
             config.grad_clip, config.seed, config.learner_backend, config.torch_threads,
-            local_if_empty=True,
+            config.learner_master_addr, local_if_empty=True,
         )
         broadcast_weights(self.learners, self.rollouts)
         shape = observation_space.shape
