@@ -92,13 +92,21 @@ def _init_process_group(comm: MPI.Comm, backend: str, master_addr: str = ""):
 
     if dist.is_initialized():  # a second learner in this process (tests): the group exists
         return dist.group.WORLD
+    address = failure = None
     if comm.Get_rank() == 0:
-        host = bootstrap_address(master_addr)
-        store = dist.TCPStore(host, 0, comm.Get_size(), is_master=True, wait_for_workers=False)
-        address = (host, store.port)
-    else:
-        address = None
-    address = comm.bcast(address, root=0)
+        try:
+            host = bootstrap_address(master_addr)
+            store = dist.TCPStore(host, 0, comm.Get_size(), is_master=True,
+                                  wait_for_workers=False)
+            address = (host, store.port)
+        except (ConfigError, RuntimeError, OSError) as error:
+            failure = error
+    # The other learners wait in this bcast: learner 0 reaches it whatever happened.
+    address = comm.bcast(address if failure is None else str(failure), root=0)
+    if failure is not None:
+        raise failure
+    if isinstance(address, str):
+        raise ConfigError(f"learner 0 could not start the {backend} group: {address}")
     if comm.Get_rank() != 0:
         store = dist.TCPStore(address[0], address[1], comm.Get_size(), is_master=False)
     dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
@@ -125,17 +133,24 @@ def bootstrap_address(configured: str = "", environ: Mapping[str, str] | None = 
     address on the route to the MPI launcher's host (``LAUNCHER_ADDRESS_VARIABLES``: the network
     the launcher itself reached every node over); a non-loopback address this host's name
     resolves to; the address of the default route; ``gethostbyname(gethostname())``, which is
-    often 127.0.1.1 and then works on one node only. Runs on learner 0 only."""
+    often 127.0.1.1 and then works on one node only. Runs on learner 0 only: a given address
+    that is not one of this host's is a ConfigError (the other learners would wait for it)."""
     environ = os.environ if environ is None else environ
-    if configured:
-        return configured
-    if environ.get("MASTER_ADDR"):
-        return environ["MASTER_ADDR"]
+    hostname = socket.gethostname()
+    for given, source in ((configured, "config key learner_master_addr"),
+                          (environ.get("MASTER_ADDR", ""), "MASTER_ADDR")):
+        if not given:
+            continue
+        if not _is_local(given):
+            raise ConfigError(
+                f"{source} is {given!r}, which is no address of {hostname}, where learner 0 "
+                f"runs and listens: give an address of learner 0's own host, or leave it unset "
+                f"to let mpirl choose")
+        return given
     for name in LAUNCHER_ADDRESS_VARIABLES:
         for launcher in _addresses_in(environ.get(name, "")):
             if (local := _route_to(launcher)) is not None:
                 return local
-    hostname = socket.gethostname()
     try:
         resolved = [info[4][0] for info in socket.getaddrinfo(hostname, None, socket.AF_INET)]
     except OSError:
@@ -164,6 +179,22 @@ def _addresses_in(value: str) -> list[str]:
         if not address.is_loopback and not address.is_unspecified:
             found.append(str(address))
     return found
+
+
+def _is_local(host: str) -> bool:
+    """True if ``host`` (an address or a name) is an address of this host: one can bind to."""
+    try:
+        candidates = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, sockaddr in candidates:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(sockaddr)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def _route_to(address: str) -> str | None:
