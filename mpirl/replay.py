@@ -12,7 +12,7 @@ n-step returns are computed when sampling, by walking ``n`` rows forward from ea
 observation-only row stops it with a bootstrap from that row's observation.
 
 Prioritized replay keeps one ``SumTree`` leaf per row: a 16-bit priority code, plus a float64 sum
-and the lowest code per block of 64 rows (about 2.4 bytes per row in all). The importance
+and the lowest code per block of 64 rows (about 2.3 bytes per row in all). The importance
 weights are normalized by the largest weight any stored row has (that of the lowest priority),
 as in Schaul et al. (2016), so that a minibatch's weights do not depend on what else it drew.
 
@@ -109,7 +109,7 @@ def encode_priorities(values: np.ndarray) -> np.ndarray:
 
 
 class SumTree:
-    """Sampling in proportion to ``size`` priorities, in about 2.4 bytes per leaf.
+    """Sampling in proportion to ``size`` priorities, in about 2.3 bytes per leaf.
 
     Each leaf is a 16-bit code (``encode_priorities``); leaves are grouped in blocks of
     ``PRIORITY_BLOCK`` and only the blocks' sums sit in a float64 binary tree (node 1 the root,
@@ -118,8 +118,8 @@ class SumTree:
     per leaf, half again a 29-byte CartPole transition. A block's sum is recomputed from its
     decoded leaves whenever one of them changes, so sums never drift. Sampling descends the tree
     to a block, then takes a cumulative sum over that block's 64 leaves; both are vectorized over
-    the batch. A second tree of the same shape holds each node's lowest non-zero code (codes grow
-    with the priority), so the lowest priority above 0 is its root.
+    the batch. Each block also keeps its lowest non-zero code (codes grow with the priority), so
+    the lowest priority above 0 is the least of those.
     """
 
     def __init__(self, size: int) -> None:
@@ -127,7 +127,7 @@ class SumTree:
         self.num_blocks = max(1, math.ceil(size / PRIORITY_BLOCK))
         self.codes = np.zeros(self.num_blocks * PRIORITY_BLOCK, np.uint16)
         self.sums = np.zeros(2 * self.num_blocks, np.float64)
-        self.min_codes = np.full(2 * self.num_blocks, _NO_CODE, np.int32)
+        self.block_min_codes = np.full(self.num_blocks, _NO_CODE, np.int32)
 
     @property
     def total(self) -> float:
@@ -135,12 +135,13 @@ class SumTree:
 
     @property
     def min_priority(self) -> float:
-        """The lowest stored priority above 0 (0.0 while every priority is 0)."""
-        code = int(self.min_codes[1])
+        """The lowest stored priority above 0 (0.0 while every priority is 0): a scan of the
+        blocks' lowest codes, 1/64 of the leaves, cheap beside a minibatch."""
+        code = int(self.block_min_codes.min())
         return 0.0 if code == _NO_CODE else float(_DECODED[code])
 
     def nbytes(self) -> int:
-        return self.codes.nbytes + self.sums.nbytes + self.min_codes.nbytes
+        return self.codes.nbytes + self.sums.nbytes + self.block_min_codes.nbytes
 
     def __getitem__(self, leaves: np.ndarray) -> np.ndarray:
         """The stored (rounded) priorities of ``leaves``."""
@@ -160,13 +161,11 @@ class SumTree:
         nodes = blocks + self.num_blocks
         self.sums[nodes] = self._block_cumsums(blocks)[:, -1]
         codes = self.codes.reshape(self.num_blocks, PRIORITY_BLOCK)[blocks].astype(np.int32)
-        self.min_codes[nodes] = np.where(codes == 0, _NO_CODE, codes).min(1)
+        self.block_min_codes[blocks] = np.where(codes == 0, _NO_CODE, codes).min(1)
         nodes = np.unique(nodes // 2)
         nodes = nodes[nodes >= 1]
         while nodes.size:
             self.sums[nodes] = self.sums[2 * nodes] + self.sums[2 * nodes + 1]
-            self.min_codes[nodes] = np.minimum(self.min_codes[2 * nodes],
-                                               self.min_codes[2 * nodes + 1])
             nodes = np.unique(nodes // 2)
             nodes = nodes[nodes >= 1]
 
