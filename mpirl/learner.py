@@ -11,7 +11,8 @@ weights. Offline algorithms
 The allreduce backend: NCCL through ``torch.distributed`` on GPUs, MPI (``Allreduce`` on the
 learner communicator) on CPUs, or Gloo on request. A torch process group is bootstrapped over the
 learner communicator: learner 0 opens a ``TCPStore`` and broadcasts its address, so the driver and
-the rollout ranks never join it. Its address is chosen by ``bootstrap_address``.
+the rollout ranks never join it. Its address is chosen by ``bootstrap_address``; gloo's own
+connections use the interface on the route to it unless ``GLOO_SOCKET_IFNAME`` says otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import ipaddress
 import os
 import re
 import socket
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -109,6 +111,12 @@ def _init_process_group(comm: MPI.Comm, backend: str, master_addr: str = ""):
         raise ConfigError(f"learner 0 could not start the {backend} group: {address}")
     if comm.Get_rank() != 0:
         store = dist.TCPStore(address[0], address[1], comm.Get_size(), is_master=False)
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Gloo's own connections start from what this host's name resolves to, often loopback:
+        # take the interface on the route to learner 0, which the store just reached.
+        local = _route_to(address[0])
+        if local is not None and (interface := _interface_with(local)) is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
                             world_size=comm.Get_size())
     return dist.group.WORLD
@@ -195,6 +203,27 @@ def _is_local(host: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def _interface_with(address: str) -> str | None:
+    """The name of this host's network interface that has IPv4 ``address`` (Linux); None if
+    none has it or interfaces cannot be queried here."""
+    try:
+        import fcntl
+
+        interfaces = socket.if_nameindex()
+    except (ImportError, OSError):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in interfaces:
+            try:  # SIOCGIFADDR: the interface's address, bytes 20-24 of its ifreq
+                request = struct.pack("256s", name.encode()[:15])
+                found = socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, request)[20:24])
+            except OSError:
+                continue
+            if found == address:
+                return name
+    return None
 
 
 def _route_to(address: str) -> str | None:

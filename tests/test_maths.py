@@ -68,6 +68,12 @@ def test_uneven_learners_take_the_step_one_learner_takes_on_all_rows():
     proc = run_mpi(2, sys.executable, str(PROGRAMS / "uneven_learners.py"), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = parse_result(proc.stdout)
+    # Gloo's own connections use the interface on the route to learner 0, not what the host
+    # name resolves to (loopback here): the same one on both ranks of this one host.
+    route = learner_module._route_to(learner_module._DEFAULT_ROUTE_PROBE)
+    expected = None if route is None else learner_module._interface_with(route)
+    assert result["gloo_interfaces"] == [expected, expected]
+    result = result["cases"]
     assert sorted(result) == sorted(
         f"{backend}/{algo}/{split}" for backend in ("mpi", "gloo")
         for algo, splits in (("ppo", ("uneven", "empty_share")),
@@ -213,6 +219,12 @@ def test_without_any_hint_a_non_loopback_address_of_this_host():
         pytest.skip("this host has no default route to a non-loopback interface")
     address = bootstrap_address("", {"PMIX_SERVER_URI41": "ns@0.0;tcp4://127.0.0.1:1"})
     assert not ipaddress.ip_address(address).is_loopback, address
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="interfaces by ioctl: Linux")
+def test_the_interface_of_an_address():
+    assert learner_module._interface_with("127.0.0.1") == "lo"
+    assert learner_module._interface_with("192.0.2.254") is None  # TEST-NET: no interface
 
 
 def test_a_bad_master_addr_ends_the_run_with_exit_code_2(tmp_path):

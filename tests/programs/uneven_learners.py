@@ -5,12 +5,13 @@ Run under ``mpiexec -n 2``: both ranks are learners (no driver), each built by h
 split of one set of rows, the two learners take one SGD step together; rank 0 also takes it
 alone, with every row, on COMM_SELF. Rank 0 prints ``RESULT {json}``: the largest difference
 between the shared gradient and the lone learner's, per case, and likewise for MARWIL's moving
-average of squared advantages.
+average of squared advantages, and the network interface each rank's gloo group used.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 
@@ -97,8 +98,10 @@ def main() -> int:
                     scales = world.gather(pair.loss.squared_advantage_mean)
                     if rank == 0:
                         result[key]["scales_equal"] = scales[0] == scales[1]
+    interfaces = world.gather(os.environ.get("GLOO_SOCKET_IFNAME"))
     if rank == 0:
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps({"cases": result, "gloo_interfaces": interfaces}),
+              flush=True)
     return 0
 
 
