@@ -12,7 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+from mpi4py import MPI
 
 from mpirl.config_fields import OfflineConfig
 from mpirl.offline import check_config, count_and_evaluate, offline_input
@@ -41,17 +43,31 @@ class Config(OfflineConfig):
 
 
 class Loss:
-    """MARWIL's loss. It holds the moving average of squared advantages, which each learner
-    keeps from its own minibatches and saves in its checkpoint (``get_state``)."""
+    """MARWIL's loss. It holds the moving average of squared advantages, which it saves in the
+    learner's checkpoint (``get_state``). With several learners each call is a collective: the
+    mean of this step's squared advantages is taken over every learner's rows (one small
+    allreduce on the learner communicator), so all learners keep the same average, that of
+    one learner on all the rows. Every learner calls it once per step (``train_offline``)."""
 
     def __init__(self) -> None:
         self.squared_advantage_mean: float | None = None
+        self.comm: MPI.Comm | None = None
+
+    def share_statistics(self, comm: MPI.Comm) -> None:
+        """Average the statistics over the ranks of ``comm`` (the learners) from now on."""
+        self.comm = comm
+
+    def _mean_square(self, advantages: torch.Tensor) -> float:
+        sums = np.array([advantages.pow(2).sum().item(), advantages.numel()], np.float64)
+        if self.comm is not None and self.comm.Get_size() > 1:
+            self.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+        return float(sums[0] / max(sums[1], 1.0))
 
     def __call__(self, policy, batch: dict[str, torch.Tensor], config: Config):
         logp, entropy, values = policy.evaluate(batch["obs"], batch["actions"])
         returns = batch["returns"]
         advantages = (returns - values).detach()
-        squared = advantages.pow(2).mean().item()
+        squared = self._mean_square(advantages)
         if self.squared_advantage_mean is None:
             self.squared_advantage_mean = squared
         else:

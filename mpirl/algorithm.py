@@ -94,11 +94,18 @@ class Algorithm:
             )
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
-        self.learners = driver.spawn(
-            "learner", learner_cls, self.policy_spec, module.loss, config, config.lr,
-            config.grad_clip, config.seed, config.learner_backend, config.torch_threads,
-            local_if_empty=True,
-        )
+        try:
+            self.learners = driver.spawn(
+                "learner", learner_cls, self.policy_spec, module.loss, config, config.lr,
+                config.grad_clip, config.seed, config.learner_backend, config.torch_threads,
+                config.learner_master_addr, local_if_empty=True,
+            )
+        except RemoteError as error:
+            # A setting only a learner's rank can check (learner_master_addr): the user's error.
+            if error.cause_type == f"{ConfigError.__module__}.{ConfigError.__qualname__}":
+                raise ConfigError(f"learner on rank {error.rank}: {error.cause_message}") \
+                    from None
+            raise
         broadcast_weights(self.learners, self.rollouts)
         shape = observation_space.shape
         self.obs_filter = RunningMeanStd(shape) if normalize_observations and shape else None

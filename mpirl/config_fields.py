@@ -45,6 +45,9 @@ class CommonConfig:
     """tanh, relu or elu."""
     learner_backend: str = "auto"
     """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
+    learner_master_addr: str = ""
+    """Address of learner 0's host that the other learners reach it on, to start gloo or NCCL;
+    "" takes MASTER_ADDR, else the address on the route to the MPI launcher's host."""
     torch_threads: int = 1
     """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
 
@@ -101,7 +104,12 @@ class ReplayConfig(CommonConfig):
     prioritized_replay_alpha: float = 0.6
     """Prioritization exponent (0 is uniform)."""
     prioritized_replay_beta: float = 0.4
-    """Importance-sampling exponent of the loss weights."""
+    """Importance-sampling exponent of the loss weights at the start."""
+    prioritized_replay_beta_final: float = 1.0
+    """The exponent reached after prioritized_replay_beta_anneal_steps (1 corrects fully)."""
+    prioritized_replay_beta_anneal_steps: int = 100_000
+    """Env steps over which the exponent rises linearly from prioritized_replay_beta to
+    prioritized_replay_beta_final; 0 keeps it at prioritized_replay_beta."""
     prioritized_replay_eps: float = 1e-6
     """Added to |TD error| so that no row has priority 0."""
     n_step: int = 3

@@ -2,20 +2,27 @@
 
 Every learner holds the same policy and optimizer. Each receives its share of the sample batches
 straight from rollout ranks, and every SGD step averages the flattened gradients of all learners
-in one allreduce, so after every update all learners hold identical weights. Offline algorithms
+in one allreduce, weighted by the rows behind each, so that the step is the gradient of all rows
+together however unevenly they were shared, and after every update all learners hold identical
+weights. Offline algorithms
 (BC, MARWIL) have no sampling: each learner reads its own shard of a trajectory dump instead
 (``train_offline``), with the same allreduce per step.
 
 The allreduce backend: NCCL through ``torch.distributed`` on GPUs, MPI (``Allreduce`` on the
 learner communicator) on CPUs, or Gloo on request. A torch process group is bootstrapped over the
 learner communicator: learner 0 opens a ``TCPStore`` and broadcasts its address, so the driver and
-the rollout ranks never join it.
+the rollout ranks never join it. Its address is chosen by ``bootstrap_address``; gloo's own
+connections use the interface on the route to it unless ``GLOO_SOCKET_IFNAME`` says otherwise.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import re
 import socket
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,9 +42,9 @@ BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
 
 class GradientAllreduce:
-    """Averages a flat gradient buffer over the learner ranks."""
+    """Averages flat gradients over the learner ranks, weighted by the rows behind each."""
 
-    def __init__(self, context: RankContext, backend: str) -> None:
+    def __init__(self, context: RankContext, backend: str, master_addr: str = "") -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"learner_backend must be one of {', '.join(BACKENDS)}, "
                               f"got {backend!r}")
@@ -51,18 +58,25 @@ class GradientAllreduce:
         self.size = self.comm.Get_size()
         self.group = None
         if self.size > 1 and backend in ("gloo", "nccl"):
-            self.group = _init_process_group(self.comm, backend)
+            self.group = _init_process_group(self.comm, backend, master_addr)
 
-    def __call__(self, flat: torch.Tensor) -> torch.Tensor:
+    def __call__(self, flat: torch.Tensor, rows: float) -> tuple[torch.Tensor, float]:
+        """``flat`` is this learner's gradient of a mean over ``rows`` rows (0 rows: ignored).
+        Every learner gets ``sum(rows_i * flat_i) / sum(rows_i)`` and ``sum(rows_i)`` over all
+        learners: one allreduce of the gradient with its row count appended. Plain averaging
+        would make a row of a learner with fewer rows weigh more, and an empty share shrink
+        the step."""
         if self.size == 1:
-            return flat
+            return flat, rows
+        packed = torch.cat([flat * rows, flat.new_tensor([rows])])
         if self.group is not None:
-            torch.distributed.all_reduce(flat, group=self.group)
-            return flat.div_(self.size)
-        host = flat.cpu().numpy() if flat.is_cuda else flat.numpy()
-        self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
-        result = torch.from_numpy(host).div_(self.size)
-        return result.to(flat.device) if flat.is_cuda else result
+            torch.distributed.all_reduce(packed, group=self.group)
+        else:
+            host = packed.cpu().numpy()  # a view of packed on the CPU, a copy from a GPU
+            self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            packed = torch.from_numpy(host).to(flat.device)
+        total = float(packed[-1])
+        return packed[:-1].div_(total if total else 1.0), total
 
 
 def _to_cpu(value: Any) -> Any:
@@ -75,43 +89,187 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def _init_process_group(comm: MPI.Comm, backend: str):
+def _init_process_group(comm: MPI.Comm, backend: str, master_addr: str = ""):
     import torch.distributed as dist
 
+    if dist.is_initialized():  # a second learner in this process (tests): the group exists
+        return dist.group.WORLD
+    address = failure = None
     if comm.Get_rank() == 0:
-        host = socket.gethostbyname(socket.gethostname())
-        store = dist.TCPStore(host, 0, comm.Get_size(), is_master=True, wait_for_workers=False)
-        address = (host, store.port)
-    else:
-        address = None
-    address = comm.bcast(address, root=0)
+        try:
+            host = bootstrap_address(master_addr)
+            store = dist.TCPStore(host, 0, comm.Get_size(), is_master=True,
+                                  wait_for_workers=False)
+            address = (host, store.port)
+        except (ConfigError, RuntimeError, OSError) as error:
+            failure = error
+    # The other learners wait in this bcast: learner 0 reaches it whatever happened.
+    address = comm.bcast(address if failure is None else str(failure), root=0)
+    if failure is not None:
+        raise failure
+    if isinstance(address, str):
+        raise ConfigError(f"learner 0 could not start the {backend} group: {address}")
     if comm.Get_rank() != 0:
         store = dist.TCPStore(address[0], address[1], comm.Get_size(), is_master=False)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
-                                world_size=comm.Get_size())
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Gloo's own connections start from what this host's name resolves to, often loopback:
+        # take the interface on the route to learner 0, which the store just reached.
+        local = _route_to(address[0])
+        if local is not None and (interface := _interface_with(local)) is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+    dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
     return dist.group.WORLD
+
+
+#: Environment variables that name the host the MPI launcher runs on, most reliable first:
+#: Slurm's srun sets the first two in every task; Open MPI 4's mpirun gives its ranks its own
+#: URI; a PMIx server's URI (Open MPI 5) names a non-loopback address only when the server
+#: listens on one. What each holds is an address other nodes reach this job's launcher on.
+LAUNCHER_ADDRESS_VARIABLES = ("SLURM_LAUNCH_NODE_IPADDR", "SLURM_SRUN_COMM_HOST",
+                              "OMPI_MCA_orte_hnp_uri", "PMIX_SERVER_URI41", "PMIX_SERVER_URI4",
+                              "PMIX_SERVER_URI3", "PMIX_SERVER_URI21", "PMIX_SERVER_URI2")
+#: Where a route is looked up when nothing names the launcher: a TEST-NET address (RFC 5737);
+#: connecting a UDP socket sends nothing, it only picks the interface of the default route.
+_DEFAULT_ROUTE_PROBE = "192.0.2.1"
+
+
+def bootstrap_address(configured: str = "", environ: Mapping[str, str] | None = None) -> str:
+    """The address learner 0 opens the ``TCPStore`` on, which every other learner must reach.
+
+    In order: ``configured`` (the ``learner_master_addr`` key); ``MASTER_ADDR``; this host's
+    address on the route to the MPI launcher's host (``LAUNCHER_ADDRESS_VARIABLES``: the network
+    the launcher itself reached every node over); a non-loopback address this host's name
+    resolves to; the address of the default route; ``gethostbyname(gethostname())``, which is
+    often 127.0.1.1 and then works on one node only. Runs on learner 0 only: a given address
+    that is not one of this host's is a ConfigError (the other learners would wait for it)."""
+    environ = os.environ if environ is None else environ
+    hostname = socket.gethostname()
+    for given, source in ((configured, "config key learner_master_addr"),
+                          (environ.get("MASTER_ADDR", ""), "MASTER_ADDR")):
+        if not given:
+            continue
+        if not _is_local(given):
+            raise ConfigError(
+                f"{source} is {given!r}, which is no address of {hostname}, where learner 0 "
+                f"runs and listens: give an address of learner 0's own host, or leave it unset "
+                f"to let mpirl choose")
+        return given
+    for name in LAUNCHER_ADDRESS_VARIABLES:
+        for launcher in _addresses_in(environ.get(name, "")):
+            if (local := _route_to(launcher)) is not None:
+                return local
+    try:
+        resolved = [info[4][0] for info in socket.getaddrinfo(hostname, None, socket.AF_INET)]
+    except OSError:
+        resolved = []
+    for address in resolved:
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    return _route_to(_DEFAULT_ROUTE_PROBE) or socket.gethostbyname(hostname)
+
+
+def _addresses_in(value: str) -> list[str]:
+    """The non-loopback IPv4 addresses an environment variable names: a bare address or host
+    name (Slurm), or URIs such as ``jobid.0;tcp://10.0.0.1,10.0.1.1:5000`` (Open MPI 4) and
+    ``ns@0.0;tcp4://10.0.0.1:5000`` (PMIx)."""
+    if "://" in value:
+        hosts = [host for uri in re.findall(r"tcp4?://([^;/\s]+)", value)
+                 for host in uri.rsplit(":", 1)[0].split(",")]
+    else:
+        hosts = [value.strip()] if value.strip() else []
+    found = []
+    for host in hosts:
+        try:
+            address = ipaddress.ip_address(socket.gethostbyname(host))
+        except (OSError, UnicodeError, ValueError):
+            continue
+        if not address.is_loopback and not address.is_unspecified:
+            found.append(str(address))
+    return found
+
+
+def _is_local(host: str) -> bool:
+    """True if ``host`` (an address or a name) is an address of this host: one can bind to."""
+    try:
+        candidates = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, sockaddr in candidates:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(sockaddr)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _interface_with(address: str) -> str | None:
+    """The name of this host's network interface that has IPv4 ``address`` (Linux); None if
+    none has it or interfaces cannot be queried here."""
+    try:
+        import fcntl
+
+        interfaces = socket.if_nameindex()
+    except (ImportError, OSError):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in interfaces:
+            try:  # SIOCGIFADDR: the interface's address, bytes 20-24 of its ifreq
+                request = struct.pack("256s", name.encode()[:15])
+                found = socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, request)[20:24])
+            except OSError:
+                continue
+            if found == address:
+                return name
+    return None
+
+
+def _route_to(address: str) -> str | None:
+    """This host's source address for packets to ``address`` (nothing is sent); None without
+    a route, or when it is a loopback address."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if ipaddress.ip_address(local).is_loopback else local
+
+
+def minibatch_rows(minibatch: dict[str, torch.Tensor]) -> float:
+    """What a loss averages over: the steps a ``mask`` keeps, else the rows."""
+    if "mask" in minibatch:
+        return float(minibatch["mask"].sum())
+    return float(len(next(iter(minibatch.values()))))
 
 
 LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[str, float]]]
 
 
 class Learner(Worker):
-    """One data-parallel learner: receives batches, runs minibatch SGD, shares weights."""
+    """One data-parallel learner: receives batches, runs minibatch SGD, shares weights.
+
+    A loss is a mean over its minibatch's rows, or over the steps its ``mask`` keeps where the
+    minibatch has one (V-trace fragments); that count weighs the learner's gradient in the
+    allreduce (``minibatch_rows``)."""
 
     MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
                 "save_state", "load_state", "apply_gradients")
 
     def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
                  lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
-                 torch_threads: int = 1) -> None:
+                 torch_threads: int = 1, master_addr: str = "") -> None:
         super().__init__(context)
         torch.set_num_threads(torch_threads)
         torch.manual_seed(seed)
         self.device = torch.device(context.device)
         self.policy = policy.build(context.device)
         self.loss, self.loss_config = loss, loss_config
-        self.allreduce = GradientAllreduce(context, backend)
+        self.allreduce = GradientAllreduce(context, backend, master_addr)
+        if hasattr(loss, "share_statistics"):  # a loss with running statistics (MARWIL's)
+            loss.share_statistics(context.role_comm)
         self.params = list(self.policy.parameters())
         # Learners start from learner 0's initial weights, whatever their seeds did.
         flat = self.policy.get_flat_weights()
@@ -133,8 +291,8 @@ class Learner(Worker):
         Batches may be short (rows dropped after env failures) or missing (a source rank lost
         before its batch came whole, survived under ULFM), so learners exchange their row counts
         first: with fewer rows than minibatches anywhere, every learner takes fewer steps alike,
-        and with no rows at all none is taken. A learner whose share of a step is empty adds a
-        zero gradient to the average."""
+        and with no rows at all none is taken. A learner whose share of a step is empty adds
+        no rows to it: each step's gradient is that of the rows all learners had."""
         parts = (batches or []) + (
             self.context.data_channel.recv_each(sources, BATCH_TAG) if sources else [])
         batch = (concat_batches(parts) if parts
@@ -164,10 +322,11 @@ class Learner(Worker):
         """Run ``num_steps`` SGD steps on rows drawn from this learner's own shard of the dump
         at ``source.path``; each step takes ``train_batch_size`` rows summed over learners.
         Only the path crosses ranks: the shard is read here, on the first call."""
+        comm = self.context.role_comm
         if self.offline_shard is None:
-            self.offline_shard = load_shard(source, self.context.role_comm)
+            self.offline_shard = load_shard(source, comm)
         self._set_lr(lr)
-        rows = rows_per_learner(train_batch_size, self.context.role_comm.Get_size())
+        rows = rows_per_learner(train_batch_size, comm.Get_size(), comm.Get_rank())
         totals: dict[str, float] = {}
         for _ in range(num_steps):
             minibatch = {k: torch.as_tensor(v, device=self.device)
@@ -183,8 +342,8 @@ class Learner(Worker):
 
     def _sgd_step(self, minibatch: dict[str, torch.Tensor] | None,
                   totals: dict[str, float]) -> bool:
-        """One step that every learner takes together: this learner's gradient (zero for no
-        rows) averaged over all learners, clipped and applied. Adds the loss statistics to
+        """One step that every learner takes together: the gradient of every learner's rows
+        (none here for ``minibatch`` None), clipped and applied. Adds the loss statistics to
         ``totals``; True if this learner had rows."""
         if minibatch is None:
             for p in self.params:
@@ -198,11 +357,25 @@ class Learner(Worker):
                     p.grad = torch.zeros_like(p)
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
-        self._average_gradients()
+        self._apply_shared_gradient(0.0 if minibatch is None else minibatch_rows(minibatch))
+        return minibatch is not None
+
+    def _apply_shared_gradient(self, rows: float) -> None:
+        """Replace this learner's gradient (of a mean over ``rows`` rows) by the gradient of all
+        learners' rows (one allreduce), clip it and take the optimizer step; no step when no
+        learner had rows, since Adam would still move on its momentum."""
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat, total = self.allreduce(flat, rows)
+        if not total:
+            return
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
-        return minibatch is not None
 
     def apply_gradients(self, flat: np.ndarray) -> np.ndarray:
         """Apply one gradient computed elsewhere (an A3C rollout worker's flat vector), clipped,
@@ -213,15 +386,6 @@ class Learner(Worker):
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
         return self.policy.get_flat_weights()
-
-    def _average_gradients(self) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        flat = self.allreduce(flat)
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()

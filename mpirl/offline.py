@@ -126,10 +126,12 @@ def load_shard(source: OfflineInput, comm) -> EpisodeShard:
     return shard
 
 
-def rows_per_learner(train_batch_size: int, num_learners: int) -> int:
-    """Each learner's share of a step's rows; equal shares, so the plain average of the
-    learners' gradients is the gradient of the whole batch."""
-    return max(1, train_batch_size // num_learners)
+def rows_per_learner(train_batch_size: int, num_learners: int, index: int) -> int:
+    """Learner ``index``'s share of a step's ``train_batch_size`` rows: the shares add up to it
+    (the allreduce weighs each learner's gradient by its rows, so they need not be equal), and
+    none is empty."""
+    share, extra = divmod(train_batch_size, num_learners)
+    return max(1, share + (index < extra))
 
 
 # What the offline plans (BC, MARWIL) share: their config checks and their bookkeeping.

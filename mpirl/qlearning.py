@@ -30,7 +30,7 @@ from mpirl.dispatch import WorkerGroup, wait
 from mpirl.env_guard import EPISODE_DROPPED, FAILURES, unwrap_env_failure
 from mpirl.errors import ConfigError, RemoteError
 from mpirl.layout import REPLAY
-from mpirl.learner import Learner
+from mpirl.learner import Learner, minibatch_rows
 from mpirl.operators import (
     SampleResult,
     add_sample_metrics,
@@ -285,10 +285,7 @@ class QLearner(Learner):
         loss, td, stats = self.loss(self.policy, self.target, tensors, self.loss_config)
         self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
-        self._average_gradients()
-        if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-        self.optimizer.step()
+        self._apply_shared_gradient(minibatch_rows(tensors))
         self.updates += 1
         tau = getattr(self.loss_config, "tau", 1.0)
         if tau < 1.0:  # soft update every step (SAC)
@@ -348,10 +345,28 @@ def replay_settings(config: Any) -> ReplaySettings:
                           config.prioritized_replay_eps, config.n_step, config.gamma)
 
 
+def replay_beta(config: Any, timesteps: int) -> float:
+    """The importance-sampling exponent after ``timesteps`` env steps: annealed linearly from
+    ``prioritized_replay_beta`` to ``prioritized_replay_beta_final`` over
+    ``prioritized_replay_beta_anneal_steps`` (Schaul et al., 2016). It follows from
+    ``timesteps_total``, so a resumed run continues the schedule."""
+    if not config.prioritized_replay_beta_anneal_steps:
+        return config.prioritized_replay_beta
+    return linear_epsilon(timesteps, config.prioritized_replay_beta,
+                          config.prioritized_replay_beta_final,
+                          config.prioritized_replay_beta_anneal_steps)
+
+
 def check_q_config(config: Any, env: Any, algo: str, continuous: bool = False) -> None:
     """ConfigError on every rank, before anything starts, for a config or environment that a
     replay plan cannot run: DQN-family plans need Discrete actions, SAC Box actions."""
     replay_settings(config).check(config.train_batch_size, max(config.num_replay_shards, 1))
+    if not 0 <= config.prioritized_replay_beta_final <= 1:
+        raise ConfigError(f"prioritized_replay_beta_final must be in [0, 1], got "
+                          f"{config.prioritized_replay_beta_final}")
+    if config.prioritized_replay_beta_anneal_steps < 0:
+        raise ConfigError(f"prioritized_replay_beta_anneal_steps must be >= 0, got "
+                          f"{config.prioritized_replay_beta_anneal_steps}")
     if config.target_network_update_freq < 1:
         raise ConfigError(f"target_network_update_freq must be >= 1, got "
                           f"{config.target_network_update_freq}")
@@ -391,18 +406,22 @@ def sample_and_train(algo: Any, epsilon: float, stat_keys: tuple[str, ...]
                               [epsilon] * len(algo.rollouts))
     algo.count(samples)
     stats = dict.fromkeys((*stat_keys, "sgd_steps", "learner_samples"), float("nan"))
+    beta = replay_beta(config, algo.timesteps_total)
+    if config.prioritized_replay:
+        stats["prioritized_replay_beta"] = beta
     # A run resumed without its replay (checkpoint_replay false) refills it first.
     if algo.timesteps_total >= algo.replay_empty_at + config.learning_starts:
         debt = algo.sgd_step_debt + samples.env_steps * config.sgd_steps_per_env_step
         steps, algo.sgd_step_debt = divmod(debt, 1.0)
         stats |= train_from_replay(algo.learners, algo.replay, int(steps),
-                                   config.train_batch_size, config.prioritized_replay_beta)
+                                   config.train_batch_size, beta)
         broadcast_weights(algo.learners, algo.rollouts)
     return stats
 
 
 def linear_epsilon(step: int, initial: float, final: float, steps: int) -> float:
-    """Epsilon annealed linearly from ``initial`` to ``final`` over ``steps`` env steps."""
+    """A value annealed linearly from ``initial`` to ``final`` over ``steps`` env steps
+    (DQN's epsilon, prioritized replay's beta)."""
     fraction = min(1.0, step / max(steps, 1))
     return initial + fraction * (final - initial)
 
@@ -459,7 +478,7 @@ class AsyncReplayLoop:
         for learner in learners:
             dest = replay_dest(shard, learner)
             sent = shard.call_async("sample", self.batches_per_train, rows, dest,
-                                    self.config.prioritized_replay_beta)
+                                    replay_beta(self.config, self.algo.timesteps_total))
             messages = [sent.result()] if dest is None else None
             dests = {k: replay_dest(learner, s) for k, s in enumerate(replay)}
             post = self.weight_ranks if learner.index == 0 else []
@@ -498,6 +517,8 @@ class AsyncReplayLoop:
         self.inserts = [f for f in self.inserts if not f.done()]
         stats = dict.fromkeys(DQN_STATS, math.nan) | mean_stats(results)
         stats["sgd_steps_total"] = algo.sgd_steps_total
+        if config.prioritized_replay:
+            stats["prioritized_replay_beta"] = replay_beta(config, algo.timesteps_total)
         # How many SGD steps older than the learner's (as the driver last heard) the weights
         # were that each sampling call of this iteration used: the cost of the async sync.
         stats["weights_lag_sgd_steps"] = float(np.mean(self.lags)) if self.lags else math.nan

@@ -12,7 +12,9 @@ n-step returns are computed when sampling, by walking ``n`` rows forward from ea
 observation-only row stops it with a bootstrap from that row's observation.
 
 Prioritized replay keeps one ``SumTree`` leaf per row: a 16-bit priority code, plus a float64 sum
-per block of 64 rows (2.25 bytes per row in all).
+and the lowest code per block of 64 rows (about 2.3 bytes per row in all). The importance
+weights are normalized by the largest weight any stored row has (that of the lowest priority),
+as in Schaul et al. (2016), so that a minibatch's weights do not depend on what else it drew.
 
 What crosses ranks (``ReplayShard``): rollout ranks send chunks of steps straight to a shard rank
 (tag ``INSERT_TAG``); a shard sends minibatches straight to a learner rank (``SAMPLE_TAG``); the
@@ -88,6 +90,8 @@ PRIORITY_BLOCK = 64
 _LOG2_LOW, _LOG2_HIGH = -32.0, 32.0
 _CODE_STEP = (_LOG2_HIGH - _LOG2_LOW) / 65534
 _DECODED = np.concatenate([[0.0], np.exp2(_LOG2_LOW + np.arange(65535) * _CODE_STEP)])
+#: The lowest code of a block with no priority above 0 (codes go up to 65535).
+_NO_CODE = 1 << 16
 
 
 def encode_priorities(values: np.ndarray) -> np.ndarray:
@@ -105,7 +109,7 @@ def encode_priorities(values: np.ndarray) -> np.ndarray:
 
 
 class SumTree:
-    """Sampling in proportion to ``size`` priorities, in about 2.25 bytes per leaf.
+    """Sampling in proportion to ``size`` priorities, in about 2.3 bytes per leaf.
 
     Each leaf is a 16-bit code (``encode_priorities``); leaves are grouped in blocks of
     ``PRIORITY_BLOCK`` and only the blocks' sums sit in a float64 binary tree (node 1 the root,
@@ -114,7 +118,8 @@ class SumTree:
     per leaf, half again a 29-byte CartPole transition. A block's sum is recomputed from its
     decoded leaves whenever one of them changes, so sums never drift. Sampling descends the tree
     to a block, then takes a cumulative sum over that block's 64 leaves; both are vectorized over
-    the batch.
+    the batch. Each block also keeps its lowest non-zero code (codes grow with the priority), so
+    the lowest priority above 0 is the least of those.
     """
 
     def __init__(self, size: int) -> None:
@@ -122,13 +127,21 @@ class SumTree:
         self.num_blocks = max(1, math.ceil(size / PRIORITY_BLOCK))
         self.codes = np.zeros(self.num_blocks * PRIORITY_BLOCK, np.uint16)
         self.sums = np.zeros(2 * self.num_blocks, np.float64)
+        self.block_min_codes = np.full(self.num_blocks, _NO_CODE, np.int32)
 
     @property
     def total(self) -> float:
         return float(self.sums[1])
 
+    @property
+    def min_priority(self) -> float:
+        """The lowest stored priority above 0 (0.0 while every priority is 0): a scan of the
+        blocks' lowest codes, 1/64 of the leaves, cheap beside a minibatch."""
+        code = int(self.block_min_codes.min())
+        return 0.0 if code == _NO_CODE else float(_DECODED[code])
+
     def nbytes(self) -> int:
-        return self.codes.nbytes + self.sums.nbytes
+        return self.codes.nbytes + self.sums.nbytes + self.block_min_codes.nbytes
 
     def __getitem__(self, leaves: np.ndarray) -> np.ndarray:
         """The stored (rounded) priorities of ``leaves``."""
@@ -147,6 +160,8 @@ class SumTree:
         # The last cumulative sum, not np.sum: ``find`` compares against the same cumsum.
         nodes = blocks + self.num_blocks
         self.sums[nodes] = self._block_cumsums(blocks)[:, -1]
+        codes = self.codes.reshape(self.num_blocks, PRIORITY_BLOCK)[blocks].astype(np.int32)
+        self.block_min_codes[blocks] = np.where(codes == 0, _NO_CODE, codes).min(1)
         nodes = np.unique(nodes // 2)
         nodes = nodes[nodes >= 1]
         while nodes.size:
@@ -288,7 +303,8 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, beta: float | None = None) -> dict[str, np.ndarray]:
         """``batch_size`` n-step transitions (uniformly, or by priority with importance weights
-        ``weights`` normalized to a maximum of 1; all 1 when uniform)."""
+        ``weights`` = (N P(i))**-beta divided by the largest such weight of any row this buffer
+        holds, i.e. (min priority / priority)**beta; all 1 when uniform)."""
         if len(self) == 0:
             raise ValueError("cannot sample from an empty replay buffer")
         beta = self.settings.beta if beta is None else beta
@@ -307,9 +323,9 @@ class ReplayBuffer:
         batch = self._transitions(stream, row)
         leaves = stream * self.length + row
         if self.tree is not None:
-            probability = self.tree[leaves] / self.tree.total
-            weights = (len(self) * probability) ** -beta
-            batch["weights"] = (weights / weights.max()).astype(np.float32)
+            # (N P(i))**-beta / max_j (N P(j))**-beta: N and the total cancel out.
+            weights = (self.tree.min_priority / self.tree[leaves]) ** beta
+            batch["weights"] = weights.astype(np.float32)
         else:
             batch["weights"] = np.ones(batch_size, np.float32)
         batch["indices"] = leaves

@@ -191,11 +191,13 @@ class RolloutWorker(Worker):
             self.episode_return += rewards
             self.episode_length += 1
             done = terminated | truncated
-            if truncated.any():
-                # A time limit is not a terminal state: bootstrap from the final observation.
-                final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(truncated)])
+            # A time limit is not a terminal state: bootstrap from the final observation. A step
+            # can be both (gymnasium's TimeLimit truncates a terminal last step too): terminal.
+            cut = truncated & ~terminated
+            if cut.any():
+                final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(cut)])
                 rewards = rewards.copy()
-                rewards[truncated] += self.gamma * self.policy.value(self._normalize(final))
+                rewards[cut] += self.gamma * self.policy.value(self._normalize(final))
             for i in np.flatnonzero(done):
                 returns.append(float(self.episode_return[i]))
                 lengths.append(int(self.episode_length[i]))

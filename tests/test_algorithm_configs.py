@@ -35,12 +35,13 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 COMMON = {"num_rollout_workers", "num_learners", "num_envs_per_worker", "max_env_failures", "lr",
-          "grad_clip", "hidden_sizes", "activation", "learner_backend", "torch_threads",
-          "metrics_window", "seed"}
+          "grad_clip", "hidden_sizes", "activation", "learner_backend", "learner_master_addr",
+          "torch_threads", "metrics_window", "seed"}
 ON_POLICY = COMMON | {"rollout_fragment_length", "normalize_observations", "gamma", "vf_coef",
                       "ent_coef"}
 REPLAY = COMMON | {"num_replay_shards", "rollout_fragment_length", "buffer_size", "learning_starts",
                    "prioritized_replay", "prioritized_replay_alpha", "prioritized_replay_beta",
+                   "prioritized_replay_beta_final", "prioritized_replay_beta_anneal_steps",
                    "prioritized_replay_eps", "n_step", "gamma", "train_batch_size",
                    "sgd_steps_per_env_step", "target_network_update_freq"}
 OFFLINE = COMMON | {"input", "max_rows_in_memory", "train_batch_size",
