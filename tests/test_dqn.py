@@ -1,8 +1,11 @@
 """DQN through the real CLI: local mode, replay shard and learner ranks, resume, bad config.
 
-The full threshold (a 20-episode mean return of 475 within 100k env steps) is too slow for CI on
-2 cores; it is measured by ``benchmarks/learning.py --dqn`` (benchmarks/RESULTS.md). Here DQN
-must reach 150 within 20k steps.
+The full threshold (a 100-episode mean return of 475 within 150k env steps) is too slow for CI on
+2 cores; it is measured by ``benchmarks/learning.py --thresholds`` (benchmarks/RESULTS.md). Here
+DQN must reach a 20-episode mean of 150 within 20k steps: seeds 0-4, on which the defaults were
+chosen, took 6.7k-7.9k steps (``--thresholds --algos DQN --rollout-ranks 0 --config
+'{"metrics_window": 20}' --target 150 --budget 20000``); the test runs seed 5, which none of that
+tuning saw.
 """
 
 import json
@@ -13,7 +16,7 @@ import pytest
 from conftest import mpi_env, run_mpi
 from test_train import MPIRL, rows, train
 
-LEARN = ["--algo", "DQN", "--env", "CartPole-v1", "--seed", "0"]
+LEARN = ["--algo", "DQN", "--env", "CartPole-v1", "--seed", "5"]
 
 
 def test_dqn_learns_cartpole_in_local_mode(tmp_path):
