@@ -194,7 +194,7 @@ def _commit(store: CheckpointStore, iteration: int, content: str) -> None:
 def test_a_kill_at_any_point_of_the_swap_loses_no_checkpoint(tmp_path):
     from mpirl.checkpoint import read_state_file
 
-    completed = False
+    completed, leftovers = False, []
     for kill_at in range(1, 20):
         run_dir = tmp_path / f"kill{kill_at}"
         store = CheckpointStore(run_dir, keep=3)
@@ -210,13 +210,14 @@ def test_a_kill_at_any_point_of_the_swap_loses_no_checkpoint(tmp_path):
         content = read_state_file(five / "s.pkl", found[five.name]["files"]["s.pkl"])
         assert content in ("first", "second"), kill_at
         assert store.newest_valid()[0] == five
-        assert not [p.name for p in store.root.iterdir() if p.name.startswith(".")
-                    and p.name != ".latest.tmp"], kill_at
+        leftovers += [p.name for p in store.root.iterdir() if p.name.startswith(".")
+                      and p.name != ".latest.tmp"]
         if proc.returncode == 0:
             assert content == "second"
             completed = True
             break
     assert completed and kill_at > 3  # every step up to the end was a kill point
+    assert not leftovers  # recover() cleaned up after each kill
 
 
 # One run directory, one job.
