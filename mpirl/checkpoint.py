@@ -17,6 +17,15 @@ own file there in parallel (on a cluster the run directory is on a shared file s
 answers with the file's checksum. The driver then writes the manifest, fsyncs, renames the
 directory into place and moves ``latest``. A checkpoint directory without a manifest, or whose
 files do not match their checksums, is never used.
+
+Files are pickled straight into the file and hashed as they are written, and checked by hashing
+from disk in 1 MiB pieces: neither a worker writing nor the driver verifying holds a second copy.
+An iteration written again (a resumed run) moves the old directory aside before the new one
+takes its name, so a kill at any point leaves one whole copy (``CheckpointStore.recover``).
+
+Trust: a checkpoint is code. Its files are pickles and its manifest names a module that is
+imported, so loading one (``--resume``, ``mpirl evaluate``) runs whatever its author put there.
+Load only your own; share a policy as an exported file (``mpirl.export``) instead.
 """
 
 from __future__ import annotations
