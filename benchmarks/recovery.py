@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure replay memory with the mpirl source tree in DIR (an "
                              "older checkout) first on PYTHONPATH")
     parser.add_argument("--only-memory", action="store_true",
-                        help="measure only the replay shard's memory at checkpoint")
+                        help="measure only the replay shard's memory at checkpoint, replacing "
+                             "that section of an existing --json report")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--buffer-mb", type=int, default=500, help=argparse.SUPPRESS)
     parser.add_argument("--hidden", help=argparse.SUPPRESS)
@@ -369,12 +370,15 @@ def main(argv: list[str] | None = None) -> int:
         return role_replay_memory(args.buffer_mb)
     plan = Plan.quick() if args.quick else Plan()
     if args.only_memory:
-        report = {"meta": harness.run_metadata(args.quick, plan, ["mpi4py", "torch"]),
-                  "replay_checkpoint_memory": harness.attempt(
-                      "replay shard memory at checkpoint",
-                      lambda: measure_replay_memory(plan, args.baseline_src), _describe_memory)}
+        # Replaces this one section of an existing report, keeping the others and their meta.
+        report = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
+        memory = harness.attempt("replay shard memory at checkpoint",
+                                 lambda: measure_replay_memory(plan, args.baseline_src),
+                                 _describe_memory)
+        report["replay_checkpoint_memory"] = {
+            "meta": harness.run_metadata(args.quick, plan, ["mpi4py", "torch"]), **memory}
         harness.write_report(report, args.json)
-        return 1 if "error" in report["replay_checkpoint_memory"] else 0
+        return 1 if "error" in memory else 0
     return orchestrate(plan, args.quick, args.json, args.baseline_src)
 
 
