@@ -134,6 +134,8 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                           f"{error}") from None
     finally:
         env.close()
+    if env_id is not None:  # the report names the environment that was run
+        manifest = {**manifest, "env": {**saved, "env_id": env_id, "env_module": env_module}}
     return Evaluation(checkpoint, manifest, returns, lengths)
 
 

@@ -87,6 +87,22 @@ def test_exported_policy_evaluates_without_unpickling(algo, tmp_path):
     ours = json.loads(from_file.stdout.splitlines()[-1])
     theirs = json.loads(proc.stdout.splitlines()[-1])
     assert ours["return_mean"] == theirs["return_mean"] and ours["algo"] == algo
+    if algo != "PPO":
+        return
+    # Another environment must have the same spaces.
+    proc = _no_unpickling("evaluate", str(exported), "--env", "Pendulum-v1")
+    assert proc.returncode == 2 and "Pendulum-v1 has spaces" in proc.stderr, proc.stderr
+    # A module the file names is never imported: the user says which environment to run.
+    with np.load(exported, allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    header["env"] = {"env_id": "CartPole-v1", "env_module": "os", "env_config": {}}
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    renamed = tmp_path / "names-a-module.npz"
+    np.savez(renamed, **arrays)
+    proc = _no_unpickling("evaluate", str(renamed), "--episodes", "1")
+    assert proc.returncode == 2 and "imports no module it names" in proc.stderr, proc.stderr
+    proc = _no_unpickling("evaluate", str(renamed), "--episodes", "1", "--env", "CartPole-v1")
+    assert proc.returncode == 0 and "PPO on CartPole-v1" in proc.stdout, proc.stderr
 
 
 def _valid_header() -> np.ndarray:
