@@ -158,9 +158,10 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
     """Rank 0: hold the run directory's lock for the whole run (exit 2 if a live job has it),
     and put back what a job killed inside a checkpoint commit left, before anything is read."""
     lock = RunLock(request.run_dir)
-    for note in lock.acquire() + CheckpointStore(request.run_dir).recover():
-        _warn(note)
+    notes = lock.acquire()
     try:
+        for note in notes + CheckpointStore(request.run_dir).recover():
+            _warn(note)
         return _train_locked(driver, request)
     finally:
         lock.release()
