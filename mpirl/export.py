@@ -27,6 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from mpirl.checkpoint import CheckpointError
 from mpirl.policy import PolicySpec, RunningMeanStd
@@ -173,8 +174,6 @@ def load_exported(path: str | Path) -> tuple[dict[str, Any], Any, RunningMeanStd
         raise CheckpointError(f"{path}: its header or space arrays are incomplete ({error!r})"
                               ) from None
     model = model_spec(module, observation_space, action_space, config).build("cpu")
-    import torch
-
     expected = dict(model.named_parameters())
     stored = {key[len("weights/"):] for key in arrays if key.startswith("weights/")}
     if stored != set(expected):
