@@ -297,9 +297,15 @@ def test_a_killed_holders_lock_is_taken_over(tmp_path):
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == first.pid  # left behind
+    # As if the kill had come inside a commit, after the newest checkpoint was moved aside.
+    checkpoints = run_dir / "checkpoints"
+    newest = (checkpoints / "latest").read_text().strip()
+    (checkpoints / newest).rename(checkpoints / f".trash-{newest}")
     resumed = _mpirl("train", "--resume", str(run_dir), "--stop", '{"training_iteration": 12}',
                      env={"SLURM_JOB_ID": "4242"}, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
+    assert f"put back {newest}" in resumed.stderr
+    assert f"resumed from {checkpoints / newest} " in resumed.stdout, resumed.stdout
     assert f"took over {run_dir / LOCK_FILE} from a job that is gone" in resumed.stderr
     assert f"pid {first.pid}" in resumed.stderr
     assert not (run_dir / LOCK_FILE).exists()  # released at the end
