@@ -1,9 +1,12 @@
-"""What checkpoint-restart costs: checkpoint write/verify/restore times by model size, training
-throughput with checkpoints on and off (side by side), and the timeline of a kill -9 and a
-stop signal (detect, restart, first iteration again, iterations lost).
+"""What checkpoint-restart costs: a replay shard's memory at checkpoint (peak over steady
+RSS), checkpoint write/verify/restore times by model size, training throughput with checkpoints
+on and off (side by side), and the timeline of a kill -9 and a stop signal (detect, restart,
+first iteration again, iterations lost).
 
-    python benchmarks/recovery.py --json benchmarks/recovery.json          # about 3 minutes
+    python benchmarks/recovery.py --json benchmarks/recovery.json          # about 4 minutes
     python benchmarks/recovery.py --json /tmp/recovery.json --quick        # about a minute
+    # the replay memory alone, this checkout against an older one:
+    python benchmarks/recovery.py --only-memory --baseline-src /path/to/old/checkout
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ class Plan:
     overhead_every: tuple[int, ...] = (0, 10, 1)
     overhead_rounds: int = 2
     ranks: int = 3
+    replay_buffer_mb: int = 500
 
     @staticmethod
     def quick() -> Plan:
         return Plan(hidden_sizes=((64, 64), (1024, 1024)), io_repeats=3, overhead_iterations=40,
-                    overhead_rounds=1)
+                    overhead_rounds=1, replay_buffer_mb=100)
 
 
 # Measured program: checkpoint I/O of one model size (under mpiexec -n ranks).
@@ -86,6 +90,118 @@ def role_checkpoint_io(hidden: tuple[int, ...], repeats: int) -> int:
         return 0
 
     return mpirl.run(body, Layout(), RuntimeSettings(print_layout=False))
+
+
+# Measured program: a replay shard's memory at checkpoint (under mpiexec -n 4).
+
+REPLAY_LAYOUT = {"num_rollout_workers": 1, "num_replay_shards": 1, "num_learners": 1}
+
+
+def _memory(pid: int | str, key: str) -> int:
+    """VmRSS or VmHWM (peak RSS) of a process on this host, in bytes."""
+    with open(f"/proc/{pid}/status") as file:
+        line = next(line for line in file if line.startswith(key + ":"))
+    return 1024 * int(line.split()[1])
+
+
+def _reset_peak(pid: int | str) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as file:
+        file.write("5")  # VmHWM := VmRSS (Linux 4.0+)
+
+
+def role_replay_memory(buffer_mb: int) -> int:
+    """Fill a replay rank's shard with ``buffer_mb`` MB of CartPole rows (sent by the driver in
+    chunks, no sampling), then checkpoint it: its steady RSS, and its peak RSS during the
+    checkpoint (VmHWM, reset right before); then the driver's peak RSS while verifying."""
+    import numpy as np
+
+    import mpirl
+    from mpirl.algorithm import Algorithm, load_algorithm
+    from mpirl.checkpoint import CheckpointStore, verify
+    from mpirl.config import build
+    from mpirl.layout import Layout
+    from mpirl.rollout import EnvSpec
+    from mpirl.runtime import RuntimeSettings
+
+    module = load_algorithm("DQN")
+    row_bytes = 4 * 4 + 8 + 4 + 1  # obs (4 float32), action (int64), reward, flags
+    config = build(module.Config, {**REPLAY_LAYOUT,
+                                   "buffer_size": buffer_mb * 1_000_000 // row_bytes})
+
+    def body(driver: mpirl.Driver) -> int:
+        algo = Algorithm(driver, module, config, EnvSpec("CartPole-v1"))
+        shard = algo.replay[0]
+        pid = driver.hosts[driver.placement.roles.index("replay")]["pid"]
+        streams, steps = config.num_envs_per_worker, 65_536
+        rng = np.random.default_rng(0)
+        rows, seq = 0, 0
+        while rows < config.buffer_size:
+            shape = (steps, streams)
+            chunk = {"worker": 0, "seq": seq, "obs": rng.standard_normal((*shape, 4), np.float32),
+                     "actions": rng.integers(0, 2, shape), "rewards": np.ones(shape, np.float32),
+                     "terminated": rng.random(shape) < 0.005, "truncated": np.zeros(shape, bool),
+                     "final_obs": np.zeros((0, 4), np.float32), "failed": np.zeros(shape, bool)}
+            rows += shard.call("insert", [], [chunk])
+            seq += 1
+        stored = shard.call("size")
+        steady = _memory(pid, "VmRSS")
+        _reset_peak(pid)
+        with tempfile.TemporaryDirectory(dir=os.getcwd()) as run_dir:
+            start = time.perf_counter()
+            path = algo.save_checkpoint(CheckpointStore(run_dir, keep=1))
+            save_s = time.perf_counter() - start
+            peak = _memory(pid, "VmHWM")
+            replay_bytes = (path / "replay_0.pkl").stat().st_size
+            driver_steady = _memory("self", "VmRSS")
+            _reset_peak("self")
+            start = time.perf_counter()
+            verify(path)
+            verify_s = time.perf_counter() - start
+            driver_peak = _memory("self", "VmHWM")
+        harness.emit({
+            "replay_rows": stored, "replay_file_bytes": replay_bytes,
+            "replay_steady_rss_bytes": steady, "replay_checkpoint_peak_rss_bytes": peak,
+            "replay_peak_over_steady": peak / steady, "save_s": save_s,
+            "driver_verify_extra_rss_bytes": driver_peak - driver_steady, "verify_s": verify_s,
+        })
+        return 0
+
+    return mpirl.run(body, Layout(**REPLAY_LAYOUT), RuntimeSettings(print_layout=False))
+
+
+def measure_replay_memory(plan: Plan, baseline_src: Path | None) -> dict[str, Any]:
+    """The replay role with this checkout, and with ``baseline_src`` (an older mpirl source
+    tree put first on PYTHONPATH) when given."""
+    ranks = 1 + sum(REPLAY_LAYOUT.values())
+    command = harness.mpiexec_command(ranks, sys.executable, str(SCRIPT), "--role",
+                                      "replay_memory", "--buffer-mb", str(plan.replay_buffer_mb))
+    report = {"buffer_mb": plan.replay_buffer_mb,
+              "current": harness.run_process(command, "replay memory", 600,
+                                             want_result=True).result}
+    if baseline_src is not None:
+        source = Path(baseline_src).resolve()
+        found = harness.run_process(command, "replay memory (baseline)", 600,
+                                    {"PYTHONPATH": str(source)}, want_result=True).result
+        report["baseline"] = {"source": str(source), "commit": _commit(source), **found}
+    return report
+
+
+def _commit(source: Path) -> str | None:
+    proc = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    return proc.stdout.strip() or None
+
+
+def _describe_memory(r: dict[str, Any]) -> str:
+    parts = []
+    for name in ("baseline", "current"):
+        if name in r:
+            m = r[name]
+            parts.append(f"{name}: replay rank peak/steady RSS {m['replay_peak_over_steady']:.2f} "
+                         f"({m['replay_steady_rss_bytes'] / 1e6:.0f} MB steady, "
+                         f"{m['replay_checkpoint_peak_rss_bytes'] / 1e6:.0f} MB peak), driver "
+                         f"+{m['driver_verify_extra_rss_bytes'] / 1e6:.0f} MB verifying")
+    return "; ".join(parts)
 
 
 # Orchestrator.
@@ -202,8 +318,12 @@ def measure_timeline(plan: Plan, workdir: Path) -> dict[str, Any]:
     }
 
 
-def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
+def orchestrate(plan: Plan, quick: bool, json_path: Path | None,
+                baseline_src: Path | None = None) -> int:
     report: dict[str, Any] = {"meta": harness.run_metadata(quick, plan, ["mpi4py", "torch"])}
+    report["replay_checkpoint_memory"] = harness.attempt(
+        "replay shard memory at checkpoint", lambda: measure_replay_memory(plan, baseline_src),
+        _describe_memory)
     io = []
     for hidden in plan.hidden_sizes:
         args = ["--hidden", ",".join(map(str, hidden)), "--repeats", str(plan.io_repeats)]
@@ -233,13 +353,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    parser.add_argument("--baseline-src", type=Path, metavar="DIR",
+                        help="also measure replay memory with the mpirl source tree in DIR (an "
+                             "older checkout) first on PYTHONPATH")
+    parser.add_argument("--only-memory", action="store_true",
+                        help="measure only the replay shard's memory at checkpoint, replacing "
+                             "that section of an existing --json report")
     parser.add_argument("--role", help=argparse.SUPPRESS)
+    parser.add_argument("--buffer-mb", type=int, default=500, help=argparse.SUPPRESS)
     parser.add_argument("--hidden", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role == "checkpoint_io":
         return role_checkpoint_io(tuple(int(h) for h in args.hidden.split(",")), args.repeats)
-    return orchestrate(Plan.quick() if args.quick else Plan(), args.quick, args.json)
+    if args.role == "replay_memory":
+        return role_replay_memory(args.buffer_mb)
+    plan = Plan.quick() if args.quick else Plan()
+    if args.only_memory:
+        # Replaces this one section of an existing report, keeping the others and their meta.
+        report = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
+        memory = harness.attempt("replay shard memory at checkpoint",
+                                 lambda: measure_replay_memory(plan, args.baseline_src),
+                                 _describe_memory)
+        report["replay_checkpoint_memory"] = {
+            "meta": harness.run_metadata(args.quick, plan, ["mpi4py", "torch"]), **memory}
+        harness.write_report(report, args.json)
+        return 1 if "error" in memory else 0
+    return orchestrate(plan, args.quick, args.json, args.baseline_src)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,15 @@ own file there in parallel (on a cluster the run directory is on a shared file s
 answers with the file's checksum. The driver then writes the manifest, fsyncs, renames the
 directory into place and moves ``latest``. A checkpoint directory without a manifest, or whose
 files do not match their checksums, is never used.
+
+Files are pickled straight into the file and hashed as they are written, and checked by hashing
+from disk in 1 MiB pieces: neither a worker writing nor the driver verifying holds a second copy.
+An iteration written again (a resumed run) moves the old directory aside before the new one
+takes its name, so a kill at any point leaves one whole copy (``CheckpointStore.recover``).
+
+Trust: a checkpoint is code. Its files are pickles and its manifest names a module that is
+imported, so loading one (``--resume``, ``mpirl evaluate``) runs whatever its author put there.
+Load only your own; share a policy as an exported file (``mpirl.export``) instead.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ FORMAT_VERSION = 1
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 MANIFEST = "manifest.json"
+#: Prefix of a checkpoint moved aside while its iteration is written again.
+TRASH = ".trash-"
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 
 
@@ -99,10 +110,32 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def write_state_file(path: str | Path, state: Any) -> dict[str, Any]:
-    """Pickle ``state`` to ``path`` and fsync it; return its ``{"sha256", "bytes"}`` entry."""
-    data = pickle.dumps(state, protocol=5)
-    _write_synced(Path(path), data)
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    """Pickle ``state`` to ``path`` and fsync it; return its ``{"sha256", "bytes"}`` entry.
+
+    The pickle is streamed into the file and hashed on the way (protocol 5 writes large NumPy
+    buffers straight from the arrays), so a replay shard never holds a second copy of itself.
+    """
+    with open(path, "wb") as file:
+        writer = _HashingWriter(file)
+        pickle.dump(state, writer, protocol=5)
+        file.flush()
+        os.fsync(file.fileno())
+    return {"sha256": writer.sha256.hexdigest(), "bytes": writer.bytes}
+
+
+class _HashingWriter:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.bytes += view.nbytes
+        return self.file.write(view)
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -113,17 +146,29 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 
 def read_state_file(path: str | Path, entry: dict[str, Any]) -> Any:
-    """Unpickle ``path`` after checking it against its manifest ``entry``."""
-    data = Path(path).read_bytes()
-    _check_bytes(Path(path), data, entry)
-    return pickle.loads(data)
+    """Unpickle ``path`` after checking it, from disk, against its manifest ``entry``."""
+    path = Path(path)
+    check_file(path, entry)
+    with open(path, "rb") as file:
+        return pickle.load(file)
 
 
-def _check_bytes(path: Path, data: bytes, entry: dict[str, Any]) -> None:
-    if len(data) != entry["bytes"]:
-        raise CheckpointError(f"{path}: {len(data)} bytes where the manifest says "
+#: Files are hashed in pieces of this size, so checking one never holds it in memory.
+HASH_CHUNK = 1 << 20
+
+
+def check_file(path: Path, entry: dict[str, Any]) -> None:
+    """CheckpointError unless ``path`` has the size and SHA-256 its manifest ``entry`` gives."""
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise CheckpointError(f"{path}: {size} bytes where the manifest says "
                               f"{entry['bytes']} (truncated?)")
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    digest = hashlib.sha256()
+    chunk = bytearray(HASH_CHUNK)
+    with open(path, "rb", buffering=0) as file:
+        while n := file.readinto(chunk):
+            digest.update(memoryview(chunk)[:n])
+    if digest.hexdigest() != entry["sha256"]:
         raise CheckpointError(f"{path}: SHA-256 does not match the manifest (corrupted)")
 
 
@@ -162,16 +207,43 @@ class CheckpointStore:
         _write_synced(tmp / MANIFEST, text.encode("utf-8"))
         _fsync_dir(tmp)
         final = self.root / checkpoint_name(manifest["iteration"])
+        trash = self.root / f"{TRASH}{final.name}"
         if final.exists():  # a resumed run redoing an iteration it had checkpointed before
-            shutil.rmtree(final)
+            # Moved aside, not deleted: a kill at any point leaves one whole copy (see recover).
+            if trash.exists():
+                shutil.rmtree(trash)
+            os.rename(final, trash)
         os.rename(tmp, final)
         _fsync_dir(self.root)
         pointer = self.root / f".{LATEST}.tmp"
         _write_synced(pointer, f"{final.name}\n".encode())
         os.replace(pointer, self.root / LATEST)
         _fsync_dir(self.root)
+        if trash.exists():
+            shutil.rmtree(trash)
         self.prune(keep_name=final.name)
         return final
+
+    def recover(self) -> list[str]:
+        """Put back what a job killed inside ``commit`` left: a checkpoint moved aside whose
+        replacement never arrived goes back in place, and half-written directories go.
+
+        Call it only while holding the run directory's lock (another live job's temporary
+        directories look the same). Returns one note per checkpoint put back."""
+        if not self.root.is_dir():
+            return []
+        notes = []
+        for trash in sorted(self.root.glob(f"{TRASH}checkpoint_*")):
+            final = self.root / trash.name[len(TRASH):]
+            if final.exists():  # the swap finished; only the old copy's deletion was cut short
+                shutil.rmtree(trash)
+            else:
+                os.rename(trash, final)
+                notes.append(f"put back {final.name}, which a killed job had moved aside")
+        for stale in self.root.glob(".tmp-checkpoint_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        _fsync_dir(self.root)
+        return notes
 
     def prune(self, keep_name: str | None = None) -> None:
         """Delete all but the newest ``keep`` checkpoints, and stale temporary directories."""
@@ -235,7 +307,7 @@ def verify(path: str | Path) -> dict[str, Any]:
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{file} is missing")
-        _check_bytes(file, file.read_bytes(), entry)
+        check_file(file, entry)
     return manifest
 
 

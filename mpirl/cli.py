@@ -85,6 +85,21 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--render-video", metavar="DIR",
                           help="write one MP4 per episode to DIR (needs mpirl[video])")
     evaluate.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    evaluate.add_argument("--env", help="run on this environment instead of the one trained on")
+    evaluate.add_argument("--env-module", help="import this module first (it registers --env)")
+
+    export = commands.add_parser(
+        "export", help="write a checkpoint's policy as plain arrays (.npz), safe to share",
+        description="Run without mpiexec. CHECKPOINT is a checkpoint directory, or a run "
+                    "directory (its newest valid checkpoint is used). The file holds learner 0's "
+                    "weights per named tensor, the observation statistics and a JSON header; "
+                    "mpirl evaluate FILE runs it without unpickling anything.",
+    )
+    export.add_argument("checkpoint", metavar="CHECKPOINT")
+    export.add_argument("-o", "--output", metavar="FILE",
+                        help="where to write (default: ALGO-ENV-ITERATION.npz here)")
+    export.add_argument("--format", choices=["npz"], default="npz",
+                        help="npz: NumPy arrays, read with allow_pickle=False (the only format)")
 
     launch.add_arguments(commands.add_parser(
         "launch", help="run a job command, and run it again with --resume after a failure",
@@ -145,8 +160,20 @@ def main(argv: list[str] | None = None) -> int:
             from mpirl.evaluate import evaluate, report
 
             result = evaluate(args.checkpoint, args.episodes, args.seed, args.stochastic,
-                              args.render_video, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
+                              args.render_video, warn=lambda m: _print_on_rank0(f"mpirl: {m}"),
+                              env_id=args.env, env_module=args.env_module)
             print(report(result, args.json), flush=True)
+            return 0
+        if args.command == "export":
+            from mpirl.evaluate import find_checkpoint
+            from mpirl.export import export_checkpoint
+
+            checkpoint, manifest = find_checkpoint(
+                args.checkpoint, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
+            output = args.output or (f"{manifest['algo']}-{manifest['env']['env_id']}-"
+                                     f"{manifest['iteration']:06d}.npz").replace(":", "_")
+            _print_on_rank0(f"wrote {export_checkpoint(checkpoint, manifest, output)} "
+                            f"(from {checkpoint})")
             return 0
         if args.command == "plot":
             from mpirl.plot import plot_runs

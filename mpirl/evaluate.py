@@ -1,8 +1,10 @@
-"""``mpirl evaluate``: run a checkpoint's policy for some episodes and report its returns.
+"""``mpirl evaluate``: run a checkpoint's or an exported file's policy for some episodes and
+report its returns.
 
 One process, no MPI traffic: the policy is learner 0's weights, observations are normalized with
 the run's statistics when the run normalized them, and actions are the policy's most likely ones
-unless ``stochastic`` is set.
+unless ``stochastic`` is set. A checkpoint is code (pickles, and a module its manifest names is
+imported); an exported file (``mpirl.export``) is plain arrays, read without unpickling.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from mpirl.checkpoint import (
 )
 from mpirl.config import build
 from mpirl.errors import ConfigError
-from mpirl.policy import PolicySpec, RunningMeanStd
+from mpirl.export import model_spec
+from mpirl.policy import RunningMeanStd
 from mpirl.rollout import EnvSpec
 
 
@@ -68,15 +71,35 @@ def find_checkpoint(path: str | Path, warn=None) -> tuple[Path, dict[str, Any]]:
 
 
 def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = False,
-             video_dir: str | None = None, warn=None) -> Evaluation:
-    """Run ``episodes`` episodes of the checkpoint's policy on its environment."""
+             video_dir: str | None = None, warn=None, env_id: str | None = None,
+             env_module: str | None = None) -> Evaluation:
+    """Run ``episodes`` episodes of a checkpoint's or an exported file's policy on its
+    environment (``env_id`` and ``env_module`` replace the one it was trained on).
+
+    A checkpoint is unpickled and its manifest's ``env_module`` imported: load only your own.
+    An exported file (``mpirl export``) is read without unpickling, and no module it names is
+    imported: give ``--env``/``--env-module`` for an environment outside gymnasium's registry.
+    """
     if episodes < 1:
         raise ConfigError(f"--episodes must be >= 1, got {episodes}")
-    checkpoint, manifest = find_checkpoint(path, warn)
-    module = load_algorithm(manifest["algo"])
-    config = build(module.Config, manifest["config"])
-    saved = manifest["env"]
-    env_config = dict(saved.get("env_config") or {})
+    if Path(path).is_file():
+        from mpirl.export import load_exported
+
+        manifest, policy, obs_filter = load_exported(path)
+        checkpoint = Path(path)
+        saved = manifest["env"]
+        if env_id is None and (saved.get("env_module") or ":" in saved["env_id"]):
+            raise ConfigError(
+                f"{path} was trained on {saved['env_id']!r}"
+                + (f" (module {saved['env_module']})" if saved.get("env_module") else "")
+                + "; an exported file imports no module it names: pass --env (and --env-module) "
+                  "to say which environment to run")
+        spaces = (policy.spec.observation_space, policy.spec.action_space)
+    else:
+        checkpoint, manifest = find_checkpoint(path, warn)
+        saved = manifest["env"]
+        policy = obs_filter = spaces = None
+    env_config = dict(saved.get("env_config") or {}) if env_id is None else {}
     if video_dir is not None:
         try:
             import moviepy  # noqa: F401 - gymnasium's RecordVideo needs it
@@ -87,28 +110,22 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
         for key, value in (("SDL_VIDEODRIVER", "dummy"), ("SDL_AUDIODRIVER", "dummy"),
                            ("PYGAME_HIDE_SUPPORT_PROMPT", "1")):
             os.environ.setdefault(key, value)
-    spec = EnvSpec(saved["env_id"], saved.get("env_module"), env_config)
+    spec = EnvSpec(env_id or saved["env_id"],
+                   env_module if env_id or policy is not None else saved.get("env_module"),
+                   env_config)
     spec.check()
     env = spec.make()
+    if spaces is not None and (env.observation_space, env.action_space) != spaces:
+        env.close()
+        raise ConfigError(f"{spec.env_id} has spaces {env.observation_space} and "
+                          f"{env.action_space}; the policy in {path} was trained on {spaces[0]} "
+                          f"and {spaces[1]}")
     if video_dir is not None:
         env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True,
                                        name_prefix=f"{manifest['algo']}-{checkpoint.name}",
                                        disable_logger=True)
-    files = manifest["files"]
-    if hasattr(module, "model_spec"):  # DQN's Q network, SAC's actor-critics
-        spec_of_model = module.model_spec(env.observation_space, env.action_space, config)
-    else:
-        spec_of_model = PolicySpec(env.observation_space, env.action_space,
-                                   tuple(config.hidden_sizes), config.activation)
-    policy = spec_of_model.build("cpu")
-    policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
-                                            files["learner_0.pkl"])["weights"])
-    obs_filter = None
-    driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
-    if getattr(config, "normalize_observations", False) and driver["obs_filter"] is not None:
-        mean, var, count = driver["obs_filter"]
-        obs_filter = RunningMeanStd(mean.shape)
-        obs_filter.mean, obs_filter.var, obs_filter.count = mean, var, count
+    if policy is None:
+        policy, obs_filter = _checkpoint_policy(checkpoint, manifest, env)
     returns, lengths = [], []
     try:
         _run_episodes(env, policy, obs_filter, episodes, seed, stochastic, returns, lengths)
@@ -117,7 +134,27 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                           f"{error}") from None
     finally:
         env.close()
+    if env_id is not None:  # the report names the environment that was run
+        manifest = {**manifest, "env": {**saved, "env_id": env_id, "env_module": env_module}}
     return Evaluation(checkpoint, manifest, returns, lengths)
+
+
+def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
+                       ) -> tuple[Any, RunningMeanStd | None]:
+    """Learner 0's model and the run's observation normalizer, unpickled from a checkpoint."""
+    module = load_algorithm(manifest["algo"])
+    config = build(module.Config, manifest["config"])
+    files = manifest["files"]
+    policy = model_spec(module, env.observation_space, env.action_space, config).build("cpu")
+    policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
+                                            files["learner_0.pkl"])["weights"])
+    obs_filter = None
+    driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
+    if getattr(config, "normalize_observations", False) and driver["obs_filter"] is not None:
+        mean, var, count = driver["obs_filter"]
+        obs_filter = RunningMeanStd(mean.shape)
+        obs_filter.mean, obs_filter.var, obs_filter.count = mean, var, count
+    return policy, obs_filter
 
 
 def _run_episodes(env, policy, obs_filter, episodes: int, seed: int, stochastic: bool,

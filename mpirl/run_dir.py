@@ -5,7 +5,8 @@
   killed run survive;
 * ``result.json``: the latest row, replaced atomically each iteration, so a reader never sees a
   half-written file;
-* ``events.out.tfevents.*``: every numeric value as a TensorBoard scalar.
+* ``events.out.tfevents.*``: every numeric value as a TensorBoard scalar;
+* ``run.lock``: the job that writes the directory now (see ``RunLock``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import json
 import math
 import numbers
 import os
+import socket
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+from mpirl.errors import EXIT_USAGE, MpirlError
 from mpirl.tensorboard import EventWriter
 
 PARAMS_FILE = "params.json"
@@ -185,3 +190,165 @@ def _read_header_and_trim(path: Path, keep_iterations: int | None = None) -> lis
                 file.seek(sum(len(line.encode("utf-8")) for line in lines[:kept]))
                 file.truncate()
     return header
+
+
+LOCK_FILE = "run.lock"
+#: The holder touches its lock this often, from a thread, so a long iteration never looks dead.
+LOCK_REFRESH_S = 30.0
+#: A lock on another host, of another Slurm job, untouched this long is a dead holder's.
+LOCK_STALE_S = 300.0
+
+
+class RunDirLocked(MpirlError):
+    """Another live job holds the run directory."""
+
+    exit_code = EXIT_USAGE
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (Linux), telling a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()[19]
+
+
+def _pid_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return start is None or _process_start(pid) in (None, start)
+
+
+class RunLock:
+    """``run.lock`` in a run directory: one job at a time writes the directory.
+
+    Taken by rank 0 only, before anything is written; nothing crosses ranks. The file is created
+    with a hard link of a complete file (atomic on local disks, Lustre and NFS, which may lack
+    flock) and holds the holder's host, pid, Slurm job id and start time. A holder that is dead
+    is taken over: on this host, a pid that no longer runs; on another host, a lock of this same
+    Slurm job before it was requeued (same ``SLURM_JOB_ID``, smaller ``SLURM_RESTART_COUNT``: the
+    old allocation is gone), or one whose mtime, which the holder refreshes every
+    ``LOCK_REFRESH_S`` from a thread, is older than ``LOCK_STALE_S``. A live
+    holder makes ``acquire`` raise ``RunDirLocked`` (exit code 2) naming it.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.held: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+
+    def acquire(self) -> list[str]:
+        """Take the lock, or raise RunDirLocked; return notes on a dead holder taken over."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        mine = {"host": socket.gethostname(), "pid": os.getpid(),
+                "job_id": os.environ.get("SLURM_JOB_ID"),
+                "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+                "pid_start": _process_start(os.getpid()),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex}
+        tmp = self.run_dir / f".{LOCK_FILE}.{mine['token']}"
+        tmp.write_text(json.dumps(mine) + "\n", encoding="utf-8")
+        notes = []
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                    break
+                except FileExistsError:
+                    pass
+                holder = self._read()
+                if holder is None:  # released between our link and our read: try again
+                    continue
+                if self._alive(holder, mine):
+                    raise RunDirLocked(
+                        f"run directory {self.run_dir} is in use by another job: host "
+                        f"{holder.get('host')}, pid {holder.get('pid')}, Slurm job "
+                        f"{holder.get('job_id') or 'none'} (since {holder.get('started')}); "
+                        f"stop that job first, or remove {self.path} if it is gone")
+                if self._take_over(holder):
+                    notes.append(f"took over {self.path} from a job that is gone (host "
+                                 f"{holder.get('host')}, pid {holder.get('pid')}, Slurm job "
+                                 f"{holder.get('job_id') or 'none'})")
+            else:
+                raise RunDirLocked(f"could not take {self.path}: other jobs keep taking it")
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.held = mine
+        self._refresher = threading.Thread(target=self._refresh, name="mpirl-run-lock",
+                                           daemon=True)
+        self._refresher.start()
+        return notes
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours; releasing twice is harmless."""
+        if self.held is None:
+            return
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join()
+        holder = self._read()
+        if holder is not None and holder.get("token") == self.held["token"]:
+            self.path.unlink(missing_ok=True)
+        self.held = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return {}  # not ours to judge by content: its mtime says whether it is stale
+
+    def _alive(self, holder: dict[str, Any], mine: dict[str, Any]) -> bool:
+        if holder.get("host") == mine["host"] and isinstance(holder.get("pid"), int):
+            return _pid_alive(holder["pid"], holder.get("pid_start"))
+        if (mine["job_id"] and holder.get("job_id") == mine["job_id"]
+                and isinstance(holder.get("restart"), int) and holder["restart"] < mine["restart"]):
+            return False  # this job was requeued: its earlier run's allocation is gone
+        try:
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        return age < LOCK_STALE_S
+
+    def _take_over(self, holder: dict[str, Any]) -> bool:
+        """Move the dead holder's lock aside; False (and it stays) if it changed meanwhile."""
+        aside = self.path.with_name(f".{LOCK_FILE}.dead-{uuid.uuid4().hex}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            moved = json.loads(aside.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            moved = {}
+        if moved.get("token") != holder.get("token"):
+            # Another job took it over and locked it between our read and our rename: put its
+            # lock back (a link fails if yet another one exists, which then is the holder).
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+        aside.unlink(missing_ok=True)
+        return moved.get("token") == holder.get("token")
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(LOCK_REFRESH_S):
+            try:
+                os.utime(self.path)
+            except OSError:  # removed by hand: nothing to refresh; the run goes on
+                pass

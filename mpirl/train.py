@@ -18,7 +18,7 @@ from mpirl.errors import EXIT_RESUME, ConfigError
 from mpirl.layout import Layout
 from mpirl.progress import ProgressDisplay
 from mpirl.rollout import EnvSpec
-from mpirl.run_dir import PARAMS_FILE, RunRecorder, default_run_dir
+from mpirl.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
 from mpirl.runtime import Driver, RuntimeSettings, run
 from mpirl.trajectories import DumpSettings
 
@@ -155,6 +155,19 @@ def _warn(message: str) -> None:
 
 
 def _drive(driver: Driver, request: TrainRequest) -> int:
+    """Rank 0: hold the run directory's lock for the whole run (exit 2 if a live job has it),
+    and put back what a job killed inside a checkpoint commit left, before anything is read."""
+    lock = RunLock(request.run_dir)
+    notes = lock.acquire()
+    try:
+        for note in notes + CheckpointStore(request.run_dir).recover():
+            _warn(note)
+        return _train_locked(driver, request)
+    finally:
+        lock.release()
+
+
+def _train_locked(driver: Driver, request: TrainRequest) -> int:
     module = load_algorithm(request.algo)
     algo = Algorithm(driver, module, request.config, request.env, request.dump)
     store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
