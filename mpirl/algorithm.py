@@ -32,7 +32,7 @@ from mpirl.env_guard import unwrap_env_failure
 from mpirl.errors import ConfigError, RankLost, RemoteError
 from mpirl.learner import Learner
 from mpirl.operators import SampleResult, broadcast_weights
-from mpirl.policy import PolicySpec, RunningMeanStd
+from mpirl.policy import RunningMeanStd, model_spec
 from mpirl.rollout import EnvSpec, RolloutWorker
 from mpirl.runtime import Driver
 from mpirl.trajectories import DumpIndex, DumpSettings
@@ -71,11 +71,7 @@ class Algorithm:
                                         self.name)
         # A plan may bring its own model and workers (DQN: a Q network, epsilon-greedy rollout
         # workers, replay learners); the defaults are the actor-critic ones.
-        if hasattr(module, "model_spec"):
-            self.policy_spec = module.model_spec(observation_space, action_space, config)
-        else:
-            self.policy_spec = PolicySpec(observation_space, action_space,
-                                          tuple(config.hidden_sizes), config.activation)
+        self.policy_spec = model_spec(module, observation_space, action_space, config)
         rollout_cls = getattr(module, "ROLLOUT_WORKER", RolloutWorker)
         learner_cls = getattr(module, "LEARNER", Learner)
         # Offline configs have no GAE and no observation filter (BC no discount either): their

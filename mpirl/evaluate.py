@@ -30,8 +30,7 @@ from mpirl.checkpoint import (
 )
 from mpirl.config import build
 from mpirl.errors import ConfigError
-from mpirl.export import model_spec
-from mpirl.policy import RunningMeanStd
+from mpirl.policy import RunningMeanStd, model_spec
 from mpirl.rollout import EnvSpec
 
 

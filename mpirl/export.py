@@ -22,7 +22,6 @@ import json
 import os
 import zipfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
@@ -30,21 +29,11 @@ import numpy as np
 import torch
 
 from mpirl.checkpoint import CheckpointError
-from mpirl.policy import PolicySpec, RunningMeanStd
+from mpirl.policy import RunningMeanStd, model_spec
 
 FORMAT = "mpirl-policy"
 FORMAT_VERSION = 1
 HEADER = "header"
-
-
-def model_spec(module: ModuleType, observation_space: gym.Space, action_space: gym.Space,
-               config: Any) -> Any:
-    """The spec of the model an algorithm trains: its own ``model_spec`` (DQN's Q network,
-    SAC's actor-critics), else the actor-critic policy."""
-    if hasattr(module, "model_spec"):
-        return module.model_spec(observation_space, action_space, config)
-    return PolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
-                      config.activation)
 
 
 def _space_to_json(space: gym.Space, prefix: str, arrays: dict[str, np.ndarray]

@@ -9,6 +9,8 @@ that live with their algorithm.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -244,3 +246,13 @@ class RunningMeanStd:
     def normalize(self, obs: np.ndarray, clip: float = 10.0) -> np.ndarray:
         return np.clip((obs - self.mean) / np.sqrt(self.var + 1e-8), -clip, clip).astype(
             np.float32)
+
+
+def model_spec(module: ModuleType, observation_space: gym.Space, action_space: gym.Space,
+               config: Any) -> Any:
+    """The spec of the model an algorithm trains: its own ``model_spec`` (DQN's Q network,
+    SAC's actor-critics), else the actor-critic policy."""
+    if hasattr(module, "model_spec"):
+        return module.model_spec(observation_space, action_space, config)
+    return PolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
+                      config.activation)
