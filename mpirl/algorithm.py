@@ -28,6 +28,7 @@ from mpirl.checkpoint import (
     restore_rng,
     write_state_file,
 )
+from mpirl.config_fields import Range, above
 from mpirl.env_guard import unwrap_env_failure
 from mpirl.errors import ConfigError, RankLost, RemoteError
 from mpirl.learner import Learner
@@ -44,8 +45,10 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c"}
 
-#: Keys a ``--stop`` criterion may use (any one reached stops the run).
-STOP_KEYS = ("episode_return_mean", "timesteps_total", "training_iteration", "time_total_s")
+#: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
+#: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
+STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
+             "training_iteration": above(0), "time_total_s": above(0)}
 
 
 def load_algorithm(name: str) -> ModuleType:
@@ -89,6 +92,7 @@ class Algorithm:
                 "rollout", rollout_cls, env, self.policy_spec, config.num_envs_per_worker,
                 config.seed, gamma, gae_lambda, normalize_observations,
                 config.torch_threads, max_env_failures=config.max_env_failures,
+                env_failure_window=config.env_failure_window,
                 dump=self.dump_index.target if self.dump_index is not None else None,
                 local_if_empty=True,
             )

@@ -120,7 +120,8 @@ class RolloutWorker(Worker):
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
                  normalize_observations: bool, torch_threads: int = 1,
-                 max_env_failures: int = 10, dump: DumpTarget | None = None) -> None:
+                 max_env_failures: int = 10, dump: DumpTarget | None = None,
+                 env_failure_window: int = 1_000) -> None:
         super().__init__(context)
         torch.set_num_threads(torch_threads)
         self.seed = seed + 1000 * context.role_index
@@ -128,7 +129,8 @@ class RolloutWorker(Worker):
         self.env_id = env.env_id
         self.where = f"rollout worker {context.role_index} on rank {context.rank}"
         self.envs = gym.vector.SyncVectorEnv(
-            [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where)
+            [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where,
+                     env_failure_window)
              for i in range(num_envs)],
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )

@@ -14,6 +14,7 @@ import mpirl
 from mpirl.algorithm import STOP_KEYS, Algorithm, load_algorithm, stop_reached
 from mpirl.checkpoint import CheckpointError, CheckpointSettings, CheckpointStore
 from mpirl.config import build, check_known_keys, split_by_dataclass
+from mpirl.config_fields import check_key
 from mpirl.errors import EXIT_RESUME, ConfigError
 from mpirl.layout import Layout
 from mpirl.progress import ProgressDisplay
@@ -91,8 +92,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     dump = build(DumpSettings, dump_keys)
     check_known_keys(stop, list(STOP_KEYS), "--stop")
     for key, value in stop.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"--stop {key!r} must be a number, got {value!r}")
+        check_key(key, value, "float", STOP_KEYS[key], what="--stop criterion")
     env = EnvSpec(env_id, env_module)
     env.check()
     if hasattr(module, "check_config"):  # checks that need the env (an offline input's env id)
