@@ -8,7 +8,7 @@ fresh environment's first observation with ``terminated = truncated = False`` an
 ``info[EPISODE_DROPPED] = True``, which tells the rollout worker to drop the partial episode.
 
 ``max_failures`` failures of one sub-env raise ``EnvFailureError`` on the rollout rank when they
-come in a row, or within the sub-env's last ``window`` calls of step or reset (so an env that
+come in a row, or within the sub-env's last ``window`` steps (so an env that
 fails every few steps, with successes between, still ends the run); the driver re-raises it with
 ``unwrap_env_failure`` so the user reads one message, not a remote traceback. Nothing here
 crosses ranks by itself.
@@ -46,7 +46,8 @@ class GuardedEnv(gym.Wrapper):
 
     Picklable: it holds the ``EnvSpec``, not a factory function. ``where`` names the rollout
     worker in error messages; ``seed`` and ``index`` make the seeds of rebuilt environments
-    deterministic. ``window`` is in calls of step or reset of this sub-env.
+    deterministic. ``window`` counts calls of ``step`` (a reset's failure counts at the step it
+    follows).
     """
 
     def __init__(self, spec: EnvSpec, max_failures: int, seed: int = 0, index: int = 0,
@@ -62,20 +63,20 @@ class GuardedEnv(gym.Wrapper):
         self.where = where
         self.failures_in_row = 0
         self.failures_total = 0
-        self.calls = 0  # of step and reset
-        #: the call numbers of the failures within the last ``window`` calls
+        self.steps = 0
+        #: the step numbers of the failures within the last ``window`` steps
         self.recent_failures: deque[int] = deque()
         self.last_error: str | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Environments pickled in checkpoints written before the window existed.
         state.setdefault("window", 1_000)
-        state.setdefault("calls", 0)
+        state.setdefault("steps", 0)
         state.setdefault("recent_failures", deque())
         self.__dict__.update(state)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        self.calls += 1
+        self.steps += 1
         try:
             result = self.env.step(action)
         except Exception as error:  # noqa: BLE001 - any error of the env's own code is recovered
@@ -87,7 +88,6 @@ class GuardedEnv(gym.Wrapper):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[Any, dict[str, Any]]:
-        self.calls += 1
         try:
             return self.env.reset(seed=seed, options=options)
         except Exception as error:  # noqa: BLE001 - as in step
@@ -101,8 +101,8 @@ class GuardedEnv(gym.Wrapper):
             self.failures_in_row += 1
             self.failures_total += 1
             self.last_error = _describe(error)
-            self.recent_failures.append(self.calls)
-            while self.recent_failures[0] <= self.calls - self.window:
+            self.recent_failures.append(self.steps)
+            while self.recent_failures[0] <= self.steps - self.window:
                 self.recent_failures.popleft()
             if self.failures_in_row >= self.max_failures:
                 raise EnvFailureError(self._limit_message()) from error
@@ -132,7 +132,7 @@ class GuardedEnv(gym.Wrapper):
         )
 
     def _window_message(self) -> str:
-        n, steps = len(self.recent_failures), self.calls - self.recent_failures[0] + 1
+        n, steps = len(self.recent_failures), self.steps - self.recent_failures[0] + 1
         return (
             f"environment {self.env_spec.env_id!r} failed {n} times within {steps} steps "
             f"(sub-env {self.index} of {self.where}; {CONFIG_KEY} {self.max_failures} within "
