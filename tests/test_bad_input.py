@@ -19,8 +19,8 @@ from mpirl.config_fields import numeric_fields, range_of
 from mpirl.errors import ConfigError
 from mpirl.layout import Layout
 from mpirl.runtime import RuntimeSettings
-from mpirl.trajectories import DumpSettings
 from mpirl.train import make_request
+from mpirl.trajectories import DumpSettings
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 SETTINGS = (RuntimeSettings, CheckpointSettings, DumpSettings, Layout)
@@ -137,8 +137,9 @@ def test_a_negative_return_is_a_valid_stop_criterion(tmp_path):
     # Divided by zero on the driver after every rank had started (a traceback, exit 1).
     ("--config", '{"minibatch_size": 0}',
      'config key "minibatch_size" = 0 is out of range: must be an integer >= 1'),
-    # json.loads accepts NaN: the learners' weights became NaN.
-    ("--config", '{"lr": NaN}', 'config key "lr" = NaN is out of range: must be a finite number > 0'),
+    # json.loads accepts NaN: torch's Adam raised on the driver, a traceback.
+    ("--config", '{"lr": NaN}',
+     'config key "lr" = NaN is out of range: must be a finite number > 0'),
     # Never reached: the run went on until the allocation ended.
     ("--stop", '{"timesteps_total": NaN}',
      '--stop criterion "timesteps_total" = NaN is out of range: must be a finite number > 0'),
