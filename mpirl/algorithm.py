@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,13 +31,13 @@ from mpirl.checkpoint import (
 )
 from mpirl.config_fields import Range, above
 from mpirl.env_guard import unwrap_env_failure
-from mpirl.errors import ConfigError, RankLost, RemoteError
+from mpirl.errors import ConfigError, RankLost, RemoteError, unwrap_remote
 from mpirl.learner import Learner
 from mpirl.operators import SampleResult, broadcast_weights
 from mpirl.policy import PolicySpec, RunningMeanStd
 from mpirl.rollout import EnvSpec, RolloutWorker
 from mpirl.runtime import Driver
-from mpirl.trajectories import DumpIndex, DumpSettings
+from mpirl.trajectories import DumpIndex, DumpSettings, DumpWriterTimeout
 
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
@@ -134,6 +135,7 @@ class Algorithm:
         self.plan_state: dict[str, Any] = {}
         #: Called before a checkpoint is written: a plan with requests in flight settles them.
         self.before_checkpoint: list[Callable[[], None]] = []
+        self._warned_unsaved_envs = False
         if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
             module.setup(self)
 
@@ -205,6 +207,8 @@ class Algorithm:
                 result = future.result()
             except RankLost:
                 continue  # its file holds what it wrote; mpirl.io finds the rest
+            except RemoteError as error:
+                raise unwrap_remote(error, DumpWriterTimeout) from None
             if result is not None:
                 self.dump_index.add(*result)
         self.dump_index.commit()
@@ -263,6 +267,13 @@ class Algorithm:
             for group in groups for i, worker in enumerate(group)
         ]
         files = {name: future.result() for name, future in futures}
+        unsaved = {name: entry["envs_error"] for name, entry in files.items()
+                   if "envs_error" in entry}
+        if unsaved and not self._warned_unsaved_envs:
+            self._warned_unsaved_envs = True  # once a run: every checkpoint would repeat it
+            _warn(f"the environments of {', '.join(n.removesuffix('.pkl') for n in unsaved)} "
+                  f"could not be pickled into checkpoints ({next(iter(unsaved.values()))}); a "
+                  f"resume resets them from fresh seeds, and their episodes in progress are lost")
         files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
         layout = {group.role: len(group) for group in groups}
         manifest = manifest_header(self.name, self.env, self.config, self.iteration,
@@ -298,11 +309,21 @@ class Algorithm:
                 if group.role != "learner" and i >= saved:
                     continue
                 name = f"{group.role}_{min(i, saved - 1)}.pkl"
-                futures.append(worker.call_async("load_state", str(path / name), files[name]))
-        for future in futures:
-            future.result()
+                futures.append((group.role, i, name,
+                                worker.call_async("load_state", str(path / name), files[name])))
+        for role, i, name, future in futures:
+            if future.result() is False:
+                reason = files[name].get("envs_error") or (
+                    "num_envs_per_worker differs from the checkpoint's, or the environments "
+                    "were not saved")
+                _warn(f"{role} worker {i}'s environments were reset from fresh seeds instead "
+                      f"of continuing their episodes: they could not be restored ({reason})")
         broadcast_weights(self.learners, self.rollouts)
         return notes
+
+
+def _warn(message: str) -> None:
+    print(f"mpirl: warning: {message}", file=sys.stderr, flush=True)
 
 
 def stop_reached(row: dict[str, Any], stop: dict[str, float]) -> str | None:

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config_fields import check_key
-from mpirl.errors import EnvFailureError, MpirlError, RemoteError
+from mpirl.errors import EnvFailureError, MpirlError, RemoteError, unwrap_remote
 
 if TYPE_CHECKING:
     from mpirl.rollout import EnvSpec
@@ -163,6 +163,4 @@ def _close_quietly(env: gym.Env) -> None:
 def unwrap_env_failure(error: RemoteError) -> MpirlError:
     """The ``EnvFailureError`` a rollout worker raised, as one of this process, so the driver
     reports its message alone; any other remote error unchanged."""
-    if error.cause_type == f"{EnvFailureError.__module__}.{EnvFailureError.__qualname__}":
-        return EnvFailureError(error.cause_message)
-    return error
+    return unwrap_remote(error, EnvFailureError)

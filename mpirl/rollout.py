@@ -157,6 +157,7 @@ class RolloutWorker(Worker):
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self._weights = np.empty(self.policy.num_weights(), np.float32)
         self.restores = 0
+        self.envs_error: str | None = None  # why get_state could not pickle the envs
 
     def _normalize(self, obs: np.ndarray) -> np.ndarray:
         if not self.normalize_observations:
@@ -367,19 +368,27 @@ class RolloutWorker(Worker):
         """
         try:
             envs = pickle.dumps(self.envs, protocol=5)
-            envs_error = None
+            self.envs_error = None
         except Exception as error:  # noqa: BLE001 - any env may refuse to pickle
-            envs, envs_error = None, f"{type(error).__name__}: {error}"
+            envs, self.envs_error = None, f"{type(error).__name__}: {error}"
         return {
-            "envs": envs, "envs_error": envs_error, "obs": self.obs,
+            "envs": envs, "envs_error": self.envs_error, "obs": self.obs,
             "episode_return": self.episode_return, "episode_length": self.episode_length,
             "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
             "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
         }
 
+    def save_state(self, directory: str, name: str) -> dict[str, Any]:
+        """Worker.save_state's checksum entry, plus ``envs_error`` when the environments could
+        not be pickled: the driver warns, and the manifest keeps the reason."""
+        entry = super().save_state(directory, name)
+        if self.envs_error is not None:
+            entry["envs_error"] = self.envs_error
+        return entry
+
     def set_state(self, state: dict[str, Any]) -> bool:
         """Restore from ``get_state``; True when the environments continue their episodes,
-        False when they were reset instead."""
+        False when they were reset instead (the driver warns)."""
         self.restores = state["restores"] + 1
         self.env_failures = state["env_failures"]
         self._unreported_failures = state["unreported_failures"]
