@@ -165,3 +165,11 @@ def test_a_bad_number_in_a_resumed_runs_params_is_refused_too(tmp_path):
         {"algo": "PPO", "env": "CartPole-v1", "config": {"num_epochs": 0}, "stop": {}}))
     with pytest.raises(ConfigError, match='"num_epochs" = 0 is out of range'):
         make_request(None, None, None, {}, {}, None, None, resume=str(run_dir))
+
+
+def test_the_heartbeat_timeout_must_exceed_its_interval():
+    # Raised by the heartbeat thread's constructor after MPI had started: a traceback per rank.
+    with pytest.raises(ConfigError) as caught:
+        build(RuntimeSettings, {"heartbeat_interval_s": 30})
+    assert str(caught.value) == ('config key "heartbeat_timeout_s" = 20 is out of range: must be '
+                                 'greater than heartbeat_interval_s (30)')
