@@ -9,7 +9,7 @@ import sys
 
 from mpirl import launch, slurm
 from mpirl.config import build, parse_json_object, split_by_dataclass
-from mpirl.errors import LaunchError, MpirlError
+from mpirl.errors import ConfigError, LaunchError, MpirlError
 from mpirl.layout import Layout
 from mpirl.progress import PROGRESS_MODES
 
@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             layout = build(Layout, layout_keys)
             settings = build(RuntimeSettings, runtime_keys)
+            if args.pings < 1:  # the median of no round trips failed after every rank started
+                raise ConfigError(f"--pings must be >= 1, got {args.pings}")
             return run(lambda driver: run_doctor(driver, pings=args.pings), layout, settings)
         if args.command == "train":
             from mpirl.train import make_request, train

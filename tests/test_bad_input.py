@@ -173,3 +173,11 @@ def test_the_heartbeat_timeout_must_exceed_its_interval():
         build(RuntimeSettings, {"heartbeat_interval_s": 30})
     assert str(caught.value) == ('config key "heartbeat_timeout_s" = 20 is out of range: must be '
                                  'greater than heartbeat_interval_s (30)')
+
+
+def test_doctor_refuses_zero_pings_before_starting():
+    # The median of no round trips raised StatisticsError (a traceback) after every rank started.
+    proc = run_mpi(2, *MPIRL, "doctor", "--pings", "0", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[0] == "mpirl: error: --pings must be >= 1, got 0"
+    assert proc.stdout == ""
