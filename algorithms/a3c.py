@@ -13,11 +13,7 @@ from dataclasses import dataclass
 
 from mpirl.algorithms.a2c import loss  # A3C's update is A2C's, applied asynchronously
 
-from mpirl.async_ops import (
-    async_apply_gradients,
-    check_in_flight,
-    gradient_requests,
-)
+from mpirl.async_ops import async_apply_gradients, gradient_requests
 from mpirl.config_fields import OnPolicyConfig
 from mpirl.errors import ConfigError
 from mpirl.operators import mean_stats
@@ -55,7 +51,6 @@ class Config(OnPolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_in_flight(self.max_requests_in_flight_per_worker)
         if self.num_learners > 1:
             raise ConfigError(f"A3C applies each gradient on one learner: num_learners must be "
                               f"0 or 1, got {self.num_learners}")

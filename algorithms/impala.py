@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mpirl.async_ops import async_sample, check_in_flight, sample_requests, sync_weights
+from mpirl.async_ops import async_sample, sample_requests, sync_weights
 from mpirl.config_fields import OnPolicyConfig
-from mpirl.errors import ConfigError
 from mpirl.operators import mean_stats, train_one_step
 from mpirl.vtrace import vtrace
 
@@ -59,12 +58,6 @@ class Config(OnPolicyConfig):
     num_minibatches: int = 1
     """SGD steps per pass (each takes whole fragments)."""
     ent_coef: float = 0.003
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_in_flight(self.max_requests_in_flight_per_worker)
-        if self.rollout_fragment_length < 1 or self.min_steps_per_iteration < 1:
-            raise ConfigError("rollout_fragment_length and min_steps_per_iteration must be >= 1")
 
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):

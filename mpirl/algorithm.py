@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,14 +29,15 @@ from mpirl.checkpoint import (
     restore_rng,
     write_state_file,
 )
+from mpirl.config_fields import Range, above
 from mpirl.env_guard import unwrap_env_failure
-from mpirl.errors import ConfigError, RankLost, RemoteError
+from mpirl.errors import ConfigError, RankLost, RemoteError, unwrap_remote
 from mpirl.learner import Learner
 from mpirl.operators import SampleResult, broadcast_weights
 from mpirl.policy import RunningMeanStd, model_spec
 from mpirl.rollout import EnvSpec, RolloutWorker
 from mpirl.runtime import Driver
-from mpirl.trajectories import DumpIndex, DumpSettings
+from mpirl.trajectories import DumpIndex, DumpSettings, DumpWriterTimeout
 
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
@@ -44,8 +46,10 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c"}
 
-#: Keys a ``--stop`` criterion may use (any one reached stops the run).
-STOP_KEYS = ("episode_return_mean", "timesteps_total", "training_iteration", "time_total_s")
+#: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
+#: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
+STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
+             "training_iteration": above(0), "time_total_s": above(0)}
 
 
 def load_algorithm(name: str) -> ModuleType:
@@ -85,6 +89,7 @@ class Algorithm:
                 "rollout", rollout_cls, env, self.policy_spec, config.num_envs_per_worker,
                 config.seed, gamma, gae_lambda, normalize_observations,
                 config.torch_threads, max_env_failures=config.max_env_failures,
+                env_failure_window=config.env_failure_window,
                 dump=self.dump_index.target if self.dump_index is not None else None,
                 local_if_empty=True,
             )
@@ -133,6 +138,7 @@ class Algorithm:
         self.plan_state: dict[str, Any] = {}
         #: Called before a checkpoint is written: a plan with requests in flight settles them.
         self.before_checkpoint: list[Callable[[], None]] = []
+        self._warned_unsaved_envs = False
         if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
             module.setup(self)
 
@@ -204,6 +210,8 @@ class Algorithm:
                 result = future.result()
             except RankLost:
                 continue  # its file holds what it wrote; mpirl.io finds the rest
+            except RemoteError as error:
+                raise unwrap_remote(error, DumpWriterTimeout) from None
             if result is not None:
                 self.dump_index.add(*result)
         self.dump_index.commit()
@@ -262,6 +270,13 @@ class Algorithm:
             for group in groups for i, worker in enumerate(group)
         ]
         files = {name: future.result() for name, future in futures}
+        unsaved = {name: entry["envs_error"] for name, entry in files.items()
+                   if "envs_error" in entry}
+        if unsaved and not self._warned_unsaved_envs:
+            self._warned_unsaved_envs = True  # once a run: every checkpoint would repeat it
+            _warn(f"the environments of {', '.join(n.removesuffix('.pkl') for n in unsaved)} "
+                  f"could not be pickled into checkpoints ({next(iter(unsaved.values()))}); a "
+                  f"resume resets them from fresh seeds, and their episodes in progress are lost")
         files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
         layout = {group.role: len(group) for group in groups}
         manifest = manifest_header(self.name, self.env, self.config, self.iteration,
@@ -297,11 +312,21 @@ class Algorithm:
                 if group.role != "learner" and i >= saved:
                     continue
                 name = f"{group.role}_{min(i, saved - 1)}.pkl"
-                futures.append(worker.call_async("load_state", str(path / name), files[name]))
-        for future in futures:
-            future.result()
+                futures.append((group.role, i, name,
+                                worker.call_async("load_state", str(path / name), files[name])))
+        for role, i, name, future in futures:
+            if future.result() is False:
+                reason = files[name].get("envs_error") or (
+                    "num_envs_per_worker differs from the checkpoint's, or the environments "
+                    "were not saved")
+                _warn(f"{role} worker {i}'s environments were reset from fresh seeds instead "
+                      f"of continuing their episodes: they could not be restored ({reason})")
         broadcast_weights(self.learners, self.rollouts)
         return notes
+
+
+def _warn(message: str) -> None:
+    print(f"mpirl: warning: {message}", file=sys.stderr, flush=True)
 
 
 def stop_reached(row: dict[str, Any], stop: dict[str, float]) -> str | None:

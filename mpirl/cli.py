@@ -10,8 +10,9 @@ import sys
 
 from mpirl import launch, slurm
 from mpirl.config import build, parse_json_object, split_by_dataclass
-from mpirl.errors import LaunchError, MpirlError
+from mpirl.errors import ConfigError, LaunchError, MpirlError
 from mpirl.layout import Layout
+from mpirl.progress import PROGRESS_MODES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="every rollout rank writes the episodes it completes to DIR (HDF5, "
                             "Minari's layout; read with mpirl.io or minari); the config key "
                             "dump_trajectories")
+    train.add_argument("--progress", choices=PROGRESS_MODES,
+                       help="how rank 0 shows progress: live (a redrawn bar), plain (one line "
+                            "per iteration), off, or auto: live only when mpiexec's output (or "
+                            "mpirl's, without mpiexec) is a terminal, plain lines when it goes "
+                            "to a file (default: $MPIRL_PROGRESS, else auto)")
 
     inspect = commands.add_parser(
         "inspect", help="summarize a trajectory dump: episodes, steps, returns, spaces, files",
@@ -143,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             layout = build(Layout, layout_keys)
             settings = build(RuntimeSettings, runtime_keys)
+            if args.pings < 1:  # the median of no round trips failed after every rank started
+                raise ConfigError(f"--pings must be >= 1, got {args.pings}")
             return run(lambda driver: run_doctor(driver, pings=args.pings), layout, settings)
         if args.command == "train":
             from mpirl.train import make_request, train
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             request = make_request(
                 args.algo, args.env, args.env_module, config,
                 parse_json_object(args.stop, "--stop"),
-                args.seed, args.run_dir, args.resume,
+                args.seed, args.run_dir, args.resume, args.progress,
             )
             return train(request)
         if args.command == "evaluate":

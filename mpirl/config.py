@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from mpirl.config_fields import check_ranges
 from mpirl.errors import ConfigError
 
 T = TypeVar("T")
@@ -50,9 +51,11 @@ def split_by_dataclass(values: Mapping[str, Any], *classes: type) -> list[dict[s
 
 
 def build(cls: type[T], values: Mapping[str, Any]) -> T:
-    """``cls(**values)`` with type errors turned into ConfigError naming the key."""
+    """``cls(**values)`` with type errors and out-of-range numbers (``RANGES``) turned into
+    ConfigError naming the key."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     check_known_keys(values, list(fields), "config")
+    check_ranges(cls, values)
     for key, value in values.items():
         default = fields[key].default
         if isinstance(default, bool) and not isinstance(value, bool):

@@ -5,13 +5,215 @@ flat: a subclass is still one dataclass whose fields are the ``--config`` keys. 
 only changes a default redeclares the field without a docstring and keeps the inherited one; it
 gives its own docstring where the meaning differs (a string literal right after a field;
 tests/test_algorithm_configs.py checks that every key has one).
+
+``RANGES`` below says which values every numeric key accepts (tests/test_bad_input.py checks that
+every numeric key of every config and settings class has an entry). ``check_ranges`` applies it on
+every rank before any MPI traffic, so ``minibatch_size: 0`` or ``lr: NaN`` ends the job at once
+with one line instead of a division by zero on some rank later.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from mpirl.env_guard import check_max_failures
+from mpirl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: finite numbers from ``low`` to ``high`` (bounds
+    included unless ``*_open``), or one of ``words``. Whether it must be whole comes from the
+    field's type."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    words: tuple[str, ...] = ()
+
+    def admits(self, value: Any, integer: bool) -> bool:
+        if isinstance(value, str):
+            return value in self.words
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if integer and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self, integer: bool) -> str:
+        """``an integer >= 1``, ``a finite number in (0, 1]``, ``a finite number or "auto"``."""
+        kind = "an integer" if integer else "a finite number"
+        low, high = _number(self.low), _number(self.high)
+        if self.low > -math.inf and self.high < math.inf:
+            text = (f"{kind} in {'(' if self.low_open else '['}{low}, {high}"
+                    f"{')' if self.high_open else ']'}")
+        elif self.low > -math.inf:
+            text = f"{kind} {'>' if self.low_open else '>='} {low}"
+        elif self.high < math.inf:
+            text = f"{kind} {'<' if self.high_open else '<='} {high}"
+        else:
+            text = kind
+        return text + "".join(f" or {json.dumps(word)}" for word in self.words)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def at_least(low: float) -> Range:
+    return Range(low=low)
+
+
+def above(low: float) -> Range:
+    return Range(low=low, low_open=True)
+
+
+def within(low: float, high: float, low_open: bool = False) -> Range:
+    return Range(low=low, high=high, low_open=low_open)
+
+
+#: Every numeric ``--config`` key (algorithm, runtime, checkpoint, dump and layout keys) and the
+#: values it accepts. A key means the same in every algorithm; a class may narrow or widen one in
+#: its own ``ranges`` (OfflineConfig's metrics_window may be 0). Floats must be finite: JSON's
+#: NaN and Infinity are refused everywhere.
+RANGES: dict[str, Range] = {
+    # Layout
+    "num_rollout_workers": at_least(-1),
+    "num_learners": at_least(0),
+    "num_replay_shards": at_least(0),
+    # Sampling and exploration
+    "num_envs_per_worker": at_least(1),
+    "rollout_fragment_length": at_least(1),
+    "max_env_failures": at_least(1),
+    "env_failure_window": at_least(1),
+    "max_requests_in_flight_per_worker": at_least(1),
+    "min_steps_per_iteration": at_least(1),
+    "min_env_steps_per_iteration": at_least(1),
+    "initial_epsilon": within(0, 1),
+    "final_epsilon": within(0, 1),
+    "exploration_steps": at_least(0),
+    "epsilon": within(0, 1),
+    "epsilon_alpha": at_least(0),
+    "metrics_max_epsilon": within(0, 1),
+    # Replay
+    "buffer_size": at_least(1),
+    "learning_starts": at_least(0),
+    "prioritized_replay_alpha": at_least(0),
+    "prioritized_replay_beta": within(0, 1),
+    "prioritized_replay_beta_final": within(0, 1),
+    "prioritized_replay_beta_anneal_steps": at_least(0),
+    "prioritized_replay_eps": above(0),
+    "n_step": at_least(1),
+    # Returns and losses
+    "gamma": within(0, 1),
+    "gae_lambda": within(0, 1),
+    "vf_coef": at_least(0),
+    "ent_coef": at_least(0),
+    "clip_param": above(0),
+    "vtrace_rho_bar": above(0),
+    "vtrace_c_bar": above(0),
+    "beta": at_least(0),
+    "advantage_norm_rate": within(0, 1, low_open=True),
+    "max_weight": above(0),
+    "tau": within(0, 1, low_open=True),
+    "initial_alpha": above(0),
+    "target_entropy": Range(words=("auto",)),
+    # Optimization
+    "lr": above(0),
+    "lr_decay_steps": at_least(0),
+    "grad_clip": at_least(0),
+    "num_epochs": at_least(1),
+    "minibatch_size": at_least(1),
+    "num_minibatches": at_least(1),
+    "train_batch_size": at_least(1),
+    "num_sgd_steps_per_iteration": at_least(0),
+    "sgd_steps_per_env_step": above(0),
+    "target_network_update_freq": at_least(1),
+    "batches_per_train": at_least(1),
+    "weight_sync_every": at_least(1),
+    # Offline data and evaluation
+    "max_rows_in_memory": at_least(1),
+    "evaluation_episodes": at_least(1),
+    "evaluation_interval": at_least(1),
+    # Model and compute (hidden_sizes: each width)
+    "hidden_sizes": at_least(1),
+    "torch_threads": at_least(1),
+    # Bookkeeping
+    "metrics_window": at_least(1),
+    "seed": within(0, 2**32 - 1),
+    # Runtime (mpirl.runtime.RuntimeSettings)
+    "max_calls_in_flight": at_least(1),
+    "task_timeout_s": above(0),
+    "heartbeat_interval_s": above(0),
+    "heartbeat_timeout_s": above(0),
+    "shutdown_timeout_s": above(0),
+    "poll_max_sleep_s": above(0),
+    # Checkpoints and dumps (mpirl.checkpoint, mpirl.trajectories)
+    "checkpoint_every": at_least(0),
+    "keep_checkpoints": at_least(1),
+    "dump_compression_level": within(0, 9),
+    "dump_compression_min_bytes": at_least(0),
+}
+
+
+def numeric_fields(cls: type) -> dict[str, str]:
+    """The numeric fields of the dataclass ``cls`` -> ``"int"``, ``"float"``, ``"ints"`` (a tuple
+    of ints) or ``"words|float"`` (a number or a word such as "auto")."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if name not in {f.name for f in dataclasses.fields(cls)}:
+            continue
+        if hint is int:
+            kinds[name] = "int"
+        elif hint is float:
+            kinds[name] = "float"
+        elif hint == tuple[int, ...]:
+            kinds[name] = "ints"
+        elif float in typing.get_args(hint) or int in typing.get_args(hint):
+            kinds[name] = "words|float"
+    return kinds
+
+
+def range_of(cls: type, key: str) -> Range | None:
+    """The Range of ``key`` in ``cls``: the class's own ``ranges`` first, then ``RANGES``."""
+    return getattr(cls, "ranges", {}).get(key) or RANGES.get(key)
+
+
+def check_key(key: str, value: Any, kind: str = "int", rng: Range | None = None,
+              what: str = "config key") -> None:
+    """ConfigError, one line naming the key, the value and what it must be, unless ``value`` is
+    in ``rng`` (``RANGES[key]`` by default). Raised the same on every rank (nothing crosses)."""
+    rng = rng or RANGES[key]
+    integer = kind in ("int", "ints")
+    if kind == "ints":
+        ok = isinstance(value, list | tuple) and all(rng.admits(v, True) for v in value)
+        must = f"a list of {rng.describe(True).replace('an integer', 'integers')}"
+    else:
+        ok = rng.admits(value, integer)
+        must = rng.describe(integer)
+    if not ok:
+        shown = json.dumps(value) if isinstance(value, int | float | str | list | tuple) \
+            else repr(value)
+        raise ConfigError(f'{what} "{key}" = {shown} is out of range: must be {must}')
+
+
+def check_ranges(cls: type, values: Mapping[str, Any]) -> None:
+    """Check every numeric key of ``values`` (given to the dataclass ``cls``) against its Range."""
+    kinds = numeric_fields(cls)
+    for key, value in values.items():
+        rng = range_of(cls, key)
+        if key in kinds and rng is not None:
+            check_key(key, value, kinds[key], rng)
 
 
 @dataclass
@@ -28,9 +230,13 @@ class CommonConfig:
     num_envs_per_worker: int = 8
     """Environments each rollout worker steps together (a gymnasium vector env)."""
     max_env_failures: int = 10
-    """Failures in a row of one environment (an exception in reset or step; a successful step
-    resets the count) that end the run. Fewer are recovered: the env is rebuilt and its partial
-    episode dropped. 1 ends the run on the first failure."""
+    """Failures of one environment (an exception in reset or step) that end the run when they
+    come in a row, or within its last env_failure_window steps. Fewer are recovered: the env is
+    rebuilt and its partial episode dropped. 1 ends the run on the first failure."""
+    env_failure_window: int = 1_000
+    """Steps of one environment over which max_env_failures failures end the run even with
+    successful steps between them (an env failing every 50 steps, say); 1 counts only failures
+    in a row."""
 
     # Optimization
     lr: float = 1e-3
@@ -58,7 +264,8 @@ class CommonConfig:
     """Base seed; rank-specific seeds derive from it."""
 
     def __post_init__(self) -> None:
-        check_max_failures(self.max_env_failures)
+        # Direct construction (the Python API, tests) gets the checks the CLI's build() makes.
+        check_ranges(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
 @dataclass
@@ -92,7 +299,8 @@ class ReplayConfig(CommonConfig):
     rollout_fragment_length: int = 64
     """Steps per environment per iteration."""
     max_env_failures: int = 10
-    """Failures in a row of one environment that end the run; fewer are recovered."""
+    """Failures of one environment, in a row or within env_failure_window steps, that end the
+    run; fewer are recovered."""
 
     # Replay
     buffer_size: int = 100_000
@@ -181,13 +389,15 @@ class OfflineConfig(CommonConfig):
     num_envs_per_worker: int = 5
     """Environments each rollout worker plays its evaluation episodes in."""
     max_env_failures: int = 10
-    """Failures in a row of one evaluation environment that end the run; fewer are recovered
-    (the env is rebuilt and its episode dropped)."""
+    """Failures of one evaluation environment, in a row or within env_failure_window steps,
+    that end the run; fewer are recovered (the env is rebuilt and its episode dropped)."""
 
     # Bookkeeping
     metrics_window: int = 0
     """Episodes averaged into episode_return_mean; 0 means evaluation_episodes, so that it is
     the mean of the latest evaluation."""
+
+    ranges: ClassVar[dict[str, Range]] = {"metrics_window": at_least(0)}
 
     def __post_init__(self) -> None:
         super().__post_init__()

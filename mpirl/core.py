@@ -87,8 +87,9 @@ class Worker:
 
         return write_state_file(Path(directory) / name, self.get_state())
 
-    def load_state(self, path: str, entry: dict[str, Any]) -> None:
-        """Read ``path``, check it against its manifest ``entry``, and ``set_state`` it."""
+    def load_state(self, path: str, entry: dict[str, Any]) -> Any:
+        """Read ``path``, check it against its manifest ``entry``, and ``set_state`` it; return
+        what ``set_state`` returns (the driver reports a False: state that was not restored)."""
         from mpirl.checkpoint import read_state_file
 
-        self.set_state(read_state_file(path, entry))
+        return self.set_state(read_state_file(path, entry))

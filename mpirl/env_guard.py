@@ -7,20 +7,24 @@ failure in the info dict; the vector env never sees the exception. A failed ``st
 fresh environment's first observation with ``terminated = truncated = False`` and
 ``info[EPISODE_DROPPED] = True``, which tells the rollout worker to drop the partial episode.
 
-``max_failures`` failures in a row on one sub-env (a successful ``step`` resets the count) raise
-``EnvFailureError`` on the rollout rank; the driver re-raises it with ``unwrap_env_failure`` so
-the user reads one message, not a remote traceback. Nothing here crosses ranks by itself.
+``max_failures`` failures of one sub-env raise ``EnvFailureError`` on the rollout rank when they
+come in a row, or within the sub-env's last ``window`` steps (so an env that
+fails every few steps, with successes between, still ends the run); the driver re-raises it with
+``unwrap_env_failure`` so the user reads one message, not a remote traceback. Nothing here
+crosses ranks by itself.
 """
 
 from __future__ import annotations
 
 import traceback
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
-from mpirl.errors import ConfigError, EnvFailureError, MpirlError, RemoteError
+from mpirl.config_fields import check_key
+from mpirl.errors import EnvFailureError, MpirlError, RemoteError, unwrap_remote
 
 if TYPE_CHECKING:
     from mpirl.rollout import EnvSpec
@@ -32,17 +36,9 @@ EPISODE_DROPPED = "mpirl_episode_dropped"
 #: Info key: ``"Type: message"`` of the latest failure.
 ERROR = "mpirl_env_error"
 
-#: The config key that sets ``max_failures``, named in the error message.
+#: The config keys that set ``max_failures`` and ``window``, named in the error message.
 CONFIG_KEY = "max_env_failures"
-
-
-def check_max_failures(value: int) -> None:
-    """ConfigError unless ``value`` is a usable ``max_env_failures``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(
-            f"config key {CONFIG_KEY!r} must be a whole number >= 1 (failures in a row of one "
-            f"environment that end the run; 1 ends it on the first), got {value!r}"
-        )
+WINDOW_KEY = "env_failure_window"
 
 
 class GuardedEnv(gym.Wrapper):
@@ -50,23 +46,37 @@ class GuardedEnv(gym.Wrapper):
 
     Picklable: it holds the ``EnvSpec``, not a factory function. ``where`` names the rollout
     worker in error messages; ``seed`` and ``index`` make the seeds of rebuilt environments
-    deterministic.
+    deterministic. ``window`` counts calls of ``step`` (a reset's failure counts at the step it
+    follows).
     """
 
     def __init__(self, spec: EnvSpec, max_failures: int, seed: int = 0, index: int = 0,
-                 where: str = "this process") -> None:
-        check_max_failures(max_failures)
+                 where: str = "this process", window: int = 1_000) -> None:
+        check_key(CONFIG_KEY, max_failures)
+        check_key(WINDOW_KEY, window)
         super().__init__(spec.make())
         self.env_spec = spec
         self.max_failures = max_failures
+        self.window = window
         self.base_seed = seed
         self.index = index
         self.where = where
         self.failures_in_row = 0
         self.failures_total = 0
+        self.steps = 0
+        #: the step numbers of the failures within the last ``window`` steps
+        self.recent_failures: deque[int] = deque()
         self.last_error: str | None = None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Environments pickled in checkpoints written before the window existed.
+        state.setdefault("window", 1_000)
+        state.setdefault("steps", 0)
+        state.setdefault("recent_failures", deque())
+        self.__dict__.update(state)
+
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
         try:
             result = self.env.step(action)
         except Exception as error:  # noqa: BLE001 - any error of the env's own code is recovered
@@ -91,8 +101,13 @@ class GuardedEnv(gym.Wrapper):
             self.failures_in_row += 1
             self.failures_total += 1
             self.last_error = _describe(error)
+            self.recent_failures.append(self.steps)
+            while self.recent_failures[0] <= self.steps - self.window:
+                self.recent_failures.popleft()
             if self.failures_in_row >= self.max_failures:
                 raise EnvFailureError(self._limit_message()) from error
+            if len(self.recent_failures) >= self.max_failures:
+                raise EnvFailureError(self._window_message()) from error
             _close_quietly(self.env)
             try:
                 self.env = self.env_spec.make()
@@ -116,6 +131,17 @@ class GuardedEnv(gym.Wrapper):
             f"'{{\"{CONFIG_KEY}\": {max(2 * n, 10)}}}' (now {self.max_failures})."
         )
 
+    def _window_message(self) -> str:
+        n, steps = len(self.recent_failures), self.steps - self.recent_failures[0] + 1
+        return (
+            f"environment {self.env_spec.env_id!r} failed {n} times within {steps} steps "
+            f"(sub-env {self.index} of {self.where}; {CONFIG_KEY} {self.max_failures} within "
+            f"{WINDOW_KEY} {self.window} steps end the run); the last error was "
+            f"{self.last_error}. Fix the environment, or tolerate it with a larger "
+            f"{CONFIG_KEY} or a smaller {WINDOW_KEY}, e.g. --config "
+            f"'{{\"{WINDOW_KEY}\": {max(1, steps // n)}}}'."
+        )
+
 
 def _describe(error: BaseException) -> str:
     """``Type: message (at file:line in function)``: short enough for one line of a report."""
@@ -137,6 +163,4 @@ def _close_quietly(env: gym.Env) -> None:
 def unwrap_env_failure(error: RemoteError) -> MpirlError:
     """The ``EnvFailureError`` a rollout worker raised, as one of this process, so the driver
     reports its message alone; any other remote error unchanged."""
-    if error.cause_type == f"{EnvFailureError.__module__}.{EnvFailureError.__qualname__}":
-        return EnvFailureError(error.cause_message)
-    return error
+    return unwrap_remote(error, EnvFailureError)

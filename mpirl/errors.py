@@ -94,6 +94,15 @@ class EnvFailureError(MpirlError):
     """
 
 
+def unwrap_remote(error: RemoteError, *kinds: type[MpirlError]) -> MpirlError:
+    """The error a worker raised, as one of this process when its class is one of ``kinds`` (so
+    the user reads its message alone, not a remote traceback); any other remote error as is."""
+    for kind in kinds:
+        if error.cause_type == f"{kind.__module__}.{kind.__qualname__}":
+            return kind(error.cause_message)
+    return error
+
+
 class RankLost(MpirlError):
     """A rank was lost: it stopped sending heartbeats or MPI reported it failed.
 

@@ -1,11 +1,70 @@
-"""Rank 0's live view of a training run."""
+"""Rank 0's view of a training run: a live display on the user's terminal, plain lines elsewhere.
+
+Under ``mpiexec`` a rank's stdout is no guide: Open MPI gives every rank a pseudo-terminal even when
+mpiexec's own output goes to a file (``make run > log``, a batch job), so ``isatty()`` is True and
+a live display would write escape codes into the log. ``auto`` therefore asks the launcher: it
+looks up the rank's ancestors for the MPI launcher process and shows live output only when that
+process's stdout is a terminal. Nothing here crosses ranks; only rank 0 displays.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any, TextIO
+
+from mpirl.errors import ConfigError
+
+#: ``--progress`` values: auto (live only on the user's own terminal), live (a redrawn bar, even
+#: into a file), plain (one line per iteration), off (no per-iteration output).
+PROGRESS_MODES = ("auto", "live", "plain", "off")
+#: The environment variable that sets the default of ``--progress``.
+PROGRESS_ENV = "MPIRL_PROGRESS"
+#: Process names of MPI launchers and their node daemons (Open MPI, MPICH's Hydra, Slurm's step
+#: daemon): the first such ancestor of a rank holds the output the user sees.
+LAUNCHERS = frozenset({"mpiexec", "mpirun", "prterun", "prted", "orterun", "orted",
+                       "mpiexec.hydra", "hydra_pmi_proxy", "srun", "slurmstepd"})
+#: Set by MPI launchers in every rank's environment (Open MPI, PMIx, PMI-1/2).
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+def progress_mode(flag: str | None) -> str:
+    """The ``--progress`` mode: the flag, else ``$MPIRL_PROGRESS``, else auto; ConfigError (the
+    same on every rank) for a value that is none of PROGRESS_MODES."""
+    value = flag if flag is not None else os.environ.get(PROGRESS_ENV, "auto")
+    if value not in PROGRESS_MODES:
+        source = "--progress" if flag is not None else f"${PROGRESS_ENV}"
+        raise ConfigError(f"{source} must be one of {', '.join(PROGRESS_MODES)}, got {value!r}")
+    return value
+
+
+def launcher_stdout_is_terminal(proc: Path = Path("/proc")) -> bool | None:
+    """Whether the MPI launcher that started this process writes to a terminal; None when no
+    launcher started it. Under a launcher whose process cannot be found (no /proc, another
+    host), False: plain lines are the safe guess for output that may go to a file."""
+    pid = os.getppid()
+    for _ in range(16):
+        try:
+            name = (proc / str(pid) / "comm").read_text().strip()
+            if name in LAUNCHERS:
+                target = os.readlink(proc / str(pid) / "fd" / "1")
+                return target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console"
+            stat = (proc / str(pid) / "stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+    return False if any(v in os.environ for v in LAUNCHER_VARIABLES) else None
+
+
+def live_by_default(stream: TextIO) -> bool:
+    """auto's choice: live on a terminal that the user sees, never in CI."""
+    if os.environ.get("CI") or not getattr(stream, "isatty", lambda: False)():
+        return False
+    return launcher_stdout_is_terminal() is not False
 
 
 def _is_missing(value: Any) -> bool:
@@ -21,20 +80,22 @@ def _decimal(value: Any) -> str:
 
 
 class ProgressDisplay:
-    """Rank 0's live view of a run: env steps, steps/s, mean return, iteration, elapsed time.
+    """Rank 0's view of a run: env steps, steps/s, mean return, iteration, elapsed time.
 
-    A rich live display on a terminal; plain one-line-per-iteration text otherwise (CI, Slurm
-    logs). ``live=None`` picks live mode when ``stream`` is a TTY and ``$CI`` is unset. A return
-    that is None or NaN (no episode has ended yet) shows as ``-``.
+    ``mode`` is one of PROGRESS_MODES: a rich live display (live), one line per iteration
+    (plain: CI, Slurm logs, ``> file``), nothing (off), or auto, which is live only on a terminal
+    the user sees (``live_by_default``). A return that is None or NaN (no episode has ended yet)
+    shows as ``-``.
     """
 
-    def __init__(self, title: str, total_steps: int | None = None, live: bool | None = None,
+    def __init__(self, title: str, total_steps: int | None = None, mode: str = "auto",
                  stream: TextIO | None = None) -> None:
         self.title = title
         self.total_steps = total_steps
         self.stream = sys.stdout if stream is None else stream
+        self.off = mode == "off"
         is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.live = (is_tty and not os.environ.get("CI")) if live is None else live
+        self.live = live_by_default(self.stream) if mode == "auto" else mode == "live"
         self._progress = None
         self._task = None
         if self.live:
@@ -89,6 +150,8 @@ class ProgressDisplay:
 
     def update(self, row: dict) -> None:
         """Show the state after one iteration; ``row`` is a progress row (see RunRecorder)."""
+        if self.off:
+            return
         if self._progress is not None:
             steps = row.get("timesteps_total")
             self._progress.update(self._task, completed=0 if _is_missing(steps) else steps)

@@ -361,15 +361,6 @@ def check_q_config(config: Any, env: Any, algo: str, continuous: bool = False) -
     """ConfigError on every rank, before anything starts, for a config or environment that a
     replay plan cannot run: DQN-family plans need Discrete actions, SAC Box actions."""
     replay_settings(config).check(config.train_batch_size, max(config.num_replay_shards, 1))
-    if not 0 <= config.prioritized_replay_beta_final <= 1:
-        raise ConfigError(f"prioritized_replay_beta_final must be in [0, 1], got "
-                          f"{config.prioritized_replay_beta_final}")
-    if config.prioritized_replay_beta_anneal_steps < 0:
-        raise ConfigError(f"prioritized_replay_beta_anneal_steps must be >= 0, got "
-                          f"{config.prioritized_replay_beta_anneal_steps}")
-    if config.target_network_update_freq < 1:
-        raise ConfigError(f"target_network_update_freq must be >= 1, got "
-                          f"{config.target_network_update_freq}")
     action_space = env.spaces()[1]
     if not continuous:
         check_discrete(action_space, algo)

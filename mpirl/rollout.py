@@ -120,7 +120,8 @@ class RolloutWorker(Worker):
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
                  normalize_observations: bool, torch_threads: int = 1,
-                 max_env_failures: int = 10, dump: DumpTarget | None = None) -> None:
+                 max_env_failures: int = 10, dump: DumpTarget | None = None,
+                 env_failure_window: int = 1_000) -> None:
         super().__init__(context)
         torch.set_num_threads(torch_threads)
         self.seed = seed + 1000 * context.role_index
@@ -128,7 +129,8 @@ class RolloutWorker(Worker):
         self.env_id = env.env_id
         self.where = f"rollout worker {context.role_index} on rank {context.rank}"
         self.envs = gym.vector.SyncVectorEnv(
-            [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where)
+            [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where,
+                     env_failure_window)
              for i in range(num_envs)],
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
@@ -155,6 +157,7 @@ class RolloutWorker(Worker):
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self._weights = np.empty(self.policy.num_weights(), np.float32)
         self.restores = 0
+        self.envs_error: str | None = None  # why get_state could not pickle the envs
 
     def _normalize(self, obs: np.ndarray) -> np.ndarray:
         if not self.normalize_observations:
@@ -367,19 +370,27 @@ class RolloutWorker(Worker):
         """
         try:
             envs = pickle.dumps(self.envs, protocol=5)
-            envs_error = None
+            self.envs_error = None
         except Exception as error:  # noqa: BLE001 - any env may refuse to pickle
-            envs, envs_error = None, f"{type(error).__name__}: {error}"
+            envs, self.envs_error = None, f"{type(error).__name__}: {error}"
         return {
-            "envs": envs, "envs_error": envs_error, "obs": self.obs,
+            "envs": envs, "envs_error": self.envs_error, "obs": self.obs,
             "episode_return": self.episode_return, "episode_length": self.episode_length,
             "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
             "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
         }
 
+    def save_state(self, directory: str, name: str) -> dict[str, Any]:
+        """Worker.save_state's checksum entry, plus ``envs_error`` when the environments could
+        not be pickled: the driver warns, and the manifest keeps the reason."""
+        entry = super().save_state(directory, name)
+        if self.envs_error is not None:
+            entry["envs_error"] = self.envs_error
+        return entry
+
     def set_state(self, state: dict[str, Any]) -> bool:
         """Restore from ``get_state``; True when the environments continue their episodes,
-        False when they were reset instead."""
+        False when they were reset instead (the driver warns)."""
         self.restores = state["restores"] + 1
         self.env_failures = state["env_failures"]
         self._unreported_failures = state["unreported_failures"]

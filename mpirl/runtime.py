@@ -31,7 +31,7 @@ from mpi4py import MPI
 from mpirl import stop_signals
 from mpirl.core import RankContext, Worker
 from mpirl.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
-from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError, RankLost
+from mpirl.errors import EXIT_FAILURE, EXIT_OK, ConfigError, MpirlError, RankLost
 from mpirl.heartbeat import Heartbeat
 from mpirl.host import WorkerHost
 from mpirl.layout import (
@@ -70,6 +70,13 @@ class RuntimeSettings:
     """Go on without a rollout rank that died instead of ending the job. Only where MPI reports
     process failures (Open MPI's ``mpiexec --with-ft ulfm``); the loss of any other rank, or any
     loss without that, still ends the job (exit code 70)."""
+
+    def __post_init__(self) -> None:
+        # Checked here, on every rank before MPI traffic, not first by the heartbeat thread.
+        if not self.heartbeat_timeout_s > self.heartbeat_interval_s:
+            raise ConfigError(
+                f'config key "heartbeat_timeout_s" = {self.heartbeat_timeout_s:g} is out of '
+                f"range: must be greater than heartbeat_interval_s ({self.heartbeat_interval_s:g})")
 
 
 class Driver:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from typing import Any
 
@@ -174,6 +175,14 @@ class FlakyCartPoleEnv(CartPoleEnv):
         return super().reset(seed=seed, options=options)
 
 
+class UnpicklableCartPoleEnv(CartPoleEnv):
+    """CartPole holding a lock, as an env holding a simulator handle would: pickle refuses it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.simulator_handle = threading.Lock()
+
+
 class StragglerCartPoleEnv(CartPoleEnv):
     """CartPole that sleeps ``base_delay_s`` in every step on every rank, and ``step_delay_s``
     more on MPI rank ``slow_rank`` only, so that one rollout rank is slow for real (sleeping, it
@@ -249,6 +258,13 @@ _IDS = {
                                         kwargs={"fail_resets_after": 0}),
     "MpirlBrokenStepCartPole-v0": dict(entry_point=FlakyCartPoleEnv, max_episode_steps=500,
                                        kwargs={"fail_every_steps": 1}),
+    # CartPole-v1 that fails in every 50th step of each instance: never twice in a row, but 10
+    # times within 500 steps of a sub-env (env_failure_window ends such a run).
+    "MpirlFailEvery50CartPole-v0": dict(entry_point=FlakyCartPoleEnv, max_episode_steps=500,
+                                        kwargs={"fail_every_steps": 50}),
+    # CartPole-v1 holding a lock, which cannot be pickled into a checkpoint.
+    "MpirlUnpicklableCartPole-v0": dict(entry_point=UnpicklableCartPoleEnv,
+                                        max_episode_steps=500),
     # CartPole-v1 whose steps on rank 1 (the first rollout rank) each sleep 0.7 ms: about 10x
     # the cost of a healthy rank's step (policy included) on the project's 2-core machine.
     "MpirlStragglerCartPole-v0": dict(entry_point=StragglerCartPoleEnv, max_episode_steps=500),

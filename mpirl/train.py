@@ -14,9 +14,10 @@ import mpirl
 from mpirl.algorithm import STOP_KEYS, Algorithm, load_algorithm, stop_reached
 from mpirl.checkpoint import CheckpointError, CheckpointSettings, CheckpointStore
 from mpirl.config import build, check_known_keys, split_by_dataclass
+from mpirl.config_fields import check_key
 from mpirl.errors import EXIT_RESUME, ConfigError
 from mpirl.layout import Layout
-from mpirl.progress import ProgressDisplay
+from mpirl.progress import ProgressDisplay, progress_mode
 from mpirl.rollout import EnvSpec
 from mpirl.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
 from mpirl.runtime import Driver, RuntimeSettings, run
@@ -41,6 +42,8 @@ class TrainRequest:
     resume: bool = False
     #: On resume, the config keys given on the command line that change the run's values.
     changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    #: How rank 0 shows progress: one of mpirl.progress.PROGRESS_MODES.
+    progress: str = "auto"
 
     @property
     def layout(self) -> Layout:
@@ -51,7 +54,8 @@ class TrainRequest:
 
 def make_request(algo: str | None, env_id: str | None, env_module: str | None,
                  config: dict[str, Any], stop: dict[str, Any], seed: int | None,
-                 run_dir: str | None, resume: str | None = None) -> TrainRequest:
+                 run_dir: str | None, resume: str | None = None,
+                 progress: str | None = None) -> TrainRequest:
     """Validate everything that can be checked without starting anything; ConfigError if not.
 
     With ``resume`` the run's own params.json supplies every value the command line leaves out;
@@ -91,8 +95,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     dump = build(DumpSettings, dump_keys)
     check_known_keys(stop, list(STOP_KEYS), "--stop")
     for key, value in stop.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"--stop {key!r} must be a number, got {value!r}")
+        check_key(key, value, "float", STOP_KEYS[key], what="--stop criterion")
     env = EnvSpec(env_id, env_module)
     env.check()
     if hasattr(module, "check_config"):  # checks that need the env (an offline input's env id)
@@ -120,7 +123,8 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         changes = {key: (before.get(key), value) for key, value in after.items()
                    if _comparable(before.get(key)) != _comparable(value)}
     return TrainRequest(algo.upper(), env, algo_config, settings, checkpoints, dump,
-                        stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes)
+                        stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes,
+                        progress_mode(progress))
 
 
 def _comparable(value: Any) -> Any:
@@ -192,7 +196,8 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
     requested = None
     with RunRecorder(request.run_dir, params, resume=resumed_from is not None,
                      keep_iterations=algo.iteration) as recorder, \
-            ProgressDisplay(title, total_steps=request.stop.get("timesteps_total")) as display:
+            ProgressDisplay(title, total_steps=request.stop.get("timesteps_total"),
+                            mode=request.progress) as display:
         while True:
             row = algo.train()
             recorder.record(row)

@@ -44,7 +44,7 @@ import gymnasium as gym
 import h5py
 import numpy as np
 
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, MpirlError
 from mpirl.run_dir import write_atomically
 
 #: The driver's index of every episode, and Minari's metadata file.
@@ -371,6 +371,15 @@ def _append_row(rows: Any, row: Any) -> Any:
     return np.concatenate([rows, np.asarray(row, dtype=rows.dtype)[None]])
 
 
+class DumpWriterTimeout(MpirlError):
+    """A rank's trajectory writer did not confirm the episodes sent to it in time."""
+
+
+#: How long a rollout rank waits at the end of a run for its trajectory writer to confirm the
+#: episodes sent to it.
+WRITER_ACK_TIMEOUT_S = 60.0
+
+
 class _WriterProcess:
     """A child process that writes this rank's episodes, so that HDF5's per-object cost
     (~0.25 ms of CPU an episode) is off the sampling loop. Episodes go down its stdin as pickles; it
@@ -420,12 +429,19 @@ class _WriterProcess:
         except (BrokenPipeError, OSError):
             self._failed()
 
-    def take_acked(self, wait: bool = False, timeout: float = 60.0) -> list[tuple[int, int]]:
+    def take_acked(self, wait: bool = False, timeout: float | None = None
+                   ) -> list[tuple[int, int]]:
         """(id, steps) of the episodes written and closed since the last call; with ``wait``, once
-        every episode sent is."""
+        every episode sent is, or ``DumpWriterTimeout`` after ``timeout`` seconds
+        (``WRITER_ACK_TIMEOUT_S`` by default)."""
+        timeout = WRITER_ACK_TIMEOUT_S if timeout is None else timeout
         with self.lock:
-            if wait:
-                self.done.wait_for(lambda: self.in_flight <= 0, timeout=timeout)
+            if wait and not self.done.wait_for(lambda: self.in_flight <= 0, timeout=timeout):
+                raise DumpWriterTimeout(
+                    f"the trajectory writer of {self.path} (pid {self.proc.pid}) has not "
+                    f"confirmed {self.in_flight} batch(es) of episodes after {timeout:g} s (a "
+                    f"hung file system?); their episodes are not in the dump's index and may be "
+                    f"missing from the file. The training results and checkpoints are complete.")
             acked, self.acked = self.acked, []
         return acked
 

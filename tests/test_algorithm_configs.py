@@ -34,9 +34,9 @@ def field_docs(cls: type) -> dict[str, str]:
     return {name: doc for name, doc in docs.items() if name in names}
 
 
-COMMON = {"num_rollout_workers", "num_learners", "num_envs_per_worker", "max_env_failures", "lr",
-          "grad_clip", "hidden_sizes", "activation", "learner_backend", "learner_master_addr",
-          "torch_threads", "metrics_window", "seed"}
+COMMON = {"num_rollout_workers", "num_learners", "num_envs_per_worker", "max_env_failures",
+          "env_failure_window", "lr", "grad_clip", "hidden_sizes", "activation",
+          "learner_backend", "learner_master_addr", "torch_threads", "metrics_window", "seed"}
 ON_POLICY = COMMON | {"rollout_fragment_length", "normalize_observations", "gamma", "vf_coef",
                       "ent_coef"}
 REPLAY = COMMON | {"num_replay_shards", "rollout_fragment_length", "buffer_size", "learning_starts",

@@ -69,7 +69,7 @@ def test_dqn_with_replay_shards_and_a_learner_rank_trains_and_resumes(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["--algo", "DQN", "--env", "Pendulum-v1"], "DQN needs a Discrete action space"),
     (["--algo", "DQN", "--env", "CartPole-v1", "--config",
-      '{"prioritized_replay_alpha": -1}'], "alpha must be >= 0"),
+      '{"prioritized_replay_alpha": -1}'], '"prioritized_replay_alpha" = -1 is out of range'),
     (["--algo", "DQN", "--env", "CartPole-v1", "--config",
       '{"buffer_size": 40, "train_batch_size": 64}'], "fewer rows per shard than"),
     (["--algo", "APEX", "--env", "MountainCarContinuous-v0"], "APEX needs a Discrete"),

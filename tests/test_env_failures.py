@@ -36,12 +36,13 @@ def local_context(role):
 
 
 def rollout_worker(env_config, num_envs=2, max_env_failures=10, seed=0,
-                   env_id="mpirl.testing:CountingEnv"):
+                   env_id="mpirl.testing:CountingEnv", env_failure_window=1000):
     spec = EnvSpec(env_id, env_config=env_config)
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
     # lambda 1: value targets of finished episodes are plain discounted returns.
     return RolloutWorker(local_context("rollout"), spec, policy, num_envs, seed, GAMMA, 1.0,
-                         False, max_env_failures=max_env_failures)
+                         False, max_env_failures=max_env_failures,
+                         env_failure_window=env_failure_window)
 
 
 def discounted_returns(length):
@@ -89,8 +90,10 @@ def test_a_failed_reset_after_a_finished_episode_keeps_the_episode():
 
 
 def test_a_successful_step_resets_the_count_of_failures_in_a_row():
-    # Every other step raises: 10 failures per env, but never 2 in a row.
-    worker = rollout_worker({"episode_length": 100, "fail_every_steps": 2}, max_env_failures=2)
+    # Every other step raises: 10 failures per env, but never 2 in a row (nor 2 within the
+    # window of 2 steps; tests/test_env_guard_window.py has the window's own tests).
+    worker = rollout_worker({"episode_length": 100, "fail_every_steps": 2}, max_env_failures=2,
+                            env_failure_window=2)
     metrics = worker.sample(20)
     assert metrics["env_failures"] == 2 * 10
     assert len(metrics["batch"]["obs"]) == 0  # no episode got to finish
@@ -115,7 +118,8 @@ def test_an_env_that_never_resets_fails_when_the_worker_starts():
 
 @pytest.mark.parametrize("value", [0, -1, 2.5, True])
 def test_max_env_failures_must_be_a_whole_number_from_1(value):
-    with pytest.raises(ConfigError, match="'max_env_failures' must be a whole number >= 1"):
+    with pytest.raises(ConfigError, match='config key "max_env_failures" = .* is out of range: '
+                                          'must be an integer >= 1'):
         ppo.Config(max_env_failures=value)
 
 

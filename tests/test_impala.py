@@ -63,7 +63,8 @@ def test_bad_in_flight_bound_is_one_clear_error(tmp_path, algo):
                    "--run-dir", str(tmp_path / "run"), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
-    assert "max_requests_in_flight_per_worker must be >= 1" in proc.stderr
+    assert ('config key "max_requests_in_flight_per_worker" = 0 is out of range: must be an '
+            'integer >= 1') in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -67,9 +67,9 @@ def test_unknown_key_lists_close_matches():
 
 
 def test_config_values_are_type_checked():
-    with pytest.raises(ConfigError, match="must be a number"):
+    with pytest.raises(ConfigError, match="must be a finite number > 0"):
         build(RuntimeSettings, {"heartbeat_timeout_s": "10"})
-    with pytest.raises(ConfigError, match="whole number"):
+    with pytest.raises(ConfigError, match="must be an integer >= 1"):
         build(RuntimeSettings, {"max_calls_in_flight": 2.5})
     with pytest.raises(ConfigError, match="true or false"):
         build(RuntimeSettings, {"print_layout": 1})

@@ -285,7 +285,7 @@ def test_plain_progress_prints_one_line_per_update():
 
 def test_plain_progress_without_total_or_length():
     stream = io.StringIO()
-    display = ProgressDisplay("ppo", stream=stream, live=False)
+    display = ProgressDisplay("ppo", stream=stream, mode="plain")
     row = {key: value for key, value in ROW.items() if key != "episode_len_mean"}
     display.update(row)
     display.close()
@@ -309,7 +309,7 @@ def test_live_mode_is_chosen_on_a_terminal_but_not_in_ci(monkeypatch):
 @pytest.mark.parametrize("total_steps", [150_000, None])
 def test_live_progress_renders(total_steps):
     stream = io.StringIO()
-    with ProgressDisplay("ppo CartPole", total_steps=total_steps, live=True,
+    with ProgressDisplay("ppo CartPole", total_steps=total_steps, mode="live",
                          stream=stream) as display:
         assert display.live
         display.update({**ROW, "episode_return_mean": None, "timesteps_total": None})

@@ -118,7 +118,8 @@ def test_an_existing_run_is_never_overwritten(tmp_path):
 
 @pytest.mark.parametrize("args, expected", [
     (["--config", '{"num_epoch": 3}'], "Did you mean 'num_epochs'?"),
-    (["--config", '{"lr": "fast"}'], "config key 'lr' must be a number"),
+    (["--config", '{"lr": "fast"}'], 'config key "lr" = "fast" is out of range: must be a '
+                                     'finite number > 0'),
     (["--env", "CartPol-v1"], "unknown environment id 'CartPol-v1'. Did you mean 'CartPole-v1'"),
     (["--algo", "PPPO"], "unknown algorithm 'PPPO'; available: PPO, A2C, BC, MARWIL, DQN, APEX"),
     (["--stop", '{"reward": 10}'], "unknown --stop key 'reward'"),
