@@ -1,8 +1,10 @@
 """SAC through the real CLI: it learns Pendulum-v1 a little within a CI budget; bad input.
 
-The full threshold (a mean return of -200 within 20k env steps) is measured by
-``benchmarks/learning.py --sac``; here SAC must beat -500 within 8k steps (random play scores
-about -1200).
+The full threshold (a 100-episode mean return of -200 within 40k env steps) is measured by
+``benchmarks/learning.py --thresholds``; here SAC must beat a 5-episode mean of -500 within 8k
+steps (random play scores about -1200). Seeds 0-4, on which the defaults were measured, took
+3.2k-4.0k steps (``--thresholds --algos SAC --rollout-ranks 1 --config '{"metrics_window": 5}'
+--target -500 --budget 8000``); the test runs seed 5.
 """
 
 import json
@@ -13,7 +15,7 @@ from test_train import MPIRL, rows, train
 
 def test_sac_learns_pendulum_a_little(tmp_path):
     _, run_dir, result = train(
-        2, tmp_path, "--algo", "SAC", "--env", "Pendulum-v1", "--seed", "0",
+        2, tmp_path, "--algo", "SAC", "--env", "Pendulum-v1", "--seed", "5",
         "--config", json.dumps({"metrics_window": 5}),
         "--stop", '{"episode_return_mean": -500, "timesteps_total": 8000}', timeout=240)
     assert result["episode_return_mean"] >= -500, result
