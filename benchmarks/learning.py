@@ -626,9 +626,11 @@ THRESHOLDS: dict[str, tuple[str, float, int, int]] = {
     "A2C": (ENV_ID, 400.0, 500_000, 0),
     "IMPALA": (ENV_ID, 450.0, 800_000, 0),
     "A3C": (ENV_ID, 400.0, 500_000, 0),
-    "DQN": (ENV_ID, 475.0, 100_000, 0),
+    # DQN: 94k-127k steps on 10 runs; the README's 100k held for a 20-episode mean only.
+    "DQN": (ENV_ID, 475.0, 150_000, 0),
     "APEX": (ENV_ID, 475.0, 150_000, 3),  # 2 replay shards and a learner rank
-    "SAC": (PENDULUM_ENV_ID, -200.0, 20_000, 0),
+    # SAC: a 100-episode mean spans 20k steps of Pendulum; it reached -200 at 21.6k-22.7k.
+    "SAC": (PENDULUM_ENV_ID, -200.0, 40_000, 0),
 }
 THRESHOLD_MIN_REACHED = 4
 """Of 5 seeds, how many must reach the threshold in every layout (the issue's bar)."""
