@@ -178,6 +178,12 @@ class Dispatcher:
         self._in_flight[rank] += 1
         return future
 
+    def call_name(self, call_id: int) -> str | None:
+        """``method()`` of the unanswered call ``call_id``, or None; safe from another thread
+        (the heartbeat's, naming a stuck task)."""
+        future = self._futures.get(call_id)
+        return None if future is None else f"{future.method}()"
+
     def in_flight(self, rank: int) -> int:
         """Calls sent to ``rank`` and not yet answered."""
         return self._in_flight[rank]

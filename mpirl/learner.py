@@ -29,6 +29,7 @@ from mpirl.offline import EpisodeShard, OfflineInput, load_shard, rows_per_learn
 from mpirl.operators import concat_batches, standardize_fields
 from mpirl.policy import PolicySpec
 from mpirl.rollout import BATCH_TAG
+from mpirl.transport import wait_for_all
 from mpirl.ulfm import revoke_on_failure
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
@@ -253,4 +254,5 @@ class Learner(Worker):
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
         comm = self.context.weights_comm
         with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
             comm.Bcast(self.policy.get_flat_weights(), root=0)

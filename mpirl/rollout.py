@@ -30,6 +30,7 @@ from mpirl.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.errors import ConfigError
 from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
 from mpirl.trajectories import DumpTarget, EpisodeRecorder
+from mpirl.transport import wait_for_all
 from mpirl.ulfm import revoke_on_failure
 
 #: Tag of sample batches on the data channel.
@@ -347,6 +348,7 @@ class RolloutWorker(Worker):
         """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
         comm = self.context.weights_comm
         with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
             comm.Bcast(self._weights, root=0)
         self.policy.set_flat_weights(self._weights)
 

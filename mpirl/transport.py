@@ -139,6 +139,27 @@ class Channel:
         return not pending
 
 
+def wait_for_all(comm: MPI.Comm, timeout_s: float, what: str) -> None:
+    """Return once every member of ``comm`` has called this; raise ``TaskTimeout`` naming
+    ``what`` if they have not within ``timeout_s``. Collective over ``comm``.
+
+    An ``Ibarrier`` waited on with back-off, so no core spins. Called just before a blocking
+    collective it gives that collective a deadline: once all members are there, none waits on a
+    member that is busy elsewhere (MPI has no way to cancel a blocking collective, nor a
+    non-blocking one, so the wait is bounded before it starts).
+    """
+    request = comm.Ibarrier()
+    if request.Test():
+        return
+    deadline = time.monotonic() + timeout_s
+    backoff = Backoff()
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise TaskTimeout(f"{what}: not all {comm.Get_size()} members arrived within "
+                              f"{timeout_s:g} s")
+        backoff.sleep()
+
+
 class Backoff:
     """Waiting between polls without spinning a core.
 
