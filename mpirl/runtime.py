@@ -366,11 +366,12 @@ def _all_arrive(world: MPI.Comm, step: str, timeout_s: float,
     """A barrier with a deadline, where the driver can name who is missing: every worker tells
     the driver it has reached ``step``; once all have, the driver tells them to go on.
 
-    Past ``timeout_s`` the driver prints the ranks that never arrived and ends the job (a worker
-    names the driver), with ``EXIT_RANK_LOST``. Waits poll with back-off: no core spins.
+    Past ``timeout_s`` the driver prints the ranks that never arrived and ends the job with
+    ``EXIT_RANK_LOST``. A worker gives the driver twice as long (so that the driver is the one
+    to name the missing), then ends itself. Waits poll with back-off: no core spins.
     """
     rank, size = world.Get_rank(), world.Get_size()
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
     backoff = Backoff()
     empty = [bytearray(0), MPI.BYTE]
     if rank == 0:
@@ -382,26 +383,27 @@ def _all_arrive(world: MPI.Comm, step: str, timeout_s: float,
                 missing.discard(status.Get_source())
                 backoff.reset()
                 continue
-            if time.monotonic() > deadline:
-                _end_start_up(", ".join(describe(r) for r in sorted(missing)), step, timeout_s,
-                              "the job")
+            if time.monotonic() - start > timeout_s:
+                names = ", ".join(describe(r) for r in sorted(missing))
+                _end_start_up(f"{names} did not reach {step} within {timeout_s:g} s "
+                              f"(startup_timeout_s); ending the job. A rank that never arrives "
+                              f"is stuck before it started mpirl (imports on a hung file system, "
+                              f"say), or was never started")
             backoff.sleep()
         MPI.Request.Waitall([world.Isend(empty, r, _ARRIVED) for r in range(1, size)])
         return
     arrived = world.Isend(empty, 0, _ARRIVED)
     while not world.Iprobe(0, _ARRIVED):
-        if time.monotonic() > deadline:
-            _end_start_up(describe(0), step, timeout_s, f"{describe(rank)}")
+        if time.monotonic() - start > 2 * timeout_s:
+            _end_start_up(f"{describe(rank)} waited {2 * timeout_s:g} s (twice "
+                          f"startup_timeout_s) at {step} for {describe(0)}; ending this rank")
         backoff.sleep()
     world.Recv(empty, 0, _ARRIVED)
     arrived.Wait()
 
 
-def _end_start_up(missing: str, step: str, timeout_s: float, ending: str) -> None:
-    print(f"mpirl: {missing} did not reach {step} within {timeout_s:g} s (startup_timeout_s); "
-          f"ending {ending} (exit code {EXIT_RANK_LOST}). A rank that never arrives is stuck "
-          f"before mpirl started it (imports on a hung file system, say) or was not started.",
-          file=sys.stderr, flush=True)
+def _end_start_up(message: str) -> None:
+    print(f"mpirl: {message} (exit code {EXIT_RANK_LOST}).", file=sys.stderr, flush=True)
     abort_this_rank(EXIT_RANK_LOST)
 
 

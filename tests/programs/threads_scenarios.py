@@ -8,6 +8,7 @@ Its own file, so that its options do not crowd the shared scenarios.py.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import threading
@@ -147,8 +148,8 @@ def main() -> int:
     if args.name == "broadcast_while_busy":
         # Imported on every rank before the run, so that spawning takes less than the short
         # task_timeout_s the scenario runs with.
-        import mpirl.learner
-        import mpirl.rollout  # noqa: F401
+        for module in ("mpirl.learner", "mpirl.rollout"):
+            importlib.import_module(module)
     settings = mpirl.RuntimeSettings(**{"print_layout": False, **json.loads(args.settings)})
     layout = mpirl.Layout(**json.loads(args.layout))
     return mpirl.run(lambda driver: SCENARIOS[args.name](driver, args), layout, settings)
