@@ -24,8 +24,9 @@ from typing import Any
 from mpi4py import MPI
 
 from mpirl.errors import RankLost, RemoteError, TaskTimeout
-from mpirl.transport import Backoff, Channel
+from mpirl.transport import Channel
 from mpirl.ulfm import acknowledge_failures, failed_world_ranks, is_process_failure
+from mpirl.waiting import Backoff
 
 #: Tags on the control channel.
 TASK = 1

@@ -16,8 +16,9 @@ from mpirl import stop_signals
 from mpirl.core import RankContext
 from mpirl.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
 from mpirl.heartbeat import IDLE, Heartbeat
-from mpirl.transport import Backoff, Channel
+from mpirl.transport import Channel
 from mpirl.ulfm import shrink_weights_comm
+from mpirl.waiting import Backoff
 
 #: The driver's rank.
 DRIVER_RANK = 0

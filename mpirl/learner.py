@@ -29,8 +29,8 @@ from mpirl.offline import EpisodeShard, OfflineInput, load_shard, rows_per_learn
 from mpirl.operators import concat_batches, standardize_fields
 from mpirl.policy import PolicySpec
 from mpirl.rollout import BATCH_TAG
-from mpirl.transport import wait_for_all
 from mpirl.ulfm import revoke_on_failure
+from mpirl.waiting import wait_for_all
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 

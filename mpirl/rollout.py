@@ -30,8 +30,8 @@ from mpirl.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.errors import ConfigError
 from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
 from mpirl.trajectories import DumpTarget, EpisodeRecorder
-from mpirl.transport import wait_for_all
 from mpirl.ulfm import revoke_on_failure
+from mpirl.waiting import wait_for_all
 
 #: Tag of sample batches on the data channel.
 BATCH_TAG = 21

@@ -45,8 +45,9 @@ from mpirl.layout import (
     check_slurm_step,
     format_table,
 )
-from mpirl.transport import Backoff, Channel, reduce_timer_slack
+from mpirl.transport import Channel
 from mpirl.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
+from mpirl.waiting import Backoff, reduce_timer_slack
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from mpi4py import MPI
 
 from mpirl.errors import ProcessFailure
+from mpirl.waiting import wait_for_request
 
 if TYPE_CHECKING:
     from mpirl.core import RankContext
@@ -101,7 +102,12 @@ def shrink_weights_comm(context: RankContext, objects: Iterable[Any]) -> RankCon
     old = context.weights_comm
     if old is None:
         return context
-    new_context = dataclasses.replace(context, weights_comm=old.Shrink())
+    # Non-blocking, so that a live member that never joins (busy elsewhere) cannot hold the
+    # driver for ever: ``Shrink`` only leaves out the members that have failed.
+    new, request = old.Ishrink()
+    wait_for_request(request, context.collective_timeout_s,
+                     "shrinking the weight communicator: not every live member took part")
+    new_context = dataclasses.replace(context, weights_comm=new)
     for obj in objects:
         if getattr(obj, "context", None) is context:
             obj.context = new_context
