@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from mpi4py import MPI
 
 from mpirl.errors import ProcessFailure
-from mpirl.waiting import wait_for_request
 
 if TYPE_CHECKING:
     from mpirl.core import RankContext
@@ -102,12 +101,10 @@ def shrink_weights_comm(context: RankContext, objects: Iterable[Any]) -> RankCon
     old = context.weights_comm
     if old is None:
         return context
-    # Non-blocking, so that a live member that never joins (busy elsewhere) cannot hold the
-    # driver for ever: ``Shrink`` only leaves out the members that have failed.
-    new, request = old.Ishrink()
-    wait_for_request(request, context.collective_timeout_s,
-                     "shrinking the weight communicator: not every live member took part")
-    new_context = dataclasses.replace(context, weights_comm=new)
+    # Blocking: ``Ishrink`` failed here (Open MPI 5.0.11: MPI_ERR_INTERN, "NBC_Progress: an
+    # error 75") and a barrier cannot go first on a communicator with a failed member. A live
+    # member that never joins is a stuck rank, which the heartbeat reports.
+    new_context = dataclasses.replace(context, weights_comm=old.Shrink())
     for obj in objects:
         if getattr(obj, "context", None) is context:
             obj.context = new_context

@@ -1,9 +1,9 @@
 """Waiting without spinning a core, and with a deadline.
 
 Idle ranks poll with ``Backoff`` (a blocking MPI wait burns a whole core, and a job may have
-fewer cores than ranks). ``wait_for_request`` and ``wait_for_all`` bound the waits for other
-ranks: MPI cannot cancel a collective once begun, so a collective gets its deadline from a
-non-blocking form, or from a barrier with a deadline just before it.
+fewer cores than ranks). ``wait_for_all`` bounds the wait for the other members of a
+collective: MPI cannot cancel a collective once begun, so it gets its deadline from a barrier
+with a deadline just before it.
 """
 
 from __future__ import annotations
@@ -25,19 +25,15 @@ def wait_for_all(comm: MPI.Comm, timeout_s: float, what: str) -> None:
     member that is busy elsewhere (MPI cannot cancel a collective once begun, so the wait is
     bounded before it starts).
     """
-    wait_for_request(comm.Ibarrier(), timeout_s,
-                     f"{what}: not all {comm.Get_size()} members arrived")
-
-
-def wait_for_request(request: MPI.Request, timeout_s: float, failure: str) -> None:
-    """Wait for ``request`` with back-off; past ``timeout_s`` raise ``TaskTimeout(failure)``."""
+    request = comm.Ibarrier()
     if request.Test():
         return
     deadline = time.monotonic() + timeout_s
     backoff = Backoff()
     while not request.Test():
         if time.monotonic() > deadline:
-            raise TaskTimeout(f"{failure} within {timeout_s:g} s")
+            raise TaskTimeout(f"{what}: not all {comm.Get_size()} members arrived within "
+                              f"{timeout_s:g} s")
         backoff.sleep()
 
 
