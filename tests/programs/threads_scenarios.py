@@ -14,20 +14,11 @@ import sys
 import threading
 import time
 
+from scenarios import SCENARIOS, report, scenario  # the shared registry and RESULT line
+
 import mpirl
 from mpirl.core import Worker
 from mpirl.heartbeat import Heartbeat
-
-SCENARIOS = {}
-
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
-
-
-def report(**fields) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
 
 
 class Blocker(Worker):
