@@ -154,6 +154,8 @@ RANGES: dict[str, Range] = {
     # Runtime (mpirl.runtime.RuntimeSettings)
     "max_calls_in_flight": at_least(1),
     "task_timeout_s": above(0),
+    "stuck_task_timeout_s": above(0),
+    "startup_timeout_s": above(0),
     "heartbeat_interval_s": above(0),
     "heartbeat_timeout_s": above(0),
     "shutdown_timeout_s": above(0),

@@ -37,7 +37,9 @@ class RankContext:
     ``weights_comm`` holds the weight source (learner 0, or the driver when it holds the learner)
     as its rank 0 plus every rollout rank, for one ``Bcast`` of the weights, and is None on other
     ranks. In local mode ``role_comm`` is ``COMM_SELF``, the others are None, and ``role_index``
-    is 0.
+    is 0. ``collective_timeout_s`` bounds the wait for the other members of a collective (the
+    weight broadcast) before the rank gives up with ``TaskTimeout``: the runtime's
+    ``task_timeout_s``.
     """
 
     rank: int
@@ -50,6 +52,7 @@ class RankContext:
     weights_comm: MPI.Comm | None
     host: str
     device: str
+    collective_timeout_s: float = 3600.0
 
     @property
     def local(self) -> bool:

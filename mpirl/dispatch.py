@@ -24,8 +24,9 @@ from typing import Any
 from mpi4py import MPI
 
 from mpirl.errors import RankLost, RemoteError, TaskTimeout
-from mpirl.transport import Backoff, Channel
+from mpirl.transport import Channel
 from mpirl.ulfm import acknowledge_failures, failed_world_ranks, is_process_failure
+from mpirl.waiting import Backoff
 
 #: Tags on the control channel.
 TASK = 1
@@ -177,6 +178,12 @@ class Dispatcher:
         self._futures[call_id] = future
         self._in_flight[rank] += 1
         return future
+
+    def call_name(self, call_id: int) -> str | None:
+        """``method()`` of the unanswered call ``call_id``, or None; safe from another thread
+        (the heartbeat's, naming a stuck task)."""
+        future = self._futures.get(call_id)
+        return None if future is None else f"{future.method}()"
 
     def in_flight(self, rank: int) -> int:
         """Calls sent to ``rank`` and not yet answered."""

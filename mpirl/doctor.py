@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from mpirl.core import Worker
 from mpirl.dispatch import wait
+from mpirl.heartbeat import thread_level_name
 from mpirl.layout import WORKER_ROLES, format_table
 from mpirl.runtime import Driver
 
@@ -35,6 +36,7 @@ class Probe(Worker):
             "python": sys.version.split()[0],
             "mpi": MPI.Get_library_version().splitlines()[0].split(",")[0].strip(),
             "mpi4py": __import__("mpi4py").__version__,
+            "MPI thread level": thread_level_name(),
         }
 
 

@@ -48,6 +48,13 @@ class LaunchError(LayoutError):
         return (LaunchError, (str(self), self.speaker))
 
 
+class ThreadLevelError(MpirlError):
+    """MPI gives less than ``MPI_THREAD_MULTIPLE``, which the heartbeat thread needs. Raised on
+    every rank before any communication."""
+
+    exit_code = EXIT_USAGE
+
+
 class RemoteError(MpirlError, RuntimeError):
     """A method called on a worker raised there. The worker keeps serving.
 

@@ -13,7 +13,19 @@ watching rank prints one line naming the lost rank (its role, host and pid) and 
 ``MPI_Abort``, which ends every rank of the job with ``EXIT_RANK_LOST``. The driver may instead
 survive the loss of a rollout rank (``on_lost``; see ``runtime``). The thread uses its own
 duplicate communicator, so it never matches the main thread's messages, and it keeps running while
-the main thread computes (NumPy, torch and MPI calls release the GIL).
+the main thread computes (NumPy, torch and MPI calls release the GIL). That takes
+``MPI_THREAD_MULTIPLE``; ``require_thread_multiple`` refuses to start below it.
+
+A heartbeat also shows progress: each worker's carries the call its main thread is running and
+that thread's CPU time. A main thread that is blocked (a deadlock, a hung file system or device, a
+call that never returns) keeps its heartbeat going but uses no CPU at all; the driver reports a
+worker whose task has used no CPU for ``stuck_timeout_s`` as stuck, naming the task, and ends the
+job as for a lost rank. Any CPU use counts as progress, so a long computation (an SGD pass, a
+long ``sample``, a wait that polls) is never taken for stuck; a rank whose main thread holds the
+GIL while it blocks silences its heartbeat too and is lost by silence.
+
+If the thread itself fails, it ends its rank with a message (exit code 1) rather than leave the
+rank unwatched.
 """
 
 from __future__ import annotations
@@ -23,23 +35,35 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable
 
+import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import EXIT_RANK_LOST
+from mpirl.errors import EXIT_FAILURE, EXIT_RANK_LOST, ThreadLevelError
 from mpirl.ulfm import acknowledge_failures, failed_world_ranks, fault_tolerant, is_process_failure
 
-__all__ = ["Heartbeat", "failed_world_ranks", "is_process_failure"]
+__all__ = ["IDLE", "SETUP", "Heartbeat", "failed_world_ranks", "is_process_failure",
+           "require_thread_multiple"]
 
 _TAG = 7
+#: ``Heartbeat.current_task`` between tasks, and during start-up; any other value is a call id.
+IDLE = 0
+SETUP = -1
+#: Sent as CPU time where the platform has no per-thread CPU clock: never counts as stuck.
+_NO_CLOCK = -1
 
 
 class Heartbeat:
-    """Send heartbeats to ``peers`` and end the job when one of them falls silent.
+    """Send heartbeats to ``peers`` and end the job when one of them falls silent, or (with
+    ``stuck_timeout_s``) when one's task makes no progress.
 
     ``describe(rank)`` names a rank in the message (role, host, pid). ``on_lost(rank, evidence)``
-    replaces the default action (print and ``MPI_Abort``).
+    replaces the default action for a lost rank (print and ``MPI_Abort``).
+    ``describe_task(rank, task)`` names the task a stuck rank is in. The thread that creates the
+    heartbeat is the one whose progress it reports; it sets ``current_task`` to the call id it
+    runs, ``IDLE`` between calls (``SETUP`` until then).
     """
 
     def __init__(
@@ -50,17 +74,29 @@ class Heartbeat:
         timeout_s: float = 20.0,
         describe: Callable[[int], str] | None = None,
         on_lost: Callable[[int, str], None] | None = None,
+        stuck_timeout_s: float | None = None,
+        describe_task: Callable[[int, int], str] | None = None,
     ) -> None:
         if not timeout_s > interval_s > 0:
             raise ValueError(
                 f"need heartbeat_timeout_s > heartbeat_interval_s > 0, got timeout_s={timeout_s}, "
                 f"interval_s={interval_s}"
             )
+        if stuck_timeout_s is not None and not stuck_timeout_s > interval_s:
+            raise ValueError(f"need stuck_task_timeout_s > heartbeat_interval_s, got "
+                             f"{stuck_timeout_s} and {interval_s}")
         self.comm = comm.Dup()
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.describe = describe or (lambda rank: f"rank {rank}")
         self.on_lost = on_lost or self._abort
+        self.stuck_timeout_s = stuck_timeout_s
+        self.describe_task = describe_task or (lambda rank, task: f"call {task}")
+        #: Written by the watched thread only; read by the heartbeat thread.
+        self.current_task = SETUP
+        self._cpu_clock = _thread_cpu_clock(threading.get_ident())
+        #: peer -> (its task, its CPU time in ns, when either last changed)
+        self._progress: dict[int, tuple[int, int, float]] = {}
         # Under ULFM, MPI may know of a death long before the silence runs out: ask it each poll.
         self._ask_mpi = fault_tolerant()
         now = time.monotonic()
@@ -77,6 +113,7 @@ class Heartbeat:
         """Stop watching ``rank`` (it has shut down cleanly)."""
         with self._lock:
             self._last_seen.pop(rank, None)
+            self._progress.pop(rank, None)
 
     def stop(self) -> None:
         """Stop sending and watching; returns once the thread has ended."""
@@ -85,7 +122,20 @@ class Heartbeat:
             self._thread.join(timeout=5 * self.interval_s + 1.0)
 
     def _loop(self) -> None:
-        sends: list[MPI.Request] = []
+        try:
+            self._watch()
+        except BaseException:  # noqa: BLE001 - an unwatched rank could wait for ever: end it
+            self._thread_failed()
+
+    def _thread_failed(self) -> None:
+        me = self.describe(MPI.COMM_WORLD.Get_rank())
+        print(f"mpirl: the heartbeat thread of {me} failed; without it the rank could wait for "
+              f"ever on a lost peer, so it ends now (exit code {EXIT_FAILURE}).\n"
+              f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+        abort_this_rank(EXIT_FAILURE)
+
+    def _watch(self) -> None:
+        sends: list[tuple[MPI.Request, np.ndarray]] = []
         next_send = 0.0
         poll_s = min(0.1, self.interval_s / 4)
         while not self._stop.is_set():
@@ -94,7 +144,7 @@ class Heartbeat:
             if self._ask_mpi:
                 self._guarded(self._check_failed)
             if now >= next_send:
-                sends = [r for r in sends if not _completed(r)]
+                sends = [s for s in sends if not _completed(s[0])]
                 self._guarded(self._send, sends)
                 next_send = now + self.interval_s
             with self._lock:
@@ -104,24 +154,45 @@ class Heartbeat:
             for rank, silence in silent:
                 self._lose(rank, f"no heartbeat for {silence:.1f} s "
                                  f"(heartbeat_timeout_s={self.timeout_s:g})")
+            if self.stuck_timeout_s is not None:
+                self._check_stuck(now)
             self._stop.wait(poll_s)
-        for request in sends:
+        for request, _ in sends:
             if not request.Test():
                 request.Free()
 
+    def _check_stuck(self, now: float) -> None:
+        with self._lock:
+            stuck = [(r, task, now - since) for r, (task, cpu, since) in self._progress.items()
+                     if task != IDLE and cpu != _NO_CLOCK and now - since > self.stuck_timeout_s]
+        for rank, task, idle_s in stuck:
+            evidence = (f"its main thread has used no CPU for {idle_s:.1f} s in "
+                        f"{self.describe_task(rank, task)} (stuck_task_timeout_s="
+                        f"{self.stuck_timeout_s:g})")
+            self.forget(rank)
+            self.end_job([rank], evidence, stuck=True)
+
     def _receive(self, now: float) -> None:
         status = MPI.Status()
+        beat = np.zeros(2, np.int64)
         while (message := self.comm.Improbe(MPI.ANY_SOURCE, _TAG, status)) is not None:
-            message.Recv([bytearray(0), MPI.BYTE])
+            message.Recv(beat)
+            source, task, cpu = status.Get_source(), int(beat[0]), int(beat[1])
             with self._lock:
-                if status.Get_source() in self._last_seen:
-                    self._last_seen[status.Get_source()] = now
+                if source in self._last_seen:
+                    self._last_seen[source] = now
+                    last = self._progress.get(source)
+                    if last is None or last[:2] != (task, cpu):
+                        self._progress[source] = (task, cpu, now)
 
-    def _send(self, sends: list[MPI.Request]) -> None:
+    def _send(self, sends: list[tuple[MPI.Request, np.ndarray]]) -> None:
+        """One heartbeat to every peer: (the task the watched thread runs, its CPU time in ns)."""
+        cpu = _NO_CLOCK if self._cpu_clock is None else time.clock_gettime_ns(self._cpu_clock)
+        beat = np.array([self.current_task, cpu], np.int64)
         with self._lock:
             peers = list(self._last_seen)
         for peer in peers:
-            sends.append(self.comm.Isend([bytearray(0), MPI.BYTE], peer, _TAG))
+            sends.append((self.comm.Isend(beat, peer, _TAG), beat))
 
     def _check_failed(self) -> None:
         with self._lock:
@@ -141,7 +212,7 @@ class Heartbeat:
                 raise
             if error.Get_error_class() == getattr(MPI, "ERR_REVOKED", None):
                 # Another rank is ending the job and has said so already; end this rank too.
-                _abort_this_rank()
+                abort_this_rank()
             failed = failed_world_ranks(self.comm)
             acknowledge_failures(self.comm)
             with self._lock:
@@ -156,9 +227,10 @@ class Heartbeat:
     def _abort(self, rank: int, evidence: str) -> None:
         self.end_job([rank], evidence)
 
-    def end_job(self, lost: list[int], evidence: str) -> None:
-        """Print one line naming the ``lost`` world ranks, then end every rank of the job with
-        ``EXIT_RANK_LOST``. Never returns.
+    def end_job(self, lost: list[int], evidence: str, stuck: bool = False) -> None:
+        """Print one line naming the ``lost`` world ranks (or with ``stuck``, the ranks whose
+        task makes no progress), then end every rank of the job with ``EXIT_RANK_LOST``. Never
+        returns.
 
         Under ULFM (``mpiexec --with-ft ulfm``) ``MPI_Abort`` ends only the calling rank; the
         others end when MPI reports that rank's failure to their heartbeat threads. Revoking the
@@ -168,16 +240,21 @@ class Heartbeat:
         """
         names = ", ".join(self.describe(r) for r in lost) or "a rank"
         me = self.describe(MPI.COMM_WORLD.Get_rank())
+        if stuck:
+            what = (f"{names} is stuck: {evidence}, seen from {me}. Its main thread is blocked "
+                    f"(a deadlock, a hung file system or device, a call that never returns)")
+        else:
+            what = (f"lost {names}: {evidence}, seen from {me}. It was probably killed, ran out "
+                    f"of memory, or its node failed")
         print(
-            f"mpirl: lost {names}: {evidence}, seen from {me}. It was probably killed, ran out "
-            f"of memory, or its node failed. Ending the job (exit code {EXIT_RANK_LOST}); resume "
-            f"it from its last checkpoint.",
+            f"mpirl: {what}. Ending the job (exit code {EXIT_RANK_LOST}); resume it from its "
+            f"last checkpoint.",
             file=sys.stderr,
             flush=True,
         )
         with contextlib.suppress(MPI.Exception, NotImplementedError, AttributeError):
             self.comm.Revoke()
-        _abort_this_rank()
+        abort_this_rank()
 
     def end_job_for_process_failure(self) -> None:
         """End the job after an MPI call raised a ULFM process-failure error, naming the ranks
@@ -185,9 +262,8 @@ class Heartbeat:
         self.end_job(failed_world_ranks(), "MPI reported a process failure")
 
 
-def _abort_this_rank() -> None:
-    """End this rank with ``EXIT_RANK_LOST``; only the driver calls ``MPI_Abort``, and only
-    without ULFM.
+def abort_this_rank(code: int = EXIT_RANK_LOST) -> None:
+    """End this rank with ``code``; only the driver calls ``MPI_Abort``, and only without ULFM.
 
     Under ULFM, Open MPI 5's launcher was seen to hang (all ranks gone, prterun in a futex wait,
     about 1 run in 5) when several ranks called ``MPI_Abort`` at once, as workers do when they
@@ -198,9 +274,56 @@ def _abort_this_rank() -> None:
     driver exits plainly too; the workers end on the revoked heartbeat communicator.
     """
     if MPI.COMM_WORLD.Get_rank() == 0 and not fault_tolerant():
-        MPI.COMM_WORLD.Abort(EXIT_RANK_LOST)
+        MPI.COMM_WORLD.Abort(code)
     sys.stderr.flush()
-    os._exit(EXIT_RANK_LOST)  # also for MPIs whose Abort returns
+    os._exit(code)  # also for MPIs whose Abort returns
+
+
+def _thread_cpu_clock(thread_id: int) -> int | None:
+    """The CPU-time clock of thread ``thread_id`` (Linux and most Unixes), else None."""
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):
+        return None
+
+
+_LEVELS = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+           MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}
+
+
+def thread_level_name() -> str:
+    """The thread support MPI gives this process: ``"MULTIPLE"``, ``"SERIALIZED"``, ..."""
+    return _LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread()))
+
+
+def require_thread_multiple() -> None:
+    """Raise ``ThreadLevelError`` (exit code 2) unless MPI gives ``MPI_THREAD_MULTIPLE``, with
+    what to change. Every rank checks its own level, so every rank raises; nothing is sent.
+
+    The heartbeat thread calls MPI while the main thread is inside MPI calls of its own; below
+    MULTIPLE that is undefined behaviour (lost messages, crashes, hangs), not merely slower.
+    """
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        return
+    import mpi4py
+
+    asked = mpi4py.rc.thread_level
+    if asked != "multiple":
+        how = (f"mpi4py asked MPI for {asked!r} (set by MPI4PY_RC_THREAD_LEVEL or "
+               f"mpi4py.rc.thread_level): unset it, or set it to 'multiple'")
+    else:
+        library = MPI.Get_library_version()
+        if "CRAY" in library.upper() or "MPICH" in library.upper():
+            how = ("set MPICH_MAX_THREAD_SAFETY=multiple in the job's environment (Cray MPICH "
+                   "gives SERIALIZED unless told)")
+        else:
+            how = ("use a build of the MPI library with thread support (Open MPI builds have it "
+                   "by default since 3.0)")
+    raise ThreadLevelError(
+        f"MPI gives thread level {thread_level_name()}, but mpirl needs MULTIPLE (its heartbeat "
+        f"thread calls MPI while the main thread does). To get it, {how}. `mpirl doctor` shows "
+        f"the level each rank gets."
+    )
 
 
 def _completed(request: MPI.Request) -> bool:

@@ -15,27 +15,37 @@ from mpi4py import MPI
 from mpirl import stop_signals
 from mpirl.core import RankContext
 from mpirl.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
-from mpirl.transport import Backoff, Channel
+from mpirl.heartbeat import IDLE, Heartbeat
+from mpirl.transport import Channel
 from mpirl.ulfm import shrink_weights_comm
+from mpirl.waiting import Backoff
 
 #: The driver's rank.
 DRIVER_RANK = 0
 
 
 class WorkerHost:
-    """Serves the tasks that rank 0 sends to this rank. ``serve()`` returns the job's exit code."""
+    """Serves the tasks that rank 0 sends to this rank. ``serve()`` returns the job's exit code.
 
-    def __init__(self, channel: Channel, context: RankContext, backoff: Backoff) -> None:
+    With a ``heartbeat``, each call's id is on it while the call runs, so that the driver can
+    name the task of a rank that is stuck.
+    """
+
+    def __init__(self, channel: Channel, context: RankContext, backoff: Backoff,
+                 heartbeat: Heartbeat | None = None) -> None:
         self.channel = channel
         self.context = context
         self.backoff = backoff
+        self.heartbeat = heartbeat
         self.objects: dict[int, Any] = {}
         self._exit_code: int | None = None
 
     def serve(self) -> int:
         """Run tasks until the driver sends ``stop``; return the exit code it sent."""
-        channel, backoff = self.channel, self.backoff
+        channel, backoff, heartbeat = self.channel, self.backoff, self.heartbeat
         signal_reported = False
+        if heartbeat is not None:
+            heartbeat.current_task = IDLE
         while self._exit_code is None:
             if not signal_reported and stop_signals.received() is not None:
                 channel.isend(stop_signals.received(), DRIVER_RANK, SIGNAL)
@@ -46,6 +56,8 @@ class WorkerHost:
                 backoff.sleep()
                 continue
             (call_id, object_id, method, args, kwargs), _ = item
+            if heartbeat is not None:
+                heartbeat.current_task = call_id
             try:
                 if object_id == HOST:
                     value = getattr(self, "_host_" + method)(*args, **kwargs)
@@ -54,6 +66,8 @@ class WorkerHost:
                 answer = (call_id, True, value)
             except Exception as error:  # noqa: BLE001 - the driver gets it as RemoteError
                 answer = (call_id, False, describe_exception(error))
+            if heartbeat is not None:
+                heartbeat.current_task = IDLE
             self._answer(answer)
             backoff.reset()
         return self._exit_code

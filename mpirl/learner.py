@@ -37,6 +37,7 @@ from mpirl.operators import concat_batches, standardize_fields
 from mpirl.policy import PolicySpec
 from mpirl.rollout import BATCH_TAG
 from mpirl.ulfm import revoke_on_failure
+from mpirl.waiting import wait_for_all
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -417,4 +418,5 @@ class Learner(Worker):
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
         comm = self.context.weights_comm
         with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
             comm.Bcast(self.policy.get_flat_weights(), root=0)

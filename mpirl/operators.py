@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from mpirl.dispatch import WorkerGroup, WorkerHandle
 from mpirl.env_guard import unwrap_env_failure
-from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError
+from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, TaskTimeout
 from mpirl.offline import OfflineInput
 from mpirl.policy import RunningMeanStd
 from mpirl.ulfm import shrink_weights_comm
@@ -193,6 +193,7 @@ def evaluate_policy(rollouts: WorkerGroup, episodes: int, deterministic: bool = 
 
 _PROCESS_FAILURE = f"{ProcessFailure.__module__}.{ProcessFailure.__qualname__}"
 _CONFIG_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}"
+_TASK_TIMEOUT = f"{TaskTimeout.__module__}.{TaskTimeout.__qualname__}"
 _BROADCAST_RETRIES = 3
 
 
@@ -214,12 +215,18 @@ def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
         futures = rollouts.call_async("receive_weights")
         futures.append(source.call_async("broadcast_weights"))
         broken = None
-        for future in futures:
+        # The source first: a timeout in its half (run already when it is in-process) is then
+        # reported at once, not after the rollout ranks' own timeouts.
+        for future in [futures[-1], *futures[:-1]]:
             try:
                 future.result()
             except RankLost:
                 pass
             except RemoteError as error:
+                if error.cause_type == _TASK_TIMEOUT:
+                    late = [f"rank {f.rank}" for f in futures[:-1] if not f.done()]
+                    raise TaskTimeout(f"{error.cause_message}; rollout ranks that had not taken "
+                                      f"the weights: {', '.join(late) or 'none'}") from None
                 if error.cause_type != _PROCESS_FAILURE:
                     raise
                 broken = error

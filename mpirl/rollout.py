@@ -31,6 +31,7 @@ from mpirl.errors import ConfigError
 from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
 from mpirl.trajectories import DumpTarget, EpisodeRecorder
 from mpirl.ulfm import revoke_on_failure
+from mpirl.waiting import wait_for_all
 
 #: Tag of sample batches on the data channel.
 BATCH_TAG = 21
@@ -352,6 +353,7 @@ class RolloutWorker(Worker):
         """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
         comm = self.context.weights_comm
         with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
             comm.Bcast(self._weights, root=0)
         self.policy.set_flat_weights(self._weights)
 

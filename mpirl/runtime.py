@@ -22,6 +22,7 @@ import itertools
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,15 @@ from mpi4py import MPI
 from mpirl import stop_signals
 from mpirl.core import RankContext, Worker
 from mpirl.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
-from mpirl.errors import EXIT_FAILURE, EXIT_OK, ConfigError, MpirlError, RankLost
-from mpirl.heartbeat import Heartbeat
+from mpirl.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_RANK_LOST,
+    ConfigError,
+    MpirlError,
+    RankLost,
+)
+from mpirl.heartbeat import SETUP, Heartbeat, abort_this_rank, require_thread_multiple
 from mpirl.host import WorkerHost
 from mpirl.layout import (
     DRIVER,
@@ -44,8 +52,9 @@ from mpirl.layout import (
     check_slurm_step,
     format_table,
 )
-from mpirl.transport import Backoff, Channel, reduce_timer_slack
+from mpirl.transport import Channel
 from mpirl.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
+from mpirl.waiting import Backoff, reduce_timer_slack
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,15 @@ class RuntimeSettings:
     max_calls_in_flight: int = 16
     """Unanswered calls allowed per worker rank; one more waits for a slot."""
     task_timeout_s: float = 3600.0
-    """Longest wait for any single answer when the caller gives no timeout."""
+    """Longest wait for any single answer when the caller gives no timeout, and for the other
+    members of the weight broadcast."""
+    stuck_task_timeout_s: float = 300.0
+    """A worker rank whose main thread has used no CPU for this long while in a task (or in
+    start-up) is stuck: the job ends naming the rank and the task (exit code 70), within this
+    plus heartbeat_interval_s. Any CPU use counts as progress, so long computations are safe."""
+    startup_timeout_s: float = 600.0
+    """Longest wait at start-up for every rank to arrive; a rank that does not is named and the
+    job ends (exit code 70)."""
     heartbeat_interval_s: float = 1.0
     """Seconds between heartbeats."""
     heartbeat_timeout_s: float = 20.0
@@ -73,10 +90,11 @@ class RuntimeSettings:
 
     def __post_init__(self) -> None:
         # Checked here, on every rank before MPI traffic, not first by the heartbeat thread.
-        if not self.heartbeat_timeout_s > self.heartbeat_interval_s:
-            raise ConfigError(
-                f'config key "heartbeat_timeout_s" = {self.heartbeat_timeout_s:g} is out of '
-                f"range: must be greater than heartbeat_interval_s ({self.heartbeat_interval_s:g})")
+        for key in ("heartbeat_timeout_s", "stuck_task_timeout_s"):
+            if not getattr(self, key) > self.heartbeat_interval_s:
+                raise ConfigError(
+                    f'config key "{key}" = {getattr(self, key):g} is out of range: must be '
+                    f"greater than heartbeat_interval_s ({self.heartbeat_interval_s:g})")
 
 
 class Driver:
@@ -193,6 +211,8 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
     world = MPI.COMM_WORLD
     check_slurm_step(world.Get_size())
     placement = layout.resolve(world.Get_size())
+    if not placement.local:
+        require_thread_multiple()
     if stop_signals_enabled:
         stop_signals.install()
     try:
@@ -209,7 +229,7 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
     host = node_name()
     contexts = {
         role: RankContext(0, role, 0, 1, placement, None, MPI.COMM_SELF, None, host,
-                          pick_device(role, 0))
+                          pick_device(role, 0), settings.task_timeout_s)
         for role in (DRIVER, *placement.local_roles)
     }
     driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
@@ -231,15 +251,25 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         where = f" on {hosts[r]['host']} (pid {hosts[r]['pid']})" if r < len(hosts) else ""
         return f"rank {r} ({placement.roles[r]} {placement.role_index(r)}){where}"
 
+    def describe_task(r: int, task: int) -> str:
+        if task == SETUP:
+            return "start-up"
+        name = losses.dispatcher.call_name(task) if losses and losses.dispatcher else None
+        return f"its call {name or task}"
+
+    # Nothing collective before every rank is here: the driver then knows who is missing.
+    _all_arrive(world, "start-up", settings.startup_timeout_s, describe)
     peers = range(1, world.Get_size()) if rank == 0 else (0,)
     losses = _RankLosses(placement, settings, describe) if rank == 0 else None
     heartbeat = Heartbeat(world, peers, settings.heartbeat_interval_s,
                           settings.heartbeat_timeout_s, describe,
-                          losses.on_heartbeat_loss if losses else None)
+                          losses.on_heartbeat_loss if losses else None,
+                          settings.stuck_task_timeout_s if rank == 0 else None, describe_task)
     if losses:
         losses.heartbeat = heartbeat
     heartbeat.start()
-    # Collective set-up; a rank that dies in here is caught by the heartbeat.
+    # Collective set-up with no waiting in between: a rank that dies or is stuck in here is
+    # caught by the heartbeat.
     channel = Channel(world)
     data_channel = Channel(world)
     role_comm = world.Split(color=(DRIVER, *WORKER_ROLES).index(role), key=rank)
@@ -250,14 +280,17 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         role_size=role_comm.Get_size(), placement=placement, data_channel=data_channel,
         role_comm=role_comm, weights_comm=weights_comm, host=node_name(),
         device=pick_device(role, node_comm.Get_rank()),
+        collective_timeout_s=settings.task_timeout_s,
     )
     node_comm.Free()
     info = {"host": context.host, "pid": os.getpid(), "device": context.device}
+    # pick_device may import torch and start CUDA, which can take long on one rank.
+    _all_arrive(world, "the exchange of host names", settings.startup_timeout_s, describe)
     hosts.extend(world.allgather(info))
     backoff = Backoff(max_sleep_s=settings.poll_max_sleep_s)
     if rank != 0:
         try:
-            exit_code = WorkerHost(channel, context, backoff).serve()
+            exit_code = WorkerHost(channel, context, backoff, heartbeat).serve()
             channel.flush(timeout=settings.shutdown_timeout_s)
         except BaseException as error:  # noqa: BLE001 - whatever escapes the loop ends the job
             import traceback
@@ -338,6 +371,56 @@ class _RankLosses:
         failed = failed_world_ranks()
         unhandled = [r for r in failed if r not in self.dispatcher.lost]
         self.heartbeat.end_job(unhandled or failed, "MPI reported a process failure")
+
+
+#: Tag of the start-up arrival messages on the world communicator (used by nothing else).
+_ARRIVED = 29
+
+
+def _all_arrive(world: MPI.Comm, step: str, timeout_s: float,
+                describe: Callable[[int], str]) -> None:
+    """A barrier with a deadline, where the driver can name who is missing: every worker tells
+    the driver it has reached ``step``; once all have, the driver tells them to go on.
+
+    Past ``timeout_s`` the driver prints the ranks that never arrived and ends the job with
+    ``EXIT_RANK_LOST``. A worker gives the driver twice as long (so that the driver is the one
+    to name the missing), then ends itself. Waits poll with back-off: no core spins.
+    """
+    rank, size = world.Get_rank(), world.Get_size()
+    start = time.monotonic()
+    backoff = Backoff()
+    empty = [bytearray(0), MPI.BYTE]
+    if rank == 0:
+        missing, status = set(range(1, size)), MPI.Status()
+        while missing:
+            message = world.Improbe(MPI.ANY_SOURCE, _ARRIVED, status)
+            if message is not None:
+                message.Recv(empty)
+                missing.discard(status.Get_source())
+                backoff.reset()
+                continue
+            if time.monotonic() - start > timeout_s:
+                names = ", ".join(describe(r) for r in sorted(missing))
+                _end_start_up(f"{names} did not reach {step} within {timeout_s:g} s "
+                              f"(startup_timeout_s); ending the job. A rank that never arrives "
+                              f"is stuck before it started mpirl (imports on a hung file system, "
+                              f"say), or was never started")
+            backoff.sleep()
+        MPI.Request.Waitall([world.Isend(empty, r, _ARRIVED) for r in range(1, size)])
+        return
+    arrived = world.Isend(empty, 0, _ARRIVED)
+    while not world.Iprobe(0, _ARRIVED):
+        if time.monotonic() - start > 2 * timeout_s:
+            _end_start_up(f"{describe(rank)} waited {2 * timeout_s:g} s (twice "
+                          f"startup_timeout_s) at {step} for {describe(0)}; ending this rank")
+        backoff.sleep()
+    world.Recv(empty, 0, _ARRIVED)
+    arrived.Wait()
+
+
+def _end_start_up(message: str) -> None:
+    print(f"mpirl: {message} (exit code {EXIT_RANK_LOST}).", file=sys.stderr, flush=True)
+    abort_this_rank(EXIT_RANK_LOST)
 
 
 def weight_source_rank(placement: Placement) -> int:

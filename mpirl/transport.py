@@ -14,7 +14,6 @@ their control frame. Receivers only take messages they have matched with a probe
 
 from __future__ import annotations
 
-import os
 import pickle
 import struct
 import time
@@ -26,6 +25,7 @@ from mpi4py import MPI
 
 from mpirl.errors import TaskTimeout
 from mpirl.ulfm import is_process_failure
+from mpirl.waiting import Backoff
 
 #: Largest single MPI message for out-of-band buffers (1 GiB, well below the 2 GiB int limit).
 CHUNK_BYTES = 1 << 30
@@ -137,56 +137,3 @@ class Channel:
             else:
                 backoff.sleep()
         return not pending
-
-
-class Backoff:
-    """Waiting between polls without spinning a core.
-
-    Right after activity it polls for ``spin_s``, yielding the core between polls, then sleeps,
-    doubling from ``min_sleep_s`` up to ``max_sleep_s``. An idle rank thus wakes at most
-    ``1 / max_sleep_s`` times a second.
-
-    ``spin_s`` must exceed the peer's longest sleep. Otherwise two ranks in a conversation fall
-    into a stable slow state: a reply that arrives after the peer's spin window finds it asleep,
-    its late answer finds this rank asleep, and so on. That was measured here at 2-3 ms per round
-    trip with a 0.2 ms window, against 10 us when both stay within the window.
-    """
-
-    __slots__ = ("spin_s", "min_sleep_s", "max_sleep_s", "_since", "_sleep")
-
-    def __init__(
-        self, spin_s: float = 2e-3, min_sleep_s: float = 5e-5, max_sleep_s: float = 1e-3
-    ) -> None:
-        self.spin_s = spin_s
-        self.min_sleep_s = min_sleep_s
-        self.max_sleep_s = max_sleep_s
-        self.reset()
-
-    def reset(self) -> None:
-        """Call after activity: the next polls spin again."""
-        self._since = time.perf_counter()
-        self._sleep = 0.0
-
-    def sleep(self) -> None:
-        """Call after a poll that found nothing."""
-        if self._sleep == 0.0:
-            if time.perf_counter() - self._since < self.spin_s:
-                # Yield, don't just spin: with more ranks than cores the rank we wait for may
-                # share this core, and a bare spin would hold it for a whole scheduler slice.
-                os.sched_yield()
-                return
-            self._sleep = self.min_sleep_s
-        time.sleep(self._sleep)
-        self._sleep = min(self.max_sleep_s, self._sleep * 2)
-
-
-def reduce_timer_slack() -> None:
-    """Ask Linux for 1 us timer slack on this process (default 50 us), so short sleeps between
-    polls last about what they ask for. Elsewhere, or if the call fails, nothing changes."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in nanoseconds
-    except (OSError, AttributeError):
-        pass

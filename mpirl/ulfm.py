@@ -101,6 +101,9 @@ def shrink_weights_comm(context: RankContext, objects: Iterable[Any]) -> RankCon
     old = context.weights_comm
     if old is None:
         return context
+    # Blocking: ``Ishrink`` failed here (Open MPI 5.0.11: MPI_ERR_INTERN, "NBC_Progress: an
+    # error 75") and a barrier cannot go first on a communicator with a failed member. A live
+    # member that never joins is a stuck rank, which the heartbeat reports.
     new_context = dataclasses.replace(context, weights_comm=old.Shrink())
     for obj in objects:
         if getattr(obj, "context", None) is context:
