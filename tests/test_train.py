@@ -31,9 +31,12 @@ def rows(run_dir):
         return list(csv.DictReader(f))
 
 
+# The learning tests run seed 5: the defaults were chosen on seeds 0-4, on which PPO reached a
+# 100-episode mean of 475 within 59k-136k steps and A2C 400 within 58k-151k, with 1 and with 2
+# rollout ranks (benchmarks/learning.py --thresholds, benchmarks/RESULTS.md).
 def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
     proc, run_dir, result = train(
-        3, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "1",
+        3, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "5",
         "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}')
     assert result["episode_return_mean"] >= 475, result
     assert result["timesteps_total"] <= 150000
@@ -41,7 +44,7 @@ def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
     progress = rows(run_dir)
     assert REQUIRED_COLUMNS <= set(progress[0]) and len(progress) == result["iteration"]
     params = json.loads((run_dir / "params.json").read_text())
-    assert params["algo"] == "PPO" and params["config"]["seed"] == 1
+    assert params["algo"] == "PPO" and params["config"]["seed"] == 5
     assert params["layout"].startswith("driver 1, rollout 2, replay 0, learner 0")
     assert list(run_dir.glob("events.out.tfevents.*"))
     assert "stopped: episode_return_mean reached" in proc.stdout
@@ -50,7 +53,7 @@ def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
 
 def test_ppo_with_two_learners_and_two_rollout_workers_learns_as_well(tmp_path):
     _, run_dir, result = train(
-        5, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "1",
+        5, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "5",
         "--config", '{"num_learners": 2, "num_rollout_workers": 2}',
         "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}')
     assert result["episode_return_mean"] >= 475, result
@@ -61,7 +64,7 @@ def test_ppo_with_two_learners_and_two_rollout_workers_learns_as_well(tmp_path):
 
 def test_a2c_learns_cartpole_within_500k_steps(tmp_path):
     _, _, result = train(
-        3, tmp_path, "--algo", "A2C", "--env", "CartPole-v1", "--seed", "1",
+        3, tmp_path, "--algo", "A2C", "--env", "CartPole-v1", "--seed", "5",
         "--stop", '{"episode_return_mean": 400, "timesteps_total": 500000}')
     assert result["episode_return_mean"] >= 400, result
     assert result["timesteps_total"] <= 500000
