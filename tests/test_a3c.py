@@ -10,8 +10,10 @@ from test_train import MPIRL, rows, train
 
 
 def test_a3c_learns_cartpole_within_500k_steps(tmp_path):
+    # Seed 5: the defaults were chosen on seeds 0-4, which reached a 100-episode mean of 400
+    # within 70k-172k steps with 1 and with 2 rollout ranks (benchmarks/RESULTS.md).
     _, run_dir, result = train(
-        3, tmp_path, "--algo", "A3C", "--env", "CartPole-v1", "--seed", "1",
+        3, tmp_path, "--algo", "A3C", "--env", "CartPole-v1", "--seed", "5",
         "--stop", '{"episode_return_mean": 400, "timesteps_total": 500000}', timeout=240)
     assert result["episode_return_mean"] >= 400, result
     assert result["timesteps_total"] <= 500000
