@@ -1,7 +1,8 @@
 """Ape-X through the real CLI: rollout ranks, 2 replay shards and a learner working at once.
 
-The full threshold (475) is measured by ``benchmarks/learning.py --apex``; here Ape-X must reach
-a mean return of 100 within 25k env steps, and the run's checkpoint must show every part at work.
+The full threshold (475) is measured by ``benchmarks/learning.py --thresholds``; here Ape-X must
+reach a 20-episode mean return of 100 within 25k env steps (seeds 0-4, on which its defaults were
+measured, took 7.2k-9.2k), and the run's checkpoint must show every part at work. It runs seed 5.
 """
 
 import json
@@ -15,7 +16,7 @@ LAYOUT = {"num_rollout_workers": 2, "num_replay_shards": 2, "num_learners": 1,
 
 def test_apex_learns_with_two_shards_and_async_weights(tmp_path):
     _, run_dir, result = train(
-        6, tmp_path, "--algo", "APEX", "--env", "CartPole-v1", "--seed", "0",
+        6, tmp_path, "--algo", "APEX", "--env", "CartPole-v1", "--seed", "5",
         "--config", json.dumps(LAYOUT),
         "--stop", '{"episode_return_mean": 100, "timesteps_total": 25000}', timeout=240)
     assert result["episode_return_mean"] >= 100, result

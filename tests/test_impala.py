@@ -10,15 +10,16 @@ from test_train import MPIRL, rows, train
 
 
 def test_impala_learns_cartpole(tmp_path):
-    # The full threshold (450 within 800k steps) is in benchmarks/learning.py --async. Sampling
-    # is asynchronous, so runs differ even with one seed. The defaults' 20-episode mean first
-    # reached 300 at 128k-228k steps in 8 benchmark runs, so 300 within 300k, in about a minute.
+    # The full threshold (450 within 800k steps) is in benchmarks/learning.py --thresholds.
+    # Sampling is asynchronous, so runs differ even with one seed. Seeds 0-4, on which the
+    # defaults were chosen, first reached a 20-episode mean of 300 at 131k-300k+ steps in 10 runs
+    # (one was at 277 after 300k), so 300 within 500k, in about a minute; the test runs seed 5.
     _, run_dir, result = train(
-        3, tmp_path, "--algo", "IMPALA", "--env", "CartPole-v1", "--seed", "1",
+        3, tmp_path, "--algo", "IMPALA", "--env", "CartPole-v1", "--seed", "5",
         "--config", '{"metrics_window": 20}',
-        "--stop", '{"episode_return_mean": 300, "timesteps_total": 300000}', timeout=300)
+        "--stop", '{"episode_return_mean": 300, "timesteps_total": 500000}', timeout=300)
     assert result["episode_return_mean"] >= 300, result
-    assert result["timesteps_total"] <= 300000
+    assert result["timesteps_total"] <= 500000
     progress = rows(run_dir)
     # Two requests in flight per worker: fragments are used one or more updates after they were
     # asked for, and the metrics say by how much.
