@@ -196,6 +196,7 @@ class Algorithm:
             "num_rollout_workers": len(self.rollouts),
             "rollout_ranks_lost": len(self.rollouts.lost),
             **stats,
+            **self.driver.memory_report(),
         }
         self.last_row = row
         return row

@@ -90,8 +90,13 @@ class AsyncRequests:
         if not self._in_flight:
             raise RankLost("no rollout worker is left to send requests to", -1)
         wait([f for _, _, f in self._in_flight], num_returns=1, timeout=timeout)
-        finished = [entry for entry in self._in_flight if entry[2].done()]
-        self._in_flight = [entry for entry in self._in_flight if not entry[2].done()]
+        # One look per call: done() polls for answers, so a second look could see a call
+        # finish that the first did not, and the call would be in neither list (its result
+        # never used, and under IMPALA its batch never received: the sender kept it for ever).
+        finished, running = [], []
+        for entry in self._in_flight:
+            (finished if entry[2].done() else running).append(entry)
+        self._in_flight = running
         self._check_acks()
         return self._results(finished)
 

@@ -16,13 +16,15 @@ duplicate communicator, so it never matches the main thread's messages, and it k
 the main thread computes (NumPy, torch and MPI calls release the GIL). That takes
 ``MPI_THREAD_MULTIPLE``; ``require_thread_multiple`` refuses to start below it.
 
-A heartbeat also shows progress: each worker's carries the call its main thread is running and
-that thread's CPU time. A main thread that is blocked (a deadlock, a hung file system or device, a
-call that never returns) keeps its heartbeat going but uses no CPU at all; the driver reports a
-worker whose task has used no CPU for ``stuck_timeout_s`` as stuck, naming the task, and ends the
-job as for a lost rank. Any CPU use counts as progress, so a long computation (an SGD pass, a
-long ``sample``, a wait that polls) is never taken for stuck; a rank whose main thread holds the
-GIL while it blocks silences its heartbeat too and is lost by silence.
+A heartbeat also shows progress: each worker's carries the call its main thread is running and that
+thread's CPU time, and its rank's resident memory (``peer_rss_bytes``: the driver reports it per
+role every iteration, so a leak shows on a plot long before the OOM killer sees it). A main thread
+that is blocked (a deadlock, a hung file system or device, a call that never returns) keeps its
+heartbeat going but uses no CPU at all; the driver reports a worker whose task has used no CPU for
+``stuck_timeout_s`` as stuck, naming the task, and ends the job as for a lost rank. Any CPU use
+counts as progress, so a long computation (an SGD pass, a long ``sample``, a wait that polls) is
+never taken for stuck; a rank whose main thread holds the GIL while it blocks silences its
+heartbeat too and is lost by silence.
 
 If the thread itself fails, it ends its rank with a message (exit code 1) rather than leave the
 rank unwatched.
@@ -42,6 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.errors import EXIT_FAILURE, EXIT_RANK_LOST, ThreadLevelError
+from mpirl.memory import rss_bytes
 from mpirl.ulfm import acknowledge_failures, failed_world_ranks, fault_tolerant, is_process_failure
 
 __all__ = ["IDLE", "SETUP", "Heartbeat", "failed_world_ranks", "is_process_failure",
@@ -97,6 +100,8 @@ class Heartbeat:
         self._cpu_clock = _thread_cpu_clock(threading.get_ident())
         #: peer -> (its task, its CPU time in ns, when either last changed)
         self._progress: dict[int, tuple[int, int, float]] = {}
+        #: peer -> its resident memory in bytes, from its latest heartbeat
+        self._rss: dict[int, int] = {}
         # Under ULFM, MPI may know of a death long before the silence runs out: ask it each poll.
         self._ask_mpi = fault_tolerant()
         now = time.monotonic()
@@ -114,6 +119,13 @@ class Heartbeat:
         with self._lock:
             self._last_seen.pop(rank, None)
             self._progress.pop(rank, None)
+            self._rss.pop(rank, None)
+
+    def peer_rss_bytes(self) -> dict[int, int]:
+        """Each watched peer's resident memory, as its latest heartbeat said (peers not heard
+        from yet are left out)."""
+        with self._lock:
+            return dict(self._rss)
 
     def stop(self) -> None:
         """Stop sending and watching; returns once the thread has ended."""
@@ -174,21 +186,23 @@ class Heartbeat:
 
     def _receive(self, now: float) -> None:
         status = MPI.Status()
-        beat = np.zeros(2, np.int64)
+        beat = np.zeros(3, np.int64)
         while (message := self.comm.Improbe(MPI.ANY_SOURCE, _TAG, status)) is not None:
             message.Recv(beat)
             source, task, cpu = status.Get_source(), int(beat[0]), int(beat[1])
             with self._lock:
                 if source in self._last_seen:
                     self._last_seen[source] = now
+                    self._rss[source] = int(beat[2])
                     last = self._progress.get(source)
                     if last is None or last[:2] != (task, cpu):
                         self._progress[source] = (task, cpu, now)
 
     def _send(self, sends: list[tuple[MPI.Request, np.ndarray]]) -> None:
-        """One heartbeat to every peer: (the task the watched thread runs, its CPU time in ns)."""
+        """One heartbeat to every peer: (the task the watched thread runs, its CPU time in ns,
+        this rank's resident memory in bytes)."""
         cpu = _NO_CLOCK if self._cpu_clock is None else time.clock_gettime_ns(self._cpu_clock)
-        beat = np.array([self.current_task, cpu], np.int64)
+        beat = np.array([self.current_task, cpu, rss_bytes()], np.int64)
         with self._lock:
             peers = list(self._last_seen)
         for peer in peers:

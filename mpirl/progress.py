@@ -145,6 +145,12 @@ class ProgressDisplay:
             parts.append(f"len {_decimal(row['episode_len_mean'])}")
         if row.get("num_env_failures"):
             parts.append(f"env failures {_count(row['num_env_failures'])}")
+        if not _is_missing(row.get("perf/driver_rss_mb")):
+            # Resident memory: the driver's, then the largest worker rank's (docs: Metrics).
+            memory = f"mem {float(row['perf/driver_rss_mb']):,.0f}"
+            if not _is_missing(row.get("perf/max_worker_rss_mb")):
+                memory += f"/{float(row['perf/max_worker_rss_mb']):,.0f}"
+            parts.append(memory + " MB")
         parts.append(f"time {time_text}")
         return "  ".join(parts)
 

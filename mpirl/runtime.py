@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import socket
 import sys
@@ -52,6 +53,7 @@ from mpirl.layout import (
     check_slurm_step,
     format_table,
 )
+from mpirl.memory import MIB, rss_bytes
 from mpirl.transport import Channel
 from mpirl.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
 from mpirl.waiting import Backoff, reduce_timer_slack
@@ -105,8 +107,9 @@ class Driver:
 
     def __init__(self, placement: Placement, context: RankContext, settings: RuntimeSettings,
                  dispatcher: Dispatcher | None, contexts: dict[str, RankContext] | None = None,
-                 hosts: list[dict] | None = None) -> None:
+                 hosts: list[dict] | None = None, heartbeat: Heartbeat | None = None) -> None:
         self.placement = placement
+        self.heartbeat = heartbeat
         self.context = context
         self.settings = settings
         self.dispatcher = dispatcher
@@ -133,6 +136,26 @@ class Driver:
     @property
     def local(self) -> bool:
         return self.placement.local
+
+    def memory_report(self) -> dict[str, float]:
+        """Resident memory in MiB: ``perf/driver_rss_mb`` (rank 0, now) and, when there are
+        worker ranks, ``perf/max_worker_rss_mb`` and ``perf/max_<role>_rss_mb`` for each role
+        with ranks: the largest of their latest heartbeats (at most one heartbeat interval old;
+        a rank not heard from yet is left out)."""
+        report = {"perf/driver_rss_mb": round(rss_bytes() / MIB, 1)}
+        if self.heartbeat is None:
+            return report
+        by_role: dict[str, float] = {}
+        for rank, rss in self.heartbeat.peer_rss_bytes().items():
+            role = self.placement.roles[rank]
+            by_role[role] = max(by_role.get(role, 0.0), round(rss / MIB, 1))
+        # The same keys every iteration (NaN until a rank is heard from): progress.csv's
+        # columns are fixed by its first row.
+        report["perf/max_worker_rss_mb"] = max(by_role.values(), default=math.nan)
+        for role in WORKER_ROLES:
+            if self.placement.count(role):
+                report[f"perf/max_{role}_rss_mb"] = by_role.get(role, math.nan)
+        return report
 
     def spawn(self, role: str, cls: type[Worker], *args: Any, local_if_empty: bool = False,
               **kwargs: Any) -> WorkerGroup:
@@ -234,10 +257,17 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
     }
     driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
     if settings.print_layout:
-        rows = [(0, role, 0, host, os.getpid(), ctx.device) for role, ctx in contexts.items()]
-        print(f"mpirl layout: {placement.summary()}")
-        print(format_table(("rank", "role", "index", "host", "pid", "device"), rows), flush=True)
+        rss_mb = round(rss_bytes() / MIB)
+        _print_layout(placement, [(0, role, 0, host, os.getpid(), ctx.device, rss_mb)
+                                  for role, ctx in contexts.items()])
     return _call_main(main, driver)
+
+
+def _print_layout(placement: Placement, rows: list[tuple]) -> None:
+    """The start-up report: where each rank runs, and its resident memory once started."""
+    print(f"mpirl layout: {placement.summary()}")
+    print(format_table(("rank", "role", "index", "host", "pid", "device", "rss MB"), rows),
+          flush=True)
 
 
 def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
@@ -283,7 +313,8 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         collective_timeout_s=settings.task_timeout_s,
     )
     node_comm.Free()
-    info = {"host": context.host, "pid": os.getpid(), "device": context.device}
+    info = {"host": context.host, "pid": os.getpid(), "device": context.device,
+            "rss_mb": round(rss_bytes() / MIB)}
     # pick_device may import torch and start CUDA, which can take long on one rank.
     _all_arrive(world, "the exchange of host names", settings.startup_timeout_s, describe)
     hosts.extend(world.allgather(info))
@@ -305,16 +336,13 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         return exit_code
 
     if settings.print_layout:
-        rows = [
-            (r, placement.roles[r], placement.role_index(r), h["host"], h["pid"], h["device"])
-            for r, h in enumerate(hosts)
-        ]
-        print(f"mpirl layout: {placement.summary()}")
-        print(format_table(("rank", "role", "index", "host", "pid", "device"), rows), flush=True)
+        _print_layout(placement, [(r, placement.roles[r], placement.role_index(r), h["host"],
+                                   h["pid"], h["device"], h["rss_mb"])
+                                  for r, h in enumerate(hosts)])
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
                             settings.task_timeout_s, losses.on_rank_failure)
     losses.dispatcher = dispatcher
-    driver = Driver(placement, context, settings, dispatcher, hosts=hosts)
+    driver = Driver(placement, context, settings, dispatcher, hosts=hosts, heartbeat=heartbeat)
     exit_code = _call_main(main, driver, losses.end_job_for_process_failure)
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"

@@ -272,3 +272,22 @@ _IDS = {
 for _id, _registration in _IDS.items():
     if _id not in gym.registry:
         gym.register(_id, **_registration)
+
+
+class RankInspector(Worker):
+    """Reports what a rank holds on to: its data channel's unfinished sends and its resident
+    memory (for leak tests and soaks)."""
+
+    MESSAGES = ("pending_sends", "rss_bytes")
+
+    def pending_sends(self) -> int:
+        channel = self.context.data_channel
+        if channel is None:
+            return 0
+        channel.flush()
+        return channel.pending_sends
+
+    def rss_bytes(self) -> int:
+        from mpirl.memory import rss_bytes
+
+        return rss_bytes()

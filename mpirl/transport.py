@@ -118,22 +118,34 @@ class Channel:
             self.bulk.Recv([view[start:start + CHUNK_BYTES], MPI.BYTE], source, tag)
         return buffer
 
+    @property
+    def pending_sends(self) -> int:
+        """Sends started and not yet known to be complete (as of the last ``flush``)."""
+        return len(self._pending)
+
     def flush(self, timeout: float | None = None) -> bool:
         """Drop the sends that have completed; with a timeout, wait up to it for all of them.
 
-        Returns True when no send is left pending.
+        Returns True when no send is left pending. Every pending send is tested, not only the
+        oldest: one message its receiver never takes must not keep the buffers of every later
+        send alive.
         """
-        pending = self._pending
-        while pending and MPI.Request.Testall(pending[0][0]):
-            pending.popleft()
-        if timeout is None or not pending:
-            return not pending
+        self._drop_completed()
+        if timeout is None or not self._pending:
+            return not self._pending
         deadline = time.monotonic() + timeout
         backoff = Backoff()
-        while pending and time.monotonic() < deadline:
-            if MPI.Request.Testall(pending[0][0]):
-                pending.popleft()
+        while self._pending and time.monotonic() < deadline:
+            if self._drop_completed():
                 backoff.reset()
             else:
                 backoff.sleep()
-        return not pending
+        return not self._pending
+
+    def _drop_completed(self) -> bool:
+        """Forget the sends that have completed; True if there were any."""
+        before = len(self._pending)
+        if before:
+            self._pending = deque(entry for entry in self._pending
+                                  if not MPI.Request.Testall(entry[0]))
+        return len(self._pending) < before

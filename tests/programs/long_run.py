@@ -1,0 +1,72 @@
+"""One algorithm trained for a while through the Python API, inspecting what every rank holds.
+
+Run under ``mpiexec -n K``: ``python long_run.py ALGO --config JSON --warmup-s W --run-s S``. Rank
+0 trains for ``W`` seconds, inspects every rank (the unfinished sends of its data channel, and
+its resident memory), trains ``S`` seconds more and inspects again, then prints
+``RESULT {json}`` with both inspections, the iterations run and the memory columns of the last
+progress row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from mpirl.algorithm import Algorithm, load_algorithm
+from mpirl.config import build
+from mpirl.layout import WORKER_ROLES, Layout
+from mpirl.memory import rss_bytes
+from mpirl.rollout import EnvSpec
+from mpirl.runtime import RuntimeSettings, run
+from mpirl.testing import RankInspector
+
+
+def inspect(driver, inspectors) -> dict[str, list[int]]:
+    """Pending data-channel sends and RSS (MiB) per rank, rank 0 first."""
+    channel = driver.context.data_channel
+    if channel is not None:
+        channel.flush()
+    pending = [channel.pending_sends if channel is not None else 0]
+    rss = [rss_bytes() >> 20]
+    for group in inspectors:
+        pending += group.call("pending_sends")
+        rss += [value >> 20 for value in group.call("rss_bytes")]
+    return {"pending_sends": pending, "rss_mb": rss}
+
+
+def main(driver, args) -> int:
+    module = load_algorithm(args.algo)
+    config = build(module.Config, json.loads(args.config))
+    algo = Algorithm(driver, module, config, EnvSpec(args.env))
+    inspectors = [driver.spawn(role, RankInspector) for role in WORKER_ROLES
+                  if driver.placement.count(role)]
+    row, iterations = {}, []
+    for seconds in (args.warmup_s, args.run_s):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            row = algo.train()
+        iterations.append(algo.iteration)
+        if len(iterations) == 1:
+            first = inspect(driver, inspectors)
+    last = inspect(driver, inspectors)
+    print("RESULT " + json.dumps({
+        "iterations": iterations, "first": first, "last": last,
+        "memory": {k: v for k, v in row.items() if k.startswith("perf/")}}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("algo")
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--config", default="{}")
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--run-s", type=float, default=20.0)
+    arguments = parser.parse_args()
+    layout_config = json.loads(arguments.config)
+    layout = Layout(num_rollout_workers=layout_config.get("num_rollout_workers", -1),
+                    num_learners=layout_config.get("num_learners", 0))
+    sys.exit(run(lambda driver: main(driver, arguments), layout,
+                 RuntimeSettings(print_layout=False)))

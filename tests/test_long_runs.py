@@ -1,0 +1,130 @@
+"""Long runs: nothing a run sends or receives may be kept alive, and memory is reported.
+
+IMPALA used to lose one finished sample call every so often: ``AsyncRequests.ready`` looked at
+each call twice, and a call that finished between the two looks was in neither list. Its batch
+was never received, and the rollout rank's channel kept it and every later batch alive: every
+rank's memory grew by about one batch per iteration (10-22 MB/min), for ever.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+
+import pytest
+from conftest import PROGRAMS, parse_result, run_mpi
+from test_train import rows, train
+
+from mpirl.async_ops import AsyncRequests
+from mpirl.dispatch import Future
+
+LONG_RUN = PROGRAMS / "long_run.py"
+
+
+class _Dispatcher:
+    """Answers one outstanding call per poll, in any order: answers arrive while ``ready``
+    looks at calls, as they do under MPI."""
+
+    task_timeout_s = 5.0
+
+    def __init__(self) -> None:
+        self.unanswered: list[Future] = []
+        self.rng = random.Random(0)
+
+    def progress(self) -> bool:
+        if self.unanswered:
+            future = self.unanswered.pop(self.rng.randrange(len(self.unanswered)))
+            future._resolve(True, {"call": future.call_id})
+            return True
+        return False
+
+    def wait_for(self, condition, timeout, waiting_on, raise_on_timeout=True) -> bool:
+        while not condition():
+            assert self.progress(), "waiting on calls that can never be answered"
+        return True
+
+
+class _Worker:
+    in_process = False
+
+    def __init__(self, dispatcher: _Dispatcher, index: int) -> None:
+        self.dispatcher, self.index, self.rank = dispatcher, index, index + 1
+        self.calls = 0
+
+    def call_async(self, method: str, *args) -> Future:
+        self.calls += 1
+        future = Future(self.dispatcher, self.index * 1000 + self.calls, self.rank, "rollout",
+                        method)
+        self.dispatcher.unanswered.append(future)
+        return future
+
+
+class _Group(list):
+    lost: list = []
+
+    def discard_lost(self) -> list:
+        return []
+
+
+def test_every_finished_call_is_returned_once_while_answers_arrive_between_looks():
+    dispatcher = _Dispatcher()
+    workers = _Group([_Worker(dispatcher, i) for i in range(2)])
+    requests = AsyncRequests(workers, "sample", 2, lambda worker: ())
+    returned = []
+    for _ in range(200):
+        returned += [done.result["call"] for done in requests.ready()]
+    returned += [done.result["call"] for done in requests.drain()]
+    sent = sum(worker.calls for worker in workers)
+    assert len(returned) == len(set(returned)), "a call was returned twice"
+    assert len(returned) == sent, f"{sent - len(returned)} of {sent} finished calls were lost"
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_impala_keeps_no_batch_alive_and_its_memory_stays_flat(n):
+    # 25 s of IMPALA (about 500 iterations here); with the bug every rollout rank kept about 5
+    # more batches per second, and its memory grew about 10 MB/min.
+    proc = run_mpi(n, sys.executable, str(LONG_RUN), "IMPALA", "--warmup-s", "8", "--run-s",
+                   "20", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = parse_result(proc.stdout)
+    first, last = result["first"], result["last"]
+    assert result["iterations"][1] - result["iterations"][0] >= 50, result
+    # A rank may have a send or two on the way; never more than its calls in flight.
+    assert max(last["pending_sends"]) <= 4, result
+    assert max(last["pending_sends"]) <= max(first["pending_sends"]) + 2, result
+    growth = [b - a for a, b in zip(first["rss_mb"], last["rss_mb"], strict=True)]
+    assert max(growth) <= 8, f"RSS grew by {growth} MB per rank in 20 s: {result}"
+    memory = result["memory"]
+    assert 50 < memory["perf/driver_rss_mb"] < 4000
+    assert 50 < memory["perf/max_worker_rss_mb"] < 4000
+    assert memory["perf/max_worker_rss_mb"] == memory["perf/max_rollout_rss_mb"]
+
+
+@pytest.mark.parametrize("n, config, roles", [
+    (3, {"num_learners": 1}, ["rollout", "learner"]),
+    (1, {}, []),
+])
+def test_progress_rows_and_the_display_show_memory_per_role(tmp_path, n, config, roles):
+    proc, run_dir, result = train(
+        n, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--progress", "plain",
+        "--config", json.dumps({"rollout_fragment_length": 50, **config}),
+        "--stop", '{"training_iteration": 4}')
+    progress = rows(run_dir)
+    expected = {"perf/driver_rss_mb"} | (
+        {"perf/max_worker_rss_mb"} | {f"perf/max_{role}_rss_mb" for role in roles}
+        if roles else set())
+    assert expected <= set(progress[0]), progress[0].keys()
+    assert not {k for k in progress[0] if k.startswith("perf/")} - expected
+    last = progress[-1]
+    for key in expected:
+        assert 50 < float(last[key]) < 4000 and math.isfinite(float(last[key])), (key, last)
+    assert result["perf/driver_rss_mb"] == float(last["perf/driver_rss_mb"])
+    # The start-up table has each rank's memory; each progress line the driver's (and the
+    # largest worker's).
+    assert "rss MB" in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("iter ")]
+    assert lines and all(" mem " in line and " MB" in line for line in lines), lines
+    if roles:
+        assert all("/" in line.split(" mem ")[1].split()[0] for line in lines), lines
