@@ -13,9 +13,10 @@ fit, MB/min), the RSS and open fds at the end of warm-up and at the end, and whe
 replay algorithms, until the replay buffer has filled (``timesteps_total`` >= ``buffer_size``;
 a buffer's pages become resident as it fills), or half the part if it fills later.
 
-With ``--signal-halfway`` each run gets SIGUSR1 halfway through: it checkpoints and exits with 75
-(requeue), and is resumed with ``--resume``. Each part then has its own warm-up and slope, and
-the largest RSS of each role at the end must be no higher than before the signal (within 5 MB).
+With ``--signal-halfway`` each run gets SIGUSR1 halfway through its training time: it
+checkpoints and exits with 75 (requeue), and is resumed with ``--resume``. Each part then has
+its own warm-up and slope, and the largest RSS of each role at the end must be no higher than
+before the signal (within 5 MB).
 
 Exit status 1 when any slope exceeds ``--target`` (0.5 MB/min), an fd count grows, an
 iteration is missing or repeated, a run fails, or memory after a resume is higher than before.
@@ -86,6 +87,7 @@ class Sample:
     rss_mb: dict[int, float]  # rank -> RSS
     fds: dict[int, int]
     timesteps: int | None
+    time_total_s: float | None = None  # the run's training time, at its latest row
 
 
 @dataclass
@@ -152,7 +154,7 @@ class Soak:
                 rss[rank], fds[rank] = value / MIB, count
         if len(rss) == len(pids):
             self.samples[-1].append(Sample(self.elapsed(), rss, fds,
-                                           latest_timesteps(self.run_dir / "progress.csv")))
+                                           *latest_progress(self.run_dir / "progress.csv")))
 
 
 def read_layout(log: Path) -> dict[int, tuple[int, str]]:
@@ -174,23 +176,25 @@ def read_layout(log: Path) -> dict[int, tuple[int, str]]:
     return ranks
 
 
-def latest_timesteps(progress: Path) -> int | None:
-    """``timesteps_total`` of progress.csv's last complete row, or None before the first."""
+def latest_progress(progress: Path) -> tuple[int | None, float | None]:
+    """``timesteps_total`` and ``time_total_s`` of progress.csv's last complete row (None,
+    None before the first)."""
     try:
         with open(progress, "rb") as file:
             header = file.readline().decode().strip().split(",")
             file.seek(max(0, os.path.getsize(progress) - 4096))
             tail = file.read().decode(errors="replace").splitlines()
     except OSError:
-        return None
+        return None, None
     for line in reversed(tail[1:] if len(tail) > 1 else []):
         cells = line.split(",")
         if len(cells) == len(header):
             try:
-                return int(float(cells[header.index("timesteps_total")]))
+                return (int(float(cells[header.index("timesteps_total")])),
+                        float(cells[header.index("time_total_s")]))
             except ValueError:
-                return None
-    return None
+                return None, None
+    return None, None
 
 
 def slope_mb_per_min(points: list[tuple[float, float]]) -> float | None:
@@ -231,7 +235,11 @@ def analyse_part(soak: Soak, index: int, warmup_s: float, target: float) -> dict
     pids = soak.parts[index]["pids"]
     if not samples:
         return {"error": "no samples (the run never printed its start-up table)"}
-    start = soak.parts[index]["start"]
+    # Warm-up counts from the part's first new progress row: start-up (imports, spawning,
+    # a restore) is not steady state, and on a loaded machine it takes a while.
+    before = soak.samples[index - 1][-1].timesteps if index and soak.samples[index - 1] else None
+    start = next((s.t for s in samples if s.timesteps is not None
+                  and (before is None or s.timesteps > before)), samples[-1].t)
     warm = start + warmup_s
     rows = buffer_rows(soak.run_dir) if index == 0 else None
     filled_at = None
@@ -355,9 +363,11 @@ def run_soaks(soaks: list[Soak], parallel: int, interval_s: float, dump: Path | 
         tick = time.monotonic()
         for soak in list(running):
             soak.sample()
-            half = soak.minutes * 30
+            # Halfway through the run's training time (its stop), not through the wall time:
+            # start-up on a loaded machine can take a while.
             if (soak.signal_halfway and soak.signalled_at is None and len(soak.parts) == 1
-                    and soak.samples[0] and soak.samples[0][-1].t >= half):
+                    and soak.samples[0]
+                    and (soak.samples[0][-1].time_total_s or 0) >= soak.minutes * 30):
                 driver_pid = soak.pids().get(0, (None,))[0]
                 if driver_pid is not None:
                     os.kill(driver_pid, signal.SIGUSR1)
