@@ -310,6 +310,13 @@ def analyse(soak: Soak, warmup_s: float, target: float) -> dict[str, Any]:
         problems.append("the run was not signalled and resumed")
     entry["problems"] = problems
     entry["ok"] = not problems
+    # The raw samples, to plot or fit again: per part, the ranks' roles and one row per sample
+    # (seconds, timesteps_total, time_total_s, RSS MB per rank, open fds per rank).
+    entry["series"] = [
+        {"roles": {rank: role for rank, (_, role) in part["pids"].items()},
+         "samples": [[round(s.t, 1), s.timesteps, s.time_total_s,
+                      {r: round(v, 1) for r, v in s.rss_mb.items()}, s.fds] for s in samples]}
+        for part, samples in zip(soak.parts, soak.samples, strict=True)]
     return entry
 
 
