@@ -27,6 +27,8 @@ from typing import Any
 
 import harness
 
+from mpirl.layout import parse_layout_row
+
 SCRIPT = Path(__file__).resolve()
 MPIRL = str(Path(sys.executable).parent / "mpirl")
 
@@ -273,9 +275,8 @@ def _rank_pids(proc: subprocess.Popen, ranks: int) -> dict[int, int]:
         line = proc.stdout.readline()
         if not line:
             raise harness.BenchError("the job ended before printing its layout")
-        cells = line.split()
-        if len(cells) == 6 and cells[0].isdigit() and cells[4].isdigit():
-            pids[int(cells[0])] = int(cells[4])
+        if row := parse_layout_row(line):
+            pids[row["rank"]] = row["pid"]
     return pids
 
 

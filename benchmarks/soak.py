@@ -52,6 +52,7 @@ from harness import (
 
 from mpirl.algorithm import ALGORITHMS
 from mpirl.errors import EXIT_RESUME
+from mpirl.layout import parse_layout_row
 from mpirl.memory import MIB, open_fd_count, process_rss_bytes
 
 MPIRL = Path(sys.executable).parent / "mpirl"
@@ -163,17 +164,8 @@ def read_layout(log: Path) -> dict[int, tuple[int, str]]:
         lines = log.read_text().splitlines()
     except OSError:
         return {}
-    try:
-        start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rank", "role"])
-    except StopIteration:
-        return {}
-    ranks = {}
-    for line in lines[start + 2:]:
-        cells = line.split()
-        if len(cells) < 7 or not cells[0].isdigit():
-            break
-        ranks[int(cells[0])] = (int(cells[4]), cells[1])
-    return ranks
+    rows = [row for line in lines if (row := parse_layout_row(line))]
+    return {row["rank"]: (row["pid"], row["role"]) for row in rows}
 
 
 def latest_progress(progress: Path) -> tuple[int | None, float | None]:

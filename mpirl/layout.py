@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mpirl.errors import ConfigError, LaunchError, LayoutError
 
@@ -179,6 +180,22 @@ class Placement:
 def _check_role(role: str) -> None:
     if role not in (DRIVER, *WORKER_ROLES):
         raise ValueError(f"unknown role {role!r}; roles are {', '.join((DRIVER, *WORKER_ROLES))}")
+
+
+#: The columns of the start-up table that every run prints (``mpirl.runtime``).
+LAYOUT_TABLE_COLUMNS = ("rank", "role", "index", "host", "pid", "device", "rss MB")
+
+
+def parse_layout_row(line: str) -> dict[str, Any] | None:
+    """One data row of the start-up table as ``{"rank", "role", "index", "host", "pid",
+    "device", "rss_mb"}``, or None for any other line: how tools that watch a run (tests, the
+    soak and recovery benchmarks) find each rank's process."""
+    cells = line.split()
+    if len(cells) != len(LAYOUT_TABLE_COLUMNS) or not all(
+            cells[i].isdigit() for i in (0, 2, 4, 6)):
+        return None
+    return {"rank": int(cells[0]), "role": cells[1], "index": int(cells[2]), "host": cells[3],
+            "pid": int(cells[4]), "device": cells[5], "rss_mb": int(cells[6])}
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -45,6 +45,7 @@ from mpirl.heartbeat import SETUP, Heartbeat, abort_this_rank, require_thread_mu
 from mpirl.host import WorkerHost
 from mpirl.layout import (
     DRIVER,
+    LAYOUT_TABLE_COLUMNS,
     LEARNER,
     ROLLOUT,
     WORKER_ROLES,
@@ -266,8 +267,7 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
 def _print_layout(placement: Placement, rows: list[tuple]) -> None:
     """The start-up report: where each rank runs, and its resident memory once started."""
     print(f"mpirl layout: {placement.summary()}")
-    print(format_table(("rank", "role", "index", "host", "pid", "device", "rss MB"), rows),
-          flush=True)
+    print(format_table(LAYOUT_TABLE_COLUMNS, rows), flush=True)
 
 
 def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mpirl.layout import parse_layout_row
+
 BIN = Path(sys.executable).parent
 MPIEXEC = BIN / "mpiexec"
 PROGRAMS = Path(__file__).parent / "programs"
@@ -130,12 +132,8 @@ class LiveRun:
 
     def pids(self) -> dict[int, tuple[str, int]]:
         """rank -> (role, pid), from the newest layout table rank 0 printed at start-up."""
-        found = {}
-        for line in list(self.out):
-            cells = line.split()
-            if len(cells) == 6 and cells[0].isdigit() and cells[4].isdigit():
-                found[int(cells[0])] = (cells[1], int(cells[4]))
-        return found
+        rows = [row for line in list(self.out) if (row := parse_layout_row(line))]
+        return {row["rank"]: (row["role"], row["pid"]) for row in rows}
 
     def finish(self, timeout: float = 90) -> int:
         try:

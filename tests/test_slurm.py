@@ -25,7 +25,7 @@ from conftest import BIN, latest_checkpoint_iteration, mpi_env
 
 from mpirl import stop_signals
 from mpirl.errors import ConfigError, LaunchError
-from mpirl.layout import SKIP_WORLD_SIZE_CHECK, check_slurm_step
+from mpirl.layout import SKIP_WORLD_SIZE_CHECK, check_slurm_step, parse_layout_row
 from mpirl.runtime import pick_device
 from mpirl.slurm import (
     EXAMPLES,
@@ -472,8 +472,8 @@ def test_learners_run_on_the_learner_node(slurm, tmp_path, het):
     info = slurm.wait(job, tmp_path, timeout=150)
     log = job_log(tmp_path, job)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
-    table = {int(cells[0]): (cells[1], cells[3]) for line in log.splitlines()
-             if len(cells := line.split()) == 6 and cells[0].isdigit()}
+    table = {row["rank"]: (row["role"], row["host"]) for line in log.splitlines()
+             if (row := parse_layout_row(line))}
     if het == "steps":
         rollout_node, learner_node = "n2", first
     else:  # the first node of the allocation's list (it sorts n2 before most host names)

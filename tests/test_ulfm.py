@@ -19,9 +19,10 @@ import time
 import pytest
 from conftest import assert_every_rank_ended, mpi_env, mpiexec_command
 
+from mpirl.layout import parse_layout_row
+
 LIMIT_S = 90  # the whole run, start-up included; the test fails rather than hangs past it
 STOP = {"episode_return_mean": 450, "timesteps_total": 300_000}
-TABLE_ROW = re.compile(r"^(\d+)\s+(driver|rollout|replay|learner)\s+\d+\s+\S+\s+(\d+)\s")
 
 
 class LiveRun:
@@ -63,8 +64,8 @@ class LiveRun:
         self.wait_for_line(r"^-+  -+")
         table = {}
         for _, _, line in list(self.lines):
-            if match := TABLE_ROW.match(line):
-                table[int(match.group(1))] = (match.group(2), int(match.group(3)))
+            if row := parse_layout_row(line):
+                table[row["rank"]] = (row["role"], row["pid"])
         return table
 
     def finish(self):
