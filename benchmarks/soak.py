@@ -202,13 +202,17 @@ def slope_mb_per_min(points: list[tuple[float, float]]) -> float | None:
     return 60.0 * sum((t - mean_t) * (v - mean_v) for t, v in points) / var
 
 
-def iterations_once(run_dir: Path) -> bool:
-    """Whether progress.csv holds iterations 1..N, each exactly once."""
+def progress_iterations(run_dir: Path) -> list[int] | None:
+    """The ``iteration`` column of the run's progress.csv, or None if it cannot be read."""
     try:
         with open(run_dir / "progress.csv") as file:
-            iterations = [int(row["iteration"]) for row in csv.DictReader(file)]
+            return [int(row["iteration"]) for row in csv.DictReader(file)]
     except (OSError, KeyError, ValueError):
-        return False
+        return None
+
+
+def iterations_once(iterations: list[int] | None) -> bool:
+    """Whether ``iterations`` are 1..N, each exactly once."""
     return bool(iterations) and iterations == list(range(1, len(iterations) + 1))
 
 
@@ -278,12 +282,14 @@ def analyse(soak: Soak, warmup_s: float, target: float) -> dict[str, Any]:
     problems += [part["error"] for part in parts if "error" in part]
     if soak.error:
         problems.append(soak.error)
-    once = iterations_once(soak.run_dir)
+    iterations = progress_iterations(soak.run_dir)
+    once = iterations_once(iterations)
     if not once:
         problems.append("progress.csv does not hold every iteration exactly once")
     entry: dict[str, Any] = {"algo": soak.algo, "ranks": soak.plan.ranks, "env": soak.plan.env,
                              "exit_codes": soak.exit_codes, "parts": parts,
-                             "iterations_once": once, "iterations": _iterations(soak.run_dir)}
+                             "iterations_once": once,
+                             "iterations": None if iterations is None else len(iterations)}
     if soak.signal_halfway and len(parts) == 2 and soak.samples[0]:
         before_samples = soak.samples[0][-3:]
         pids = soak.parts[0]["pids"]
@@ -310,14 +316,6 @@ def analyse(soak: Soak, warmup_s: float, target: float) -> dict[str, Any]:
                       {r: round(v, 1) for r, v in s.rss_mb.items()}, s.fds] for s in samples]}
         for part, samples in zip(soak.parts, soak.samples, strict=True)]
     return entry
-
-
-def _iterations(run_dir: Path) -> int | None:
-    try:
-        with open(run_dir / "progress.csv") as file:
-            return sum(1 for _ in file) - 1
-    except OSError:
-        return None
 
 
 def make_dump(directory: Path) -> Path:

@@ -20,12 +20,11 @@ MIB = 1 << 20
 def rss_bytes() -> int:
     """This process's resident set size now. Where there is no ``/proc`` (macOS), its peak
     resident size instead, which never falls but still shows growth."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE_BYTES
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+    rss = process_rss_bytes("self")
+    if rss is not None:
+        return rss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
 
 def open_fd_count(pid: int | str = "self") -> int | None:
@@ -37,8 +36,9 @@ def open_fd_count(pid: int | str = "self") -> int | None:
         return None
 
 
-def process_rss_bytes(pid: int) -> int | None:
-    """The resident set size of another process on this node, or None once it has gone."""
+def process_rss_bytes(pid: int | str) -> int | None:
+    """The resident set size of process ``pid`` on this node (``"self"``: this one), or None
+    once it has gone or where there is no ``/proc``."""
     try:
         return int((Path("/proc") / str(pid) / "statm").read_text().split()[1]) * _PAGE_BYTES
     except (OSError, ValueError, IndexError):

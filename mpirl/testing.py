@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from mpirl.core import RankContext, Worker
+from mpirl.memory import rss_bytes
 
 
 class Echo(Worker):
@@ -288,6 +289,4 @@ class RankInspector(Worker):
         return channel.pending_sends
 
     def rss_bytes(self) -> int:
-        from mpirl.memory import rss_bytes
-
         return rss_bytes()

@@ -17,7 +17,6 @@ import time
 from mpirl.algorithm import Algorithm, load_algorithm
 from mpirl.config import build
 from mpirl.layout import WORKER_ROLES, Layout
-from mpirl.memory import rss_bytes
 from mpirl.rollout import EnvSpec
 from mpirl.runtime import RuntimeSettings, run
 from mpirl.testing import RankInspector
@@ -25,11 +24,9 @@ from mpirl.testing import RankInspector
 
 def inspect(driver, inspectors) -> dict[str, list[int]]:
     """Pending data-channel sends and RSS (MiB) per rank, rank 0 first."""
-    channel = driver.context.data_channel
-    if channel is not None:
-        channel.flush()
-    pending = [channel.pending_sends if channel is not None else 0]
-    rss = [rss_bytes() >> 20]
+    here = RankInspector(driver.context)  # rank 0 asks itself what the workers are asked
+    pending = [here.pending_sends()]
+    rss = [here.rss_bytes() >> 20]
     for group in inspectors:
         pending += group.call("pending_sends")
         rss += [value >> 20 for value in group.call("rss_bytes")]
