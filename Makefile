@@ -51,9 +51,9 @@ slurm-cluster:
 	    slurm/local-cluster.sh install || [ "$(CI)" != true ]; \
 	else echo "not installing Slurm (needs apt-get and root); the Slurm tests will skip"; fi
 
-# slurm/*.sbatch are renderings of mpirl.slurm.EXAMPLES (a test checks they are current).
+# slurm/*.sbatch are renderings of mpirl.jobs.slurm.EXAMPLES (a test checks they are current).
 slurm-examples: install
-	$(BIN)/python -c "from mpirl.slurm import write_examples; write_examples('slurm')"
+	$(BIN)/python -c "from mpirl.jobs.slurm import write_examples; write_examples('slurm')"
 
 lint: install
 	$(BIN)/ruff check .

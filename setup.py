@@ -6,6 +6,9 @@ from pathlib import Path
 from setuptools import setup
 
 HERE = Path(__file__).parent
+# mpirl's layers, lowest first (tests/test_import_graph.py checks that none imports a higher one).
+SUBPACKAGES = ("config", "runtime", "report", "jobs", "models", "data", "workers", "execution",
+               "commands")
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "mpirl/__init__.py").read_text()).group(1)
 
 setup(
@@ -17,10 +20,10 @@ setup(
     python_requires=">=3.11",
     # algorithms/ sits at the top of the repository but installs as mpirl.algorithms, so that
     # "import algorithms" never clashes with another package of that name.
-    packages=["mpirl", "mpirl.algorithms"],
+    packages=["mpirl", *(f"mpirl.{name}" for name in SUBPACKAGES), "mpirl.algorithms"],
     package_dir={"mpirl": "mpirl", "mpirl.algorithms": "algorithms"},
     # The job script template of mpirl slurm.
-    package_data={"mpirl": ["templates/*.sbatch"]},
+    package_data={"mpirl.jobs": ["templates/*.sbatch"]},
     install_requires=[
         "mpi4py>=4.0",
         "numpy>=1.26",

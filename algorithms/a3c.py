@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from mpirl.algorithms.a2c import loss  # A3C's update is A2C's, applied asynchronously
 
-from mpirl.async_ops import async_apply_gradients, gradient_requests
-from mpirl.config_fields import OnPolicyConfig
+from mpirl.config.fields import OnPolicyConfig
 from mpirl.errors import ConfigError
-from mpirl.operators import mean_stats
+from mpirl.execution.async_ops import async_apply_gradients, gradient_requests
+from mpirl.execution.operators import mean_stats
 
 __all__ = ["Config", "loss", "training_step"]
 

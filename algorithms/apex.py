@@ -11,17 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpirl.config_fields import QLearningConfig
-from mpirl.qlearning import (
-    AsyncReplayLoop,
-    QLearner,
-    TransitionWorker,
-    apex_epsilons,
-    check_q_config,
-    dqn_loss,
-    q_model_spec,
-    spawn_replay,
-)
+from mpirl.config.fields import QLearningConfig
+from mpirl.execution.replay_ops import AsyncReplayLoop, apex_epsilons, check_q_config, spawn_replay
+from mpirl.models.q_network import dqn_loss, q_model_spec
+from mpirl.workers.q_workers import QLearner, TransitionWorker
 
 ROLLOUT_WORKER = TransitionWorker
 LEARNER = QLearner

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mpirl.config_fields import OfflineConfig
-from mpirl.offline import check_config, count_and_evaluate, offline_input
-from mpirl.operators import broadcast_weights, train_on_dataset
+from mpirl.config.fields import OfflineConfig
+from mpirl.data.offline import check_config, offline_input
+from mpirl.execution.operators import broadcast_weights, count_and_evaluate, train_on_dataset
 
 __all__ = ["Config", "check_config", "loss", "training_step"]
 

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpirl.config_fields import QLearningConfig
-from mpirl.qlearning import (
-    DQN_STATS,
-    QLearner,
-    TransitionWorker,
+from mpirl.config.fields import QLearningConfig
+from mpirl.execution.replay_ops import (
     check_q_config,
-    dqn_loss,
     linear_epsilon,
-    q_model_spec,
     sample_and_train,
     spawn_replay,
 )
+from mpirl.models.q_network import DQN_STATS, dqn_loss, q_model_spec
+from mpirl.workers.q_workers import QLearner, TransitionWorker
 
 ROLLOUT_WORKER = TransitionWorker
 LEARNER = QLearner

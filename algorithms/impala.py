@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mpirl.async_ops import async_sample, sample_requests, sync_weights
-from mpirl.config_fields import OnPolicyConfig
-from mpirl.operators import mean_stats, train_one_step
-from mpirl.vtrace import vtrace
+from mpirl.config.fields import OnPolicyConfig
+from mpirl.execution.async_ops import async_sample, sample_requests, sync_weights
+from mpirl.execution.operators import mean_stats, train_one_step
+from mpirl.models.vtrace import vtrace
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mpirl.config_fields import OnPolicyConfig
-from mpirl.operators import broadcast_weights, parallel_rollouts, train_one_step
+from mpirl.config.fields import OnPolicyConfig
+from mpirl.execution.operators import broadcast_weights, parallel_rollouts, train_one_step
 
 
 @dataclass

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpirl.config_fields import ReplayConfig
-from mpirl.qlearning import (
-    QLearner,
-    TransitionWorker,
-    check_q_config,
-    sample_and_train,
-    spawn_replay,
-)
-from mpirl.soft_q import SAC_STATS, sac_loss, sac_model_spec
+from mpirl.config.fields import ReplayConfig
+from mpirl.execution.replay_ops import check_q_config, sample_and_train, spawn_replay
+from mpirl.models.soft_q import SAC_STATS, sac_loss, sac_model_spec
+from mpirl.workers.q_workers import QLearner, TransitionWorker
 
 ROLLOUT_WORKER = TransitionWorker
 LEARNER = QLearner

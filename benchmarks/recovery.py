@@ -27,7 +27,7 @@ from typing import Any
 
 import harness
 
-from mpirl.layout import parse_layout_row
+from mpirl.runtime.layout import parse_layout_row
 
 SCRIPT = Path(__file__).resolve()
 MPIRL = str(Path(sys.executable).parent / "mpirl")
@@ -54,12 +54,12 @@ class Plan:
 
 def role_checkpoint_io(hidden: tuple[int, ...], repeats: int) -> int:
     import mpirl
-    from mpirl.algorithm import Algorithm, load_algorithm
-    from mpirl.checkpoint import CheckpointStore, verify
-    from mpirl.config import build
-    from mpirl.layout import Layout
-    from mpirl.rollout import EnvSpec
-    from mpirl.runtime import RuntimeSettings
+    from mpirl.config.parse import build
+    from mpirl.execution.algorithm import Algorithm, load_algorithm
+    from mpirl.jobs.checkpoint import CheckpointStore, verify
+    from mpirl.runtime.driver import RuntimeSettings
+    from mpirl.runtime.layout import Layout
+    from mpirl.workers.env_spec import EnvSpec
 
     module = load_algorithm("PPO")
     config = build(module.Config, {"hidden_sizes": list(hidden), "num_epochs": 1})
@@ -118,12 +118,12 @@ def role_replay_memory(buffer_mb: int) -> int:
     import numpy as np
 
     import mpirl
-    from mpirl.algorithm import Algorithm, load_algorithm
-    from mpirl.checkpoint import CheckpointStore, verify
-    from mpirl.config import build
-    from mpirl.layout import Layout
-    from mpirl.rollout import EnvSpec
-    from mpirl.runtime import RuntimeSettings
+    from mpirl.config.parse import build
+    from mpirl.execution.algorithm import Algorithm, load_algorithm
+    from mpirl.jobs.checkpoint import CheckpointStore, verify
+    from mpirl.runtime.driver import RuntimeSettings
+    from mpirl.runtime.layout import Layout
+    from mpirl.workers.env_spec import EnvSpec
 
     module = load_algorithm("DQN")
     row_bytes = 4 * 4 + 8 + 4 + 1  # obs (4 float32), action (int64), reward, flags

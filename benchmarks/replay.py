@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 from harness import BenchError, attempt, mpiexec_command, run_metadata, run_process, write_report
 
-from mpirl.replay import OBS_ONLY, ReplayBuffer, ReplaySettings
+from mpirl.data.replay_buffer import OBS_ONLY, ReplayBuffer, ReplaySettings
 
 MPIRL = Path(sys.executable).parent / "mpirl"
 ACTIONS = gym.spaces.Discrete(4)

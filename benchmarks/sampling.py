@@ -93,8 +93,8 @@ def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:
 
 
 def _policy_spec():
-    from mpirl.policy import PolicySpec
-    from mpirl.rollout import EnvSpec
+    from mpirl.models.policy import PolicySpec
+    from mpirl.workers.env_spec import EnvSpec
 
     observation_space, action_space = EnvSpec(ENV_ID).spaces()
     return PolicySpec(observation_space, action_space, HIDDEN_SIZES)
@@ -129,7 +129,8 @@ def role_raw(plan: Plan) -> int:
 def role_local(plan: Plan) -> int:
     """One RolloutWorker in the driver's process (world size 1), batches returned in-process."""
     import mpirl
-    from mpirl.rollout import EnvSpec, RolloutWorker
+    from mpirl.workers.env_spec import EnvSpec
+    from mpirl.workers.rollout import RolloutWorker
 
     def body(driver: mpirl.Driver) -> int:
         worker = driver.spawn("rollout", RolloutWorker, EnvSpec(ENV_ID), _policy_spec(),
@@ -163,9 +164,10 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
     import tempfile
 
     import mpirl
-    from mpirl.core import Worker
-    from mpirl.operators import parallel_rollouts
-    from mpirl.rollout import BATCH_TAG, EnvSpec, RolloutWorker
+    from mpirl.execution.operators import parallel_rollouts
+    from mpirl.runtime.core import Worker
+    from mpirl.workers.env_spec import EnvSpec
+    from mpirl.workers.rollout import BATCH_TAG, RolloutWorker
 
     class BatchSink(Worker):
         """Stands in for the learner: receives the rollout ranks' batches and drops them."""
@@ -177,7 +179,7 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
             return sum(len(channel.recv(src, BATCH_TAG)["advantages"]) for src in sources)
 
     def body(driver: mpirl.Driver) -> int:
-        from mpirl.trajectories import DumpTarget
+        from mpirl.data.dump_writer import DumpTarget
 
         directory = tempfile.mkdtemp(prefix="mpirl-dump-bench-")
         dump = (None if dump_writer_process is None else

@@ -50,10 +50,10 @@ from harness import (
     write_report,
 )
 
-from mpirl.algorithm import ALGORITHMS
 from mpirl.errors import EXIT_RESUME
-from mpirl.layout import parse_layout_row
-from mpirl.memory import MIB, open_fd_count, process_rss_bytes
+from mpirl.execution.algorithm import ALGORITHMS
+from mpirl.runtime.layout import parse_layout_row
+from mpirl.runtime.memory import MIB, open_fd_count, process_rss_bytes
 
 MPIRL = Path(sys.executable).parent / "mpirl"
 

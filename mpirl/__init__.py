@@ -1,7 +1,8 @@
 """mpirl: distributed reinforcement learning on MPI.
 
 Rank 0 drives; every other rank hosts stateful workers (rollout, replay, learner) that rank 0 calls
-asynchronously. See ``mpirl.runtime.run`` for the entry point and ``mpirl.core`` for the interfaces.
+asynchronously. ``mpirl.train`` runs a whole training run; ``mpirl.run`` (``mpirl.runtime.driver``)
+runs a driver function of your own over workers (``mpirl.runtime.core``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ __version__ = "0.1.0"
 # Imported on first use: importing mpi4py.MPI initializes MPI, and `mpirl launch` (a supervisor
 # that runs outside MPI) must be able to import mpirl without becoming an MPI singleton.
 _EXPORTS = {
-    "RankContext": "mpirl.core", "Worker": "mpirl.core",
-    "Future": "mpirl.dispatch", "WorkerGroup": "mpirl.dispatch",
-    "WorkerHandle": "mpirl.dispatch", "wait": "mpirl.dispatch",
+    "RankContext": "mpirl.runtime.core", "Worker": "mpirl.runtime.core",
+    "Future": "mpirl.runtime.dispatch", "WorkerGroup": "mpirl.runtime.dispatch",
+    "WorkerHandle": "mpirl.runtime.dispatch", "wait": "mpirl.runtime.dispatch",
     "ConfigError": "mpirl.errors", "LayoutError": "mpirl.errors", "MpirlError": "mpirl.errors",
     "RankLost": "mpirl.errors", "RemoteError": "mpirl.errors", "TaskTimeout": "mpirl.errors",
-    "Layout": "mpirl.layout", "Placement": "mpirl.layout",
-    "Driver": "mpirl.runtime", "RuntimeSettings": "mpirl.runtime", "run": "mpirl.runtime",
+    "Layout": "mpirl.runtime.layout", "Placement": "mpirl.runtime.layout",
+    "Driver": "mpirl.runtime.driver", "RuntimeSettings": "mpirl.runtime.driver",
+    "run": "mpirl.runtime.driver",
 }
 
 __all__ = [
@@ -39,8 +41,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from mpirl.core import RankContext, Worker
-    from mpirl.dispatch import Future, WorkerGroup, WorkerHandle, wait
     from mpirl.errors import (
         ConfigError,
         LayoutError,
@@ -49,8 +49,10 @@ if TYPE_CHECKING:
         RemoteError,
         TaskTimeout,
     )
-    from mpirl.layout import Layout, Placement
-    from mpirl.runtime import Driver, RuntimeSettings, run
+    from mpirl.runtime.core import RankContext, Worker
+    from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, wait
+    from mpirl.runtime.driver import Driver, RuntimeSettings, run
+    from mpirl.runtime.layout import Layout, Placement
 
 
 def __getattr__(name: str) -> Any:

@@ -8,11 +8,11 @@ import functools
 import os
 import sys
 
-from mpirl import launch, slurm
-from mpirl.config import build, parse_json_object, split_by_dataclass
+from mpirl.config.parse import build, parse_json_object, split_by_dataclass
 from mpirl.errors import ConfigError, LaunchError, MpirlError
-from mpirl.layout import Layout
-from mpirl.progress import PROGRESS_MODES
+from mpirl.jobs import launch, slurm
+from mpirl.report.progress import PROGRESS_MODES
+from mpirl.runtime.layout import Layout
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,8 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                             "override them)")
     train.add_argument("--dump-trajectories", metavar="DIR",
                        help="every rollout rank writes the episodes it completes to DIR (HDF5, "
-                            "Minari's layout; read with mpirl.io or minari); the config key "
-                            "dump_trajectories")
+                            "Minari's layout; read with mpirl.open_dataset or minari); the config "
+                            "key dump_trajectories")
     train.add_argument("--progress", choices=PROGRESS_MODES,
                        help="how rank 0 shows progress: live (a redrawn bar), plain (one line "
                             "per iteration), off, or auto: live only when mpiexec's output (or "
@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return _inspect(args)  # outside MPI too
     try:
         if args.command == "doctor":
-            from mpirl.doctor import run_doctor
-            from mpirl.runtime import RuntimeSettings, run
+            from mpirl.runtime.doctor import run_doctor
+            from mpirl.runtime.driver import RuntimeSettings, run
 
             layout_keys, runtime_keys = split_by_dataclass(
                 parse_json_object(args.config, "--config"), Layout, RuntimeSettings
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--pings must be >= 1, got {args.pings}")
             return run(lambda driver: run_doctor(driver, pings=args.pings), layout, settings)
         if args.command == "train":
-            from mpirl.train import make_request, train
+            from mpirl.commands.train import make_request, train
 
             config = parse_json_object(args.config, "--config")
             if args.dump_trajectories is not None:
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return train(request)
         if args.command == "evaluate":
-            from mpirl.evaluate import evaluate, report
+            from mpirl.commands.evaluate import evaluate, report
 
             result = evaluate(args.checkpoint, args.episodes, args.seed, args.stochastic,
                               args.render_video, warn=lambda m: _print_on_rank0(f"mpirl: {m}"),
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             print(report(result, args.json), flush=True)
             return 0
         if args.command == "export":
-            from mpirl.evaluate import find_checkpoint
-            from mpirl.export import export_checkpoint
+            from mpirl.commands.evaluate import find_checkpoint
+            from mpirl.commands.export import export_checkpoint
 
             checkpoint, manifest = find_checkpoint(
                 args.checkpoint, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"(from {checkpoint})")
             return 0
         if args.command == "plot":
-            from mpirl.plot import plot_runs
+            from mpirl.report.plot import plot_runs
 
             _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}")
             return 0
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from mpirl.dump_inspect import plot_returns, report, summarize
+    from mpirl.commands.inspect import plot_returns, report, summarize
 
     try:
         summary = summarize(args.path)

@@ -97,7 +97,7 @@ class EnvFailureError(MpirlError):
     """An environment kept raising: ``max_env_failures`` failures in a row on one sub-env.
 
     Raised on the rollout rank; the driver re-raises it under this type (see
-    ``mpirl.env_guard.unwrap_env_failure``) so the user reads its message alone.
+    ``mpirl.workers.env_guard.unwrap_env_failure``) so the user reads its message alone.
     """
 
 
@@ -131,3 +131,9 @@ class ProcessFailure(MpirlError):
     """An MPI operation failed because a rank it involved died (under ULFM only)."""
 
     exit_code = EXIT_RANK_LOST
+
+
+class CheckpointError(MpirlError):
+    """A checkpoint cannot be used: missing, corrupt, or of another run."""
+
+    exit_code = 2

@@ -16,8 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from mpirl.core import RankContext, Worker
-from mpirl.memory import rss_bytes
+from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.memory import rss_bytes
 
 
 class Echo(Worker):

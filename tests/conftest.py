@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirl.layout import parse_layout_row
+from mpirl.runtime.layout import parse_layout_row
 
 BIN = Path(sys.executable).parent
 MPIEXEC = BIN / "mpiexec"

@@ -1,6 +1,6 @@
 """Every algorithm's Config: its flat ``--config`` keys, key defaults and field docstrings.
 
-The shared fields live in base classes (mpirl.config_fields); these tests pin the keys each
+The shared fields live in base classes (mpirl.config.fields); these tests pin the keys each
 algorithm exposes, so that params.json, ``--config`` and checkpoints see the same keys.
 """
 
@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-from mpirl.algorithm import ALGORITHMS, load_algorithm
-from mpirl.config import build
+from mpirl.config.parse import build
 from mpirl.errors import ConfigError
+from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
 
 
 def field_docs(cls: type) -> dict[str, str]:

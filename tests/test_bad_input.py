@@ -12,15 +12,15 @@ import time
 import pytest
 from conftest import run_mpi
 
-from mpirl.algorithm import ALGORITHMS, STOP_KEYS, load_algorithm
-from mpirl.checkpoint import CheckpointSettings
-from mpirl.config import build
-from mpirl.config_fields import numeric_fields, range_of
+from mpirl.commands.train import make_request
+from mpirl.config.fields import numeric_fields, range_of
+from mpirl.config.parse import build
+from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import ConfigError
-from mpirl.layout import Layout
-from mpirl.runtime import RuntimeSettings
-from mpirl.train import make_request
-from mpirl.trajectories import DumpSettings
+from mpirl.execution.algorithm import ALGORITHMS, STOP_KEYS, load_algorithm
+from mpirl.jobs.checkpoint import CheckpointSettings
+from mpirl.runtime.driver import RuntimeSettings
+from mpirl.runtime.layout import Layout
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 SETTINGS = (RuntimeSettings, CheckpointSettings, DumpSettings, Layout)
@@ -42,7 +42,7 @@ def test_the_numeric_keys_are_found():
 def test_every_numeric_key_has_a_range_that_its_default_satisfies(name, key, kind):
     cls = CLASSES[name]
     rng = range_of(cls, key)
-    assert rng is not None, f"{name}.{key} has no entry in mpirl.config_fields.RANGES"
+    assert rng is not None, f"{name}.{key} has no entry in mpirl.config.fields.RANGES"
     default = next(f.default for f in __import__("dataclasses").fields(cls) if f.name == key)
     values = default if kind == "ints" else [default]
     assert all(rng.admits(v, kind in ("int", "ints")) for v in values), (name, key, default)

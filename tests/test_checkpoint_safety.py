@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from conftest import BIN, mpi_env
 
-from mpirl.checkpoint import CheckpointStore, verify, write_state_file
-from mpirl.run_dir import LOCK_FILE, LOCK_STALE_S, RunDirLocked, RunLock
+from mpirl.jobs.checkpoint import CheckpointStore, verify
+from mpirl.jobs.run_dir import LOCK_FILE, LOCK_STALE_S, RunDirLocked, RunLock
+from mpirl.runtime.state_files import write_state_file
 
 MPIRL = str(BIN / "mpirl")
 PYTHON = sys.executable
@@ -138,7 +139,8 @@ MEMORY_PROGRAM = textwrap.dedent("""
     import json, re, sys
     from pathlib import Path
     import numpy as np
-    from mpirl.checkpoint import read_state_file, verify, write_state_file
+    from mpirl.runtime.state_files import read_state_file, write_state_file
+    from mpirl.jobs.checkpoint import verify
 
     def status(key):
         return 1024 * int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read())[1])
@@ -178,7 +180,8 @@ def test_write_and_verify_stream_without_a_second_copy(tmp_path):
 # The swap of a redone iteration, killed before each file-system step in turn.
 KILL_PROGRAM = textwrap.dedent("""
     import os, shutil, sys
-    from mpirl.checkpoint import CheckpointStore, write_state_file
+    from mpirl.jobs.checkpoint import CheckpointStore
+    from mpirl.runtime.state_files import write_state_file
 
     run_dir, kill_at = sys.argv[1], int(sys.argv[2])
     store = CheckpointStore(run_dir, keep=3)
@@ -208,7 +211,7 @@ def _commit(store: CheckpointStore, iteration: int, content: str) -> None:
 
 
 def test_a_kill_at_any_point_of_the_swap_loses_no_checkpoint(tmp_path):
-    from mpirl.checkpoint import read_state_file
+    from mpirl.runtime.state_files import read_state_file
 
     completed, leftovers = False, []
     for kill_at in range(1, 20):

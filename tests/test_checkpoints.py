@@ -18,8 +18,8 @@ import pytest
 from conftest import BIN, LiveRun, mpi_env, run_mpi
 from conftest import latest_checkpoint_iteration as _latest_iteration
 
-from mpirl.checkpoint import CheckpointError, CheckpointStore, verify
-from mpirl.errors import EXIT_RESUME, EXIT_USAGE
+from mpirl.errors import EXIT_RESUME, EXIT_USAGE, CheckpointError
+from mpirl.jobs.checkpoint import CheckpointStore, verify
 
 MPIRL = str(BIN / "mpirl")
 #: Columns that depend only on the training itself (not on wall time).

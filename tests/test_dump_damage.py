@@ -19,15 +19,11 @@ import numpy as np
 import pytest
 from conftest import BIN, mpi_env, run_mpi
 
-from mpirl.io import DatasetError, open_dataset
-from mpirl.trajectories import (
-    MAIN_FILE,
-    METADATA_FILE,
-    QUARANTINE_KEY,
-    DumpIndex,
-    DumpSettings,
-    EpisodeFile,
-)
+from mpirl.data.dump_format import MAIN_FILE, METADATA_FILE, QUARANTINE_KEY
+from mpirl.data.dump_index import DumpIndex
+from mpirl.data.dump_writer import DumpSettings
+from mpirl.data.episode_file import EpisodeFile
+from mpirl.data.reader import DatasetError, open_dataset
 
 MPIRL = str(BIN / "mpirl")
 SMALL = {"num_envs_per_worker": 4, "rollout_fragment_length": 64}
@@ -313,8 +309,9 @@ WRITE_AND_READ = """
 import sys
 from pathlib import Path
 import numpy as np
-from mpirl.io import open_dataset
-from mpirl.trajectories import FORMAT_ATTR, EpisodeFile
+from mpirl.data.reader import open_dataset
+from mpirl.data.dump_format import FORMAT_ATTR
+from mpirl.data.episode_file import EpisodeFile
 
 path = Path(sys.argv[1])
 file = EpisodeFile(path, {FORMAT_ATTR: 1}, 1, 4096)

@@ -16,13 +16,14 @@ import pytest
 from conftest import run_mpi
 from mpi4py import MPI
 
-from mpirl.algorithm import load_algorithm
-from mpirl.core import RankContext
 from mpirl.errors import ConfigError, EnvFailureError
-from mpirl.layout import Layout
-from mpirl.learner import Learner
-from mpirl.policy import PolicySpec
-from mpirl.rollout import EnvSpec, RolloutWorker
+from mpirl.execution.algorithm import load_algorithm
+from mpirl.models.policy import PolicySpec
+from mpirl.runtime.core import RankContext
+from mpirl.runtime.layout import Layout
+from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.learner import Learner
+from mpirl.workers.rollout import RolloutWorker
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 ppo = load_algorithm("PPO")

@@ -9,9 +9,9 @@ import pytest
 from conftest import run_mpi
 from test_env_failures import rollout_worker
 
-from mpirl.env_guard import GuardedEnv
 from mpirl.errors import ConfigError, EnvFailureError
-from mpirl.rollout import EnvSpec
+from mpirl.workers.env_guard import GuardedEnv
+from mpirl.workers.env_spec import EnvSpec
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 

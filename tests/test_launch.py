@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN, PROGRAMS, mpi_env, mpiexec_command
 
-from mpirl.launch import describe, find_train, first_command, restart_command
+from mpirl.jobs.launch import describe, find_train, first_command, restart_command
 
 FAKE_JOB = PROGRAMS / "fake_job.py"
 TRAIN_ARGS = ["train", "--algo", "PPO", "--env", "CartPole-v1"]

@@ -2,10 +2,10 @@
 
 import pytest
 
-from mpirl.config import build, parse_json_object, split_by_dataclass
+from mpirl.config.parse import build, parse_json_object, split_by_dataclass
 from mpirl.errors import ConfigError, LayoutError
-from mpirl.layout import Layout
-from mpirl.runtime import RuntimeSettings
+from mpirl.runtime.driver import RuntimeSettings
+from mpirl.runtime.layout import Layout
 
 
 def test_fixed_layout_assigns_roles_in_order():

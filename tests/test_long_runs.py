@@ -18,8 +18,8 @@ import pytest
 from conftest import PROGRAMS, parse_result, run_mpi
 from test_train import rows, train
 
-from mpirl.async_ops import AsyncRequests
-from mpirl.dispatch import Future
+from mpirl.execution.async_ops import AsyncRequests
+from mpirl.runtime.dispatch import Future
 
 LONG_RUN = PROGRAMS / "long_run.py"
 

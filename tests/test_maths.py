@@ -16,14 +16,15 @@ from test_env_failures import GAMMA, local_context
 from test_replay import add_column, counter_buffer
 from test_train import MPIRL, rows, train
 
-from mpirl import learner as learner_module
+from mpirl.data.replay_buffer import SumTree
 from mpirl.errors import ConfigError
-from mpirl.learner import bootstrap_address
-from mpirl.policy import PolicySpec
-from mpirl.qlearning import check_q_config, replay_beta
-from mpirl.replay import SumTree
-from mpirl.rollout import EnvSpec, RolloutWorker
+from mpirl.execution.replay_ops import check_q_config, replay_beta
+from mpirl.models.policy import PolicySpec
 from mpirl.testing import CountingEnv
+from mpirl.workers import learner as learner_module
+from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.learner import bootstrap_address
+from mpirl.workers.rollout import RolloutWorker
 
 # CountingEnv's episodes end (terminated) after `episode_length` steps; gymnasium's TimeLimit
 # truncates them after `max_episode_steps`. When both are 5, step 5 is terminated and truncated.

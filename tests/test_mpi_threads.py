@@ -12,8 +12,8 @@ import pytest
 from conftest import BIN, PROGRAMS, mpi_env, mpiexec_command, parse_result
 from mpi4py import MPI
 
-from mpirl import heartbeat
 from mpirl.errors import EXIT_FAILURE, EXIT_RANK_LOST, EXIT_USAGE, ThreadLevelError
+from mpirl.runtime import heartbeat
 
 PROGRAM = PROGRAMS / "threads_scenarios.py"
 HANG_LIMIT_S = 90

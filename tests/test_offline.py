@@ -12,9 +12,9 @@ import torch
 from conftest import BIN, mpi_env, run_mpi
 from mpirl.algorithms import bc, marwil
 
-from mpirl.io import open_dataset, returns_to_go
-from mpirl.offline import EpisodeShard, OfflineInput
-from mpirl.policy import PolicySpec
+from mpirl.data.offline import EpisodeShard, OfflineInput
+from mpirl.data.reader import open_dataset, returns_to_go
+from mpirl.models.policy import PolicySpec
 
 MPIRL = str(BIN / "mpirl")
 ENV = "CartPole-v1"
@@ -115,7 +115,7 @@ def _expect_usage_error(proc, *phrases):
 
 
 def test_bad_input_is_a_clear_error(small_dump, tmp_path):
-    """BC and MARWIL share these checks (mpirl.offline.check_config); each case runs on one."""
+    """BC and MARWIL share these checks (mpirl.data.offline.check_config); each case runs on one."""
     stop = {"training_iteration": 1}
     for algo in ("BC", "MARWIL"):
         _expect_usage_error(_train(1, algo, tmp_path / algo, {}, stop), 'config key "input"')

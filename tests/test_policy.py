@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from mpirl.data.batches import concat_batches, standardize_fields
 from mpirl.errors import ConfigError
-from mpirl.operators import concat_batches, standardize_fields
-from mpirl.policy import PolicySpec, RunningMeanStd, compute_gae
+from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
 
 BOX_OBS = gym.spaces.Box(-1, 1, shape=(3,), dtype=np.float32)
 

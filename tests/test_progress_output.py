@@ -11,7 +11,7 @@ import pytest
 from conftest import mpi_env, mpiexec_command, run_mpi
 
 from mpirl.errors import ConfigError
-from mpirl.progress import launcher_stdout_is_terminal, progress_mode
+from mpirl.report.progress import launcher_stdout_is_terminal, progress_mode
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 ESC = b"\x1b"

@@ -4,9 +4,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from mpirl.data.replay_buffer import OBS_ONLY, ReplayBuffer, ReplaySettings, SumTree
 from mpirl.errors import ConfigError
-from mpirl.qlearning import apex_epsilons
-from mpirl.replay import OBS_ONLY, ReplayBuffer, ReplaySettings, SumTree
+from mpirl.execution.replay_ops import apex_epsilons
 
 COUNTER_OBS = gym.spaces.Box(-1e9, 1e9, (1,), np.float32)
 TWO_ACTIONS = gym.spaces.Discrete(2)
@@ -141,9 +141,9 @@ def test_a_shard_joins_a_workers_consecutive_chunks_and_cuts_at_a_lost_one():
 
     from mpi4py import MPI
 
-    from mpirl.core import RankContext
-    from mpirl.layout import Layout
-    from mpirl.replay import ReplayShard
+    from mpirl.runtime.core import RankContext
+    from mpirl.runtime.layout import Layout
+    from mpirl.workers.replay_shard import ReplayShard
 
     context = RankContext(0, "replay", 0, 1, Layout().resolve(1), None, MPI.COMM_SELF, None,
                           socket.gethostname(), "cpu")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from mpirl.errors import ConfigError
-from mpirl.plot import plot_runs
-from mpirl.progress import ProgressDisplay
-from mpirl.run_dir import RunRecorder
-from mpirl.tensorboard import EventWriter, crc32c
+from mpirl.jobs.run_dir import RunRecorder
+from mpirl.report.plot import plot_runs
+from mpirl.report.progress import ProgressDisplay
+from mpirl.report.tensorboard import EventWriter, crc32c
 
 # --- an independent reader of event files: bitwise CRC-32C, hand-decoded protobuf -------------
 

@@ -11,11 +11,12 @@ import pytest
 from conftest import latest_checkpoint_iteration, run_mpi
 from test_env_failures import local_context
 
-from mpirl import trajectories
+from mpirl.data import dump_writer as trajectories
+from mpirl.data.dump_writer import DumpTarget, DumpWriterTimeout
 from mpirl.errors import RemoteError, unwrap_remote
-from mpirl.policy import PolicySpec
-from mpirl.rollout import EnvSpec, RolloutWorker
-from mpirl.trajectories import DumpTarget, DumpWriterTimeout
+from mpirl.models.policy import PolicySpec
+from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.rollout import RolloutWorker
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 LOCK_ERROR = "TypeError: cannot pickle '_thread.lock' object"
@@ -88,7 +89,7 @@ def test_a_writer_that_never_confirms_its_episodes_is_an_error(tmp_path, monkeyp
 
 
 def test_the_driver_reports_a_writer_timeout_by_its_message_alone():
-    remote = RemoteError(1, "rollout", "finish_dump", "mpirl.trajectories.DumpWriterTimeout",
+    remote = RemoteError(1, "rollout", "finish_dump", "mpirl.data.dump_writer.DumpWriterTimeout",
                          "the trajectory writer of x has not confirmed 2 batch(es)", "Traceback")
     local = unwrap_remote(remote, DumpWriterTimeout)
     assert type(local) is DumpWriterTimeout and str(local).startswith("the trajectory writer")

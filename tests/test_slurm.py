@@ -23,11 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import BIN, latest_checkpoint_iteration, mpi_env
 
-from mpirl import stop_signals
 from mpirl.errors import ConfigError, LaunchError
-from mpirl.layout import SKIP_WORLD_SIZE_CHECK, check_slurm_step, parse_layout_row
-from mpirl.runtime import pick_device
-from mpirl.slurm import (
+from mpirl.jobs.slurm import (
     EXAMPLES,
     JobSpec,
     example_scripts,
@@ -35,6 +32,9 @@ from mpirl.slurm import (
     render,
     time_limit_seconds,
 )
+from mpirl.runtime import signals as stop_signals
+from mpirl.runtime.driver import pick_device
+from mpirl.runtime.layout import SKIP_WORLD_SIZE_CHECK, check_slurm_step, parse_layout_row
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"

@@ -19,7 +19,7 @@ import pytest
 from conftest import BIN, mpi_env
 
 from mpirl.errors import ConfigError
-from mpirl.slurm import JobSpec, Site, load_site, render
+from mpirl.jobs.slurm import JobSpec, Site, load_site, render
 
 MPIRL = str(BIN / "mpirl")
 

@@ -1,4 +1,5 @@
-"""Trajectory dumps: per-rank HDF5 files in Minari's layout, the mpirl.io reader, mpirl inspect."""
+"""Trajectory dumps: per-rank HDF5 files in Minari's layout, the mpirl.data.reader reader, mpirl
+inspect."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import numpy as np
 import pytest
 from conftest import BIN, LiveRun, mpi_env, run_mpi
 
-from mpirl.io import DatasetError, open_dataset
-from mpirl.trajectories import FORMAT_ATTR, EpisodeFile, serialize_space
+from mpirl.data.dump_format import FORMAT_ATTR, serialize_space
+from mpirl.data.episode_file import EpisodeFile
+from mpirl.data.reader import DatasetError, open_dataset
 
 MPIRL = str(BIN / "mpirl")
 SMALL = {"num_envs_per_worker": 4, "rollout_fragment_length": 64}
@@ -430,7 +432,8 @@ def test_dump_config_errors(tmp_path):
 
 def test_killed_writer_process_is_reported(tmp_path):
     # Not under MPI: the recorder alone, its writer killed, the next flush raises clearly.
-    from mpirl.trajectories import DumpTarget, EpisodeRecorder
+    from mpirl.data.dump_writer import DumpTarget
+    from mpirl.data.episode_recorder import EpisodeRecorder
 
     space = gym.spaces.Box(-1, 1, (2,))
     recorder = EpisodeRecorder(DumpTarget(str(tmp_path), 0), 0, 1, "Fake-v0", space,

@@ -19,7 +19,7 @@ import time
 import pytest
 from conftest import assert_every_rank_ended, mpi_env, mpiexec_command
 
-from mpirl.layout import parse_layout_row
+from mpirl.runtime.layout import parse_layout_row
 
 LIMIT_S = 90  # the whole run, start-up included; the test fails rather than hangs past it
 STOP = {"episode_return_mean": 450, "timesteps_total": 300_000}

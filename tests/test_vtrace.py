@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.vtrace import vtrace
+from mpirl.models.vtrace import vtrace
 
 
 def reference(behaviour_logp, target_logp, rewards, values, bootstrap, discounts, rho_bar, c_bar,

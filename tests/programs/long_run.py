@@ -14,12 +14,12 @@ import json
 import sys
 import time
 
-from mpirl.algorithm import Algorithm, load_algorithm
-from mpirl.config import build
-from mpirl.layout import WORKER_ROLES, Layout
-from mpirl.rollout import EnvSpec
-from mpirl.runtime import RuntimeSettings, run
+from mpirl.config.parse import build
+from mpirl.execution.algorithm import Algorithm, load_algorithm
+from mpirl.runtime.driver import RuntimeSettings, run
+from mpirl.runtime.layout import WORKER_ROLES, Layout
 from mpirl.testing import RankInspector
+from mpirl.workers.env_spec import EnvSpec
 
 
 def inspect(driver, inspectors) -> dict[str, list[int]]:

@@ -162,7 +162,7 @@ def errors(driver, args):
 @scenario
 def partial_spawn(driver, args):
     """A constructor failing on one rank of three leaves no object behind on the others."""
-    from mpirl.dispatch import HOST
+    from mpirl.runtime.dispatch import HOST
 
     def objects_per_rank():
         return [driver.dispatcher.submit(rank, HOST, "count_objects", (), {}).result()
@@ -294,8 +294,8 @@ def learners_agree(driver, args):
     import gymnasium as gym
     from mpirl.algorithms import ppo
 
-    from mpirl.learner import Learner
-    from mpirl.policy import PolicySpec
+    from mpirl.models.policy import PolicySpec
+    from mpirl.workers.learner import Learner
 
     spec = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
     config = ppo.Config()

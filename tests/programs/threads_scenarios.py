@@ -17,8 +17,8 @@ import time
 from scenarios import SCENARIOS, report, scenario  # the shared registry and RESULT line
 
 import mpirl
-from mpirl.core import Worker
-from mpirl.heartbeat import Heartbeat
+from mpirl.runtime.core import Worker
+from mpirl.runtime.heartbeat import Heartbeat
 
 
 class Blocker(Worker):
@@ -91,10 +91,11 @@ def broadcast_while_busy(driver, args):
     import numpy as np
     from mpirl.algorithms import ppo
 
-    from mpirl.learner import Learner
-    from mpirl.operators import broadcast_weights
-    from mpirl.policy import PolicySpec
-    from mpirl.rollout import EnvSpec, RolloutWorker
+    from mpirl.execution.operators import broadcast_weights
+    from mpirl.models.policy import PolicySpec
+    from mpirl.workers.env_spec import EnvSpec
+    from mpirl.workers.learner import Learner
+    from mpirl.workers.rollout import RolloutWorker
 
     # Large enough (about 1 MiB) that MPI cannot send it eagerly: the root waits for receivers.
     spec = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
@@ -139,7 +140,7 @@ def main() -> int:
     if args.name == "broadcast_while_busy":
         # Imported on every rank before the run, so that spawning takes less than the short
         # task_timeout_s the scenario runs with.
-        for module in ("mpirl.learner", "mpirl.rollout"):
+        for module in ("mpirl.workers.learner", "mpirl.workers.rollout"):
             importlib.import_module(module)
     settings = mpirl.RuntimeSettings(**{"print_layout": False, **json.loads(args.settings)})
     layout = mpirl.Layout(**json.loads(args.layout))

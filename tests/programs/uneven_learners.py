@@ -21,10 +21,10 @@ import torch
 from mpi4py import MPI
 from mpirl.algorithms import impala, marwil, ppo
 
-from mpirl.core import RankContext
-from mpirl.layout import Layout
-from mpirl.learner import Learner
-from mpirl.policy import PolicySpec
+from mpirl.models.policy import PolicySpec
+from mpirl.runtime.core import RankContext
+from mpirl.runtime.layout import Layout
+from mpirl.workers.learner import Learner
 
 ROWS = 10
 #: How the ROWS rows are split between learner 0 and learner 1.

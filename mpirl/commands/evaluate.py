@@ -1,0 +1,179 @@
+"""``mpirl evaluate``: run a checkpoint's or an exported file's policy for some episodes and
+report its returns.
+
+One process, no MPI traffic: the policy is learner 0's weights, observations are normalized with
+the run's statistics when the run normalized them, and actions are the policy's most likely ones
+unless ``stochastic`` is set. A checkpoint is code (pickles, and a module its manifest names is
+imported); an exported file (``mpirl.commands.export``) is plain arrays, read without unpickling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from mpirl.config.parse import build
+from mpirl.errors import CheckpointError, ConfigError
+from mpirl.execution.algorithm import load_algorithm
+from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
+from mpirl.models.policy import RunningMeanStd, model_spec
+from mpirl.runtime.state_files import read_state_file
+from mpirl.workers.env_spec import EnvSpec
+
+
+@dataclass
+class Evaluation:
+    checkpoint: Path
+    manifest: dict[str, Any]
+    returns: list[float]
+    lengths: list[int]
+
+    def summary(self) -> dict[str, Any]:
+        r = np.asarray(self.returns)
+        return {
+            "checkpoint": str(self.checkpoint), "algo": self.manifest["algo"],
+            "env": self.manifest["env"]["env_id"], "iteration": self.manifest["iteration"],
+            "episodes": len(r), "return_mean": float(r.mean()), "return_std": float(r.std()),
+            "return_min": float(r.min()), "return_max": float(r.max()),
+            "length_mean": float(np.mean(self.lengths)),
+        }
+
+
+def find_checkpoint(path: str | Path, warn=None) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint directory, or a run directory's newest valid checkpoint, with its
+    manifest; CheckpointError if there is none."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return path, verify(path)
+    if (path / CHECKPOINTS).is_dir():
+        found = CheckpointStore(path).newest_valid(warn=warn)
+        if found is not None:
+            return found
+        raise CheckpointError(f"{path} has no checkpoints yet")
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory")
+    raise CheckpointError(f"{path} is neither a checkpoint (no {MANIFEST}) nor a run directory "
+                          f"(no {CHECKPOINTS}/)")
+
+
+def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = False,
+             video_dir: str | None = None, warn=None, env_id: str | None = None,
+             env_module: str | None = None) -> Evaluation:
+    """Run ``episodes`` episodes of a checkpoint's or an exported file's policy on its
+    environment (``env_id`` and ``env_module`` replace the one it was trained on).
+
+    A checkpoint is unpickled and its manifest's ``env_module`` imported: load only your own.
+    An exported file (``mpirl export``) is read without unpickling, and no module it names is
+    imported: give ``--env``/``--env-module`` for an environment outside gymnasium's registry.
+    """
+    if episodes < 1:
+        raise ConfigError(f"--episodes must be >= 1, got {episodes}")
+    if Path(path).is_file():
+        from mpirl.commands.export import load_exported
+
+        manifest, policy, obs_filter = load_exported(path)
+        checkpoint = Path(path)
+        saved = manifest["env"]
+        if env_id is None and (saved.get("env_module") or ":" in saved["env_id"]):
+            raise ConfigError(
+                f"{path} was trained on {saved['env_id']!r}"
+                + (f" (module {saved['env_module']})" if saved.get("env_module") else "")
+                + "; an exported file imports no module it names: pass --env (and --env-module) "
+                  "to say which environment to run")
+        spaces = (policy.spec.observation_space, policy.spec.action_space)
+    else:
+        checkpoint, manifest = find_checkpoint(path, warn)
+        saved = manifest["env"]
+        policy = obs_filter = spaces = None
+    env_config = dict(saved.get("env_config") or {}) if env_id is None else {}
+    if video_dir is not None:
+        try:
+            import moviepy  # noqa: F401 - gymnasium's RecordVideo needs it
+        except ImportError:
+            raise ConfigError("--render-video needs moviepy: pip install 'mpirl[video]'") from None
+        env_config["render_mode"] = "rgb_array"
+        # Frames are drawn off-screen: no display, no sound card, no greeting from pygame.
+        for key, value in (("SDL_VIDEODRIVER", "dummy"), ("SDL_AUDIODRIVER", "dummy"),
+                           ("PYGAME_HIDE_SUPPORT_PROMPT", "1")):
+            os.environ.setdefault(key, value)
+    spec = EnvSpec(env_id or saved["env_id"],
+                   env_module if env_id or policy is not None else saved.get("env_module"),
+                   env_config)
+    spec.check()
+    env = spec.make()
+    if spaces is not None and (env.observation_space, env.action_space) != spaces:
+        env.close()
+        raise ConfigError(f"{spec.env_id} has spaces {env.observation_space} and "
+                          f"{env.action_space}; the policy in {path} was trained on {spaces[0]} "
+                          f"and {spaces[1]}")
+    if video_dir is not None:
+        env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True,
+                                       name_prefix=f"{manifest['algo']}-{checkpoint.name}",
+                                       disable_logger=True)
+    if policy is None:
+        policy, obs_filter = _checkpoint_policy(checkpoint, manifest, env)
+    returns, lengths = [], []
+    try:
+        _run_episodes(env, policy, obs_filter, episodes, seed, stochastic, returns, lengths)
+    except gym.error.DependencyNotInstalled as error:
+        raise ConfigError(f"rendering {spec.env_id} needs a package that is missing: "
+                          f"{error}") from None
+    finally:
+        env.close()
+    if env_id is not None:  # the report names the environment that was run
+        manifest = {**manifest, "env": {**saved, "env_id": env_id, "env_module": env_module}}
+    return Evaluation(checkpoint, manifest, returns, lengths)
+
+
+def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
+                       ) -> tuple[Any, RunningMeanStd | None]:
+    """Learner 0's model and the run's observation normalizer, unpickled from a checkpoint."""
+    module = load_algorithm(manifest["algo"])
+    config = build(module.Config, manifest["config"])
+    files = manifest["files"]
+    policy = model_spec(module, env.observation_space, env.action_space, config).build("cpu")
+    policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
+                                            files["learner_0.pkl"])["weights"])
+    obs_filter = None
+    driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
+    if getattr(config, "normalize_observations", False) and driver["obs_filter"] is not None:
+        mean, var, count = driver["obs_filter"]
+        obs_filter = RunningMeanStd(mean.shape)
+        obs_filter.mean, obs_filter.var, obs_filter.count = mean, var, count
+    return policy, obs_filter
+
+
+def _run_episodes(env, policy, obs_filter, episodes: int, seed: int, stochastic: bool,
+                  returns: list[float], lengths: list[int]) -> None:
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, steps, done = 0.0, 0, False
+        while not done:
+            batch = np.asarray(obs)[None]
+            if obs_filter is not None:
+                batch = obs_filter.normalize(batch)
+            actions, _, _ = policy.act(batch, deterministic=not stochastic)
+            obs, reward, terminated, truncated, _ = env.step(policy.env_actions(actions)[0])
+            total += float(reward)
+            steps += 1
+            done = terminated or truncated
+        returns.append(total)
+        lengths.append(steps)
+
+
+def report(evaluation: Evaluation, as_json: bool = False) -> str:
+    s = evaluation.summary()
+    if as_json:
+        return json.dumps(s)
+    spread = "" if math.isnan(s["return_std"]) else f" ± {s['return_std']:.1f}"
+    return (f"{s['algo']} on {s['env']}, {Path(s['checkpoint']).name} (iteration "
+            f"{s['iteration']}): {s['episodes']} episodes, return {s['return_mean']:.1f}{spread} "
+            f"(min {s['return_min']:.1f}, max {s['return_max']:.1f}), length "
+            f"{s['length_mean']:.1f}")

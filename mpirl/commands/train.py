@@ -1,0 +1,246 @@
+"""``mpirl train``: one algorithm, one environment, one run directory; checkpoints and resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mpi4py import MPI
+
+import mpirl
+from mpirl.config.fields import check_key
+from mpirl.config.parse import build, check_known_keys, split_by_dataclass
+from mpirl.data.dump_writer import DumpSettings
+from mpirl.errors import EXIT_RESUME, CheckpointError, ConfigError
+from mpirl.execution.algorithm import STOP_KEYS, Algorithm, load_algorithm, stop_reached
+from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
+from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
+from mpirl.report.progress import ProgressDisplay, progress_mode
+from mpirl.runtime.driver import Driver, RuntimeSettings, run
+from mpirl.runtime.layout import Layout
+from mpirl.workers.env_spec import EnvSpec
+
+#: Used when --stop is not given.
+DEFAULT_STOP = {"timesteps_total": 1_000_000}
+
+
+@dataclasses.dataclass
+class TrainRequest:
+    """A checked ``mpirl train`` command line, the same on every rank."""
+
+    algo: str
+    env: EnvSpec
+    config: Any
+    settings: RuntimeSettings
+    checkpoints: CheckpointSettings
+    dump: DumpSettings
+    stop: dict[str, float]
+    run_dir: Path
+    resume: bool = False
+    #: On resume, the config keys given on the command line that change the run's values.
+    changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    #: How rank 0 shows progress: one of mpirl.report.progress.PROGRESS_MODES.
+    progress: str = "auto"
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(num_rollout_workers=self.config.num_rollout_workers,
+                      num_replay_shards=getattr(self.config, "num_replay_shards", 0),
+                      num_learners=self.config.num_learners)
+
+
+def make_request(algo: str | None, env_id: str | None, env_module: str | None,
+                 config: dict[str, Any], stop: dict[str, Any], seed: int | None,
+                 run_dir: str | None, resume: str | None = None,
+                 progress: str | None = None) -> TrainRequest:
+    """Validate everything that can be checked without starting anything; ConfigError if not.
+
+    With ``resume`` the run's own params.json supplies every value the command line leaves out;
+    values that are given must agree with it (algorithm, environment) or override it (config keys,
+    --stop).
+    """
+    saved: dict[str, Any] = {}
+    if resume is not None:
+        saved = _saved_params(Path(resume))
+        for flag, given, recorded in (("--algo", algo and algo.upper(), saved["algo"]),
+                                      ("--env", env_id, saved["env"]),
+                                      ("--run-dir", run_dir and str(Path(run_dir)),
+                                       str(Path(resume)))):
+            if given is not None and given != recorded:
+                raise ConfigError(
+                    f"{resume} holds a {saved['algo']} run on {saved['env']}, but {flag} "
+                    f"{given} was given. Leave out --algo, --env and --run-dir when resuming, or "
+                    f"start a new run without --resume."
+                )
+        algo, env_id, run_dir = saved["algo"], saved["env"], resume
+        env_module = env_module or saved.get("env_module")
+        stop = stop or saved.get("stop", {})
+    if algo is None or env_id is None:
+        raise ConfigError("mpirl train needs --algo and --env (or --resume RUN_DIR)")
+    module = load_algorithm(algo)
+    given_keys, runtime_keys, checkpoint_keys, dump_keys = split_by_dataclass(
+        config, module.Config, RuntimeSettings, CheckpointSettings, DumpSettings)
+    if seed is not None:
+        given_keys["seed"] = seed
+    config_keys = {**saved.get("config", {}), **given_keys}
+    runtime_keys = {**saved.get("runtime", {}), **runtime_keys}
+    checkpoint_keys = {**saved.get("checkpoints", {}), **checkpoint_keys}
+    dump_keys = {**saved.get("dumps", {}), **dump_keys}
+    algo_config = build(module.Config, config_keys)
+    settings = build(RuntimeSettings, runtime_keys)
+    checkpoints = build(CheckpointSettings, checkpoint_keys)
+    dump = build(DumpSettings, dump_keys)
+    check_known_keys(stop, list(STOP_KEYS), "--stop")
+    for key, value in stop.items():
+        check_key(key, value, "float", STOP_KEYS[key], what="--stop criterion")
+    env = EnvSpec(env_id, env_module)
+    env.check()
+    if hasattr(module, "check_config"):  # checks that need the env (an offline input's env id)
+        module.check_config(algo_config, env)
+    if run_dir is None:
+        # Rank 0's clock names the directory; the other ranks never use it.
+        run_dir = default_run_dir(algo, env_id)
+    changes = {}
+    if resume is None:
+        existing = [name for name in ("progress.csv", "result.json")
+                    if (Path(run_dir) / name).exists()]
+        if existing:
+            raise ConfigError(
+                f"run directory {run_dir} already holds a run ({', '.join(existing)}); nothing "
+                f"was overwritten. Continue it with --resume {run_dir}, choose a new --run-dir, "
+                f"or leave it out for a fresh timestamped one."
+            )
+    else:
+        before = {**saved.get("config", {}), **saved.get("runtime", {}),
+                  **saved.get("checkpoints", {}),
+                  # Runs from before dumps existed had the defaults.
+                  **dataclasses.asdict(DumpSettings()), **saved.get("dumps", {})}
+        after = {**dataclasses.asdict(algo_config), **dataclasses.asdict(settings),
+                 **dataclasses.asdict(checkpoints), **dataclasses.asdict(dump)}
+        changes = {key: (before.get(key), value) for key, value in after.items()
+                   if _comparable(before.get(key)) != _comparable(value)}
+    return TrainRequest(algo.upper(), env, algo_config, settings, checkpoints, dump,
+                        stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes,
+                        progress_mode(progress))
+
+
+def _comparable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _saved_params(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / PARAMS_FILE
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such directory")
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run directory ({PARAMS_FILE} is missing)")
+    try:
+        params = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--resume {run_dir}: {path} is not valid JSON ({error})") from None
+    missing = [key for key in ("algo", "env", "config") if key not in params]
+    if missing:
+        raise ConfigError(f"--resume {run_dir}: {path} lacks {', '.join(missing)}")
+    return params
+
+
+def train(request: TrainRequest) -> int:
+    """Run on every rank; rank 0 trains until a stop criterion is met (exit code 0), or until a
+    stop signal, after which it checkpoints and returns ``EXIT_RESUME``."""
+    return run(lambda driver: _drive(driver, request), request.layout, request.settings,
+               stop_signals_enabled=True)
+
+
+def _warn(message: str) -> None:
+    print(f"mpirl: {message}", file=sys.stderr, flush=True)
+
+
+def _drive(driver: Driver, request: TrainRequest) -> int:
+    """Rank 0: hold the run directory's lock for the whole run (exit 2 if a live job has it),
+    and put back what a job killed inside a checkpoint commit left, before anything is read."""
+    lock = RunLock(request.run_dir)
+    notes = lock.acquire()
+    try:
+        for note in notes + CheckpointStore(request.run_dir).recover():
+            _warn(note)
+        return _train_locked(driver, request)
+    finally:
+        lock.release()
+
+
+def _train_locked(driver: Driver, request: TrainRequest) -> int:
+    module = load_algorithm(request.algo)
+    algo = Algorithm(driver, module, request.config, request.env, request.dump)
+    store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
+    resumed_from = None
+    if request.resume:
+        resumed_from = _restore(algo, store, request)
+    params = {
+        "algo": request.algo, "env": request.env.env_id, "env_module": request.env.env_module,
+        "config": dataclasses.asdict(request.config),
+        "runtime": dataclasses.asdict(request.settings),
+        "checkpoints": dataclasses.asdict(request.checkpoints),
+        "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
+        "layout": driver.placement.summary(), "world_size": MPI.COMM_WORLD.Get_size(),
+        "train_batch_size": algo.train_batch_size, "mpirl_version": mpirl.__version__,
+    }
+    every = request.checkpoints.checkpoint_every
+    if algo.last_row is not None and (reason := stop_reached(algo.last_row, request.stop)):
+        print(f"stopped: {reason} was already reached at iteration {algo.iteration}; nothing to "
+              f"do. Give a larger --stop to train further.", flush=True)
+        return 0
+    title = f"{request.algo} {request.env.env_id}"
+    requested = None
+    with RunRecorder(request.run_dir, params, resume=resumed_from is not None,
+                     keep_iterations=algo.iteration) as recorder, \
+            ProgressDisplay(title, total_steps=request.stop.get("timesteps_total"),
+                            mode=request.progress) as display:
+        while True:
+            row = algo.train()
+            recorder.record(row)
+            display.update(row)
+            reason = stop_reached(row, request.stop)
+            requested = driver.stop_requested()
+            if requested or (reason and request.checkpoints.checkpoint_at_end) or (
+                    every and algo.iteration % every == 0):
+                checkpoint = algo.save_checkpoint(store, request.checkpoints.checkpoint_replay)
+            if reason or requested:
+                break
+    algo.finish_dumps()
+    if requested and not reason:
+        print(f"mpirl: {requested}: wrote {checkpoint} at iteration {algo.iteration} and stopped "
+              f"(exit code {EXIT_RESUME}). Continue with: mpirl train --resume {request.run_dir}",
+              file=sys.stderr, flush=True)
+        return EXIT_RESUME
+    print(f"stopped: {reason} reached ({row[reason if reason in row else 'iteration']:g}) after "
+          f"{row['timesteps_total']} env steps, {row['time_total_s']:.1f} s; "
+          f"episode_return_mean {row['episode_return_mean']:.1f}. Results in {request.run_dir}",
+          flush=True)
+    if requested:
+        # Finished anyway: nothing is left to resume, so the job ends as done, not as "requeue".
+        print(f"mpirl: {requested} arrived as the run finished; exit code 0", file=sys.stderr,
+              flush=True)
+    return 0
+
+
+def _restore(algo: Algorithm, store: CheckpointStore, request: TrainRequest) -> Path | None:
+    """Load the newest valid checkpoint of the run into ``algo``; None if it has none yet."""
+    found = store.newest_valid(warn=_warn)
+    if found is None:
+        _warn(f"{request.run_dir} has no checkpoint yet; starting from the beginning")
+        return None
+    path, manifest = found
+    if manifest.get("algo") != request.algo or manifest["env"]["env_id"] != request.env.env_id:
+        raise CheckpointError(
+            f"{path} is a checkpoint of {manifest.get('algo')} on {manifest['env']['env_id']}, "
+            f"not of {request.algo} on {request.env.env_id}; it cannot continue this run"
+        )
+    notes = algo.restore(path, manifest)
+    changed = [f"{key} {old!r} -> {new!r}" for key, (old, new) in request.changes.items()]
+    print(f"resumed from {path} (iteration {manifest['iteration']}, "
+          f"{manifest['timesteps_total']} env steps)"
+          + "".join(f"\n  changed: {change}" for change in changed + notes), flush=True)
+    return path

@@ -1,0 +1,406 @@
+"""The ``--config`` fields that several algorithms share, declared once.
+
+Each algorithm's ``Config`` inherits one family base here and adds its own fields. The keys stay
+flat: a subclass is still one dataclass whose fields are the ``--config`` keys. A subclass that
+only changes a default redeclares the field without a docstring and keeps the inherited one; it
+gives its own docstring where the meaning differs (a string literal right after a field;
+tests/test_algorithm_configs.py checks that every key has one).
+
+``RANGES`` below says which values every numeric key accepts (tests/test_bad_input.py checks that
+every numeric key of every config and settings class has an entry). ``check_ranges`` applies it on
+every rank before any MPI traffic, so ``minibatch_size: 0`` or ``lr: NaN`` ends the job at once
+with one line instead of a division by zero on some rank later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mpirl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: finite numbers from ``low`` to ``high`` (bounds
+    included unless ``*_open``), or one of ``words``. Whether it must be whole comes from the
+    field's type."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    words: tuple[str, ...] = ()
+
+    def admits(self, value: Any, integer: bool) -> bool:
+        if isinstance(value, str):
+            return value in self.words
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if integer and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self, integer: bool) -> str:
+        """``an integer >= 1``, ``a finite number in (0, 1]``, ``a finite number or "auto"``."""
+        kind = "an integer" if integer else "a finite number"
+        low, high = _number(self.low), _number(self.high)
+        if self.low > -math.inf and self.high < math.inf:
+            text = (f"{kind} in {'(' if self.low_open else '['}{low}, {high}"
+                    f"{')' if self.high_open else ']'}")
+        elif self.low > -math.inf:
+            text = f"{kind} {'>' if self.low_open else '>='} {low}"
+        elif self.high < math.inf:
+            text = f"{kind} {'<' if self.high_open else '<='} {high}"
+        else:
+            text = kind
+        return text + "".join(f" or {json.dumps(word)}" for word in self.words)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def at_least(low: float) -> Range:
+    return Range(low=low)
+
+
+def above(low: float) -> Range:
+    return Range(low=low, low_open=True)
+
+
+def within(low: float, high: float, low_open: bool = False) -> Range:
+    return Range(low=low, high=high, low_open=low_open)
+
+
+#: Every numeric ``--config`` key (algorithm, runtime, checkpoint, dump and layout keys) and the
+#: values it accepts. A key means the same in every algorithm; a class may narrow or widen one in
+#: its own ``ranges`` (OfflineConfig's metrics_window may be 0). Floats must be finite: JSON's
+#: NaN and Infinity are refused everywhere.
+RANGES: dict[str, Range] = {
+    # Layout
+    "num_rollout_workers": at_least(-1),
+    "num_learners": at_least(0),
+    "num_replay_shards": at_least(0),
+    # Sampling and exploration
+    "num_envs_per_worker": at_least(1),
+    "rollout_fragment_length": at_least(1),
+    "max_env_failures": at_least(1),
+    "env_failure_window": at_least(1),
+    "max_requests_in_flight_per_worker": at_least(1),
+    "min_steps_per_iteration": at_least(1),
+    "min_env_steps_per_iteration": at_least(1),
+    "initial_epsilon": within(0, 1),
+    "final_epsilon": within(0, 1),
+    "exploration_steps": at_least(0),
+    "epsilon": within(0, 1),
+    "epsilon_alpha": at_least(0),
+    "metrics_max_epsilon": within(0, 1),
+    # Replay
+    "buffer_size": at_least(1),
+    "learning_starts": at_least(0),
+    "prioritized_replay_alpha": at_least(0),
+    "prioritized_replay_beta": within(0, 1),
+    "prioritized_replay_beta_final": within(0, 1),
+    "prioritized_replay_beta_anneal_steps": at_least(0),
+    "prioritized_replay_eps": above(0),
+    "n_step": at_least(1),
+    # Returns and losses
+    "gamma": within(0, 1),
+    "gae_lambda": within(0, 1),
+    "vf_coef": at_least(0),
+    "ent_coef": at_least(0),
+    "clip_param": above(0),
+    "vtrace_rho_bar": above(0),
+    "vtrace_c_bar": above(0),
+    "beta": at_least(0),
+    "advantage_norm_rate": within(0, 1, low_open=True),
+    "max_weight": above(0),
+    "tau": within(0, 1, low_open=True),
+    "initial_alpha": above(0),
+    "target_entropy": Range(words=("auto",)),
+    # Optimization
+    "lr": above(0),
+    "lr_decay_steps": at_least(0),
+    "grad_clip": at_least(0),
+    "num_epochs": at_least(1),
+    "minibatch_size": at_least(1),
+    "num_minibatches": at_least(1),
+    "train_batch_size": at_least(1),
+    "num_sgd_steps_per_iteration": at_least(0),
+    "sgd_steps_per_env_step": above(0),
+    "target_network_update_freq": at_least(1),
+    "batches_per_train": at_least(1),
+    "weight_sync_every": at_least(1),
+    # Offline data and evaluation
+    "max_rows_in_memory": at_least(1),
+    "evaluation_episodes": at_least(1),
+    "evaluation_interval": at_least(1),
+    # Model and compute (hidden_sizes: each width)
+    "hidden_sizes": at_least(1),
+    "torch_threads": at_least(1),
+    # Bookkeeping
+    "metrics_window": at_least(1),
+    "seed": within(0, 2**32 - 1),
+    # Runtime (mpirl.runtime.driver.RuntimeSettings)
+    "max_calls_in_flight": at_least(1),
+    "task_timeout_s": above(0),
+    "stuck_task_timeout_s": above(0),
+    "startup_timeout_s": above(0),
+    "heartbeat_interval_s": above(0),
+    "heartbeat_timeout_s": above(0),
+    "shutdown_timeout_s": above(0),
+    "poll_max_sleep_s": above(0),
+    # Checkpoints and dumps (mpirl.jobs.checkpoint, mpirl.data.dump_writer)
+    "checkpoint_every": at_least(0),
+    "keep_checkpoints": at_least(1),
+    "dump_compression_level": within(0, 9),
+    "dump_compression_min_bytes": at_least(0),
+}
+
+
+def numeric_fields(cls: type) -> dict[str, str]:
+    """The numeric fields of the dataclass ``cls`` -> ``"int"``, ``"float"``, ``"ints"`` (a tuple
+    of ints) or ``"words|float"`` (a number or a word such as "auto")."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if name not in {f.name for f in dataclasses.fields(cls)}:
+            continue
+        if hint is int:
+            kinds[name] = "int"
+        elif hint is float:
+            kinds[name] = "float"
+        elif hint == tuple[int, ...]:
+            kinds[name] = "ints"
+        elif float in typing.get_args(hint) or int in typing.get_args(hint):
+            kinds[name] = "words|float"
+    return kinds
+
+
+def range_of(cls: type, key: str) -> Range | None:
+    """The Range of ``key`` in ``cls``: the class's own ``ranges`` first, then ``RANGES``."""
+    return getattr(cls, "ranges", {}).get(key) or RANGES.get(key)
+
+
+def check_key(key: str, value: Any, kind: str = "int", rng: Range | None = None,
+              what: str = "config key") -> None:
+    """ConfigError, one line naming the key, the value and what it must be, unless ``value`` is
+    in ``rng`` (``RANGES[key]`` by default). Raised the same on every rank (nothing crosses)."""
+    rng = rng or RANGES[key]
+    integer = kind in ("int", "ints")
+    if kind == "ints":
+        ok = isinstance(value, list | tuple) and all(rng.admits(v, True) for v in value)
+        must = f"a list of {rng.describe(True).replace('an integer', 'integers')}"
+    else:
+        ok = rng.admits(value, integer)
+        must = rng.describe(integer)
+    if not ok:
+        shown = json.dumps(value) if isinstance(value, int | float | str | list | tuple) \
+            else repr(value)
+        raise ConfigError(f'{what} "{key}" = {shown} is out of range: must be {must}')
+
+
+def check_ranges(cls: type, values: Mapping[str, Any]) -> None:
+    """Check every numeric key of ``values`` (given to the dataclass ``cls``) against its Range."""
+    kinds = numeric_fields(cls)
+    for key, value in values.items():
+        rng = range_of(cls, key)
+        if key in kinds and rng is not None:
+            check_key(key, value, kinds[key], rng)
+
+
+@dataclass
+class CommonConfig:
+    """The fields of every algorithm: layout, sampling, model and compute, bookkeeping."""
+
+    # Layout
+    num_rollout_workers: int = -1
+    """Rollout ranks; -1 takes every rank the learners leave. 0 samples in the driver."""
+    num_learners: int = 0
+    """Learner ranks (data-parallel SGD). 0 trains in the driver's process."""
+
+    # Sampling
+    num_envs_per_worker: int = 8
+    """Environments each rollout worker steps together (a gymnasium vector env)."""
+    max_env_failures: int = 10
+    """Failures of one environment (an exception in reset or step) that end the run when they
+    come in a row, or within its last env_failure_window steps. Fewer are recovered: the env is
+    rebuilt and its partial episode dropped. 1 ends the run on the first failure."""
+    env_failure_window: int = 1_000
+    """Steps of one environment over which max_env_failures failures end the run even with
+    successful steps between them (an env failing every 50 steps, say); 1 counts only failures
+    in a row."""
+
+    # Optimization
+    lr: float = 1e-3
+    """Adam learning rate."""
+    grad_clip: float = 0.5
+    """Global gradient-norm clip (after averaging across learners); 0 turns it off."""
+
+    # Model and compute
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and the critic."""
+    activation: str = "tanh"
+    """tanh, relu or elu."""
+    learner_backend: str = "auto"
+    """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
+    learner_master_addr: str = ""
+    """Address of learner 0's host that the other learners reach it on, to start gloo or NCCL;
+    "" takes MASTER_ADDR, else the address on the route to the MPI launcher's host."""
+    torch_threads: int = 1
+    """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
+
+    # Bookkeeping
+    metrics_window: int = 100
+    """Episodes averaged into episode_return_mean."""
+    seed: int = 0
+    """Base seed; rank-specific seeds derive from it."""
+
+    def __post_init__(self) -> None:
+        # Direct construction (the Python API, tests) gets the checks the CLI's build() makes.
+        check_ranges(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
+@dataclass
+class OnPolicyConfig(CommonConfig):
+    """Actor-critic algorithms that train on fresh samples: PPO, A2C, A3C, IMPALA."""
+
+    normalize_observations: bool = False
+    """Normalize observations with running statistics merged over all rollout ranks."""
+    gamma: float = 0.99
+    """Discount factor."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+
+
+@dataclass
+class ReplayConfig(CommonConfig):
+    """Algorithms that learn from a (possibly sharded, possibly prioritized) replay buffer."""
+
+    # Layout
+    num_rollout_workers: int = -1
+    """Rollout ranks; -1 takes every rank the replay shards and learners leave."""
+    num_replay_shards: int = 0
+    """Replay ranks, each holding buffer_size / num_replay_shards rows. 0 keeps the buffer in
+    the driver's process."""
+
+    # Sampling
+    num_envs_per_worker: int = 4
+    """Environments each rollout worker steps together."""
+    rollout_fragment_length: int = 64
+    """Steps per environment per iteration."""
+    max_env_failures: int = 10
+    """Failures of one environment, in a row or within env_failure_window steps, that end the
+    run; fewer are recovered."""
+
+    # Replay
+    buffer_size: int = 100_000
+    """Rows of replay over all shards."""
+    learning_starts: int = 1_000
+    """Env steps sampled before the first SGD step."""
+    prioritized_replay: bool = False
+    """Sample in proportion to |TD error|**alpha instead of uniformly."""
+    prioritized_replay_alpha: float = 0.6
+    """Prioritization exponent (0 is uniform)."""
+    prioritized_replay_beta: float = 0.4
+    """Importance-sampling exponent of the loss weights at the start."""
+    prioritized_replay_beta_final: float = 1.0
+    """The exponent reached after prioritized_replay_beta_anneal_steps (1 corrects fully)."""
+    prioritized_replay_beta_anneal_steps: int = 100_000
+    """Env steps over which the exponent rises linearly from prioritized_replay_beta to
+    prioritized_replay_beta_final; 0 keeps it at prioritized_replay_beta."""
+    prioritized_replay_eps: float = 1e-6
+    """Added to |TD error| so that no row has priority 0."""
+    n_step: int = 3
+    """Rewards summed before bootstrapping."""
+
+    # Optimization
+    gamma: float = 0.99
+    """Discount factor."""
+    train_batch_size: int = 64
+    """Rows per SGD step, summed over learners."""
+    target_network_update_freq: int = 128
+    """SGD steps between copies of the online network into the target network."""
+    grad_clip: float = 10.0
+    """Global gradient-norm clip; 0 turns it off."""
+
+    # Model and compute
+    activation: str = "relu"
+    torch_threads: int = 1
+    """torch threads per rank."""
+
+
+@dataclass
+class QLearningConfig(ReplayConfig):
+    """Replay algorithms with a Q network: DQN and Ape-X."""
+
+    double_q: bool = True
+    """Choose the bootstrap action with the online network (double DQN)."""
+    dueling: bool = True
+    """Split Q into a state value and action advantages."""
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of the Q network."""
+
+
+@dataclass
+class OfflineConfig(CommonConfig):
+    """Algorithms that learn from a trajectory dump and only play to evaluate: BC, MARWIL."""
+
+    # Data
+    input: str = ""
+    """The trajectory dump to learn from (a directory, or its main_data.hdf5). Required."""
+    max_rows_in_memory: int = 5_000_000
+    """The most dataset rows one learner holds in memory. A smaller shard is read whole and
+    sampled uniformly; a larger one is streamed from the files through a shuffle buffer of this
+    many rows (a resume then restarts the stream: not bit-identical)."""
+
+    # Layout
+    num_rollout_workers: int = -1
+    """Rollout ranks, which only evaluate; -1 takes every rank the learners leave. 0 evaluates in
+    the driver."""
+    num_learners: int = 1
+    """Learner ranks, each reading its own shard of the dump. 0 trains in the driver's process."""
+
+    # Optimization
+    train_batch_size: int = 512
+    """Dataset rows per SGD step, summed over all learners (each draws its share)."""
+    num_sgd_steps_per_iteration: int = 100
+    """SGD steps per iteration."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    grad_clip: float = 0.0
+
+    # Evaluation
+    evaluation_episodes: int = 10
+    """Episodes played with the current policy at each evaluation, over all rollout workers."""
+    evaluation_interval: int = 1
+    """Evaluate every this many iterations."""
+    evaluation_deterministic: bool = False
+    """Play the most likely actions instead of sampling them."""
+    num_envs_per_worker: int = 5
+    """Environments each rollout worker plays its evaluation episodes in."""
+    max_env_failures: int = 10
+    """Failures of one evaluation environment, in a row or within env_failure_window steps,
+    that end the run; fewer are recovered (the env is rebuilt and its episode dropped)."""
+
+    # Bookkeeping
+    metrics_window: int = 0
+    """Episodes averaged into episode_return_mean; 0 means evaluation_episodes, so that it is
+    the mean of the latest evaluation."""
+
+    ranges: ClassVar[dict[str, Range]] = {"metrics_window": at_least(0)}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.metrics_window = self.metrics_window or self.evaluation_episodes

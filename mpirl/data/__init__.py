@@ -1,0 +1,2 @@
+"""Data: the replay buffer, trajectory dumps (writer, index, reader) and offline input.
+"""

@@ -1,0 +1,336 @@
+"""Running an algorithm: its worker groups, counters, metrics and stop criteria.
+
+An algorithm module (``mpirl.algorithms.<name>``) provides ``Config`` (a dataclass whose fields,
+its own and those inherited from ``mpirl.config.fields``, are the flat ``--config`` keys), a loss
+``(policy, batch, config) -> (loss, stats)`` and ``training_step(algo) -> stats``. ``Algorithm``
+builds the rollout and learner groups that every plan uses and turns each iteration into one
+metrics row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from mpirl.config.fields import Range, above
+from mpirl.data.dump_index import DumpIndex
+from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
+from mpirl.errors import ConfigError, RankLost, RemoteError, unwrap_remote
+from mpirl.execution.operators import SampleResult, broadcast_weights
+from mpirl.jobs.checkpoint import CheckpointStore, capture_rng, manifest_header, restore_rng
+from mpirl.models.policy import RunningMeanStd, model_spec
+from mpirl.runtime.driver import Driver
+from mpirl.runtime.state_files import read_state_file, write_state_file
+from mpirl.workers.env_guard import unwrap_env_failure
+from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.learner import Learner
+from mpirl.workers.rollout import RolloutWorker
+
+#: Algorithm name on the command line -> module.
+ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
+              "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
+              "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
+              "SAC": "mpirl.algorithms.sac",
+              "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c"}
+
+#: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
+#: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
+STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
+             "training_iteration": above(0), "time_total_s": above(0)}
+
+
+def load_algorithm(name: str) -> ModuleType:
+    module = ALGORITHMS.get(name.upper())
+    if module is None:
+        raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(ALGORITHMS)}")
+    return importlib.import_module(module)
+
+
+class Algorithm:
+    """The driver-side state of one run; ``train()`` runs one iteration and returns its row."""
+
+    def __init__(self, driver: Driver, module: ModuleType, config: Any, env: EnvSpec,
+                 dump: DumpSettings | None = None) -> None:
+        self.driver, self.module, self.config, self.env = driver, module, config, env
+        #: The name on the command line: PPO for mpirl.algorithms.ppo.
+        self.name = module.__name__.rsplit(".", 1)[-1].upper()
+        observation_space, action_space = env.spaces()
+        # Trajectory dumps: the driver keeps the index; each rollout rank writes its own file.
+        self.dump_index: DumpIndex | None = None
+        if dump is not None and dump.dump_trajectories is not None:
+            self.dump_index = DumpIndex(dump, env.env_id, observation_space, action_space,
+                                        self.name)
+        # A plan may bring its own model and workers (DQN: a Q network, epsilon-greedy rollout
+        # workers, replay learners); the defaults are the actor-critic ones.
+        self.policy_spec = model_spec(module, observation_space, action_space, config)
+        rollout_cls = getattr(module, "ROLLOUT_WORKER", RolloutWorker)
+        learner_cls = getattr(module, "LEARNER", Learner)
+        # Offline configs have no GAE and no observation filter (BC no discount either): their
+        # rollout workers only evaluate, on observations as the dump holds them.
+        gamma = getattr(config, "gamma", 1.0)
+        gae_lambda = getattr(config, "gae_lambda", 1.0)
+        normalize_observations = getattr(config, "normalize_observations", False)
+        try:
+            # Each worker resets its envs here: one that always fails ends the run right away.
+            self.rollouts = driver.spawn(
+                "rollout", rollout_cls, env, self.policy_spec, config.num_envs_per_worker,
+                config.seed, gamma, gae_lambda, normalize_observations,
+                config.torch_threads, max_env_failures=config.max_env_failures,
+                env_failure_window=config.env_failure_window,
+                dump=self.dump_index.target if self.dump_index is not None else None,
+                local_if_empty=True,
+            )
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        try:
+            self.learners = driver.spawn(
+                "learner", learner_cls, self.policy_spec, module.loss, config, config.lr,
+                config.grad_clip, config.seed, config.learner_backend, config.torch_threads,
+                config.learner_master_addr, local_if_empty=True,
+            )
+        except RemoteError as error:
+            # A setting only a learner's rank can check (learner_master_addr): the user's error.
+            if error.cause_type == f"{ConfigError.__module__}.{ConfigError.__qualname__}":
+                raise ConfigError(f"learner on rank {error.rank}: {error.cause_message}") \
+                    from None
+            raise
+        broadcast_weights(self.learners, self.rollouts)
+        shape = observation_space.shape
+        self.obs_filter = RunningMeanStd(shape) if normalize_observations and shape else None
+        self.iteration = 0
+        self.timesteps_total = 0
+        self.episodes_total = 0
+        self.num_env_failures = 0
+        self.evaluation_env_steps_total = 0  # offline plans: steps played only to evaluate
+        #: replay plans: the fraction of an SGD step owed to the env steps sampled so far
+        #: (``sgd_steps_per_env_step`` times a round's steps is seldom whole); checkpointed, so
+        #: that a resumed run takes the SGD steps the uninterrupted run would have
+        self.sgd_step_debt = 0.0
+        #: replay plans: env steps at which the replay buffer was last empty, 0 at the start;
+        #: the steps of a run resumed without its replay (``checkpoint_replay`` false), whose
+        #: buffer refills for ``learning_starts`` steps before training goes on
+        self.replay_empty_at = 0
+        #: asynchronous replay plans (Ape-X): SGD steps of the training calls started so far;
+        #: checkpointed, so that a resumed run paces sampling against the learner from where it
+        #: was rather than from 0 (which made the learner redo every SGD step while sampling
+        #: waited)
+        self.sgd_steps_total = 0
+        self.returns: deque[float] = deque(maxlen=config.metrics_window)
+        self.lengths: deque[int] = deque(maxlen=config.metrics_window)
+        self.started = time.monotonic()
+        self.time_before_resume = 0.0
+        self.last_row: dict[str, Any] | None = None
+        self.extra_groups: list = []
+        #: What a plan keeps between iterations (asynchronous requests in flight, say).
+        self.plan_state: dict[str, Any] = {}
+        #: Called before a checkpoint is written: a plan with requests in flight settles them.
+        self.before_checkpoint: list[Callable[[], None]] = []
+        self._warned_unsaved_envs = False
+        if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
+            module.setup(self)
+
+    @property
+    def time_total_s(self) -> float:
+        """Seconds of training in this run, the time before each resume included."""
+        return self.time_before_resume + time.monotonic() - self.started
+
+    @property
+    def train_batch_size(self) -> int:
+        """Environment steps per iteration, over all rollout workers (offline: dataset rows
+        trained on per iteration, over all learners)."""
+        c = self.config
+        if hasattr(c, "num_sgd_steps_per_iteration"):
+            return c.train_batch_size * c.num_sgd_steps_per_iteration
+        return len(self.rollouts) * c.num_envs_per_worker * c.rollout_fragment_length
+
+    def num_minibatches(self, minibatch_size: int) -> int:
+        """SGD steps per epoch such that each step sees about ``minibatch_size`` rows in total,
+        whatever the number of learners (each learner's share is split this many times)."""
+        return max(1, round(self.train_batch_size / minibatch_size))
+
+    def count(self, samples: SampleResult) -> None:
+        """Add one round of samples to the counters and the episode window."""
+        self.timesteps_total += samples.env_steps
+        self.episodes_total += len(samples.episode_returns)
+        self.num_env_failures += samples.env_failures
+        self.returns.extend(samples.episode_returns)
+        self.lengths.extend(samples.episode_lengths)
+        if self.dump_index is not None:
+            for file_name, episodes in samples.dumped:
+                self.dump_index.add(file_name, episodes)
+
+    def train(self) -> dict[str, Any]:
+        start, steps_before = time.monotonic(), self.timesteps_total
+        stats = self.module.training_step(self)
+        self.iteration += 1
+        if self.dump_index is not None:
+            self.dump_index.commit()  # a run killed later still leaves an indexed dataset
+        elapsed = time.monotonic() - start
+        nan = math.nan
+        row = {
+            "iteration": self.iteration,
+            "timesteps_total": self.timesteps_total,
+            "episodes_total": self.episodes_total,
+            "episode_return_mean": float(np.mean(self.returns)) if self.returns else nan,
+            "episode_return_min": float(np.min(self.returns)) if self.returns else nan,
+            "episode_return_max": float(np.max(self.returns)) if self.returns else nan,
+            "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else nan,
+            "num_env_failures": self.num_env_failures,
+            "env_steps_per_s": (self.timesteps_total - steps_before) / max(elapsed, 1e-9),
+            "time_this_iter_s": elapsed,
+            "time_total_s": self.time_total_s,
+            # Rollout ranks can be lost and survived (survive_rollout_loss, under ULFM).
+            "num_rollout_workers": len(self.rollouts),
+            "rollout_ranks_lost": len(self.rollouts.lost),
+            **stats,
+            **self.driver.memory_report(),
+        }
+        self.last_row = row
+        return row
+
+    def finish_dumps(self) -> None:
+        """At the end of a run: wait until every rollout rank's episodes are on disk, and index
+        them all."""
+        if self.dump_index is None:
+            return
+        for future in [w.call_async("finish_dump") for w in self.rollouts]:
+            try:
+                result = future.result()
+            except RankLost:
+                continue  # its file holds what it wrote; mpirl.data.reader finds the rest
+            except RemoteError as error:
+                raise unwrap_remote(error, DumpWriterTimeout) from None
+            if result is not None:
+                self.dump_index.add(*result)
+        self.dump_index.commit()
+
+    # Checkpoints. The driver's own state goes to driver.pkl; every worker writes its own file.
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration, "timesteps_total": self.timesteps_total,
+            "episodes_total": self.episodes_total, "num_env_failures": self.num_env_failures,
+            "evaluation_env_steps_total": self.evaluation_env_steps_total,
+            "sgd_step_debt": self.sgd_step_debt, "replay_empty_at": self.replay_empty_at,
+            "sgd_steps_total": self.sgd_steps_total,
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
+            "time_total_s": self.time_total_s,
+            "last_row": self.last_row, "rng": capture_rng(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.iteration = state["iteration"]
+        self.timesteps_total = state["timesteps_total"]
+        self.episodes_total = state["episodes_total"]
+        self.num_env_failures = state["num_env_failures"]
+        self.evaluation_env_steps_total = state.get("evaluation_env_steps_total", 0)
+        self.sgd_step_debt = state.get("sgd_step_debt", 0.0)  # absent before it was saved
+        self.replay_empty_at = state.get("replay_empty_at", 0)
+        self.sgd_steps_total = state.get("sgd_steps_total", 0)
+        self.returns.clear()
+        self.returns.extend(state["returns"])
+        self.lengths.clear()
+        self.lengths.extend(state["lengths"])
+        if self.obs_filter is not None and state["obs_filter"] is not None:
+            self.obs_filter.mean, self.obs_filter.var, self.obs_filter.count = state["obs_filter"]
+        self.time_before_resume = state["time_total_s"]
+        self.started = time.monotonic()
+        self.last_row = state["last_row"]
+        restore_rng(state["rng"])
+
+    @property
+    def stateful_groups(self) -> list:
+        """The worker groups whose state goes into a checkpoint, in the order restored.
+        A plan that adds groups (replay shards, say) appends them here."""
+        return [self.learners, self.rollouts, *self.extra_groups]
+
+    def save_checkpoint(self, store: CheckpointStore, include_replay: bool = True) -> Path:
+        """Write a checkpoint of the whole run: every worker writes its own file, in parallel."""
+        for settle in self.before_checkpoint:
+            settle()
+        tmp = store.begin(self.iteration)
+        groups = [g for g in self.stateful_groups if include_replay or g.role != "replay"]
+        futures = [
+            (f"{group.role}_{i}.pkl", worker.call_async("save_state", str(tmp),
+                                                         f"{group.role}_{i}.pkl"))
+            for group in groups for i, worker in enumerate(group)
+        ]
+        files = {name: future.result() for name, future in futures}
+        unsaved = {name: entry["envs_error"] for name, entry in files.items()
+                   if "envs_error" in entry}
+        if unsaved and not self._warned_unsaved_envs:
+            self._warned_unsaved_envs = True  # once a run: every checkpoint would repeat it
+            _warn(f"the environments of {', '.join(n.removesuffix('.pkl') for n in unsaved)} "
+                  f"could not be pickled into checkpoints ({next(iter(unsaved.values()))}); a "
+                  f"resume resets them from fresh seeds, and their episodes in progress are lost")
+        files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
+        layout = {group.role: len(group) for group in groups}
+        manifest = manifest_header(self.name, self.env, self.config, self.iteration,
+                                   self.timesteps_total, layout)
+        manifest["files"] = files
+        return store.commit(tmp, manifest)
+
+    def restore(self, path: Path, manifest: dict[str, Any]) -> list[str]:
+        """Load a verified checkpoint into the driver and every worker; return notes on what
+        differs from the checkpoint's layout."""
+        files = manifest["files"]
+        self.set_state(read_state_file(path / "driver.pkl", files["driver.pkl"]))
+        notes = []
+        old = manifest["layout"]
+        futures = []
+        for group in self.stateful_groups:
+            saved = old.get(group.role, 0)
+            if saved == 0:
+                if len(group):
+                    notes.append(f"{group.role} workers start empty (none in the checkpoint)")
+                    if group.role == "replay":  # refilled before training goes on
+                        self.replay_empty_at = self.timesteps_total
+                continue
+            if saved != len(group):
+                note = f"{group.role} workers {saved} -> {len(group)}"
+                if group.role == "rollout" and saved > len(group):
+                    note += (f" (the episodes in progress on rollout workers {len(group)}.."
+                             f"{saved - 1} are dropped)")
+                elif group.role == "rollout":
+                    note += f" (rollout workers {saved}..{len(group) - 1} start fresh episodes)"
+                notes.append(note)
+            for i, worker in enumerate(group):
+                if group.role != "learner" and i >= saved:
+                    continue
+                name = f"{group.role}_{min(i, saved - 1)}.pkl"
+                futures.append((group.role, i, name,
+                                worker.call_async("load_state", str(path / name), files[name])))
+        for role, i, name, future in futures:
+            if future.result() is False:
+                reason = files[name].get("envs_error") or (
+                    "num_envs_per_worker differs from the checkpoint's, or the environments "
+                    "were not saved")
+                _warn(f"{role} worker {i}'s environments were reset from fresh seeds instead "
+                      f"of continuing their episodes: they could not be restored ({reason})")
+        broadcast_weights(self.learners, self.rollouts)
+        return notes
+
+
+def _warn(message: str) -> None:
+    print(f"mpirl: warning: {message}", file=sys.stderr, flush=True)
+
+
+def stop_reached(row: dict[str, Any], stop: dict[str, float]) -> str | None:
+    """The first criterion of ``stop`` that ``row`` meets, or None."""
+    values = {**row, "training_iteration": row["iteration"]}
+    for key, threshold in stop.items():
+        value = values.get(key)
+        if value is not None and not math.isnan(value) and value >= threshold:
+            return key
+    return None

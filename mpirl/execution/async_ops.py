@@ -1,0 +1,272 @@
+"""Asynchronous operators: keep rollout workers busy, take what finishes first, track policy lag.
+
+``AsyncRequests`` keeps up to ``max_in_flight`` calls of one rollout-worker method (``sample``
+for IMPALA, ``compute_gradients`` for A3C) in flight on every rollout worker. Each ``ready()``
+waits for the first call to finish, not for all of them, so a slow worker (a straggler) never
+holds up the others: its results are used whenever they come. Every call is tagged with the
+version of the weights its worker holds when it runs (workers run their calls in the order sent,
+so a call sent after ``set_weights`` of version v samples with version v); the difference to
+the version trained on is the *policy lag*, reported as ``policy_lag_mean`` / ``policy_lag_max``.
+
+What crosses ranks: the call and its small result (counts, episode returns; A3C's flat
+gradient) between the driver and each rollout rank; IMPALA's batches go rollout → learner on
+the data plane, as in ``parallel_rollouts``; new weights go to the workers whose results were
+just used, one point-to-point message each, so nobody waits for a collective.
+
+Operators built on it:
+
+* ``async_sample``: the batches of the sample calls that have finished, routed to learners, as
+  one ``SampleResult``; train on it with ``train_one_step``.
+* ``async_apply_gradients``: every finished gradient applied by learner 0 as it comes
+  (first come, first applied), each worker then getting the new weights.
+* ``sync_weights``: learner 0's weights, as a new version, to the workers just used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpirl.errors import ConfigError, RankLost, RemoteError
+from mpirl.execution.operators import SampleResult, add_sample, train_one_step
+from mpirl.models.policy import RunningMeanStd
+from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, wait
+from mpirl.workers.env_guard import unwrap_env_failure
+
+
+def check_in_flight(value: int) -> None:
+    """ConfigError unless ``max_requests_in_flight_per_worker`` is a usable bound."""
+    if value < 1:
+        raise ConfigError(f"max_requests_in_flight_per_worker must be >= 1 (calls kept running "
+                          f"on each rollout worker), got {value}")
+
+
+@dataclass
+class Done:
+    """One finished call: its worker, the weights version it ran with, and its result."""
+
+    worker: WorkerHandle
+    version: int
+    result: dict[str, Any]
+
+
+class AsyncRequests:
+    """Up to ``max_in_flight`` calls of ``method`` kept running on every rollout worker.
+
+    ``make_args(worker)`` gives each call's arguments when it is sent, so they can change
+    between calls (the observation filter's statistics, say)."""
+
+    def __init__(self, rollouts: WorkerGroup, method: str, max_in_flight: int,
+                 make_args: Callable[[WorkerHandle], tuple]) -> None:
+        check_in_flight(max_in_flight)
+        self.rollouts = rollouts
+        self.method = method
+        self.max_in_flight = max_in_flight
+        self.make_args = make_args
+        #: weights version the learners are at; bumped by every update
+        self.version = 0
+        self._worker_version: dict[int, int] = {}  # worker index -> version it holds
+        self._in_flight: list[tuple[WorkerHandle, int, Future]] = []
+        self._acks: list[Future] = []  # set_weights calls not yet answered
+        self._lags: list[int] = []
+
+    def top_up(self) -> None:
+        """Send calls until every live worker has ``max_in_flight`` of them running."""
+        for worker in self.rollouts:
+            running = sum(w is worker for w, _, _ in self._in_flight)
+            for _ in range(self.max_in_flight - running):
+                version = self._worker_version.get(worker.index, 0)
+                future = worker.call_async(self.method, *self.make_args(worker))
+                self._in_flight.append((worker, version, future))
+
+    def ready(self, timeout: float | None = None) -> list[Done]:
+        """Top up, then wait for the first call to finish; return every call finished by then.
+        A worker whose rank was lost (survived, under ULFM) is left out; an environment that
+        failed too often raises ``EnvFailureError``."""
+        self.top_up()
+        if not self._in_flight:
+            raise RankLost("no rollout worker is left to send requests to", -1)
+        wait([f for _, _, f in self._in_flight], num_returns=1, timeout=timeout)
+        # One look per call: done() polls for answers, so a second look could see a call
+        # finish that the first did not, and the call would be in neither list (its result
+        # never used, and under IMPALA its batch never received: the sender kept it for ever).
+        finished, running = [], []
+        for entry in self._in_flight:
+            (finished if entry[2].done() else running).append(entry)
+        self._in_flight = running
+        self._check_acks()
+        return self._results(finished)
+
+    def drain(self) -> list[Done]:
+        """Wait for every call in flight and return them all; none is left running (before a
+        checkpoint: it holds no requests, so a resumed run starts clean)."""
+        finished, self._in_flight = self._in_flight, []
+        self._check_acks(wait_all=True)
+        return self._results(finished)
+
+    def _results(self, finished: list[tuple[WorkerHandle, int, Future]]) -> list[Done]:
+        done = []
+        for worker, version, future in finished:
+            try:
+                done.append(Done(worker, version, future.result()))
+            except RankLost:
+                continue
+            except RemoteError as error:
+                raise unwrap_env_failure(error) from None
+        self.rollouts.discard_lost()
+        return done
+
+    def used(self, done: Done) -> None:
+        """Record the policy lag of a result trained on now, at ``self.version``."""
+        self._lags.append(self.version - done.version)
+
+    def set_weights(self, workers: list[WorkerHandle], weights: np.ndarray) -> None:
+        """Send ``weights`` (the learners' current version) to ``workers``, point to point. The
+        driver does not wait: each worker takes them before its next call."""
+        for worker in workers:
+            self._acks.append(worker.call_async("set_weights", weights))
+            self._worker_version[worker.index] = self.version
+
+    def _check_acks(self, wait_all: bool = False) -> None:
+        pending = []
+        for future in self._acks:
+            if wait_all or future.done():
+                try:
+                    future.result()
+                except RankLost:
+                    pass
+            else:
+                pending.append(future)
+        self._acks = pending
+
+    def metrics(self) -> dict[str, float]:
+        """Policy lag over the results used since the last call, and calls in flight."""
+        lags, self._lags = self._lags, []
+        return {"policy_lag_mean": float(np.mean(lags)) if lags else 0.0,
+                "policy_lag_max": float(max(lags, default=0)),
+                "requests_in_flight": float(len(self._in_flight))}
+
+
+def async_requests(algo: Any, method: str, max_in_flight: int,
+                   make_args: Callable[[WorkerHandle], tuple],
+                   settle: Callable[[AsyncRequests], None]) -> AsyncRequests:
+    """The run's ``AsyncRequests``, made on the first call and kept in ``algo.plan_state``;
+    ``settle(requests)`` runs before every checkpoint, to finish the calls in flight."""
+    requests = algo.plan_state.get("async_requests")
+    if requests is None:
+        requests = AsyncRequests(algo.rollouts, method, max_in_flight, make_args)
+        algo.plan_state["async_requests"] = requests
+        algo.before_checkpoint.append(lambda: settle(requests))
+    return requests
+
+
+# IMPALA: asynchronous sampling, batches straight to the learners.
+
+
+def sample_requests(algo: Any, steps_per_env: int, max_in_flight: int) -> AsyncRequests:
+    """Asynchronous ``sample`` calls returning fragments for V-trace (``trajectories=True``);
+    rollout worker i's batches go to learner i mod L. Before a checkpoint the calls in flight
+    are finished and their batches received and dropped (counted as sampled, not trained on)."""
+    learners = algo.learners
+
+    def make_args(worker: WorkerHandle) -> tuple:
+        send_to = None if worker.in_process else learners[worker.index % len(learners)].rank
+        state = algo.obs_filter.state() if algo.obs_filter is not None else None
+        return steps_per_env, state, send_to, True
+
+    def settle(requests: AsyncRequests) -> None:
+        samples = collect_samples(requests.drain(), learners, algo.obs_filter)
+        algo.count(samples)
+        train_one_step(learners, samples, num_epochs=0, num_minibatches=1, standardize=())
+
+    return async_requests(algo, "sample", max_in_flight, make_args, settle)
+
+
+@dataclass
+class AsyncSampleResult(SampleResult):
+    """A ``SampleResult`` that also names the workers whose samples it holds."""
+
+    workers: list[WorkerHandle] = field(default_factory=list)
+
+
+def async_sample(requests: AsyncRequests, learners: WorkerGroup,
+                 obs_filter: RunningMeanStd | None = None,
+                 min_env_steps: int = 0) -> AsyncSampleResult:
+    """The sample calls that have finished once the first ones holding ``min_env_steps`` env
+    steps have (at least one call), as one ``SampleResult`` whose batches wait on the learners'
+    ranks; their policy lag is recorded. A fixed batch size per update keeps the learner's cost
+    per env step the same however the calls' arrivals interleave."""
+    done = requests.ready()
+    while sum(item.result["env_steps"] for item in done) < min_env_steps:
+        done += requests.ready()
+    for item in done:
+        requests.used(item)
+    return collect_samples(done, learners, obs_filter)
+
+
+def collect_samples(done: list[Done], learners: WorkerGroup,
+                    obs_filter: RunningMeanStd | None) -> AsyncSampleResult:
+    """The finished sample calls ``done`` as one result; worker i's batch is on learner i mod L."""
+    result = AsyncSampleResult(workers=[item.worker for item in done])
+    for item in done:
+        add_sample(result, item.worker.index % len(learners), item.worker, item.result,
+                   obs_filter)
+    return result
+
+
+def sync_weights(requests: AsyncRequests, learners: WorkerGroup,
+                 samples: AsyncSampleResult) -> None:
+    """After a learner update: a new weights version, sent to the workers whose samples it
+    used; the other workers keep sampling undisturbed."""
+    requests.version += 1
+    requests.set_weights(samples.workers, learners[0].call("get_weights"))
+    requests.top_up()
+
+
+# A3C: gradients computed on the rollout workers, applied as they come.
+
+
+def gradient_requests(algo: Any, steps_per_env: int, loss: Callable, max_in_flight: int
+                      ) -> AsyncRequests:
+    """Asynchronous ``compute_gradients`` calls of ``loss`` with the run's config. Before a
+    checkpoint the calls in flight are finished and their gradients dropped."""
+    if len(algo.learners) != 1:
+        raise ConfigError(f"{algo.name} applies gradients on one learner (num_learners 0 or 1), "
+                          f"got {len(algo.learners)}")
+
+    def make_args(worker: WorkerHandle) -> tuple:
+        state = algo.obs_filter.state() if algo.obs_filter is not None else None
+        return steps_per_env, loss, algo.config, state
+
+    def settle(requests: AsyncRequests) -> None:
+        for item in requests.drain():
+            _count(algo, item)
+
+    return async_requests(algo, "compute_gradients", max_in_flight, make_args, settle)
+
+
+def async_apply_gradients(algo: Any, requests: AsyncRequests) -> list[dict[str, float]]:
+    """Apply every gradient that has come, in the order they came, each as its own update of
+    learner 0; the worker that sent it gets the new weights at once. Returns the workers' loss
+    statistics, one dict per gradient."""
+    stats = []
+    for item in requests.ready():
+        _count(algo, item)
+        if item.result["gradients"] is None:  # env failures left the fragment no rows
+            continue
+        requests.used(item)
+        weights = algo.learners[0].call("apply_gradients", item.result["gradients"])
+        requests.version += 1
+        requests.set_weights([item.worker], weights)
+        stats.append(item.result["stats"])
+    requests.top_up()
+    return stats
+
+
+def _count(algo: Any, item: Done) -> None:
+    samples = SampleResult()
+    add_sample(samples, 0, item.worker, item.result, algo.obs_filter)
+    algo.count(samples)

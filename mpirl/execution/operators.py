@@ -1,0 +1,346 @@
+"""Operators: the eager steps that algorithm plans are written in.
+
+Each is a plain function a ``training_step`` calls from top to bottom. What moves where:
+
+* ``parallel_rollouts``: every rollout worker samples; batches go straight to learner ranks, the
+  driver gets counts (env steps, env failures), episode metrics and observation-statistics
+  deltas.
+* ``train_one_step``: every learner receives its rollout ranks' batches and runs minibatch SGD
+  with one gradient allreduce per step; the driver gets averaged loss statistics.
+* ``broadcast_weights``: learner 0's weights go to every rollout rank in one ``Bcast``.
+
+Under ULFM the driver may survive the loss of a rollout rank (``survive_rollout_loss``). The
+operators then go on without it: ``parallel_rollouts`` leaves out a worker whose rank was lost and
+takes it out of the rollout group, learners receive only from the workers that answered, and the
+weights communicator is shrunk to its live members before the next broadcast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mpirl.data.offline import OfflineInput
+from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, TaskTimeout
+from mpirl.models.policy import RunningMeanStd
+from mpirl.runtime.core import shrink_weights_comm
+from mpirl.runtime.dispatch import WorkerGroup, WorkerHandle
+from mpirl.workers.env_guard import unwrap_env_failure
+
+
+@dataclass
+class SampleResult:
+    """What the driver learns from one round of sampling (batches stay on the data plane)."""
+
+    env_steps: int = 0
+    #: environment exceptions recovered by rebuilding the env (their episodes were dropped)
+    env_failures: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    #: learner index -> rollout ranks whose batches it must receive
+    sources: dict[int, list[int]] = field(default_factory=dict)
+    #: learner index -> batches handed over in-process (local rollout workers)
+    batches: dict[int, list[dict]] = field(default_factory=dict)
+    #: with trajectory dumps on: (rank's file name, [(local episode id, steps)]) per worker
+    dumped: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+
+
+def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_env: int,
+                      obs_filter: RunningMeanStd | None = None) -> SampleResult:
+    """Sample ``steps_per_env`` steps on every environment of every rollout worker, routing
+    rollout worker i's batch to learner i mod L. Merges the workers' observation statistics
+    into ``obs_filter``. An environment that failed ``max_env_failures`` times in a row raises
+    ``EnvFailureError`` here. A worker whose rank is lost meanwhile (survived, under ULFM) is
+    left out and taken out of ``rollouts``."""
+    _discard_lost_rollouts(learners, rollouts)
+    filter_state = obs_filter.state() if obs_filter is not None else None
+    result = SampleResult()
+    futures = []
+    for i, worker in enumerate(rollouts):
+        target = i % len(learners)
+        send_to = None if worker.in_process else learners[target].rank
+        futures.append((target, worker, worker.call_async("sample", steps_per_env, filter_state,
+                                                          send_to)))
+    for target, worker, future in futures:
+        try:
+            metrics = future.result()
+        except RankLost:
+            continue  # its batch may never come: the learner is not told to wait for it
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        add_sample(result, target, worker, metrics, obs_filter)
+    _discard_lost_rollouts(learners, rollouts)
+    return result
+
+
+def add_sample(result: SampleResult, target: int, worker: WorkerHandle, metrics: dict[str, Any],
+               obs_filter: RunningMeanStd | None) -> None:
+    """Add what one ``sample()`` call of ``worker`` returned to ``result``: its counts and
+    episodes, where its batch is (sent to learner ``target``, or in ``metrics``), and its
+    observation statistics, merged into ``obs_filter``."""
+    if not worker.in_process:
+        result.sources.setdefault(target, []).append(worker.rank)
+    add_sample_metrics(result, metrics)
+    if "batch" in metrics:
+        result.batches.setdefault(target, []).append(metrics["batch"])
+    if obs_filter is not None and metrics["filter_delta"] is not None:
+        mean, var, count = metrics["filter_delta"]
+        obs_filter.merge(mean, var, count)
+
+
+def _discard_lost_rollouts(learners: WorkerGroup, rollouts: WorkerGroup) -> bool:
+    """Take the workers of lost rollout ranks out of ``rollouts``; if there were any, shrink
+    weights_comm to its live members. True if any were taken out."""
+    if not rollouts.discard_lost():
+        return False
+    rebuild_weights_comm(learners, rollouts)
+    return True
+
+
+def rebuild_weights_comm(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
+    """Shrink weights_comm to its live members (learner 0 and the rollout ranks of
+    ``rollouts``), without the ranks MPI reports failed; under ULFM only. Every live member takes
+    part, so ``rollouts`` must hold every live rollout rank."""
+    source = learners[0]
+    members = [w for w in rollouts if not w.in_process]
+    if not source.in_process:
+        members.append(source)
+    futures = [w.call_rank_async("shrink_weights_comm") for w in members]
+    if source.in_process:  # the driver holds learner 0: its half of the collective runs here
+        shrink_weights_comm(source.local_object.context, [source.local_object])
+    for future in futures:
+        try:
+            future.result()
+        except RankLost:
+            pass  # it died after the others began to shrink; MPI leaves it out
+
+
+def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: Any
+                   ) -> dict[str, float]:
+    """Every learner trains on its share of ``samples``; returns statistics averaged over
+    learners. ``train_args`` go to ``Learner.train`` (epochs, minibatches, learning rate)."""
+    futures = [
+        learner.call_async("train", samples.sources.get(i, []), samples.batches.get(i),
+                           **train_args)
+        for i, learner in enumerate(learners)
+    ]
+    return _learner_stats([f.result() for f in futures])
+
+
+def mean_stats(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's mean over the rows that have it (learners, or the updates of an iteration)."""
+    keys = dict.fromkeys(k for row in rows for k in row)
+    return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
+
+
+def _learner_stats(results: list[dict[str, float]]) -> dict[str, float]:
+    """Loss statistics averaged over learners; ``learner_samples`` summed."""
+    # A learner that got no rows (env failures dropped them all, or its sources were lost) has
+    # no loss statistics: means over those that have them.
+    stats = mean_stats(results)
+    stats["learner_samples"] = float(sum(r["learner_samples"] for r in results))
+    return stats
+
+
+def train_on_dataset(learners: WorkerGroup, source: OfflineInput, num_steps: int,
+                     train_batch_size: int, **train_args: Any) -> dict[str, float]:
+    """Every learner runs ``num_steps`` SGD steps on rows of its own shard of the dump
+    ``source`` (read on the learner's rank; only the path crosses); returns statistics averaged
+    over learners, with ``learner_samples`` the dataset rows trained on by all of them."""
+    futures = learners.call_async("train_offline", source, num_steps, train_batch_size,
+                                  **train_args)
+    results, failure = [], None
+    for future in futures:
+        try:
+            results.append(future.result())
+        except RemoteError as error:
+            failure = failure or error
+    if failure is not None:
+        # A shard that cannot be loaded is a ConfigError on every learner: report it as one.
+        if failure.cause_type == _CONFIG_ERROR:
+            raise ConfigError(failure.cause_message) from None
+        raise failure
+    return _learner_stats(results)
+
+
+def evaluate_policy(rollouts: WorkerGroup, episodes: int, deterministic: bool = False
+                    ) -> SampleResult:
+    """Every rollout worker plays its share of ``episodes`` whole episodes with the weights it
+    holds; the driver gets their returns, lengths and env steps. No batch is made: evaluation
+    episodes are never trained on. A worker lost meanwhile (survived, under ULFM) is left out."""
+    if not len(rollouts):  # every rollout rank lost (survived, under ULFM): nothing to play
+        return SampleResult()
+    shares = [len(part) for part in np.array_split(np.arange(episodes), len(rollouts))]
+    futures = [worker.call_async("evaluate", share, deterministic)
+               for worker, share in zip(rollouts, shares, strict=True) if share]
+    result = SampleResult()
+    for future in futures:
+        try:
+            metrics = future.result()
+        except RankLost:
+            continue
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        result.env_steps += metrics["env_steps"]
+        result.env_failures += metrics["env_failures"]
+        result.episode_returns += metrics["episode_returns"]
+        result.episode_lengths += metrics["episode_lengths"]
+    return result
+
+
+_PROCESS_FAILURE = f"{ProcessFailure.__module__}.{ProcessFailure.__qualname__}"
+_CONFIG_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}"
+_TASK_TIMEOUT = f"{TaskTimeout.__module__}.{TaskTimeout.__qualname__}"
+_BROADCAST_RETRIES = 3
+
+
+def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
+    """Copy learner 0's weights to every rollout worker: one ``Bcast`` from learner 0 when the
+    rollout workers have ranks of their own, a plain copy for in-process ones."""
+    source = learners[0]
+    if all(worker.in_process for worker in rollouts):
+        weights = source.call("get_weights")
+        for worker in rollouts:
+            worker.call("set_weights", weights)
+        return
+    # A rollout rank that dies during the broadcast breaks it: the members that notice revoke
+    # the communicator, so all of them fail; shrink it to the survivors and send again.
+    for attempt in range(1 + _BROADCAST_RETRIES):
+        _discard_lost_rollouts(learners, rollouts)
+        # The rollout ranks enter the collective first; a learner in the driver's process runs
+        # its half of the Bcast inside call_async, which would otherwise wait for nobody.
+        futures = rollouts.call_async("receive_weights")
+        futures.append(source.call_async("broadcast_weights"))
+        broken = None
+        # The source first: a timeout in its half (run already when it is in-process) is then
+        # reported at once, not after the rollout ranks' own timeouts.
+        for future in [futures[-1], *futures[:-1]]:
+            try:
+                future.result()
+            except RankLost:
+                pass
+            except RemoteError as error:
+                if error.cause_type == _TASK_TIMEOUT:
+                    late = [f"rank {f.rank}" for f in futures[:-1] if not f.done()]
+                    raise TaskTimeout(f"{error.cause_message}; rollout ranks that had not taken "
+                                      f"the weights: {', '.join(late) or 'none'}") from None
+                if error.cause_type != _PROCESS_FAILURE:
+                    raise
+                broken = error
+        if broken is None:
+            return
+        if attempt == _BROADCAST_RETRIES:
+            raise broken
+        if not _discard_lost_rollouts(learners, rollouts):
+            # MPI knows which rank died before the driver may; Shrink leaves it out anyway.
+            rebuild_weights_comm(learners, rollouts)
+
+
+# Replay. Steps go rollout rank -> replay shard rank, minibatches shard -> learner rank, TD errors
+# learner -> shard; the driver only tells each rank when. Objects that share the driver's process
+# hand their data over in the call instead.
+
+
+def replay_dest(sender, receiver) -> int | None:
+    """Where ``sender`` sends data for ``receiver``: its rank, or None when both are in the
+    driver's process (the data then travels in the call's result)."""
+    return None if sender.in_process and receiver.in_process else receiver.rank
+
+
+def store_to_replay(rollouts: WorkerGroup, replay: WorkerGroup, steps_per_env: int,
+                    epsilons: list[float]) -> SampleResult:
+    """Every rollout worker i steps its envs ``steps_per_env`` times epsilon-greedily with
+    ``epsilons[i]`` and sends the steps to replay shard i mod K, which stores them. The driver
+    gets counts and episode metrics."""
+    result = SampleResult()
+    sources: dict[int, list[int]] = {}
+    chunks: dict[int, list[dict]] = {}
+    futures = []
+    for i, worker in enumerate(rollouts):
+        shard = i % len(replay)
+        futures.append((shard, worker, worker.call_async(
+            "sample_transitions", steps_per_env, epsilons[i], replay_dest(worker, replay[shard]))))
+    for shard, worker, future in futures:
+        try:
+            metrics = future.result()
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        if "chunk" in metrics:
+            chunks.setdefault(shard, []).append(metrics["chunk"])
+        else:
+            sources.setdefault(shard, []).append(worker.rank)
+        add_sample_metrics(result, metrics)
+    inserts = [replay[k].call_async("insert", sources.get(k, []), chunks.get(k))
+               for k in range(len(replay))]
+    for future in inserts:
+        future.result()
+    return result
+
+
+def add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
+    """Add the counts, episodes and dumped-episode ids of one sample call to ``result``."""
+    result.env_steps += metrics["env_steps"]
+    result.env_failures += metrics["env_failures"]
+    result.episode_returns += metrics["episode_returns"]
+    result.episode_lengths += metrics["episode_lengths"]
+    if "dumped" in metrics:
+        result.dumped.append(metrics["dumped"])
+
+
+def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int,
+                      batch_size: int, beta: float | None = None) -> dict[str, float]:
+    """Every learner takes ``num_steps`` SGD steps on minibatches drawn from the replay shards
+    (``batch_size`` rows per step summed over learners, the steps split evenly over shards);
+    the TD errors go back to the shards as priorities. Returns averaged learner statistics."""
+    rows = max(1, batch_size // len(learners))
+    # Steps split over the shards in proportion to what they hold (a shard may have no feeder).
+    sizes = np.array([f.result() for f in replay.call_async("size")], np.float64)
+    if not sizes.sum():
+        raise ValueError("train_from_replay: every replay shard is empty")
+    bounds = np.round(np.cumsum(sizes) / sizes.sum() * num_steps).astype(int)
+    shares = np.diff(bounds, prepend=0).tolist()
+    trains = []
+    for learner in learners:
+        sources, messages = [], []
+        for shard, count in zip(replay, shares, strict=True):
+            if not count:
+                continue
+            dest = replay_dest(shard, learner)
+            sent = shard.call_async("sample", count, rows, dest, beta)
+            if dest is None:
+                messages.append(sent.result())
+            else:
+                sources.append(shard.rank)
+        dests = {k: replay_dest(learner, shard) for k, shard in enumerate(replay)}
+        trains.append(learner.call_async("train_replay", sources, messages, dests))
+    results = [f.result() for f in trains]
+    # Each shard applies the TD errors of its minibatches before it samples again.
+    updates = [[] for _ in replay]
+    for result in results:
+        for shard, update in result.pop("priorities"):
+            updates[shard].append(update)
+    expect = [sum(1 for learner in learners if replay_dest(learner, shard) is not None) if count
+              else 0 for shard, count in zip(replay, shares, strict=True)]
+    for future in [shard.call_async("update_priorities", expect[k], updates[k])
+                   for k, shard in enumerate(replay)]:
+        future.result()
+    stats = _learner_stats([r | {"learner_samples": r["sgd_steps"] * rows} for r in results])
+    return stats
+
+
+def count_and_evaluate(algo, train_stats: dict[str, float]) -> dict[str, float]:
+    """Count the dataset rows just trained on as ``timesteps_total``; every
+    ``evaluation_interval`` iterations, have the rollout workers play ``evaluation_episodes``
+    with the weights they hold, into the episode metrics (``episode_return_mean``). Their env
+    steps are counted apart, in ``evaluation_env_steps_total``."""
+    config = algo.config
+    algo.timesteps_total += int(train_stats["learner_samples"])
+    if (algo.iteration + 1) % config.evaluation_interval == 0:
+        played = evaluate_policy(algo.rollouts, config.evaluation_episodes,
+                                 config.evaluation_deterministic)
+        algo.evaluation_env_steps_total += played.env_steps
+        played.env_steps = 0
+        algo.count(played)
+    return {"evaluation_env_steps_total": float(algo.evaluation_env_steps_total)}

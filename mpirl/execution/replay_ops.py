@@ -1,0 +1,271 @@
+"""The replay dataflow that DQN, Ape-X and SAC share, on the driver: building the replay group,
+checking Q-learning configs, the synchronous sample-store-train step (DQN, SAC) and the
+asynchronous loop (Ape-X) in which rollout, replay and learner ranks run side by side.
+
+The networks and losses are in ``mpirl.models.q_network`` and ``mpirl.models.soft_q``; the
+workers in ``mpirl.workers.q_workers`` and ``mpirl.workers.replay_shard``. An off-policy loss is
+``(policy, target, batch, config) -> (loss, td_errors, stats)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from mpirl.data.replay_buffer import ReplaySettings
+from mpirl.errors import ConfigError, RemoteError
+from mpirl.execution.operators import (
+    SampleResult,
+    add_sample_metrics,
+    broadcast_weights,
+    mean_stats,
+    replay_dest,
+    store_to_replay,
+    train_from_replay,
+)
+from mpirl.models.q_network import DQN_STATS, check_discrete
+from mpirl.runtime.dispatch import WorkerGroup, wait
+from mpirl.runtime.layout import REPLAY
+from mpirl.workers.env_guard import unwrap_env_failure
+from mpirl.workers.replay_shard import ReplayShard
+
+# What DQN and Ape-X share: the replay group, the config checks, the sampling loops.
+
+
+def replay_settings(config: Any) -> ReplaySettings:
+    """The replay keys of a DQN-family config."""
+    return ReplaySettings(config.buffer_size, config.prioritized_replay,
+                          config.prioritized_replay_alpha, config.prioritized_replay_beta,
+                          config.prioritized_replay_eps, config.n_step, config.gamma)
+
+
+def replay_beta(config: Any, timesteps: int) -> float:
+    """The importance-sampling exponent after ``timesteps`` env steps: annealed linearly from
+    ``prioritized_replay_beta`` to ``prioritized_replay_beta_final`` over
+    ``prioritized_replay_beta_anneal_steps`` (Schaul et al., 2016). It follows from
+    ``timesteps_total``, so a resumed run continues the schedule."""
+    if not config.prioritized_replay_beta_anneal_steps:
+        return config.prioritized_replay_beta
+    return linear_epsilon(timesteps, config.prioritized_replay_beta,
+                          config.prioritized_replay_beta_final,
+                          config.prioritized_replay_beta_anneal_steps)
+
+
+def check_q_config(config: Any, env: Any, algo: str, continuous: bool = False) -> None:
+    """ConfigError on every rank, before anything starts, for a config or environment that a
+    replay plan cannot run: DQN-family plans need Discrete actions, SAC Box actions."""
+    replay_settings(config).check(config.train_batch_size, max(config.num_replay_shards, 1))
+    action_space = env.spaces()[1]
+    if not continuous:
+        check_discrete(action_space, algo)
+    elif not isinstance(action_space, gym.spaces.Box):
+        raise ConfigError(f"{algo} needs a continuous (Box) action space; this environment's "
+                          f"is {action_space}. Use DQN or PPO for discrete actions.")
+
+
+def spawn_replay(algo: Any) -> WorkerGroup:
+    """The replay shards of ``algo``: one per replay rank, or one in the driver's process when
+    there are none. Rollout worker i feeds shard i mod K, each of its envs a stream of its own.
+    The group joins the checkpoint (``checkpoint_replay``)."""
+    config = algo.config
+    shards = max(1, algo.driver.placement.count(REPLAY))
+    streams = math.ceil(len(algo.rollouts) / shards) * config.num_envs_per_worker
+    observation_space, action_space = algo.env.spaces()
+    replay = algo.driver.spawn(
+        REPLAY, ReplayShard, config.buffer_size // shards, streams, observation_space,
+        action_space, replay_settings(config), shards, config.num_envs_per_worker, config.seed,
+        local_if_empty=True)
+    algo.extra_groups.append(replay)
+    return replay
+
+
+def sample_and_train(algo: Any, epsilon: float, stat_keys: tuple[str, ...]
+                     ) -> dict[str, float]:
+    """One synchronous replay iteration (DQN, SAC): every rollout worker samples into replay
+    with ``epsilon``; once ``learning_starts`` env steps are stored the learners take
+    ``sgd_steps_per_env_step`` SGD steps per new env step (fractions carry over) and learner 0
+    broadcasts the weights (a run resumed without its replay first stores ``learning_starts``
+    steps again). ``stat_keys``: the loss's statistics, NaN until training starts."""
+    config = algo.config
+    samples = store_to_replay(algo.rollouts, algo.replay, config.rollout_fragment_length,
+                              [epsilon] * len(algo.rollouts))
+    algo.count(samples)
+    stats = dict.fromkeys((*stat_keys, "sgd_steps", "learner_samples"), float("nan"))
+    beta = replay_beta(config, algo.timesteps_total)
+    if config.prioritized_replay:
+        stats["prioritized_replay_beta"] = beta
+    # A run resumed without its replay (checkpoint_replay false) refills it first.
+    if algo.timesteps_total >= algo.replay_empty_at + config.learning_starts:
+        debt = algo.sgd_step_debt + samples.env_steps * config.sgd_steps_per_env_step
+        steps, algo.sgd_step_debt = divmod(debt, 1.0)
+        stats |= train_from_replay(algo.learners, algo.replay, int(steps),
+                                   config.train_batch_size, beta)
+        broadcast_weights(algo.learners, algo.rollouts)
+    return stats
+
+
+def linear_epsilon(step: int, initial: float, final: float, steps: int) -> float:
+    """A value annealed linearly from ``initial`` to ``final`` over ``steps`` env steps
+    (DQN's epsilon, prioritized replay's beta)."""
+    fraction = min(1.0, step / max(steps, 1))
+    return initial + fraction * (final - initial)
+
+
+def apex_epsilons(num_workers: int, epsilon: float, alpha: float) -> list[float]:
+    """Ape-X's fixed per-worker exploration: eps_i = epsilon ** (1 + alpha * i / (N - 1)).
+    A lone worker takes the middle of that range, epsilon ** (1 + alpha / 2) (0.016 with the
+    defaults): the paper's formula has no value for N = 1, and ``epsilon`` itself (0.4) explores
+    so much that its episodes can never show what the greedy policy has learned."""
+    if num_workers == 1:
+        return [epsilon ** (1 + alpha / 2)]
+    return [epsilon ** (1 + alpha * i / (num_workers - 1)) for i in range(num_workers)]
+
+
+class AsyncReplayLoop:
+    """Ape-X's asynchronous driver loop: sampling, storing and training overlap.
+
+    Every rollout worker always has one ``sample_transitions`` call in flight, whose steps go to
+    its replay shard; when it returns the driver tells the shard to store them and starts the
+    next. The learners always have up to ``max_trains_in_flight`` ``train_replay`` calls queued,
+    each fed by one shard (round-robin) with ``batches_per_train`` minibatches; the TD errors go
+    back to the shard, which applies them at its next call. Learner 0 posts its weights to every
+    rollout rank every ``weight_sync_every`` SGD steps; a rollout worker takes the newest at the
+    start of its next call. Nobody waits on a collective.
+    """
+
+    def __init__(self, algo: Any, epsilons: list[float], batches_per_train: int = 16,
+                 max_trains_in_flight: int = 2) -> None:
+        self.algo, self.epsilons = algo, epsilons
+        self.config = algo.config
+        self.batches_per_train = batches_per_train
+        self.max_trains_in_flight = max_trains_in_flight
+        self.samples: dict[int, Any] = {}  # rollout index -> future
+        self.trains: list[Any] = []
+        self.inserts: list[Any] = []
+        self.next_shard = 0
+        self.stored = [0] * len(algo.replay)  # env steps sent to each shard
+        # SGD steps of the training calls that have returned; set at the first step from the
+        # count restored with a checkpoint (the learner saved after every call started before)
+        self.sgd_done: int | None = None
+        self.lags: list[int] = []
+        self.weight_ranks = [w.rank for w in algo.rollouts if not w.in_process]
+
+    def _start_sample(self, i: int) -> None:
+        worker = self.algo.rollouts[i]
+        shard = self.algo.replay[i % len(self.algo.replay)]
+        self.samples[i] = worker.call_async("sample_transitions",
+                                            self.config.rollout_fragment_length,
+                                            self.epsilons[i], replay_dest(worker, shard))
+
+    def _start_train(self, shard: Any) -> None:
+        replay, learners = self.algo.replay, self.algo.learners
+        rows = max(1, self.config.train_batch_size // len(learners))
+        for learner in learners:
+            dest = replay_dest(shard, learner)
+            sent = shard.call_async("sample", self.batches_per_train, rows, dest,
+                                    replay_beta(self.config, self.algo.timesteps_total))
+            messages = [sent.result()] if dest is None else None
+            dests = {k: replay_dest(learner, s) for k, s in enumerate(replay)}
+            post = self.weight_ranks if learner.index == 0 else []
+            self.trains.append((shard, learner.call_async(
+                "train_replay", [] if dest is None else [shard.rank], messages, dests, post,
+                self.config.weight_sync_every)))
+        self.algo.sgd_steps_total += self.batches_per_train
+
+    def step(self, min_env_steps: int) -> dict[str, float]:
+        """Run until ``min_env_steps`` new env steps have been stored; return the statistics of
+        the training calls that finished meanwhile."""
+        algo, config = self.algo, self.config
+        env_steps, results = 0, []
+        if self.sgd_done is None:
+            self.sgd_done = algo.sgd_steps_total
+        while env_steps < min_env_steps:
+            for i in range(len(algo.rollouts)):
+                if i not in self.samples and (self._may_sample() or not self.trains):
+                    self._start_sample(i)
+            # Training is paced to at most sgd_steps_per_env_step of the env steps stored.
+            budget = (algo.timesteps_total - config.learning_starts) * \
+                config.sgd_steps_per_env_step
+            while (len(self.trains) < self.max_trains_in_flight
+                   and algo.sgd_steps_total + self.batches_per_train <= budget
+                   and (shard := self._next_shard()) is not None):
+                self._start_train(shard)
+            pending = list(self.samples.values()) + [f for _, f in self.trains]
+            wait(pending, num_returns=1)
+            for i, future in list(self.samples.items()):
+                if future.done():
+                    del self.samples[i]
+                    env_steps += self._stored(i, future)
+            for entry in [e for e in self.trains if e[1].done()]:
+                self.trains.remove(entry)
+                results.append(self._trained(*entry))
+        self.inserts = [f for f in self.inserts if not f.done()]
+        stats = dict.fromkeys(DQN_STATS, math.nan) | mean_stats(results)
+        stats["sgd_steps_total"] = algo.sgd_steps_total
+        if config.prioritized_replay:
+            stats["prioritized_replay_beta"] = replay_beta(config, algo.timesteps_total)
+        # How many SGD steps older than the learner's (as the driver last heard) the weights
+        # were that each sampling call of this iteration used: the cost of the async sync.
+        stats["weights_lag_sgd_steps"] = float(np.mean(self.lags)) if self.lags else math.nan
+        self.lags = []
+        return stats
+
+    def _may_sample(self) -> bool:
+        """With ``throttle_sampling``, sampling waits while it is more than one round of calls
+        ahead of what the learner has trained on (at ``sgd_steps_per_env_step``)."""
+        config, algo = self.config, self.algo
+        if not config.throttle_sampling:
+            return True
+        rounds = len(algo.rollouts) * config.num_envs_per_worker * config.rollout_fragment_length
+        covered = config.learning_starts + algo.sgd_steps_total / config.sgd_steps_per_env_step
+        return algo.timesteps_total < covered + 2 * rounds
+
+    def _next_shard(self) -> Any:
+        """The next shard, round-robin, among those holding a few minibatches' worth of rows
+        (a shard that no rollout worker feeds is never asked)."""
+        replay = self.algo.replay
+        for _ in range(len(replay)):
+            k = self.next_shard % len(replay)
+            self.next_shard += 1
+            if self.stored[k] >= 4 * self.config.train_batch_size:
+                return replay[k]
+        return None
+
+    def _stored(self, i: int, future: Any) -> int:
+        algo = self.algo
+        try:
+            metrics = future.result()
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        worker = algo.rollouts[i]
+        shard = algo.replay[i % len(algo.replay)]
+        if self.weight_ranks:
+            self.lags.append(max(0, self.sgd_done - metrics["weights_version"]))
+        chunk = metrics.get("chunk")
+        self.inserts.append(shard.call_async("insert", [] if chunk else [worker.rank],
+                                             [chunk] if chunk else None))
+        self.stored[i % len(algo.replay)] += metrics["env_steps"]
+        sample = SampleResult()
+        add_sample_metrics(sample, metrics)
+        if self.epsilons[i] > self.config.metrics_max_epsilon and \
+                min(self.epsilons) <= self.config.metrics_max_epsilon:
+            # An explorer's episodes say little about the policy: counted, not averaged.
+            algo.episodes_total += len(sample.episode_returns)
+            sample.episode_returns, sample.episode_lengths = [], []
+        algo.count(sample)
+        return metrics["env_steps"]
+
+    def _trained(self, shard: Any, future: Any) -> dict[str, float]:
+        result = future.result()
+        self.sgd_done += result["sgd_steps"]
+        updates = [update for _, update in result.pop("priorities")]
+        if updates:
+            shard.call_async("update_priorities", 0, updates).result()
+        if not self.weight_ranks and len(self.algo.rollouts):  # world size 1: no data channel
+            weights = self.algo.learners[0].call("get_weights")
+            for worker in self.algo.rollouts:
+                worker.call("set_weights", weights)
+        return result

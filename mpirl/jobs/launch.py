@@ -1,0 +1,369 @@
+"""``mpirl launch``: run a job command, and run it again after a failure, resuming where it stopped.
+
+``mpirl launch [--max-restarts N] [--restart-delay S] -- COMMAND...`` runs outside MPI (never under
+mpiexec or srun) and supervises COMMAND, a whole launcher command line such as
+``mpiexec -n 4 ... mpirl train ...`` or ``srun ... mpirl train ...``:
+
+* If COMMAND runs ``mpirl train`` (an argument that is ``mpirl`` or ends in ``/mpirl``, or
+  ``-m mpirl``, followed by ``train``), the run directory is read from its ``--run-dir`` (or
+  ``--resume``); without either, ``--run-dir runs/ALGO-ENV-TIME`` is added to the first attempt.
+  Every later attempt gets ``--resume RUN_DIR``. A COMMAND without ``mpirl train`` is run again
+  unchanged.
+* Exit 0 ends launch with 0. Exit 2 (bad command line or config) ends it at once: running the same
+  input again cannot help. Any other end (1, 70, 75, death by a signal) starts the next attempt
+  after ``--restart-delay`` seconds, until ``--max-restarts`` restarts are spent; then launch exits
+  with the last attempt's code (128+N for death by signal N).
+* COMMAND runs in a session of its own. SIGTERM, SIGUSR1, SIGUSR2, SIGINT and SIGHUP sent to launch
+  are forwarded to it, and once launch has received one it starts no further attempt: it exits with
+  the command's code, so that a scheduler sees 75 ("checkpointed, requeue me"). A second SIGINT
+  kills every process of the command's session.
+
+What Open MPI 5.0.11's ``mpiexec`` (the PyPI wheel; it execs ``prterun``, same pid) does, measured
+with 2 and 4 ranks that log every signal they get (Python handlers), on one node:
+
+* Each rank runs in a process group of its own, inside prterun's session. So ``killpg`` on
+  prterun's group reaches prterun only, and each rank gets exactly one copy of a forwarded signal.
+* SIGUSR1 and SIGUSR2 sent to prterun reach every rank within milliseconds, and prterun waits for
+  the ranks however long they take (15 s tried). If all ranks then exit 75, prterun exits 75.
+* SIGTERM, SIGINT and SIGHUP sent to prterun are not forwarded as such: prterun ends the job. Every
+  rank gets SIGCONT at once, SIGTERM 0.25 s later, and is killed (SIGKILL) about 0.25 s after that;
+  prterun exits 1 about 0.5 s after the signal, whatever codes the ranks exit with (also when they
+  all exit 75 before the SIGTERM). No MCA parameter in ``prte_info --all`` sets that grace. A rank
+  cannot write a checkpoint in 0.25 s, so launch turns its first SIGTERM into SIGUSR2 when COMMAND
+  runs ``mpirl train`` (which treats USR1, USR2 and TERM alike: checkpoint, exit 75); a second
+  SIGTERM is forwarded as SIGTERM. For other commands SIGTERM is forwarded unchanged.
+* Exit codes: all ranks exit C -> prterun exits C. One rank exits C != 0 (or calls MPI_Abort with
+  C) while the others run -> the others get SIGCONT, SIGTERM 0.25 s later, SIGKILL about 0.2 s after
+  that, and prterun exits C about 0.55 s after the first exit. A rank killed by SIGKILL -> the same,
+  and prterun exits 137 (128 + 9), not 70. Ranks exiting with different non-zero codes at once ->
+  prterun exits with one of them, not reliably the one its message names.
+* prterun killed with SIGKILL leaves its ranks running, orphaned. So launch kills whatever is left
+  in the command's session after each attempt, before the next one can start, and its second SIGINT
+  kills the whole session, not only prterun.
+
+``srun`` forwards signals to its tasks itself, and its tasks are not in launch's reach (they run
+under slurmstepd); the SIGTERM-to-SIGUSR2 rule is harmless there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# errors.py imports nothing else from mpirl; launch must stay clear of mpi4py (see __init__.py).
+from mpirl.errors import EXIT_FAILURE, EXIT_OK, EXIT_RANK_LOST, EXIT_RESUME, EXIT_USAGE
+from mpirl.jobs.run_dir import default_run_dir
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP)
+#: The signals a scheduler sends for "checkpoint and stop" (mpirl train ends them with 75).
+CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+DEFAULT_MAX_RESTARTS = 3
+DEFAULT_RESTART_DELAY_S = 3.0
+
+_MEANINGS = {
+    EXIT_OK: "finished",
+    EXIT_FAILURE: "an exception on some rank",
+    EXIT_USAGE: "bad command line or config",
+    EXIT_RANK_LOST: "a rank was lost",
+    EXIT_RESUME: "stopped on request after a checkpoint",
+}
+
+
+@dataclass(frozen=True)
+class TrainCall:
+    """Where ``mpirl train`` sits in a command line, and the options launch cares about."""
+
+    train_index: int
+    run_dir: str | None
+    resume_dir: str | None
+    algo: str | None
+    env: str | None
+
+
+def find_train(command: Sequence[str]) -> TrainCall | None:
+    """Locate ``mpirl train`` in COMMAND; None if it does not run ``mpirl train``."""
+    for index, word in enumerate(command):
+        if word == "mpirl" or word.endswith("/mpirl"):
+            subcommand = index + 1
+        elif word == "-m" and command[index + 1:index + 2] in (["mpirl"], ["mpirl.cli"]):
+            subcommand = index + 2
+        else:
+            continue
+        if command[subcommand:subcommand + 1] != ["train"]:
+            continue  # e.g. an mpiexec --prefix that ends in /mpirl, or mpirl doctor
+        args = list(command[subcommand + 1:])
+        if ":" in args:  # mpiexec's MPMD separator: what follows belongs to another program
+            args = args[:args.index(":")]
+        return TrainCall(subcommand, option_value(args, "--run-dir"),
+                         option_value(args, "--resume"), option_value(args, "--algo"),
+                         option_value(args, "--env"))
+    return None
+
+
+def option_value(args: Sequence[str], name: str) -> str | None:
+    """The value of the last ``NAME VALUE`` or ``NAME=VALUE`` in args (argparse's rule).
+
+    Exact spelling only, as mpirl's parsers (no abbreviations: ``--run`` is an error there, not
+    ``--run-dir``), so the value found here is the one the job uses."""
+    value = None
+    for index, word in enumerate(args):
+        if word == name and index + 1 < len(args):
+            value = args[index + 1]
+        elif word.startswith(name + "="):
+            value = word[len(name) + 1:]
+    return value
+
+
+def first_command(command: Sequence[str]) -> tuple[list[str], str | None]:
+    """COMMAND for the first attempt, with --run-dir added if needed, and the run directory."""
+    call = find_train(command)
+    if call is None:
+        return list(command), None
+    if call.run_dir or call.resume_dir:
+        return list(command), call.run_dir or call.resume_dir
+    if not (call.algo and call.env):
+        return list(command), None  # mpirl train itself will say what is missing (exit 2)
+    run_dir = default_run_dir(call.algo, call.env)
+    return _insert_after_train(command, call, "--run-dir", run_dir), run_dir
+
+
+def restart_command(command: Sequence[str]) -> list[str]:
+    """The first attempt's COMMAND with ``--resume RUN_DIR`` added (unless it has one)."""
+    call = find_train(command)
+    if call is None or call.resume_dir or not call.run_dir:
+        return list(command)
+    return _insert_after_train(command, call, "--resume", call.run_dir)
+
+
+def _insert_after_train(command: Sequence[str], call: TrainCall, *words: str) -> list[str]:
+    # Right after "train", not at the end: the end may belong to another program (MPMD ":").
+    at = call.train_index + 1
+    return [*command[:at], *words, *command[at:]]
+
+
+def describe(returncode: int) -> str:
+    """``exited with 70 (a rank was lost)``, ``was killed by SIGKILL``, ..."""
+    if returncode < 0:
+        return f"was killed by {_signal_name(-returncode)}"
+    meaning = _MEANINGS.get(returncode)
+    if meaning is None and returncode > 128 and _signal_name(returncode - 128):
+        meaning = f"a process was killed by {_signal_name(returncode - 128)}"
+    return f"exited with {returncode}" + (f" ({meaning})" if meaning else "")
+
+
+def exit_code(returncode: int) -> int:
+    """A process exit code for a child's return code (the shell's 128+N for death by signal N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}" if number > 0 else ""
+
+
+def session_processes(session: int) -> list[int]:
+    """Pids of the live processes of a session, read from /proc (empty where there is none)."""
+    pids = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it exited meanwhile
+        # Fields after "(comm)": state ppid pgrp session ...; comm may hold spaces and ")".
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 3 and int(fields[3]) == session and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_session(session: int, spare_leader: bool = True) -> list[int]:
+    """SIGKILL the processes of a session that launch created; returns their pids.
+
+    Once the leader (pid == session) has been reaped, a process with its pid would be an unrelated
+    newcomer, so it is spared unless ``spare_leader`` is False.
+    """
+    killed = []
+    for pid in session_processes(session):
+        if pid == session and spare_leader:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+class Supervisor:
+    """Runs the attempts of one ``mpirl launch`` and owns its signal handlers."""
+
+    def __init__(self, command: Sequence[str], max_restarts: int, restart_delay_s: float) -> None:
+        self.command, self.run_dir = first_command(command)
+        self.is_train = find_train(self.command) is not None
+        self.max_attempts = max_restarts + 1
+        self.restart_delay_s = restart_delay_s
+        self.child: subprocess.Popen | None = None
+        self.received: list[int] = []  # every forwarded signal launch got, in order
+        self.unsent: list[int] = []  # received while no child was running yet
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED_SIGNALS}
+        try:
+            return self._attempts()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _attempts(self) -> int:
+        command = self.command
+        code = EXIT_OK
+        for attempt in range(1, self.max_attempts + 1):
+            if attempt == 1:
+                if self.run_dir:
+                    _say(f"attempt 1 of {self.max_attempts}; run directory {self.run_dir}")
+            else:
+                command = restart_command(self.command)
+                target = f"resuming from {self.run_dir}" if self.run_dir else "running it again"
+                _say(f"attempt {attempt} of {self.max_attempts}: previous attempt {describe(code)};"
+                     f" {target}")
+                self._sleep(self.restart_delay_s)
+                if self.received:
+                    return self._stopped_between_attempts(code)
+            try:
+                code = self._run_once(command)
+            except OSError as error:
+                _say(f"error: cannot run {command[0]!r}: {error.strerror or error}. COMMAND must "
+                     f"be a program on PATH or a path to one, e.g. -- mpiexec -n 4 mpirl train ...")
+                return EXIT_USAGE
+            if code == EXIT_OK:
+                return EXIT_OK
+            if self.received:
+                _say(f"the command {describe(code)} after launch got "
+                     f"{_signal_name(self.received[-1])}; not restarting")
+                return exit_code(code)
+            if code == EXIT_USAGE:
+                _say("the command exited with 2 (bad command line or config); not restarting")
+                return EXIT_USAGE
+        _say(f"giving up after {self.max_attempts} attempts: the last {describe(code)}")
+        return exit_code(code)
+
+    def _run_once(self, command: list[str]) -> int:
+        self.child = subprocess.Popen(command, start_new_session=True)
+        unsent, self.unsent = self.unsent, []
+        for sig in unsent:
+            self._forward(sig)
+        try:
+            returncode = self.child.wait()
+        finally:
+            session = self.child.pid
+            self.child = None
+        leftovers = kill_session(session)
+        if leftovers:
+            _say(f"killed {len(leftovers)} process(es) the command left running: "
+                 f"{' '.join(map(str, leftovers))}")
+        return returncode
+
+    def _stopped_between_attempts(self, last_code: int) -> int:
+        sig = self.received[-1]
+        if self.is_train and sig in CHECKPOINT_SIGNALS:
+            # Nothing runs now and --resume continues from the newest checkpoint (or from the
+            # start if there is none yet), so "requeue me" is the truthful answer.
+            _say(f"got {_signal_name(sig)} between attempts; exiting with {EXIT_RESUME} "
+                 f"(resume from {self.run_dir})")
+            return EXIT_RESUME
+        _say(f"got {_signal_name(sig)} between attempts; not restarting")
+        return exit_code(last_code)
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.received and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        if self.child is None:
+            self.unsent.append(signum)
+        else:
+            self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        child = self.child
+        assert child is not None
+        count = self.received.count(signum)
+        if signum == signal.SIGINT and count >= 2:
+            # Not only the child: ranks outlive a SIGKILLed prterun (see the module docstring).
+            killed = kill_session(child.pid, spare_leader=False)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)  # where /proc is missing
+            _say_now(f"second SIGINT: killed the command's {len(killed)} process(es)")
+        elif signum == signal.SIGTERM and count == 1 and self.is_train:
+            # Open MPI's mpiexec would kill every rank 0.25 s after a SIGTERM (see the module
+            # docstring); SIGUSR2 asks mpirl train for the same checkpoint-and-exit-75 and waits.
+            self._signal_group(child.pid, signal.SIGUSR2)
+            _say_now("got SIGTERM: sent SIGUSR2 to the command (checkpoint, then exit 75); "
+                     "a second SIGTERM is forwarded as is")
+        else:
+            self._signal_group(child.pid, signum)
+
+    @staticmethod
+    def _signal_group(group: int, signum: int) -> None:
+        # The child leads its own session and process group, so its pid is the group's id.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signum)
+
+
+def _say(message: str) -> None:
+    print(f"mpirl launch: {message}", file=sys.stderr, flush=True)
+
+
+def _say_now(message: str) -> None:
+    # From a signal handler: os.write, because print may be interrupted inside its own buffer.
+    os.write(2, f"mpirl launch: {message}\n".encode())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``mpirl launch`` (cli.py calls this on its subparser)."""
+    parser.add_argument(
+        "--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="N",
+        help=f"run COMMAND at most N+1 times in all (default {DEFAULT_MAX_RESTARTS})",
+    )
+    parser.add_argument(
+        "--restart-delay", type=float, default=DEFAULT_RESTART_DELAY_S, metavar="SECONDS",
+        help=f"wait this long before each restart (default {DEFAULT_RESTART_DELAY_S:g})",
+    )
+    parser.add_argument(
+        "job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
+        help="the whole job command line, e.g. -- mpiexec -n 4 mpirl train --algo PPO ...",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``mpirl launch`` with parsed arguments; returns the exit code."""
+    command = list(args.job_command)
+    if command[:1] == ["--"]:
+        command = command[1:]  # argparse keeps the "--" before a REMAINDER on Python 3.11
+    problems = []
+    if not command:
+        problems.append("no COMMAND given: put the job command after --, e.g. "
+                        "mpirl launch --max-restarts 3 -- mpiexec -n 4 mpirl train --algo PPO ...")
+    if args.max_restarts < 0:
+        problems.append(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    if not 0 <= args.restart_delay < math.inf:  # also rejects nan
+        problems.append(f"--restart-delay must be 0 or more seconds, got {args.restart_delay:g}")
+    if problems:
+        for problem in problems:
+            _say(f"error: {problem}")
+        return EXIT_USAGE
+    return Supervisor(command, args.max_restarts, args.restart_delay).run()

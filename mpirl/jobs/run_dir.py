@@ -1,0 +1,354 @@
+"""A run directory: what a training run leaves on disk.
+
+* ``params.json``: the run's parameters, written once;
+* ``progress.csv``: one row per iteration, flushed and fsynced as it is written, so the rows of a
+  killed run survive;
+* ``result.json``: the latest row, replaced atomically each iteration, so a reader never sees a
+  half-written file;
+* ``events.out.tfevents.*``: every numeric value as a TensorBoard scalar;
+* ``run.lock``: the job that writes the directory now (see ``RunLock``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import numbers
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from mpirl.errors import EXIT_USAGE, MpirlError
+from mpirl.report.tensorboard import EventWriter
+
+PARAMS_FILE = "params.json"
+PROGRESS_FILE = "progress.csv"
+RESULT_FILE = "result.json"
+
+
+def _plain(value: Any) -> Any:
+    """Turn NumPy scalars into Python ones: ``repr(np.float32(1.5))`` is not ``"1.5"``."""
+    if isinstance(value, bool | str) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def default_run_dir(algo: str, env: str) -> str:
+    """The run directory ``mpirl train`` uses when --run-dir is left out (``mpirl launch``
+    names it the same way)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"runs/{algo.upper()}-{env.replace(':', '_')}-{stamp}"
+
+
+def json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # NumPy scalars and 0-d arrays
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _strict_json(value: Any) -> Any:
+    # NaN and inf are not JSON; writing null keeps result.json readable by any JSON parser.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as file:
+        file.write(text)
+    # No fsync: this guards against a killed process, not a lost machine, and result.json can
+    # be rebuilt from the fsynced progress.csv.
+    os.replace(tmp, path)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back as the same float
+    return str(value)
+
+
+class RunRecorder:
+    """Writes a run directory: params.json once, progress.csv one row per iteration, result.json
+    (the last row, rewritten atomically each iteration), TensorBoard event files.
+
+    The CSV's columns are fixed by its first row (or, on resume, by the existing header): a key
+    that first appears later goes to result.json and TensorBoard but not to the CSV, and a
+    missing key is an empty cell. ``resume=True`` keeps an existing params.json and appends to an
+    existing progress.csv, after dropping its rows past iteration ``keep_iterations`` (the
+    resumed run does those iterations again); ``resume=False`` writes both afresh.
+    """
+
+    def __init__(self, run_dir: str | Path, params: dict, resume: bool = False,
+                 keep_iterations: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        params_path = self.run_dir / PARAMS_FILE
+        if not (resume and params_path.exists()):
+            write_atomically(params_path, json.dumps(params, indent=2, sort_keys=True,
+                                                      default=json_default) + "\n")
+        progress_path = self.run_dir / PROGRESS_FILE
+        self._columns: list[str] | None = None
+        if resume and progress_path.exists():
+            self._columns = _read_header_and_trim(progress_path, keep_iterations)
+        self._csv_file = open(progress_path, "a" if resume else "w", encoding="utf-8",
+                              newline="")
+        self._csv = csv.writer(self._csv_file, lineterminator="\n")
+        self._events = EventWriter(self.run_dir)
+        self._rows = 0
+
+    @property
+    def columns(self) -> list[str] | None:
+        """The CSV's columns, or None before the first row of a new file."""
+        return None if self._columns is None else list(self._columns)
+
+    def record(self, row: dict[str, float | int | str | None]) -> None:
+        """Append ``row`` to progress.csv, replace result.json with it, and log it to TensorBoard.
+
+        The TensorBoard step is ``row["timesteps_total"]`` if present, else ``row["iteration"]``.
+        """
+        if self._csv_file.closed:
+            raise ValueError(f"RunRecorder for {self.run_dir} is closed")
+        row = {key: _plain(value) for key, value in row.items()}
+        if self._columns is None:
+            self._columns = list(row)
+            self._csv.writerow(self._columns)
+        self._csv.writerow([_cell(row.get(column)) for column in self._columns])
+        self._csv_file.flush()
+        os.fsync(self._csv_file.fileno())
+
+        write_atomically(
+            self.run_dir / RESULT_FILE,
+            json.dumps({key: _strict_json(value) for key, value in row.items()}, indent=2,
+                       default=json_default) + "\n",
+        )
+
+        self._rows += 1
+        step = next((int(row[key]) for key in ("timesteps_total", "iteration")
+                     if _is_number(row.get(key)) and math.isfinite(row[key])), self._rows)
+        for key, value in row.items():
+            if _is_number(value):
+                self._events.add_scalar(key, value, step)
+        self._events.flush()
+
+    def close(self) -> None:
+        """Close progress.csv and the event file; closing twice is harmless."""
+        if not self._csv_file.closed:
+            self._csv_file.close()
+        self._events.close()
+
+    def __enter__(self) -> RunRecorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _read_header_and_trim(path: Path, keep_iterations: int | None = None) -> list[str] | None:
+    """The header of an existing progress.csv, or None if it has none.
+
+    A run killed in the middle of writing a row leaves a partial last line; it is cut off so
+    that the rows appended next start on a line of their own. With ``keep_iterations``, rows
+    whose ``iteration`` is larger are cut off too.
+    """
+    with open(path, "rb+") as file:
+        data = file.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            file.truncate(end)
+            data = data[:end]
+        if not data.strip():
+            return None
+        lines = data.decode("utf-8").splitlines(keepends=True)
+        header = next(csv.reader([lines[0]]))
+        if keep_iterations is not None and "iteration" in header:
+            column = header.index("iteration")
+            kept = 1
+            for line in lines[1:]:
+                cells = next(csv.reader([line]), [])
+                if len(cells) > column and cells[column] and int(cells[column]) > keep_iterations:
+                    break
+                kept += 1
+            if kept < len(lines):
+                file.seek(sum(len(line.encode("utf-8")) for line in lines[:kept]))
+                file.truncate()
+    return header
+
+
+LOCK_FILE = "run.lock"
+#: The holder touches its lock this often, from a thread, so a long iteration never looks dead.
+LOCK_REFRESH_S = 30.0
+#: A lock on another host, of another Slurm job, untouched this long is a dead holder's.
+LOCK_STALE_S = 300.0
+
+
+class RunDirLocked(MpirlError):
+    """Another live job holds the run directory."""
+
+    exit_code = EXIT_USAGE
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (Linux), telling a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()[19]
+
+
+def _pid_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return start is None or _process_start(pid) in (None, start)
+
+
+class RunLock:
+    """``run.lock`` in a run directory: one job at a time writes the directory.
+
+    Taken by rank 0 only, before anything is written; nothing crosses ranks. The file is created
+    with a hard link of a complete file (atomic on local disks, Lustre and NFS, which may lack
+    flock) and holds the holder's host, pid, Slurm job id and start time. A holder that is dead
+    is taken over: on this host, a pid that no longer runs; on another host, a lock of this same
+    Slurm job before it was requeued (same ``SLURM_JOB_ID``, smaller ``SLURM_RESTART_COUNT``: the
+    old allocation is gone), or one whose mtime, which the holder refreshes every
+    ``LOCK_REFRESH_S`` from a thread, is older than ``LOCK_STALE_S``. A live
+    holder makes ``acquire`` raise ``RunDirLocked`` (exit code 2) naming it.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.held: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+
+    def acquire(self) -> list[str]:
+        """Take the lock, or raise RunDirLocked; return notes on a dead holder taken over."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        mine = {"host": socket.gethostname(), "pid": os.getpid(),
+                "job_id": os.environ.get("SLURM_JOB_ID"),
+                "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+                "pid_start": _process_start(os.getpid()),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": uuid.uuid4().hex}
+        tmp = self.run_dir / f".{LOCK_FILE}.{mine['token']}"
+        tmp.write_text(json.dumps(mine) + "\n", encoding="utf-8")
+        notes = []
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                    break
+                except FileExistsError:
+                    pass
+                holder = self._read()
+                if holder is None:  # released between our link and our read: try again
+                    continue
+                if self._alive(holder, mine):
+                    raise RunDirLocked(
+                        f"run directory {self.run_dir} is in use by another job: host "
+                        f"{holder.get('host')}, pid {holder.get('pid')}, Slurm job "
+                        f"{holder.get('job_id') or 'none'} (since {holder.get('started')}); "
+                        f"stop that job first, or remove {self.path} if it is gone")
+                if self._take_over(holder):
+                    notes.append(f"took over {self.path} from a job that is gone (host "
+                                 f"{holder.get('host')}, pid {holder.get('pid')}, Slurm job "
+                                 f"{holder.get('job_id') or 'none'})")
+            else:
+                raise RunDirLocked(f"could not take {self.path}: other jobs keep taking it")
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.held = mine
+        self._refresher = threading.Thread(target=self._refresh, name="mpirl-run-lock",
+                                           daemon=True)
+        self._refresher.start()
+        return notes
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours; releasing twice is harmless."""
+        if self.held is None:
+            return
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join()
+        holder = self._read()
+        if holder is not None and holder.get("token") == self.held["token"]:
+            self.path.unlink(missing_ok=True)
+        self.held = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return {}  # not ours to judge by content: its mtime says whether it is stale
+
+    def _alive(self, holder: dict[str, Any], mine: dict[str, Any]) -> bool:
+        if holder.get("host") == mine["host"] and isinstance(holder.get("pid"), int):
+            return _pid_alive(holder["pid"], holder.get("pid_start"))
+        if (mine["job_id"] and holder.get("job_id") == mine["job_id"]
+                and isinstance(holder.get("restart"), int) and holder["restart"] < mine["restart"]):
+            return False  # this job was requeued: its earlier run's allocation is gone
+        try:
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        return age < LOCK_STALE_S
+
+    def _take_over(self, holder: dict[str, Any]) -> bool:
+        """Move the dead holder's lock aside; False (and it stays) if it changed meanwhile."""
+        aside = self.path.with_name(f".{LOCK_FILE}.dead-{uuid.uuid4().hex}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            moved = json.loads(aside.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            moved = {}
+        if moved.get("token") != holder.get("token"):
+            # Another job took it over and locked it between our read and our rename: put its
+            # lock back (a link fails if yet another one exists, which then is the holder).
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+        aside.unlink(missing_ok=True)
+        return moved.get("token") == holder.get("token")
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(LOCK_REFRESH_S):
+            try:
+                os.utime(self.path)
+            except OSError:  # removed by hand: nothing to refresh; the run goes on
+                pass

@@ -1,0 +1,2 @@
+"""Models and losses: policies, Q networks, soft Q (SAC), V-trace.
+"""

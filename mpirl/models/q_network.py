@@ -1,0 +1,113 @@
+"""Q networks and the DQN loss (double Q, n-step, Huber).
+
+``QNetwork`` is an MLP (optionally dueling) from observations to one value per discrete action.
+Its weights cross ranks as one flat float32 vector, like ``Policy``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from mpirl.errors import ConfigError
+from mpirl.models.policy import _ACTIVATIONS, FlatParameters, Policy, _mlp
+
+
+@dataclass(frozen=True)
+class QSpec:
+    """What every rank needs to build the same Q network."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "relu"
+    dueling: bool = True
+
+    def build(self, device: str = "cpu") -> QNetwork:
+        return QNetwork(self).to(device)
+
+
+def check_discrete(action_space: gym.Space, algo: str) -> None:
+    """ConfigError unless ``action_space`` is Discrete (Q networks need a finite action set)."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"{algo} needs a Discrete action space; this environment's is "
+                          f"{action_space}. Use SAC or PPO for continuous actions.")
+
+
+class QNetwork(FlatParameters):
+    """Q values for every action of a Discrete space; dueling splits them into V + A - mean(A)."""
+
+    encode = Policy.encode  # observations as Policy encodes them
+
+    def __init__(self, spec: QSpec) -> None:
+        super().__init__()
+        if spec.activation not in _ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {sorted(_ACTIVATIONS)}, "
+                              f"got {spec.activation!r}")
+        check_discrete(spec.action_space, "a Q network")
+        self.spec = spec
+        space = spec.observation_space
+        self.obs_dim = int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) \
+            else int(space.n)
+        self.num_actions = int(spec.action_space.n)
+        hidden = list(spec.hidden_sizes)
+        body = _mlp([self.obs_dim, *hidden], spec.activation, out_gain=np.sqrt(2))
+        self.body = nn.Sequential(*body, _ACTIVATIONS[spec.activation]())
+        width = hidden[-1] if hidden else self.obs_dim
+        self.advantage = nn.Linear(width, self.num_actions)
+        self.value = nn.Linear(width, 1) if spec.dueling else None
+
+    def forward(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        x = self.body(self.encode(obs))
+        advantage = self.advantage(x)
+        if self.value is None:
+            return advantage
+        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = True):
+        """Greedy actions, as ``Policy.act`` returns them: ``(actions, log_probs, values)``."""
+        q = self(obs)
+        values, actions = q.max(-1)
+        return actions.cpu().numpy(), np.zeros(len(actions), np.float32), values.cpu().numpy()
+
+    def explore(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy actions for a batch of observations."""
+        greedy = self.act(obs)[0]
+        random = rng.integers(0, self.num_actions, len(greedy))
+        return np.where(rng.random(len(greedy)) < epsilon, random, greedy)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        return actions
+
+
+#: The statistics dqn_loss reports. Every iteration reports them (NaN before training starts),
+#: since progress.csv takes its columns from the first row.
+DQN_STATS = ("td_loss", "q_mean", "td_error_abs")
+
+
+def dqn_loss(policy: QNetwork, target: QNetwork, batch: dict[str, torch.Tensor], config: Any):
+    """Huber loss of Q(s, a) against the n-step target ``r + discount * Q_target(s', a')``,
+    weighted by the importance weights of prioritized replay. ``a'`` is the online network's
+    argmax with ``double_q`` (double DQN), else the target network's."""
+    q = policy(batch["obs"]).gather(1, batch["actions"].long().view(-1, 1)).squeeze(1)
+    with torch.no_grad():
+        next_target = target(batch["next_obs"])
+        chooser = policy(batch["next_obs"]) if config.double_q else next_target
+        best = chooser.argmax(-1, keepdim=True)
+        targets = batch["rewards"] + batch["discounts"] * next_target.gather(1, best).squeeze(1)
+    td = q - targets
+    loss = (batch["weights"] * nn.functional.smooth_l1_loss(q, targets, reduction="none")).mean()
+    stats = {"td_loss": loss.item(), "q_mean": q.mean().item(),
+             "td_error_abs": td.abs().mean().item()}
+    return loss, td, stats
+
+
+def q_model_spec(observation_space: gym.Space, action_space: gym.Space, config: Any) -> QSpec:
+    return QSpec(observation_space, action_space, tuple(config.hidden_sizes), config.activation,
+                 config.dueling)

@@ -1,0 +1,407 @@
+"""Driver-side task dispatch: asynchronous calls on workers, futures, and waiting.
+
+Rank 0 sends a task ``(call_id, object_id, method, args, kwargs)`` to a worker rank and gets a
+``Future`` at once. The worker answers ``(call_id, ok, value)``. The driver matches answers to
+futures by ``call_id`` whenever it polls, which it does inside ``wait``, ``Future.result`` and
+``Future.done``. Each worker rank has at most ``max_calls_in_flight`` unanswered calls; a call
+beyond that waits for a slot.
+
+In local mode the same handles run the method in-process and return a finished future.
+
+Under ULFM the driver may survive the loss of a worker rank (see ``runtime``): the dispatcher then
+marks the rank lost, fails its pending futures with ``RankLost`` and sends it nothing more, and
+``WorkerGroup.discard_lost`` takes its workers out of their groups.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from mpi4py import MPI
+
+from mpirl.errors import RankLost, RemoteError, TaskTimeout
+from mpirl.runtime.transport import Channel
+from mpirl.runtime.ulfm import acknowledge_failures, failed_world_ranks, is_process_failure
+from mpirl.runtime.waiting import Backoff
+
+#: Tags on the control channel.
+TASK = 1
+RESULT = 2
+#: A worker rank received a stop signal (see ``mpirl.runtime.signals``); the payload is its number.
+SIGNAL = 3
+#: Object id 0 is the host itself; it answers these messages.
+HOST = 0
+HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects", "shrink_weights_comm")
+
+
+class Future:
+    """The pending result of one call on one worker.
+
+    ``result(timeout)`` returns the value or raises the remote error as ``RemoteError``, or
+    ``RankLost`` when the worker's rank was lost before it answered.
+    """
+
+    __slots__ = ("_dispatcher", "call_id", "rank", "role", "method", "_done", "_ok", "_value")
+
+    def __init__(self, dispatcher: Dispatcher | None, call_id: int, rank: int, role: str,
+                 method: str) -> None:
+        self._dispatcher = dispatcher
+        self.call_id = call_id
+        self.rank = rank
+        self.role = role
+        self.method = method
+        self._done = False
+        self._ok = False
+        self._value: Any = None
+
+    def _resolve(self, ok: bool, value: Any) -> None:
+        self._done = True
+        self._ok = ok
+        self._value = value
+
+    def _fail(self, error: Exception) -> None:
+        self._resolve(False, error)
+
+    def done(self) -> bool:
+        """True once the worker has answered (polls for answers first)."""
+        if not self._done:
+            self._dispatcher.progress()
+        return self._done
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's return value. Waits up to ``timeout`` seconds (None: the task timeout).
+
+        Raises ``RemoteError`` if the method raised on the worker and ``TaskTimeout`` if the
+        answer did not come in time.
+        """
+        if not self._done:
+            self._dispatcher.wait_for(lambda: self._done, timeout, (self,))
+        if self._ok:
+            return self._value
+        if isinstance(self._value, Exception):
+            raise self._value
+        cause_type, message, remote_traceback = self._value
+        raise RemoteError(self.rank, self.role, self.method, cause_type, message, remote_traceback)
+
+    def __repr__(self) -> str:
+        state = ("ok" if self._ok else "error") if self._done else "pending"
+        return f"<Future {self.role}@rank{self.rank}.{self.method} #{self.call_id} {state}>"
+
+
+def wait(
+    futures: Iterable[Future], num_returns: int = 1, timeout: float | None = None
+) -> tuple[list[Future], list[Future]]:
+    """Wait until ``num_returns`` of ``futures`` are done, or ``timeout`` seconds pass.
+
+    Returns ``(ready, not_ready)``, each in the order given; ``ready`` holds at most
+    ``num_returns`` futures. With ``timeout=None`` the wait is bounded by the task timeout, and
+    running past it raises ``TaskTimeout`` (a dead worker must never hang the driver).
+    """
+    futures = list(futures)
+    if not 0 <= num_returns <= len(futures):
+        raise ValueError(f"num_returns must be between 0 and {len(futures)}, got {num_returns}")
+    pending = [f for f in futures if not f._done]
+    if len(futures) - len(pending) < num_returns:
+        dispatcher = pending[0]._dispatcher
+        needed = num_returns - (len(futures) - len(pending))
+
+        def enough() -> bool:
+            return sum(f._done for f in pending) >= needed
+
+        dispatcher.wait_for(enough, timeout, pending, raise_on_timeout=timeout is None)
+    ready: list[Future] = []
+    not_ready: list[Future] = []
+    for future in futures:
+        (ready if future._done and len(ready) < num_returns else not_ready).append(future)
+    return ready, not_ready
+
+
+class Dispatcher:
+    """Rank 0's end of the control channel: sends tasks, matches answers to futures.
+
+    ``on_rank_failure(rank, evidence)`` decides what a worker rank's death means. It is called on
+    the driver's main thread for each rank that MPI reports failed (ULFM) or that ``report_lost``
+    named, and either ends the job (it does not return) or returns, and the rank is then lost:
+    its pending futures raise ``RankLost`` and it gets no more tasks. Without it, MPI's
+    process-failure errors propagate to the caller.
+    """
+
+    def __init__(self, channel: Channel, roles: Sequence[str], max_calls_in_flight: int,
+                 task_timeout_s: float,
+                 on_rank_failure: Callable[[int, str], None] | None = None) -> None:
+        if max_calls_in_flight < 1:
+            raise ValueError(f"max_calls_in_flight must be >= 1, got {max_calls_in_flight}")
+        self.channel = channel
+        self.roles = roles
+        self.max_calls_in_flight = max_calls_in_flight
+        self.task_timeout_s = task_timeout_s
+        self._futures: dict[int, Future] = {}
+        self._in_flight = [0] * len(roles)
+        self._next_call_id = 1
+        self.on_rank_failure = on_rank_failure
+        #: lost rank -> what showed it was lost
+        self.lost: dict[int, str] = {}
+        self._reported: list[tuple[int, str]] = []
+        self._reported_lock = threading.Lock()
+
+    def report_lost(self, rank: int, evidence: str) -> None:
+        """Ask the main thread to treat ``rank`` as failed at its next poll. Thread-safe (the
+        heartbeat thread calls it)."""
+        with self._reported_lock:
+            self._reported.append((rank, evidence))
+
+    def submit(self, rank: int, object_id: int, method: str, args: tuple, kwargs: dict) -> Future:
+        """Send one task; wait first for a free slot if ``rank`` is at its in-flight bound.
+
+        Messages to the host itself (spawn, stop) skip the bound, so shutdown never queues.
+        """
+        if self._in_flight[rank] >= self.max_calls_in_flight and object_id != HOST:
+            self.wait_for(
+                lambda: self._in_flight[rank] < self.max_calls_in_flight, None,
+                [f for f in self._futures.values() if f.rank == rank],
+            )
+        call_id = self._next_call_id
+        self._next_call_id += 1
+        future = Future(self, call_id, rank, self.roles[rank], method)
+        if rank not in self.lost:
+            try:
+                self.channel.isend((call_id, object_id, method, args, kwargs), rank, TASK)
+            except MPI.Exception as error:
+                self._handle_mpi_error(error)
+        if rank in self.lost:
+            future._fail(self._lost_error(rank, method))
+            return future
+        self._futures[call_id] = future
+        self._in_flight[rank] += 1
+        return future
+
+    def call_name(self, call_id: int) -> str | None:
+        """``method()`` of the unanswered call ``call_id``, or None; safe from another thread
+        (the heartbeat's, naming a stuck task)."""
+        future = self._futures.get(call_id)
+        return None if future is None else f"{future.method}()"
+
+    def in_flight(self, rank: int) -> int:
+        """Calls sent to ``rank`` and not yet answered."""
+        return self._in_flight[rank]
+
+    def progress(self) -> bool:
+        """Take every answer that has arrived; True if there was at least one."""
+        if self._reported:
+            with self._reported_lock:
+                reported, self._reported = self._reported, []
+            for rank, evidence in reported:
+                self._lose(rank, evidence)
+        poll = self.channel.poll
+        arrived = False
+        try:
+            while (item := poll(MPI.ANY_SOURCE, RESULT)) is not None:
+                (call_id, ok, value), source = item
+                arrived = True
+                future = self._futures.pop(call_id, None)
+                if future is None:  # a late answer from a rank already declared lost
+                    continue
+                self._in_flight[source] -= 1
+                future._resolve(ok, value)
+            if arrived:
+                self.channel.flush()
+        except MPI.Exception as error:
+            self._handle_mpi_error(error)
+            return True
+        return arrived
+
+    def poll_any(self, tag: int) -> tuple[Any, int] | None:
+        """One message of ``tag`` from any worker rank on the control channel, or None.
+
+        Under ULFM a probe from any source raises once a rank has failed, until the failure is
+        acknowledged; that failure is handled here as in ``progress`` (the rank is lost and
+        survived, or the job ends), and None is returned: the caller polls again later."""
+        try:
+            return self.channel.poll(MPI.ANY_SOURCE, tag)
+        except MPI.Exception as error:
+            self._handle_mpi_error(error)
+            return None
+
+    def _handle_mpi_error(self, error: MPI.Exception) -> None:
+        """Turn an MPI error caused by dead worker ranks into lost ranks; re-raise any other."""
+        new = [r for r in failed_world_ranks(self.channel.comm) if r not in self.lost]
+        if self.on_rank_failure is None or not (new or is_process_failure(error)):
+            raise error
+        # Until the failures are acknowledged, every probe from any source raises.
+        acknowledge_failures(self.channel.comm)
+        for rank in new:
+            self._lose(rank, "MPI reported a process failure")
+
+    def _lose(self, rank: int, evidence: str) -> None:
+        if rank in self.lost or self.on_rank_failure is None:
+            return
+        self.on_rank_failure(rank, evidence)
+        self.lost[rank] = evidence
+        for call_id, future in list(self._futures.items()):
+            if future.rank == rank:
+                del self._futures[call_id]
+                future._fail(self._lost_error(rank, future.method))
+        self._in_flight[rank] = 0
+        self.channel.forget(rank)
+        acknowledge_failures(self.channel.comm)
+
+    def _lost_error(self, rank: int, method: str) -> RankLost:
+        return RankLost(f"{self.roles[rank]} rank {rank} was lost ({self.lost[rank]}); its call "
+                        f"{method}() will never be answered", rank)
+
+    def wait_for(self, condition, timeout: float | None, waiting_on: Iterable[Future],
+                 raise_on_timeout: bool = True) -> bool:
+        """Poll until ``condition()`` holds. Past the timeout, raise ``TaskTimeout`` naming the
+        calls in ``waiting_on`` (or return False when ``raise_on_timeout`` is off)."""
+        limit = self.task_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        backoff = Backoff()
+        while not condition():
+            if self.progress():
+                backoff.reset()
+                continue
+            if time.monotonic() >= deadline:
+                if not raise_on_timeout:
+                    return False
+                names = ", ".join(
+                    f"{f.method}() on {f.role} rank {f.rank}" for f in list(waiting_on)[:8]
+                )
+                raise TaskTimeout(
+                    f"no answer within {limit:g} s from: {names}. The worker may be stuck in "
+                    f"its method; raise task_timeout_s if the work really takes this long."
+                )
+            backoff.sleep()
+        return True
+
+
+class WorkerHandle:
+    """One worker object on one rank (or in-process, in local mode)."""
+
+    def __init__(self, dispatcher: Dispatcher | None, rank: int, role: str, index: int,
+                 object_id: int, cls: type, local_object: Any = None) -> None:
+        self._dispatcher = dispatcher
+        self.rank = rank
+        self.role = role
+        self.index = index
+        self.object_id = object_id
+        self.cls = cls
+        self._messages = frozenset(cls.MESSAGES)
+        self._local_object = local_object
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
+        """Start ``method(*args, **kwargs)`` on the worker; returns its future at once."""
+        if method not in self._messages:
+            raise AttributeError(
+                f"{self.cls.__name__} does not answer {method!r}; its MESSAGES are: "
+                f"{', '.join(self.cls.MESSAGES) or '(none)'}"
+            )
+        if self.in_process:
+            return _run_local(self._local_object, self.role, method, args, kwargs)
+        return self._dispatcher.submit(self.rank, self.object_id, method, args, kwargs)
+
+    def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Run ``method`` on the worker and return its result (raises ``RemoteError``)."""
+        return self.call_async(method, *args, **kwargs).result(timeout)
+
+    @property
+    def in_process(self) -> bool:
+        """True when the object lives in the driver's own process (local mode, or a role with
+        no ranks of its own)."""
+        return self._dispatcher is None
+
+    def in_flight(self) -> int:
+        """Calls on this worker's rank not yet answered (0 in local mode)."""
+        return 0 if self.in_process else self._dispatcher.in_flight(self.rank)
+
+    @property
+    def lost(self) -> bool:
+        """True once the driver has declared this worker's rank lost (and survived it)."""
+        return not self.in_process and self.rank in self._dispatcher.lost
+
+    @property
+    def local_object(self) -> Any:
+        """The worker object itself when it is in-process, else None."""
+        return self._local_object
+
+    def call_rank_async(self, message: str, *args: Any) -> Future:
+        """Send one of ``HOST_MESSAGES`` to the worker's rank itself rather than to the object."""
+        if message not in HOST_MESSAGES or self.in_process:
+            raise ValueError(f"{message!r} is not a message to a worker rank, or {self!r} has "
+                             f"no rank of its own")
+        return self._dispatcher.submit(self.rank, HOST, message, args, {})
+
+    def __repr__(self) -> str:
+        where = "in-process" if self.in_process else f"rank {self.rank}"
+        return f"<{self.cls.__name__} {self.role} {self.index} on {where}>"
+
+
+class WorkerGroup(Sequence[WorkerHandle]):
+    """The workers of one class spawned on every rank of one role."""
+
+    def __init__(self, role: str, cls: type, handles: list[WorkerHandle]) -> None:
+        self.role = role
+        self.cls = cls
+        self._handles = handles
+        #: workers taken out of the group by ``discard_lost``, in the order they were lost
+        self.lost: list[WorkerHandle] = []
+
+    def discard_lost(self) -> list[WorkerHandle]:
+        """Take out the workers whose rank the driver has declared lost; return them (often
+        none). The group then holds only live workers, and indices shift down."""
+        for dispatcher in {h._dispatcher for h in self._handles if not h.in_process}:
+            dispatcher.progress()  # take in the losses the heartbeat reported since the last poll
+        gone = [h for h in self._handles if h.lost]
+        if gone:
+            self._handles = [h for h in self._handles if not h.lost]
+            self.lost.extend(gone)
+        return gone
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
+        """Start the same call on every worker; one future per worker, in worker order."""
+        return [h.call_async(method, *args, **kwargs) for h in self._handles]
+
+    def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
+        """Run the call on every worker and return the results in worker order."""
+        futures = self.call_async(method, *args, **kwargs)
+        return [f.result(timeout) for f in futures]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [h.rank for h in self._handles]
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._handles[index]
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __iter__(self) -> Iterator[WorkerHandle]:
+        return iter(self._handles)
+
+    def __repr__(self) -> str:
+        return f"<WorkerGroup {self.cls.__name__} x{len(self)} ({self.role})>"
+
+
+_LOCAL_CALL_IDS = iter(range(1, 1 << 62))
+
+
+def _run_local(obj: Any, role: str, method: str, args: tuple, kwargs: dict) -> Future:
+    future = Future(None, next(_LOCAL_CALL_IDS), 0, role, method)
+    try:
+        future._resolve(True, getattr(obj, method)(*args, **kwargs))
+    except Exception as error:  # noqa: BLE001 - reported like a remote failure
+        future._resolve(False, describe_exception(error))
+    return future
+
+
+def describe_exception(error: BaseException) -> tuple[str, str, str]:
+    """``(qualified type name, message, formatted traceback)`` of an exception being handled."""
+    cls = type(error)
+    name = cls.__qualname__
+    if cls.__module__ != "builtins":
+        name = f"{cls.__module__}.{name}"
+    return name, str(error), traceback.format_exc()

@@ -1,0 +1,518 @@
+"""Start-up, the driver, and shutdown: one program on every rank.
+
+``run(main, layout)`` is called by every rank. Rank 0 runs ``main(driver)``; every other rank
+serves the tasks the driver sends until the driver shuts the job down. All ranks return the same
+exit code::
+
+    def main(driver):
+        echoes = driver.spawn("rollout", Echo)          # one Echo on every rollout rank
+        print(echoes.call("ping"))
+        return 0
+
+    sys.exit(mpirl.run(main, Layout(num_rollout_workers=-1)))
+
+With ``mpiexec -n 1`` or no launcher at all (world size 1) every role is in-process and the same
+``main`` runs unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mpi4py import MPI
+
+from mpirl.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_RANK_LOST,
+    ConfigError,
+    MpirlError,
+    RankLost,
+)
+from mpirl.runtime import signals as stop_signals
+from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
+from mpirl.runtime.heartbeat import (
+    SETUP,
+    Heartbeat,
+    abort_this_rank,
+    require_thread_multiple,
+)
+from mpirl.runtime.host import WorkerHost
+from mpirl.runtime.layout import (
+    DRIVER,
+    LAYOUT_TABLE_COLUMNS,
+    LEARNER,
+    ROLLOUT,
+    WORKER_ROLES,
+    Layout,
+    Placement,
+    check_slurm_step,
+    format_table,
+)
+from mpirl.runtime.memory import MIB, rss_bytes
+from mpirl.runtime.transport import Channel
+from mpirl.runtime.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
+from mpirl.runtime.waiting import Backoff, reduce_timer_slack
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How the runtime waits, bounds and watches. Every field is a config key of the same name."""
+
+    max_calls_in_flight: int = 16
+    """Unanswered calls allowed per worker rank; one more waits for a slot."""
+    task_timeout_s: float = 3600.0
+    """Longest wait for any single answer when the caller gives no timeout, and for the other
+    members of the weight broadcast."""
+    stuck_task_timeout_s: float = 300.0
+    """A worker rank whose main thread has used no CPU for this long while in a task (or in
+    start-up) is stuck: the job ends naming the rank and the task (exit code 70), within this
+    plus heartbeat_interval_s. Any CPU use counts as progress, so long computations are safe."""
+    startup_timeout_s: float = 600.0
+    """Longest wait at start-up for every rank to arrive; a rank that does not is named and the
+    job ends (exit code 70)."""
+    heartbeat_interval_s: float = 1.0
+    """Seconds between heartbeats."""
+    heartbeat_timeout_s: float = 20.0
+    """A rank silent this long is declared lost and the job ends (exit code 70)."""
+    shutdown_timeout_s: float = 30.0
+    """How long the driver waits for workers to acknowledge shutdown before aborting the job."""
+    poll_max_sleep_s: float = 1e-3
+    """Longest sleep between polls of an idle rank (bounds idle wake-ups and added latency)."""
+    print_layout: bool = True
+    """Print the rank/role table once at start-up (rank 0 only)."""
+    survive_rollout_loss: bool = True
+    """Go on without a rollout rank that died instead of ending the job. Only where MPI reports
+    process failures (Open MPI's ``mpiexec --with-ft ulfm``); the loss of any other rank, or any
+    loss without that, still ends the job (exit code 70)."""
+
+    def __post_init__(self) -> None:
+        # Checked here, on every rank before MPI traffic, not first by the heartbeat thread.
+        for key in ("heartbeat_timeout_s", "stuck_task_timeout_s"):
+            if not getattr(self, key) > self.heartbeat_interval_s:
+                raise ConfigError(
+                    f'config key "{key}" = {getattr(self, key):g} is out of range: must be '
+                    f"greater than heartbeat_interval_s ({self.heartbeat_interval_s:g})")
+
+
+class Driver:
+    """Rank 0's handle on the job: creates worker groups and reaches their ranks.
+
+    Only rank 0 has a Driver. In local mode it creates workers in-process.
+    """
+
+    def __init__(self, placement: Placement, context: RankContext, settings: RuntimeSettings,
+                 dispatcher: Dispatcher | None, contexts: dict[str, RankContext] | None = None,
+                 hosts: list[dict] | None = None, heartbeat: Heartbeat | None = None) -> None:
+        self.placement = placement
+        self.heartbeat = heartbeat
+        self.context = context
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.hosts = hosts or []
+        self._local_contexts = contexts or {}
+        self._object_ids = itertools.count(HOST + 1)
+        self._stop_request: str | None = None
+
+    def stop_requested(self) -> str | None:
+        """Whether a stop signal reached any rank: e.g. ``"SIGUSR2 on rank 3 (rollout 1)"``, or
+        None. Cheap enough to call every iteration (one probe)."""
+        if self._stop_request is None:
+            signum, rank = stop_signals.received(), 0
+            if signum is None and self.dispatcher is not None:
+                item = self.dispatcher.poll_any(SIGNAL)
+                if item is not None:
+                    signum, rank = item
+            if signum is not None:
+                role = self.placement.roles[rank]
+                where = f"rank {rank} ({role} {self.placement.role_index(rank)})"
+                self._stop_request = f"{stop_signals.signal_name(signum)} on {where}"
+        return self._stop_request
+
+    @property
+    def local(self) -> bool:
+        return self.placement.local
+
+    def memory_report(self) -> dict[str, float]:
+        """Resident memory in MiB: ``perf/driver_rss_mb`` (rank 0, now) and, when there are
+        worker ranks, ``perf/max_worker_rss_mb`` and ``perf/max_<role>_rss_mb`` for each role
+        with ranks: the largest of their latest heartbeats (at most one heartbeat interval old;
+        a rank not heard from yet is left out)."""
+        report = {"perf/driver_rss_mb": round(rss_bytes() / MIB, 1)}
+        if self.heartbeat is None:
+            return report
+        by_role: dict[str, float] = {}
+        for rank, rss in self.heartbeat.peer_rss_bytes().items():
+            role = self.placement.roles[rank]
+            by_role[role] = max(by_role.get(role, 0.0), round(rss / MIB, 1))
+        # The same keys every iteration (NaN until a rank is heard from): progress.csv's
+        # columns are fixed by its first row.
+        report["perf/max_worker_rss_mb"] = max(by_role.values(), default=math.nan)
+        for role in WORKER_ROLES:
+            if self.placement.count(role):
+                report[f"perf/max_{role}_rss_mb"] = by_role.get(role, math.nan)
+        return report
+
+    def spawn(self, role: str, cls: type[Worker], *args: Any, local_if_empty: bool = False,
+              **kwargs: Any) -> WorkerGroup:
+        """Create ``cls(context, *args, **kwargs)`` on every rank of ``role``; wait until all exist.
+
+        Raises ``RemoteError`` naming the rank if a constructor raises there. An empty role gives an
+        empty group, or with ``local_if_empty`` one object in the driver's process (a learner
+        when ``num_learners`` is 0, say).
+        """
+        if role not in WORKER_ROLES:
+            raise ValueError(f"workers are spawned on {', '.join(WORKER_ROLES)}; got {role!r}")
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(f"spawn needs a subclass of mpirl.Worker, got {cls!r}")
+        object_id = next(self._object_ids)
+        ranks = self.placement.ranks(role)
+        if self.dispatcher is None or (local_if_empty and not ranks):
+            if not ranks and not local_if_empty:
+                return WorkerGroup(role, cls, [])
+            context = self._local_contexts.get(role) or dataclasses.replace(self.context, role=role)
+            obj = cls(context, *args, **kwargs)
+            return WorkerGroup(role, cls, [WorkerHandle(None, 0, role, 0, object_id, cls, obj)])
+        futures = [
+            self.dispatcher.submit(rank, HOST, "spawn", (object_id, cls, args, kwargs), {})
+            for rank in ranks
+        ]
+        errors = []
+        for future in futures:
+            try:
+                future.result()
+            except MpirlError as error:
+                errors.append(error)
+        if errors:
+            # No half-built groups: drop the objects that were created before reporting.
+            for future in futures:
+                if future._ok:
+                    self.dispatcher.submit(future.rank, HOST, "drop", (object_id,), {}).result()
+            raise errors[0]
+        handles = [
+            WorkerHandle(self.dispatcher, rank, role, index, object_id, cls)
+            for index, rank in enumerate(ranks)
+        ]
+        return WorkerGroup(role, cls, handles)
+
+    def _shutdown(self, exit_code: int, heartbeat: Heartbeat | None) -> bool:
+        """Tell every worker rank to stop with ``exit_code``; True if all acknowledged in time."""
+        if self.dispatcher is None:
+            return True
+        workers = [r for r in range(1, self.placement.world_size) if r not in self.dispatcher.lost]
+        futures = [self.dispatcher.submit(rank, HOST, "stop", (exit_code,), {}) for rank in workers]
+        try:
+            for future in futures:
+                try:
+                    future.result(timeout=self.settings.shutdown_timeout_s)
+                except RankLost:
+                    pass  # a rollout rank lost (and survived) while shutting down
+                if heartbeat is not None:
+                    heartbeat.forget(future.rank)
+        except MpirlError:
+            return False
+        return self.dispatcher.channel.flush(timeout=self.settings.shutdown_timeout_s)
+
+
+def run(main: Callable[[Driver], int | None], layout: Layout,
+        settings: RuntimeSettings | None = None, stop_signals_enabled: bool = False) -> int:
+    """Run ``main`` on rank 0 and serve workers on every other rank; return the job's exit code.
+
+    Call it on every rank. Raises ``LayoutError`` on every rank, before any communication, when
+    the world size does not fit ``layout``, or (``LaunchError``) when srun started more tasks
+    than the MPI world holds. If ``main`` raises, the error is printed on rank 0 and
+    every rank returns a non-zero code (the error's ``exit_code`` for an ``MpirlError``).
+
+    With ``stop_signals_enabled``, SIGUSR1/SIGUSR2/SIGTERM on any rank no longer end the
+    process; ``main`` must poll ``driver.stop_requested()`` and end the run itself.
+    """
+    settings = settings or RuntimeSettings()
+    world = MPI.COMM_WORLD
+    check_slurm_step(world.Get_size())
+    placement = layout.resolve(world.Get_size())
+    if not placement.local:
+        require_thread_multiple()
+    if stop_signals_enabled:
+        stop_signals.install()
+    try:
+        if placement.local:
+            return _run_local(main, placement, settings)
+        return _run_distributed(main, placement, settings, world)
+    finally:
+        if stop_signals_enabled:
+            stop_signals.settle()
+
+
+def _run_local(main: Callable[[Driver], int | None], placement: Placement,
+               settings: RuntimeSettings) -> int:
+    host = node_name()
+    contexts = {
+        role: RankContext(0, role, 0, 1, placement, None, MPI.COMM_SELF, None, host,
+                          pick_device(role, 0), settings.task_timeout_s)
+        for role in (DRIVER, *placement.local_roles)
+    }
+    driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
+    if settings.print_layout:
+        rss_mb = round(rss_bytes() / MIB)
+        _print_layout(placement, [(0, role, 0, host, os.getpid(), ctx.device, rss_mb)
+                                  for role, ctx in contexts.items()])
+    return _call_main(main, driver)
+
+
+def _print_layout(placement: Placement, rows: list[tuple]) -> None:
+    """The start-up report: where each rank runs, and its resident memory once started."""
+    print(f"mpirl layout: {placement.summary()}")
+    print(format_table(LAYOUT_TABLE_COLUMNS, rows), flush=True)
+
+
+def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
+                     settings: RuntimeSettings, world: MPI.Comm) -> int:
+    rank = world.Get_rank()
+    role = placement.roles[rank]
+    hosts: list[dict] = []
+    reduce_timer_slack()
+
+    def describe(r: int) -> str:
+        where = f" on {hosts[r]['host']} (pid {hosts[r]['pid']})" if r < len(hosts) else ""
+        return f"rank {r} ({placement.roles[r]} {placement.role_index(r)}){where}"
+
+    def describe_task(r: int, task: int) -> str:
+        if task == SETUP:
+            return "start-up"
+        name = losses.dispatcher.call_name(task) if losses and losses.dispatcher else None
+        return f"its call {name or task}"
+
+    # Nothing collective before every rank is here: the driver then knows who is missing.
+    _all_arrive(world, "start-up", settings.startup_timeout_s, describe)
+    peers = range(1, world.Get_size()) if rank == 0 else (0,)
+    losses = _RankLosses(placement, settings, describe) if rank == 0 else None
+    heartbeat = Heartbeat(world, peers, settings.heartbeat_interval_s,
+                          settings.heartbeat_timeout_s, describe,
+                          losses.on_heartbeat_loss if losses else None,
+                          settings.stuck_task_timeout_s if rank == 0 else None, describe_task)
+    if losses:
+        losses.heartbeat = heartbeat
+    heartbeat.start()
+    # Collective set-up with no waiting in between: a rank that dies or is stuck in here is
+    # caught by the heartbeat.
+    channel = Channel(world)
+    data_channel = Channel(world)
+    role_comm = world.Split(color=(DRIVER, *WORKER_ROLES).index(role), key=rank)
+    weights_comm = _split_weights_comm(world, placement)
+    node_comm = role_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    context = RankContext(
+        rank=rank, role=role, role_index=placement.role_index(rank),
+        role_size=role_comm.Get_size(), placement=placement, data_channel=data_channel,
+        role_comm=role_comm, weights_comm=weights_comm, host=node_name(),
+        device=pick_device(role, node_comm.Get_rank()),
+        collective_timeout_s=settings.task_timeout_s,
+    )
+    node_comm.Free()
+    info = {"host": context.host, "pid": os.getpid(), "device": context.device,
+            "rss_mb": round(rss_bytes() / MIB)}
+    # pick_device may import torch and start CUDA, which can take long on one rank.
+    _all_arrive(world, "the exchange of host names", settings.startup_timeout_s, describe)
+    hosts.extend(world.allgather(info))
+    backoff = Backoff(max_sleep_s=settings.poll_max_sleep_s)
+    if rank != 0:
+        try:
+            exit_code = WorkerHost(channel, context, backoff, heartbeat).serve()
+            channel.flush(timeout=settings.shutdown_timeout_s)
+        except BaseException as error:  # noqa: BLE001 - whatever escapes the loop ends the job
+            import traceback
+
+            if is_process_failure(error):
+                heartbeat.end_job_for_process_failure()
+
+            print(f"mpirl: {describe(rank)} failed outside a task; ending the job.\n"
+                  f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+            world.Abort(EXIT_FAILURE)
+        heartbeat.stop()
+        return exit_code
+
+    if settings.print_layout:
+        _print_layout(placement, [(r, placement.roles[r], placement.role_index(r), h["host"],
+                                   h["pid"], h["device"], h["rss_mb"])
+                                  for r, h in enumerate(hosts)])
+    dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
+                            settings.task_timeout_s, losses.on_rank_failure)
+    losses.dispatcher = dispatcher
+    driver = Driver(placement, context, settings, dispatcher, hosts=hosts, heartbeat=heartbeat)
+    exit_code = _call_main(main, driver, losses.end_job_for_process_failure)
+    if not driver._shutdown(exit_code, heartbeat):
+        print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
+              f" s; aborting the job.", file=sys.stderr, flush=True)
+        world.Abort(exit_code or EXIT_FAILURE)
+    heartbeat.stop()
+    return exit_code
+
+
+class _RankLosses:
+    """The driver's decision when a worker rank is lost: go on without a rollout rank where
+    MPI has ULFM and ``survive_rollout_loss`` is set; end the job for any other loss."""
+
+    def __init__(self, placement: Placement, settings: RuntimeSettings,
+                 describe: Callable[[int], str]) -> None:
+        self.placement = placement
+        self.describe = describe
+        self.survive = settings.survive_rollout_loss and fault_tolerant()
+        self.heartbeat: Heartbeat | None = None
+        self.dispatcher: Dispatcher | None = None
+
+    def survivable(self, rank: int) -> bool:
+        return self.survive and self.placement.roles[rank] == ROLLOUT
+
+    def on_heartbeat_loss(self, rank: int, evidence: str) -> None:
+        """Heartbeat thread: hand a survivable loss to the main thread, else end the job.
+
+        A rank that is silent but that MPI does not report failed (frozen, or cut off) cannot be
+        shrunk away: ``Shrink`` would wait for it. Its silence ends the job as before.
+        """
+        if (self.dispatcher is not None and self.survivable(rank)
+                and rank in failed_world_ranks(self.heartbeat.comm)):
+            self.dispatcher.report_lost(rank, evidence)
+        else:
+            self.heartbeat.end_job([rank], evidence)
+
+    def on_rank_failure(self, rank: int, evidence: str) -> None:
+        """Main thread, from the dispatcher: return to survive the loss of ``rank`` (printing one
+        line), or end the job."""
+        if not self.survivable(rank):
+            self.heartbeat.end_job([rank], evidence)
+        live = [r for r in self.placement.ranks(ROLLOUT)
+                if r != rank and r not in self.dispatcher.lost]
+        if not live:
+            self.heartbeat.end_job([rank], f"{evidence}; it was the last rollout worker")
+        self.heartbeat.forget(rank)
+        workers = "rollout worker" if len(live) == 1 else "rollout workers"
+        print(f"mpirl: lost {self.describe(rank)}: {evidence}; continuing with {len(live)} "
+              f"{workers} (survive_rollout_loss)", file=sys.stderr, flush=True)
+
+    def end_job_for_process_failure(self) -> None:
+        """An MPI process failure escaped the driver's program: end the job, naming the failed
+        ranks that were not already survived."""
+        failed = failed_world_ranks()
+        unhandled = [r for r in failed if r not in self.dispatcher.lost]
+        self.heartbeat.end_job(unhandled or failed, "MPI reported a process failure")
+
+
+#: Tag of the start-up arrival messages on the world communicator (used by nothing else).
+_ARRIVED = 29
+
+
+def _all_arrive(world: MPI.Comm, step: str, timeout_s: float,
+                describe: Callable[[int], str]) -> None:
+    """A barrier with a deadline, where the driver can name who is missing: every worker tells
+    the driver it has reached ``step``; once all have, the driver tells them to go on.
+
+    Past ``timeout_s`` the driver prints the ranks that never arrived and ends the job with
+    ``EXIT_RANK_LOST``. A worker gives the driver twice as long (so that the driver is the one
+    to name the missing), then ends itself. Waits poll with back-off: no core spins.
+    """
+    rank, size = world.Get_rank(), world.Get_size()
+    start = time.monotonic()
+    backoff = Backoff()
+    empty = [bytearray(0), MPI.BYTE]
+    if rank == 0:
+        missing, status = set(range(1, size)), MPI.Status()
+        while missing:
+            message = world.Improbe(MPI.ANY_SOURCE, _ARRIVED, status)
+            if message is not None:
+                message.Recv(empty)
+                missing.discard(status.Get_source())
+                backoff.reset()
+                continue
+            if time.monotonic() - start > timeout_s:
+                names = ", ".join(describe(r) for r in sorted(missing))
+                _end_start_up(f"{names} did not reach {step} within {timeout_s:g} s "
+                              f"(startup_timeout_s); ending the job. A rank that never arrives "
+                              f"is stuck before it started mpirl (imports on a hung file system, "
+                              f"say), or was never started")
+            backoff.sleep()
+        MPI.Request.Waitall([world.Isend(empty, r, _ARRIVED) for r in range(1, size)])
+        return
+    arrived = world.Isend(empty, 0, _ARRIVED)
+    while not world.Iprobe(0, _ARRIVED):
+        if time.monotonic() - start > 2 * timeout_s:
+            _end_start_up(f"{describe(rank)} waited {2 * timeout_s:g} s (twice "
+                          f"startup_timeout_s) at {step} for {describe(0)}; ending this rank")
+        backoff.sleep()
+    world.Recv(empty, 0, _ARRIVED)
+    arrived.Wait()
+
+
+def _end_start_up(message: str) -> None:
+    print(f"mpirl: {message} (exit code {EXIT_RANK_LOST}).", file=sys.stderr, flush=True)
+    abort_this_rank(EXIT_RANK_LOST)
+
+
+def weight_source_rank(placement: Placement) -> int:
+    """The rank whose weights the rollout workers use: learner 0, or the driver holding the
+    learner when there are no learner ranks."""
+    learners = placement.ranks(LEARNER)
+    return learners[0] if learners and not placement.local else 0
+
+
+def _split_weights_comm(world: MPI.Comm, placement: Placement) -> MPI.Comm | None:
+    source = weight_source_rank(placement)
+    rank = world.Get_rank()
+    member = rank == source or placement.roles[rank] == ROLLOUT
+    # key 0 for the source makes it rank 0 of the new communicator, the Bcast root.
+    comm = world.Split(0 if member else MPI.UNDEFINED, key=0 if rank == source else rank + 1)
+    return None if comm == MPI.COMM_NULL else comm
+
+
+def _call_main(main: Callable[[Driver], int | None], driver: Driver,
+               on_process_failure: Callable[[], None] | None = None) -> int:
+    try:
+        code = main(driver)
+    except MpirlError as error:
+        print(f"mpirl: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+    except Exception as error:  # noqa: BLE001 - reported, then every rank ends with a failure code
+        import traceback
+
+        if on_process_failure is not None and is_process_failure(error):
+            on_process_failure()
+
+        print(f"mpirl: the driver failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+    return EXIT_OK if code is None else int(code)
+
+
+def node_name() -> str:
+    """This rank's node as the layout table and lost-rank messages name it: Slurm's node name in
+    a task srun started (what squeue and scontrol show), else the host name."""
+    if "SLURM_STEP_ID" in os.environ and os.environ.get("SLURMD_NODENAME"):
+        return os.environ["SLURMD_NODENAME"]
+    return socket.gethostname()
+
+
+def pick_device(role: str, node_local_index: int) -> str:
+    """The torch device for a rank: a GPU for learners when CUDA is there, else the CPU.
+
+    Learners take GPUs round-robin by their index among the learners on the same node (a
+    ``COMM_TYPE_SHARED`` split of the learner communicator), so a node with 4 GPUs and 4 learner
+    ranks gives each learner its own. That index, not ``SLURM_LOCALID`` or Open MPI's local rank,
+    which also count the rollout ranks on the node. Where each task sees one GPU
+    (``--gpus-per-task``) every learner gets ``cuda:0``. Only learners import torch here.
+    """
+    if role != LEARNER or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{node_local_index % torch.cuda.device_count()}"

@@ -1,0 +1,106 @@
+"""The worker rank's serve loop: probe, receive, run the method on the worker object, answer.
+
+A worker rank hosts any number of worker objects, created by the driver's ``spawn`` and addressed
+by object id. Tasks are run one at a time, in the order the driver sent them. An exception in a
+method is sent back as the answer and the loop goes on; only an exception escaping the loop itself
+(``SystemExit`` from a method, say) ends the rank, and then the job (see ``runtime``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+from mpirl.runtime import signals as stop_signals
+from mpirl.runtime.core import RankContext, shrink_weights_comm
+from mpirl.runtime.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
+from mpirl.runtime.heartbeat import IDLE, Heartbeat
+from mpirl.runtime.transport import Channel
+from mpirl.runtime.waiting import Backoff
+
+#: The driver's rank.
+DRIVER_RANK = 0
+
+
+class WorkerHost:
+    """Serves the tasks that rank 0 sends to this rank. ``serve()`` returns the job's exit code.
+
+    With a ``heartbeat``, each call's id is on it while the call runs, so that the driver can
+    name the task of a rank that is stuck.
+    """
+
+    def __init__(self, channel: Channel, context: RankContext, backoff: Backoff,
+                 heartbeat: Heartbeat | None = None) -> None:
+        self.channel = channel
+        self.context = context
+        self.backoff = backoff
+        self.heartbeat = heartbeat
+        self.objects: dict[int, Any] = {}
+        self._exit_code: int | None = None
+
+    def serve(self) -> int:
+        """Run tasks until the driver sends ``stop``; return the exit code it sent."""
+        channel, backoff, heartbeat = self.channel, self.backoff, self.heartbeat
+        signal_reported = False
+        if heartbeat is not None:
+            heartbeat.current_task = IDLE
+        while self._exit_code is None:
+            if not signal_reported and stop_signals.received() is not None:
+                channel.isend(stop_signals.received(), DRIVER_RANK, SIGNAL)
+                signal_reported = True
+            item = channel.poll(DRIVER_RANK, TASK)
+            if item is None:
+                channel.flush()
+                backoff.sleep()
+                continue
+            (call_id, object_id, method, args, kwargs), _ = item
+            if heartbeat is not None:
+                heartbeat.current_task = call_id
+            try:
+                if object_id == HOST:
+                    value = getattr(self, "_host_" + method)(*args, **kwargs)
+                else:
+                    value = getattr(self.objects[object_id], method)(*args, **kwargs)
+                answer = (call_id, True, value)
+            except Exception as error:  # noqa: BLE001 - the driver gets it as RemoteError
+                answer = (call_id, False, describe_exception(error))
+            if heartbeat is not None:
+                heartbeat.current_task = IDLE
+            self._answer(answer)
+            backoff.reset()
+        return self._exit_code
+
+    def _answer(self, answer: tuple) -> None:
+        try:
+            self.channel.isend(answer, DRIVER_RANK, RESULT)
+        except Exception as error:  # noqa: BLE001 - e.g. an unpicklable return value
+            call_id, _, value = answer
+            cause_type, message, tb = describe_exception(error)
+            self.channel.isend(
+                (call_id, False, (cause_type, f"the result {type(value).__name__} could not be "
+                                  f"sent back: {message}", tb)),
+                DRIVER_RANK, RESULT,
+            )
+
+    # Messages the host itself answers (object id 0).
+
+    def _host_spawn(self, object_id: int, cls: type, args: tuple, kwargs: dict) -> str:
+        self.objects[object_id] = cls(self.context, *args, **kwargs)
+        return self.context.host
+
+    def _host_drop(self, object_id: int) -> None:
+        self.objects.pop(object_id, None)
+
+    def _host_count_objects(self) -> int:
+        return len(self.objects)
+
+    def _host_shrink_weights_comm(self) -> int:
+        """Take part in shrinking weights_comm to its live members (after a rollout rank was lost,
+        under ULFM); returns the new size. Collective over every live member."""
+        self.context = shrink_weights_comm(self.context, self.objects.values())
+        return self.context.weights_comm.Get_size()
+
+    def _host_stop(self, exit_code: int) -> int:
+        self._exit_code = exit_code
+        return MPI.COMM_WORLD.Get_rank()

@@ -1,0 +1,151 @@
+"""Object messages between ranks: pickle protocol 5 with NumPy buffers sent raw, out of band.
+
+A message is one control frame plus zero or more bulk frames:
+
+* the control frame, on ``Channel.comm``: ``<u32 n> <u64 size_1> ... <u64 size_n> <pickle bytes>``;
+* each out-of-band buffer, on the twin communicator ``Channel.bulk``, split into frames of at most
+  ``CHUNK_BYTES`` so that no MPI count exceeds 2**31 - 1 and payloads over 2 GiB work.
+
+A small object with no large arrays is therefore exactly one MPI message. MPI keeps messages
+between one pair of ranks on one communicator and tag in order, which is what ties bulk frames to
+their control frame. Receivers only take messages they have matched with a probe
+(``improbe`` + ``Message.Recv``); nothing is received into a fixed-size guess of a buffer.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.errors import TaskTimeout
+from mpirl.runtime.ulfm import is_process_failure
+from mpirl.runtime.waiting import Backoff
+
+#: Largest single MPI message for out-of-band buffers (1 GiB, well below the 2 GiB int limit).
+CHUNK_BYTES = 1 << 30
+
+_COUNT = struct.Struct("<I")
+
+
+def encode(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """Pickle ``obj``; return the control frame and the raw buffers to send out of band."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    header = struct.pack(f"<I{len(raws)}Q", len(raws), *(r.nbytes for r in raws))
+    return header + data, raws
+
+
+class Channel:
+    """Send and receive Python objects over a private duplicate of a communicator.
+
+    Every rank of ``comm`` must create the channel at the same point (``Dup`` is collective).
+    """
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm.Dup()
+        self.bulk = comm.Dup()
+        self._status = MPI.Status()
+        # (requests, buffers kept alive until sent, destination rank)
+        self._pending: deque[tuple[list[MPI.Request], object, int]] = deque()
+
+    def isend(self, obj: Any, dest: int, tag: int) -> None:
+        """Start sending ``obj`` to ``dest``; the channel keeps the buffers alive until sent.
+
+        Raises whatever pickling raises, before anything is sent.
+        """
+        head, raws = encode(obj)
+        requests = [self.comm.Isend(head, dest, tag)]
+        for raw in raws:
+            for start in range(0, raw.nbytes, CHUNK_BYTES) or (0,):
+                requests.append(self.bulk.Isend(raw[start:start + CHUNK_BYTES], dest, tag))
+        if not MPI.Request.Testall(requests):
+            self._pending.append((requests, (head, raws), dest))
+
+    def poll(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> tuple[Any, int] | None:
+        """Receive one message if one has arrived: ``(obj, source)``, else None. Never blocks
+        except to take the bulk frames of a message whose control frame has arrived."""
+        status = self._status
+        message = self.comm.Improbe(source, tag, status)
+        if message is None:
+            return None
+        head = bytearray(status.Get_count(MPI.BYTE))
+        message.Recv([head, MPI.BYTE])
+        source, tag = status.Get_source(), status.Get_tag()
+        (count,) = _COUNT.unpack_from(head)
+        sizes = struct.unpack_from(f"<{count}Q", head, _COUNT.size)
+        buffers = [self._receive_buffer(size, source, tag) for size in sizes]
+        data = memoryview(head)[_COUNT.size + 8 * count:]
+        return pickle.loads(data, buffers=buffers), source
+
+    def recv(self, source: int, tag: int, timeout: float = 3600.0) -> Any:
+        """Wait for one message from ``source``; raise TaskTimeout after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        backoff = Backoff()
+        while (item := self.poll(source, tag)) is None:
+            if time.monotonic() > deadline:
+                raise TaskTimeout(f"no message (tag {tag}) from rank {source} within {timeout:g} s")
+            backoff.sleep()
+        return item[0]
+
+    def recv_each(self, sources: list[int], tag: int, timeout: float = 3600.0) -> list[Any]:
+        """One message from each of ``sources``, in order, leaving out the sources that MPI
+        reports failed before their message came whole (ULFM only; else like ``recv``)."""
+        received = []
+        for source in sources:
+            try:
+                received.append(self.recv(source, tag, timeout))
+            except MPI.Exception as error:
+                if not is_process_failure(error):
+                    raise
+        return received
+
+    def forget(self, dest: int) -> None:
+        """Drop the unfinished sends to ``dest``, a rank that died: they can never complete."""
+        self._pending = deque(entry for entry in self._pending if entry[2] != dest)
+
+    def _receive_buffer(self, size: int, source: int, tag: int) -> np.ndarray:
+        # np.empty, not bytearray: a multi-GiB buffer need not be zero-filled first.
+        buffer = np.empty(size, dtype=np.uint8)
+        view = memoryview(buffer)
+        for start in range(0, size, CHUNK_BYTES) or (0,):
+            self.bulk.Recv([view[start:start + CHUNK_BYTES], MPI.BYTE], source, tag)
+        return buffer
+
+    @property
+    def pending_sends(self) -> int:
+        """Sends started and not yet known to be complete (as of the last ``flush``)."""
+        return len(self._pending)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Drop the sends that have completed; with a timeout, wait up to it for all of them.
+
+        Returns True when no send is left pending. Every pending send is tested, not only the
+        oldest: one message its receiver never takes must not keep the buffers of every later
+        send alive.
+        """
+        self._drop_completed()
+        if timeout is None or not self._pending:
+            return not self._pending
+        deadline = time.monotonic() + timeout
+        backoff = Backoff()
+        while self._pending and time.monotonic() < deadline:
+            if self._drop_completed():
+                backoff.reset()
+            else:
+                backoff.sleep()
+        return not self._pending
+
+    def _drop_completed(self) -> bool:
+        """Forget the sends that have completed; True if there were any."""
+        before = len(self._pending)
+        if before:
+            self._pending = deque(entry for entry in self._pending
+                                  if not MPI.Request.Testall(entry[0]))
+        return len(self._pending) < before

@@ -1,0 +1,90 @@
+"""Process failures under ULFM (Open MPI's ``mpiexec --with-ft ulfm``): telling them apart,
+naming the failed ranks, and the communicator repairs that let a job go on without them.
+
+Without fault tolerance a dead rank ends the whole MPI job, and none of this is reached. With it,
+MPI calls that involve a dead rank raise ``ERR_PROC_FAILED`` (``ERR_PROC_FAILED_PENDING`` for a
+pending receive from any source, ``ERR_REVOKED`` once a member has revoked the communicator), and
+the survivors may shrink a communicator to its live members. Measured with the PyPI Open MPI 5.0
+wheel: MPI knew of a kill -9 within 10 ms; a blocking ``Recv`` or ``Bcast`` involving the dead rank
+then raised (no hang); ``Shrink`` gave a working communicator with the order of ranks kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from mpi4py import MPI
+
+from mpirl.errors import ProcessFailure
+
+if TYPE_CHECKING:
+    pass
+
+_FAILURE_CLASS_NAMES = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+
+
+def fault_tolerant() -> bool:
+    """True when this MPI reports process failures instead of ending the job (ULFM).
+
+    Open MPI sets ``OMPI_MCA_mpi_ft_enable`` for ``mpiexec --with-ft ulfm`` (or
+    ``--mca mpi_ft_enable 1``); MPI offers no portable query, so other MPIs count as not
+    fault tolerant.
+    """
+    if not all(hasattr(MPI.Comm, name) for name in ("Revoke", "Shrink", "Get_failed",
+                                                     "Ack_failed")):
+        return False
+    if "Open MPI" not in MPI.Get_library_version():
+        return False
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on")
+
+
+def is_process_failure(error: BaseException) -> bool:
+    """True for the errors an MPI with fault tolerance (ULFM) raises when a peer has died."""
+    if not isinstance(error, MPI.Exception):
+        return False
+    classes = {getattr(MPI, name, None) for name in _FAILURE_CLASS_NAMES} - {None}
+    return error.Get_error_class() in classes
+
+
+def failed_world_ranks(comm: MPI.Comm | None = None) -> list[int]:
+    """World ranks that MPI knows have failed in ``comm`` (ULFM only; else empty)."""
+    try:
+        failed = (comm or MPI.COMM_WORLD).Get_failed()
+        ranks = failed.Translate_ranks(list(range(failed.Get_size())), MPI.COMM_WORLD.Get_group())
+        failed.Free()
+        return sorted(r for r in ranks if r != MPI.UNDEFINED)
+    except (MPI.Exception, NotImplementedError, AttributeError):
+        return []
+
+
+def acknowledge_failures(comm: MPI.Comm) -> None:
+    """Acknowledge the failures MPI knows of in ``comm``: receives and probes from any source
+    on it work again (they raise until then). Acknowledgements are per communicator."""
+    with contextlib.suppress(MPI.Exception, NotImplementedError, AttributeError):
+        comm.Ack_failed()
+
+
+@contextlib.contextmanager
+def revoke_on_failure(comm: MPI.Comm, what: str) -> Iterator[None]:
+    """Run a collective on ``comm``; if a member's death breaks it, revoke ``comm`` and raise
+    ``ProcessFailure``.
+
+    MPI reports a failure inside a collective only to some members; the others may wait for the
+    member that gave up. Revoking makes every pending and later operation on ``comm`` raise on
+    every member, so none waits. The communicator must then be shrunk before it is used again.
+    """
+    try:
+        yield
+    except MPI.Exception as error:
+        if not is_process_failure(error):
+            raise
+        with contextlib.suppress(MPI.Exception):
+            comm.Revoke()
+        failed = failed_world_ranks(comm)
+        raise ProcessFailure(
+            f"{what} failed: {MPI.Get_error_string(error.Get_error_class())} (MPI reports world "
+            f"ranks {failed or 'none yet'} as failed); the communicator was revoked"
+        ) from None

@@ -1,0 +1,422 @@
+"""Learners: data-parallel SGD over the learner ranks, with one gradient allreduce per step.
+
+Every learner holds the same policy and optimizer. Each receives its share of the sample batches
+straight from rollout ranks, and every SGD step averages the flattened gradients of all learners
+in one allreduce, weighted by the rows behind each, so that the step is the gradient of all rows
+together however unevenly they were shared, and after every update all learners hold identical
+weights. Offline algorithms
+(BC, MARWIL) have no sampling: each learner reads its own shard of a trajectory dump instead
+(``train_offline``), with the same allreduce per step.
+
+The allreduce backend: NCCL through ``torch.distributed`` on GPUs, MPI (``Allreduce`` on the
+learner communicator) on CPUs, or Gloo on request. A torch process group is bootstrapped over the
+learner communicator: learner 0 opens a ``TCPStore`` and broadcasts its address, so the driver and
+the rollout ranks never join it. Its address is chosen by ``bootstrap_address``; gloo's own
+connections use the interface on the route to it unless ``GLOO_SOCKET_IFNAME`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from mpirl.data.batches import concat_batches, standardize_fields
+from mpirl.data.offline import EpisodeShard, OfflineInput, load_shard, rows_per_learner
+from mpirl.errors import ConfigError
+from mpirl.jobs.checkpoint import capture_rng, restore_rng
+from mpirl.models.policy import PolicySpec
+from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.ulfm import revoke_on_failure
+from mpirl.runtime.waiting import wait_for_all
+from mpirl.workers.rollout import BATCH_TAG
+
+BACKENDS = ("auto", "mpi", "gloo", "nccl")
+
+
+class GradientAllreduce:
+    """Averages flat gradients over the learner ranks, weighted by the rows behind each."""
+
+    def __init__(self, context: RankContext, backend: str, master_addr: str = "") -> None:
+        if backend not in BACKENDS:
+            raise ConfigError(f"learner_backend must be one of {', '.join(BACKENDS)}, "
+                              f"got {backend!r}")
+        if backend == "auto":
+            backend = "nccl" if context.device.startswith("cuda") else "mpi"
+        if backend == "nccl" and not context.device.startswith("cuda"):
+            raise ConfigError("learner_backend 'nccl' needs CUDA learners; this learner runs on "
+                              f"{context.device}. Use 'mpi' or 'gloo' on CPUs.")
+        self.backend = backend
+        self.comm = context.role_comm
+        self.size = self.comm.Get_size()
+        self.group = None
+        if self.size > 1 and backend in ("gloo", "nccl"):
+            self.group = _init_process_group(self.comm, backend, master_addr)
+
+    def __call__(self, flat: torch.Tensor, rows: float) -> tuple[torch.Tensor, float]:
+        """``flat`` is this learner's gradient of a mean over ``rows`` rows (0 rows: ignored).
+        Every learner gets ``sum(rows_i * flat_i) / sum(rows_i)`` and ``sum(rows_i)`` over all
+        learners: one allreduce of the gradient with its row count appended. Plain averaging
+        would make a row of a learner with fewer rows weigh more, and an empty share shrink
+        the step."""
+        if self.size == 1:
+            return flat, rows
+        packed = torch.cat([flat * rows, flat.new_tensor([rows])])
+        if self.group is not None:
+            torch.distributed.all_reduce(packed, group=self.group)
+        else:
+            host = packed.cpu().numpy()  # a view of packed on the CPU, a copy from a GPU
+            self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            packed = torch.from_numpy(host).to(flat.device)
+        total = float(packed[-1])
+        return packed[:-1].div_(total if total else 1.0), total
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _init_process_group(comm: MPI.Comm, backend: str, master_addr: str = ""):
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a second learner in this process (tests): the group exists
+        return dist.group.WORLD
+    address = failure = None
+    if comm.Get_rank() == 0:
+        try:
+            host = bootstrap_address(master_addr)
+            store = dist.TCPStore(host, 0, comm.Get_size(), is_master=True,
+                                  wait_for_workers=False)
+            address = (host, store.port)
+        except (ConfigError, RuntimeError, OSError) as error:
+            failure = error
+    # The other learners wait in this bcast: learner 0 reaches it whatever happened.
+    address = comm.bcast(address if failure is None else str(failure), root=0)
+    if failure is not None:
+        raise failure
+    if isinstance(address, str):
+        raise ConfigError(f"learner 0 could not start the {backend} group: {address}")
+    if comm.Get_rank() != 0:
+        store = dist.TCPStore(address[0], address[1], comm.Get_size(), is_master=False)
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Gloo's own connections start from what this host's name resolves to, often loopback:
+        # take the interface on the route to learner 0, which the store just reached.
+        local = _route_to(address[0])
+        if local is not None and (interface := _interface_with(local)) is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+    dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
+    return dist.group.WORLD
+
+
+#: Environment variables that name the host the MPI launcher runs on, most reliable first:
+#: Slurm's srun sets the first two in every task; Open MPI 4's mpirun gives its ranks its own
+#: URI; a PMIx server's URI (Open MPI 5) names a non-loopback address only when the server
+#: listens on one. What each holds is an address other nodes reach this job's launcher on.
+LAUNCHER_ADDRESS_VARIABLES = ("SLURM_LAUNCH_NODE_IPADDR", "SLURM_SRUN_COMM_HOST",
+                              "OMPI_MCA_orte_hnp_uri", "PMIX_SERVER_URI41", "PMIX_SERVER_URI4",
+                              "PMIX_SERVER_URI3", "PMIX_SERVER_URI21", "PMIX_SERVER_URI2")
+#: Where a route is looked up when nothing names the launcher: a TEST-NET address (RFC 5737);
+#: connecting a UDP socket sends nothing, it only picks the interface of the default route.
+_DEFAULT_ROUTE_PROBE = "192.0.2.1"
+
+
+def bootstrap_address(configured: str = "", environ: Mapping[str, str] | None = None) -> str:
+    """The address learner 0 opens the ``TCPStore`` on, which every other learner must reach.
+
+    In order: ``configured`` (the ``learner_master_addr`` key); ``MASTER_ADDR``; this host's
+    address on the route to the MPI launcher's host (``LAUNCHER_ADDRESS_VARIABLES``: the network
+    the launcher itself reached every node over); a non-loopback address this host's name
+    resolves to; the address of the default route; ``gethostbyname(gethostname())``, which is
+    often 127.0.1.1 and then works on one node only. Runs on learner 0 only: a given address
+    that is not one of this host's is a ConfigError (the other learners would wait for it)."""
+    environ = os.environ if environ is None else environ
+    hostname = socket.gethostname()
+    for given, source in ((configured, "config key learner_master_addr"),
+                          (environ.get("MASTER_ADDR", ""), "MASTER_ADDR")):
+        if not given:
+            continue
+        if not _is_local(given):
+            raise ConfigError(
+                f"{source} is {given!r}, which is no address of {hostname}, where learner 0 "
+                f"runs and listens: give an address of learner 0's own host, or leave it unset "
+                f"to let mpirl choose")
+        return given
+    for name in LAUNCHER_ADDRESS_VARIABLES:
+        for launcher in _addresses_in(environ.get(name, "")):
+            if (local := _route_to(launcher)) is not None:
+                return local
+    try:
+        resolved = [info[4][0] for info in socket.getaddrinfo(hostname, None, socket.AF_INET)]
+    except OSError:
+        resolved = []
+    for address in resolved:
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    return _route_to(_DEFAULT_ROUTE_PROBE) or socket.gethostbyname(hostname)
+
+
+def _addresses_in(value: str) -> list[str]:
+    """The non-loopback IPv4 addresses an environment variable names: a bare address or host
+    name (Slurm), or URIs such as ``jobid.0;tcp://10.0.0.1,10.0.1.1:5000`` (Open MPI 4) and
+    ``ns@0.0;tcp4://10.0.0.1:5000`` (PMIx)."""
+    if "://" in value:
+        hosts = [host for uri in re.findall(r"tcp4?://([^;/\s]+)", value)
+                 for host in uri.rsplit(":", 1)[0].split(",")]
+    else:
+        hosts = [value.strip()] if value.strip() else []
+    found = []
+    for host in hosts:
+        try:
+            address = ipaddress.ip_address(socket.gethostbyname(host))
+        except (OSError, UnicodeError, ValueError):
+            continue
+        if not address.is_loopback and not address.is_unspecified:
+            found.append(str(address))
+    return found
+
+
+def _is_local(host: str) -> bool:
+    """True if ``host`` (an address or a name) is an address of this host: one can bind to."""
+    try:
+        candidates = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, sockaddr in candidates:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(sockaddr)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _interface_with(address: str) -> str | None:
+    """The name of this host's network interface that has IPv4 ``address`` (Linux); None if
+    none has it or interfaces cannot be queried here."""
+    try:
+        import fcntl
+
+        interfaces = socket.if_nameindex()
+    except (ImportError, OSError):
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in interfaces:
+            try:  # SIOCGIFADDR: the interface's address, bytes 20-24 of its ifreq
+                request = struct.pack("256s", name.encode()[:15])
+                found = socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, request)[20:24])
+            except OSError:
+                continue
+            if found == address:
+                return name
+    return None
+
+
+def _route_to(address: str) -> str | None:
+    """This host's source address for packets to ``address`` (nothing is sent); None without
+    a route, or when it is a loopback address."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if ipaddress.ip_address(local).is_loopback else local
+
+
+def minibatch_rows(minibatch: dict[str, torch.Tensor]) -> float:
+    """What a loss averages over: the steps a ``mask`` keeps, else the rows."""
+    if "mask" in minibatch:
+        return float(minibatch["mask"].sum())
+    return float(len(next(iter(minibatch.values()))))
+
+
+LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[str, float]]]
+
+
+class Learner(Worker):
+    """One data-parallel learner: receives batches, runs minibatch SGD, shares weights.
+
+    A loss is a mean over its minibatch's rows, or over the steps its ``mask`` keeps where the
+    minibatch has one (V-trace fragments); that count weighs the learner's gradient in the
+    allreduce (``minibatch_rows``)."""
+
+    MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
+                "save_state", "load_state", "apply_gradients")
+
+    def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
+                 lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
+                 torch_threads: int = 1, master_addr: str = "") -> None:
+        super().__init__(context)
+        torch.set_num_threads(torch_threads)
+        torch.manual_seed(seed)
+        self.device = torch.device(context.device)
+        self.policy = policy.build(context.device)
+        self.loss, self.loss_config = loss, loss_config
+        self.allreduce = GradientAllreduce(context, backend, master_addr)
+        if hasattr(loss, "share_statistics"):  # a loss with running statistics (MARWIL's)
+            loss.share_statistics(context.role_comm)
+        self.params = list(self.policy.parameters())
+        # Learners start from learner 0's initial weights, whatever their seeds did.
+        flat = self.policy.get_flat_weights()
+        context.role_comm.Bcast(flat, root=0)
+        self.policy.set_flat_weights(flat)
+        self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5)
+        self.grad_clip = grad_clip
+        self.rng = np.random.default_rng(seed + 7919 * context.role_index)
+        # Offline algorithms only: this learner's shard of a dump, read on the first call.
+        self.offline_shard: EpisodeShard | None = None
+
+    def train(self, sources: list[int], batches: list[dict] | None, num_epochs: int,
+              num_minibatches: int, lr: float | None = None,
+              standardize: tuple[str, ...] = ("advantages",)) -> dict[str, float]:
+        """Receive the batches of rollout ranks ``sources`` (or take ``batches`` given in the
+        call), then run ``num_epochs`` passes of ``num_minibatches`` SGD steps. Every learner must
+        run the same number of steps: each step is an allreduce.
+
+        Batches may be short (rows dropped after env failures) or missing (a source rank lost
+        before its batch came whole, survived under ULFM), so learners exchange their row counts
+        first: with fewer rows than minibatches anywhere, every learner takes fewer steps alike,
+        and with no rows at all none is taken. A learner whose share of a step is empty adds
+        no rows to it: each step's gradient is that of the rows all learners had."""
+        parts = (batches or []) + (
+            self.context.data_channel.recv_each(sources, BATCH_TAG) if sources else [])
+        batch = (concat_batches(parts) if parts
+                 else {k: np.zeros(0, np.float32) for k in ("advantages", *standardize)})
+        size = len(next(iter(batch.values())))  # rows; a row may be a whole fragment (V-trace)
+        comm = self.context.role_comm
+        sizes = comm.allgather(size) if comm.Get_size() > 1 else [size]
+        num_minibatches = min(num_minibatches, max(sizes))
+        if num_minibatches == 0:
+            return {"sgd_steps": 0, "learner_samples": 0}
+        standardize_fields(batch, standardize, comm)
+        self._set_lr(lr)
+        tensors = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        totals: dict[str, float] = {}
+        steps = losses = 0
+        for _ in range(num_epochs):
+            for index in np.array_split(self.rng.permutation(size), num_minibatches):
+                minibatch = None if len(index) == 0 else {
+                    k: v[torch.as_tensor(index, device=self.device)] for k, v in tensors.items()}
+                losses += self._sgd_step(minibatch, totals)
+                steps += 1
+        return {k: v / max(losses, 1) for k, v in totals.items()} | {"sgd_steps": steps,
+                                                                     "learner_samples": size}
+
+    def train_offline(self, source: OfflineInput, num_steps: int, train_batch_size: int,
+                      lr: float | None = None) -> dict[str, float]:
+        """Run ``num_steps`` SGD steps on rows drawn from this learner's own shard of the dump
+        at ``source.path``; each step takes ``train_batch_size`` rows summed over learners.
+        Only the path crosses ranks: the shard is read here, on the first call."""
+        comm = self.context.role_comm
+        if self.offline_shard is None:
+            self.offline_shard = load_shard(source, comm)
+        self._set_lr(lr)
+        rows = rows_per_learner(train_batch_size, comm.Get_size(), comm.Get_rank())
+        totals: dict[str, float] = {}
+        for _ in range(num_steps):
+            minibatch = {k: torch.as_tensor(v, device=self.device)
+                         for k, v in self.offline_shard.sample(rows, self.rng).items()}
+            self._sgd_step(minibatch, totals)
+        return {k: v / max(num_steps, 1) for k, v in totals.items()} | {
+            "sgd_steps": num_steps, "learner_samples": rows * num_steps}
+
+    def _set_lr(self, lr: float | None) -> None:
+        if lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+
+    def _sgd_step(self, minibatch: dict[str, torch.Tensor] | None,
+                  totals: dict[str, float]) -> bool:
+        """One step that every learner takes together: the gradient of every learner's rows
+        (none here for ``minibatch`` None), clipped and applied. Adds the loss statistics to
+        ``totals``; True if this learner had rows."""
+        if minibatch is None:
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+        else:
+            loss, stats = self.loss(self.policy, minibatch, self.loss_config)
+            self.optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            for p in self.params:
+                if p.grad is None:  # a loss may leave a part unused (BC: the critic)
+                    p.grad = torch.zeros_like(p)
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self._apply_shared_gradient(0.0 if minibatch is None else minibatch_rows(minibatch))
+        return minibatch is not None
+
+    def _apply_shared_gradient(self, rows: float) -> None:
+        """Replace this learner's gradient (of a mean over ``rows`` rows) by the gradient of all
+        learners' rows (one allreduce), clip it and take the optimizer step; no step when no
+        learner had rows, since Adam would still move on its momentum."""
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat, total = self.allreduce(flat, rows)
+        if not total:
+            return
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+
+    def apply_gradients(self, flat: np.ndarray) -> np.ndarray:
+        """Apply one gradient computed elsewhere (an A3C rollout worker's flat vector), clipped,
+        with this learner's optimizer; return the new weights. For a single learner: no
+        allreduce is made."""
+        self.policy.set_flat_gradients(flat)
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        self.optimizer.step()
+        return self.policy.get_flat_weights()
+
+    def get_weights(self) -> np.ndarray:
+        return self.policy.get_flat_weights()
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        self.policy.set_flat_weights(flat)
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights, optimizer state (moved to the CPU, so a GPU checkpoint loads anywhere), the
+        RNGs that choose minibatches and the loss's own state if it has one (MARWIL's moving
+        average). An offline shard is not saved: it is read again from the dump, and the
+        minibatch RNG says which rows come next."""
+        optimizer = _to_cpu(self.optimizer.state_dict())
+        state = {"weights": self.policy.get_flat_weights(), "optimizer": optimizer,
+                 "minibatch_rng": self.rng.bit_generator.state, "rng": capture_rng()}
+        if hasattr(self.loss, "get_state"):
+            state["loss"] = self.loss.get_state()
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.policy.set_flat_weights(state["weights"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["minibatch_rng"]
+        if "loss" in state:
+            self.loss.set_state(state["loss"])
+        restore_rng(state["rng"])
+
+    def broadcast_weights(self) -> None:
+        """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
+        comm = self.context.weights_comm
+        with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
+            comm.Bcast(self.policy.get_flat_weights(), root=0)

@@ -1,0 +1,117 @@
+"""ReplayShard: a replay rank's worker. Rollout ranks send it transitions; learners sample from it
+and send back priorities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.data.replay_buffer import (
+    INSERT_TAG,
+    PRIORITY_TAG,
+    SAMPLE_TAG,
+    ReplayBuffer,
+    ReplaySettings,
+    stream_of,
+)
+from mpirl.runtime.core import RankContext, Worker
+
+
+class ReplayShard(Worker):
+    """One shard of the replay buffer; one per replay rank (or in the driver's process).
+
+    Chunks of steps arrive from rollout ranks (``insert``), minibatches leave for learner ranks
+    (``sample``), TD errors come back (``update_priorities``). Priority messages that arrive
+    while the shard does something else are applied at the start of its next call.
+    """
+
+    MESSAGES = ("insert", "sample", "update_priorities", "size", "save_state", "load_state")
+
+    def __init__(self, context: RankContext, capacity: int, num_streams: int,
+                 observation_space: gym.Space, action_space: gym.Space,
+                 settings: ReplaySettings, num_shards: int, num_envs: int, seed: int) -> None:
+        super().__init__(context)
+        self.buffer = ReplayBuffer(capacity, num_streams, observation_space, action_space,
+                                   settings, seed + 104_729 * (context.role_index + 1))
+        self.num_shards, self.num_envs = num_shards, num_envs
+        self.priority_messages = 0  # received since start, to match the driver's expectation
+        self.priority_expected = 0
+        self.last_chunk: dict[int, int] = {}  # each rollout worker's last chunk stored
+
+    def _drain_priorities(self) -> None:
+        channel = self.context.data_channel
+        if channel is None:
+            return
+        while (item := channel.poll(tag=PRIORITY_TAG)) is not None:
+            self._apply(item[0])
+
+    def _apply(self, update: dict[str, np.ndarray]) -> None:
+        self.buffer.update_priorities(update["indices"], update["generations"], update["td"])
+        self.priority_messages += 1
+
+    def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
+        """Store the chunks that rollout ranks ``sources`` sent (or ``chunks`` given in the
+        call); returns the rows stored."""
+        self._drain_priorities()
+        received = list(chunks or [])
+        if sources:
+            received += self.context.data_channel.recv_each(sources, INSERT_TAG)
+        rows = 0
+        for chunk in received:
+            worker, seq = chunk["worker"], chunk["seq"]
+            streams = stream_of(worker, self.num_shards, self.num_envs)
+            # A chunk that does not follow the last one stored (the envs were reset, or one was
+            # lost in flight at a checkpoint) must not continue its streams' last rows.
+            follows = self.last_chunk.get(worker) == seq - 1
+            cut = None if follows else np.ones(len(streams), bool)
+            self.last_chunk[worker] = seq
+            rows += self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
+                                    chunk["terminated"], chunk["truncated"], chunk["final_obs"],
+                                    chunk["failed"], cut)
+        return rows
+
+    def sample(self, num_batches: int, batch_size: int, dest: int | None,
+               beta: float | None = None) -> dict | None:
+        """Draw ``num_batches`` minibatches and send them to learner rank ``dest`` (or return
+        them when ``dest`` is None). Nothing is sent while the buffer is empty."""
+        self._drain_priorities()
+        message = {"batches": [], "shard": self.context.role_index}
+        try:
+            message["batches"] = [self.buffer.sample(batch_size, beta)
+                                  for _ in range(num_batches)]
+        except ValueError as error:
+            # The learner waits for this message: it must come, and say why it is empty.
+            message["error"] = f"replay shard {self.context.role_index}: {error}"
+        if dest is None:
+            return message
+        self.context.data_channel.isend(message, dest, SAMPLE_TAG)
+        self.context.data_channel.flush()
+        return None
+
+    def update_priorities(self, expect: int = 0, updates: list[dict] | None = None,
+                          timeout: float = 600.0) -> int:
+        """Apply ``updates`` given in the call, and wait until ``expect`` more priority messages
+        than expected before have come from learner ranks. Returns the buffer's size."""
+        for update in updates or []:
+            self._apply(update)
+            self.priority_expected += 1
+        self.priority_expected += expect
+        channel = self.context.data_channel
+        while self.priority_messages < self.priority_expected:
+            self._apply(channel.recv(MPI.ANY_SOURCE, PRIORITY_TAG, timeout))
+        return len(self.buffer)
+
+    def size(self) -> int:
+        self._drain_priorities()
+        return len(self.buffer)
+
+    def get_state(self) -> dict[str, Any]:
+        self._drain_priorities()
+        return {**self.buffer.get_state(), "last_chunk": dict(self.last_chunk)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.buffer.set_state(state)
+        self.last_chunk = dict(state.get("last_chunk", {}))

@@ -1,0 +1,367 @@
+"""Rollout workers: environments plus a policy copy, sampling batches of experience.
+
+Each rollout rank steps ``num_envs_per_worker`` environments in a gymnasium vector env, computes
+advantages (GAE) itself, and sends the batch straight to its learner rank over the data channel;
+the driver gets back only counts and episode metrics. Weights arrive by broadcast from learner 0.
+
+An environment that raises is rebuilt in place (``mpirl.workers.env_guard``); the episode it was in
+is dropped from the batch and the episode metrics, and the driver gets the number of failures.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from mpirl.data.dump_writer import DumpTarget
+from mpirl.data.episode_recorder import EpisodeRecorder
+from mpirl.jobs.checkpoint import capture_rng, restore_rng
+from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
+from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.ulfm import revoke_on_failure
+from mpirl.runtime.waiting import wait_for_all
+from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
+from mpirl.workers.env_spec import EnvSpec
+
+#: Tag of sample batches on the data channel.
+BATCH_TAG = 21
+#: Shortest time between two env-failure warnings of one rollout worker on its stderr.
+FAILURE_WARNING_INTERVAL_S = 60.0
+
+
+def trajectory_batch(arrays: dict[str, np.ndarray], keep: np.ndarray,
+                     last_obs: np.ndarray) -> dict[str, np.ndarray]:
+    """One fragment per environment, for off-policy corrections that walk along time (V-trace):
+    ``[N, T, ...]`` arrays built from sample()'s ``[T, N, ...]`` columns, so that every row is
+    one environment's whole fragment and rows can be shuffled and split like any batch.
+
+    ``logp`` is the behaviour policy's; ``dones`` end episodes (time limits too, with
+    ``gamma * V(final_obs)`` folded into the reward); ``mask`` is 0 on the steps of episodes an
+    env failure cut short; ``bootstrap_obs`` is the observation after the last step."""
+    def rows(value: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.swapaxes(value, 0, 1))
+
+    return {
+        "obs": rows(arrays["obs"]), "actions": rows(arrays["actions"]),
+        "logp": rows(arrays["logp"]), "rewards": rows(arrays["rewards"]),
+        "dones": rows(arrays["dones"]).astype(np.float32),
+        "mask": rows(keep).astype(np.float32),
+        "bootstrap_obs": np.ascontiguousarray(last_obs, dtype=np.float32),
+    }
+
+
+class RolloutWorker(Worker):
+    """Samples experience with the current policy; one per rollout rank (or in-process)."""
+
+    MESSAGES = ("sample", "evaluate", "receive_weights", "set_weights", "get_weights",
+                "save_state", "load_state", "finish_dump", "compute_gradients")
+
+    def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
+                 num_envs: int, seed: int, gamma: float, lam: float,
+                 normalize_observations: bool, torch_threads: int = 1,
+                 max_env_failures: int = 10, dump: DumpTarget | None = None,
+                 env_failure_window: int = 1_000) -> None:
+        super().__init__(context)
+        torch.set_num_threads(torch_threads)
+        self.seed = seed + 1000 * context.role_index
+        torch.manual_seed(self.seed)
+        self.env_id = env.env_id
+        self.where = f"rollout worker {context.role_index} on rank {context.rank}"
+        self.envs = gym.vector.SyncVectorEnv(
+            [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where,
+                     env_failure_window)
+             for i in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        self.env_failures = 0  # on this worker, since it started
+        self._unreported_failures = 0  # not yet returned by sample()
+        self._next_warning_at = 0.0
+        self.policy = policy.build("cpu")
+        self.gamma, self.lam = gamma, lam
+        # Only real-valued observations are normalized; a Discrete one is one-hot encoded.
+        self.normalize_observations = normalize_observations and isinstance(
+            self.envs.single_observation_space, gym.spaces.Box)
+        self.obs_shape = self.envs.single_observation_space.shape
+        self.filter = RunningMeanStd(self.obs_shape)
+        self.obs, infos = self.envs.reset(seed=self.seed)
+        self._note_failures(infos)
+        # With trajectory dumps on, every completed episode goes to this rank's HDF5 file.
+        self.recorder: EpisodeRecorder | None = None
+        if dump is not None:
+            self.recorder = EpisodeRecorder(
+                dump, context.role_index, num_envs, env.env_id,
+                self.envs.single_observation_space, self.envs.single_action_space, self.seed)
+            self.recorder.begin(seeded=True)
+        self.episode_return = np.zeros(num_envs)
+        self.episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._weights = np.empty(self.policy.num_weights(), np.float32)
+        self.restores = 0
+        self.envs_error: str | None = None  # why get_state could not pickle the envs
+
+    def _normalize(self, obs: np.ndarray) -> np.ndarray:
+        if not self.normalize_observations:
+            return obs
+        return self.filter.normalize(obs)
+
+    def sample(self, steps_per_env: int, filter_state: tuple | None = None,
+               send_to: int | None = None, trajectories: bool = False) -> dict[str, Any]:
+        """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
+        unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
+        episodes that an env failure cut short are left out, so the batch may be short; the
+        metrics count the failures (``env_failures``).
+
+        With ``trajectories`` the batch holds raw fragments for off-policy corrections (V-trace)
+        instead of GAE advantages; see ``trajectory_batch``."""
+        if filter_state is not None:
+            self.filter.mean, self.filter.var, self.filter.count = filter_state
+        delta = RunningMeanStd(self.obs_shape)  # what this call saw, merged on the driver
+        num_envs = self.envs.num_envs
+        columns = {k: [] for k in ("obs", "actions", "logp", "values", "rewards", "dones")}
+        returns, lengths = [], []
+        # Rows of episodes cut short by an env failure are dropped after GAE.
+        keep = np.ones((steps_per_env, num_envs), dtype=bool)
+        episode_start = np.zeros(num_envs, dtype=np.int64)  # row of each episode's first step
+        for t in range(steps_per_env):
+            if self.normalize_observations:
+                delta.update(self.obs)
+            obs = self._normalize(self.obs)
+            actions, logp, values = self.policy.act(obs)
+            env_actions = self.policy.env_actions(actions)
+            next_obs, rewards, terminated, truncated, infos = self.envs.step(env_actions)
+            rewards = np.asarray(rewards, dtype=np.float32)
+            env_rewards = rewards  # the truncation bootstrap below adds to a copy
+            self.episode_return += rewards
+            self.episode_length += 1
+            done = terminated | truncated
+            # A time limit is not a terminal state: bootstrap from the final observation. A step
+            # can be both (gymnasium's TimeLimit truncates a terminal last step too): terminal.
+            cut = truncated & ~terminated
+            if cut.any():
+                final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(cut)])
+                rewards = rewards.copy()
+                rewards[cut] += self.gamma * self.policy.value(self._normalize(final))
+            for i in np.flatnonzero(done):
+                returns.append(float(self.episode_return[i]))
+                lengths.append(int(self.episode_length[i]))
+            self.episode_return[done] = 0.0
+            self.episode_length[done] = 0
+            if FAILURES in infos:
+                self._note_failures(infos)
+                dropped = infos.get(EPISODE_DROPPED, np.zeros(num_envs, dtype=bool))
+                for i in np.flatnonzero(dropped):
+                    # The failed step is no transition, and its episode has no end to learn
+                    # from: drop both. Rows sent in earlier fragments are gone already.
+                    keep[episode_start[i]:t + 1, i] = False
+                self.episode_return[dropped] = 0.0
+                self.episode_length[dropped] = 0
+                # A cut, so that GAE bootstraps nothing from the fresh env into these rows.
+                done = done | dropped
+            if self.recorder is not None:
+                self.recorder.step(self.obs, env_actions, env_rewards, terminated, truncated,
+                                   logp, infos, infos.get(EPISODE_DROPPED))
+            episode_start[done] = t + 1
+            for key, value in (("obs", obs), ("actions", actions), ("logp", logp),
+                               ("values", values), ("rewards", rewards), ("dones", done)):
+                columns[key].append(value)
+            self.obs = next_obs
+        arrays = {k: np.stack(v) for k, v in columns.items()}
+        if trajectories:
+            batch = trajectory_batch(arrays, keep, self._normalize(self.obs))
+            return self._finish_sample(batch, keep.size, returns, lengths, delta, send_to)
+        last_values = self.policy.value(self._normalize(self.obs))
+        advantages, targets = compute_gae(arrays["rewards"], arrays["values"],
+                                          arrays["dones"].astype(np.float32), last_values,
+                                          self.gamma, self.lam)
+        count = steps_per_env * num_envs
+        batch = {
+            "obs": arrays["obs"].reshape(count, *arrays["obs"].shape[2:]),
+            "actions": arrays["actions"].reshape(count, *arrays["actions"].shape[2:]),
+            "logp": arrays["logp"].reshape(count),
+            "values": arrays["values"].reshape(count),
+            "advantages": advantages.reshape(count),
+            "value_targets": targets.reshape(count),
+        }
+        if not keep.all():
+            rows = keep.reshape(count)  # [T, N] flattened row-major, as the batch was
+            batch = {key: value[rows] for key, value in batch.items()}
+        return self._finish_sample(batch, count, returns, lengths, delta, send_to)
+
+    def _finish_sample(self, batch: dict[str, np.ndarray], count: int, returns: list[float],
+                       lengths: list[int], delta: RunningMeanStd,
+                       send_to: int | None) -> dict[str, Any]:
+        """The metrics of one sample() call (``count`` env steps); the batch goes to
+        ``send_to`` over the data channel, or into the metrics."""
+        failures, self._unreported_failures = self._unreported_failures, 0
+        metrics = {"env_steps": count, "episode_returns": returns, "episode_lengths": lengths,
+                   "env_failures": failures,
+                   "filter_delta": delta.state() if self.normalize_observations else None}
+        if self.recorder is not None:
+            # Written and flushed before the driver hears of them: an indexed episode is on disk.
+            metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
+        if send_to is None:
+            metrics["batch"] = batch
+        else:
+            channel = self.context.data_channel
+            channel.flush()
+            channel.isend(batch, send_to, BATCH_TAG)
+        return metrics
+
+    def compute_gradients(self, steps_per_env: int, loss: Callable, loss_config: Any,
+                          filter_state: tuple | None = None) -> dict[str, Any]:
+        """Sample like ``sample()``, then take the gradient of ``loss(policy, batch, config)``
+        on that batch with this worker's own policy copy (A3C). Returns sample()'s metrics with,
+        instead of the batch, ``"gradients"``: one flat float32 vector (None when env failures
+        left no rows), and ``"stats"``: the loss statistics. Only these cross to the driver."""
+        metrics = self.sample(steps_per_env, filter_state)
+        batch = metrics.pop("batch")
+        metrics["gradients"], metrics["stats"] = None, {}
+        if len(batch["logp"]):
+            tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
+            self.policy.zero_grad(set_to_none=True)
+            total, metrics["stats"] = loss(self.policy, tensors, loss_config)
+            total.backward()
+            metrics["gradients"] = self.policy.get_flat_gradients()
+        return metrics
+
+    def finish_dump(self) -> tuple[str, list[tuple[int, int]]] | None:
+        """Wait until every completed episode is on disk; return (file name, [(local id,
+        steps)]) of those not reported yet, for the driver's index. None without dumps."""
+        if self.recorder is None:
+            return None
+        name, written = self.recorder.path.name, self.recorder.close()
+        self.recorder = None
+        return name, written
+
+    def evaluate(self, episodes: int, deterministic: bool = False) -> dict[str, Any]:
+        """Play ``episodes`` whole episodes with the current weights from freshly reset
+        environments; return their returns and lengths and the env steps played (nothing is
+        trained on). Each sub-env plays a fixed share of the episodes, so that short episodes
+        are not favoured. Episodes that sampling had in progress are abandoned."""
+        num_envs = self.envs.num_envs
+        quota = np.array([len(part) for part in np.array_split(np.arange(episodes), num_envs)])
+        self.obs, infos = self.envs.reset()
+        self._note_failures(infos)
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+        returns, lengths, env_steps = [], [], 0
+        while quota.any():
+            actions, _, _ = self.policy.act(self._normalize(self.obs), deterministic)
+            self.obs, rewards, terminated, truncated, infos = self.envs.step(
+                self.policy.env_actions(actions))
+            env_steps += int((quota > 0).sum())
+            self.episode_return += rewards
+            self.episode_length += 1
+            done = terminated | truncated
+            dropped = np.zeros(num_envs, dtype=bool)
+            if FAILURES in infos:
+                self._note_failures(infos)
+                dropped = infos.get(EPISODE_DROPPED, dropped)
+            for i in np.flatnonzero(done & ~dropped & (quota > 0)):
+                returns.append(float(self.episode_return[i]))
+                lengths.append(int(self.episode_length[i]))
+                quota[i] -= 1
+            self.episode_return[done | dropped] = 0.0
+            self.episode_length[done | dropped] = 0
+        if self.recorder is not None:
+            # The episodes now in progress began during evaluation, unrecorded: never dump them.
+            self.recorder.untrack()
+        failures, self._unreported_failures = self._unreported_failures, 0
+        return {"env_steps": env_steps, "episode_returns": returns, "episode_lengths": lengths,
+                "env_failures": failures}
+
+    def _note_failures(self, infos: dict[str, Any]) -> None:
+        """Count the failures the guarded envs report in ``infos``; warn on stderr now and then
+        (the driver sees them all in num_env_failures)."""
+        if FAILURES not in infos:
+            return
+        counts = infos[FAILURES]
+        self.env_failures += int(counts.sum())
+        self._unreported_failures += int(counts.sum())
+        now = time.monotonic()
+        if now < self._next_warning_at:
+            return
+        self._next_warning_at = now + FAILURE_WARNING_INTERVAL_S
+        i = int(np.flatnonzero(counts)[-1])
+        print(f"mpirl: warning: {self.where}: {self.env_id} sub-env {i} raised {infos[ERROR][i]}; "
+              f"rebuilt it. {self.env_failures} env failures on this worker so far "
+              f"(num_env_failures counts them all; this warning repeats at most every "
+              f"{FAILURE_WARNING_INTERVAL_S:g} s).", file=sys.stderr, flush=True)
+
+    def receive_weights(self) -> None:
+        """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
+        comm = self.context.weights_comm
+        with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
+            comm.Bcast(self._weights, root=0)
+        self.policy.set_flat_weights(self._weights)
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        self.policy.set_flat_weights(flat)
+
+    def get_weights(self) -> np.ndarray:
+        return self.policy.get_flat_weights()
+
+    def get_state(self) -> dict[str, Any]:
+        """Environments (pickled whole, with their episodes in progress), RNGs, counters.
+
+        Weights are not included: they equal learner 0's, broadcast again on restore. An
+        environment that cannot be pickled (one holding a simulator handle, say) is saved as
+        None; on restore it is reset from a fresh seed instead of continuing its episodes.
+        """
+        try:
+            envs = pickle.dumps(self.envs, protocol=5)
+            self.envs_error = None
+        except Exception as error:  # noqa: BLE001 - any env may refuse to pickle
+            envs, self.envs_error = None, f"{type(error).__name__}: {error}"
+        return {
+            "envs": envs, "envs_error": self.envs_error, "obs": self.obs,
+            "episode_return": self.episode_return, "episode_length": self.episode_length,
+            "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
+            "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
+        }
+
+    def save_state(self, directory: str, name: str) -> dict[str, Any]:
+        """Worker.save_state's checksum entry, plus ``envs_error`` when the environments could
+        not be pickled: the driver warns, and the manifest keeps the reason."""
+        entry = super().save_state(directory, name)
+        if self.envs_error is not None:
+            entry["envs_error"] = self.envs_error
+        return entry
+
+    def set_state(self, state: dict[str, Any]) -> bool:
+        """Restore from ``get_state``; True when the environments continue their episodes,
+        False when they were reset instead (the driver warns)."""
+        self.restores = state["restores"] + 1
+        self.env_failures = state["env_failures"]
+        self._unreported_failures = state["unreported_failures"]
+        self.filter.mean, self.filter.var, self.filter.count = state["filter"]
+        if state["envs"] is not None:
+            envs = pickle.loads(state["envs"])
+            if envs.num_envs == self.envs.num_envs:
+                self.envs.close()
+                self.envs = envs
+                self.obs = state["obs"]
+                self.episode_return = state["episode_return"]
+                self.episode_length = state["episode_length"]
+                restore_rng(state["rng"])
+                if self.recorder is not None:
+                    self.recorder.untrack()  # their beginnings are in an earlier session
+                return True
+            envs.close()
+        # Environments start over (from a seed that differs from the first run's) when they
+        # could not be saved or num_envs_per_worker changed.
+        self.obs, _ = self.envs.reset(seed=self.seed + 7_777_777 * self.restores)
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+        if self.recorder is not None:
+            self.recorder.begin()
+        restore_rng(state["rng"])
+        return False
