@@ -45,6 +45,7 @@ from pathlib import Path
 
 # Only errors and launch (which import nothing of MPI): mpirl slurm runs on a login node.
 from mpirl.errors import ConfigError, MpirlError
+from mpirl.jobs.arguments import command_parser
 from mpirl.jobs.launch import find_train, first_command, option_value, restart_command
 
 LAUNCHERS = ("srun-pmix", "srun-pmi2", "mpiexec")
@@ -335,12 +336,10 @@ def _parse_job_command(command: list[str]) -> None:
     here, on the login node, and not after the job has waited in the queue; and so that the
     options read here by their exact spelling (--run-dir, --resume, --config) are the ones the
     job's mpirl will use (its parser takes no abbreviations)."""
-    from mpirl.cli import _parser  # cli imports this module
-
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            _parser().parse_args(command)
+            command_parser().parse_args(command)
     except SystemExit as exit:
         # argparse printed its usage and, last, "mpirl: error: PROBLEM" (or the help: exit 0).
         problem = (said.getvalue().strip().splitlines()[-1].removeprefix("mpirl: error: ")
@@ -689,11 +688,11 @@ EXAMPLES = {
 
 def example_scripts() -> dict[str, str]:
     """File name -> the script ``mpirl slurm`` renders for that example's command line."""
-    from mpirl.cli import _parser
-
+    parser = argparse.ArgumentParser(prog="mpirl slurm", allow_abbrev=False)
+    add_arguments(parser)
     scripts = {}
     for name, argv in EXAMPLES.items():
-        args = _parser().parse_args(["slurm", *argv])
+        args = parser.parse_args(argv)
         scripts[name], _ = render(spec_from_args(args, Site(), argv))
     return scripts
 
