@@ -46,8 +46,6 @@ class Config(OnPolicyConfig):
     """GAE lambda; 1 gives plain n-step advantages."""
     grad_clip: float = 0.5
     """Global gradient-norm clip, applied by the learner to each gradient; 0 turns it off."""
-    learner_backend: str = "auto"
-    """Kept for the learner's constructor; A3C makes no allreduce."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

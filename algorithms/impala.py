@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from mpirl.config.fields import OnPolicyConfig
+from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
 from mpirl.execution.async_ops import async_sample, sample_requests, sync_weights
 from mpirl.execution.operators import mean_stats, train_one_step
 from mpirl.models.vtrace import vtrace
 
 
 @dataclass
-class Config(OnPolicyConfig):
+class Config(OnPolicyConfig, AllreduceConfig):
     """IMPALA's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
 
     # Sampling

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mpirl.config.fields import OnPolicyConfig
+from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
 from mpirl.execution.operators import broadcast_weights, parallel_rollouts, train_one_step
 
 
 @dataclass
-class Config(OnPolicyConfig):
+class Config(OnPolicyConfig, AllreduceConfig):
     """PPO's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
 
     rollout_fragment_length: int = 64

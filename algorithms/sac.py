@@ -47,8 +47,6 @@ class Config(ReplayConfig):
     """SGD steps per new env step."""
     tau: float = 0.005
     """Soft target update: target += tau * (online - target) after every SGD step."""
-    target_network_update_freq: int = 1
-    """Unused with tau < 1 (every step); kept for the shared replay checks."""
     initial_alpha: float = 1.0
     """Starting entropy temperature."""
     target_entropy: str | float = "auto"

@@ -36,30 +36,35 @@ def field_docs(cls: type) -> dict[str, str]:
 
 COMMON = {"num_rollout_workers", "num_learners", "num_envs_per_worker", "max_env_failures",
           "env_failure_window", "lr", "grad_clip", "hidden_sizes", "activation",
-          "learner_backend", "learner_master_addr", "torch_threads", "metrics_window", "seed"}
+          "torch_threads", "metrics_window", "seed"}
+#: Every algorithm but A3C, whose single learner makes no allreduce.
+ALLREDUCE = {"learner_backend", "learner_master_addr"}
 ON_POLICY = COMMON | {"rollout_fragment_length", "normalize_observations", "gamma", "vf_coef",
                       "ent_coef"}
-REPLAY = COMMON | {"num_replay_shards", "rollout_fragment_length", "buffer_size", "learning_starts",
-                   "prioritized_replay", "prioritized_replay_alpha", "prioritized_replay_beta",
+REPLAY = COMMON | ALLREDUCE | {
+                   "num_replay_shards", "rollout_fragment_length", "buffer_size",
+                   "learning_starts", "prioritized_replay", "prioritized_replay_alpha",
+                   "prioritized_replay_beta",
                    "prioritized_replay_beta_final", "prioritized_replay_beta_anneal_steps",
                    "prioritized_replay_eps", "n_step", "gamma", "train_batch_size",
-                   "sgd_steps_per_env_step", "target_network_update_freq"}
-OFFLINE = COMMON | {"input", "max_rows_in_memory", "train_batch_size",
+                   "sgd_steps_per_env_step"}
+OFFLINE = COMMON | ALLREDUCE | {"input", "max_rows_in_memory", "train_batch_size",
                     "num_sgd_steps_per_iteration", "ent_coef", "evaluation_episodes",
                     "evaluation_interval", "evaluation_deterministic"}
 
 KEYS = {
-    "PPO": ON_POLICY | {"gae_lambda", "num_epochs", "minibatch_size", "clip_param"},
-    "A2C": ON_POLICY | {"gae_lambda", "standardize_advantages"},
+    "PPO": ON_POLICY | ALLREDUCE | {"gae_lambda", "num_epochs", "minibatch_size", "clip_param"},
+    "A2C": ON_POLICY | ALLREDUCE | {"gae_lambda", "standardize_advantages"},
     "A3C": ON_POLICY | {"gae_lambda", "max_requests_in_flight_per_worker",
                         "min_steps_per_iteration"},
-    "IMPALA": ON_POLICY | {"max_requests_in_flight_per_worker", "train_batch_size",
+    "IMPALA": ON_POLICY | ALLREDUCE | {"max_requests_in_flight_per_worker", "train_batch_size",
                            "min_steps_per_iteration", "vtrace_rho_bar", "vtrace_c_bar",
                            "lr_decay_steps", "num_epochs", "num_minibatches"},
-    "DQN": REPLAY | {"initial_epsilon", "final_epsilon", "exploration_steps", "double_q",
-                     "dueling"},
-    "APEX": REPLAY | {"epsilon", "epsilon_alpha", "min_env_steps_per_iteration",
-                      "throttle_sampling", "batches_per_train", "weight_sync_every", "double_q",
+    "DQN": REPLAY | {"target_network_update_freq", "initial_epsilon", "final_epsilon",
+                     "exploration_steps", "double_q", "dueling"},
+    "APEX": REPLAY | {"target_network_update_freq", "epsilon", "epsilon_alpha",
+                      "min_env_steps_per_iteration", "throttle_sampling", "batches_per_train",
+                      "weight_sync_every", "double_q",
                       "dueling", "metrics_max_epsilon"},
     "SAC": REPLAY | {"tau", "initial_alpha", "target_entropy"},
     "BC": OFFLINE,
@@ -72,8 +77,7 @@ DEFAULTS = {
             "gamma": 0.98, "gae_lambda": 0.8, "lr": 1e-3, "grad_clip": 0.5, "ent_coef": 0.0,
             "hidden_sizes": (64, 64), "activation": "tanh", "metrics_window": 100},
     "A2C": {"rollout_fragment_length": 8, "gamma": 0.99, "gae_lambda": 1.0, "grad_clip": 0.5},
-    "A3C": {"rollout_fragment_length": 8, "max_requests_in_flight_per_worker": 1,
-            "learner_backend": "auto"},
+    "A3C": {"rollout_fragment_length": 8, "max_requests_in_flight_per_worker": 1},
     "IMPALA": {"rollout_fragment_length": 50, "gamma": 0.98, "lr": 1e-3, "ent_coef": 0.003,
                "train_batch_size": 800, "max_requests_in_flight_per_worker": 2},
     "DQN": {"num_replay_shards": 0, "num_learners": 0, "num_envs_per_worker": 4,
@@ -85,7 +89,7 @@ DEFAULTS = {
              "prioritized_replay": True, "hidden_sizes": (256, 256),
              "prioritized_replay_beta_anneal_steps": 0},
     "SAC": {"num_envs_per_worker": 1, "n_step": 1, "train_batch_size": 256, "grad_clip": 0.0,
-            "learning_starts": 128, "target_network_update_freq": 1, "hidden_sizes": (64, 64),
+            "learning_starts": 128, "hidden_sizes": (64, 64),
             "activation": "relu"},
     "BC": {"num_learners": 1, "num_envs_per_worker": 5, "grad_clip": 0.0, "metrics_window": 10,
            "train_batch_size": 512, "hidden_sizes": (64, 64), "activation": "tanh"},
@@ -129,7 +133,6 @@ def test_every_key_has_a_docstring(name):
 
 
 def test_the_most_derived_docstring_wins():
-    assert field_docs(config_class("A3C"))["learner_backend"].startswith("Kept for the learner")
     assert field_docs(config_class("PPO"))["learner_backend"].startswith("Gradient allreduce")
     # Redeclared only for its default: the base's docstring stays.
     assert field_docs(config_class("IMPALA"))["gamma"] == "Discount factor."
@@ -156,3 +159,11 @@ def test_unknown_keys_are_still_rejected():
         build(config_class("PPO"), {"num_learner": 1})
     with pytest.raises(ConfigError, match="unknown config key 'num_replay_shards'"):
         build(config_class("PPO"), {"num_replay_shards": 1})
+
+
+@pytest.mark.parametrize(("name", "key"), [("SAC", "target_network_update_freq"),
+                                           ("A3C", "learner_backend")])
+def test_dead_keys_are_gone(name, key):
+    # SAC's target network follows tau after every step; A3C's one learner makes no allreduce.
+    with pytest.raises(ConfigError, match=key):
+        build(config_class(name), {key: 1})

@@ -251,11 +251,6 @@ class CommonConfig:
     """Hidden layer widths of the actor and the critic."""
     activation: str = "tanh"
     """tanh, relu or elu."""
-    learner_backend: str = "auto"
-    """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
-    learner_master_addr: str = ""
-    """Address of learner 0's host that the other learners reach it on, to start gloo or NCCL;
-    "" takes MASTER_ADDR, else the address on the route to the MPI launcher's host."""
     torch_threads: int = 1
     """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
 
@@ -268,6 +263,17 @@ class CommonConfig:
     def __post_init__(self) -> None:
         # Direct construction (the Python API, tests) gets the checks the CLI's build() makes.
         check_ranges(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
+@dataclass
+class AllreduceConfig:
+    """Keys of algorithms whose learners average gradients with an allreduce (all but A3C)."""
+
+    learner_backend: str = "auto"
+    """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
+    learner_master_addr: str = ""
+    """Address of learner 0's host that the other learners reach it on, to start gloo or NCCL;
+    "" takes MASTER_ADDR, else the address on the route to the MPI launcher's host."""
 
 
 @dataclass
@@ -285,7 +291,7 @@ class OnPolicyConfig(CommonConfig):
 
 
 @dataclass
-class ReplayConfig(CommonConfig):
+class ReplayConfig(CommonConfig, AllreduceConfig):
     """Algorithms that learn from a (possibly sharded, possibly prioritized) replay buffer."""
 
     # Layout
@@ -330,8 +336,6 @@ class ReplayConfig(CommonConfig):
     """Discount factor."""
     train_batch_size: int = 64
     """Rows per SGD step, summed over learners."""
-    target_network_update_freq: int = 128
-    """SGD steps between copies of the online network into the target network."""
     grad_clip: float = 10.0
     """Global gradient-norm clip; 0 turns it off."""
 
@@ -345,6 +349,8 @@ class ReplayConfig(CommonConfig):
 class QLearningConfig(ReplayConfig):
     """Replay algorithms with a Q network: DQN and Ape-X."""
 
+    target_network_update_freq: int = 128
+    """SGD steps between copies of the online network into the target network."""
     double_q: bool = True
     """Choose the bootstrap action with the online network (double DQN)."""
     dueling: bool = True
@@ -354,7 +360,7 @@ class QLearningConfig(ReplayConfig):
 
 
 @dataclass
-class OfflineConfig(CommonConfig):
+class OfflineConfig(CommonConfig, AllreduceConfig):
     """Algorithms that learn from a trajectory dump and only play to evaluate: BC, MARWIL."""
 
     # Data

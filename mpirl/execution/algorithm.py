@@ -91,11 +91,14 @@ class Algorithm:
             )
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
+        # A3C's learner makes no allreduce, and its config has neither allreduce key.
+        backend = getattr(config, "learner_backend", "auto")
+        master_addr = getattr(config, "learner_master_addr", "")
         try:
             self.learners = driver.spawn(
                 "learner", learner_cls, self.policy_spec, module.loss, config, config.lr,
-                config.grad_clip, config.seed, config.learner_backend, config.torch_threads,
-                config.learner_master_addr, local_if_empty=True,
+                config.grad_clip, config.seed, backend, config.torch_threads, master_addr,
+                local_if_empty=True,
             )
         except RemoteError as error:
             # A setting only a learner's rank can check (learner_master_addr): the user's error.

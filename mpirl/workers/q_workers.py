@@ -143,7 +143,8 @@ class QLearner(Learner):
     def __init__(self, context: RankContext, *args: Any, **kwargs: Any) -> None:
         super().__init__(context, *args, **kwargs)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
-        self.target_update_freq = self.loss_config.target_network_update_freq
+        # SAC has no such key: its soft update (tau) runs after every step.
+        self.target_update_freq = getattr(self.loss_config, "target_network_update_freq", 1)
         self.updates = 0
         self.posted = 0
 
