@@ -32,15 +32,20 @@ _EXPORTS = {
     "Layout": "mpirl.runtime.layout", "Placement": "mpirl.runtime.layout",
     "Driver": "mpirl.runtime.driver", "RuntimeSettings": "mpirl.runtime.driver",
     "run": "mpirl.runtime.driver",
+    "train": "mpirl.api", "Algorithm": "mpirl.api", "RunFailed": "mpirl.api",
+    "open_dataset": "mpirl.data.reader",
 }
 
 __all__ = [
+    "Algorithm", "RunFailed", "open_dataset", "train",
     "ConfigError", "Driver", "Future", "Layout", "LayoutError", "MpirlError", "Placement",
     "RankContext", "RankLost", "RemoteError", "RuntimeSettings", "TaskTimeout", "Worker",
     "WorkerGroup", "WorkerHandle", "__version__", "run", "wait",
 ]
 
 if TYPE_CHECKING:
+    from mpirl.api import Algorithm, RunFailed, train
+    from mpirl.data.reader import open_dataset
     from mpirl.errors import (
         ConfigError,
         LayoutError,

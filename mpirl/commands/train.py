@@ -15,7 +15,13 @@ from mpirl.config.fields import check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import EXIT_RESUME, CheckpointError, ConfigError
-from mpirl.execution.algorithm import STOP_KEYS, Algorithm, load_algorithm, stop_reached
+from mpirl.execution.algorithm import (
+    STOP_KEYS,
+    Algorithm,
+    algorithm_name,
+    load_algorithm,
+    stop_reached,
+)
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
 from mpirl.report.progress import ProgressDisplay, progress_mode
@@ -44,6 +50,8 @@ class TrainRequest:
     changes: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     #: How rank 0 shows progress: one of mpirl.report.progress.PROGRESS_MODES.
     progress: str = "auto"
+    #: Rank 0, once the run has ended: its last row (what ``mpirl.train`` returns).
+    final_row: dict[str, Any] | None = None
 
     @property
     def layout(self) -> Layout:
@@ -65,7 +73,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     saved: dict[str, Any] = {}
     if resume is not None:
         saved = _saved_params(Path(resume))
-        for flag, given, recorded in (("--algo", algo and algo.upper(), saved["algo"]),
+        for flag, given, recorded in (("--algo", algo and algorithm_name(algo), saved["algo"]),
                                       ("--env", env_id, saved["env"]),
                                       ("--run-dir", run_dir and str(Path(run_dir)),
                                        str(Path(resume)))):
@@ -122,7 +130,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
                  **dataclasses.asdict(checkpoints), **dataclasses.asdict(dump)}
         changes = {key: (before.get(key), value) for key, value in after.items()
                    if _comparable(before.get(key)) != _comparable(value)}
-    return TrainRequest(algo.upper(), env, algo_config, settings, checkpoints, dump,
+    return TrainRequest(algorithm_name(algo), env, algo_config, settings, checkpoints, dump,
                         stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes,
                         progress_mode(progress))
 
@@ -177,18 +185,11 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
     store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
     resumed_from = None
     if request.resume:
-        resumed_from = _restore(algo, store, request)
-    params = {
-        "algo": request.algo, "env": request.env.env_id, "env_module": request.env.env_module,
-        "config": dataclasses.asdict(request.config),
-        "runtime": dataclasses.asdict(request.settings),
-        "checkpoints": dataclasses.asdict(request.checkpoints),
-        "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
-        "layout": driver.placement.summary(), "world_size": MPI.COMM_WORLD.Get_size(),
-        "train_batch_size": algo.train_batch_size, "mpirl_version": mpirl.__version__,
-    }
+        resumed_from = restore_newest(algo, store, request)
+    params = run_params(request, driver, algo)
     every = request.checkpoints.checkpoint_every
     if algo.last_row is not None and (reason := stop_reached(algo.last_row, request.stop)):
+        request.final_row = algo.last_row
         print(f"stopped: {reason} was already reached at iteration {algo.iteration}; nothing to "
               f"do. Give a larger --stop to train further.", flush=True)
         return 0
@@ -200,6 +201,7 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
                             mode=request.progress) as display:
         while True:
             row = algo.train()
+            request.final_row = row
             recorder.record(row)
             display.update(row)
             reason = stop_reached(row, request.stop)
@@ -226,7 +228,21 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
     return 0
 
 
-def _restore(algo: Algorithm, store: CheckpointStore, request: TrainRequest) -> Path | None:
+def run_params(request: TrainRequest, driver: Driver, algo: Algorithm) -> dict[str, Any]:
+    """What params.json records: everything a resume needs, and the layout it ran on."""
+    return {
+        "algo": request.algo, "env": request.env.env_id, "env_module": request.env.env_module,
+        "config": dataclasses.asdict(request.config),
+        "runtime": dataclasses.asdict(request.settings),
+        "checkpoints": dataclasses.asdict(request.checkpoints),
+        "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
+        "layout": driver.placement.summary(), "world_size": MPI.COMM_WORLD.Get_size(),
+        "train_batch_size": algo.train_batch_size, "mpirl_version": mpirl.__version__,
+    }
+
+
+def restore_newest(algo: Algorithm, store: CheckpointStore, request: TrainRequest
+                   ) -> Path | None:
     """Load the newest valid checkpoint of the run into ``algo``; None if it has none yet."""
     found = store.newest_valid(warn=_warn)
     if found is None:

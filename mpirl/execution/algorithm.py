@@ -9,6 +9,7 @@ metrics row.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mpirl.config.fields import Range, above
+from mpirl.config.fields import CommonConfig, Range, above
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
 from mpirl.errors import ConfigError, RankLost, RemoteError, unwrap_remote
@@ -48,11 +49,44 @@ STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
              "training_iteration": above(0), "time_total_s": above(0)}
 
 
+#: What an algorithm module must define (``LEARNER``, ``ROLLOUT_WORKER``, ``setup``,
+#: ``check_config`` and ``model_spec`` are optional).
+PLUGIN_NAMES = ("Config", "training_step", "loss")
+
+
+def algorithm_name(name: str) -> str:
+    """The name a run records for ``name``: PPO for ppo, a plug-in's module path as given."""
+    return name.upper() if name.upper() in ALGORITHMS else name
+
+
 def load_algorithm(name: str) -> ModuleType:
-    module = ALGORITHMS.get(name.upper())
-    if module is None:
-        raise ConfigError(f"unknown algorithm {name!r}; available: {', '.join(ALGORITHMS)}")
-    return importlib.import_module(module)
+    """A built-in algorithm by name (PPO), or any importable module that defines ``Config``,
+    ``training_step`` and ``loss`` (``my_package.my_algo``), as the built-in ones do."""
+    builtin = ALGORITHMS.get(name.upper())
+    if builtin is not None:
+        return importlib.import_module(builtin)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not name.startswith(error.name):
+            raise  # the plug-in itself imports something missing: its own traceback says what
+        raise ConfigError(
+            f"unknown algorithm {name!r}: neither a built-in one ({', '.join(ALGORITHMS)}) nor "
+            f"an importable module (no module named {error.name!r}; a plug-in module must be "
+            f"importable on every rank: installed, or on PYTHONPATH)") from None
+    except ImportError as error:
+        raise ConfigError(f"algorithm module {name!r} could not be imported: {error}") from None
+    missing = [attr for attr in PLUGIN_NAMES if not hasattr(module, attr)]
+    if missing:
+        raise ConfigError(
+            f"algorithm module {name!r} does not define {', '.join(missing)}; an algorithm "
+            f"module defines Config (a dataclass of its config keys), training_step(algo) -> "
+            f"stats and loss(policy, batch, config) -> (loss, stats)")
+    if not dataclasses.is_dataclass(module.Config) or not issubclass(module.Config,
+                                                                      CommonConfig):
+        raise ConfigError(f"{name}.Config must be a dataclass that subclasses one of "
+                          f"mpirl.config.fields' configs (OnPolicyConfig, say)")
+    return module
 
 
 class Algorithm:
@@ -61,8 +95,9 @@ class Algorithm:
     def __init__(self, driver: Driver, module: ModuleType, config: Any, env: EnvSpec,
                  dump: DumpSettings | None = None) -> None:
         self.driver, self.module, self.config, self.env = driver, module, config, env
-        #: The name on the command line: PPO for mpirl.algorithms.ppo.
-        self.name = module.__name__.rsplit(".", 1)[-1].upper()
+        #: The name a run records: PPO for mpirl.algorithms.ppo, a plug-in's module path.
+        builtin = {path: name for name, path in ALGORITHMS.items()}
+        self.name = builtin.get(module.__name__, module.__name__)
         observation_space, action_space = env.spaces()
         # Trajectory dumps: the driver keeps the index; each rollout rank writes its own file.
         self.dump_index: DumpIndex | None = None

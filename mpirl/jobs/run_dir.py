@@ -46,7 +46,7 @@ def default_run_dir(algo: str, env: str) -> str:
     """The run directory ``mpirl train`` uses when --run-dir is left out (``mpirl launch``
     names it the same way)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"runs/{algo.upper()}-{env.replace(':', '_')}-{stamp}"
+    return f"runs/{algo.upper() if '.' not in algo else algo}-{env.replace(':', '_')}-{stamp}"
 
 
 def json_default(value: Any) -> Any:

@@ -1,0 +1,256 @@
+"""The Python API: a whole training run in one call (``mpirl.train``), or one driven step by step
+from a script (``mpirl.Algorithm``), as RLlib's ``algo.train()`` and SB3's ``model.learn()``.
+
+Every rank runs the same script (``mpiexec -n N python script.py``, or plain ``python script.py``
+for local mode). Rank 0 drives; the other ranks serve their workers inside these calls. Both write
+the same run directory as ``mpirl train``: params.json, progress.csv, result.json, TensorBoard
+events and checkpoints/.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpirl.commands.train import TrainRequest, make_request, restore_newest, run_params
+from mpirl.commands.train import train as train_request
+from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
+from mpirl.execution.algorithm import Algorithm as AlgorithmState
+from mpirl.execution.algorithm import load_algorithm
+from mpirl.jobs.checkpoint import CheckpointStore, verify
+from mpirl.jobs.run_dir import RunLock, RunRecorder
+from mpirl.runtime.driver import Driver, run
+
+
+class RunFailed(MpirlError):
+    """A run started through the Python API ended with a non-zero exit code."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(f"the run ended with exit code {exit_code}; rank 0 printed why")
+        self.exit_code = exit_code
+
+
+def _request(algo: str, env: str, config: dict[str, Any] | None, stop: dict[str, Any] | None,
+             seed: int | None, run_dir: str | Path | None, callbacks: Any,
+             env_module: str | None, resume: str | Path | None, progress: str | None
+             ) -> TrainRequest:
+    config = dict(config or {})
+    if callbacks is not None:
+        # A class travels as its import path: every rank imports it by name.
+        config["callbacks"] = (callbacks if isinstance(callbacks, str)
+                               else f"{callbacks.__module__}:{callbacks.__qualname__}")
+    return make_request(algo, env, env_module, config, dict(stop or {}), seed,
+                        None if run_dir is None else str(run_dir),
+                        None if resume is None else str(resume), progress)
+
+
+def train(algo: str, env: str, config: dict[str, Any] | None = None,
+          stop: dict[str, Any] | None = None, seed: int | None = None,
+          run_dir: str | Path | None = None, callbacks: Any = None, *,
+          env_module: str | None = None, resume: str | Path | None = None,
+          progress: str | None = None) -> dict[str, Any] | None:
+    """Train ``algo`` on ``env`` until a ``stop`` criterion is met; call it on every rank.
+
+    ``algo`` is a built-in name (PPO) or the module of your own algorithm; ``config`` holds the
+    same keys as ``--config``; ``stop`` the same criteria as ``--stop`` (default: 1,000,000 env
+    steps); ``callbacks`` a ``mpirl.Callbacks`` subclass or ``"module:Class"``; ``resume`` a run
+    directory to continue. Returns the last row (what result.json holds) on rank 0 and None on
+    every other rank. Raises ``ConfigError`` on every rank for bad input, before anything
+    starts, and ``RunFailed`` on every rank if the run fails or a stop signal ends it early (its
+    ``exit_code`` is 75 then: resume it with ``resume=run_dir``).
+    """
+    request = _request(algo, env, config, stop, seed, run_dir, callbacks, env_module, resume,
+                       progress)
+    code = train_request(request)
+    if code != EXIT_OK:
+        raise RunFailed(code)
+    return request.final_row
+
+
+class Algorithm:
+    """A run driven step by step from a script: ``build``, then ``train()`` one iteration at a
+    time, ``save()``, ``restore()``, ``compute_actions()``, and ``stop()`` at the end.
+
+    Only rank 0 gets an ``Algorithm``: on every other rank ``build`` serves the driver's calls
+    until rank 0 stops the run, then ends the process with the run's exit code, so the rest of
+    the script runs on rank 0 alone. The driver itself runs in a thread of rank 0's process that
+    makes every MPI call; stop signals end the process (use ``mpirl.train`` or ``mpirl train``
+    for checkpoint-on-signal).
+    """
+
+    def __init__(self, request: TrainRequest) -> None:
+        # Use Algorithm.build: it also serves the workers on the other ranks.
+        self.request = request
+        self._calls: queue.Queue = queue.Queue()
+        self._answers: queue.Queue = queue.Queue()
+        self._exit_code: int | None = None
+        self._thread = threading.Thread(target=self._run, name="mpirl-driver", daemon=True)
+        self._policy: Any = None
+        self._thread.start()
+        ready = self._answer()
+        if isinstance(ready, BaseException):
+            self._thread.join()
+            raise ready
+        atexit.register(self.stop)  # a script that forgets stop() still ends its workers
+
+    @classmethod
+    def build(cls, algo: str, env: str, config: dict[str, Any] | None = None,
+              seed: int | None = None, run_dir: str | Path | None = None, callbacks: Any = None,
+              *, env_module: str | None = None, resume: str | Path | None = None
+              ) -> Algorithm:
+        """Start a run (or continue ``resume``, a run directory) on every rank; see the class
+        docstring for what happens on ranks other than 0."""
+        request = _request(algo, env, config, None, seed, run_dir, callbacks, env_module,
+                           resume, "off")
+        from mpi4py import MPI
+
+        if request.layout.resolve(MPI.COMM_WORLD.Get_size()).local or \
+                MPI.COMM_WORLD.Get_rank() == 0:
+            return cls(request)
+        # A worker rank: serve until the driver ends the run, then end with it.
+        raise SystemExit(run(_never_called, request.layout, request.settings))
+
+    # What runs in the driver thread.
+
+    def _run(self) -> None:
+        try:
+            self._exit_code = run(self._serve, self.request.layout, self.request.settings)
+        except BaseException as error:  # noqa: BLE001 (the caller raises it)
+            self._exit_code = getattr(error, "exit_code", EXIT_FAILURE)
+            self._answers.put(error)
+
+    def _serve(self, driver: Driver) -> int:
+        request = self.request
+        try:
+            lock = RunLock(request.run_dir)
+            lock.acquire()
+        except BaseException as error:  # noqa: BLE001 (the caller raises it)
+            self._answers.put(error)
+            return getattr(error, "exit_code", EXIT_FAILURE)
+        try:
+            try:
+                state = AlgorithmState(driver, load_algorithm(request.algo), request.config,
+                                       request.env, request.dump)
+                store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
+                resumed = restore_newest(state, store, request) if request.resume else None
+                recorder = RunRecorder(request.run_dir, run_params(request, driver, state),
+                                       resume=resumed is not None,
+                                       keep_iterations=state.iteration)
+            except BaseException as error:  # noqa: BLE001 (the caller raises it)
+                self._answers.put(error)
+                return getattr(error, "exit_code", EXIT_FAILURE)
+            self._answers.put(None)
+            with recorder:
+                while (call := self._calls.get()) is not None:
+                    try:
+                        self._answers.put((True, call(state, store, recorder)))
+                    except BaseException as error:  # noqa: BLE001 (the caller raises it)
+                        self._answers.put((False, error))
+                state.finish_dumps()
+        finally:
+            lock.release()
+        return EXIT_OK
+
+    def _call(self, fn: Callable[[AlgorithmState, CheckpointStore, RunRecorder], Any]) -> Any:
+        if self._exit_code is not None or not self._thread.is_alive():
+            raise MpirlError("this Algorithm has been stopped; build a new one")
+        self._calls.put(fn)
+        ok, value = self._answer()
+        if not ok:
+            raise value
+        return value
+
+    def _answer(self) -> Any:
+        # The driver thread ends early only if the run fails (a lost rank, say): never wait
+        # for an answer that cannot come.
+        while True:
+            try:
+                return self._answers.get(timeout=0.5)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._answers.empty():
+                    raise RunFailed(self._exit_code or EXIT_FAILURE) from None
+
+    # The user's side.
+
+    @property
+    def run_dir(self) -> Path:
+        return self.request.run_dir
+
+    def train(self) -> dict[str, Any]:
+        """Run one iteration; return its row, which also goes to progress.csv and TensorBoard."""
+        def step(state: AlgorithmState, store: CheckpointStore, recorder: RunRecorder) -> dict:
+            row = state.train()
+            recorder.record(row)
+            return row
+
+        return self._call(step)
+
+    def save(self) -> Path:
+        """Write a checkpoint into the run directory's checkpoints/; return its path."""
+        replay = self.request.checkpoints.checkpoint_replay
+        return self._call(lambda state, store, _: state.save_checkpoint(store, replay))
+
+    def restore(self, checkpoint: str | Path | None = None) -> Path:
+        """Load ``checkpoint`` (a checkpoint directory; default: the run's newest valid one)
+        into the driver and every worker; return its path."""
+        def load(state: AlgorithmState, store: CheckpointStore, _: RunRecorder) -> Path:
+            if checkpoint is None:
+                found = store.newest_valid()
+                if found is None:
+                    raise MpirlError(f"{self.run_dir} has no checkpoint to restore")
+                path, manifest = found
+            else:
+                path, manifest = Path(checkpoint), verify(checkpoint)
+            state.restore(path, manifest)
+            return path
+
+        return self._call(load)
+
+    def compute_actions(self, observations: Any, explore: bool = False) -> np.ndarray:
+        """Actions of learner 0's current policy for a batch of observations (one per row), as
+        the environment takes them; ``explore`` samples instead of taking the most likely."""
+        def act(state: AlgorithmState, *_: Any) -> np.ndarray:
+            if self._policy is None:
+                self._policy = state.policy_spec.build("cpu")
+            policy = self._policy
+            policy.set_flat_weights(state.learners[0].call_async("get_weights").result())
+            batch = np.asarray(observations)
+            if state.obs_filter is not None:
+                batch = state.obs_filter.normalize(batch)
+            actions = policy.act(batch, deterministic=not explore)[0]
+            return policy.env_actions(actions)
+
+        return self._call(act)
+
+    def compute_single_action(self, observation: Any, explore: bool = False) -> Any:
+        """``compute_actions`` for one observation."""
+        return self.compute_actions(np.asarray(observation)[None], explore)[0]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.request.config)
+
+    def stop(self) -> int:
+        """End the run on every rank (the workers' processes exit); return its exit code."""
+        if self._thread.is_alive():
+            self._calls.put(None)
+            self._thread.join()
+        atexit.unregister(self.stop)
+        return self._exit_code if self._exit_code is not None else EXIT_OK
+
+    def __enter__(self) -> Algorithm:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _never_called(driver: Driver) -> int:
+    raise AssertionError("the driver function runs on rank 0 only")
