@@ -1,0 +1,201 @@
+"""The Python API (mpirl.train, mpirl.Algorithm), the examples/ scripts, and plug-in algorithms
+run through the CLI with its checkpoints, resume, signals, dumps and Slurm rendering."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, latest_checkpoint_iteration, mpi_env, mpiexec_command, run_mpi
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+PLUGINS = EXAMPLES / "plugins"
+MPIRL = str(BIN / "mpirl")
+
+
+def rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "progress.csv") as file:
+        return list(csv.DictReader(file))
+
+
+def run_local(*args: str, timeout: float = 180, env: dict | None = None
+              ) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([*args], capture_output=True, text=True, timeout=timeout,
+                              env=mpi_env(env), cwd=REPO)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"{' '.join(args)} hung for {timeout} s:\n{error.stdout}\n{error.stderr}")
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_train_example(tmp_path, ranks):
+    run_dir = tmp_path / "run"
+    script = str(EXAMPLES / "train_ppo.py")
+    if ranks == 1:
+        proc = run_local(sys.executable, script, str(run_dir))
+    else:
+        proc = run_mpi(ranks, sys.executable, script, str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    # Rank 0 alone prints the returned row; the others got None.
+    printed = [x for x in proc.stdout.splitlines() if x.startswith("episode_return_mean ")]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert printed == [f"episode_return_mean {result['episode_return_mean']:.1f} after "
+                       f"{result['timesteps_total']} env steps"]
+    assert len(rows(run_dir)) == result["iteration"]
+    params = json.loads((run_dir / "params.json").read_text())
+    assert params["algo"] == "PPO" and params["world_size"] == ranks
+    assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_step_by_step_example(tmp_path, ranks):
+    run_dir = tmp_path / "run"
+    script = str(EXAMPLES / "step_by_step.py")
+    if ranks == 1:
+        proc = run_local(sys.executable, script, str(run_dir))
+    else:
+        proc = run_mpi(ranks, sys.executable, script, str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    # Only rank 0 runs past build(): one line per iteration, one greedy episode.
+    assert proc.stdout.count("greedy episode return") == 1
+    iterations = [line for line in proc.stdout.splitlines() if line.startswith("iteration ")]
+    assert len(iterations) == len(rows(run_dir)) >= 1
+    assert latest_checkpoint_iteration(run_dir) == len(iterations)
+
+
+STEP_PROGRAM = """
+import sys, mpirl
+algo = mpirl.Algorithm.build("PPO", "CartPole-v1", run_dir=sys.argv[1],
+                             config={"num_envs_per_worker": 2, "rollout_fragment_length": 16})
+first = algo.train()
+saved = algo.save()
+second = algo.train()
+restored = algo.restore(saved)
+third = algo.train()
+actions = algo.compute_actions([[0.0, 0.0, 0.0, 0.0]] * 5)
+assert actions.shape == (5,) and set(actions.tolist()) <= {0, 1}, actions
+code = algo.stop()
+try:
+    algo.train()
+except mpirl.MpirlError as error:
+    after_stop = str(error)
+print("RESULT", [first["iteration"], second["iteration"], third["iteration"],
+                 third["timesteps_total"] == second["timesteps_total"], code, after_stop])
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_algorithm_save_restore_and_actions(tmp_path, ranks):
+    program = tmp_path / "step.py"
+    program.write_text(STEP_PROGRAM)
+    run_dir = tmp_path / "run"
+    if ranks == 1:
+        proc = run_local(sys.executable, str(program), str(run_dir))
+    else:
+        proc = run_mpi(ranks, sys.executable, str(program), str(run_dir), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    first, second, third, same_steps, code, after_stop = eval(line[len("RESULT "):])
+    # Restoring the checkpoint of iteration 1 puts the counters back: the next one is 2 again.
+    assert (first, second, third, same_steps, code) == (1, 2, 2, True, 0)
+    assert "stopped" in after_stop
+
+
+def test_train_rejects_bad_input_with_its_own_message(tmp_path):
+    program = ("import mpirl\n"
+               "for kwargs in [dict(algo='PPO', env='CartPole-v1', config={'lrr': 1}),\n"
+               "               dict(algo='no_such_algo', env='CartPole-v1'),\n"
+               "               dict(algo='PPO', env='NoSuchEnv-v0')]:\n"
+               "    try:\n"
+               "        mpirl.train(**kwargs)\n"
+               "    except mpirl.ConfigError as error:\n"
+               "        print('ERROR', error)\n")
+    proc = run_local(sys.executable, "-c", program, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 3, proc.stdout
+    assert "lrr" in errors[0]
+    assert "unknown algorithm 'no_such_algo'" in errors[1] and "PYTHONPATH" in errors[1]
+    assert "NoSuchEnv-v0" in errors[2]
+
+
+# Plug-in algorithms through the CLI.
+
+PLUGIN_ENV = {"PYTHONPATH": str(PLUGINS)}
+
+
+def plugin_train(n: int, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return run_mpi(n, MPIRL, "train", "--progress", "plain", *args, timeout=timeout,
+                   env=PLUGIN_ENV)
+
+
+def test_plugin_checkpoints_dumps_and_resume(tmp_path):
+    run_dir, dumps = tmp_path / "run", tmp_path / "dumps"
+    proc = plugin_train(3, "--algo", "vanilla_pg", "--env", "CartPole-v1", "--run-dir",
+                        str(run_dir), "--dump-trajectories", str(dumps),
+                        "--config", '{"checkpoint_every": 2, "sgd_steps": 2}',
+                        "--stop", '{"training_iteration": 4}')
+    assert proc.returncode == 0, proc.stderr
+    params = json.loads((run_dir / "params.json").read_text())
+    assert params["algo"] == "vanilla_pg" and params["config"]["sgd_steps"] == 2
+    assert latest_checkpoint_iteration(run_dir) == 4
+    assert "policy_loss" in rows(run_dir)[0]
+    inspect = run_local(MPIRL, "inspect", str(dumps), "--json")
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["episodes"] > 0
+    proc = plugin_train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 6}')
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout
+    assert [int(r["iteration"]) for r in rows(run_dir)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_plugin_stops_on_a_signal_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    command = mpiexec_command(3, MPIRL, "train", "--progress", "plain", "--algo", "vanilla_pg",
+                              "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                              "--stop", '{"timesteps_total": 100000000}')
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpi_env(PLUGIN_ENV))
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "progress.csv").exists() or len(rows(run_dir)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "no progress"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err
+    stopped_at = latest_checkpoint_iteration(run_dir)
+    assert stopped_at >= 2
+    proc = plugin_train(3, "--resume", str(run_dir), "--stop",
+                        json.dumps({"training_iteration": stopped_at + 1}))
+    assert proc.returncode == 0, proc.stderr
+    assert int(rows(run_dir)[-1]["iteration"]) == stopped_at + 1
+
+
+def test_plugin_slurm_script(tmp_path):
+    proc = run_local(MPIRL, "slurm", "--time", "00:10:00", "--nodes", "1", "--",
+                     "train", "--algo", "vanilla_pg", "--env", "CartPole-v1",
+                     env=PLUGIN_ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert "--algo vanilla_pg" in proc.stdout
+
+
+@pytest.mark.parametrize(("module", "message"), [
+    ("no_such_plugin", "no module named 'no_such_plugin'"),
+    ("json", "does not define Config, training_step, loss"),
+])
+def test_plugin_errors(module, message):
+    proc = run_local(MPIRL, "train", "--algo", module, "--env", "CartPole-v1", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
