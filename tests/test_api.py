@@ -34,15 +34,20 @@ def run_local(*args: str, timeout: float = 180, env: dict | None = None
         pytest.fail(f"{' '.join(args)} hung for {timeout} s:\n{error.stdout}\n{error.stderr}")
 
 
+def run_script(script: Path, run_dir: Path, ranks: int) -> subprocess.CompletedProcess:
+    """``python SCRIPT RUN_DIR`` in local mode (1 rank) or under ``mpiexec -n ranks``."""
+    if ranks == 1:
+        proc = run_local(sys.executable, str(script), str(run_dir))
+    else:
+        proc = run_mpi(ranks, sys.executable, str(script), str(run_dir), timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_train_example(tmp_path, ranks):
     run_dir = tmp_path / "run"
-    script = str(EXAMPLES / "train_ppo.py")
-    if ranks == 1:
-        proc = run_local(sys.executable, script, str(run_dir))
-    else:
-        proc = run_mpi(ranks, sys.executable, script, str(run_dir), timeout=240)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_script(EXAMPLES / "train_ppo.py", run_dir, ranks)
     # Rank 0 alone prints the returned row; the others got None.
     printed = [x for x in proc.stdout.splitlines() if x.startswith("episode_return_mean ")]
     result = json.loads((run_dir / "result.json").read_text())
@@ -57,12 +62,7 @@ def test_train_example(tmp_path, ranks):
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_step_by_step_example(tmp_path, ranks):
     run_dir = tmp_path / "run"
-    script = str(EXAMPLES / "step_by_step.py")
-    if ranks == 1:
-        proc = run_local(sys.executable, script, str(run_dir))
-    else:
-        proc = run_mpi(ranks, sys.executable, script, str(run_dir), timeout=240)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_script(EXAMPLES / "step_by_step.py", run_dir, ranks)
     # Only rank 0 runs past build(): one line per iteration, one greedy episode.
     assert proc.stdout.count("greedy episode return") == 1
     iterations = [line for line in proc.stdout.splitlines() if line.startswith("iteration ")]
@@ -95,12 +95,7 @@ print("RESULT", [first["iteration"], second["iteration"], third["iteration"],
 def test_algorithm_save_restore_and_actions(tmp_path, ranks):
     program = tmp_path / "step.py"
     program.write_text(STEP_PROGRAM)
-    run_dir = tmp_path / "run"
-    if ranks == 1:
-        proc = run_local(sys.executable, str(program), str(run_dir))
-    else:
-        proc = run_mpi(ranks, sys.executable, str(program), str(run_dir), timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_script(program, tmp_path / "run", ranks)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
     first, second, third, same_steps, code, after_stop = eval(line[len("RESULT "):])
     # Restoring the checkpoint of iteration 1 puts the counters back: the next one is 2 again.
