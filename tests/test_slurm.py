@@ -281,9 +281,11 @@ class Cluster:
         return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout,
                               env=self.env, **kwargs)
 
-    def submit(self, tmp_path: Path, *args: str) -> str:
+    def submit(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+        """``mpirl slurm --submit ARGS``; ``env`` adds to the environment the job inherits."""
         proc = subprocess.run([MPIRL, "slurm", "--submit", *args], capture_output=True,
-                              text=True, timeout=60, env=self.env, cwd=tmp_path)
+                              text=True, timeout=60, env={**self.env, **(env or {})},
+                              cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         job = proc.stdout.strip()
         assert job.isdigit(), proc.stdout
@@ -384,6 +386,20 @@ def test_submitted_ppo_job_completes(slurm, tmp_path):
     assert json.loads((run_dir / "result.json").read_text())["iteration"] == 3
     assert latest_checkpoint_iteration(run_dir) == 3
     assert (run_dir / "job.sbatch").read_text().startswith("#!/bin/bash")
+
+
+def test_submitted_plugin_algorithm_job_completes(slurm, tmp_path):
+    # A user's own algorithm module: importable on every rank through the job's PYTHONPATH.
+    run_dir = tmp_path / "run"
+    job = slurm.submit(tmp_path, "--nodes", "1", "--ntasks-per-node", "3", "--time", "10",
+                       "--run-dir", str(run_dir), "--", "train", "--algo", "vanilla_pg",
+                       "--env", "CartPole-v1", "--stop", '{"training_iteration": 2}',
+                       env={"PYTHONPATH": str(REPO / "examples" / "plugins")})
+    info = slurm.wait(job, tmp_path, timeout=120)
+    log = job_log(tmp_path, job)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert iterations(run_dir) == [1, 2]
+    assert json.loads((run_dir / "params.json").read_text())["algo"] == "vanilla_pg"
 
 
 @pytest.mark.timeout(600)  # about 95 s; each run is shorter when start-up is slow (a busy machine)
