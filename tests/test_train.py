@@ -124,7 +124,7 @@ def test_an_existing_run_is_never_overwritten(tmp_path):
     (["--config", '{"lr": "fast"}'], 'config key "lr" = "fast" is out of range: must be a '
                                      'finite number > 0'),
     (["--env", "CartPol-v1"], "unknown environment id 'CartPol-v1'. Did you mean 'CartPole-v1'"),
-    (["--algo", "PPPO"], "unknown algorithm 'PPPO'; available: PPO, A2C, BC, MARWIL, DQN, APEX"),
+    (["--algo", "PPPO"], "unknown algorithm 'PPPO': neither a built-in one (PPO, A2C, BC, MARWIL"),
     (["--stop", '{"reward": 10}'], "unknown --stop key 'reward'"),
     (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),
 ])
