@@ -33,11 +33,12 @@ _EXPORTS = {
     "Driver": "mpirl.runtime.driver", "RuntimeSettings": "mpirl.runtime.driver",
     "run": "mpirl.runtime.driver",
     "train": "mpirl.api", "Algorithm": "mpirl.api", "RunFailed": "mpirl.api",
-    "open_dataset": "mpirl.data.reader",
+    "open_dataset": "mpirl.data.reader", "Callbacks": "mpirl.workers.callbacks",
+    "CallbackError": "mpirl.errors",
 }
 
 __all__ = [
-    "Algorithm", "RunFailed", "open_dataset", "train",
+    "Algorithm", "CallbackError", "Callbacks", "RunFailed", "open_dataset", "train",
     "ConfigError", "Driver", "Future", "Layout", "LayoutError", "MpirlError", "Placement",
     "RankContext", "RankLost", "RemoteError", "RuntimeSettings", "TaskTimeout", "Worker",
     "WorkerGroup", "WorkerHandle", "__version__", "run", "wait",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from mpirl.api import Algorithm, RunFailed, train
     from mpirl.data.reader import open_dataset
     from mpirl.errors import (
+        CallbackError,
         ConfigError,
         LayoutError,
         MpirlError,
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, wait
     from mpirl.runtime.driver import Driver, RuntimeSettings, run
     from mpirl.runtime.layout import Layout, Placement
+    from mpirl.workers.callbacks import Callbacks
 
 
 def __getattr__(name: str) -> Any:

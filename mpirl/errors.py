@@ -89,6 +89,10 @@ class RemoteError(MpirlError, RuntimeError):
         )
 
 
+class CallbackError(MpirlError):
+    """A user's callback raised; the message names the hook and the rank it ran on."""
+
+
 class TaskTimeout(MpirlError, TimeoutError):
     """A call on a worker did not complete within its timeout."""
 

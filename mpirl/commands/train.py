@@ -27,6 +27,7 @@ from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_di
 from mpirl.report.progress import ProgressDisplay, progress_mode
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
+from mpirl.workers.callbacks import callbacks_class
 from mpirl.workers.env_spec import EnvSpec
 
 #: Used when --stop is not given.
@@ -104,6 +105,8 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     check_known_keys(stop, list(STOP_KEYS), "--stop")
     for key, value in stop.items():
         check_key(key, value, "float", STOP_KEYS[key], what="--stop criterion")
+    if algo_config.callbacks:
+        callbacks_class(algo_config.callbacks)  # ConfigError here, before anything starts
     env = EnvSpec(env_id, env_module)
     env.check()
     if hasattr(module, "check_config"):  # checks that need the env (an offline input's env id)

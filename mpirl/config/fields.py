@@ -222,6 +222,10 @@ def check_ranges(cls: type, values: Mapping[str, Any]) -> None:
 class CommonConfig:
     """The fields of every algorithm: layout, sampling, model and compute, bookkeeping."""
 
+    callbacks: str = ""
+    """A ``mpirl.Callbacks`` subclass as "module:Class", importable on every rank; its hooks run
+    on the driver, rollout and learner ranks (see the Callbacks page). "" runs none."""
+
     # Layout
     num_rollout_workers: int = -1
     """Rollout ranks; -1 takes every rank the learners leave. 0 samples in the driver."""

@@ -25,12 +25,13 @@ import numpy as np
 from mpirl.config.fields import CommonConfig, Range, above
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
-from mpirl.errors import ConfigError, RankLost, RemoteError, unwrap_remote
+from mpirl.errors import CallbackError, ConfigError, RankLost, RemoteError, unwrap_remote
 from mpirl.execution.operators import SampleResult, broadcast_weights
 from mpirl.jobs.checkpoint import CheckpointStore, capture_rng, manifest_header, restore_rng
 from mpirl.models.policy import RunningMeanStd, model_spec
 from mpirl.runtime.driver import Driver
 from mpirl.runtime.state_files import read_state_file, write_state_file
+from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.env_spec import EnvSpec
 from mpirl.workers.learner import Learner
@@ -122,7 +123,7 @@ class Algorithm:
                 config.torch_threads, max_env_failures=config.max_env_failures,
                 env_failure_window=config.env_failure_window,
                 dump=self.dump_index.target if self.dump_index is not None else None,
-                local_if_empty=True,
+                callbacks=config.callbacks, local_if_empty=True,
             )
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
@@ -164,6 +165,11 @@ class Algorithm:
         self.sgd_steps_total = 0
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
+        #: Callbacks: the driver's own instance, each window episode's custom metrics, and
+        #: every custom metric name seen so far (reported from then on, NaN while absent).
+        self.callbacks = make_callbacks(config.callbacks)
+        self.custom_metrics: deque[dict[str, float]] = deque(maxlen=config.metrics_window)
+        self.custom_names: dict[str, None] = {}
         self.started = time.monotonic()
         self.time_before_resume = 0.0
         self.last_row: dict[str, Any] | None = None
@@ -175,6 +181,7 @@ class Algorithm:
         self._warned_unsaved_envs = False
         if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
             module.setup(self)
+        invoke(self.callbacks, "on_algorithm_init", "driver", algorithm=self)
 
     @property
     def time_total_s(self) -> float:
@@ -202,13 +209,19 @@ class Algorithm:
         self.num_env_failures += samples.env_failures
         self.returns.extend(samples.episode_returns)
         self.lengths.extend(samples.episode_lengths)
+        self.custom_metrics.extend(samples.custom_metrics)
+        for metrics in samples.custom_metrics:
+            self.custom_names.update(dict.fromkeys(metrics))
         if self.dump_index is not None:
             for file_name, episodes in samples.dumped:
                 self.dump_index.add(file_name, episodes)
 
     def train(self) -> dict[str, Any]:
         start, steps_before = time.monotonic(), self.timesteps_total
-        stats = self.module.training_step(self)
+        try:
+            stats = self.module.training_step(self)
+        except RemoteError as error:  # a callback on a worker: its message alone
+            raise unwrap_remote(error, CallbackError) from None
         self.iteration += 1
         if self.dump_index is not None:
             self.dump_index.commit()  # a run killed later still leaves an indexed dataset
@@ -231,9 +244,20 @@ class Algorithm:
             "rollout_ranks_lost": len(self.rollouts.lost),
             **stats,
             **self.driver.memory_report(),
+            **self.custom_means(),
         }
+        invoke(self.callbacks, "on_train_result", "driver", algorithm=self, result=row)
         self.last_row = row
         return row
+
+    def custom_means(self) -> dict[str, float]:
+        """``custom/<name>_mean`` of each custom metric over the episodes of the metrics window
+        that set it (NaN when none did)."""
+        means = {}
+        for name in self.custom_names:
+            values = [m[name] for m in self.custom_metrics if name in m]
+            means[f"custom/{name}_mean"] = float(np.mean(values)) if values else math.nan
+        return means
 
     def finish_dumps(self) -> None:
         """At the end of a run: wait until every rollout rank's episodes are on disk, and index
@@ -262,6 +286,8 @@ class Algorithm:
             "sgd_steps_total": self.sgd_steps_total,
             "returns": list(self.returns),
             "lengths": list(self.lengths),
+            "custom_metrics": list(self.custom_metrics),
+            "custom_names": list(self.custom_names),
             "obs_filter": self.obs_filter.state() if self.obs_filter is not None else None,
             "time_total_s": self.time_total_s,
             "last_row": self.last_row, "rng": capture_rng(),
@@ -280,6 +306,9 @@ class Algorithm:
         self.returns.extend(state["returns"])
         self.lengths.clear()
         self.lengths.extend(state["lengths"])
+        self.custom_metrics.clear()
+        self.custom_metrics.extend(state.get("custom_metrics", []))  # absent before callbacks
+        self.custom_names = dict.fromkeys(state.get("custom_names", []))
         if self.obs_filter is not None and state["obs_filter"] is not None:
             self.obs_filter.mean, self.obs_filter.var, self.obs_filter.count = state["obs_filter"]
         self.time_before_resume = state["time_total_s"]
@@ -317,7 +346,9 @@ class Algorithm:
         manifest = manifest_header(self.name, self.env, self.config, self.iteration,
                                    self.timesteps_total, layout)
         manifest["files"] = files
-        return store.commit(tmp, manifest)
+        path = store.commit(tmp, manifest)
+        invoke(self.callbacks, "on_checkpoint", "driver", algorithm=self, checkpoint=str(path))
+        return path
 
     def restore(self, path: Path, manifest: dict[str, Any]) -> list[str]:
         """Load a verified checkpoint into the driver and every worker; return notes on what

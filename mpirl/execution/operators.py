@@ -45,6 +45,8 @@ class SampleResult:
     batches: dict[int, list[dict]] = field(default_factory=dict)
     #: with trajectory dumps on: (rank's file name, [(local episode id, steps)]) per worker
     dumped: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+    #: with callbacks: each episode's custom metrics, in the order of ``episode_returns``
+    custom_metrics: list[dict[str, float]] = field(default_factory=list)
 
 
 def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_env: int,
@@ -285,6 +287,7 @@ def add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
     result.env_failures += metrics["env_failures"]
     result.episode_returns += metrics["episode_returns"]
     result.episode_lengths += metrics["episode_lengths"]
+    result.custom_metrics += metrics.get("custom_metrics", [])
     if "dumped" in metrics:
         result.dumped.append(metrics["dumped"])
 

@@ -255,6 +255,7 @@ class AsyncReplayLoop:
             # An explorer's episodes say little about the policy: counted, not averaged.
             algo.episodes_total += len(sample.episode_returns)
             sample.episode_returns, sample.episode_lengths = [], []
+            sample.custom_metrics = []
         algo.count(sample)
         return metrics["env_steps"]
 

@@ -37,6 +37,7 @@ from mpirl.models.policy import PolicySpec
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import revoke_on_failure
 from mpirl.runtime.waiting import wait_for_all
+from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.rollout import BATCH_TAG
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
@@ -268,6 +269,7 @@ class Learner(Worker):
         self.device = torch.device(context.device)
         self.policy = policy.build(context.device)
         self.loss, self.loss_config = loss, loss_config
+        self.callbacks = make_callbacks(getattr(loss_config, "callbacks", ""))
         self.allreduce = GradientAllreduce(context, backend, master_addr)
         if hasattr(loss, "share_statistics"):  # a loss with running statistics (MARWIL's)
             loss.share_statistics(context.role_comm)
@@ -315,8 +317,10 @@ class Learner(Worker):
                     k: v[torch.as_tensor(index, device=self.device)] for k, v in tensors.items()}
                 losses += self._sgd_step(minibatch, totals)
                 steps += 1
-        return {k: v / max(losses, 1) for k, v in totals.items()} | {"sgd_steps": steps,
-                                                                     "learner_samples": size}
+        result = {k: v / max(losses, 1) for k, v in totals.items()} | {
+            "sgd_steps": steps, "learner_samples": size}
+        self.learned_on(batch, result)
+        return result
 
     def train_offline(self, source: OfflineInput, num_steps: int, train_batch_size: int,
                       lr: float | None = None) -> dict[str, float]:
@@ -329,12 +333,21 @@ class Learner(Worker):
         self._set_lr(lr)
         rows = rows_per_learner(train_batch_size, comm.Get_size(), comm.Get_rank())
         totals: dict[str, float] = {}
+        minibatch = {}
         for _ in range(num_steps):
             minibatch = {k: torch.as_tensor(v, device=self.device)
                          for k, v in self.offline_shard.sample(rows, self.rng).items()}
             self._sgd_step(minibatch, totals)
-        return {k: v / max(num_steps, 1) for k, v in totals.items()} | {
+        result = {k: v / max(num_steps, 1) for k, v in totals.items()} | {
             "sgd_steps": num_steps, "learner_samples": rows * num_steps}
+        self.learned_on(minibatch, result)
+        return result
+
+    def learned_on(self, batch: dict[str, Any], result: dict[str, Any]) -> None:
+        """Run the ``on_learn_on_batch`` callback after a training call."""
+        invoke(self.callbacks, "on_learn_on_batch",
+               f"learner {self.context.role_index} on rank {self.context.rank}", learner=self,
+               batch=batch, result=result)
 
     def _set_lr(self, lr: float | None) -> None:
         if lr is not None:

@@ -91,8 +91,7 @@ class TransitionWorker(RolloutWorker):
                 self.episode_return[dropped] = 0.0
                 self.episode_length[dropped] = 0
             for i in np.flatnonzero(done):
-                returns.append(float(self.episode_return[i]))
-                lengths.append(int(self.episode_length[i]))
+                self.episode_ended(i, returns, lengths)
             self.episode_return[done] = 0.0
             self.episode_length[done] = 0
             if self.recorder is not None:
@@ -111,6 +110,7 @@ class TransitionWorker(RolloutWorker):
                    "weights_taken": self.weights_taken, "weights_version": self.weights_version}
         if self.recorder is not None:
             metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
+        self.report_custom_metrics(metrics, None)
         if dest is None:
             metrics["chunk"] = chunk
         else:
@@ -185,8 +185,11 @@ class QLearner(Learner):
                 self.context.data_channel.isend((self.updates, flat), rank, WEIGHTS_TAG)
             self.posted = self.updates
         stats = {k: v / max(steps, 1) for k, v in totals.items()}
-        return stats | {"sgd_steps": steps, "priorities": returned,
-                        "num_target_updates": self.updates // self.target_update_freq}
+        result = stats | {"sgd_steps": steps, "priorities": returned,
+                          "num_target_updates": self.updates // self.target_update_freq}
+        if received and received[-1].get("batches"):
+            self.learned_on(received[-1]["batches"][-1], result)
+        return result
 
     def _replay_step(self, batch: dict[str, np.ndarray], totals: dict[str, float]
                      ) -> np.ndarray:

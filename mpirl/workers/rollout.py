@@ -28,6 +28,7 @@ from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import revoke_on_failure
 from mpirl.runtime.waiting import wait_for_all
+from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
 
@@ -68,8 +69,11 @@ class RolloutWorker(Worker):
                  num_envs: int, seed: int, gamma: float, lam: float,
                  normalize_observations: bool, torch_threads: int = 1,
                  max_env_failures: int = 10, dump: DumpTarget | None = None,
-                 env_failure_window: int = 1_000) -> None:
+                 env_failure_window: int = 1_000, callbacks: str = "") -> None:
         super().__init__(context)
+        self.callbacks = make_callbacks(callbacks)
+        #: The custom metrics of each training episode since the last sample() returned.
+        self._custom_metrics: list[dict[str, float]] = []
         torch.set_num_threads(torch_threads)
         self.seed = seed + 1000 * context.role_index
         torch.manual_seed(self.seed)
@@ -149,8 +153,7 @@ class RolloutWorker(Worker):
                 rewards = rewards.copy()
                 rewards[cut] += self.gamma * self.policy.value(self._normalize(final))
             for i in np.flatnonzero(done):
-                returns.append(float(self.episode_return[i]))
-                lengths.append(int(self.episode_length[i]))
+                self.episode_ended(i, returns, lengths)
             self.episode_return[done] = 0.0
             self.episode_length[done] = 0
             if FAILURES in infos:
@@ -206,6 +209,7 @@ class RolloutWorker(Worker):
         if self.recorder is not None:
             # Written and flushed before the driver hears of them: an indexed episode is on disk.
             metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
+        self.report_custom_metrics(metrics, batch)
         if send_to is None:
             metrics["batch"] = batch
         else:
@@ -213,6 +217,26 @@ class RolloutWorker(Worker):
             channel.flush()
             channel.isend(batch, send_to, BATCH_TAG)
         return metrics
+
+    def episode_ended(self, env_index: int, returns: list[float], lengths: list[int]) -> None:
+        """A training episode ended in environment ``env_index``: count it, and run the
+        ``on_episode_end`` callback, keeping the custom metrics it set."""
+        returns.append(float(self.episode_return[env_index]))
+        lengths.append(int(self.episode_length[env_index]))
+        if self.callbacks is not None:
+            episode = Episode(returns[-1], lengths[-1], self.context.role_index, int(env_index))
+            invoke(self.callbacks, "on_episode_end", self.where, episode=episode, worker=self)
+            self._custom_metrics.append({k: float(v) for k, v in
+                                         episode.custom_metrics.items()})
+
+    def report_custom_metrics(self, metrics: dict[str, Any], batch: dict | None) -> None:
+        """Put the episodes' custom metrics into a sample call's ``metrics`` (one dict per
+        episode, in the order of ``episode_returns``), and run ``on_sample_end``."""
+        if self.callbacks is None:
+            return
+        metrics["custom_metrics"], self._custom_metrics = self._custom_metrics, []
+        invoke(self.callbacks, "on_sample_end", self.where, worker=self, batch=batch,
+               metrics=metrics)
 
     def compute_gradients(self, steps_per_env: int, loss: Callable, loss_config: Any,
                           filter_state: tuple | None = None) -> dict[str, Any]:

@@ -1,0 +1,47 @@
+"""Callbacks for tests/test_callbacks.py: they log which hook ran on which rank, set custom
+metrics, or raise where CALLBACK_RAISE (a hook name) says."""
+
+import json
+import os
+
+import mpirl
+
+
+def _rank(obj) -> int:
+    context = getattr(obj, "context", None)
+    return context.rank if context is not None else 0
+
+
+class Probe(mpirl.Callbacks):
+    def _log(self, hook: str, rank: int, **extra) -> None:
+        if os.environ.get("CALLBACK_RAISE") == hook:
+            raise ValueError("boom")
+        directory = os.environ.get("PROBE_DIR")
+        if directory:
+            with open(os.path.join(directory, f"{os.getpid()}.jsonl"), "a") as file:
+                file.write(json.dumps({"hook": hook, "rank": rank, **extra}) + "\n")
+
+    def on_algorithm_init(self, *, algorithm):
+        self._log("on_algorithm_init", 0)
+
+    def on_episode_end(self, *, episode, worker):
+        episode.custom_metrics["length_copy"] = episode.length
+        self._log("on_episode_end", _rank(worker), worker_index=episode.worker_index)
+
+    def on_sample_end(self, *, worker, batch, metrics):
+        self._log("on_sample_end", _rank(worker), rows=len(batch["obs"]))
+
+    def on_learn_on_batch(self, *, learner, batch, result):
+        self._log("on_learn_on_batch", _rank(learner), sgd_steps=result["sgd_steps"])
+
+    def on_train_result(self, *, algorithm, result):
+        result["iteration_twice"] = 2 * result["iteration"]
+        self._log("on_train_result", 0)
+
+    def on_checkpoint(self, *, algorithm, checkpoint):
+        self._log("on_checkpoint", 0, checkpoint=checkpoint,
+                  exists=os.path.isdir(checkpoint))
+
+
+class NotCallbacks:
+    pass

@@ -1,0 +1,121 @@
+"""Callbacks: each hook runs on the rank its docstring names, custom metrics reach progress.csv,
+a hook that raises ends the run with one line naming it, and a bad spec is one clear error."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BIN, PROGRAMS, mpi_env, run_mpi
+
+MPIRL = str(BIN / "mpirl")
+SPEC = "callbacks_probe:Probe"
+
+
+def train_args(run_dir: Path, spec: str = SPEC, **config) -> list[str]:
+    config = {"callbacks": spec, "num_envs_per_worker": 2, "rollout_fragment_length": 64,
+              "checkpoint_every": 2, **config}
+    return ["train", "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+            "--progress", "off", "--config", json.dumps(config),
+            "--stop", '{"training_iteration": 3}']
+
+
+def train(ranks: int, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(PROGRAMS), **(env or {})}
+    if ranks == 1:
+        return subprocess.run([MPIRL, *args], capture_output=True, text=True, timeout=120,
+                              env=mpi_env(env))
+    return run_mpi(ranks, MPIRL, *args, timeout=120, env=env)
+
+
+def hook_log(directory: Path) -> list[dict]:
+    return [json.loads(line) for path in directory.glob("*.jsonl")
+            for line in path.read_text().splitlines()]
+
+
+def rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "progress.csv") as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_hooks_run_where_documented_and_metrics_reach_progress(tmp_path, ranks):
+    probe, run_dir = tmp_path / "probe", tmp_path / "run"
+    probe.mkdir()
+    # -n 3: the driver, one rollout rank and one learner rank.
+    proc = train(ranks, train_args(run_dir, num_learners=1 if ranks == 3 else 0),
+                 env={"PROBE_DIR": str(probe)})
+    assert proc.returncode == 0, proc.stderr
+    log = hook_log(probe)
+    ranks_of = {}
+    for entry in log:
+        ranks_of.setdefault(entry["hook"], set()).add(entry["rank"])
+    expected = ({"on_algorithm_init": {0}, "on_train_result": {0}, "on_checkpoint": {0},
+                 "on_episode_end": {1}, "on_sample_end": {1}, "on_learn_on_batch": {2}}
+                if ranks == 3 else
+                dict.fromkeys(["on_algorithm_init", "on_train_result", "on_checkpoint",
+                               "on_episode_end", "on_sample_end", "on_learn_on_batch"], {0}))
+    assert ranks_of == expected
+    counts = {hook: sum(e["hook"] == hook for e in log) for hook in expected}
+    assert counts["on_algorithm_init"] == 1 and counts["on_train_result"] == 3
+    assert counts["on_sample_end"] == counts["on_learn_on_batch"] == 3
+    checkpoints = [e for e in log if e["hook"] == "on_checkpoint"]
+    assert [Path(e["checkpoint"]).name for e in checkpoints] == ["checkpoint_000002",
+                                                                "checkpoint_000003"]
+    assert all(e["exists"] for e in checkpoints)
+    table = rows(run_dir)
+    assert len(table) == 3
+    for row in table:
+        # The custom metric is each episode's length: its window mean is episode_len_mean.
+        assert math.isclose(float(row["custom/length_copy_mean"]),
+                            float(row["episode_len_mean"]), rel_tol=1e-9)
+        assert int(float(row["iteration_twice"])) == 2 * int(row["iteration"])
+    episodes = sum(e["hook"] == "on_episode_end" for e in log)
+    assert episodes == int(table[-1]["episodes_total"])
+    assert json.loads((run_dir / "result.json").read_text())["iteration_twice"] == 6
+
+
+@pytest.mark.parametrize(("hook", "where", "ranks"), [
+    ("on_episode_end", "rollout worker 0 on rank 1", 3),
+    ("on_learn_on_batch", "learner 0 on rank 2", 3),
+    ("on_train_result", "driver", 3),
+    ("on_sample_end", "rollout worker 0 on rank 0", 1),
+])
+def test_a_raising_hook_ends_the_run_with_one_line(tmp_path, hook, where, ranks):
+    proc = train(ranks, train_args(tmp_path / "run", num_learners=1 if ranks == 3 else 0),
+                 env={"CALLBACK_RAISE": hook})
+    assert proc.returncode == 1, proc.stderr
+    assert f"callbacks: Probe.{hook} raised ValueError: boom ({where})" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("no_such_module:Probe", "callbacks 'no_such_module:Probe': no module named "
+                             "'no_such_module'"),
+    ("callbacks_probe:Missing", "module callbacks_probe has no class Missing"),
+    ("callbacks_probe:NotCallbacks", "NotCallbacks is not a subclass of mpirl.Callbacks"),
+    ("callbacks_probe", "give it as 'module:Class'"),
+])
+def test_a_bad_spec_is_one_clear_error(tmp_path, spec, message):
+    proc = train(1, train_args(tmp_path / "run", spec=spec))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_python_api_takes_a_class(tmp_path):
+    program = ("import sys, mpirl\n"
+               "from callbacks_probe import Probe\n"
+               "row = mpirl.train('PPO', 'CartPole-v1', callbacks=Probe, run_dir=sys.argv[1],\n"
+               "                  stop={'training_iteration': 2}, progress='off')\n"
+               "print('ROW', row['iteration_twice'], 'custom/length_copy_mean' in row)\n")
+    proc = subprocess.run([sys.executable, "-c", program, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120,
+                          env=mpi_env({"PYTHONPATH": str(PROGRAMS)}))
+    assert proc.returncode == 0, proc.stderr
+    assert "ROW 4 True" in proc.stdout
