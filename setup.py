@@ -35,6 +35,8 @@ setup(
         "rich>=13",
         # mpirl plot draws PNG curves.
         "matplotlib>=3.8",
+        # TensorBoard event files (scalars and histograms); small, pure Python.
+        "tensorboardX>=2.6",
     ],
     extras_require={
         # The local default: Open MPI 5 from PyPI. It yields the CPU when ranks outnumber cores.
@@ -44,9 +46,18 @@ setup(
         # mpirl evaluate --render-video: gymnasium's RecordVideo writes MP4s with moviepy; the
         # classic-control environments draw their frames with pygame.
         "video": ["moviepy>=1.0", "pygame>=2.1"],
-        # minari: tests read trajectory dumps with Minari itself.
+        # Loggers besides TensorBoard, each off unless its config key is set.
+        "wandb": ["wandb>=0.17"],
+        "mlflow": ["mlflow>=2.10"],
+        # TensorBoard itself: to view the event files (tests read them with it).
+        "tensorboard": ["tensorboard>=2.15"],
+        # The user's guide: mkdocs build --strict (make docs).
+        "docs": ["mkdocs>=1.6"],
+        # minari: tests read trajectory dumps with Minari itself; the tests also read back
+        # TensorBoard, W&B and MLflow output and build the docs.
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1",
-                "minari==0.5.3"],
+                "minari==0.5.3", "tensorboard>=2.15", "wandb>=0.17", "mlflow>=2.10",
+                "mkdocs>=1.6"],
         # Peers for side-by-side benchmarks only.
         "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4"],
     },

@@ -19,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from mpirl.commands.train import TrainRequest, make_request, restore_newest, run_params
+from mpirl.commands.train import (
+    TrainRequest,
+    make_request,
+    open_recorder,
+    restore_newest,
+    run_params,
+)
 from mpirl.commands.train import train as train_request
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
 from mpirl.execution.algorithm import Algorithm as AlgorithmState
@@ -140,9 +146,8 @@ class Algorithm:
                                        request.env, request.dump)
                 store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
                 resumed = restore_newest(state, store, request) if request.resume else None
-                recorder = RunRecorder(request.run_dir, run_params(request, driver, state),
-                                       resume=resumed is not None,
-                                       keep_iterations=state.iteration)
+                recorder = open_recorder(request, run_params(request, driver, state),
+                                         resumed is not None, state)
             except BaseException as error:  # noqa: BLE001 (the caller raises it)
                 self._answers.put(error)
                 return getattr(error, "exit_code", EXIT_FAILURE)
@@ -187,7 +192,7 @@ class Algorithm:
         """Run one iteration; return its row, which also goes to progress.csv and TensorBoard."""
         def step(state: AlgorithmState, store: CheckpointStore, recorder: RunRecorder) -> dict:
             row = state.train()
-            recorder.record(row)
+            recorder.record(row, state.histograms)
             return row
 
         return self._call(step)

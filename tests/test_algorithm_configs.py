@@ -34,7 +34,8 @@ def field_docs(cls: type) -> dict[str, str]:
     return {name: doc for name, doc in docs.items() if name in names}
 
 
-COMMON = {"callbacks", "num_rollout_workers", "num_learners", "num_envs_per_worker",
+COMMON = {"callbacks", "tensorboard_histograms_every", "wandb_project", "mlflow_experiment",
+          "num_rollout_workers", "num_learners", "num_envs_per_worker",
           "max_env_failures", "env_failure_window", "lr", "grad_clip", "hidden_sizes", "activation",
           "torch_threads", "metrics_window", "seed"}
 #: Every algorithm but A3C, whose single learner makes no allreduce.

@@ -6,111 +6,31 @@ import csv
 import io
 import json
 import math
-import struct
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mpirl.errors import ConfigError
 from mpirl.jobs.run_dir import RunRecorder
 from mpirl.report.plot import plot_runs
 from mpirl.report.progress import ProgressDisplay
-from mpirl.report.tensorboard import EventWriter, crc32c
+from mpirl.report.tensorboard import EventWriter
 
-# --- an independent reader of event files: bitwise CRC-32C, hand-decoded protobuf -------------
-
-
-def bitwise_crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 * (crc & 1))
-    return crc ^ 0xFFFFFFFF
+# --- TensorBoard files, read by TensorBoard's own EventAccumulator -----------------------------
 
 
-def unmasked(masked: int) -> int:
-    rotated = (masked - 0xA282EAD8) % 2**32
-    return ((rotated << 15) | (rotated >> 17)) & 0xFFFFFFFF
+def read_tensorboard(path: Path) -> EventAccumulator:
+    accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0, "histograms": 0})
+    accumulator.Reload()
+    return accumulator
 
 
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return result, pos
-
-
-def decode_fields(data: bytes) -> list[tuple[int, int, object]]:
-    """(field number, wire type, raw value) for each field of a protobuf message."""
-    fields = []
-    pos = 0
-    while pos < len(data):
-        key, pos = read_varint(data, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = read_varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
-        elif wire == 2:
-            length, pos = read_varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
-        elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
-        else:
-            raise AssertionError(f"unexpected wire type {wire}")
-        fields.append((field, wire, value))
-    assert pos == len(data)
-    return fields
-
-
-def read_records(path: Path) -> list[bytes]:
-    data = path.read_bytes()
-    records = []
-    pos = 0
-    while pos < len(data):
-        header = data[pos:pos + 8]
-        (length,) = struct.unpack("<Q", header)
-        (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
-        assert unmasked(header_crc) == bitwise_crc32c(header), "length CRC mismatch"
-        payload = data[pos + 12:pos + 12 + length]
-        (payload_crc,) = struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])
-        assert unmasked(payload_crc) == bitwise_crc32c(payload), "data CRC mismatch"
-        records.append(payload)
-        pos += 16 + length
-    return records
-
-
-def read_events(path: Path) -> list[dict]:
-    events = []
-    for record in read_records(path):
-        event: dict = {"scalars": []}
-        for field, wire, value in decode_fields(record):
-            if (field, wire) == (1, 1):
-                event["wall_time"] = struct.unpack("<d", value)[0]
-            elif (field, wire) == (2, 0):
-                # int64 as two's complement
-                event["step"] = value - 2**64 if value >= 2**63 else value
-            elif (field, wire) == (3, 2):
-                event["file_version"] = value.decode()
-            elif (field, wire) == (5, 2):
-                for summary_field, _, summary_value in decode_fields(value):
-                    assert summary_field == 1
-                    parts = {f: v for f, _, v in decode_fields(summary_value)}
-                    event["scalars"].append(
-                        (parts[1].decode(), struct.unpack("<f", parts[2])[0]))
-            else:
-                raise AssertionError(f"unexpected Event field {field}")
-        events.append(event)
-    return events
-
-
-def scalars(events: list[dict]) -> list[tuple[str, float, int]]:
-    return [(tag, value, event["step"]) for event in events for tag, value in event["scalars"]]
+def scalars(path: Path) -> list[tuple[str, float, int]]:
+    """Every scalar of the event file (or directory) ``path``: (tag, value, step)."""
+    accumulator = read_tensorboard(path)
+    return [(tag, event.value, event.step) for tag in accumulator.Tags()["scalars"]
+            for event in accumulator.Scalars(tag)]
 
 
 def event_file(logdir: Path) -> Path:
@@ -121,32 +41,27 @@ def event_file(logdir: Path) -> Path:
 # --- EventWriter -------------------------------------------------------------------------------
 
 
-def test_crc32c_known_vectors():
-    assert crc32c(b"123456789") == 0xE3069283  # the standard check value of CRC-32C
-    assert crc32c(b"") == 0
-    assert crc32c(bytes(32)) == 0x8A9136AA  # RFC 3720, B.4
-    for data in (b"a", b"hello world", bytes(range(256))):
-        assert crc32c(data) == bitwise_crc32c(data)
-
-
 def test_event_writer_round_trip(tmp_path):
     with EventWriter(tmp_path) as writer:
         writer.add_scalar("loss", 0.5, step=1, wall_time=1000.25)
         writer.add_scalar("episode_return_mean", -187.25, step=2**40)
-        writer.add_scalar("ünïcode/tag", 3.0, step=-1)
+        writer.add_scalar("ünïcode/tag", 3.0, step=5)
         writer.add_scalar("huge", 1e300, step=3)
         writer.add_scalar("nan", math.nan, step=4)
+        writer.add_histogram("weights/w", [1.0, 2.0, 2.0, math.nan], step=6)
     path = event_file(tmp_path)
     assert path.name.startswith("events.out.tfevents.")
-    events = read_events(path)
-    assert events[0]["file_version"] == "brain.Event:2"
-    assert events[0]["scalars"] == []
-    got = scalars(events[1:])
-    assert got[:4] == [("loss", 0.5, 1), ("episode_return_mean", -187.25, 2**40),
-                       ("ünïcode/tag", 3.0, -1), ("huge", math.inf, 3)]
-    assert got[4][0] == "nan" and math.isnan(got[4][1])
-    assert events[1]["wall_time"] == 1000.25
-    assert all(event["wall_time"] > 1e9 for i, event in enumerate(events) if i != 1)
+    accumulator = read_tensorboard(path)
+    got = scalars(path)
+    assert ("loss", 0.5, 1) in got and ("episode_return_mean", -187.25, 2**40) in got
+    assert ("ünïcode/tag", 3.0, 5) in got and ("huge", math.inf, 3) in got  # float32
+    (nan,) = accumulator.Scalars("nan")
+    assert math.isnan(nan.value)
+    assert accumulator.Scalars("loss")[0].wall_time == 1000.25
+    (histogram,) = accumulator.Histograms("weights/w")
+    assert histogram.step == 6
+    value = histogram.histogram_value
+    assert (value.num, value.min, value.max, value.sum) == (3, 1.0, 2.0, 5.0)  # NaN dropped
 
 
 def test_two_event_writers_in_one_directory_get_separate_files(tmp_path):
@@ -154,8 +69,8 @@ def test_two_event_writers_in_one_directory_get_separate_files(tmp_path):
         first.add_scalar("a", 1.0, step=0)
         second.add_scalar("b", 2.0, step=0)
     assert first.path != second.path
-    assert scalars(read_events(first.path)) == [("a", 1.0, 0)]
-    assert scalars(read_events(second.path)) == [("b", 2.0, 0)]
+    assert scalars(first.path) == [("a", 1.0, 0)]
+    assert scalars(second.path) == [("b", 2.0, 0)]
 
 
 # --- RunRecorder -------------------------------------------------------------------------------
@@ -195,7 +110,7 @@ def test_run_recorder_writes_params_progress_result_and_events(tmp_path):
     ]
     assert float(read_csv(run_dir / "progress.csv")[3][3]) == 1 / 3  # floats round-trip exactly
 
-    got = scalars(read_events(event_file(run_dir)))
+    got = scalars(event_file(run_dir))
     assert ("kl", pytest.approx(0.01), 4096) in got
     assert ("episode_return_mean", 21.5, 4096) in got
     assert ("iteration", 3.0, 6144) in got
@@ -215,7 +130,7 @@ def test_run_recorder_accepts_numpy_scalars(tmp_path):
 def test_step_falls_back_to_iteration(tmp_path):
     with RunRecorder(tmp_path, {}) as recorder:
         recorder.record({"iteration": 7, "loss": 2.0})
-    assert ("loss", 2.0, 7) in scalars(read_events(event_file(tmp_path)))
+    assert ("loss", 2.0, 7) in scalars(event_file(tmp_path))
 
 
 def test_resume_appends_under_the_existing_header(tmp_path):

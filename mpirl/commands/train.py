@@ -24,6 +24,7 @@ from mpirl.execution.algorithm import (
 )
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
+from mpirl.report.loggers import check_logger_packages, make_loggers
 from mpirl.report.progress import ProgressDisplay, progress_mode
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
@@ -107,6 +108,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         check_key(key, value, "float", STOP_KEYS[key], what="--stop criterion")
     if algo_config.callbacks:
         callbacks_class(algo_config.callbacks)  # ConfigError here, before anything starts
+    check_logger_packages(algo_config)
     env = EnvSpec(env_id, env_module)
     env.check()
     if hasattr(module, "check_config"):  # checks that need the env (an offline input's env id)
@@ -198,14 +200,13 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
         return 0
     title = f"{request.algo} {request.env.env_id}"
     requested = None
-    with RunRecorder(request.run_dir, params, resume=resumed_from is not None,
-                     keep_iterations=algo.iteration) as recorder, \
+    with open_recorder(request, params, resumed_from is not None, algo) as recorder, \
             ProgressDisplay(title, total_steps=request.stop.get("timesteps_total"),
                             mode=request.progress) as display:
         while True:
             row = algo.train()
             request.final_row = row
-            recorder.record(row)
+            recorder.record(row, algo.histograms)
             display.update(row)
             reason = stop_reached(row, request.stop)
             requested = driver.stop_requested()
@@ -242,6 +243,13 @@ def run_params(request: TrainRequest, driver: Driver, algo: Algorithm) -> dict[s
         "layout": driver.placement.summary(), "world_size": MPI.COMM_WORLD.Get_size(),
         "train_batch_size": algo.train_batch_size, "mpirl_version": mpirl.__version__,
     }
+
+
+def open_recorder(request: TrainRequest, params: dict[str, Any], resumed: bool,
+                  algo: Algorithm) -> RunRecorder:
+    """Rank 0's writer of the run directory, with the loggers the config turns on."""
+    return RunRecorder(request.run_dir, params, resume=resumed, keep_iterations=algo.iteration,
+                       loggers=make_loggers(request.config, request.run_dir, params))
 
 
 def restore_newest(algo: Algorithm, store: CheckpointStore, request: TrainRequest

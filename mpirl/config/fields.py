@@ -150,6 +150,7 @@ RANGES: dict[str, Range] = {
     "torch_threads": at_least(1),
     # Bookkeeping
     "metrics_window": at_least(1),
+    "tensorboard_histograms_every": at_least(0),
     "seed": within(0, 2**32 - 1),
     # Runtime (mpirl.runtime.driver.RuntimeSettings)
     "max_calls_in_flight": at_least(1),
@@ -225,6 +226,17 @@ class CommonConfig:
     callbacks: str = ""
     """A ``mpirl.Callbacks`` subclass as "module:Class", importable on every rank; its hooks run
     on the driver, rollout and learner ranks (see the Callbacks page). "" runs none."""
+
+    # Logging
+    tensorboard_histograms_every: int = 10
+    """Every this many iterations, TensorBoard gets histograms of learner 0's weights (per
+    parameter tensor) and of the gradient norms of its SGD steps since the last ones; 0: never."""
+    wandb_project: str = ""
+    """Log every progress row to this Weights & Biases project (pip install 'mpirl[wandb]');
+    the run is named after the run directory. "" leaves W&B off."""
+    mlflow_experiment: str = ""
+    """Log every progress row to this MLflow experiment (pip install 'mpirl[mlflow]'; the server
+    or store comes from MLFLOW_TRACKING_URI). "" leaves MLflow off."""
 
     # Layout
     num_rollout_workers: int = -1

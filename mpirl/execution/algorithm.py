@@ -173,6 +173,8 @@ class Algorithm:
         self.started = time.monotonic()
         self.time_before_resume = 0.0
         self.last_row: dict[str, Any] | None = None
+        #: TensorBoard histograms of the last iteration (tag -> array); empty on most.
+        self.histograms: dict[str, np.ndarray] = {}
         self.extra_groups: list = []
         #: What a plan keeps between iterations (asynchronous requests in flight, say).
         self.plan_state: dict[str, Any] = {}
@@ -247,6 +249,9 @@ class Algorithm:
             **self.custom_means(),
         }
         invoke(self.callbacks, "on_train_result", "driver", algorithm=self, result=row)
+        every = self.config.tensorboard_histograms_every
+        self.histograms = (self.learners[0].call("histograms")
+                           if every and self.iteration % every == 0 else {})
         self.last_row = row
         return row
 

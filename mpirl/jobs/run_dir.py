@@ -97,7 +97,7 @@ class RunRecorder:
     """
 
     def __init__(self, run_dir: str | Path, params: dict, resume: bool = False,
-                 keep_iterations: int | None = None) -> None:
+                 keep_iterations: int | None = None, loggers: list[Any] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         params_path = self.run_dir / PARAMS_FILE
@@ -112,6 +112,8 @@ class RunRecorder:
                               newline="")
         self._csv = csv.writer(self._csv_file, lineterminator="\n")
         self._events = EventWriter(self.run_dir)
+        #: Loggers besides TensorBoard (mpirl.report.loggers): each gets every row.
+        self._loggers = list(loggers)
         self._rows = 0
 
     @property
@@ -119,8 +121,10 @@ class RunRecorder:
         """The CSV's columns, or None before the first row of a new file."""
         return None if self._columns is None else list(self._columns)
 
-    def record(self, row: dict[str, float | int | str | None]) -> None:
-        """Append ``row`` to progress.csv, replace result.json with it, and log it to TensorBoard.
+    def record(self, row: dict[str, float | int | str | None],
+               histograms: dict[str, Any] | None = None) -> None:
+        """Append ``row`` to progress.csv, replace result.json with it, and log it to TensorBoard
+        (with ``histograms``: tag -> array) and the other loggers.
 
         The TensorBoard step is ``row["timesteps_total"]`` if present, else ``row["iteration"]``.
         """
@@ -146,13 +150,20 @@ class RunRecorder:
         for key, value in row.items():
             if _is_number(value):
                 self._events.add_scalar(key, value, step)
+        for tag, values in (histograms or {}).items():
+            self._events.add_histogram(tag, values, step)
         self._events.flush()
+        for logger in self._loggers:
+            logger.log(row, step)
 
     def close(self) -> None:
         """Close progress.csv and the event file; closing twice is harmless."""
         if not self._csv_file.closed:
             self._csv_file.close()
         self._events.close()
+        for logger in self._loggers:
+            logger.close()
+        self._loggers = []
 
     def __enter__(self) -> RunRecorder:
         return self

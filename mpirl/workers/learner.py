@@ -22,6 +22,7 @@ import os
 import re
 import socket
 import struct
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -258,7 +259,7 @@ class Learner(Worker):
     allreduce (``minibatch_rows``)."""
 
     MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
-                "save_state", "load_state", "apply_gradients")
+                "save_state", "load_state", "apply_gradients", "histograms")
 
     def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
                  lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
@@ -281,6 +282,8 @@ class Learner(Worker):
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5)
         self.grad_clip = grad_clip
         self.rng = np.random.default_rng(seed + 7919 * context.role_index)
+        #: The (shared, unclipped) gradient norm of each SGD step since ``histograms()`` last ran.
+        self.grad_norms: deque[float] = deque(maxlen=100_000)
         # Offline algorithms only: this learner's shard of a dump, read on the first call.
         self.offline_shard: EpisodeShard | None = None
 
@@ -387,6 +390,7 @@ class Learner(Worker):
             n = p.numel()
             p.grad.copy_(flat[offset:offset + n].view_as(p))
             offset += n
+        self.grad_norms.append(float(flat.norm()))
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
@@ -396,6 +400,7 @@ class Learner(Worker):
         with this learner's optimizer; return the new weights. For a single learner: no
         allreduce is made."""
         self.policy.set_flat_gradients(flat)
+        self.grad_norms.append(float(np.linalg.norm(flat)))
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
@@ -403,6 +408,15 @@ class Learner(Worker):
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()
+
+    def histograms(self) -> dict[str, np.ndarray]:
+        """What TensorBoard's histograms show: each parameter tensor (``weights/<name>``) and the
+        gradient norms of the SGD steps since the last call (``grad_norm``)."""
+        values = {f"weights/{name}": p.detach().cpu().numpy().reshape(-1)
+                  for name, p in self.policy.named_parameters()}
+        values["grad_norm"] = np.array(self.grad_norms, np.float64)
+        self.grad_norms.clear()
+        return values
 
     def set_weights(self, flat: np.ndarray) -> None:
         self.policy.set_flat_weights(flat)

@@ -1,0 +1,83 @@
+"""Optional loggers besides TensorBoard: Weights & Biases and MLflow, each off unless its config
+key names a project or experiment. Rank 0 only; they get what progress.csv gets, one row per
+iteration, with the run directory's name as the run name and params.json as the run's config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import numbers
+from pathlib import Path
+from typing import Any
+
+from mpirl.errors import ConfigError
+
+#: config key -> (package, the extra that installs it)
+LOGGER_PACKAGES = {"wandb_project": ("wandb", "wandb"), "mlflow_experiment": ("mlflow", "mlflow")}
+
+
+def check_logger_packages(config: Any) -> None:
+    """ConfigError, before anything starts, for a logger configured but not installed."""
+    for key, (package, extra) in LOGGER_PACKAGES.items():
+        if getattr(config, key, "") and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{key} is set, but the {package} package is not installed; "
+                              f"install it with: pip install 'mpirl[{extra}]'")
+
+
+def _numbers(row: dict[str, Any]) -> dict[str, float]:
+    return {key: float(value) for key, value in row.items()
+            if isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value)}
+
+
+class WandbLogger:
+    """A W&B run named after the run directory; a resumed run continues the same W&B run.
+    ``WANDB_MODE=offline`` writes it under ``RUN_DIR/wandb`` for ``wandb sync`` later."""
+
+    def __init__(self, project: str, run_dir: Path, params: dict[str, Any]) -> None:
+        import wandb
+
+        # The same run directory is the same W&B run: its id comes from the absolute path.
+        run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+        self.run = wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow",
+                              config=params, dir=str(run_dir), reinit="create_new")
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        self.run.log(_numbers(row), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowLogger:
+    """An MLflow run in ``experiment`` (tracking server from ``MLFLOW_TRACKING_URI``), named
+    after the run directory, with the config's keys as its parameters."""
+
+    def __init__(self, experiment: str, run_dir: Path, params: dict[str, Any]) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_experiment(experiment)
+        self.run = mlflow.start_run(run_name=run_dir.name)
+        flat = {"algo": params.get("algo"), "env": params.get("env"),
+                **{f"config.{k}": v for k, v in params.get("config", {}).items()}}
+        # MLflow caps a parameter's value at 6000 characters.
+        mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        self.mlflow.log_metrics(_numbers(row), step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def make_loggers(config: Any, run_dir: Path, params: dict[str, Any]) -> list[Any]:
+    """The loggers ``config`` turns on (``wandb_project``, ``mlflow_experiment``)."""
+    loggers: list[Any] = []
+    if getattr(config, "wandb_project", ""):
+        loggers.append(WandbLogger(config.wandb_project, run_dir, params))
+    if getattr(config, "mlflow_experiment", ""):
+        loggers.append(MlflowLogger(config.mlflow_experiment, run_dir, params))
+    return loggers
