@@ -18,7 +18,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 MPIEXEC := $(BIN)/mpiexec --oversubscribe --bind-to none
 
-.PHONY: install run test lint bench clean slurm-cluster slurm-examples
+.PHONY: install run test lint bench clean slurm-cluster slurm-examples docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ slurm-cluster:
 	else echo "not installing Slurm (needs apt-get and root); the Slurm tests will skip"; fi
 
 # slurm/*.sbatch are renderings of mpirl.jobs.slurm.EXAMPLES (a test checks they are current).
+# The user's guide (docs/, mkdocs.yml) into site/; the dev extra installs MkDocs.
+docs: install
+	$(BIN)/mkdocs build --strict
+
 slurm-examples: install
 	$(BIN)/python -c "from mpirl.jobs.slurm import write_examples; write_examples('slurm')"
 
@@ -66,4 +70,4 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/dispatch.py --json benchmarks/dispatch.json
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache site

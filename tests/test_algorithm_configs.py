@@ -4,35 +4,15 @@ The shared fields live in base classes (mpirl.config.fields); these tests pin th
 algorithm exposes, so that params.json, ``--config`` and checkpoints see the same keys.
 """
 
-import ast
 import dataclasses
-import inspect
 import json
-import textwrap
 
 import pytest
 
+from mpirl.config.fields import field_docs
 from mpirl.config.parse import build
 from mpirl.errors import ConfigError
 from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field of the dataclass ``cls`` -> its docstring, the most derived one along the MRO
-    (a field redeclared without a docstring keeps its base's)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for node, after in zip(body, body[1:], strict=False):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {name: doc for name, doc in docs.items() if name in names}
-
 
 COMMON = {"callbacks", "tensorboard_histograms_every", "wandb_project", "mlflow_experiment",
           "num_rollout_workers", "num_learners", "num_envs_per_worker",

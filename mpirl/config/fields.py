@@ -14,9 +14,12 @@ with one line instead of a division by zero on some rank later.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import json
 import math
+import textwrap
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -426,3 +429,20 @@ class OfflineConfig(CommonConfig, AllreduceConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.metrics_window = self.metrics_window or self.evaluation_episodes
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field of the dataclass ``cls`` -> its docstring, the most derived one along the MRO
+    (a field redeclared without a docstring keeps its base's)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in zip(body, body[1:], strict=False):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name: doc for name, doc in docs.items() if name in names}

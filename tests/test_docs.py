@@ -1,0 +1,66 @@
+"""The docs: the README stays a five-minute read whose links resolve, every config key is in the
+generated tables, and the MkDocs site builds with --strict."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpirl.execution.algorithm import ALGORITHMS
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+sys.path.insert(0, str(DOCS))
+import hooks  # noqa: E402  (docs/hooks.py, the MkDocs hook that generates the key tables)
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    text = (REPO / "README.md").read_text()
+    assert len(text) < 12_000, f"README.md is {len(text)} characters; the limit is 12,000"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        if not target.startswith("http"):
+            assert (REPO / target).exists(), f"README links to {target}, which does not exist"
+    assert "make run" in text and "make test" in text
+
+
+def markers() -> list[tuple[Path, str]]:
+    return [(page, name) for page in sorted(DOCS.glob("*.md"))
+            for name in hooks.MARKER.findall(page.read_text())]
+
+
+@pytest.mark.parametrize("name", [*ALGORITHMS, *hooks.SETTINGS])
+def test_every_key_is_in_the_generated_tables(name):
+    pages = [page for page, marked in markers() if marked == name]
+    assert pages, f"no docs page has <!-- config-keys: {name} -->"
+    table = hooks.keys_table(name)
+    for field in dataclasses.fields(hooks.config_class(name)):
+        row = next((line for line in table.splitlines() if line.startswith(f"| `{field.name}`")),
+                   None)
+        assert row is not None, f"{name}: {field.name} is missing from its table"
+        assert row.rsplit("|", 2)[1].strip(), f"{name}: {field.name} has no description"
+
+
+def test_every_docs_page_is_in_the_nav():
+    nav = (REPO / "mkdocs.yml").read_text()
+    pages = {page.name for page in DOCS.glob("*.md")}
+    assert pages == set(re.findall(r"^\s+- [^:]+: (\S+\.md)$", nav, re.M))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
+                    reason="mkdocs is not installed (pip install 'mpirl[docs]')")
+def test_the_site_builds_strict_with_every_key(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d",
+                           str(tmp_path / "site")], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    html = (tmp_path / "site" / "config-keys" / "index.html").read_text()
+    assert "config-keys:" not in html  # every marker was replaced
+    for name in [*ALGORITHMS, *hooks.SETTINGS]:
+        for field in dataclasses.fields(hooks.config_class(name)):
+            assert f"<code>{field.name}</code>" in html, f"{name}.{field.name} not in the site"
