@@ -109,3 +109,14 @@ def test_replay_benchmark_quick_writes_every_key(tmp_path):
     assert set(scaling) == {"1", "2"}
     for entry in scaling.values():
         assert entry["env_steps_per_s"] > 0 and entry["sgd_steps"] > 0, entry
+
+
+def test_extensions_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "extensions.json"
+    proc = run_benchmark("extensions.py", "--quick", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["engine_loads_torch"] is False
+    assert summary["engine_rss_mb"] < summary["everything_rss_mb"]
+    for name in ("callbacks", "histograms", "histograms_every_iteration"):
+        assert summary[f"{name}_vs_plain"] > 0
