@@ -75,7 +75,7 @@ def measure_ppo(variant: str, plan: Plan) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="1 round of 10 iterations")
