@@ -54,6 +54,8 @@ slurm-cluster:
 # slurm/*.sbatch are renderings of mpirl.jobs.slurm.EXAMPLES (a test checks they are current).
 # The user's guide (docs/, mkdocs.yml) into site/; the dev extra installs MkDocs.
 docs: install
+	@# A .venv made before MkDocs joined the dev extra gets the docs extra here.
+	@$(BIN)/python -c "import mkdocs" 2>/dev/null || $(BIN)/pip install --quiet -e ".[docs]"
 	$(BIN)/mkdocs build --strict
 
 slurm-examples: install

@@ -34,7 +34,7 @@ runners, its learner actor on a third logical CPU) beside them in each round; RL
 A3C any more.
 
 ``--thresholds`` runs mpirl alone: every algorithm with its default settings, on the default
-100-episode mean, to the threshold and within the step budget the README states for it
+100-episode mean, to the threshold and within the step budget docs/algorithms.md states for it
 (``THRESHOLDS``), for seeds 0..N-1 and with 1 and with 2 rollout ranks; it prints, per algorithm
 and layout, how many seeds reached the threshold and the median steps and seconds, and exits 1
 when fewer than 4 of 5 did. ``--config``, ``--budget`` and ``--target`` try other settings (a
@@ -618,15 +618,15 @@ def orchestrate_async(plan: Plan, quick: bool, json_path: Path | None,
 
 # --thresholds: every algorithm's documented threshold, on the default 100-episode mean, for
 # several seeds and with 1 and with 2 rollout ranks. Algorithm -> (env, return to reach, env step
-# budget, ranks besides the driver and the rollout ranks). The thresholds and budgets are the
-# README's; a run reaches its threshold when the default ``metrics_window`` (100 episodes) mean
-# does, within the budget.
+# budget, ranks besides the driver and the rollout ranks). The thresholds and budgets are
+# docs/algorithms.md's; a run reaches its threshold when the default ``metrics_window``
+# (100 episodes) mean does, within the budget.
 THRESHOLDS: dict[str, tuple[str, float, int, int]] = {
     "PPO": (ENV_ID, 475.0, 200_000, 0),
     "A2C": (ENV_ID, 400.0, 500_000, 0),
     "IMPALA": (ENV_ID, 450.0, 800_000, 0),
     "A3C": (ENV_ID, 400.0, 500_000, 0),
-    # DQN: 94k-127k steps on 10 runs; the README's 100k held for a 20-episode mean only.
+    # DQN: 94k-127k steps on 10 runs; the 100k once documented held for a 20-episode mean only.
     "DQN": (ENV_ID, 475.0, 150_000, 0),
     "APEX": (ENV_ID, 475.0, 150_000, 3),  # 2 replay shards and a learner rank
     # SAC: a 100-episode mean spans 20k steps of Pendulum; it reached -200 at 21.6k-22.7k.
@@ -642,8 +642,8 @@ def orchestrate_thresholds(seeds: int, algos: list[str], rollout_ranks: list[int
                            budget: int | None = None, target: float | None = None) -> int:
     """Each algorithm of ``algos`` with its default settings (plus ``overrides``, for trying
     other defaults), seeds 0..seeds-1, once per number of rollout ranks; how many runs reached
-    the threshold, median steps and seconds. ``budget`` and ``target`` replace the README's (to
-    check a learning test's settings on the benchmark's seeds)."""
+    the threshold, median steps and seconds. ``budget`` and ``target`` replace the documented
+    ones (to check a learning test's settings on the benchmark's seeds)."""
     started = time.perf_counter()
     meta = metadata_block(False, Plan(seeds, 0, timeout_s))
     meta["thresholds"] = {a: {"env": THRESHOLDS[a][0], "target": THRESHOLDS[a][1],
@@ -730,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"mpirl SAC on {PENDULUM_ENV_ID} to -200 in 20k steps (RLlib's SAC "
                         "too with --peers mpirl,rllib)")
     parser.add_argument("--thresholds", action="store_true",
-                        help="every algorithm's README threshold on the default 100-episode "
+                        help="every algorithm's documented threshold on the default 100-episode "
                         "mean, seeds 0..N-1 (--seeds, default 5), 1 and 2 rollout ranks")
     parser.add_argument("--algos", default=",".join(THRESHOLDS), metavar="LIST",
                         help="with --thresholds: the algorithms (default all)")
@@ -739,9 +739,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=json.loads, metavar="JSON",
                         help="with --thresholds: config keys to try instead of the defaults")
     parser.add_argument("--budget", type=int, metavar="STEPS",
-                        help="with --thresholds: env step budget instead of the README's")
+                        help="with --thresholds: env step budget instead of the documented one")
     parser.add_argument("--target", type=float, metavar="RETURN",
-                        help="with --thresholds: return to reach instead of the README's")
+                        help="with --thresholds: return to reach instead of the documented one")
     parser.add_argument("--async", dest="async_algos", action="store_true",
                         help="mpirl IMPALA and A3C instead, with RLlib's IMPALA beside them")
     add_peers_option(parser, PEERS)

@@ -1,4 +1,5 @@
-"""Soak: every algorithm trained for a long time on its README layout, every rank watched.
+"""Soak: every algorithm trained for a long time on its layout in docs/algorithms.md, every rank
+watched.
 
     python benchmarks/soak.py --minutes 60 [--algos PPO,IMPALA:4] [--parallel 9]
         [--warmup-minutes 5] [--target 0.5] [--signal-halfway] [--json FILE]
@@ -60,7 +61,7 @@ MPIRL = Path(sys.executable).parent / "mpirl"
 
 @dataclass(frozen=True)
 class Plan:
-    """How one algorithm runs in the README: world size, environment, config."""
+    """How one algorithm runs in docs/algorithms.md: world size, environment, config."""
 
     ranks: int
     env: str = "CartPole-v1"
@@ -69,7 +70,7 @@ class Plan:
     """Learns from a dump (made first, by a short PPO run) rather than by sampling."""
 
 
-#: The README's command for each algorithm. An algorithm not listed runs on 3 ranks on
+#: docs/algorithms.md's command for each algorithm. An algorithm not listed runs on 3 ranks on
 #: CartPole-v1 with its defaults, so each new one is soaked as soon as it exists.
 PLANS = {
     "PPO": Plan(3), "A2C": Plan(3), "IMPALA": Plan(3), "A3C": Plan(3), "DQN": Plan(2),

@@ -1,7 +1,7 @@
 """Bad numbers in --config and --stop: one line naming the key, the value and the allowed range,
 exit code 2, on every rank before any MPI traffic; never a traceback, never a run that cannot stop.
 
-The table of what each bad input gets is in the README ("Bad input").
+The table of what each bad input gets is in docs/checkpoints.md ("Bad input").
 """
 
 import json
