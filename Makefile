@@ -51,13 +51,13 @@ slurm-cluster:
 	    slurm/local-cluster.sh install || [ "$(CI)" != true ]; \
 	else echo "not installing Slurm (needs apt-get and root); the Slurm tests will skip"; fi
 
-# slurm/*.sbatch are renderings of mpirl.jobs.slurm.EXAMPLES (a test checks they are current).
 # The user's guide (docs/, mkdocs.yml) into site/; the dev extra installs MkDocs.
 docs: install
 	@# A .venv made before MkDocs joined the dev extra gets the docs extra here.
 	@$(BIN)/python -c "import mkdocs" 2>/dev/null || $(BIN)/pip install --quiet -e ".[docs]"
 	$(BIN)/mkdocs build --strict
 
+# slurm/*.sbatch are renderings of mpirl.jobs.slurm.EXAMPLES (a test checks they are current).
 slurm-examples: install
 	$(BIN)/python -c "from mpirl.jobs.slurm import write_examples; write_examples('slurm')"
 
