@@ -7,7 +7,7 @@ from setuptools import setup
 
 HERE = Path(__file__).parent
 # mpirl's layers, lowest first (tests/test_import_graph.py checks that none imports a higher one).
-SUBPACKAGES = ("config", "runtime", "report", "jobs", "models", "data", "workers", "execution",
+SUBPACKAGES = ("config", "runtime", "report", "jobs", "envs", "models", "data", "workers", "execution",
                "commands")
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "mpirl/__init__.py").read_text()).group(1)
 
@@ -57,7 +57,9 @@ setup(
         # TensorBoard, W&B and MLflow output and build the docs.
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1",
                 "minari==0.5.3", "tensorboard>=2.15", "wandb>=0.17", "mlflow>=2.10",
-                "mkdocs>=1.6"],
+                "mkdocs>=1.6", "pettingzoo>=1.25"],
+        # Multi-agent envs: PettingZoo's own (rps_v2, AEC conversion) and MPE's.
+        "multiagent": ["pettingzoo>=1.25", "mpe2>=0.0.1"],
         # Peers for side-by-side benchmarks only.
         "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4"],
     },

@@ -29,7 +29,6 @@ from mpirl.commands.train import (
 from mpirl.commands.train import train as train_request
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
 from mpirl.execution.algorithm import Algorithm as AlgorithmState
-from mpirl.execution.algorithm import load_algorithm
 from mpirl.jobs.checkpoint import CheckpointStore, verify
 from mpirl.jobs.run_dir import RunLock, RunRecorder
 from mpirl.runtime.driver import Driver, run
@@ -142,8 +141,7 @@ class Algorithm:
             return getattr(error, "exit_code", EXIT_FAILURE)
         try:
             try:
-                state = AlgorithmState(driver, load_algorithm(request.algo), request.config,
-                                       request.env, request.dump)
+                state = request.build_algorithm(driver)
                 store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
                 resumed = restore_newest(state, store, request) if request.resume else None
                 recorder = open_recorder(request, run_params(request, driver, state),

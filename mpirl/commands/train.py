@@ -11,7 +11,7 @@ from typing import Any
 from mpi4py import MPI
 
 import mpirl
-from mpirl.config.fields import check_key
+from mpirl.config.fields import Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import EXIT_RESUME, CheckpointError, ConfigError
@@ -22,6 +22,8 @@ from mpirl.execution.algorithm import (
     load_algorithm,
     stop_reached,
 )
+from mpirl.execution.multiagent import MultiAgentAlgorithm, user_given
+from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
 from mpirl.report.loggers import check_logger_packages, make_loggers
@@ -54,6 +56,16 @@ class TrainRequest:
     progress: str = "auto"
     #: Rank 0, once the run has ended: its last row (what ``mpirl.train`` returns).
     final_row: dict[str, Any] | None = None
+    #: A multi-agent run's policies (None for a single-agent env).
+    multiagent: MultiAgentSetup | None = None
+
+    def build_algorithm(self, driver: Driver) -> Algorithm:
+        """The driver's state of this run: multi-agent or single-agent."""
+        module = load_algorithm(self.algo)
+        if self.multiagent is not None:
+            return MultiAgentAlgorithm(driver, module, self.config, self.env, self.dump,
+                                       self.multiagent)
+        return Algorithm(driver, module, self.config, self.env, self.dump)
 
     @property
     def layout(self) -> Layout:
@@ -103,15 +115,30 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     settings = build(RuntimeSettings, runtime_keys)
     checkpoints = build(CheckpointSettings, checkpoint_keys)
     dump = build(DumpSettings, dump_keys)
-    check_known_keys(stop, list(STOP_KEYS), "--stop")
+    env = EnvSpec(env_id, env_module)
+    env.check()
+    setup = None
+    if env.is_multi_agent():
+        setup = resolve(algorithm_name(algo), user_given(algo_config), env)
+        check_stop_keys(stop, setup)
+        setup.learner_slices(algo_config.num_learners)  # ConfigError if they don't fit
+    elif algo_config.multiagent:
+        raise ConfigError(f"config key 'multiagent' is for multi-agent envs; {env_id!r} is a "
+                          f"single-agent env. Give a PettingZoo env (module:ParallelEnvClass, or "
+                          f"a module with parallel_env()), or leave 'multiagent' out.")
+    if setup is None and "policy_return_mean_min" in stop:
+        raise ConfigError("--stop policy_return_mean_min is for multi-agent runs; this env has "
+                          "one agent: stop on episode_return_mean")
+    per_policy = {k for k in stop if "/" in k} if setup is not None else set()
+    check_known_keys({k: v for k, v in stop.items() if k not in per_policy}, list(STOP_KEYS),
+                     "--stop")
     for key, value in stop.items():
-        check_key(key, value, "float", STOP_KEYS[key], what="--stop criterion")
+        check_key(key, value, "float", STOP_KEYS.get(key.partition("/")[0], Range()),
+                  what="--stop criterion")
     if algo_config.callbacks:
         callbacks_class(algo_config.callbacks)  # ConfigError here, before anything starts
     check_logger_packages(algo_config)
-    env = EnvSpec(env_id, env_module)
-    env.check()
-    if hasattr(module, "check_config"):  # checks that need the env (an offline input's env id)
+    if setup is None and hasattr(module, "check_config"):  # checks that need the env
         module.check_config(algo_config, env)
     if run_dir is None:
         # Rank 0's clock names the directory; the other ranks never use it.
@@ -137,7 +164,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
                    if _comparable(before.get(key)) != _comparable(value)}
     return TrainRequest(algorithm_name(algo), env, algo_config, settings, checkpoints, dump,
                         stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes,
-                        progress_mode(progress))
+                        progress_mode(progress), multiagent=setup)
 
 
 def _comparable(value: Any) -> Any:
@@ -185,8 +212,7 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
 
 
 def _train_locked(driver: Driver, request: TrainRequest) -> int:
-    module = load_algorithm(request.algo)
-    algo = Algorithm(driver, module, request.config, request.env, request.dump)
+    algo = request.build_algorithm(driver)
     store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
     resumed_from = None
     if request.resume:

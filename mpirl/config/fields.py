@@ -230,6 +230,11 @@ class CommonConfig:
     """A ``mpirl.Callbacks`` subclass as "module:Class", importable on every rank; its hooks run
     on the driver, rollout and learner ranks (see the Callbacks page). "" runs none."""
 
+    multiagent: dict = dataclasses.field(default_factory=dict)
+    """Multi-agent runs: {"policies": {ID: {overrides}}, "policy_mapping": {...},
+    "policies_to_train": [...]}; see the Multi-agent page. {} with a multi-agent env gives one
+    shared policy (or one per agent when their spaces differ)."""
+
     # Logging
     tensorboard_histograms_every: int = 10
     """Every this many iterations, TensorBoard gets histograms of learner 0's weights (per

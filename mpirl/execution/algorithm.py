@@ -47,7 +47,9 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
 #: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
 #: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
 STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
-             "training_iteration": above(0), "time_total_s": above(0)}
+             "training_iteration": above(0), "time_total_s": above(0),
+             # multi-agent runs only: the lowest of the policies' episode_return_mean
+             "policy_return_mean_min": Range()}
 
 
 #: What an algorithm module must define (``LEARNER``, ``ROLLOUT_WORKER``, ``setup``,
@@ -145,6 +147,13 @@ class Algorithm:
         broadcast_weights(self.learners, self.rollouts)
         shape = observation_space.shape
         self.obs_filter = RunningMeanStd(shape) if normalize_observations and shape else None
+        self._init_run_state(config)
+        if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
+            module.setup(self)
+        invoke(self.callbacks, "on_algorithm_init", "driver", algorithm=self)
+
+    def _init_run_state(self, config: Any) -> None:
+        """Counters, metric windows and callbacks: what every run's driver keeps."""
         self.iteration = 0
         self.timesteps_total = 0
         self.episodes_total = 0
@@ -181,9 +190,6 @@ class Algorithm:
         #: Called before a checkpoint is written: a plan with requests in flight settles them.
         self.before_checkpoint: list[Callable[[], None]] = []
         self._warned_unsaved_envs = False
-        if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
-            module.setup(self)
-        invoke(self.callbacks, "on_algorithm_init", "driver", algorithm=self)
 
     @property
     def time_total_s(self) -> float:
@@ -221,7 +227,7 @@ class Algorithm:
     def train(self) -> dict[str, Any]:
         start, steps_before = time.monotonic(), self.timesteps_total
         try:
-            stats = self.module.training_step(self)
+            stats = self.training_step()
         except RemoteError as error:  # a callback on a worker: its message alone
             raise unwrap_remote(error, CallbackError) from None
         self.iteration += 1
@@ -250,10 +256,18 @@ class Algorithm:
         }
         invoke(self.callbacks, "on_train_result", "driver", algorithm=self, result=row)
         every = self.config.tensorboard_histograms_every
-        self.histograms = (self.learners[0].call("histograms")
+        self.histograms = (self.collect_histograms()
                            if every and self.iteration % every == 0 else {})
         self.last_row = row
         return row
+
+    def training_step(self) -> dict[str, float]:
+        """One iteration of the algorithm's plan; its statistics."""
+        return self.module.training_step(self)
+
+    def collect_histograms(self) -> dict[str, np.ndarray]:
+        """What TensorBoard's histograms show this iteration: learner 0's."""
+        return self.learners[0].call("histograms")
 
     def custom_means(self) -> dict[str, float]:
         """``custom/<name>_mean`` of each custom metric over the episodes of the metrics window
@@ -334,8 +348,8 @@ class Algorithm:
         tmp = store.begin(self.iteration)
         groups = [g for g in self.stateful_groups if include_replay or g.role != "replay"]
         futures = [
-            (f"{group.role}_{i}.pkl", worker.call_async("save_state", str(tmp),
-                                                         f"{group.role}_{i}.pkl"))
+            (f"{group.name}_{i}.pkl", worker.call_async("save_state", str(tmp),
+                                                         f"{group.name}_{i}.pkl"))
             for group in groups for i, worker in enumerate(group)
         ]
         files = {name: future.result() for name, future in futures}
@@ -347,7 +361,7 @@ class Algorithm:
                   f"could not be pickled into checkpoints ({next(iter(unsaved.values()))}); a "
                   f"resume resets them from fresh seeds, and their episodes in progress are lost")
         files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
-        layout = {group.role: len(group) for group in groups}
+        layout = {group.name: len(group) for group in groups}
         manifest = manifest_header(self.name, self.env, self.config, self.iteration,
                                    self.timesteps_total, layout)
         manifest["files"] = files
@@ -364,15 +378,15 @@ class Algorithm:
         old = manifest["layout"]
         futures = []
         for group in self.stateful_groups:
-            saved = old.get(group.role, 0)
+            saved = old.get(group.name, 0)
             if saved == 0:
                 if len(group):
-                    notes.append(f"{group.role} workers start empty (none in the checkpoint)")
+                    notes.append(f"{group.name} workers start empty (none in the checkpoint)")
                     if group.role == "replay":  # refilled before training goes on
                         self.replay_empty_at = self.timesteps_total
                 continue
             if saved != len(group):
-                note = f"{group.role} workers {saved} -> {len(group)}"
+                note = f"{group.name} workers {saved} -> {len(group)}"
                 if group.role == "rollout" and saved > len(group):
                     note += (f" (the episodes in progress on rollout workers {len(group)}.."
                              f"{saved - 1} are dropped)")
@@ -382,8 +396,8 @@ class Algorithm:
             for i, worker in enumerate(group):
                 if group.role != "learner" and i >= saved:
                     continue
-                name = f"{group.role}_{min(i, saved - 1)}.pkl"
-                futures.append((group.role, i, name,
+                name = f"{group.name}_{min(i, saved - 1)}.pkl"
+                futures.append((group.name, i, name,
                                 worker.call_async("load_state", str(path / name), files[name])))
         for role, i, name, future in futures:
             if future.result() is False:
@@ -392,8 +406,12 @@ class Algorithm:
                     "were not saved")
                 _warn(f"{role} worker {i}'s environments were reset from fresh seeds instead "
                       f"of continuing their episodes: they could not be restored ({reason})")
-        broadcast_weights(self.learners, self.rollouts)
+        self.sync_weights()
         return notes
+
+    def sync_weights(self) -> None:
+        """Give every rollout worker the learners' weights (after a restore)."""
+        broadcast_weights(self.learners, self.rollouts)
 
 
 def _warn(message: str) -> None:

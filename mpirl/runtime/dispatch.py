@@ -344,6 +344,9 @@ class WorkerGroup(Sequence[WorkerHandle]):
 
     def __init__(self, role: str, cls: type, handles: list[WorkerHandle]) -> None:
         self.role = role
+        #: what its checkpoint files are named after: the role, or e.g. ``learner-runner`` for
+        #: the learners of one policy of a multi-agent run
+        self.name = role
         self.cls = cls
         self._handles = handles
         #: workers taken out of the group by ``discard_lost``, in the order they were lost

@@ -164,12 +164,13 @@ class Driver:
         return report
 
     def spawn(self, role: str, cls: type[Worker], *args: Any, local_if_empty: bool = False,
-              **kwargs: Any) -> WorkerGroup:
+              members: list[int] | None = None, **kwargs: Any) -> WorkerGroup:
         """Create ``cls(context, *args, **kwargs)`` on every rank of ``role``; wait until all exist.
 
         Raises ``RemoteError`` naming the rank if a constructor raises there. An empty role gives an
         empty group, or with ``local_if_empty`` one object in the driver's process (a learner
-        when ``num_learners`` is 0, say).
+        when ``num_learners`` is 0, say). ``members`` picks some ranks of the role by index
+        (a multi-agent policy's learners); the group's handles are indexed within them.
         """
         if role not in WORKER_ROLES:
             raise ValueError(f"workers are spawned on {', '.join(WORKER_ROLES)}; got {role!r}")
@@ -177,6 +178,8 @@ class Driver:
             raise TypeError(f"spawn needs a subclass of mpirl.Worker, got {cls!r}")
         object_id = next(self._object_ids)
         ranks = self.placement.ranks(role)
+        if members is not None and ranks:
+            ranks = [ranks[i] for i in members]
         if self.dispatcher is None or (local_if_empty and not ranks):
             if not ranks and not local_if_empty:
                 return WorkerGroup(role, cls, [])

@@ -41,7 +41,74 @@ CONFIG_KEY = "max_env_failures"
 WINDOW_KEY = "env_failure_window"
 
 
-class GuardedEnv(gym.Wrapper):
+class _Recovering:
+    """Rebuilding a broken env from ``env_spec``, counting failures in a row and within the
+    last ``window`` steps; the guards below share it."""
+
+    env: Any
+    env_spec: EnvSpec
+    max_failures: int
+    window: int
+    base_seed: int
+    index: int
+    where: str
+    failures_in_row: int
+    failures_total: int
+    steps: int
+    recent_failures: deque[int]
+    last_error: str | None
+
+    def _recover(self, error: Exception) -> tuple[Any, dict[str, Any]]:
+        """Replace the broken env with a fresh, reset one; retry while that fails too."""
+        failures = 0
+        while True:
+            failures += 1
+            self.failures_in_row += 1
+            self.failures_total += 1
+            self.last_error = _describe(error)
+            self.recent_failures.append(self.steps)
+            while self.recent_failures[0] <= self.steps - self.window:
+                self.recent_failures.popleft()
+            if self.failures_in_row >= self.max_failures:
+                raise EnvFailureError(self._limit_message()) from error
+            if len(self.recent_failures) >= self.max_failures:
+                raise EnvFailureError(self._window_message()) from error
+            _close_quietly(self.env)
+            try:
+                self.env = self.env_spec.make()
+                obs, info = self.env.reset(seed=self._recovery_seed())
+            except Exception as next_error:  # noqa: BLE001 - counts as the next failure in a row
+                error = next_error
+                continue
+            return obs, {**info, FAILURES: failures, ERROR: self.last_error}
+
+    def _recovery_seed(self) -> int:
+        # A pure function of (worker seed, sub-env, failures so far): a rerun sees the same envs.
+        entropy = (self.base_seed & 0xFFFFFFFF, self.index, self.failures_total)
+        return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+    def _limit_message(self) -> str:
+        n = self.failures_in_row
+        return (
+            f"environment {self.env_spec.env_id!r} failed {n} time{'s' if n > 1 else ''} in a "
+            f"row (sub-env {self.index} of {self.where}); the last error was {self.last_error}. "
+            f"Fix the environment, or allow more failures in a row with --config "
+            f"'{{\"{CONFIG_KEY}\": {max(2 * n, 10)}}}' (now {self.max_failures})."
+        )
+
+    def _window_message(self) -> str:
+        n, steps = len(self.recent_failures), self.steps - self.recent_failures[0] + 1
+        return (
+            f"environment {self.env_spec.env_id!r} failed {n} times within {steps} steps "
+            f"(sub-env {self.index} of {self.where}; {CONFIG_KEY} {self.max_failures} within "
+            f"{WINDOW_KEY} {self.window} steps end the run); the last error was "
+            f"{self.last_error}. Fix the environment, or tolerate it with a larger "
+            f"{CONFIG_KEY} or a smaller {WINDOW_KEY}, e.g. --config "
+            f"'{{\"{WINDOW_KEY}\": {max(1, steps // n)}}}'."
+        )
+
+
+class GuardedEnv(gym.Wrapper, _Recovering):
     """One sub-environment that is rebuilt from ``spec`` whenever it raises.
 
     Picklable: it holds the ``EnvSpec``, not a factory function. ``where`` names the rollout
@@ -93,54 +160,55 @@ class GuardedEnv(gym.Wrapper):
         except Exception as error:  # noqa: BLE001 - as in step
             return self._recover(error)
 
-    def _recover(self, error: Exception) -> tuple[Any, dict[str, Any]]:
-        """Replace the broken env with a fresh, reset one; retry while that fails too."""
-        failures = 0
-        while True:
-            failures += 1
-            self.failures_in_row += 1
-            self.failures_total += 1
-            self.last_error = _describe(error)
-            self.recent_failures.append(self.steps)
-            while self.recent_failures[0] <= self.steps - self.window:
-                self.recent_failures.popleft()
-            if self.failures_in_row >= self.max_failures:
-                raise EnvFailureError(self._limit_message()) from error
-            if len(self.recent_failures) >= self.max_failures:
-                raise EnvFailureError(self._window_message()) from error
-            _close_quietly(self.env)
-            try:
-                self.env = self.env_spec.make()
-                obs, info = self.env.reset(seed=self._recovery_seed())
-            except Exception as next_error:  # noqa: BLE001 - counts as the next failure in a row
-                error = next_error
-                continue
-            return obs, {**info, FAILURES: failures, ERROR: self.last_error}
+class GuardedParallelEnv(_Recovering):
+    """A multi-agent env (Parallel API) that is rebuilt from ``spec`` whenever it raises, as
+    ``GuardedEnv`` does for one agent. A failed ``step`` returns the fresh env's first
+    observations with empty rewards and ``dropped`` True: the episode it was in is lost.
+    ``failures`` counts the recoveries since the caller last read and cleared it."""
 
-    def _recovery_seed(self) -> int:
-        # A pure function of (worker seed, sub-env, failures so far): a rerun sees the same envs.
-        entropy = (self.base_seed & 0xFFFFFFFF, self.index, self.failures_total)
-        return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+    def __init__(self, spec: EnvSpec, max_failures: int, seed: int = 0, index: int = 0,
+                 where: str = "this process", window: int = 1_000) -> None:
+        check_key(CONFIG_KEY, max_failures)
+        check_key(WINDOW_KEY, window)
+        self.env = spec.make()
+        self.env_spec, self.max_failures, self.window = spec, max_failures, window
+        self.base_seed, self.index, self.where = seed, index, where
+        self.failures_in_row = self.failures_total = self.steps = 0
+        self.recent_failures = deque()
+        self.last_error = None
+        self.dropped = False
+        self.failures = 0
 
-    def _limit_message(self) -> str:
-        n = self.failures_in_row
-        return (
-            f"environment {self.env_spec.env_id!r} failed {n} time{'s' if n > 1 else ''} in a "
-            f"row (sub-env {self.index} of {self.where}); the last error was {self.last_error}. "
-            f"Fix the environment, or allow more failures in a row with --config "
-            f"'{{\"{CONFIG_KEY}\": {max(2 * n, 10)}}}' (now {self.max_failures})."
-        )
+    @property
+    def agents(self) -> list[str]:
+        return list(self.env.agents)
 
-    def _window_message(self) -> str:
-        n, steps = len(self.recent_failures), self.steps - self.recent_failures[0] + 1
-        return (
-            f"environment {self.env_spec.env_id!r} failed {n} times within {steps} steps "
-            f"(sub-env {self.index} of {self.where}; {CONFIG_KEY} {self.max_failures} within "
-            f"{WINDOW_KEY} {self.window} steps end the run); the last error was "
-            f"{self.last_error}. Fix the environment, or tolerate it with a larger "
-            f"{CONFIG_KEY} or a smaller {WINDOW_KEY}, e.g. --config "
-            f"'{{\"{WINDOW_KEY}\": {max(1, steps // n)}}}'."
-        )
+    def state(self) -> Any:
+        return self.env.state()
+
+    def reset(self, seed: int | None = None) -> tuple[dict, dict]:
+        try:
+            return self.env.reset(seed=seed)
+        except Exception as error:  # noqa: BLE001 - any error of the env's own code is recovered
+            obs, info = self._recover(error)
+            self.failures += info[FAILURES]
+            return obs, {}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        self.steps += 1
+        self.dropped = False
+        try:
+            result = self.env.step(actions)
+        except Exception as error:  # noqa: BLE001 - as in reset
+            obs, info = self._recover(error)
+            self.failures += info[FAILURES]
+            self.dropped = True
+            return obs, {}, {}, {}, {}
+        self.failures_in_row = 0
+        return result
+
+    def close(self) -> None:
+        _close_quietly(self.env)
 
 
 def _describe(error: BaseException) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from mpirl.envs.parallel import load_factory, make_parallel
 from mpirl.errors import ConfigError
 
 
@@ -24,7 +25,17 @@ class EnvSpec:
     env_config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment's constructor."""
 
+    def is_multi_agent(self) -> bool:
+        """True when the id names a PettingZoo-style multi-agent env (Parallel or AEC)."""
+        self._import_env_module()
+        return load_factory(self.env_id) is not None
+
     def make(self) -> gym.Env:
+        """A fresh env: a gymnasium env, or for a multi-agent id one with the Parallel API."""
+        self._import_env_module()
+        factory = load_factory(self.env_id)
+        if factory is not None:
+            return make_parallel(self.env_id, factory, self.env_config)
         cls = self.check()
         if cls is not None:
             return cls(**self.env_config)
@@ -32,13 +43,11 @@ class EnvSpec:
 
     def check(self) -> type | None:
         """Raise ConfigError if the environment cannot be found; return the class for a
-        ``module:ClassName`` id, None for a registered id. Cheap: nothing is constructed."""
-        if self.env_module:
-            try:
-                importlib.import_module(self.env_module)
-            except ImportError as error:
-                raise ConfigError(f"--env-module {self.env_module!r} could not be imported: "
-                                  f"{error}") from None
+        ``module:ClassName`` id, None for a registered id or a multi-agent env. Cheap:
+        nothing is constructed."""
+        self._import_env_module()
+        if load_factory(self.env_id) is not None:
+            return None
         if ":" in self.env_id and self.env_id not in gym.registry:
             module_name, _, class_name = self.env_id.partition(":")
             try:
@@ -56,6 +65,14 @@ class EnvSpec:
                 f"package that registers it."
             )
         return None
+
+    def _import_env_module(self) -> None:
+        if self.env_module:
+            try:
+                importlib.import_module(self.env_module)
+            except ImportError as error:
+                raise ConfigError(f"--env-module {self.env_module!r} could not be imported: "
+                                  f"{error}") from None
 
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         env = self.make()

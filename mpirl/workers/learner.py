@@ -260,6 +260,8 @@ class Learner(Worker):
 
     MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
                 "save_state", "load_state", "apply_gradients", "histograms")
+    #: The data-channel tag its batches come with (a multi-agent policy's learner has its own).
+    batch_tag = BATCH_TAG
 
     def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
                  lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
@@ -300,7 +302,7 @@ class Learner(Worker):
         and with no rows at all none is taken. A learner whose share of a step is empty adds
         no rows to it: each step's gradient is that of the rows all learners had."""
         parts = (batches or []) + (
-            self.context.data_channel.recv_each(sources, BATCH_TAG) if sources else [])
+            self.context.data_channel.recv_each(sources, self.batch_tag) if sources else [])
         batch = (concat_batches(parts) if parts
                  else {k: np.zeros(0, np.float32) for k in ("advantages", *standardize)})
         size = len(next(iter(batch.values())))  # rows; a row may be a whole fragment (V-trace)

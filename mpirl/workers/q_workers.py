@@ -139,6 +139,8 @@ class QLearner(Learner):
     """A learner on replay: minibatches from shard ranks, a target network, TD errors back."""
 
     MESSAGES = (*Learner.MESSAGES, "train_replay")
+    #: Data-channel tags of minibatches in and TD errors out (a multi-agent policy's differ).
+    sample_tag, priority_tag = SAMPLE_TAG, PRIORITY_TAG
 
     def __init__(self, context: RankContext, *args: Any, **kwargs: Any) -> None:
         super().__init__(context, *args, **kwargs)
@@ -158,7 +160,7 @@ class QLearner(Learner):
         ``post_every`` updates, without waiting for them to be received."""
         received = list(messages or [])
         if sources:
-            received += self.context.data_channel.recv_each(sources, SAMPLE_TAG)
+            received += self.context.data_channel.recv_each(sources, self.sample_tag)
         totals: dict[str, float] = {}
         returned, steps = [], 0
         for message in received:
@@ -176,7 +178,7 @@ class QLearner(Learner):
             if dest is None:
                 returned.append((message["shard"], update))
             else:
-                self.context.data_channel.isend(update, dest, PRIORITY_TAG)
+                self.context.data_channel.isend(update, dest, self.priority_tag)
         if self.context.data_channel is not None:
             self.context.data_channel.flush()
         if post_weights_to and post_every and self.updates - self.posted >= post_every:

@@ -29,6 +29,8 @@ class ReplayShard(Worker):
     """
 
     MESSAGES = ("insert", "sample", "update_priorities", "size", "save_state", "load_state")
+    #: Data-channel tags: steps in, minibatches out, TD errors in (a multi-agent policy's differ).
+    insert_tag, sample_tag, priority_tag = INSERT_TAG, SAMPLE_TAG, PRIORITY_TAG
 
     def __init__(self, context: RankContext, capacity: int, num_streams: int,
                  observation_space: gym.Space, action_space: gym.Space,
@@ -45,7 +47,7 @@ class ReplayShard(Worker):
         channel = self.context.data_channel
         if channel is None:
             return
-        while (item := channel.poll(tag=PRIORITY_TAG)) is not None:
+        while (item := channel.poll(tag=self.priority_tag)) is not None:
             self._apply(item[0])
 
     def _apply(self, update: dict[str, np.ndarray]) -> None:
@@ -58,7 +60,7 @@ class ReplayShard(Worker):
         self._drain_priorities()
         received = list(chunks or [])
         if sources:
-            received += self.context.data_channel.recv_each(sources, INSERT_TAG)
+            received += self.context.data_channel.recv_each(sources, self.insert_tag)
         rows = 0
         for chunk in received:
             worker, seq = chunk["worker"], chunk["seq"]
@@ -87,7 +89,7 @@ class ReplayShard(Worker):
             message["error"] = f"replay shard {self.context.role_index}: {error}"
         if dest is None:
             return message
-        self.context.data_channel.isend(message, dest, SAMPLE_TAG)
+        self.context.data_channel.isend(message, dest, self.sample_tag)
         self.context.data_channel.flush()
         return None
 
@@ -101,7 +103,7 @@ class ReplayShard(Worker):
         self.priority_expected += expect
         channel = self.context.data_channel
         while self.priority_messages < self.priority_expected:
-            self._apply(channel.recv(MPI.ANY_SOURCE, PRIORITY_TAG, timeout))
+            self._apply(channel.recv(MPI.ANY_SOURCE, self.priority_tag, timeout))
         return len(self.buffer)
 
     def size(self) -> int:

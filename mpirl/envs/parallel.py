@@ -1,0 +1,90 @@
+"""Multi-agent environments: PettingZoo's Parallel API, as mpirl loads and checks them.
+
+An env id names a multi-agent environment in one of three ways: ``module:Name`` where ``Name``
+is a ParallelEnv class or a factory returning one; ``package.module`` for a module with
+PettingZoo's ``parallel_env()`` (``mpe2.simple_spread_v3``); or either of those giving an AEC
+env, converted with PettingZoo's own ``aec_to_parallel`` when the env says it may be
+(``metadata["is_parallelizable"]``). The API is duck-typed, so mpirl's own envs need no
+PettingZoo: ``possible_agents``, ``agents``, ``observation_space(agent)``,
+``action_space(agent)``, ``reset(seed, options) -> (obs, infos)`` and ``step(actions) ->
+(obs, rewards, terminations, truncations, infos)``, dicts keyed by agent id.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from mpirl.errors import ConfigError
+
+
+def is_parallel_env(obj: Any) -> bool:
+    """True for an object with PettingZoo's Parallel API."""
+    return (hasattr(obj, "possible_agents") and callable(getattr(obj, "observation_space", None))
+            and callable(getattr(obj, "step", None)) and not hasattr(obj, "agent_selection"))
+
+
+def is_aec_env(obj: Any) -> bool:
+    """True for a PettingZoo AEC env (one agent acts at a time)."""
+    return hasattr(obj, "agent_selection") and hasattr(obj, "possible_agents")
+
+
+def load_factory(env_id: str) -> Callable[..., Any] | None:
+    """What builds the multi-agent env ``env_id`` names, or None when it names no multi-agent
+    env (a gymnasium id or class). Imports, but constructs nothing."""
+    if env_id in gym.registry:
+        return None
+    if ":" in env_id:
+        module_name, _, name = env_id.partition(":")
+        try:
+            target = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError):
+            return None  # EnvSpec.check reports it
+        if inspect.isclass(target) and issubclass(target, gym.Env):
+            return None
+        return target
+    try:
+        module = importlib.import_module(env_id)
+    except ImportError:
+        return None
+    for name in ("parallel_env", "env"):
+        if callable(getattr(module, name, None)):
+            return getattr(module, name)
+    raise ConfigError(f"environment module {env_id!r} has no parallel_env() (nor env()): a "
+                      f"PettingZoo environment module defines one; or give 'module:Name' for a "
+                      f"ParallelEnv class or factory")
+
+
+def make_parallel(env_id: str, factory: Callable[..., Any], env_config: dict[str, Any]) -> Any:
+    """Build the env and return it with the Parallel API: an AEC env is converted with
+    PettingZoo's ``aec_to_parallel`` where that is valid; anything else is a ConfigError."""
+    env = factory(**env_config)
+    if is_parallel_env(env):
+        return env
+    if is_aec_env(env):
+        if not env.metadata.get("is_parallelizable", False):
+            raise ConfigError(
+                f"environment {env_id!r} is a PettingZoo AEC env that does not declare "
+                f"metadata['is_parallelizable']: its agents act in turns that depend on each "
+                f"other, so it cannot run as a Parallel env, and mpirl trains Parallel envs. "
+                f"Wrap it in a ParallelEnv of your own that collects each turn's actions.")
+        from pettingzoo.utils.conversions import aec_to_parallel
+
+        return aec_to_parallel(env)
+    if isinstance(env, gym.Env):
+        raise ConfigError(f"environment {env_id!r} is a single-agent gymnasium env; give its "
+                          f"class as module:ClassName without a multiagent config")
+    raise ConfigError(
+        f"environment {env_id!r} gave a {type(env).__name__}, which is neither a PettingZoo "
+        f"ParallelEnv nor an AEC env (it needs possible_agents, observation_space(agent), "
+        f"action_space(agent), reset() and step())")
+
+
+def agent_spaces(env: Any) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """Every possible agent's (observation space, action space)."""
+    return {agent: (env.observation_space(agent), env.action_space(agent))
+            for agent in env.possible_agents}
