@@ -25,12 +25,14 @@ from mpirl.errors import ConfigError
 def is_parallel_env(obj: Any) -> bool:
     """True for an object with PettingZoo's Parallel API."""
     return (hasattr(obj, "possible_agents") and callable(getattr(obj, "observation_space", None))
-            and callable(getattr(obj, "step", None)) and not hasattr(obj, "agent_selection"))
+            and callable(getattr(obj, "step", None)) and not is_aec_env(obj))
 
 
 def is_aec_env(obj: Any) -> bool:
-    """True for a PettingZoo AEC env (one agent acts at a time)."""
-    return hasattr(obj, "agent_selection") and hasattr(obj, "possible_agents")
+    """True for a PettingZoo AEC env (one agent acts at a time). PettingZoo's wrappers hide
+    ``agent_selection`` until reset, so the turn-taking methods tell."""
+    return hasattr(obj, "possible_agents") and callable(getattr(obj, "agent_iter", None)) \
+        and callable(getattr(obj, "last", None))
 
 
 def load_factory(env_id: str) -> Callable[..., Any] | None:

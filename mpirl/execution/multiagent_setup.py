@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from mpirl.config.parse import build, check_known_keys
 from mpirl.envs.parallel import agent_spaces
@@ -315,10 +316,13 @@ def _space_key(pair: tuple[gym.Space, gym.Space]) -> str:
 
 
 def _state_size(env: Any) -> int:
+    """The length of the env's global ``state()``; 0 when it has none."""
+    if not callable(getattr(env, "state", None)):
+        return 0
     try:
         env.reset(seed=0)
-        state = env.state()
-    except (AttributeError, NotImplementedError):
+        state = np.asarray(env.state(), np.float32)
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
         return 0
     return int(getattr(state, "size", 0))
 

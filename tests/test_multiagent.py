@@ -1,0 +1,250 @@
+"""Multi-agent runs through the CLI: learning thresholds within step budgets, agents that come and
+go, PPO and DQN composed in one job, frozen and scripted policies, resume, and bad input."""
+
+import csv
+import json
+import os
+import pickle
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BIN, LiveRun, latest_checkpoint_iteration, mpi_env, run_mpi
+
+MPIRL = str(BIN / "mpirl")
+CARTPOLES = "mpirl.envs.examples:MultiAgentCartPole"
+
+
+def _train(n, *args, timeout=300):
+    if n == 1:
+        return subprocess.run([MPIRL, "train", *args], capture_output=True, text=True,
+                              timeout=timeout, env=mpi_env({"CI": "true"}))
+    return run_mpi(n, MPIRL, "train", *args, timeout=timeout, env={"CI": "true"})
+
+
+def _rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "progress.csv") as file:
+        return list(csv.DictReader(file))
+
+
+def _ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr}"
+
+
+def _first_row(rows, condition):
+    return next((row for row in rows if condition(row)), None)
+
+
+def _f(row, key):
+    return float(row[key])
+
+
+# Learning. The defaults are PPO's and DQN's single-agent ones; seed 5 was not used to choose
+# anything (benchmarks/multiagent.py runs seeds 0-4).
+
+
+def test_two_cartpoles_each_policy_reaches_450_within_300k_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    config = {"num_learners": 2, "seed": 5, "multiagent": {
+        "policies": {"left": {"num_learners": 1}, "right": {"num_learners": 1}},
+        "policy_mapping": {"cart_0": "left", "cart_1": "right"}}}
+    proc = _train(5, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+                  "--config", json.dumps(config),
+                  "--stop", '{"policy_return_mean_min": 450, "timesteps_total": 300000}')
+    _ok(proc)
+    rows = _rows(run_dir)
+    hit = _first_row(rows, lambda r: _f(r, "episode_return_mean/left") >= 450
+                     and _f(r, "episode_return_mean/right") >= 450)
+    assert hit is not None, (f"not both at 450 within 300k env steps; last: left "
+                             f"{rows[-1]['episode_return_mean/left']}, right "
+                             f"{rows[-1]['episode_return_mean/right']}")
+    assert int(hit["timesteps_total"]) <= 300_512
+    # The two policies trained on their own learner ranks, each on its own agent's steps.
+    assert float(rows[-1]["left/learner_samples"]) > 0
+    assert float(rows[-1]["right/learner_samples"]) > 0
+    assert "layout: driver 1, rollout 2, replay 0, learner 2" in proc.stdout
+
+
+def test_agents_with_different_spaces_that_join_and_leave(tmp_path):
+    """``picker`` (Discrete actions) plays 20 steps; ``steerer`` (a Box action) joins at step 3
+    and is truncated at step 15: one policy each by default, as their spaces differ."""
+    run_dir = tmp_path / "run"
+    proc = _train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
+                  "--run-dir", str(run_dir), "--seed", "5",
+                  "--stop", '{"timesteps_total": 100000}')
+    _ok(proc)
+    rows = _rows(run_dir)
+    last = rows[-1]
+    assert _f(last, "episode_len_mean/picker") == 20
+    assert _f(last, "episode_len_mean/steerer") == 12
+    assert _f(last, "episode_len_mean") == 20
+    assert _f(rows[0], "episode_return_mean/steerer") < -5  # a random Gaussian's distance
+    assert _f(last, "episode_return_mean/picker") >= 19
+    assert _f(last, "episode_return_mean/steerer") >= -3.5
+    # The env's return sums both agents' returns.
+    assert _f(last, "episode_return_mean") == pytest.approx(
+        _f(last, "episode_return_mean/picker") + _f(last, "episode_return_mean/steerer"),
+        abs=1.0)
+
+
+def test_ppo_and_dqn_composed_on_four_cartpoles(tmp_path):
+    """Even agents PPO, odd agents DQN, each algorithm on a learner rank of its own; both
+    policies reach 150 within 200k env steps (RLlib's two-trainer example's target)."""
+    run_dir = tmp_path / "run"
+    config = {"num_learners": 2, "seed": 5, "multiagent": {
+        "policies": {"ppo": {"num_learners": 1}, "dqn": {"algo": "DQN", "num_learners": 1}},
+        "policy_mapping": {"cart_[02]": "ppo", "cart_[13]": "dqn"}}}
+    proc = _train(4, "--algo", "PPO", "--env", "mpirl.envs.examples:FourAgentCartPole",
+                  "--run-dir", str(run_dir), "--config", json.dumps(config),
+                  "--stop", '{"policy_return_mean_min": 150, "timesteps_total": 200000}',
+                  timeout=600)
+    _ok(proc)
+    rows = _rows(run_dir)
+    last = rows[-1]
+    assert _f(last, "episode_return_mean/ppo") >= 150, last
+    assert _f(last, "episode_return_mean/dqn") >= 150, last
+    assert int(last["timesteps_total"]) <= 200_192
+    # Each algorithm trained its own policy: PPO's statistics on one, DQN's on the other.
+    assert np.isfinite(_f(last, "ppo/approx_kl")) and np.isfinite(_f(last, "dqn/td_loss"))
+    assert _f(last, "agent_steps_total/ppo") > 0 and _f(last, "agent_steps_total/dqn") > 0
+
+
+# Frozen and scripted policies, resume.
+
+
+def _state(run_dir: Path, iteration: int, name: str):
+    path = run_dir / "checkpoints" / f"checkpoint_{iteration:06d}" / name
+    with open(path, "rb") as file:
+        return pickle.load(file)
+
+
+def test_a_frozen_policy_keeps_its_weights(tmp_path):
+    run_dir = tmp_path / "run"
+    config = {"checkpoint_every": 1, "keep_checkpoints": 10, "multiagent": {
+        "policies": {"learning": {}, "frozen": {}},
+        "policy_mapping": {"cart_0": "learning", "cart_1": "frozen"},
+        "policies_to_train": ["learning"]}}
+    _ok(_train(3, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+               "--config", json.dumps(config), "--stop", '{"training_iteration": 4}'))
+    first, last = (_state(run_dir, i, "rollout_0.pkl")["weights"] for i in (1, 4))
+    assert np.array_equal(first["frozen"], last["frozen"])
+    assert not np.array_equal(first["learning"], last["learning"])
+    # Both rollout ranks act with the same frozen weights; no learner exists for it.
+    other = _state(run_dir, 4, "rollout_1.pkl")["weights"]
+    assert np.array_equal(other["frozen"], last["frozen"])
+    files = os.listdir(run_dir / "checkpoints" / "checkpoint_000004")
+    assert "learner-learning_0.pkl" in files
+    assert not any(name.startswith("learner-frozen") for name in files)
+    rows = _rows(run_dir)
+    assert "frozen/policy_loss" not in rows[0]
+    assert _f(rows[-1], "agent_steps_total/frozen") > 0
+
+
+DETERMINISTIC = ("iteration", "timesteps_total", "episodes_total", "episode_return_mean",
+                 "episode_return_mean/ppo", "episode_return_mean/dqn", "ppo/policy_loss",
+                 "dqn/td_loss")
+
+
+def test_multiagent_resume_after_kill_9_is_bit_identical(tmp_path):
+    """PPO and DQN policies on their own learner ranks: kill -9 a learner, resume, and compare
+    every learner's weights and the rows with a run never stopped."""
+    total = 14
+    config = json.dumps({"num_learners": 2, "checkpoint_every": 3, "keep_checkpoints": 20,
+                         "print_layout": True, "rollout_fragment_length": 32,
+                         "multiagent": {"policies": {"ppo": {"num_learners": 1},
+                                                     "dqn": {"algo": "DQN", "num_learners": 1,
+                                                             "learning_starts": 500}},
+                                        "policy_mapping": {"cart_0": "ppo", "cart_1": "dqn"}}})
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    _ok(_train(4, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(reference),
+               "--config", config, "--stop", json.dumps({"training_iteration": total})))
+    run = LiveRun(4, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(interrupted),
+                  "--config", config, "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: latest_checkpoint_iteration(interrupted) >= 6,
+                   "a checkpoint at iteration 6")
+    victim = next(pid for role, pid in run.pids().values() if role == "learner")
+    os.kill(victim, signal.SIGKILL)
+    assert run.finish() != 0
+    assert latest_checkpoint_iteration(interrupted) < total
+    proc = _train(4, "--resume", str(interrupted), "--stop",
+                  json.dumps({"training_iteration": total}))
+    _ok(proc)
+    assert "resumed from" in proc.stdout
+    for name in ("learner-ppo_0.pkl", "learner-dqn_0.pkl"):
+        a, b = _state(reference, total, name), _state(interrupted, total, name)
+        assert np.array_equal(a["weights"], b["weights"]), name
+    keep = [{k: r[k] for k in DETERMINISTIC} for r in _rows(reference)]
+    assert [{k: r[k] for k in DETERMINISTIC} for r in _rows(interrupted)] == keep
+
+
+def test_scripted_opponent_and_an_aec_env_converted(tmp_path):
+    """rps_v2 as an AEC env (``env()``), converted with aec_to_parallel; the scripted opponent
+    plays what beats its opponent's last move, and never learns."""
+    run_dir = tmp_path / "run"
+    config = {"multiagent": {
+        "policies": {"learned": {}, "beat_last": {"policy_class":
+                                                  "mpirl.envs.examples:BeatLastMove"}},
+        "policy_mapping": {"player_0": "learned", "player_1": "beat_last"}}}
+    _ok(_train(1, "--algo", "PPO", "--env", "pettingzoo.classic.rps_v2:env", "--run-dir",
+               str(run_dir), "--config", json.dumps(config), "--stop",
+               '{"training_iteration": 3}'))
+    last = _rows(run_dir)[-1]
+    assert _f(last, "episode_len_mean/learned") == 15
+    # Zero-sum: the two policies' returns cancel.
+    assert _f(last, "episode_return_mean/learned") == pytest.approx(
+        -_f(last, "episode_return_mean/beat_last"))
+    assert "beat_last/policy_loss" not in last
+
+
+# Bad input: one clear message each, before anything starts.
+
+MA = {"policies": {"a": {}, "b": {}}, "policy_mapping": {"cart_0": "a", "cart_1": "b"}}
+
+
+@pytest.mark.parametrize("env, config, message", [
+    (CARTPOLES, {"multiagent": {**MA, "policy_mapping": {"cart_0": "a", "cart_1": "c"}}},
+     "names unknown policy ids ['c']"),
+    (CARTPOLES, {"multiagent": {**MA, "policy_mapping": {"cart_0": "a"}}},
+     "agent 'cart_1' is mapped to no policy"),
+    (CARTPOLES, {"multiagent": {**MA, "policies_to_train": ["a", "z"]}},
+     "policies_to_train names unknown policy ids ['z']"),
+    (CARTPOLES, {"multiagent": {**MA, "policy_map": {}}}, "unknown multiagent key 'policy_map'"),
+    (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"lr": 1e-3, "num_envs_per_worker": 2},
+                                                   "b": {}}}},
+     "sets ['num_envs_per_worker'], which hold for the whole run"),
+    (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"clip_parm": 0.1}, "b": {}}}},
+     "multiagent.policies.a: unknown config key 'clip_parm'. Did you mean 'clip_param'?"),
+    (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "SAC"}, "b": {}}}},
+     "multi-agent runs train policies with PPO, A2C, DQN so far, not SAC"),
+    (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"num_learners": 2}, "b": {}}}},
+     "ask for 2 learner ranks of their own (a: 2) but the run has 0"),
+    ("mpirl.envs.examples:MixedAgents",
+     {"multiagent": {"policies": {"one": {}}, "policy_mapping": {"*": "one"}}},
+     "policy 'one' drives agents with different spaces"),
+    ("mpirl.envs.examples:MixedAgents",
+     {"multiagent": {"policies": {"p": {}, "s": {"algo": "DQN"}},
+                     "policy_mapping": {"picker": "p", "steerer": "s"}}},
+     "policy 's' (DQN): DQN needs a Discrete action space"),
+    ("CartPole-v1", {"multiagent": MA}, "'multiagent' is for multi-agent envs"),
+    ("pettingzoo.classic.tictactoe_v3", {},
+     "does not declare metadata['is_parallelizable']"),
+])
+def test_bad_multiagent_config_is_one_clear_error(tmp_path, env, config, message):
+    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", env, "--run-dir",
+                           str(tmp_path / "run"), "--config", json.dumps(config)],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "progress.csv").exists()
+
+
+def test_per_policy_stop_keys_are_checked(tmp_path):
+    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", CARTPOLES, "--run-dir",
+                           str(tmp_path / "run"), "--config", json.dumps({"multiagent": MA}),
+                           "--stop", '{"episode_return_mean/nobody": 100}'],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 2
+    assert "per-policy criteria are episode_return_mean/<id>" in proc.stderr
