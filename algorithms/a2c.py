@@ -28,7 +28,8 @@ class Config(OnPolicyConfig, AllreduceConfig):
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """Policy gradient with a learned baseline, plus value loss and entropy bonus."""
-    logp, entropy, values = policy.evaluate(batch["obs"], batch["actions"])
+    logp, entropy, values = policy.evaluate(batch["obs"], batch["actions"],
+                                            batch.get("critic_obs"))
     policy_loss = -(logp * batch["advantages"]).mean()
     vf_loss = 0.5 * (values - batch["value_targets"]).pow(2).mean()
     entropy_mean = entropy.mean()

@@ -30,11 +30,16 @@ class Config(OnPolicyConfig, AllreduceConfig):
     """Rows per SGD step, summed over all learners."""
     clip_param: float = 0.2
     """PPO's ratio clip."""
+    centralized_critic: bool = False
+    """Multi-agent runs (MAPPO-style): the value function sees the env's global state(), or
+    every agent's observation concatenated when the env has no state(); the actor sees its
+    agent's own observation."""
 
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """PPO's clipped surrogate, value loss and entropy bonus for one minibatch."""
-    logp, entropy, values = policy.evaluate(batch["obs"], batch["actions"])
+    logp, entropy, values = policy.evaluate(batch["obs"], batch["actions"],
+                                            batch.get("critic_obs"))
     log_ratio = logp - batch["logp"]
     ratio = log_ratio.exp()
     advantages = batch["advantages"]

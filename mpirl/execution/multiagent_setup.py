@@ -224,13 +224,25 @@ def resolve(algo: str, given: dict[str, Any], env: Any) -> MultiAgentSetup:
         if not isinstance(pid, str) or not pid or "/" in pid:
             raise ConfigError(f"policy id {pid!r} must be a non-empty string without '/'")
         plans[pid] = _plan(pid, index, overrides, base, top, spaces, mapped[pid], mapping,
-                           pid in to_train)
+                           pid in to_train, state_size or joint_size(spaces))
     return MultiAgentSetup(possible, plans, mapping, state_size)
+
+
+def flat_size(space: gym.Space) -> int:
+    """Floats an observation takes in a joint vector: a Box's values, a Discrete's one-hot."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    return int(np.prod(space.shape))
+
+
+def joint_size(spaces: dict[str, tuple[gym.Space, gym.Space]]) -> int:
+    """Floats of every possible agent's observation concatenated."""
+    return sum(flat_size(obs) for obs, _ in spaces.values())
 
 
 def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
           spaces: dict[str, tuple[gym.Space, gym.Space]], agents: list[str],
-          mapping: PolicyMapping, trainable: bool) -> PolicyPlan:
+          mapping: PolicyMapping, trainable: bool, critic_size: int) -> PolicyPlan:
     where = f"multiagent.policies.{pid}"
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where} must be an object of config overrides, got {overrides!r}")
@@ -292,6 +304,8 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
             raise ConfigError(f"policy {pid!r} ({algo}): {error}") from None
     try:
         spec = model_spec(module, obs_space, act_space, config)
+        if getattr(config, "centralized_critic", False):
+            spec = dataclasses.replace(spec, critic_inputs=critic_size)
         spec.build("cpu")
     except ConfigError as error:
         raise ConfigError(f"policy {pid!r} ({algo}) cannot handle its agents' spaces "

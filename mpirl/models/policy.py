@@ -29,6 +29,10 @@ class PolicySpec:
     action_space: gym.Space
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
+    #: A centralized critic's input size (multi-agent PPO, MAPPO-style): the value function then
+    #: takes this many floats (the env's global state, or every agent's observation) instead
+    #: of the actor's observation. 0: the critic sees what the actor sees.
+    critic_inputs: int = 0
 
     def build(self, device: str = "cpu") -> Policy:
         return Policy(self).to(device)
@@ -131,7 +135,8 @@ class Policy(FlatParameters):
                               f"Discrete, MultiDiscrete and Box actions")
         hidden = list(spec.hidden_sizes)
         self.actor = _mlp([self.obs_dim, *hidden, out], spec.activation, out_gain=0.01)
-        self.critic = _mlp([self.obs_dim, *hidden, 1], spec.activation, out_gain=1.0)
+        self.critic_dim = spec.critic_inputs or self.obs_dim
+        self.critic = _mlp([self.critic_dim, *hidden, 1], spec.activation, out_gain=1.0)
 
     # Observations and distributions.
 
@@ -160,14 +165,24 @@ class Policy(FlatParameters):
         logp = sum(d.log_prob(actions[:, i]) for i, d in enumerate(dist))
         return logp, sum(d.entropy() for d in dist)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
+    def critic_input(self, x: torch.Tensor, critic_obs: Any = None) -> torch.Tensor:
+        """What the critic sees: the encoded observations ``x``, or with a centralized critic
+        ``critic_obs`` (``[B, critic_inputs]``)."""
+        if not self.spec.critic_inputs:
+            return x
+        if critic_obs is None:
+            raise ValueError("this policy's critic is centralized: give critic_obs")
+        return torch.as_tensor(critic_obs, dtype=torch.float32,
+                               device=x.device).reshape(-1, self.critic_dim)
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, critic_obs: Any = None):
         """``(log_prob, entropy, value)`` of ``actions`` under the current policy (with grad)."""
         x = self.encode(obs)
         logp, entropy = self.log_prob_entropy(self.distribution(x), actions)
-        return logp, entropy, self.critic(x).squeeze(-1)
+        return logp, entropy, self.critic(self.critic_input(x, critic_obs)).squeeze(-1)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool = False):
+    def act(self, obs: np.ndarray, deterministic: bool = False, critic_obs: Any = None):
         """Sample actions for a batch: ``(actions, log_probs, values)`` as NumPy arrays."""
         x = self.encode(obs)
         dist = self.distribution(x)
@@ -183,12 +198,13 @@ class Policy(FlatParameters):
         else:
             actions = dist.sample()
         logp, _ = self.log_prob_entropy(dist, actions)
-        values = self.critic(x).squeeze(-1)
+        values = self.critic(self.critic_input(x, critic_obs)).squeeze(-1)
         return actions.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy()
 
     @torch.no_grad()
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return self.critic(self.encode(obs)).squeeze(-1).cpu().numpy()
+    def value(self, obs: np.ndarray, critic_obs: Any = None) -> np.ndarray:
+        x = self.encode(obs)
+        return self.critic(self.critic_input(x, critic_obs)).squeeze(-1).cpu().numpy()
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Actions as the environment takes them (Box actions clipped to the space's bounds)."""

@@ -49,11 +49,12 @@ def policy_tag(base: int, index: int) -> int:
 class _Trajectory:
     """One agent's on-policy steps since its last flush."""
 
-    __slots__ = ("obs", "actions", "logp", "values", "rewards", "dones")
+    __slots__ = ("obs", "actions", "logp", "values", "rewards", "dones", "critic_obs")
 
     def __init__(self) -> None:
         self.obs, self.actions, self.logp = [], [], []
         self.values, self.rewards, self.dones = [], [], []
+        self.critic_obs = []  # a centralized critic's inputs, else empty
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -101,6 +102,11 @@ class MultiAgentRolloutWorker(Worker):
             else:
                 self.models[plan.policy_id] = plan.model.build("cpu")
         torch.manual_seed(self.seed)
+        self.agent_obs_spaces = {}
+        if any(self._centralized(pid) for pid in self.plans) and not setup.state_size:
+            probe = env.make()
+            self.agent_obs_spaces = {a: probe.observation_space(a) for a in probe.possible_agents}
+            getattr(probe, "close", lambda: None)()
         self.filters = {pid: RunningMeanStd(plan.observation_space.shape)
                         for pid, plan in self.plans.items() if self._normalizes(plan)}
         self.rng = np.random.default_rng(self.seed + 17)
@@ -179,6 +185,27 @@ class MultiAgentRolloutWorker(Worker):
 
     # Sampling.
 
+    def _centralized(self, pid: str) -> bool:
+        return bool(getattr(self.plans[pid].model, "critic_inputs", 0))
+
+    def _critic_obs(self, e: int, obs: dict[str, Any]) -> np.ndarray:
+        """What a centralized critic sees in env ``e``: its global ``state()``, or when it has
+        none every possible agent's observation in ``obs`` (zeros for those absent)."""
+        if self.setup.state_size:
+            return np.asarray(self.envs[e].state(), np.float32).reshape(-1)
+        parts = []
+        for agent in self.setup.possible_agents:
+            space = self.agent_obs_spaces[agent]
+            if isinstance(space, gym.spaces.Discrete):
+                part = np.zeros(int(space.n), np.float32)
+                if agent in obs:
+                    part[int(obs[agent])] = 1.0
+            else:
+                part = (np.asarray(obs[agent], np.float32).reshape(-1) if agent in obs
+                        else np.zeros(int(np.prod(space.shape)), np.float32))
+            parts.append(part)
+        return np.concatenate(parts)
+
     def _normalize(self, pid: str, obs: np.ndarray) -> np.ndarray:
         filt = self.filters.get(pid)
         return obs if filt is None else filt.normalize(obs)
@@ -206,6 +233,7 @@ class MultiAgentRolloutWorker(Worker):
             for e, env in enumerate(self.envs):
                 acting = actions[e]
                 next_obs, rewards, terms, truncs, _ = env.step(acting)
+                self._next_obs = next_obs
                 if env.dropped:
                     self._note_failures(e)
                     self._drop_episode(e)
@@ -301,11 +329,14 @@ class MultiAgentRolloutWorker(Worker):
             if pid in deltas:
                 deltas[pid].update(raw)
             obs = self._normalize(pid, raw)
-            acts, logp, values = model.act(obs)
+            critic = (np.stack([self._critic_obs(e, self.obs[e]) for e, _ in members])
+                      if self._centralized(pid) else None)
+            acts, logp, values = model.act(obs, critic_obs=critic)
             env_acts = model.env_actions(acts)
             for i, (e, agent) in enumerate(members):
                 actions[e][agent] = env_acts[i]
-                extras[e][agent] = (obs[i], acts[i], logp[i], values[i])
+                extras[e][agent] = (obs[i], acts[i], logp[i], values[i],
+                                    None if critic is None else critic[i])
         return actions, extras
 
     def _record(self, e: int, agent: str, pid: str, reward: float, term: bool, trunc: bool,
@@ -313,10 +344,15 @@ class MultiAgentRolloutWorker(Worker):
         plan = self.plans[pid]
         if plan.kind == "on_policy":
             traj = self.trajectories.setdefault((e, agent), _Trajectory())
-            obs, action, logp, value = extra
+            obs, action, logp, value, critic = extra
             if trunc and next_obs is not None:  # a time limit: bootstrap from where it stopped
                 final = self._normalize(pid, np.asarray(next_obs)[None])
-                reward += plan.config.gamma * float(self.models[pid].value(final)[0])
+                final_critic = (self._critic_obs(e, self._next_obs)[None]
+                                if critic is not None else None)
+                reward += plan.config.gamma * float(
+                    self.models[pid].value(final, final_critic)[0])
+            if critic is not None:
+                traj.critic_obs.append(critic)
             traj.obs.append(obs)
             traj.actions.append(action)
             traj.logp.append(logp)
@@ -344,10 +380,13 @@ class MultiAgentRolloutWorker(Worker):
         advantages, targets = compute_gae(rewards, values, dones,
                                           np.array([last_value], np.float32), config.gamma,
                                           config.gae_lambda)
-        return {"obs": np.stack(traj.obs), "actions": np.stack(traj.actions),
-                "logp": np.asarray(traj.logp, np.float32),
-                "values": values[:, 0], "advantages": advantages[:, 0],
-                "value_targets": targets[:, 0]}
+        batch = {"obs": np.stack(traj.obs), "actions": np.stack(traj.actions),
+                 "logp": np.asarray(traj.logp, np.float32),
+                 "values": values[:, 0], "advantages": advantages[:, 0],
+                 "value_targets": targets[:, 0]}
+        if traj.critic_obs:
+            batch["critic_obs"] = np.stack(traj.critic_obs)
+        return batch
 
     def _flush_trajectories(self, finished: dict[str, list]) -> None:
         """End of a fragment: every open trajectory bootstraps from its agent's current
@@ -358,7 +397,9 @@ class MultiAgentRolloutWorker(Worker):
                 open_by_policy[self.assigned[e][agent]].append((e, agent))
         for pid, members in open_by_policy.items():
             obs = self._normalize(pid, np.stack([np.asarray(self.obs[e][a]) for e, a in members]))
-            last = self.models[pid].value(obs)
+            critic = (np.stack([self._critic_obs(e, self.obs[e]) for e, _ in members])
+                      if self._centralized(pid) else None)
+            last = self.models[pid].value(obs, critic)
             for i, key in enumerate(members):
                 finished[pid].append(self._gae(pid, self.trajectories.pop(key), float(last[i])))
         self.trajectories.clear()
@@ -518,10 +559,13 @@ def _concat(parts: list[dict[str, np.ndarray]], plan: Any) -> dict[str, np.ndarr
     space = plan.observation_space
     shape = space.shape if isinstance(space, gym.spaces.Box) else ()
     action_shape = plan.action_space.shape or ()
-    return {"obs": np.zeros((0, *shape), np.float32),
-            "actions": np.zeros((0, *action_shape), plan.action_space.dtype or np.int64),
-            **{k: np.zeros(0, np.float32)
-               for k in ("logp", "values", "advantages", "value_targets")}}
+    batch = {"obs": np.zeros((0, *shape), np.float32),
+             "actions": np.zeros((0, *action_shape), plan.action_space.dtype or np.int64),
+             **{k: np.zeros(0, np.float32)
+                for k in ("logp", "values", "advantages", "value_targets")}}
+    if getattr(plan.model, "critic_inputs", 0):
+        batch["critic_obs"] = np.zeros((0, plan.model.critic_inputs), np.float32)
+    return batch
 
 
 def _stream_arrays(stream: _Stream, plan: Any) -> dict[str, np.ndarray]:
