@@ -288,3 +288,37 @@ def test_centralized_critic_without_a_state_concatenates_every_agents_observatio
     weights = _state(run_dir, 2, "learner-learned_0.pkl")["weights"]
     assert len(weights) == PolicySpec(Discrete(4), Discrete(3),
                                       critic_inputs=8).build().num_weights()
+
+
+def test_self_play_against_a_pool_of_snapshots(tmp_path):
+    """NumberDuel (the higher pick wins a round): one seat learns, the other plays a snapshot.
+    Against the first, random snapshots it wins most rounds; as better snapshots replace them
+    its margin falls towards a draw."""
+    run_dir = tmp_path / "run"
+    config = {"checkpoint_every": 5, "keep_checkpoints": 20, "seed": 5, "multiagent": {
+        "policies": {"main": {"self_play": {"snapshot_every": 5, "pool_size": 3}}}}}
+    _ok(_train(1, "--algo", "PPO", "--env", "mpirl.envs.examples:NumberDuel", "--run-dir",
+               str(run_dir), "--config", json.dumps(config),
+               "--stop", '{"training_iteration": 40}'))
+    rows = _rows(run_dir)
+    assert [float(r["main/snapshots"]) for r in rows[:12]] == [1] * 4 + [2] * 5 + [3] * 3
+    assert max(float(r["main/snapshots"]) for r in rows) == 3
+    # One learning seat per episode: the policy's agent steps are the env steps.
+    assert all(r["agent_steps_total/main"] == r["timesteps_total"] for r in rows)
+    assert max(_f(r, "episode_return_mean/main") for r in rows[:15]) >= 3
+    assert abs(_f(rows[-1], "episode_return_mean/main")) < 1.5
+    for iteration in (10, 40):
+        snapshot = _state(run_dir, iteration, "rollout_0.pkl")["snapshots"]["main"][-1]
+        learner = _state(run_dir, iteration, "learner-main_0.pkl")["weights"]
+        assert np.array_equal(snapshot, learner)
+
+
+def test_self_play_needs_two_agents_on_the_policy(tmp_path):
+    config = {"multiagent": {**MA, "policies": {"a": {"self_play": {"snapshot_every": 2,
+                                                                      "pool_size": 2}},
+                                                "b": {}}}}
+    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", CARTPOLES, "--run-dir",
+                           str(tmp_path / "run"), "--config", json.dumps(config)],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 2
+    assert "self_play needs at least two agents mapped to the policy" in proc.stderr

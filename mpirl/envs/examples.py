@@ -5,6 +5,7 @@
 * ``MixedAgents``: two agents with different spaces that come and go: ``picker`` (Discrete
   actions, one-hot target) plays steps 0-19; ``steerer`` (a Box action that should match a
   number it sees) joins at step 3 and is truncated at step 15.
+* ``NumberDuel``: a symmetric zero-sum game for self-play (the higher number wins a round).
 * ``BeatLastMove``: a scripted rock-paper-scissors policy that plays what beats its opponent's
   last move (PettingZoo's ``rps_v2`` observation).
 """
@@ -131,6 +132,49 @@ class MixedAgents:
 
     def state(self) -> np.ndarray:
         return np.array([self.t / self.LENGTH], np.float32)
+
+    def close(self) -> None:
+        pass
+
+
+class NumberDuel:
+    """A symmetric zero-sum game for self-play: for ``ROUNDS`` rounds both players pick a
+    number from 0 to 4; the higher wins the round (+1, the other -1), a tie scores 0. Each sees
+    the opponent's last pick and the round. Always 4 is the best answer to everything."""
+
+    metadata = {"name": "number_duel", "is_parallelizable": True}
+    ROUNDS = 10
+
+    def __init__(self) -> None:
+        self.possible_agents = ["first", "second"]
+        self.agents: list[str] = []
+        self._obs_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+        self._action_space = gym.spaces.Discrete(5)
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return self._obs_space
+
+    def action_space(self, agent: str) -> gym.Space:
+        return self._action_space
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        start = np.zeros(2, np.float32)
+        return {a: start for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict[str, Any]):
+        a, b = int(actions["first"]), int(actions["second"])
+        score = float(np.sign(a - b))
+        self.t += 1
+        done = self.t >= self.ROUNDS
+        obs = {"first": np.array([b / 4, self.t / self.ROUNDS], np.float32),
+               "second": np.array([a / 4, self.t / self.ROUNDS], np.float32)}
+        rewards = {"first": score, "second": -score}
+        flags = {agent: done for agent in self.agents}
+        if done:
+            self.agents = []
+        return obs, rewards, flags, dict.fromkeys(flags, False), {a: {} for a in flags}
 
     def close(self) -> None:
         pass

@@ -90,6 +90,8 @@ class MultiAgentAlgorithm(Algorithm):
         #: agent steps of each policy so far, and what replay plans carry between iterations
         self.agent_steps = dict.fromkeys(self.setup.policies, 0)
         self.policy_debt = dict.fromkeys(self.setup.policies, 0.0)
+        #: self-play: each pool's size (the initial weights are its first snapshot)
+        self.snapshot_pools = {pid: 1 for pid, p in self.setup.policies.items() if p.self_play}
         self.extra_groups = [*self.policy_learners.values(), *self.policy_replay.values()]
 
     def _spawn_policy(self, plan: PolicyPlan, members: list[int]) -> None:
@@ -175,6 +177,7 @@ class MultiAgentAlgorithm(Algorithm):
                 "policy_returns": {p: list(v) for p, v in self.policy_returns.items()},
                 "policy_lengths": {p: list(v) for p, v in self.policy_lengths.items()},
                 "agent_steps": dict(self.agent_steps), "policy_debt": dict(self.policy_debt),
+                "snapshot_pools": dict(self.snapshot_pools),
                 "policy_filters": {p: f.state() for p, f in self.policy_filters.items()}}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -186,6 +189,7 @@ class MultiAgentAlgorithm(Algorithm):
             self.policy_lengths[pid].extend(state["policy_lengths"].get(pid, []))
         self.agent_steps.update(state["agent_steps"])
         self.policy_debt.update(state["policy_debt"])
+        self.snapshot_pools.update(state["snapshot_pools"])
         for pid, saved in state["policy_filters"].items():
             if pid in self.policy_filters:
                 f = self.policy_filters[pid]
@@ -326,4 +330,19 @@ def training_step(algo: MultiAgentAlgorithm) -> dict[str, float]:
     for pid, futures in pending.items():
         stats |= finish_training(algo, pid, futures)
     algo.sync_weights()
-    return stats | algo.policy_metrics()
+    return stats | take_snapshots(algo) | algo.policy_metrics()
+
+
+def take_snapshots(algo: MultiAgentAlgorithm) -> dict[str, float]:
+    """Self-play: every ``snapshot_every`` iterations, each self-play policy's learner 0 weights
+    join the rollout workers' pools of opponents. Returns each pool's size."""
+    stats = {}
+    for pid, plan in algo.setup.policies.items():
+        if not plan.self_play:
+            continue
+        if (algo.iteration + 1) % plan.self_play["snapshot_every"] == 0:
+            weights = algo.policy_learners[pid][0].call("get_weights")
+            sizes = algo.rollouts.call("add_snapshot", pid, weights)
+            algo.snapshot_pools[pid] = max(sizes)
+        stats[f"{pid}/snapshots"] = float(algo.snapshot_pools[pid])
+    return stats

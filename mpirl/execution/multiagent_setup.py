@@ -61,6 +61,8 @@ class PolicyPlan:
     trainable: bool = True
     num_learners: int = 0  # learner ranks of its own; 0 shares learner 0
     agents: list[str] = field(default_factory=list)  # possible agents mapped to it
+    #: self-play: {"snapshot_every": N, "pool_size": K}; {} without
+    self_play: dict[str, int] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -250,6 +252,8 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
     algo = str(overrides.pop("algo", base))
     algo = algo.upper() if algo.upper() in ALGORITHMS else algo
     policy_class = overrides.pop("policy_class", "")
+    self_play = _self_play(overrides.pop("self_play", None), where, agents, trainable,
+                           mapping.dynamic)
     run_wide = sorted(set(overrides) & set(RUN_WIDE_KEYS))
     if run_wide:
         raise ConfigError(f"{where} sets {run_wide}, which hold for the whole run: set them at "
@@ -311,7 +315,31 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
         raise ConfigError(f"policy {pid!r} ({algo}) cannot handle its agents' spaces "
                           f"({obs_space} / {act_space}): {error}") from None
     return PolicyPlan(pid, index, algo, obs_space, act_space, config, spec,
-                      trainable=trainable, num_learners=config.num_learners, agents=agents)
+                      trainable=trainable, num_learners=config.num_learners, agents=agents,
+                      self_play=self_play)
+
+
+def _self_play(spec: Any, where: str, agents: list[str], trainable: bool,
+               dynamic: bool) -> dict[str, int]:
+    """A policy's ``self_play`` override, checked: every this many iterations a snapshot of its
+    weights joins a pool of at most ``pool_size``; in each episode one of its agents learns and
+    the others play a snapshot drawn from the pool."""
+    if spec is None:
+        return {}
+    example = '{"snapshot_every": 10, "pool_size": 5}'
+    if not isinstance(spec, dict) or set(spec) != {"snapshot_every", "pool_size"}:
+        raise ConfigError(f"{where}.self_play must be an object like {example}, got {spec!r}")
+    for key, value in spec.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}.self_play.{key} must be a whole number of at least 1, "
+                              f"got {value!r}")
+    if not trainable:
+        raise ConfigError(f"{where} plays against snapshots of itself (self_play) but is not "
+                          f"trained: add it to policies_to_train")
+    if len(agents) < 2 and not dynamic:
+        raise ConfigError(f"{where}.self_play needs at least two agents mapped to the policy "
+                          f"(one learns, the others play its snapshots); it has {agents}")
+    return dict(spec)
 
 
 class _SingleAgentView:

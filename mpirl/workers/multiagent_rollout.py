@@ -78,7 +78,8 @@ class MultiAgentRolloutWorker(Worker):
     """Samples multi-agent envs with every policy of the run; one per rollout rank."""
 
     MESSAGES = ("sample", "evaluate", "set_policy_weights", "get_policy_weights",
-                "receive_policy_weights", "save_state", "load_state", "finish_dump")
+                "receive_policy_weights", "add_snapshot", "save_state", "load_state",
+                "finish_dump")
 
     def __init__(self, context: RankContext, env: EnvSpec, setup: Any, num_envs: int,
                  seed: int, max_env_failures: int = 10, env_failure_window: int = 1_000,
@@ -102,6 +103,11 @@ class MultiAgentRolloutWorker(Worker):
             else:
                 self.models[plan.policy_id] = plan.model.build("cpu")
         torch.manual_seed(self.seed)
+        #: self-play: each such policy's pool of frozen snapshots (flat weights), oldest first,
+        #: starting with its initial weights; an opponent plays policy id "<id>@<k>"
+        self.snapshots = {pid: [self.models[pid].get_flat_weights()]
+                          for pid, plan in self.plans.items() if plan.self_play}
+        self.snapshot_models: dict[str, Any] = {}
         self.agent_obs_spaces = {}
         if any(self._centralized(pid) for pid in self.plans) and not setup.state_size:
             probe = env.make()
@@ -156,18 +162,49 @@ class MultiAgentRolloutWorker(Worker):
         self._assign_new_agents(e)
 
     def _assign_new_agents(self, e: int) -> None:
-        """Map the agents that have just appeared in env ``e`` to their policies."""
+        """Map the agents that have just appeared in env ``e`` to their policies. Of a self-play
+        policy's agents, one (chosen at random) learns; the others play snapshots."""
         info = {"episode": self.episodes_started, "env_index": e,
                 "worker_index": self.context.role_index}
-        for agent in self.envs[e].agents:
-            if agent not in self.assigned[e] and agent in self.obs[e]:
-                pid = self.setup.mapping(agent, info)
-                if pid not in self.plans:
-                    raise ValueError(f"policy_mapping mapped agent {agent!r} to {pid!r}, which "
-                                     f"is not a policy of this run ({sorted(self.plans)})")
-                self.assigned[e][agent] = pid
-                self.agent_return[e][agent] = 0.0
-                self.agent_length[e][agent] = 0
+        new = [a for a in self.envs[e].agents if a not in self.assigned[e] and a in self.obs[e]]
+        if self.snapshots and len(new) > 1:
+            new = [new[i] for i in self.rng.permutation(len(new))]
+        for agent in new:
+            pid = self.setup.mapping(agent, info)
+            if pid not in self.plans:
+                raise ValueError(f"policy_mapping mapped agent {agent!r} to {pid!r}, which "
+                                 f"is not a policy of this run ({sorted(self.plans)})")
+            if pid in self.snapshots and pid in self.assigned[e].values():
+                pid = f"{pid}@{int(self.rng.integers(len(self.snapshots[pid])))}"
+            self.assigned[e][agent] = pid
+            self.agent_return[e][agent] = 0.0
+            self.agent_length[e][agent] = 0
+
+    def _plan(self, pid: str) -> Any:
+        """The plan of ``pid``; a snapshot ("<id>@<k>") has its policy's."""
+        return self.plans[pid.partition("@")[0]]
+
+    def _model(self, pid: str) -> Any:
+        """The model that acts for ``pid``: a snapshot's is built on first use."""
+        if "@" not in pid:
+            return self.models[pid]
+        model = self.snapshot_models.get(pid)
+        if model is None:
+            base, _, k = pid.partition("@")
+            model = self.snapshot_models[pid] = self._plan(pid).model.build("cpu")
+            model.set_flat_weights(self.snapshots[base][int(k)])
+        return model
+
+    def add_snapshot(self, pid: str, weights: np.ndarray) -> int:
+        """Self-play: add a snapshot of policy ``pid``'s weights to its pool, dropping the
+        oldest beyond ``pool_size``; returns the pool's size. Episodes in progress keep the
+        opponents they drew."""
+        pool = self.snapshots[pid]
+        pool.append(np.asarray(weights, np.float32))
+        del pool[:max(0, len(pool) - self.plans[pid].self_play["pool_size"])]
+        for key in [k for k in self.snapshot_models if k.partition("@")[0] == pid]:
+            del self.snapshot_models[key]
+        return len(pool)
 
     def _note_failures(self, e: int) -> None:
         env = self.envs[e]
@@ -251,12 +288,16 @@ class MultiAgentRolloutWorker(Worker):
                     self.agent_return[e][agent] += reward
                     self.agent_length[e][agent] += 1
                     self.env_return[e] += reward
-                    agent_steps[pid] += 1
+                    if "@" not in pid:
+                        agent_steps[pid] += 1
                     self._record(e, agent, pid, reward, term, trunc, next_obs.get(agent),
                                  extras[e][agent], finished)
                     if term or trunc:
-                        policy_returns[pid].append(self.agent_return[e].pop(agent))
-                        policy_lengths[pid].append(self.agent_length[e].pop(agent))
+                        ret, length = (self.agent_return[e].pop(agent),
+                                       self.agent_length[e].pop(agent))
+                        if "@" not in pid:
+                            policy_returns[pid].append(ret)
+                            policy_lengths[pid].append(length)
                         del self.assigned[e][agent]
                 self.obs[e] = {a: o for a, o in next_obs.items() if a in env.agents}
                 if not env.agents:
@@ -312,7 +353,7 @@ class MultiAgentRolloutWorker(Worker):
         actions: list[dict[str, Any]] = [{} for _ in self.envs]
         extras: list[dict[str, tuple]] = [{} for _ in self.envs]
         for pid, members in groups.items():
-            plan, model = self.plans[pid], self.models[pid]
+            plan, model = self._plan(pid), self._model(pid)
             raw = np.stack([np.asarray(self.obs[e][a]) for e, a in members])
             if plan.kind == "scripted":
                 chosen = np.asarray(model.compute_actions(raw))
@@ -328,9 +369,9 @@ class MultiAgentRolloutWorker(Worker):
                 continue
             if pid in deltas:
                 deltas[pid].update(raw)
-            obs = self._normalize(pid, raw)
+            obs = self._normalize(pid.partition("@")[0], raw)
             critic = (np.stack([self._critic_obs(e, self.obs[e]) for e, _ in members])
-                      if self._centralized(pid) else None)
+                      if self._centralized(pid.partition("@")[0]) else None)
             acts, logp, values = model.act(obs, critic_obs=critic)
             env_acts = model.env_actions(acts)
             for i, (e, agent) in enumerate(members):
@@ -341,6 +382,8 @@ class MultiAgentRolloutWorker(Worker):
 
     def _record(self, e: int, agent: str, pid: str, reward: float, term: bool, trunc: bool,
                 next_obs: Any, extra: tuple, finished: dict[str, list]) -> None:
+        if "@" in pid:
+            return  # a self-play snapshot: frozen, nothing to learn from its side
         plan = self.plans[pid]
         if plan.kind == "on_policy":
             traj = self.trajectories.setdefault((e, agent), _Trajectory())
@@ -466,8 +509,9 @@ class MultiAgentRolloutWorker(Worker):
                     self.env_return[e] += reward
                     self.agent_return[e][agent] += reward
                     if agent not in env.agents:
-                        policy_returns[self.assigned[e].pop(agent)].append(
-                            self.agent_return[e].pop(agent))
+                        pid, ret = self.assigned[e].pop(agent), self.agent_return[e].pop(agent)
+                        if "@" not in pid:
+                            policy_returns[pid].append(ret)
                 self.obs[e] = {a: o for a, o in next_obs.items() if a in env.agents}
                 if not env.agents:
                     returns.append(float(self.env_return[e]))
@@ -484,13 +528,16 @@ class MultiAgentRolloutWorker(Worker):
                 "policy_returns": dict(policy_returns), "env_failures": failures}
 
     def _act_one(self, pid: str, obs: Any, deterministic: bool) -> Any:
-        plan, model = self.plans[pid], self.models[pid]
+        plan, model = self._plan(pid), self._model(pid)
         raw = np.asarray(obs)[None]
         if plan.kind == "scripted":
             return np.asarray(model.compute_actions(raw))[0]
         if plan.kind == "off_policy":
             return model.explore(raw, 0.0 if deterministic else 0.05, self.rng)[0]
-        acts, _, _ = model.act(self._normalize(pid, raw), deterministic)
+        critic = None
+        if self._centralized(plan.policy_id):
+            critic = np.zeros((1, plan.model.critic_inputs), np.float32)  # values unused here
+        acts, _, _ = model.act(self._normalize(plan.policy_id, raw), deterministic, critic)
         return model.env_actions(acts)[0]
 
     def finish_dump(self) -> None:
@@ -511,7 +558,8 @@ class MultiAgentRolloutWorker(Worker):
                 "env_return": self.env_return, "env_length": self.env_length,
                 "streams": self.streams, "episodes_started": self.episodes_started,
                 "filters": {pid: f.state() for pid, f in self.filters.items()},
-                "weights": self.get_policy_weights(), "rng": capture_rng(),
+                "weights": self.get_policy_weights(), "snapshots": self.snapshots,
+                "rng": capture_rng(),
                 "epsilon_rng": self.rng.bit_generator.state, "chunks_sent": self.chunks_sent,
                 "env_failures": self.env_failures, "restores": self.restores}
 
@@ -531,6 +579,9 @@ class MultiAgentRolloutWorker(Worker):
                                  if pid in self.models})
         self.rng.bit_generator.state = state["epsilon_rng"]
         self.chunks_sent = state["chunks_sent"]
+        self.snapshots.update({pid: pool for pid, pool in state["snapshots"].items()
+                               if pid in self.snapshots})
+        self.snapshot_models.clear()
         if state["envs"] is not None:
             envs = pickle.loads(state["envs"])
             if len(envs) == len(self.envs):
