@@ -322,3 +322,33 @@ def test_self_play_needs_two_agents_on_the_policy(tmp_path):
                           capture_output=True, text=True, timeout=120, env=mpi_env())
     assert proc.returncode == 2
     assert "self_play needs at least two agents mapped to the policy" in proc.stderr
+
+
+def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(tmp_path):
+    """A dump per policy, read back with mpirl.open_dataset: each episode is one agent's, with
+    its agent id and policy id; mpirl evaluate plays a multi-agent checkpoint."""
+    import mpirl
+
+    run_dir, dump = tmp_path / "run", tmp_path / "dump"
+    config = {"dump_trajectories": str(dump), "checkpoint_every": 3}
+    _ok(_train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents", "--run-dir",
+               str(run_dir), "--config", json.dumps(config), "--stop",
+               '{"training_iteration": 3}'))
+    rows = _rows(run_dir)
+    expected = {"picker": (20, 3, ()), "steerer": (12, 2, (1,))}
+    for pid, (length, obs_size, action_shape) in expected.items():
+        with mpirl.open_dataset(dump / pid) as data:
+            # Every finished agent-episode of the run is in its policy's dump.
+            assert data.num_episodes == round(float(rows[-1]["episodes_total"]))
+            assert set(data.episode_lengths.tolist()) == {length}
+            episode = data.episode(0)
+            assert (episode.agent_id, episode.policy_id) == (pid, pid)
+            assert episode.observations.shape == (length + 1, obs_size)
+            assert episode.actions.shape == (length, *action_shape)
+    proc = subprocess.run([MPIRL, "evaluate", str(run_dir), "--episodes", "3", "--json"],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    _ok(proc)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 3 and result["length_mean"] == 20
+    assert result["return_mean"] == pytest.approx(
+        result["return_mean/picker"] + result["return_mean/steerer"])

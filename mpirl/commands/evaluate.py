@@ -34,10 +34,14 @@ class Evaluation:
     manifest: dict[str, Any]
     returns: list[float]
     lengths: list[int]
+    #: multi-agent checkpoints: each policy's agents' returns
+    policy_returns: dict[str, list[float]] | None = None
 
     def summary(self) -> dict[str, Any]:
         r = np.asarray(self.returns)
-        return {
+        per_policy = {f"return_mean/{pid}": float(np.mean(v)) if v else math.nan
+                      for pid, v in (self.policy_returns or {}).items()}
+        return per_policy | {
             "checkpoint": str(self.checkpoint), "algo": self.manifest["algo"],
             "env": self.manifest["env"]["env_id"], "iteration": self.manifest["iteration"],
             "episodes": len(r), "return_mean": float(r.mean()), "return_std": float(r.std()),
@@ -92,6 +96,12 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
         checkpoint, manifest = find_checkpoint(path, warn)
         saved = manifest["env"]
         policy = obs_filter = spaces = None
+        if env_id is None and video_dir is None:
+            spec = EnvSpec(saved["env_id"], saved.get("env_module"),
+                           dict(saved.get("env_config") or {}))
+            if spec.is_multi_agent():
+                return _evaluate_multiagent(checkpoint, manifest, spec, episodes, seed,
+                                            stochastic)
     env_config = dict(saved.get("env_config") or {}) if env_id is None else {}
     if video_dir is not None:
         try:
@@ -130,6 +140,30 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
     if env_id is not None:  # the report names the environment that was run
         manifest = {**manifest, "env": {**saved, "env_id": env_id, "env_module": env_module}}
     return Evaluation(checkpoint, manifest, returns, lengths)
+
+
+def _evaluate_multiagent(checkpoint: Path, manifest: dict[str, Any], env: EnvSpec,
+                         episodes: int, seed: int, stochastic: bool) -> Evaluation:
+    """A multi-agent checkpoint: every policy (trained, frozen and scripted) plays, in one
+    rollout worker built here with rollout worker 0's weights and observation statistics."""
+    from mpi4py import MPI
+
+    from mpirl.execution.multiagent import user_given
+    from mpirl.execution.multiagent_setup import resolve
+    from mpirl.runtime.core import RankContext
+    from mpirl.workers.multiagent_rollout import MultiAgentRolloutWorker
+
+    module = load_algorithm(manifest["algo"])
+    config = build(module.Config, manifest["config"])
+    setup = resolve(manifest["algo"], user_given(config), env)
+    context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
+    worker = MultiAgentRolloutWorker(context, env, setup, 1, seed)
+    state = read_state_file(checkpoint / "rollout_0.pkl", manifest["files"]["rollout_0.pkl"])
+    state["envs"] = None  # fresh envs from this seed, not the run's episodes in progress
+    worker.set_state(state)
+    played = worker.evaluate(episodes, deterministic=not stochastic)
+    return Evaluation(checkpoint, manifest, played["episode_returns"],
+                      played["episode_lengths"], played["policy_returns"])
 
 
 def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
@@ -173,6 +207,10 @@ def report(evaluation: Evaluation, as_json: bool = False) -> str:
     if as_json:
         return json.dumps(s)
     spread = "" if math.isnan(s["return_std"]) else f" ± {s['return_std']:.1f}"
+    per_policy = ", ".join(f"{key.partition('/')[2]} {value:.1f}" for key, value in s.items()
+                           if key.startswith("return_mean/"))
+    if per_policy:
+        spread += f" (per policy: {per_policy})"
     return (f"{s['algo']} on {s['env']}, {Path(s['checkpoint']).name} (iteration "
             f"{s['iteration']}): {s['episodes']} episodes, return {s['return_mean']:.1f}{spread} "
             f"(min {s['return_min']:.1f}, max {s['return_max']:.1f}), length "

@@ -60,6 +60,9 @@ class EpisodeFile:
                 _int_attr(group, "total_steps", steps)
                 if episode.get("seed") is not None:
                     _int_attr(group, "seed", episode["seed"])
+                for key in ("agent_id", "policy_id"):  # multi-agent dumps
+                    if key in episode:
+                        h5py.Group(group).attrs[key] = episode[key]
                 for key in ("observations", "actions", "rewards", "terminations",
                             "truncations"):
                     self._write(group, key, episode[key])
@@ -149,9 +152,12 @@ def episodes_of_block(block: dict[str, Any]) -> Iterator[tuple[int, dict[str, An
     ``rows`` of vector-env steps (arrays shaped (W, num_envs, ...)) from global step ``lo`` on,
     ``ends`` = [(local id, sub-env, first step, last step, seed)] and each one's final obs."""
     lo = block["lo"]
-    for (k, i, first, last, seed), final in zip(block["ends"], block["finals"], strict=True):
+    agents = block.get("agents") or [None] * len(block["ends"])  # multi-agent: (agent, policy)
+    for (k, i, first, last, seed), final, agent in zip(block["ends"], block["finals"], agents,
+                                                       strict=True):
         a, b = first - lo, last - lo + 1
-        yield k, {
+        extra = {} if agent is None else {"agent_id": agent[0], "policy_id": agent[1]}
+        yield k, extra | {
             "observations": _append_row(_rows_of(block["obs"], a, b, i), final),
             "actions": block["actions"][a:b, i],
             "rewards": block["rewards"][a:b, i].astype(np.float64),

@@ -160,3 +160,38 @@ def _stack(items: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(_stack([item[j] for item in items]) for j in range(len(first)))
     return np.stack([np.asarray(item) for item in items])
+
+
+class AgentEpisodeRecorder(EpisodeRecorder):
+    """The episodes of one policy's agents on a multi-agent rollout rank: each agent's episode
+    (its steps from when it appeared to when it left) is one episode of the file, with its
+    agent id and policy id. Agents act at different steps, so each is handed over whole."""
+
+    def __init__(self, target: DumpTarget, worker: int, env_id: str,
+                 observation_space: gym.Space, action_space: gym.Space, seed: int,
+                 policy_id: str) -> None:
+        super().__init__(target, worker, 1, env_id, observation_space, action_space, seed)
+        self.policy_id = policy_id
+        self.pending: list[dict[str, Any]] = []
+
+    def record(self, agent_id: str, steps: list[tuple[Any, ...]], final_obs: Any) -> None:
+        """One agent's whole episode: ``steps`` of STEP_FIELDS, then its last observation."""
+        columns = zip(*steps, strict=True)
+        block = {"lo": 0, "ends": [(self.next_id, 0, 0, len(steps) - 1, None)],
+                 "finals": [final_obs], "agents": [(agent_id, self.policy_id)],
+                 **{key: _stack([np.asarray(v)[None] for v in column])
+                    for key, column in zip(STEP_FIELDS, columns, strict=True)}}
+        block["logp"] = block["logp"].astype(np.float32, copy=False)
+        self.next_id += 1
+        self.pending.append(block)
+        if time.monotonic() >= self._next_send:
+            self._send()
+
+    def _send(self) -> None:
+        self._next_send = time.monotonic() + SEND_INTERVAL_S
+        for block in self.pending:
+            if self.writer is not None:
+                self.writer.send(block)
+            else:
+                self.written += self.file.write_block(block)
+        self.pending = []

@@ -86,6 +86,9 @@ class Episode:
     terminations: np.ndarray
     truncations: np.ndarray
     infos: dict[str, np.ndarray] = field(default_factory=dict)
+    #: multi-agent dumps: the agent this episode is of, and the policy that drove it
+    agent_id: str | None = None
+    policy_id: str | None = None
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -184,7 +187,9 @@ class Dataset:
         if _rows(data["observations"]) != steps + 1:
             raise DatasetError(f"{path}: {group.name}/observations has "
                                f"{_rows(data['observations'])} rows, expected {steps + 1}")
-        return Episode(id=i, infos=infos, **data)
+        agent = {key: _text(group.attrs[key]) for key in ("agent_id", "policy_id")
+                 if key in group.attrs}
+        return Episode(id=i, infos=infos, **data, **agent)
 
     def sample_batches(self, batch_size: int, rng: np.random.Generator,
                        shard: tuple[int, int] = (0, 1), num_batches: int | None = None,

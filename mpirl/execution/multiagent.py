@@ -21,11 +21,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mpirl.errors import ConfigError, RemoteError
+from mpirl.data.dump_index import DumpIndex
+from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
+from mpirl.errors import RankLost, RemoteError, unwrap_remote
 from mpirl.execution.algorithm import Algorithm
 from mpirl.execution.multiagent_setup import MultiAgentSetup, PolicyPlan, resolve
 from mpirl.execution.operators import SampleResult, mean_stats, replay_dest, train_from_replay
@@ -59,16 +62,18 @@ class MultiAgentAlgorithm(Algorithm):
                  setup: MultiAgentSetup | None = None) -> None:
         self.driver, self.module, self.config, self.env = driver, module, config, env
         self.name = module.__name__.rsplit(".", 1)[-1].upper()
-        if dump is not None and dump.dump_trajectories is not None:
-            raise ConfigError("dump_trajectories is not supported in multi-agent runs yet")
         self.setup = setup or resolve(self.name, user_given(config), env)
         self.dump_index = None
+        if dump is not None and dump.dump_trajectories is not None:
+            self.dump_index = PolicyDumps(dump, env.env_id, self.setup, self.name)
         self.obs_filter = None
         try:
             self.rollouts = driver.spawn(
                 "rollout", MultiAgentRolloutWorker, env, self.setup,
                 config.num_envs_per_worker, config.seed, config.max_env_failures,
-                config.env_failure_window, config.torch_threads, local_if_empty=True)
+                config.env_failure_window, config.torch_threads,
+                self.dump_index.targets() if self.dump_index is not None else None,
+                local_if_empty=True)
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         slices = self.setup.learner_slices(driver.placement.count("learner"))
@@ -168,6 +173,21 @@ class MultiAgentAlgorithm(Algorithm):
             else math.nan
         return row
 
+    def finish_dumps(self) -> None:
+        """At the end of a run: every rollout rank's episodes on disk, and indexed."""
+        if self.dump_index is None:
+            return
+        for future in [w.call_async("finish_dump") for w in self.rollouts]:
+            try:
+                written = future.result()
+            except RankLost:
+                continue
+            except RemoteError as error:
+                raise unwrap_remote(error, DumpWriterTimeout) from None
+            for key, episodes in written:
+                self.dump_index.add(key, episodes)
+        self.dump_index.commit()
+
     def collect_histograms(self) -> dict[str, np.ndarray]:
         return {f"{pid}/{tag}": values for pid, learners in self.policy_learners.items()
                 for tag, values in learners[0].call("histograms").items()}
@@ -194,6 +214,31 @@ class MultiAgentAlgorithm(Algorithm):
             if pid in self.policy_filters:
                 f = self.policy_filters[pid]
                 f.mean, f.var, f.count = saved
+
+
+class PolicyDumps:
+    """A multi-agent run's trajectory dump: one dump per policy, in ``<dump_trajectories>/<policy
+    id>``, each a dataset ``mpirl.open_dataset`` reads like a single-agent one, whose episodes
+    are agents' episodes with their agent id and policy id."""
+
+    def __init__(self, settings: DumpSettings, env_id: str, setup: MultiAgentSetup,
+                 algorithm_name: str) -> None:
+        root = Path(settings.dump_trajectories)
+        self.indexes = {
+            pid: DumpIndex(dataclasses.replace(settings, dump_trajectories=str(root / pid)),
+                           env_id, plan.observation_space, plan.action_space, algorithm_name)
+            for pid, plan in setup.policies.items()}
+
+    def targets(self) -> dict[str, Any]:
+        return {pid: index.target for pid, index in self.indexes.items()}
+
+    def add(self, key: tuple[str, str], episodes: list[tuple[int, int]]) -> None:
+        pid, file_name = key
+        self.indexes[pid].add(file_name, episodes)
+
+    def commit(self) -> None:
+        for index in self.indexes.values():
+            index.commit()
 
 
 # Operators of the composed plan.
@@ -244,6 +289,7 @@ def sample_policies(algo: MultiAgentAlgorithm) -> PolicySamples:
         result.env_failures += metrics["env_failures"]
         result.episode_returns += metrics["episode_returns"]
         result.episode_lengths += metrics["episode_lengths"]
+        result.dumped += metrics.get("dumped", [])
         for pid, steps in metrics["agent_steps"].items():
             result.agent_steps[pid] = result.agent_steps.get(pid, 0) + steps
         for pid, returns in metrics["policy_returns"].items():

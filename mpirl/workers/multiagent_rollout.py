@@ -29,6 +29,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from mpirl.data.dump_writer import DumpTarget
+from mpirl.data.episode_recorder import AgentEpisodeRecorder
 from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import RunningMeanStd, compute_gae
@@ -83,7 +85,7 @@ class MultiAgentRolloutWorker(Worker):
 
     def __init__(self, context: RankContext, env: EnvSpec, setup: Any, num_envs: int,
                  seed: int, max_env_failures: int = 10, env_failure_window: int = 1_000,
-                 torch_threads: int = 1) -> None:
+                 torch_threads: int = 1, dumps: dict[str, DumpTarget] | None = None) -> None:
         super().__init__(context)
         torch.set_num_threads(torch_threads)
         self.setup = setup
@@ -116,6 +118,13 @@ class MultiAgentRolloutWorker(Worker):
         self.filters = {pid: RunningMeanStd(plan.observation_space.shape)
                         for pid, plan in self.plans.items() if self._normalizes(plan)}
         self.rng = np.random.default_rng(self.seed + 17)
+        #: trajectory dumps: one file per policy on this rank; each agent's episode is kept
+        #: here (its steps) until it ends, and dropped if its env fails
+        self.recorders = {pid: AgentEpisodeRecorder(
+            target, context.role_index, env.env_id, self.plans[pid].observation_space,
+            self.plans[pid].action_space, self.seed, pid) for pid, target in (dumps or {}).items()}
+        self.recording: dict[tuple[int, str], list[tuple]] = {}
+        self.record_episodes = bool(self.recorders)
         self.envs = [GuardedParallelEnv(env, max_env_failures, self.seed, i, self.where,
                                         env_failure_window) for i in range(num_envs)]
         self.episodes_started = 0
@@ -179,6 +188,8 @@ class MultiAgentRolloutWorker(Worker):
             self.assigned[e][agent] = pid
             self.agent_return[e][agent] = 0.0
             self.agent_length[e][agent] = 0
+            if self.record_episodes:
+                self.recording[(e, agent)] = []
 
     def _plan(self, pid: str) -> Any:
         """The plan of ``pid``; a snapshot ("<id>@<k>") has its policy's."""
@@ -219,6 +230,8 @@ class MultiAgentRolloutWorker(Worker):
             del self.trajectories[key]
         for key in [k for k in self.streams if k[1] == e]:
             self.streams[key] = _Stream(cut=True)
+        for key in [k for k in self.recording if k[0] == e]:
+            del self.recording[key]
 
     # Sampling.
 
@@ -292,7 +305,16 @@ class MultiAgentRolloutWorker(Worker):
                         agent_steps[pid] += 1
                     self._record(e, agent, pid, reward, term, trunc, next_obs.get(agent),
                                  extras[e][agent], finished)
+                    steps = self.recording.get((e, agent))
+                    if steps is not None:
+                        extra = extras[e][agent]
+                        steps.append((self.obs[e][agent], acting[agent], reward, term, trunc,
+                                      extra[2] if len(extra) > 2 else 0.0))
                     if term or trunc:
+                        steps = self.recording.pop((e, agent), None)
+                        if steps:
+                            self.recorders[pid.partition("@")[0]].record(
+                                agent, steps, next_obs.get(agent, self.obs[e][agent]))
                         ret, length = (self.agent_return[e].pop(agent),
                                        self.agent_length[e].pop(agent))
                         if "@" not in pid:
@@ -313,6 +335,10 @@ class MultiAgentRolloutWorker(Worker):
                    "env_failures": getattr(self, "_unreported_failures", 0),
                    "filter_deltas": {pid: d.state() for pid, d in deltas.items()},
                    "payloads": {}}
+        if self.recorders:
+            # Written and flushed before the driver hears of them: an indexed episode is on disk.
+            metrics["dumped"] = [((pid, r.path.name), r.flush())
+                                 for pid, r in self.recorders.items()]
         self._unreported_failures = 0
         channel = self.context.data_channel
         if channel is not None:
@@ -483,6 +509,7 @@ class MultiAgentRolloutWorker(Worker):
         weights; nothing is trained on. Returns env returns and lengths, per-policy returns."""
         returns, lengths, env_steps = [], [], 0
         policy_returns: dict[str, list[float]] = defaultdict(list)
+        recording, self.record_episodes = self.record_episodes, False  # never dumped
         for e in range(len(self.envs)):
             self._drop_episode(e)
             self._reset_env(e)
@@ -520,6 +547,7 @@ class MultiAgentRolloutWorker(Worker):
                     self._reset_env(e)
                 else:
                     self._assign_new_agents(e)
+        self.record_episodes = recording
         for e in range(len(self.envs)):
             self._drop_episode(e)
             self._reset_env(e)
@@ -540,8 +568,12 @@ class MultiAgentRolloutWorker(Worker):
         acts, _, _ = model.act(self._normalize(plan.policy_id, raw), deterministic, critic)
         return model.env_actions(acts)[0]
 
-    def finish_dump(self) -> None:
-        return None
+    def finish_dump(self) -> list[tuple[tuple[str, str], list[tuple[int, int]]]]:
+        """Wait until every completed episode is on disk; ((policy id, file name), [(local id,
+        steps)]) of those not reported yet, per policy."""
+        done = [((pid, r.path.name), r.close()) for pid, r in self.recorders.items()]
+        self.recorders, self.record_episodes = {}, False
+        return done
 
     # Checkpoints.
 
@@ -579,9 +611,10 @@ class MultiAgentRolloutWorker(Worker):
                                  if pid in self.models})
         self.rng.bit_generator.state = state["epsilon_rng"]
         self.chunks_sent = state["chunks_sent"]
-        self.snapshots.update({pid: pool for pid, pool in state["snapshots"].items()
+        self.snapshots.update({pid: pool for pid, pool in state.get("snapshots", {}).items()
                                if pid in self.snapshots})
         self.snapshot_models.clear()
+        self.recording = {}  # episodes in progress began in an earlier session: not dumped
         if state["envs"] is not None:
             envs = pickle.loads(state["envs"])
             if len(envs) == len(self.envs):
