@@ -17,7 +17,7 @@ from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
 COMMON = {"callbacks", "tensorboard_histograms_every", "wandb_project", "mlflow_experiment",
           "num_rollout_workers", "num_learners", "num_envs_per_worker",
           "max_env_failures", "env_failure_window", "lr", "grad_clip", "hidden_sizes", "activation",
-          "torch_threads", "metrics_window", "seed"}
+          "torch_threads", "metrics_window", "seed", "multiagent"}
 #: Every algorithm but A3C, whose single learner makes no allreduce.
 ALLREDUCE = {"learner_backend", "learner_master_addr"}
 ON_POLICY = COMMON | {"rollout_fragment_length", "normalize_observations", "gamma", "vf_coef",
@@ -34,7 +34,8 @@ OFFLINE = COMMON | ALLREDUCE | {"input", "max_rows_in_memory", "train_batch_size
                     "evaluation_interval", "evaluation_deterministic"}
 
 KEYS = {
-    "PPO": ON_POLICY | ALLREDUCE | {"gae_lambda", "num_epochs", "minibatch_size", "clip_param"},
+    "PPO": ON_POLICY | ALLREDUCE | {"gae_lambda", "num_epochs", "minibatch_size", "clip_param",
+                                    "centralized_critic"},
     "A2C": ON_POLICY | ALLREDUCE | {"gae_lambda", "standardize_advantages"},
     "A3C": ON_POLICY | {"gae_lambda", "max_requests_in_flight_per_worker",
                         "min_steps_per_iteration"},
@@ -91,8 +92,9 @@ def test_keys_are_flat_and_unchanged(name):
     config = config_class(name)()
     values = dataclasses.asdict(config)
     assert set(values) == KEYS[name]
-    # Flat: every value is a JSON scalar or a list of them, never a nested config.
-    assert all(not isinstance(v, dict) for v in values.values())
+    # Flat: every value is a JSON scalar or a list of them, never a nested config; the one
+    # object is the multi-agent policy table, which holds per-policy overrides.
+    assert all(not isinstance(v, dict) for k, v in values.items() if k != "multiagent")
     json.dumps(values)
     assert build(config_class(name), json.loads(json.dumps(values))) == config
 

@@ -126,15 +126,15 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         raise ConfigError(f"config key 'multiagent' is for multi-agent envs; {env_id!r} is a "
                           f"single-agent env. Give a PettingZoo env (module:ParallelEnvClass, or "
                           f"a module with parallel_env()), or leave 'multiagent' out.")
-    if setup is None and "policy_return_mean_min" in stop:
-        raise ConfigError("--stop policy_return_mean_min is for multi-agent runs; this env has "
-                          "one agent: stop on episode_return_mean")
     per_policy = {k for k in stop if "/" in k} if setup is not None else set()
     check_known_keys({k: v for k, v in stop.items() if k not in per_policy}, list(STOP_KEYS),
                      "--stop")
     for key, value in stop.items():
         check_key(key, value, "float", STOP_KEYS.get(key.partition("/")[0], Range()),
                   what="--stop criterion")
+    if setup is None and "policy_return_mean_min" in stop:
+        raise ConfigError("--stop policy_return_mean_min is for multi-agent runs; this env has "
+                          "one agent: stop on episode_return_mean")
     if algo_config.callbacks:
         callbacks_class(algo_config.callbacks)  # ConfigError here, before anything starts
     check_logger_packages(algo_config)
