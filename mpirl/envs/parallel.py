@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from mpirl.errors import ConfigError
 
@@ -90,3 +91,31 @@ def agent_spaces(env: Any) -> dict[str, tuple[gym.Space, gym.Space]]:
     """Every possible agent's (observation space, action space)."""
     return {agent: (env.observation_space(agent), env.action_space(agent))
             for agent in env.possible_agents}
+
+
+def flat_size(space: gym.Space) -> int:
+    """Floats an observation takes in a joint vector: a Box's values, a Discrete's one-hot."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    return int(np.prod(space.shape))
+
+
+def with_last_action(observation_space: gym.Space, action_space: gym.Space) -> gym.spaces.Box:
+    """What a policy with ``last_action_in_obs`` sees: its observation (one-hot when Discrete)
+    followed by its agent's previous action (one-hot when Discrete, zeros before the first)."""
+    for space in (observation_space, action_space):
+        if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
+            raise ConfigError(f"last_action_in_obs takes Box and Discrete spaces, not {space}")
+    size = flat_size(observation_space) + flat_size(action_space)
+    return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+
+def flatten_value(value: Any, space: gym.Space) -> np.ndarray:
+    """A value of ``space`` as floats: one-hot for Discrete, flattened for Box; zeros for None."""
+    out = np.zeros(flat_size(space), np.float32)
+    if value is None:
+        return out
+    if isinstance(space, gym.spaces.Discrete):
+        out[int(value) - int(space.start)] = 1.0
+        return out
+    return np.asarray(value, np.float32).reshape(-1)

@@ -226,7 +226,8 @@ class PolicyDumps:
         root = Path(settings.dump_trajectories)
         self.indexes = {
             pid: DumpIndex(dataclasses.replace(settings, dump_trajectories=str(root / pid)),
-                           env_id, plan.observation_space, plan.action_space, algorithm_name)
+                           env_id, plan.env_observation_space, plan.action_space,
+                           algorithm_name)
             for pid, plan in setup.policies.items()}
 
     def targets(self) -> dict[str, Any]:

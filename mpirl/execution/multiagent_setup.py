@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config.parse import build, check_known_keys
-from mpirl.envs.parallel import agent_spaces
+from mpirl.envs.parallel import agent_spaces, flat_size, with_last_action
 from mpirl.errors import ConfigError
 from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
 from mpirl.models.policy import model_spec
@@ -63,6 +63,10 @@ class PolicyPlan:
     agents: list[str] = field(default_factory=list)  # possible agents mapped to it
     #: self-play: {"snapshot_every": N, "pool_size": K}; {} without
     self_play: dict[str, int] = field(default_factory=dict)
+    #: the agents' own observation space; ``observation_space`` is what the policy sees,
+    #: which differs with ``last_action_in_obs``
+    env_observation_space: gym.Space | None = None
+    last_action_in_obs: bool = False
 
     @property
     def kind(self) -> str:
@@ -230,13 +234,6 @@ def resolve(algo: str, given: dict[str, Any], env: Any) -> MultiAgentSetup:
     return MultiAgentSetup(possible, plans, mapping, state_size)
 
 
-def flat_size(space: gym.Space) -> int:
-    """Floats an observation takes in a joint vector: a Box's values, a Discrete's one-hot."""
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    return int(np.prod(space.shape))
-
-
 def joint_size(spaces: dict[str, tuple[gym.Space, gym.Space]]) -> int:
     """Floats of every possible agent's observation concatenated."""
     return sum(flat_size(obs) for obs, _ in spaces.values())
@@ -254,6 +251,10 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
     policy_class = overrides.pop("policy_class", "")
     self_play = _self_play(overrides.pop("self_play", None), where, agents, trainable,
                            mapping.dynamic)
+    last_action = overrides.pop("last_action_in_obs", False)
+    if not isinstance(last_action, bool):
+        raise ConfigError(f"{where}.last_action_in_obs must be true or false, got "
+                          f"{last_action!r}")
     run_wide = sorted(set(overrides) & set(RUN_WIDE_KEYS))
     if run_wide:
         raise ConfigError(f"{where} sets {run_wide}, which hold for the whole run: set them at "
@@ -271,8 +272,12 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
                 f"{first[0]} / {first[1]}, {agent} has {spaces[agent][0]} / {spaces[agent][1]}. "
                 f"A policy needs one observation and one action space: give them separate "
                 f"policies")
-    obs_space, act_space = first
+    env_obs_space, act_space = first
+    obs_space = with_last_action(env_obs_space, act_space) if last_action else env_obs_space
     if policy_class:
+        if last_action:
+            raise ConfigError(f"{where}: a scripted policy sees its agent's observation as the "
+                              f"env gives it; last_action_in_obs is for learning policies")
         if overrides:
             raise ConfigError(f"{where} is scripted (policy_class); it takes no other keys, "
                               f"got {sorted(overrides)}")
@@ -281,7 +286,7 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
             raise ConfigError(f"{where}.policy_class {policy_class!r} has no compute_actions("
                               f"obs_batch) method")
         return PolicyPlan(pid, index, "", obs_space, act_space, policy_class=policy_class,
-                          trainable=False, agents=agents)
+                          trainable=False, agents=agents, env_observation_space=env_obs_space)
     if algo not in ON_POLICY + OFF_POLICY:
         raise ConfigError(
             f"policy {pid!r}: multi-agent runs train policies with "
@@ -316,7 +321,10 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
                           f"({obs_space} / {act_space}): {error}") from None
     return PolicyPlan(pid, index, algo, obs_space, act_space, config, spec,
                       trainable=trainable, num_learners=config.num_learners, agents=agents,
-                      self_play=self_play)
+                      self_play=self_play, env_observation_space=env_obs_space,
+                      last_action_in_obs=last_action)
+
+
 
 
 def _self_play(spec: Any, where: str, agents: list[str], trainable: bool,

@@ -32,6 +32,7 @@ import torch
 from mpirl.data.dump_writer import DumpTarget
 from mpirl.data.episode_recorder import AgentEpisodeRecorder
 from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
+from mpirl.envs.parallel import flatten_value
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
@@ -121,7 +122,7 @@ class MultiAgentRolloutWorker(Worker):
         #: trajectory dumps: one file per policy on this rank; each agent's episode is kept
         #: here (its steps) until it ends, and dropped if its env fails
         self.recorders = {pid: AgentEpisodeRecorder(
-            target, context.role_index, env.env_id, self.plans[pid].observation_space,
+            target, context.role_index, env.env_id, self.plans[pid].env_observation_space,
             self.plans[pid].action_space, self.seed, pid) for pid, target in (dumps or {}).items()}
         self.recording: dict[tuple[int, str], list[tuple]] = {}
         self.record_episodes = bool(self.recorders)
@@ -137,6 +138,8 @@ class MultiAgentRolloutWorker(Worker):
                       for pid, plan in self.plans.items() if plan.kind == "off_policy"}
         #: (policy id, env index, agent) -> its replay stream's steps not yet sent
         self.streams: dict[tuple[str, int, str], _Stream] = {}
+        #: (env index, agent) -> its previous action, for policies with last_action_in_obs
+        self.last_actions: dict[tuple[int, str], Any] = {}
         self.trajectories: dict[tuple[int, str], _Trajectory] = {}
         self.obs: list[dict[str, Any]] = []
         self.assigned: list[dict[str, str]] = []
@@ -161,6 +164,7 @@ class MultiAgentRolloutWorker(Worker):
     def _reset_env(self, e: int, seed: int | None = None) -> None:
         obs, _ = self.envs[e].reset(seed=seed)
         self._note_failures(e)
+        self._forget_last_actions(e)
         self.obs[e] = dict(obs)
         self.assigned[e] = {}
         self.agent_return[e] = {}
@@ -256,6 +260,16 @@ class MultiAgentRolloutWorker(Worker):
             parts.append(part)
         return np.concatenate(parts)
 
+    def _policy_obs(self, pid: str, e: int, agent: str, raw: Any, last: Any = ...) -> Any:
+        """What policy ``pid`` sees of agent ``agent``'s observation ``raw``: itself, or with
+        ``last_action_in_obs`` followed by the agent's previous action (``last`` if given)."""
+        plan = self._plan(pid)
+        if not plan.last_action_in_obs:
+            return np.asarray(raw)
+        action = self.last_actions.get((e, agent)) if last is ... else last
+        return np.concatenate([flatten_value(raw, plan.env_observation_space),
+                               flatten_value(action, plan.action_space)])
+
     def _normalize(self, pid: str, obs: np.ndarray) -> np.ndarray:
         filt = self.filters.get(pid)
         return obs if filt is None else filt.normalize(obs)
@@ -310,7 +324,9 @@ class MultiAgentRolloutWorker(Worker):
                         extra = extras[e][agent]
                         steps.append((self.obs[e][agent], acting[agent], reward, term, trunc,
                                       extra[2] if len(extra) > 2 else 0.0))
+                    self.last_actions[(e, agent)] = acting[agent]
                     if term or trunc:
+                        self.last_actions.pop((e, agent), None)
                         steps = self.recording.pop((e, agent), None)
                         if steps:
                             self.recorders[pid.partition("@")[0]].record(
@@ -356,8 +372,13 @@ class MultiAgentRolloutWorker(Worker):
         self.chunks_sent += 1
         return metrics
 
+    def _forget_last_actions(self, e: int) -> None:
+        for key in [k for k in self.last_actions if k[0] == e]:
+            del self.last_actions[key]
+
     def _start_fresh(self, e: int, obs: dict[str, Any]) -> None:
         """After a failure, the rebuilt env's first observations begin a new episode."""
+        self._forget_last_actions(e)
         self.obs[e] = dict(obs)
         self.assigned[e] = {}
         self.agent_return[e] = {}
@@ -380,7 +401,7 @@ class MultiAgentRolloutWorker(Worker):
         extras: list[dict[str, tuple]] = [{} for _ in self.envs]
         for pid, members in groups.items():
             plan, model = self._plan(pid), self._model(pid)
-            raw = np.stack([np.asarray(self.obs[e][a]) for e, a in members])
+            raw = np.stack([self._policy_obs(pid, e, a, self.obs[e][a]) for e, a in members])
             if plan.kind == "scripted":
                 chosen = np.asarray(model.compute_actions(raw))
                 for (e, agent), action in zip(members, chosen, strict=True):
@@ -415,7 +436,8 @@ class MultiAgentRolloutWorker(Worker):
             traj = self.trajectories.setdefault((e, agent), _Trajectory())
             obs, action, logp, value, critic = extra
             if trunc and next_obs is not None:  # a time limit: bootstrap from where it stopped
-                final = self._normalize(pid, np.asarray(next_obs)[None])
+                final = self._normalize(
+                    pid, self._policy_obs(pid, e, agent, next_obs, last=action)[None])
                 final_critic = (self._critic_obs(e, self._next_obs)[None]
                                 if critic is not None else None)
                 reward += plan.config.gamma * float(
@@ -439,7 +461,7 @@ class MultiAgentRolloutWorker(Worker):
             stream.terminated.append(term)
             stream.truncated.append(trunc and next_obs is not None)
             if trunc and next_obs is not None:
-                stream.final_obs.append(np.asarray(next_obs))
+                stream.final_obs.append(self._policy_obs(pid, e, agent, next_obs, last=action))
 
     def _gae(self, pid: str, traj: _Trajectory, last_value: float) -> dict[str, np.ndarray]:
         config = self.plans[pid].config
@@ -465,7 +487,8 @@ class MultiAgentRolloutWorker(Worker):
             if len(traj):
                 open_by_policy[self.assigned[e][agent]].append((e, agent))
         for pid, members in open_by_policy.items():
-            obs = self._normalize(pid, np.stack([np.asarray(self.obs[e][a]) for e, a in members]))
+            obs = self._normalize(pid, np.stack([self._policy_obs(pid, e, a, self.obs[e][a])
+                                                 for e, a in members]))
             critic = (np.stack([self._critic_obs(e, self.obs[e]) for e, _ in members])
                       if self._centralized(pid) else None)
             last = self.models[pid].value(obs, critic)
@@ -520,7 +543,7 @@ class MultiAgentRolloutWorker(Worker):
                 if not quota[e]:
                     continue
                 for agent, pid in assigned.items():
-                    actions[e][agent] = self._act_one(pid, self.obs[e][agent], deterministic)
+                    actions[e][agent] = self._act_one(pid, e, agent, deterministic)
             for e, env in enumerate(self.envs):
                 if not quota[e]:
                     continue
@@ -532,6 +555,7 @@ class MultiAgentRolloutWorker(Worker):
                     continue
                 self.env_length[e] += 1
                 for agent in actions[e]:
+                    self.last_actions[(e, agent)] = actions[e][agent]
                     reward = float(rewards.get(agent, 0.0))
                     self.env_return[e] += reward
                     self.agent_return[e][agent] += reward
@@ -555,9 +579,9 @@ class MultiAgentRolloutWorker(Worker):
         return {"env_steps": env_steps, "episode_returns": returns, "episode_lengths": lengths,
                 "policy_returns": dict(policy_returns), "env_failures": failures}
 
-    def _act_one(self, pid: str, obs: Any, deterministic: bool) -> Any:
+    def _act_one(self, pid: str, e: int, agent: str, deterministic: bool) -> Any:
         plan, model = self._plan(pid), self._model(pid)
-        raw = np.asarray(obs)[None]
+        raw = self._policy_obs(pid, e, agent, self.obs[e][agent])[None]
         if plan.kind == "scripted":
             return np.asarray(model.compute_actions(raw))[0]
         if plan.kind == "off_policy":
@@ -589,6 +613,7 @@ class MultiAgentRolloutWorker(Worker):
                 "agent_return": self.agent_return, "agent_length": self.agent_length,
                 "env_return": self.env_return, "env_length": self.env_length,
                 "streams": self.streams, "episodes_started": self.episodes_started,
+                "last_actions": self.last_actions,
                 "filters": {pid: f.state() for pid, f in self.filters.items()},
                 "weights": self.get_policy_weights(), "snapshots": self.snapshots,
                 "rng": capture_rng(),
@@ -622,7 +647,7 @@ class MultiAgentRolloutWorker(Worker):
                     env.close()
                 self.envs = envs
                 for key in ("obs", "assigned", "agent_return", "agent_length", "env_return",
-                            "env_length", "streams", "episodes_started"):
+                            "env_length", "streams", "episodes_started", "last_actions"):
                     setattr(self, key, state[key])
                 restore_rng(state["rng"])
                 return True
