@@ -34,6 +34,7 @@ from mpirl.execution.multiagent_setup import MultiAgentSetup, PolicyPlan, resolv
 from mpirl.execution.operators import SampleResult, mean_stats, replay_dest, train_from_replay
 from mpirl.execution.replay_ops import linear_epsilon, replay_beta, replay_settings
 from mpirl.models.policy import RunningMeanStd
+from mpirl.models.soft_q import SAC_STATS
 from mpirl.runtime.dispatch import Future
 from mpirl.runtime.layout import REPLAY
 from mpirl.workers.env_guard import unwrap_env_failure
@@ -44,7 +45,9 @@ from mpirl.workers.policy_workers import PolicyLearner, PolicyQLearner, PolicyRe
 #: progress.csv has their columns from the first row.
 LOSS_STATS = {"PPO": ("policy_loss", "vf_loss", "entropy", "approx_kl", "clip_fraction"),
               "A2C": ("policy_loss", "vf_loss", "entropy"),
-              "DQN": ("td_loss", "q_mean", "td_error_abs", "epsilon")}
+              "IMPALA": ("policy_loss", "vf_loss", "entropy", "mean_rho"),
+              "DQN": ("td_loss", "q_mean", "td_error_abs", "epsilon"),
+              "SAC": (*SAC_STATS, "epsilon")}
 
 
 def user_given(config: Any) -> dict[str, Any]:
@@ -256,7 +259,11 @@ class PolicySamples(SampleResult):
 
 
 def _epsilon(algo: MultiAgentAlgorithm, plan: PolicyPlan) -> float:
+    """An off-policy policy's exploration: DQN's epsilon, annealed over its agent steps; for
+    SAC 1 (uniformly random actions) until ``learning_starts`` of its agent steps."""
     c = plan.config
+    if plan.algo == "SAC":
+        return 1.0 if algo.agent_steps[plan.policy_id] < c.learning_starts else 0.0
     return linear_epsilon(algo.agent_steps[plan.policy_id], c.initial_epsilon, c.final_epsilon,
                           c.exploration_steps)
 
@@ -321,6 +328,9 @@ def start_on_policy_training(algo: MultiAgentAlgorithm, pid: str, samples: Polic
     if plan.algo == "PPO":
         args = {"num_epochs": config.num_epochs,
                 "num_minibatches": max(1, round(rows / config.minibatch_size))}
+    elif plan.algo == "IMPALA":  # V-trace on this round's fragments, learning rate decayed
+        args = {"num_epochs": config.num_epochs, "num_minibatches": config.num_minibatches,
+                "standardize": (), "lr": plan.module.decayed_lr(config, algo.agent_steps[pid])}
     else:  # A2C: one step on the whole batch
         args = {"num_epochs": 1, "num_minibatches": 1,
                 "standardize": ("advantages",) if config.standardize_advantages else ()}
@@ -349,7 +359,8 @@ def store_and_train_from_replay(algo: MultiAgentAlgorithm, pid: str, samples: Po
     for future in [shard.call_async("insert", sources.get(k, []), payloads.get(k))
                    for k, shard in enumerate(replay)]:
         future.result()
-    stats = dict.fromkeys((*LOSS_STATS["DQN"], "sgd_steps", "learner_samples"), math.nan)
+    stats = dict.fromkeys((*LOSS_STATS[plan.algo], "sgd_steps", "learner_samples",
+                           "num_target_updates"), math.nan)
     stats["epsilon"] = _epsilon(algo, plan)
     if algo.agent_steps[pid] >= config.learning_starts:
         debt = algo.policy_debt[pid] + samples.agent_steps.get(pid, 0) * \

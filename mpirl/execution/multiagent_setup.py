@@ -33,8 +33,8 @@ from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
 from mpirl.models.policy import model_spec
 
 #: Algorithms that train policies of a multi-agent run, by the data their learners take.
-ON_POLICY = ("PPO", "A2C")
-OFF_POLICY = ("DQN",)
+ON_POLICY = ("PPO", "A2C", "IMPALA")
+OFF_POLICY = ("DQN", "SAC")
 #: Keys that hold for the whole run (sampling, layout, bookkeeping): never a policy's override.
 RUN_WIDE_KEYS = ("num_rollout_workers", "num_envs_per_worker", "rollout_fragment_length",
                  "max_env_failures", "env_failure_window", "metrics_window", "seed",

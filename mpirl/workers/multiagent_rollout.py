@@ -282,6 +282,7 @@ class MultiAgentRolloutWorker(Worker):
         (off-policy) goes to that rank, or into the result (``payloads``) when the rank is None.
         ``epsilons`` are the off-policy policies' exploration rates."""
         epsilons = epsilons or {}
+        self.fragment_length = steps_per_env  # V-trace rows are this long
         for pid, state in (filter_states or {}).items():
             if pid in self.filters:
                 self.filters[pid].mean, self.filters[pid].var, self.filters[pid].count = state
@@ -451,7 +452,8 @@ class MultiAgentRolloutWorker(Worker):
             traj.rewards.append(reward)
             traj.dones.append(term or trunc)
             if term or trunc:
-                finished[pid].append(self._gae(pid, self.trajectories.pop((e, agent)), 0.0))
+                finished[pid].append(self._segment(pid, self.trajectories.pop((e, agent)), 0.0,
+                                                   None))
         elif plan.kind == "off_policy":
             stream = self.streams.setdefault((pid, e, agent), _Stream())
             obs, action = extra
@@ -462,6 +464,29 @@ class MultiAgentRolloutWorker(Worker):
             stream.truncated.append(trunc and next_obs is not None)
             if trunc and next_obs is not None:
                 stream.final_obs.append(self._policy_obs(pid, e, agent, next_obs, last=action))
+
+    def _segment(self, pid: str, traj: _Trajectory, last_value: float,
+                 bootstrap_obs: np.ndarray | None) -> dict[str, np.ndarray]:
+        """One agent's steps as rows of its policy's batch: GAE rows (PPO, A2C), or for V-trace
+        (IMPALA) one fragment-long row, left-padded with masked steps."""
+        if self.plans[pid].algo != "IMPALA":
+            return self._gae(pid, traj, last_value)
+        steps, count = self.fragment_length, len(traj)
+        pad = steps - count
+
+        def padded(values: list, dtype: Any = np.float32) -> np.ndarray:
+            array = np.asarray(values, dtype)
+            return np.concatenate([np.zeros((pad, *array.shape[1:]), array.dtype), array])[None]
+
+        first = np.asarray(traj.obs[0], np.float32)
+        dones = padded(traj.dones)
+        dones[0, :pad] = 1.0  # nothing flows from the real steps into the padding before them
+        return {"obs": padded(traj.obs), "actions": padded(traj.actions, np.asarray(
+                    traj.actions[0]).dtype), "logp": padded(traj.logp),
+                "rewards": padded(traj.rewards), "dones": dones,
+                "mask": np.concatenate([np.zeros(pad), np.ones(count)]).astype(np.float32)[None],
+                "bootstrap_obs": (np.zeros_like(first) if bootstrap_obs is None
+                                  else np.asarray(bootstrap_obs, np.float32))[None]}
 
     def _gae(self, pid: str, traj: _Trajectory, last_value: float) -> dict[str, np.ndarray]:
         config = self.plans[pid].config
@@ -493,7 +518,8 @@ class MultiAgentRolloutWorker(Worker):
                       if self._centralized(pid) else None)
             last = self.models[pid].value(obs, critic)
             for i, key in enumerate(members):
-                finished[pid].append(self._gae(pid, self.trajectories.pop(key), float(last[i])))
+                finished[pid].append(self._segment(pid, self.trajectories.pop(key),
+                                                   float(last[i]), obs[i]))
         self.trajectories.clear()
 
     def _take_chunk(self, pid: str) -> dict[str, Any]:
@@ -665,6 +691,14 @@ def _concat(parts: list[dict[str, np.ndarray]], plan: Any) -> dict[str, np.ndarr
     """One policy's trajectories as one batch (an empty one when it had none)."""
     if parts:
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if plan.algo == "IMPALA":  # no rows: what a V-trace batch holds, with 0 rows
+        shape = plan.observation_space.shape or ()
+        return {"obs": np.zeros((0, 1, *shape), np.float32),
+                "actions": np.zeros((0, 1, *(plan.action_space.shape or ())),
+                                    plan.action_space.dtype or np.int64),
+                **{k: np.zeros((0, 1), np.float32) for k in ("logp", "rewards", "dones",
+                                                              "mask")},
+                "bootstrap_obs": np.zeros((0, *shape), np.float32)}
     space = plan.observation_space
     shape = space.shape if isinstance(space, gym.spaces.Box) else ()
     action_shape = plan.action_space.shape or ()
