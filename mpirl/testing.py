@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from mpirl.envs.examples import MultiAgentCartPole
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.memory import rss_bytes
 
@@ -290,3 +291,28 @@ class RankInspector(Worker):
 
     def rss_bytes(self) -> int:
         return rss_bytes()
+
+
+class FlakyMultiAgentCartPole(MultiAgentCartPole):
+    """Two-cart ``MultiAgentCartPole`` that raises ``InjectedFailure`` on a ``FailureSchedule``
+    (a multi-agent env's failures are recovered like a single-agent env's)."""
+
+    def __init__(self, fail_every_steps: int = 1500, fail_resets_after: int | None = None
+                 ) -> None:
+        super().__init__(num_agents=2)
+        self.schedule = FailureSchedule(fail_every_steps, fail_resets_after)
+
+    def step(self, actions: dict[str, Any]):
+        self.schedule.before_step()
+        return super().step(actions)
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        self.schedule.before_reset()
+        return super().reset(seed=seed, options=options)
+
+
+class BrokenStepMultiAgentCartPole(FlakyMultiAgentCartPole):
+    """Raises in every step."""
+
+    def __init__(self) -> None:
+        super().__init__(fail_every_steps=1)

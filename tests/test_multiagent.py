@@ -392,3 +392,28 @@ def test_impala_and_sac_composed_on_agents_with_different_spaces(tmp_path):
     assert _f(last, "episode_return_mean/picker") >= 8.5, last
     assert _f(last, "episode_return_mean/steerer") >= -2.0, last
     assert np.isfinite(_f(last, "picker/mean_rho")) and np.isfinite(_f(last, "steerer/alpha"))
+
+
+def test_multiagent_ppo_learns_through_env_failures(tmp_path):
+    """Each env instance raises on every 1500th step: it is rebuilt, the episode is dropped for
+    both agents, and the shared policy still learns."""
+    run_dir = tmp_path / "run"
+    proc = _train(3, "--algo", "PPO", "--env", "mpirl.testing:FlakyMultiAgentCartPole",
+                  "--run-dir", str(run_dir), "--seed", "5", "--stop",
+                  '{"episode_return_mean/shared": 400, "timesteps_total": 150000}')
+    _ok(proc)
+    last = _rows(run_dir)[-1]
+    assert _f(last, "episode_return_mean/shared") >= 400, last
+    assert int(last["num_env_failures"]) > 0
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_multiagent_env_that_always_fails_ends_the_run_with_one_error(tmp_path):
+    env = "mpirl.testing:BrokenStepMultiAgentCartPole"
+    proc = _train(3, "--algo", "PPO", "--env", env, "--run-dir", str(tmp_path / "run"),
+                  "--config", '{"max_env_failures": 4}', timeout=60)
+    assert proc.returncode == 1, f"{proc.stdout[-3000:]}\n{proc.stderr}"
+    assert proc.stderr.count("max_env_failures") == 1, proc.stderr
+    assert f"mpirl: environment {env!r} failed 4 times in a row" in proc.stderr
+    assert "InjectedFailure: injected failure in step 1" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Remote traceback" not in proc.stderr
