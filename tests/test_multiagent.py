@@ -15,6 +15,10 @@ from conftest import BIN, LiveRun, latest_checkpoint_iteration, mpi_env, run_mpi
 
 MPIRL = str(BIN / "mpirl")
 CARTPOLES = "mpirl.envs.examples:MultiAgentCartPole"
+#: rps_v2: a learning policy against the scripted beat-the-last-move heuristic.
+RPS = {"policies": {"learned": {},
+                    "beat_last": {"policy_class": "mpirl.envs.examples:BeatLastMove"}},
+       "policy_mapping": {"player_0": "learned", "player_1": "beat_last"}}
 
 
 def _train(n, *args, timeout=300):
@@ -183,10 +187,7 @@ def test_scripted_opponent_and_an_aec_env_converted(tmp_path):
     """rps_v2 as an AEC env (``env()``), converted with aec_to_parallel; the scripted opponent
     plays what beats its opponent's last move, and never learns."""
     run_dir = tmp_path / "run"
-    config = {"multiagent": {
-        "policies": {"learned": {}, "beat_last": {"policy_class":
-                                                  "mpirl.envs.examples:BeatLastMove"}},
-        "policy_mapping": {"player_0": "learned", "player_1": "beat_last"}}}
+    config = {"multiagent": RPS}
     _ok(_train(1, "--algo", "PPO", "--env", "pettingzoo.classic.rps_v2:env", "--run-dir",
                str(run_dir), "--config", json.dumps(config), "--stop",
                '{"training_iteration": 3}'))
@@ -280,10 +281,7 @@ def test_centralized_critic_without_a_state_concatenates_every_agents_observatio
     from mpirl.models.policy import PolicySpec
 
     run_dir = tmp_path / "run"
-    config = {"centralized_critic": True, "checkpoint_every": 2, "multiagent": {
-        "policies": {"learned": {}, "beat_last": {"policy_class":
-                                                  "mpirl.envs.examples:BeatLastMove"}},
-        "policy_mapping": {"player_0": "learned", "player_1": "beat_last"}}}
+    config = {"centralized_critic": True, "checkpoint_every": 2, "multiagent": RPS}
     _ok(_train(1, "--algo", "PPO", "--env", "pettingzoo.classic.rps_v2", "--run-dir",
                str(run_dir), "--config", json.dumps(config), "--stop",
                '{"training_iteration": 2}'))
@@ -363,10 +361,8 @@ def test_ppo_beats_the_beat_last_move_heuristic_at_rock_paper_scissors(tmp_path)
     memory that sees only the opponent's move has no gradient to follow from uniform play, as
     that move says nothing of what the opponent will answer to."""
     run_dir = tmp_path / "run"
-    config = {"seed": 5, "multiagent": {
-        "policies": {"learned": {"last_action_in_obs": True},
-                     "beat_last": {"policy_class": "mpirl.envs.examples:BeatLastMove"}},
-        "policy_mapping": {"player_0": "learned", "player_1": "beat_last"}}}
+    config = {"seed": 5, "multiagent": {**RPS, "policies": {
+        **RPS["policies"], "learned": {"last_action_in_obs": True}}}}
     _ok(_train(3, "--algo", "PPO", "--env", "pettingzoo.classic.rps_v2", "--run-dir",
                str(run_dir), "--config", json.dumps(config), "--stop",
                '{"episode_return_mean/learned": 6.0, "timesteps_total": 200000}'))

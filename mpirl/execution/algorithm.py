@@ -290,9 +290,14 @@ class Algorithm:
                 continue  # its file holds what it wrote; mpirl.data.reader finds the rest
             except RemoteError as error:
                 raise unwrap_remote(error, DumpWriterTimeout) from None
-            if result is not None:
-                self.dump_index.add(*result)
+            self.index_written(result)
         self.dump_index.commit()
+
+    def index_written(self, written: Any) -> None:
+        """Index what a rollout worker's ``finish_dump`` returned: (file name, episodes), or
+        None without a dump."""
+        if written is not None:
+            self.dump_index.add(*written)
 
     # Checkpoints. The driver's own state goes to driver.pkl; every worker writes its own file.
 

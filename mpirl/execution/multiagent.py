@@ -27,11 +27,17 @@ from typing import Any
 import numpy as np
 
 from mpirl.data.dump_index import DumpIndex
-from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
-from mpirl.errors import RankLost, RemoteError, unwrap_remote
+from mpirl.data.dump_writer import DumpSettings
+from mpirl.errors import RemoteError
 from mpirl.execution.algorithm import Algorithm
 from mpirl.execution.multiagent_setup import MultiAgentSetup, PolicyPlan, resolve
-from mpirl.execution.operators import SampleResult, mean_stats, replay_dest, train_from_replay
+from mpirl.execution.operators import (
+    SampleResult,
+    add_sample_metrics,
+    mean_stats,
+    replay_dest,
+    train_from_replay,
+)
 from mpirl.execution.replay_ops import linear_epsilon, replay_beta, replay_settings
 from mpirl.models.policy import RunningMeanStd
 from mpirl.models.soft_q import SAC_STATS
@@ -176,20 +182,11 @@ class MultiAgentAlgorithm(Algorithm):
             else math.nan
         return row
 
-    def finish_dumps(self) -> None:
-        """At the end of a run: every rollout rank's episodes on disk, and indexed."""
-        if self.dump_index is None:
-            return
-        for future in [w.call_async("finish_dump") for w in self.rollouts]:
-            try:
-                written = future.result()
-            except RankLost:
-                continue
-            except RemoteError as error:
-                raise unwrap_remote(error, DumpWriterTimeout) from None
-            for key, episodes in written:
-                self.dump_index.add(key, episodes)
-        self.dump_index.commit()
+    def index_written(self, written: Any) -> None:
+        """A multi-agent rollout worker's ``finish_dump``: ((policy id, file name), episodes)
+        per policy."""
+        for key, episodes in written:
+            self.dump_index.add(key, episodes)
 
     def collect_histograms(self) -> dict[str, np.ndarray]:
         return {f"{pid}/{tag}": values for pid, learners in self.policy_learners.items()
@@ -293,11 +290,9 @@ def sample_policies(algo: MultiAgentAlgorithm) -> PolicySamples:
             metrics = future.result()
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
-        result.env_steps += metrics["env_steps"]
-        result.env_failures += metrics["env_failures"]
-        result.episode_returns += metrics["episode_returns"]
-        result.episode_lengths += metrics["episode_lengths"]
-        result.dumped += metrics.get("dumped", [])
+        dumped = metrics.pop("dumped", [])  # one entry per policy, not one per worker
+        add_sample_metrics(result, metrics)
+        result.dumped += dumped
         for pid, steps in metrics["agent_steps"].items():
             result.agent_steps[pid] = result.agent_steps.get(pid, 0) + steps
         for pid, returns in metrics["policy_returns"].items():

@@ -164,15 +164,7 @@ class MultiAgentRolloutWorker(Worker):
     def _reset_env(self, e: int, seed: int | None = None) -> None:
         obs, _ = self.envs[e].reset(seed=seed)
         self._note_failures(e)
-        self._forget_last_actions(e)
-        self.obs[e] = dict(obs)
-        self.assigned[e] = {}
-        self.agent_return[e] = {}
-        self.agent_length[e] = {}
-        self.env_return[e] = 0.0
-        self.env_length[e] = 0
-        self.episodes_started += 1
-        self._assign_new_agents(e)
+        self._start_fresh(e, obs)
 
     def _assign_new_agents(self, e: int) -> None:
         """Map the agents that have just appeared in env ``e`` to their policies. Of a self-play
@@ -378,7 +370,8 @@ class MultiAgentRolloutWorker(Worker):
             del self.last_actions[key]
 
     def _start_fresh(self, e: int, obs: dict[str, Any]) -> None:
-        """After a failure, the rebuilt env's first observations begin a new episode."""
+        """The env's first observations ``obs`` (after a reset, or from the env rebuilt after a
+        failure) begin a new episode."""
         self._forget_last_actions(e)
         self.obs[e] = dict(obs)
         self.assigned[e] = {}

@@ -88,10 +88,7 @@ class PolicyReplayShard(ReplayShard):
 
     def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
         """Store the chunks of rollout ranks ``sources`` (or ``chunks`` given in the call)."""
-        self._drain_priorities()
-        received = list(chunks or [])
-        if sources:
-            received += self.context.data_channel.recv_each(sources, self.insert_tag)
+        received = self.receive_chunks(sources, chunks)
         rows = 0
         for chunk in received:
             worker, seq = chunk["worker"], chunk["seq"]

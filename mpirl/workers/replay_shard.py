@@ -54,13 +54,19 @@ class ReplayShard(Worker):
         self.buffer.update_priorities(update["indices"], update["generations"], update["td"])
         self.priority_messages += 1
 
-    def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
-        """Store the chunks that rollout ranks ``sources`` sent (or ``chunks`` given in the
-        call); returns the rows stored."""
+    def receive_chunks(self, sources: list[int], chunks: list[dict] | None) -> list[dict]:
+        """The chunks of rollout ranks ``sources`` and those given in the call; priorities that
+        came meanwhile are applied first."""
         self._drain_priorities()
         received = list(chunks or [])
         if sources:
             received += self.context.data_channel.recv_each(sources, self.insert_tag)
+        return received
+
+    def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
+        """Store the chunks that rollout ranks ``sources`` sent (or ``chunks`` given in the
+        call); returns the rows stored."""
+        received = self.receive_chunks(sources, chunks)
         rows = 0
         for chunk in received:
             worker, seq = chunk["worker"], chunk["seq"]
