@@ -68,6 +68,8 @@ class Plan:
     config: dict[str, Any] = field(default_factory=dict)
     offline: bool = False
     """Learns from a dump (made first, by a short PPO run) rather than by sampling."""
+    algo: str = ""
+    """The ``--algo`` of a plan named otherwise (MULTIAGENT runs PPO with a DQN policy)."""
 
 
 #: docs/algorithms.md's command for each algorithm. An algorithm not listed runs on 3 ranks on
@@ -76,6 +78,11 @@ PLANS = {
     "PPO": Plan(3), "A2C": Plan(3), "IMPALA": Plan(3), "A3C": Plan(3), "DQN": Plan(2),
     "APEX": Plan(7), "SAC": Plan(2, "Pendulum-v1"), "BC": Plan(3, offline=True),
     "MARWIL": Plan(3, offline=True),
+    # docs/multiagent.md's composed run: PPO and DQN policies, each on a learner rank.
+    "MULTIAGENT": Plan(4, "mpirl.envs.examples:FourAgentCartPole", {
+        "num_learners": 2, "multiagent": {
+            "policies": {"ppo": {"num_learners": 1}, "dqn": {"algo": "DQN", "num_learners": 1}},
+            "policy_mapping": {"cart_[02]": "ppo", "cart_[13]": "dqn"}}}, algo="PPO"),
 }
 #: The slack allowed: fds at the end over those at the end of warm-up, and RSS (MB) after a
 #: resume over RSS before the signal.
@@ -335,16 +342,17 @@ def make_dump(directory: Path) -> Path:
 
 def parse_algos(text: str | None) -> list[tuple[str, str, Plan]]:
     """``ALGO`` or ``ALGO:N`` entries -> (name, algo, plan); default: every algorithm."""
-    entries = text.split(",") if text else list(ALGORITHMS)
+    known = [*ALGORITHMS, *(name for name in PLANS if name not in ALGORITHMS)]
+    entries = text.split(",") if text else known
     parsed = []
     for entry in entries:
-        algo, _, ranks = entry.strip().upper().partition(":")
-        if algo not in ALGORITHMS:
-            raise SystemExit(f"soak: unknown algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
-        plan = PLANS.get(algo, Plan(3))
+        name, _, ranks = entry.strip().upper().partition(":")
+        if name not in known:
+            raise SystemExit(f"soak: unknown algorithm {name!r}; known: {', '.join(known)}")
+        plan = PLANS.get(name, Plan(3))
         if ranks:
-            plan = Plan(int(ranks), plan.env, plan.config, plan.offline)
-        parsed.append((f"{algo}-n{plan.ranks}", algo, plan))
+            plan = Plan(int(ranks), plan.env, plan.config, plan.offline, plan.algo)
+        parsed.append((f"{name}-n{plan.ranks}", plan.algo or name, plan))
     return parsed
 
 

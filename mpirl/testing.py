@@ -316,3 +316,10 @@ class BrokenStepMultiAgentCartPole(FlakyMultiAgentCartPole):
 
     def __init__(self) -> None:
         super().__init__(fail_every_steps=1)
+
+
+def swap_sides(agent_id: str, episode_info: dict[str, Any]) -> str:
+    """A policy mapping function: in even episodes cart_0 is driven by "a" and cart_1 by "b",
+    in odd ones the other way round."""
+    first = agent_id.endswith("0")
+    return "a" if first == (episode_info["episode"] % 2 == 0) else "b"

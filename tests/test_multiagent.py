@@ -413,3 +413,21 @@ def test_a_multiagent_env_that_always_fails_ends_the_run_with_one_error(tmp_path
     assert f"mpirl: environment {env!r} failed 4 times in a row" in proc.stderr
     assert "InjectedFailure: injected failure in step 1" in proc.stderr
     assert "Traceback" not in proc.stderr and "Remote traceback" not in proc.stderr
+
+
+def test_a_mapping_function_is_called_per_episode(tmp_path):
+    """policy_mapping as "module:function": the two policies swap carts every episode, so each
+    drives both carts in turn; spaces are checked at the start with every agent."""
+    run_dir = tmp_path / "run"
+    config = {"checkpoint_every": 2, "multiagent": {
+        "policies": {"a": {}, "b": {}}, "policy_mapping": "mpirl.testing:swap_sides"}}
+    _ok(_train(1, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+               "--config", json.dumps(config), "--stop", '{"training_iteration": 2}'))
+    last = _rows(run_dir)[-1]
+    steps = int(last["timesteps_total"])
+    a, b = int(last["agent_steps_total/a"]), int(last["agent_steps_total/b"])
+    assert a > 0 and b > 0 and a + b <= 2 * steps
+    state = _state(run_dir, 2, "rollout_0.pkl")
+    # Every env's agents are split between the two policies, whichever episode it is in.
+    for assigned in state["assigned"]:
+        assert sorted(assigned.values()) in (["a", "b"], ["a"], ["b"], [])
