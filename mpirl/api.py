@@ -97,7 +97,7 @@ class Algorithm:
         self._answers: queue.Queue = queue.Queue()
         self._exit_code: int | None = None
         self._thread = threading.Thread(target=self._run, name="mpirl-driver", daemon=True)
-        self._policy: Any = None
+        self._policies: dict[str, Any] = {}  # policy id ("" for a single-agent run) -> model
         self._thread.start()
         ready = self._answer()
         if isinstance(ready, BaseException):
@@ -216,25 +216,44 @@ class Algorithm:
 
         return self._call(load)
 
-    def compute_actions(self, observations: Any, explore: bool = False) -> np.ndarray:
+    def compute_actions(self, observations: Any, explore: bool = False,
+                        policy_id: str | None = None) -> np.ndarray:
         """Actions of learner 0's current policy for a batch of observations (one per row), as
-        the environment takes them; ``explore`` samples instead of taking the most likely."""
+        the environment takes them; ``explore`` samples instead of taking the most likely. In a
+        multi-agent run, ``policy_id`` says whose (it may be left out when there is one policy);
+        a frozen policy's weights come from rollout worker 0."""
         def act(state: AlgorithmState, *_: Any) -> np.ndarray:
-            if self._policy is None:
-                self._policy = state.policy_spec.build("cpu")
-            policy = self._policy
-            policy.set_flat_weights(state.learners[0].call_async("get_weights").result())
+            if hasattr(state, "setup"):  # a multi-agent run
+                plan = _policy_plan(state.setup, policy_id)
+                if plan.kind == "scripted":
+                    raise MpirlError(f"policy {plan.policy_id!r} is scripted "
+                                     f"({plan.policy_class}); call its compute_actions yourself")
+                spec, obs_filter = plan.model, state.policy_filters.get(plan.policy_id)
+                learners = state.policy_learners.get(plan.policy_id)
+                weights = (learners[0].call_async("get_weights").result() if learners else
+                           state.rollouts[0].call("get_policy_weights")[plan.policy_id])
+            else:
+                if policy_id is not None:
+                    raise MpirlError("policy_id is for multi-agent runs; this run has one policy")
+                spec, obs_filter = state.policy_spec, state.obs_filter
+                weights = state.learners[0].call_async("get_weights").result()
+            key = policy_id or ""
+            if key not in self._policies:
+                self._policies[key] = spec.build("cpu")
+            policy = self._policies[key]
+            policy.set_flat_weights(weights)
             batch = np.asarray(observations)
-            if state.obs_filter is not None:
-                batch = state.obs_filter.normalize(batch)
+            if obs_filter is not None:
+                batch = obs_filter.normalize(batch)
             actions = policy.act(batch, deterministic=not explore)[0]
             return policy.env_actions(actions)
 
         return self._call(act)
 
-    def compute_single_action(self, observation: Any, explore: bool = False) -> Any:
+    def compute_single_action(self, observation: Any, explore: bool = False,
+                              policy_id: str | None = None) -> Any:
         """``compute_actions`` for one observation."""
-        return self.compute_actions(np.asarray(observation)[None], explore)[0]
+        return self.compute_actions(np.asarray(observation)[None], explore, policy_id)[0]
 
     @property
     def config(self) -> dict[str, Any]:
@@ -257,3 +276,16 @@ class Algorithm:
 
 def _never_called(driver: Driver) -> int:
     raise AssertionError("the driver function runs on rank 0 only")
+
+
+def _policy_plan(setup: Any, policy_id: str | None) -> Any:
+    """The plan of ``policy_id`` in a multi-agent run; the only policy when it is None."""
+    if policy_id is None:
+        if len(setup.policies) != 1:
+            raise MpirlError(f"this multi-agent run has policies {sorted(setup.policies)}: "
+                             f"give policy_id")
+        return next(iter(setup.policies.values()))
+    if policy_id not in setup.policies:
+        raise MpirlError(f"unknown policy_id {policy_id!r}; the policies are "
+                         f"{sorted(setup.policies)}")
+    return setup.policies[policy_id]

@@ -431,3 +431,37 @@ def test_a_mapping_function_is_called_per_episode(tmp_path):
     # Every env's agents are split between the two policies, whichever episode it is in.
     for assigned in state["assigned"]:
         assert sorted(assigned.values()) in (["a", "b"], ["a"], ["b"], [])
+
+
+MULTIAGENT_API_PROGRAM = """
+import sys, mpirl
+algo = mpirl.Algorithm.build("PPO", "mpirl.envs.examples:MixedAgents", run_dir=sys.argv[1],
+                             config={"num_envs_per_worker": 2, "rollout_fragment_length": 20})
+row = algo.train()
+picks = algo.compute_actions([[1.0, 0.0, 0.0]] * 4, policy_id="picker")
+steers = algo.compute_actions([[0.5, 1.0]] * 3, policy_id="steerer")
+errors = []
+for kwargs in ({}, {"policy_id": "nobody"}):
+    try:
+        algo.compute_actions([[0.5, 1.0]], **kwargs)
+    except mpirl.MpirlError as error:
+        errors.append(str(error))
+saved = algo.save()
+algo.stop()
+print("RESULT", [picks.shape, set(picks.tolist()) <= {0, 1, 2}, steers.shape,
+                 bool((abs(steers) <= 1).all()), errors, "episode_return_mean/steerer" in row])
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_the_python_api_acts_for_each_policy(tmp_path, ranks):
+    program = tmp_path / "ma.py"
+    program.write_text(MULTIAGENT_API_PROGRAM)
+    command = [str(BIN / "python"), str(program), str(tmp_path / "run")]
+    proc = (subprocess.run(command, capture_output=True, text=True, timeout=120, env=mpi_env())
+            if ranks == 1 else run_mpi(ranks, *command, timeout=120))
+    _ok(proc)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    picks, picks_ok, steers, steers_ok, errors, has_row = eval(line[len("RESULT "):])
+    assert picks == (4,) and picks_ok and steers == (3, 1) and steers_ok and has_row
+    assert "give policy_id" in errors[0] and "unknown policy_id 'nobody'" in errors[1]
