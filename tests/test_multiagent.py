@@ -465,3 +465,18 @@ def test_the_python_api_acts_for_each_policy(tmp_path, ranks):
     picks, picks_ok, steers, steers_ok, errors, has_row = eval(line[len("RESULT "):])
     assert picks == (4,) and picks_ok and steers == (3, 1) and steers_ok and has_row
     assert "give policy_id" in errors[0] and "unknown policy_id 'nobody'" in errors[1]
+
+
+def test_observation_statistics_are_kept_per_policy(tmp_path):
+    """normalize_observations: each policy's running mean and variance count its own agents'
+    observations, merged on the driver from every rollout rank."""
+    run_dir = tmp_path / "run"
+    config = {"normalize_observations": True, "checkpoint_every": 3,
+              "multiagent": {**MA, "policies": {"a": {}, "b": {"normalize_observations": False}}}}
+    _ok(_train(3, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+               "--config", json.dumps(config), "--stop", '{"training_iteration": 3}'))
+    driver = _state(run_dir, 3, "driver.pkl")
+    assert set(driver["policy_filters"]) == {"a"}
+    mean, var, count = driver["policy_filters"]["a"]
+    assert count == pytest.approx(float(_rows(run_dir)[-1]["agent_steps_total/a"]), abs=1)
+    assert mean.shape == (4,) and (var > 0).all()
