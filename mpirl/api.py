@@ -27,7 +27,7 @@ from mpirl.commands.train import (
     run_params,
 )
 from mpirl.commands.train import train as train_request
-from mpirl.errors import EXIT_FAILURE, EXIT_OK, MpirlError
+from mpirl.errors import EXIT_FAILURE, EXIT_OK, ConfigError, MpirlError
 from mpirl.execution.algorithm import Algorithm as AlgorithmState
 from mpirl.jobs.checkpoint import CheckpointStore, verify
 from mpirl.jobs.run_dir import RunLock, RunRecorder
@@ -224,7 +224,10 @@ class Algorithm:
         a frozen policy's weights come from rollout worker 0."""
         def act(state: AlgorithmState, *_: Any) -> np.ndarray:
             if hasattr(state, "setup"):  # a multi-agent run
-                plan = _policy_plan(state.setup, policy_id)
+                try:
+                    plan = state.setup.policy(policy_id)
+                except ConfigError as error:
+                    raise MpirlError(f"{error}; give policy_id") from None
                 if plan.kind == "scripted":
                     raise MpirlError(f"policy {plan.policy_id!r} is scripted "
                                      f"({plan.policy_class}); call its compute_actions yourself")
@@ -277,15 +280,3 @@ class Algorithm:
 def _never_called(driver: Driver) -> int:
     raise AssertionError("the driver function runs on rank 0 only")
 
-
-def _policy_plan(setup: Any, policy_id: str | None) -> Any:
-    """The plan of ``policy_id`` in a multi-agent run; the only policy when it is None."""
-    if policy_id is None:
-        if len(setup.policies) != 1:
-            raise MpirlError(f"this multi-agent run has policies {sorted(setup.policies)}: "
-                             f"give policy_id")
-        return next(iter(setup.policies.values()))
-    if policy_id not in setup.policies:
-        raise MpirlError(f"unknown policy_id {policy_id!r}; the policies are "
-                         f"{sorted(setup.policies)}")
-    return setup.policies[policy_id]

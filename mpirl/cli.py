@@ -87,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
             checkpoint, manifest = find_checkpoint(
                 args.checkpoint, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
-            output = args.output or (f"{manifest['algo']}-{manifest['env']['env_id']}-"
+            policy = f"-{args.policy}" if args.policy else ""
+            output = args.output or (f"{manifest['algo']}-{manifest['env']['env_id']}{policy}-"
                                      f"{manifest['iteration']:06d}.npz").replace(":", "_")
-            _print_on_rank0(f"wrote {export_checkpoint(checkpoint, manifest, output)} "
-                            f"(from {checkpoint})")
+            written = export_checkpoint(checkpoint, manifest, output, args.policy)
+            _print_on_rank0(f"wrote {written} (from {checkpoint})")
             return 0
         if args.command == "plot":
             from mpirl.report.plot import plot_runs

@@ -464,7 +464,7 @@ def test_the_python_api_acts_for_each_policy(tmp_path, ranks):
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
     picks, picks_ok, steers, steers_ok, errors, has_row = eval(line[len("RESULT "):])
     assert picks == (4,) and picks_ok and steers == (3, 1) and steers_ok and has_row
-    assert "give policy_id" in errors[0] and "unknown policy_id 'nobody'" in errors[1]
+    assert "give policy_id" in errors[0] and "unknown policy id 'nobody'" in errors[1]
 
 
 def test_observation_statistics_are_kept_per_policy(tmp_path):
@@ -480,3 +480,34 @@ def test_observation_statistics_are_kept_per_policy(tmp_path):
     mean, var, count = driver["policy_filters"]["a"]
     assert count == pytest.approx(float(_rows(run_dir)[-1]["agent_steps_total/a"]), abs=1)
     assert mean.shape == (4,) and (var > 0).all()
+
+
+def test_export_writes_one_policy_of_a_multiagent_checkpoint(tmp_path):
+    from mpirl.commands.export import load_exported
+
+    run_dir = tmp_path / "run"
+    config = {"checkpoint_every": 2, "multiagent": {
+        **MA, "policies": {"a": {}, "b": {"algo": "DQN"}}, "policies_to_train": ["a"]}}
+    _ok(_train(1, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+               "--config", json.dumps(config), "--stop", '{"training_iteration": 2}'))
+
+    def export(*args):
+        return subprocess.run([MPIRL, "export", str(run_dir), *args], capture_output=True,
+                              text=True, timeout=120, env=mpi_env())
+
+    refused = export("-o", str(tmp_path / "x.npz"))
+    assert refused.returncode == 2 and "name the one to export with --policy ID" in refused.stderr
+    rollout = _state(run_dir, 2, "rollout_0.pkl")["weights"]
+    for pid, algo, model in (("a", "PPO", "Policy"), ("b", "DQN", "QNetwork")):
+        path = tmp_path / f"{pid}.npz"
+        _ok(export("--policy", pid, "-o", str(path)))
+        header, policy, _ = load_exported(path)
+        assert (header["algo"], header["policy_id"], type(policy).__name__) == (algo,
+                                                                                pid, model)
+        # b is frozen: its weights are the rollout workers', as exported.
+        assert np.array_equal(policy.get_flat_weights(), rollout[pid])
+        actions = policy.act(np.zeros((3, 4), np.float32))[0]
+        assert actions.shape == (3,)
+    proc = subprocess.run([MPIRL, "evaluate", str(tmp_path / "a.npz")], capture_output=True,
+                          text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 2 and "evaluate the run's checkpoint instead" in proc.stderr

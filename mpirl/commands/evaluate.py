@@ -84,6 +84,10 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
 
         manifest, policy, obs_filter = load_exported(path)
         checkpoint = Path(path)
+        if manifest.get("policy_id") is not None:
+            raise ConfigError(f"{path} is policy {manifest['policy_id']!r} of a multi-agent run; "
+                              f"evaluate the run's checkpoint instead (mpirl evaluate RUN_DIR), "
+                              f"which plays every policy")
         saved = manifest["env"]
         if env_id is None and (saved.get("env_module") or ":" in saved["env_id"]):
             raise ConfigError(

@@ -18,6 +18,7 @@ Nothing crosses ranks: export and evaluation run in one process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zipfile
@@ -28,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mpirl.errors import CheckpointError
+from mpirl.errors import CheckpointError, ConfigError
 from mpirl.models.policy import RunningMeanStd, model_spec
 
 FORMAT = "mpirl-policy"
@@ -62,8 +63,10 @@ def _space_from_json(entry: dict[str, Any], prefix: str, arrays: dict[str, np.nd
     raise CheckpointError(f"unknown space type {kind!r} in the exported file")
 
 
-def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | Path) -> Path:
-    """Write ``checkpoint``'s policy (verified, with its ``manifest``) to ``output`` as .npz.
+def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | Path,
+                      policy_id: str | None = None) -> Path:
+    """Write ``checkpoint``'s policy (verified, with its ``manifest``) to ``output`` as .npz;
+    of a multi-agent checkpoint, policy ``policy_id``'s.
 
     This reads the checkpoint's pickles and imports its environment: export only your own."""
     from mpirl.config.parse import build
@@ -74,27 +77,55 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     saved = manifest["env"]
-    observation_space, action_space = EnvSpec(saved["env_id"], saved.get("env_module"),
-                                              dict(saved.get("env_config") or {})).spaces()
-    model = model_spec(module, observation_space, action_space, config).build("cpu")
     files = manifest["files"]
-    model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
-                                           files["learner_0.pkl"])["weights"])
+    env = EnvSpec(saved["env_id"], saved.get("env_module"), dict(saved.get("env_config") or {}))
+    driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
+    if env.is_multi_agent():
+        from mpirl.execution.multiagent import user_given
+        from mpirl.execution.multiagent_setup import resolve
+
+        setup = resolve(manifest["algo"], user_given(config), env)
+        if policy_id is None and len(setup.policies) > 1:
+            raise ConfigError(f"{checkpoint} holds policies {sorted(setup.policies)}: name the "
+                              f"one to export with --policy ID")
+        plan = setup.policy(policy_id)
+        if plan.kind == "scripted":
+            raise ConfigError(f"policy {plan.policy_id!r} is scripted ({plan.policy_class}): "
+                              f"it has no weights to export")
+        observation_space, action_space = plan.observation_space, plan.action_space
+        model = plan.model.build("cpu")
+        rollout = read_state_file(checkpoint / "rollout_0.pkl", files["rollout_0.pkl"])
+        model.set_flat_weights(rollout["weights"][plan.policy_id])  # frozen ones live there
+        obs_filter = driver.get("policy_filters", {}).get(plan.policy_id)
+        # The file is the policy's alone: its algorithm, its config, its model.
+        config, algo, critic_inputs = plan.config, plan.algo, plan.model.critic_inputs \
+            if hasattr(plan.model, "critic_inputs") else 0
+    else:
+        if policy_id is not None:
+            raise ConfigError(f"--policy is for multi-agent checkpoints; {checkpoint} holds "
+                              f"one policy")
+        observation_space, action_space = env.spaces()
+        algo, critic_inputs = manifest["algo"], 0
+        model = model_spec(module, observation_space, action_space, config).build("cpu")
+        model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
+                                               files["learner_0.pkl"])["weights"])
+        obs_filter = driver["obs_filter"]
     arrays = {f"weights/{name}": tensor.detach().numpy().copy()
               for name, tensor in model.named_parameters()}
     normalized = False
     if getattr(config, "normalize_observations", False):
-        driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
-        if driver["obs_filter"] is not None:
-            mean, var, count = driver["obs_filter"]
+        if obs_filter is not None:
+            mean, var, count = obs_filter
             arrays["obs_filter/mean"], arrays["obs_filter/var"] = mean, var
             arrays["obs_filter/count"] = np.asarray(count, np.float64)
             normalized = True
     header = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "algo": manifest["algo"],
-        "env": saved, "config": manifest["config"], "iteration": manifest["iteration"],
+        "format": FORMAT, "format_version": FORMAT_VERSION, "algo": algo,
+        "env": saved, "config": dataclasses.asdict(config), "iteration": manifest["iteration"],
+        "critic_inputs": critic_inputs,
         "timesteps_total": manifest["timesteps_total"],
         "mpirl_version": manifest.get("mpirl_version"), "normalize_observations": normalized,
+        "policy_id": policy_id if env.is_multi_agent() else None,
         "spaces": {"observation": _space_to_json(observation_space, "spaces/observation", arrays),
                    "action": _space_to_json(action_space, "spaces/action", arrays)},
     }
@@ -162,7 +193,10 @@ def load_exported(path: str | Path) -> tuple[dict[str, Any], Any, RunningMeanStd
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: its header or space arrays are incomplete ({error!r})"
                               ) from None
-    model = model_spec(module, observation_space, action_space, config).build("cpu")
+    spec = model_spec(module, observation_space, action_space, config)
+    if header.get("critic_inputs"):  # a multi-agent policy's centralized critic
+        spec = dataclasses.replace(spec, critic_inputs=header["critic_inputs"])
+    model = spec.build("cpu")
     expected = dict(model.named_parameters())
     stored = {key[len("weights/"):] for key in arrays if key.startswith("weights/")}
     if stored != set(expected):

@@ -119,6 +119,19 @@ class MultiAgentSetup:
     mapping: PolicyMapping
     state_size: int = 0  # the env's global state() length; 0 without one
 
+    def policy(self, policy_id: str | None) -> PolicyPlan:
+        """The plan of ``policy_id``; the only policy when it is None. ConfigError if unknown,
+        or if there are several and none was named."""
+        if policy_id is None:
+            if len(self.policies) != 1:
+                raise ConfigError(f"this multi-agent run has policies {sorted(self.policies)}: "
+                                  f"name one")
+            return next(iter(self.policies.values()))
+        if policy_id not in self.policies:
+            raise ConfigError(f"unknown policy id {policy_id!r}; the policies are "
+                              f"{sorted(self.policies)}")
+        return self.policies[policy_id]
+
     def trained(self) -> list[PolicyPlan]:
         return [p for p in self.policies.values() if p.trainable]
 

@@ -108,6 +108,9 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                         help="where to write (default: ALGO-ENV-ITERATION.npz here)")
     export.add_argument("--format", choices=["npz"], default="npz",
                         help="npz: NumPy arrays, read with allow_pickle=False (the only format)")
+    export.add_argument("--policy", metavar="ID",
+                        help="a multi-agent checkpoint: the policy to export (needed when it "
+                             "has several)")
 
     if add_job_commands is not None:
         add_job_commands(commands)
