@@ -345,6 +345,8 @@ def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(tmp_pat
             assert (episode.agent_id, episode.policy_id) == (pid, pid)
             assert episode.observations.shape == (length + 1, obs_size)
             assert episode.actions.shape == (length, *action_shape)
+    with pytest.raises(mpirl.data.reader.DatasetError, match="one dataset per policy: open"):
+        mpirl.open_dataset(dump)
     proc = subprocess.run([MPIRL, "evaluate", str(run_dir), "--episodes", "3", "--json"],
                           capture_output=True, text=True, timeout=120, env=mpi_env())
     _ok(proc)

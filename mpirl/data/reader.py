@@ -304,6 +304,12 @@ def open_dataset(path: str | Path) -> Dataset:
     for f, k in linked:
         linked_in.setdefault(f, set()).add(k)
     if not files:
+        per_policy = sorted(p.name for p in Path(path).iterdir()
+                            if p.is_dir() and (p / MAIN_FILE).is_file()) if Path(path).is_dir() \
+            else []
+        if per_policy:  # a multi-agent run's dump: one dataset per policy
+            raise DatasetError(f"{path} is a multi-agent dump with one dataset per policy: open "
+                               f"{path}/<policy id>, one of {', '.join(per_policy)}")
         raise DatasetError(f"{path}: no trajectory files (expected {MAIN_FILE} or "
                            f"rollout-s*-w*.hdf5)")
     scans: dict[int, _FileScan] = {}
