@@ -513,3 +513,39 @@ def test_export_writes_one_policy_of_a_multiagent_checkpoint(tmp_path):
     proc = subprocess.run([MPIRL, "evaluate", str(tmp_path / "a.npz")], capture_output=True,
                           text=True, timeout=120, env=mpi_env())
     assert proc.returncode == 2 and "evaluate the run's checkpoint instead" in proc.stderr
+
+
+@pytest.mark.parametrize("on_policy, off_policy, env, mapping", [
+    ("A2C", "DQN", "mpirl.envs.examples:FourAgentCartPole",
+     {"cart_[02]": "on", "cart_[13]": "off"}),
+    ("A2C", "SAC", "mpirl.envs.examples:MixedAgents", {"picker": "on", "steerer": "off"}),
+    ("PPO", "SAC", "mpirl.envs.examples:MixedAgents", {"picker": "on", "steerer": "off"}),
+    ("IMPALA", "DQN", "mpirl.envs.examples:FourAgentCartPole",
+     {"cart_[02]": "on", "cart_[13]": "off"}),
+])
+def test_every_on_policy_and_off_policy_pair_composes(tmp_path, on_policy, off_policy, env,
+                                                      mapping):
+    run_dir = tmp_path / "run"
+    config = {"rollout_fragment_length": 32, "multiagent": {
+        "policies": {"on": {"algo": on_policy}, "off": {"algo": off_policy,
+                                                        "learning_starts": 100}},
+        "policy_mapping": mapping}}
+    _ok(_train(1, "--algo", "PPO", "--env", env, "--run-dir", str(run_dir), "--config",
+               json.dumps(config), "--stop", '{"training_iteration": 3}'))
+    last = _rows(run_dir)[-1]
+    assert np.isfinite(_f(last, "on/policy_loss")) and _f(last, "on/learner_samples") > 0
+    loss = "off/td_loss" if off_policy == "DQN" else "off/critic_loss"
+    assert np.isfinite(_f(last, loss)) and _f(last, "off/sgd_steps") > 0
+
+
+def test_a_pettingzoo_module_with_parallel_env(tmp_path):
+    """``--env mpe2.simple_spread_v3``: a module with PettingZoo's parallel_env(); its three
+    agents share one policy."""
+    pytest.importorskip("mpe2", reason="mpe2 is in the multiagent extra")
+    run_dir = tmp_path / "run"
+    _ok(_train(1, "--algo", "PPO", "--env", "mpe2.simple_spread_v3", "--run-dir", str(run_dir),
+               "--config", '{"num_envs_per_worker": 2, "rollout_fragment_length": 50}',
+               "--stop", '{"training_iteration": 2}'))
+    last = _rows(run_dir)[-1]
+    assert _f(last, "episode_len_mean/shared") == 25
+    assert int(last["agent_steps_total/shared"]) == 3 * int(last["timesteps_total"])
