@@ -156,16 +156,14 @@ def role_rllib(seed: int, target: float, step_cap: int) -> int:
             mean_return = float(runners.get("episode_return_mean", math.nan))
             steps = int(result.get("num_env_steps_sampled_lifetime")
                         or runners.get("num_env_steps_sampled_lifetime", 0))
-            agent_steps = int(result.get("num_agent_steps_sampled_lifetime")
-                              or runners.get("num_agent_steps_sampled_lifetime", 0) or 0)
+            agent_steps = _count(result.get("num_agent_steps_sampled_lifetime")
+                                 or runners.get("num_agent_steps_sampled_lifetime", 0))
             print(f"{PROGRESS_PREFIX}rllib iteration {iterations}: {steps} env steps, return "
                   f"{mean_return:.1f}", file=sys.stderr, flush=True)
             if mean_return >= target or steps >= step_cap:
                 break
         trained = time.perf_counter()
         algo.stop()
-        if not agent_steps:  # the counter is a dict per agent in some versions
-            agent_steps = 2 * steps
         emit({"env_steps": steps, "episode_return_mean": mean_return,
               "reached": mean_return >= target, "startup_s": built - started,
               "train_s": trained - built,
@@ -174,6 +172,13 @@ def role_rllib(seed: int, target: float, step_cap: int) -> int:
     finally:
         ray.shutdown()
     return 0
+
+
+def _count(value: Any) -> int:
+    """RLlib's agent-step counter: a number, or (2.60) a dict of counts per agent."""
+    if isinstance(value, dict):
+        return int(sum(_count(v) for v in value.values()))
+    return int(value or 0)
 
 
 def cartpole(args: argparse.Namespace) -> dict[str, Any]:

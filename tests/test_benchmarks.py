@@ -120,3 +120,15 @@ def test_extensions_benchmark_quick_writes_every_key(tmp_path):
     assert summary["engine_rss_mb"] < summary["everything_rss_mb"]
     for name in ("callbacks", "histograms", "histograms_every_iteration"):
         assert summary[f"{name}_vs_plain"] > 0
+
+
+def test_multiagent_benchmark_quick_mpirl_alone(tmp_path):
+    out = tmp_path / "multiagent.json"
+    proc = run_benchmark("multiagent.py", "--quick", "--seeds", "1", "--peers", "mpirl",
+                         "--json", str(out), timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    summary = json.loads(out.read_text())["cartpole"]["summary"]
+    assert summary["mpirl"]["reached"] == 1
+    assert summary["mpirl"]["agent_steps_per_s_per_rollout_median"] > 0
+    assert summary["rllib"] == SKIPPED
+    assert "time_to_target_rllib_over_mpirl" not in summary
