@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from mpirl.commands.train import (
     TrainRequest,
@@ -32,6 +33,7 @@ from mpirl.execution.algorithm import Algorithm as AlgorithmState
 from mpirl.jobs.checkpoint import CheckpointStore, verify
 from mpirl.jobs.run_dir import RunLock, RunRecorder
 from mpirl.runtime.driver import Driver, run
+from mpirl.runtime.world import running_on
 
 
 class RunFailed(MpirlError):
@@ -60,7 +62,7 @@ def train(algo: str, env: str, config: dict[str, Any] | None = None,
           stop: dict[str, Any] | None = None, seed: int | None = None,
           run_dir: str | Path | None = None, callbacks: Any = None, *,
           env_module: str | None = None, resume: str | Path | None = None,
-          progress: str | None = None) -> dict[str, Any] | None:
+          progress: str | None = None, comm: MPI.Comm | None = None) -> dict[str, Any] | None:
     """Train ``algo`` on ``env`` until a ``stop`` criterion is met; call it on every rank.
 
     ``algo`` is a built-in name (PPO) or the module of your own algorithm; ``config`` holds the
@@ -69,11 +71,14 @@ def train(algo: str, env: str, config: dict[str, Any] | None = None,
     directory to continue. Returns the last row (what result.json holds) on rank 0 and None on
     every other rank. Raises ``ConfigError`` on every rank for bad input, before anything
     starts, and ``RunFailed`` on every rank if the run fails or a stop signal ends it early (its
-    ``exit_code`` is 75 then: resume it with ``resume=run_dir``).
+    ``exit_code`` is 75 then: resume it with ``resume=run_dir``). ``comm`` is the run's world
+    (default: COMM_WORLD): call it on every rank of ``comm``, whose rank 0 drives and returns
+    the row.
     """
-    request = _request(algo, env, config, stop, seed, run_dir, callbacks, env_module, resume,
-                       progress)
-    code = train_request(request)
+    with running_on(comm):
+        request = _request(algo, env, config, stop, seed, run_dir, callbacks, env_module,
+                           resume, progress)
+        code = train_request(request)
     if code != EXIT_OK:
         raise RunFailed(code)
     return request.final_row
@@ -90,9 +95,10 @@ class Algorithm:
     for checkpoint-on-signal).
     """
 
-    def __init__(self, request: TrainRequest) -> None:
+    def __init__(self, request: TrainRequest, comm: MPI.Comm | None = None) -> None:
         # Use Algorithm.build: it also serves the workers on the other ranks.
         self.request = request
+        self._comm = comm
         self._calls: queue.Queue = queue.Queue()
         self._answers: queue.Queue = queue.Queue()
         self._exit_code: int | None = None
@@ -108,25 +114,28 @@ class Algorithm:
     @classmethod
     def build(cls, algo: str, env: str, config: dict[str, Any] | None = None,
               seed: int | None = None, run_dir: str | Path | None = None, callbacks: Any = None,
-              *, env_module: str | None = None, resume: str | Path | None = None
-              ) -> Algorithm:
-        """Start a run (or continue ``resume``, a run directory) on every rank; see the class
-        docstring for what happens on ranks other than 0."""
-        request = _request(algo, env, config, None, seed, run_dir, callbacks, env_module,
-                           resume, "off")
-        from mpi4py import MPI
-
-        if request.layout.resolve(MPI.COMM_WORLD.Get_size()).local or \
-                MPI.COMM_WORLD.Get_rank() == 0:
-            return cls(request)
+              *, env_module: str | None = None, resume: str | Path | None = None,
+              comm: MPI.Comm | None = None) -> Algorithm:
+        """Start a run (or continue ``resume``, a run directory) on every rank (of ``comm``,
+        the run's world: default COMM_WORLD); see the class docstring for what happens on ranks
+        other than 0."""
+        with running_on(comm) as world:
+            request = _request(algo, env, config, None, seed, run_dir, callbacks, env_module,
+                               resume, "off")
+            driver_here = request.layout.resolve(world.Get_size()).local or world.Get_rank() == 0
+        # Out of the block first: the run (in the driver thread on rank 0) sets the run's
+        # communicator for as long as it lasts, and no other block may put it back meanwhile.
+        if driver_here:
+            return cls(request, world)
         # A worker rank: serve until the driver ends the run, then end with it.
-        raise SystemExit(run(_never_called, request.layout, request.settings))
+        raise SystemExit(run(_never_called, request.layout, request.settings, comm=world))
 
     # What runs in the driver thread.
 
     def _run(self) -> None:
         try:
-            self._exit_code = run(self._serve, self.request.layout, self.request.settings)
+            self._exit_code = run(self._serve, self.request.layout, self.request.settings,
+                                  comm=self._comm)
         except BaseException as error:  # noqa: BLE001 (the caller raises it)
             self._exit_code = getattr(error, "exit_code", EXIT_FAILURE)
             self._answers.put(error)

@@ -124,9 +124,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _print_on_rank0(message: str) -> None:
-    from mpi4py import MPI
+    from mpirl.runtime.world import run_rank
 
-    if MPI.COMM_WORLD.Get_rank() == 0:
+    if run_rank() == 0:
         print(message, file=sys.stderr, flush=True)
 
 

@@ -197,12 +197,12 @@ class StragglerCartPoleEnv(CartPoleEnv):
     def __init__(self, slow_rank: int = 1, step_delay_s: float = 7e-4, base_delay_s: float = 0.0,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        from mpi4py import MPI
+        from mpirl.runtime.world import run_rank
 
         slow_rank = int(os.environ.get("MPIRL_STRAGGLER_RANK", slow_rank))
         step_delay_s = float(os.environ.get("MPIRL_STRAGGLER_DELAY_S", step_delay_s))
         base_delay_s = float(os.environ.get("MPIRL_STEP_DELAY_S", base_delay_s))
-        slow = MPI.COMM_WORLD.Get_rank() == slow_rank
+        slow = run_rank() == slow_rank
         self.delay_s = base_delay_s + (step_delay_s if slow else 0.0)
         self.owed_s = 0.0
 

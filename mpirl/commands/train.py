@@ -190,11 +190,12 @@ def _saved_params(run_dir: Path) -> dict[str, Any]:
     return params
 
 
-def train(request: TrainRequest) -> int:
+def train(request: TrainRequest, comm: MPI.Comm | None = None) -> int:
     """Run on every rank; rank 0 trains until a stop criterion is met (exit code 0), or until a
-    stop signal, after which it checkpoints and returns ``EXIT_RESUME``."""
+    stop signal, after which it checkpoints and returns ``EXIT_RESUME``. ``comm`` is the run's
+    world, as for ``mpirl.run`` (default: the current one, normally COMM_WORLD)."""
     return run(lambda driver: _drive(driver, request), request.layout, request.settings,
-               stop_signals_enabled=True)
+               stop_signals_enabled=True, comm=comm)
 
 
 def _warn(message: str) -> None:
@@ -269,7 +270,7 @@ def run_params(request: TrainRequest, driver: Driver, algo: Algorithm) -> dict[s
         "runtime": dataclasses.asdict(request.settings),
         "checkpoints": dataclasses.asdict(request.checkpoints),
         "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
-        "layout": driver.placement.summary(), "world_size": MPI.COMM_WORLD.Get_size(),
+        "layout": driver.placement.summary(), "world_size": driver.placement.world_size,
         "train_batch_size": algo.train_batch_size, "mpirl_version": mpirl.__version__,
     }
 

@@ -48,9 +48,9 @@ def check_input(path: str, env_id: str) -> int:
     dataset = _open(path)
     if dataset.damaged:
         # Every rank checks the input; rank 0 speaks. The learners' shards leave them out too.
-        from mpi4py import MPI
+        from mpirl.runtime.world import run_rank
 
-        if MPI.COMM_WORLD.Get_rank() == 0:
+        if run_rank() == 0:
             for damaged in dataset.damaged:
                 print(f'mpirl: warning: config key "input": {damaged.describe()}; training on '
                       f'the rest', file=sys.stderr, flush=True)

@@ -17,6 +17,7 @@ With ``mpiexec -n 1`` or no launcher at all (world size 1) every role is in-proc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -63,6 +64,7 @@ from mpirl.runtime.memory import MIB, rss_bytes
 from mpirl.runtime.transport import Channel
 from mpirl.runtime.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
 from mpirl.runtime.waiting import Backoff, reduce_timer_slack
+from mpirl.runtime.world import nested, running_on
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,8 @@ class Driver:
 
 
 def run(main: Callable[[Driver], int | None], layout: Layout,
-        settings: RuntimeSettings | None = None, stop_signals_enabled: bool = False) -> int:
+        settings: RuntimeSettings | None = None, stop_signals_enabled: bool = False,
+        comm: MPI.Comm | None = None) -> int:
     """Run ``main`` on rank 0 and serve workers on every other rank; return the job's exit code.
 
     Call it on every rank. Raises ``LayoutError`` on every rank, before any communication, when
@@ -238,22 +241,31 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
 
     With ``stop_signals_enabled``, SIGUSR1/SIGUSR2/SIGTERM on any rank no longer end the
     process; ``main`` must poll ``driver.stop_requested()`` and end the run itself.
+
+    ``comm`` is the run's world: its rank 0 is the driver and the layout is resolved against
+    its size (default: the current run communicator of ``mpirl.runtime.world``, which is
+    ``MPI.COMM_WORLD`` unless a caller set another). Call it on every rank of ``comm``. A run
+    on a sub-communicator is nested: the same processes may run again on it (or on another one)
+    once this returns, and the communicators the run made are freed. A rank lost in a nested
+    run still ends the whole MPI job (``MPI_Abort`` on the run's communicator kills every
+    process of the job in Open MPI).
     """
     settings = settings or RuntimeSettings()
-    world = MPI.COMM_WORLD
-    check_slurm_step(world.Get_size())
-    placement = layout.resolve(world.Get_size())
-    if not placement.local:
-        require_thread_multiple()
-    if stop_signals_enabled:
-        stop_signals.install()
-    try:
-        if placement.local:
-            return _run_local(main, placement, settings)
-        return _run_distributed(main, placement, settings, world)
-    finally:
+    # Whether srun's tasks form one MPI world is a question about COMM_WORLD, nested or not.
+    check_slurm_step(MPI.COMM_WORLD.Get_size())
+    with running_on(comm) as world:
+        placement = layout.resolve(world.Get_size())
+        if not placement.local:
+            require_thread_multiple()
         if stop_signals_enabled:
-            stop_signals.settle()
+            stop_signals.install()
+        try:
+            if placement.local:
+                return _run_local(main, placement, settings)
+            return _run_distributed(main, placement, settings, world)
+        finally:
+            if stop_signals_enabled:
+                stop_signals.settle()
 
 
 def _run_local(main: Callable[[Driver], int | None], placement: Placement,
@@ -341,6 +353,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
                   f"{traceback.format_exc()}", file=sys.stderr, flush=True)
             world.Abort(EXIT_FAILURE)
         heartbeat.stop()
+        _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm)
         return exit_code
 
     if settings.print_layout:
@@ -357,7 +370,25 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
               f" s; aborting the job.", file=sys.stderr, flush=True)
         world.Abort(exit_code or EXIT_FAILURE)
     heartbeat.stop()
+    _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm)
     return exit_code
+
+
+def _free_nested(heartbeat: Heartbeat, channel: Channel, data_channel: Channel,
+                 role_comm: MPI.Comm, weights_comm: MPI.Comm | None) -> None:
+    """At the end of a nested run, free the communicators it made: a trial slot runs many runs
+    in sequence, and communicators (their context ids) are a bounded resource. A run on
+    COMM_WORLD leaves them to ``MPI_Finalize``, as it always has; so does a run that lost a
+    rank under ULFM (freeing a communicator with a failed member is not defined to be safe).
+    ``Free`` is local in effect: sends still pending complete first."""
+    if not nested() or failed_world_ranks():
+        return
+    heartbeat.free()
+    for comm in (channel.comm, channel.bulk, data_channel.comm, data_channel.bulk, role_comm,
+                 weights_comm):
+        if comm is not None and comm != MPI.COMM_NULL:
+            with contextlib.suppress(MPI.Exception):
+                comm.Free()
 
 
 class _RankLosses:

@@ -51,6 +51,7 @@ from mpirl.runtime.ulfm import (
     fault_tolerant,
     is_process_failure,
 )
+from mpirl.runtime.world import run_comm
 
 __all__ = ["IDLE", "SETUP", "Heartbeat", "failed_world_ranks", "is_process_failure",
            "require_thread_multiple"]
@@ -138,6 +139,13 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=5 * self.interval_s + 1.0)
 
+    def free(self) -> None:
+        """After ``stop``: free the heartbeat's communicator, unless the thread has not ended
+        (stuck in an MPI call, it keeps it)."""
+        if not self._thread.is_alive() and self.comm != MPI.COMM_NULL:
+            with contextlib.suppress(MPI.Exception):
+                self.comm.Free()
+
     def _loop(self) -> None:
         try:
             self._watch()
@@ -145,7 +153,7 @@ class Heartbeat:
             self._thread_failed()
 
     def _thread_failed(self) -> None:
-        me = self.describe(MPI.COMM_WORLD.Get_rank())
+        me = self.describe(self.comm.Get_rank())
         print(f"mpirl: the heartbeat thread of {me} failed; without it the rank could wait for "
               f"ever on a lost peer, so it ends now (exit code {EXIT_FAILURE}).\n"
               f"{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -258,7 +266,7 @@ class Heartbeat:
         kill -9 of a worker: every rank gone 2.1-3.0 s after the kill, against 3.1 s without it.
         """
         names = ", ".join(self.describe(r) for r in lost) or "a rank"
-        me = self.describe(MPI.COMM_WORLD.Get_rank())
+        me = self.describe(self.comm.Get_rank())
         if stuck:
             what = (f"{names} is stuck: {evidence}, seen from {me}. Its main thread is blocked "
                     f"(a deadlock, a hung file system or device, a call that never returns)")
@@ -282,7 +290,8 @@ class Heartbeat:
 
 
 def abort_this_rank(code: int = EXIT_RANK_LOST) -> None:
-    """End this rank with ``code``; only the driver calls ``MPI_Abort``, and only without ULFM.
+    """End this rank with ``code``; only the driver (rank 0 of the run's communicator) calls
+    ``MPI_Abort``, and only without ULFM.
 
     Under ULFM, Open MPI 5's launcher was seen to hang (all ranks gone, prterun in a futex wait,
     about 1 run in 5) when several ranks called ``MPI_Abort`` at once, as workers do when they
@@ -292,8 +301,12 @@ def abort_this_rank(code: int = EXIT_RANK_LOST) -> None:
     (``mpiexec --with-ft ulfm -n 1`` of a program calling ``Abort(70)`` exits 0), so there the
     driver exits plainly too; the workers end on the revoked heartbeat communicator.
     """
-    if MPI.COMM_WORLD.Get_rank() == 0 and not fault_tolerant():
-        MPI.COMM_WORLD.Abort(code)
+    world = run_comm()
+    if world.Get_rank() == 0 and not fault_tolerant():
+        # In a nested run (a sub-communicator of COMM_WORLD) this is the run's driver: Open MPI
+        # kills every process of the MPI job on an Abort on any communicator (seen with 5.0),
+        # so a lost rank in one trial of ``mpirl tune`` ends the whole job, not only its run.
+        world.Abort(code)
     sys.stderr.flush()
     os._exit(code)  # also for MPIs whose Abort returns
 

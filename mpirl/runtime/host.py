@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpi4py import MPI
-
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.core import RankContext, shrink_weights_comm
 from mpirl.runtime.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
@@ -102,5 +100,6 @@ class WorkerHost:
         return self.context.weights_comm.Get_size()
 
     def _host_stop(self, exit_code: int) -> int:
+        """End ``serve`` after this answer; returns this rank (in the run's communicator)."""
         self._exit_code = exit_code
-        return MPI.COMM_WORLD.Get_rank()
+        return self.context.rank

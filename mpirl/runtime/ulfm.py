@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from mpi4py import MPI
 
 from mpirl.errors import ProcessFailure
+from mpirl.runtime.world import run_comm
 
 if TYPE_CHECKING:
     pass
@@ -50,10 +51,15 @@ def is_process_failure(error: BaseException) -> bool:
 
 
 def failed_world_ranks(comm: MPI.Comm | None = None) -> list[int]:
-    """World ranks that MPI knows have failed in ``comm`` (ULFM only; else empty)."""
+    """Ranks of the run's world (``mpirl.runtime.world.run_comm()``: COMM_WORLD, or the
+    sub-communicator of a nested run) that MPI knows have failed in ``comm`` (default: that
+    world). ULFM only; else empty."""
     try:
-        failed = (comm or MPI.COMM_WORLD).Get_failed()
-        ranks = failed.Translate_ranks(list(range(failed.Get_size())), MPI.COMM_WORLD.Get_group())
+        world = run_comm()
+        failed = (comm or world).Get_failed()
+        group = world.Get_group()
+        ranks = failed.Translate_ranks(list(range(failed.Get_size())), group)
+        group.Free()
         failed.Free()
         return sorted(r for r in ranks if r != MPI.UNDEFINED)
     except (MPI.Exception, NotImplementedError, AttributeError):
@@ -85,6 +91,6 @@ def revoke_on_failure(comm: MPI.Comm, what: str) -> Iterator[None]:
             comm.Revoke()
         failed = failed_world_ranks(comm)
         raise ProcessFailure(
-            f"{what} failed: {MPI.Get_error_string(error.Get_error_class())} (MPI reports world "
+            f"{what} failed: {MPI.Get_error_string(error.Get_error_class())} (MPI reports "
             f"ranks {failed or 'none yet'} as failed); the communicator was revoked"
         ) from None

@@ -1,0 +1,62 @@
+"""The run's world: the communicator that one mpirl run spans.
+
+An ordinary run spans ``MPI.COMM_WORLD``. A run may instead span a sub-communicator (``mpirl
+tune`` splits the world into one communicator per trial slot and runs an ordinary run in each):
+then that communicator's rank 0 is the run's driver, the layout is resolved against its size, and
+"my rank" and "rank 0" mean ranks in it. Code that needs either asks here, never
+``MPI.COMM_WORLD``, so that nothing above the runtime knows whether its run is nested::
+
+    sub = MPI.COMM_WORLD.Split(slot, key=rank)
+    mpirl.run(main, layout, comm=sub)          # or: with running_on(sub): mpirl.train(...)
+
+``run`` sets the run's communicator for its whole length, and puts back the previous one when it
+returns. ``running_on`` sets it around more than one run, or around what comes before a run (the
+checks ``make_request`` makes on every rank, where only rank 0 speaks). It is one per process,
+not per thread: the driver thread of ``mpirl.Algorithm`` and the script's own thread share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from mpi4py import MPI
+
+_current: MPI.Comm | None = None
+
+
+def run_comm() -> MPI.Comm:
+    """The communicator of the run this process is in (or about to start): the one given to
+    ``run`` or ``running_on``, else ``MPI.COMM_WORLD``."""
+    return MPI.COMM_WORLD if _current is None else _current
+
+
+def run_rank() -> int:
+    """This process's rank in its run (0: the run's driver)."""
+    return run_comm().Get_rank()
+
+
+def run_size() -> int:
+    """The number of ranks in this process's run."""
+    return run_comm().Get_size()
+
+
+def nested() -> bool:
+    """True when the run's communicator is not ``MPI.COMM_WORLD``."""
+    return run_comm() != MPI.COMM_WORLD
+
+
+@contextlib.contextmanager
+def running_on(comm: MPI.Comm | None) -> Iterator[MPI.Comm]:
+    """Make ``comm`` the run's communicator inside the block (None: keep the current one);
+    the previous one comes back on leaving it."""
+    global _current
+    previous = _current
+    if comm is not None:
+        if comm == MPI.COMM_NULL:
+            raise ValueError("a run needs a communicator this rank belongs to, got COMM_NULL")
+        _current = comm
+    try:
+        yield run_comm()
+    finally:
+        _current = previous
