@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING, Any
 if _os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on"):
     _os.environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
 
+# The only one-sided MPI that mpirl uses is ES's node-local shared window (osc sm). The Open MPI
+# wheel's UCX component fails its query on hosts without UCX devices and prints an error on
+# every rank that opens a window; leaving it out costs nothing.
+_os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+
 __version__ = "0.1.0"
 
 # Imported on first use: importing mpi4py.MPI initializes MPI, and `mpirl launch` (a supervisor

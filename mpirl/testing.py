@@ -177,6 +177,14 @@ class FlakyCartPoleEnv(CartPoleEnv):
         return super().reset(seed=seed, options=options)
 
 
+class OccasionallyFailingCartPole(FlakyCartPoleEnv):
+    """CartPole whose every instance raises in its 300th step (for runs started from the CLI,
+    which cannot pass constructor arguments)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(fail_every_steps=300, **kwargs)
+
+
 class UnpicklableCartPoleEnv(CartPoleEnv):
     """CartPole holding a lock, as an env holding a simulator handle would: pickle refuses it."""
 

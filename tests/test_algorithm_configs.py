@@ -51,6 +51,12 @@ KEYS = {
     "SAC": REPLAY | {"tau", "initial_alpha", "target_entropy"},
     "BC": OFFLINE,
     "MARWIL": OFFLINE | {"beta", "gamma", "advantage_norm_rate", "max_weight", "vf_coef"},
+    "ES": COMMON | {"episodes_per_batch", "train_batch_size", "noise_stdev", "stepsize",
+                    "l2_coeff", "action_noise_std", "eval_prob", "noise_size", "noise_seed",
+                    "normalize_observations"},
+    "ARS": COMMON | {"zero_init", "num_rollouts", "rollouts_used", "train_batch_size",
+                     "noise_stdev", "sgd_stepsize", "offset", "action_noise_std", "eval_prob",
+                     "noise_size", "noise_seed", "normalize_observations"},
 }
 
 # The defaults that differ most between algorithms (and that a slip in a base class would change).
@@ -76,6 +82,11 @@ DEFAULTS = {
     "BC": {"num_learners": 1, "num_envs_per_worker": 5, "grad_clip": 0.0, "metrics_window": 10,
            "train_batch_size": 512, "hidden_sizes": (64, 64), "activation": "tanh"},
     "MARWIL": {"num_learners": 1, "gamma": 0.99, "vf_coef": 1.0, "metrics_window": 10},
+    "ES": {"num_learners": 0, "hidden_sizes": (32,), "noise_stdev": 0.02, "stepsize": 0.01,
+           "l2_coeff": 0.005, "noise_size": 25_000_000, "eval_prob": 0.1, "metrics_window": 20,
+           "normalize_observations": True},
+    "ARS": {"num_learners": 0, "hidden_sizes": (), "zero_init": True, "num_rollouts": 16,
+            "rollouts_used": 8, "noise_stdev": 0.03, "sgd_stepsize": 0.02},
 }
 
 

@@ -42,7 +42,8 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
               "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
               "SAC": "mpirl.algorithms.sac",
-              "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c"}
+              "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
+              "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars"}
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
 #: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
@@ -203,6 +204,8 @@ class Algorithm:
         c = self.config
         if hasattr(c, "num_sgd_steps_per_iteration"):
             return c.train_batch_size * c.num_sgd_steps_per_iteration
+        if not hasattr(c, "rollout_fragment_length"):  # ES, ARS: at least this many per generation
+            return getattr(c, "train_batch_size", 0)
         return len(self.rollouts) * c.num_envs_per_worker * c.rollout_fragment_length
 
     def num_minibatches(self, minibatch_size: int) -> int:

@@ -1,0 +1,131 @@
+"""Operators of derivative-free search (ES, ARS), run on the driver.
+
+One generation: every rollout worker evaluates its share of antithetic pairs and returns their
+noise indices and returns; the driver concatenates them in worker order and sends the same list
+to every worker, which applies the update itself. The driver then checks that every worker
+reports the same weights checksum. A rollout rank lost under ULFM drops its pairs for that
+generation and the run goes on with the others.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from typing import Any
+
+import numpy as np
+
+from mpirl.errors import ConfigError, MpirlError, RankLost
+from mpirl.models.policy import RunningMeanStd
+
+__all__ = ["check_search_config", "run_generation", "setup_search", "SEARCH_SETTINGS"]
+
+#: Config keys every perturbation worker gets (those a config lacks take these values).
+SEARCH_SETTINGS = {"noise_size": 25_000_000, "noise_seed": 123, "noise_stdev": 0.02,
+                   "stepsize": 0.01, "l2_coeff": 0.0, "action_noise_std": 0.0,
+                   "eval_prob": 0.03, "rollouts_used": 0, "offset": 0.0}
+
+
+class DivergedWeights(MpirlError):
+    """Ranks that should hold identical weights after an update do not."""
+
+
+def check_search_config(module: Any, config: Any, env: Any) -> None:
+    """Before anything starts: the policy can be built for the env's spaces, and the noise table
+    holds a perturbation of every weight."""
+    from mpirl.models.policy import model_spec
+
+    weights = model_spec(module, *env.spaces(), config).build("cpu").num_weights()
+    if config.noise_size < weights:
+        raise ConfigError(f"noise_size {config.noise_size} is smaller than the policy's "
+                          f"{weights} weights; make it at least 10x larger "
+                          f"(--config '{{\"noise_size\": {10 * weights}}}')")
+
+
+def setup_search(algo: Any, rule: str, **settings: Any) -> None:
+    """Give every rollout worker its noise table and update rule; keep what the driver reports."""
+    if algo.dump_index is not None:
+        raise ConfigError(f"{algo.name} does not write trajectory dumps (its episodes are "
+                          f"played by perturbed policies); leave --dump-trajectories off")
+    full = {**SEARCH_SETTINGS, **settings, "rule": rule}
+    first = [f.result() for f in algo.rollouts.call_async("setup_search", full)][0]
+    algo.plan_state["search"] = {"synced": False, **first}
+    algo.before_checkpoint.append(lambda: _copy_to_driver(algo))
+
+
+def _copy_to_driver(algo: Any) -> None:
+    """Rollout worker 0's weights into the driver's copy (learner 0's checkpoint file)."""
+    algo.learners[0].call("set_weights", algo.rollouts[0].call("get_weights"))
+
+
+def _results(futures: list) -> list[tuple[int, Any]]:
+    """(worker index, result) of each future whose rank was not lost."""
+    done = []
+    for i, future in enumerate(futures):
+        try:
+            done.append((i, future.result()))
+        except RankLost:
+            continue  # its pairs are dropped; discard_lost takes the worker out below
+    return done
+
+
+def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float]:
+    """Evaluate ``num_pairs`` antithetic pairs and at least ``min_steps`` env steps over the
+    rollout workers, apply the update on every rank, and count the episodes; its statistics."""
+    state = algo.plan_state["search"]
+    if not state["synced"]:
+        # Once a session: workers added on resume (or restored from different files) take
+        # worker 0's weights, optimizer and statistics. Weights cross ranks only here.
+        search = algo.rollouts[0].call("search_state")
+        others = [w.call_async("set_search_state", search) for w in list(algo.rollouts)[1:]]
+        _results(others)
+        state["synced"] = True
+    workers = list(algo.rollouts)
+    share, steps_share = math.ceil(num_pairs / len(workers)), math.ceil(min_steps / len(workers))
+    results = _results([w.call_async("run_generation", share, steps_share) for w in workers])
+    algo.rollouts.discard_lost()
+    if not results:
+        raise MpirlError("every rollout rank was lost during a generation")
+    indices = np.concatenate([r["indices"] for _, r in results])
+    returns = np.concatenate([r["returns"] for _, r in results]).reshape(-1, 2)
+    lengths = np.concatenate([r["lengths"] for _, r in results]).reshape(-1, 2)
+    delta = RunningMeanStd(results[0][1]["filter_delta"][0].shape)
+    for _, r in results:
+        delta.merge(*r["filter_delta"])
+    filter_delta = (delta.mean, delta.var, delta.count)
+    applied = _results([w.call_async("apply_update", indices, returns, filter_delta)
+                        for w in algo.rollouts])
+    checksums = {r["checksum"] for _, r in applied}
+    if len(checksums) > 1:
+        raise DivergedWeights(
+            f"the rollout ranks' weights differ after the update of iteration "
+            f"{algo.iteration + 1} (checksums {sorted(checksums)}): they applied the same "
+            f"update and should be bit-identical. Run every rank on the same kind of CPU and "
+            f"the same NumPy build.")
+    if algo.obs_filter is not None:
+        algo.obs_filter.merge(*filter_delta)
+    for _, r in results:
+        algo.timesteps_total += r["env_steps"]
+        algo.num_env_failures += r["env_failures"]
+        algo.episodes_total += 2 * len(r["indices"]) + len(r["eval_returns"])
+        algo.returns.extend(r["eval_returns"])
+        algo.lengths.extend(r["eval_lengths"])
+    update_stats = applied[0][1] if applied else {}
+    # What crossed between the driver and one rank this generation, both ways: its results, the
+    # update message and the update's answer. None of it grows with the number of weights.
+    message = pickle.dumps((indices, returns, filter_delta), protocol=5)
+    sent = [len(pickle.dumps(r, protocol=5)) for _, r in results]
+    answers = [len(pickle.dumps(r, protocol=5)) for _, r in applied]
+    bytes_per_rank = (sum(sent) + sum(answers)) / len(results) + len(message)
+    return {"perturbed_return_mean": float(returns.mean()),
+            "perturbed_return_max": float(returns.max()),
+            "perturbed_len_mean": float(lengths.mean()),
+            "pairs_this_iter": len(indices),
+            "pairs_abandoned_this_iter": sum(r["pairs_abandoned"] for _, r in results),
+            "evaluation_episodes_this_iter": sum(len(r["eval_returns"]) for _, r in results),
+            "grad_norm": update_stats.get("grad_norm", math.nan),
+            "update_ratio": update_stats.get("update_ratio", math.nan),
+            "noise_table_mb": state["noise_table_mb"],
+            "bytes_per_rank_per_generation": bytes_per_rank,
+            # the noise table counts once per node in the sum, not once per rank
+            "rollout_pss_mb_total": sum(r["pss_mb"] for _, r in results)}

@@ -1,0 +1,336 @@
+"""Workers of derivative-free search (ES, ARS): perturbation workers on the rollout ranks, and the
+driver's copy of the weights.
+
+Each rollout rank keeps the weights, the optimizer state and the observation statistics, and
+evaluates antithetic perturbations drawn from a noise table that exists once per node (MPI shared
+memory over the node's rollout ranks). What crosses ranks each generation is only, per
+perturbation, its noise index and its two returns and lengths (worker -> driver -> every worker),
+plus the observation statistics' delta: never a weight vector. Every rank applies the identical
+update, and the driver checks a checksum of the new weights from each.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from mpirl.jobs.checkpoint import capture_rng, restore_rng
+from mpirl.models.evolution import Adam, DirectPolicySpec, ars_step, es_step
+from mpirl.models.policy import RunningMeanStd
+from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.ulfm import revoke_on_failure
+from mpirl.runtime.waiting import wait_for_all
+from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
+from mpirl.workers.env_spec import EnvSpec
+
+#: Env failures one perturbation's episode may meet before its pair is left out of the update.
+MAX_PAIR_RETRIES = 2
+#: Noise values generated per call while filling the table (bounds the temporary memory).
+_FILL_CHUNK = 1 << 22
+
+
+class NoiseTable:
+    """``size`` float32 standard normals from ``seed``, one copy per node: allocated with
+    ``MPI.Win.Allocate_shared`` by the first rank of ``comm``'s node-local split and mapped by
+    the others. Collective over ``comm``."""
+
+    def __init__(self, comm: MPI.Comm, size: int, seed: int, timeout_s: float) -> None:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        first = node.Get_rank() == 0
+        self.window = MPI.Win.Allocate_shared(size * 4 if first else 0, 4, comm=node)
+        buffer, _ = self.window.Shared_query(0)
+        self.noise = np.ndarray(buffer=buffer, dtype=np.float32, shape=(size,))
+        if first:
+            rng = np.random.default_rng(seed)
+            for start in range(0, size, _FILL_CHUNK):
+                end = min(size, start + _FILL_CHUNK)
+                rng.standard_normal(end - start, dtype=np.float32, out=self.noise[start:end])
+        wait_for_all(node, timeout_s, "filling the shared noise table")
+        self.ranks_on_node = node.Get_size()
+        node.Free()
+
+    def __len__(self) -> int:
+        return self.noise.size
+
+
+def proportional_memory_mb() -> float:
+    """This process's proportional set size (PSS), MiB: its private pages plus its share of
+    pages it maps with others (a shared noise table counts 1/N on each of N ranks). NaN where
+    /proc/self/smaps_rollup is missing."""
+    try:
+        with open("/proc/self/smaps_rollup") as file:
+            fields = dict(line.split(":", 1) for line in file if ":" in line)
+        return int(fields["Pss"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        return float("nan")
+
+
+class PerturbationWorker(Worker):
+    """Evaluates antithetic perturbations of the weights on a rollout rank; applies updates."""
+
+    MESSAGES = ("setup_search", "run_generation", "apply_update", "receive_weights",
+                "set_weights", "get_weights", "search_state", "set_search_state",
+                "save_state", "load_state", "finish_dump")
+
+    def __init__(self, context: RankContext, env: EnvSpec, policy: DirectPolicySpec,
+                 num_envs: int, seed: int, gamma: float, lam: float,
+                 normalize_observations: bool, torch_threads: int = 1,
+                 max_env_failures: int = 10, dump: Any = None,
+                 env_failure_window: int = 1_000, callbacks: str = "") -> None:
+        super().__init__(context)
+        # dump: refused on the driver (setup_search), which says so once
+        torch.set_num_threads(torch_threads)
+        self.seed = seed + 1000 * context.role_index
+        self.where = f"rollout worker {context.role_index} on rank {context.rank}"
+        self.envs = [GuardedEnv(env, max_env_failures, self.seed, i, self.where,
+                                env_failure_window) for i in range(num_envs)]
+        for i, sub_env in enumerate(self.envs):
+            sub_env.reset(seed=self.seed + i)
+        self.policy = policy.build("cpu")
+        self.theta = self.policy.get_flat_weights()
+        self.normalize_observations = normalize_observations
+        self.obs_shape = policy.observation_space.shape
+        self.filter = RunningMeanStd(self.obs_shape)
+        self.rng = np.random.default_rng(self.seed)
+        self.env_failures = 0
+        self.noise: NoiseTable | None = None
+        self.settings: dict[str, Any] = {}
+        self.optimizer: Adam | None = None
+
+    def setup_search(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Build the noise table (collective over the rollout ranks) and the optimizer."""
+        self.settings = settings
+        self.noise = NoiseTable(self.context.role_comm, settings["noise_size"],
+                                settings["noise_seed"], self.context.collective_timeout_s)
+        self.optimizer = Adam(self.theta.size, settings["stepsize"])
+        return {"ranks_on_node": self.noise.ranks_on_node,
+                "noise_table_mb": self.noise.noise.nbytes / 2**20}
+
+    # One generation.
+
+    def _observe(self, obs_rows: np.ndarray) -> torch.Tensor:
+        if self.normalize_observations:
+            obs_rows = self.filter.normalize(obs_rows)
+        return torch.from_numpy(obs_rows.reshape(len(obs_rows), -1).astype(np.float32))
+
+    def run_generation(self, num_pairs: int, min_steps: int) -> dict[str, Any]:
+        """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
+        played), one whole episode each, on the worker's envs in parallel; with probability
+        ``eval_prob`` an env plays an episode of the unperturbed policy instead. Returns the
+        pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
+        observation statistics; no weights."""
+        s, theta, noise = self.settings, self.theta, self.noise.noise
+        size, sigma = theta.size, s["noise_stdev"]
+        indices: list[int] = []
+        returns: list[list[float]] = []
+        lengths: list[list[int]] = []
+        tasks: list[tuple[int, int]] = []
+
+        def add_pair() -> None:
+            indices.append(int(self.rng.integers(0, len(noise) - size + 1)))
+            returns.append([0.0, 0.0])
+            lengths.append([0, 0])
+            tasks.extend([(len(indices) - 1, 0), (len(indices) - 1, 1)])
+
+        for _ in range(num_pairs):
+            add_pair()
+        k = len(self.envs)
+        params = torch.from_numpy(np.repeat(theta[None], k, 0))
+        slot_task: list[tuple[int, int] | None] = [None] * k  # (pair, sign); (-1, 0) evaluates
+        slot_obs: list[Any] = [None] * k
+        slot_return, slot_length = np.zeros(k), np.zeros(k, np.int64)
+        eval_returns: list[float] = []
+        eval_lengths: list[int] = []
+        delta = RunningMeanStd(self.filter.mean.shape)
+        steps = failures = 0
+        box = self.policy.kind == "box"
+        retries: dict[int, int] = {}
+        abandoned: set[int] = set()
+        while True:
+            for i in range(k):
+                if slot_task[i] is not None:
+                    continue
+                if not tasks and steps < min_steps:
+                    add_pair()  # the pairs queued so far were too short for min_steps
+                if not tasks:
+                    continue
+                if self.rng.random() < s["eval_prob"]:
+                    slot_task[i], row = (-1, 0), torch.from_numpy(theta)
+                else:
+                    slot_task[i] = tasks.pop(0)
+                    pair, sign = slot_task[i]
+                    eps = noise[indices[pair]:indices[pair] + size]
+                    row = torch.from_numpy(theta + (sigma if sign == 0 else -sigma) * eps)
+                params[i] = row
+                slot_obs[i], _ = self.envs[i].reset()
+                slot_return[i], slot_length[i] = 0.0, 0
+            active = [i for i in range(k) if slot_task[i] is not None]
+            if not active:
+                break
+            raw = np.stack([np.asarray(slot_obs[i], np.float32) for i in active])
+            with torch.no_grad():
+                outputs = self.policy.population_outputs(params[active], self._observe(raw)
+                                                         ).numpy()
+            training = np.array([slot_task[i][0] >= 0 for i in active])
+            if training.any():
+                delta.update(raw[training].astype(np.float64))
+            if box and s["action_noise_std"] > 0:
+                outputs = outputs + training[:, None] * self.rng.normal(
+                    0.0, s["action_noise_std"], outputs.shape)
+            actions = self.policy.to_actions(outputs)
+            for j, i in enumerate(active):
+                obs, reward, terminated, truncated, info = self.envs[i].step(actions[j])
+                steps += 1
+                slot_obs[i] = obs
+                pair, sign = slot_task[i]
+                slot_return[i] += float(reward) - (s["offset"] if pair >= 0 else 0.0)
+                slot_length[i] += 1
+                if info.get(EPISODE_DROPPED):
+                    failures += 1
+                    slot_task[i] = None
+                    if pair < 0 or pair in abandoned:
+                        continue
+                    retries[pair] = retries.get(pair, 0) + 1
+                    if retries[pair] <= MAX_PAIR_RETRIES:
+                        tasks.insert(0, (pair, sign))  # played again from a fresh episode
+                    else:
+                        # An env that fails every long episode would be retried forever.
+                        abandoned.add(pair)
+                        tasks[:] = [t for t in tasks if t[0] != pair]
+                elif terminated or truncated:
+                    if pair < 0:
+                        eval_returns.append(float(slot_return[i]))
+                        eval_lengths.append(int(slot_length[i]))
+                    else:
+                        returns[pair][sign] = float(slot_return[i])
+                        lengths[pair][sign] = int(slot_length[i])
+                    slot_task[i] = None
+        self.env_failures += failures
+        kept = [j for j in range(len(indices)) if j not in abandoned]
+        return {"indices": np.asarray(indices, np.int64)[kept],
+                "returns": np.asarray(returns, np.float64).reshape(-1, 2)[kept],
+                "lengths": np.asarray(lengths, np.int64).reshape(-1, 2)[kept],
+                "env_steps": steps, "pairs_abandoned": len(abandoned),
+                "eval_returns": eval_returns, "eval_lengths": eval_lengths,
+                "env_failures": failures, "pss_mb": proportional_memory_mb(),
+                "filter_delta": (delta.mean, delta.var, delta.count)}
+
+    def apply_update(self, indices: np.ndarray, returns: np.ndarray,
+                     filter_delta: tuple | None) -> dict[str, Any]:
+        """Apply the generation's update (every rank the same inputs, so the same weights);
+        merge the observation statistics' summed delta. Returns a checksum of the new weights
+        and the update's statistics."""
+        s = self.settings
+        if len(indices):
+            if s["rule"] == "es":
+                self.theta, stats = es_step(self.theta, indices, returns, self.noise.noise,
+                                            self.optimizer, s["l2_coeff"])
+            else:
+                self.theta, stats = ars_step(self.theta, indices, returns, self.noise.noise,
+                                             s["stepsize"], s["rollouts_used"])
+        else:
+            stats = {}
+        if filter_delta is not None and self.normalize_observations:
+            self.filter.merge(*filter_delta)
+        self.policy.set_flat_weights(self.theta)
+        return {"checksum": weights_checksum(self.theta), **stats}
+
+    # Weights and state.
+
+    def receive_weights(self) -> None:
+        """Take part in the weight broadcast from the driver's copy (a collective)."""
+        comm = self.context.weights_comm
+        with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
+            comm.Bcast(self.theta, root=0)
+        self.policy.set_flat_weights(self.theta)
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        self.theta = np.array(flat, np.float32)
+        self.policy.set_flat_weights(self.theta)
+
+    def get_weights(self) -> np.ndarray:
+        return self.theta.copy()
+
+    def search_state(self) -> dict[str, Any]:
+        """Weights, optimizer and observation statistics: what every rank must hold alike."""
+        return {"theta": self.theta.copy(), "optimizer": self.optimizer.state(),
+                "filter": self.filter.state()}
+
+    def set_search_state(self, state: dict[str, Any]) -> str:
+        self.set_weights(state["theta"])
+        self.optimizer.load(state["optimizer"])
+        self.filter.mean, self.filter.var, self.filter.count = state["filter"]
+        return weights_checksum(self.theta)
+
+    def get_state(self) -> dict[str, Any]:
+        return {**self.search_state(), "rng": self.rng.bit_generator.state,
+                "torch_rng": capture_rng(), "envs": pickle.dumps(self.envs, protocol=5),
+                "env_failures": self.env_failures}
+
+    def set_state(self, state: dict[str, Any]) -> bool:
+        self.set_search_state(state)
+        self.rng.bit_generator.state = state["rng"]
+        restore_rng(state["torch_rng"])
+        envs = pickle.loads(state["envs"])
+        if len(envs) != len(self.envs):
+            return False  # num_envs_per_worker changed: the fresh envs stay
+        self.envs = envs
+        self.env_failures = state["env_failures"]
+        return True
+
+    def memory(self) -> dict[str, float]:
+        return {"pss_mb": proportional_memory_mb()}
+
+    def finish_dump(self) -> None:
+        return None
+
+
+class SearchWeights(Worker):
+    """The driver's copy of the weights (in its process): the first weights, broadcast to the
+    rollout ranks at start-up, and, before each checkpoint, rollout worker 0's current ones, so
+    that ``learner_0.pkl`` holds the policy that ``mpirl evaluate`` and ``export`` read."""
+
+    MESSAGES = ("broadcast_weights", "get_weights", "set_weights", "save_state", "load_state",
+                "histograms")
+
+    def __init__(self, context: RankContext, policy: DirectPolicySpec, loss: Any, config: Any,
+                 lr: float, grad_clip: float, seed: int, backend: str, torch_threads: int,
+                 master_addr: str = "") -> None:
+        super().__init__(context)
+        torch.manual_seed(seed)
+        self.policy = policy.build("cpu")
+        if getattr(config, "zero_init", False):
+            self.policy.set_flat_weights(np.zeros(self.policy.num_weights(), np.float32))
+
+    def broadcast_weights(self) -> None:
+        comm = self.context.weights_comm
+        with revoke_on_failure(comm, "the weight broadcast"):
+            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
+            comm.Bcast(self.policy.get_flat_weights(), root=0)
+
+    def get_weights(self) -> np.ndarray:
+        return self.policy.get_flat_weights()
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        self.policy.set_flat_weights(flat)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"weights": self.policy.get_flat_weights()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.policy.set_flat_weights(state["weights"])
+
+    def histograms(self) -> dict[str, np.ndarray]:
+        return {f"weights/{name}": p.detach().numpy().reshape(-1)
+                for name, p in self.policy.named_parameters()}
+
+
+def weights_checksum(theta: np.ndarray) -> str:
+    """A short fingerprint of a weight vector's bytes (ranks compare theirs)."""
+    return f"{zlib.crc32(np.ascontiguousarray(theta).tobytes()):08x}"
