@@ -28,10 +28,10 @@ STOP = {"episode_return_mean": 450, "timesteps_total": 300_000}
 class LiveRun:
     """``mpiexec ... mpirl train`` with its output read line by line as it comes."""
 
-    def __init__(self, n, run_dir, config):
+    def __init__(self, n, run_dir, config, algo="PPO", stop=STOP):
         command = mpiexec_command(
-            n, sys.executable, "-m", "mpirl", "train", "--algo", "PPO", "--env", "CartPole-v1",
-            "--seed", "1", "--config", json.dumps(config), "--stop", json.dumps(STOP),
+            n, sys.executable, "-m", "mpirl", "train", "--algo", algo, "--env", "CartPole-v1",
+            "--seed", "1", "--config", json.dumps(config), "--stop", json.dumps(stop),
             "--run-dir", str(run_dir), ulfm=True)
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=mpi_env({"CI": "true"}),
@@ -127,3 +127,29 @@ def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config):
     assert_every_rank_ended([pid for _, pid in table.values()])
     print(f"kill -9 to the driver's loss line: {lost_at - killed_at:.3f} s; "
           f"{len(rows)} iterations, {result['time_total_s']:.1f} s of training")
+
+
+def test_es_drops_a_lost_ranks_perturbations_and_goes_on(tmp_path):
+    """ES under ULFM: kill -9 one of 3 rollout ranks mid-run; the generation in flight drops its
+    pairs, the others keep applying identical updates (checksums agree) until the stop."""
+    run_dir = tmp_path / "run"
+    stop = {"training_iteration": 14}
+    run = LiveRun(4, run_dir, {}, algo="ES", stop=stop)
+    table = run.pids()
+    assert table[3][0] == "rollout"
+    run.wait_for_line(r"^iter 4 ")
+    os.kill(table[3][1], signal.SIGKILL)
+    run.wait_for_line(r"^mpirl: lost rank 3 ")
+    run.finish()
+    out, err = run.text("out"), run.text("err")
+    assert run.proc.returncode == 0, (run.proc.returncode, err)
+    assert "continuing with 2 rollout workers" in err and "Traceback" not in err, err
+    assert re.search(r"^stopped: training_iteration reached", out, re.MULTILINE), out[-2000:]
+    with open(run_dir / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 14 and int(rows[-1]["num_rollout_workers"]) == 2
+    assert int(rows[0]["num_rollout_workers"]) == 3
+    # Generations went on after the loss, with updates the survivors agreed on (a checksum
+    # mismatch would have ended the run) and that still improve the policy.
+    assert float(rows[-1]["perturbed_return_mean"]) > float(rows[0]["perturbed_return_mean"])
+    assert_every_rank_ended([pid for _, pid in table.values()])
