@@ -132,3 +132,15 @@ def test_multiagent_benchmark_quick_mpirl_alone(tmp_path):
     assert summary["mpirl"]["agent_steps_per_s_per_rollout_median"] > 0
     assert summary["rllib"] == SKIPPED
     assert "time_to_target_rllib_over_mpirl" not in summary
+
+
+def test_evolution_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "evolution.json"
+    proc = run_benchmark("evolution.py", "--quick", "--json", str(out), timeout=400)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    for algo in ("ES", "ARS"):
+        assert report["learning"][algo]["reached"] == 1
+    sent = report["bytes"]
+    assert sent["1008002_weights"] < 0.01 * sent["weights_bytes_1008002"]
+    assert 0.8 < report["memory"]["growth_over_table"] < 1.5
