@@ -143,7 +143,7 @@ def test_env_failures_are_recovered(tmp_path):
 
 
 @pytest.mark.parametrize(("algo", "config", "message"), [
-    ("ES", {"num_learners": 1}, "num_learners must be 0"),
+    ("ES", {"num_learners": 1}, "num_learners must be 0, got 1"),
     ("ARS", {"rollouts_used": 9, "num_rollouts": 4},
      r"rollouts_used \(9\) must be at most num_rollouts \(4\)"),
     ("ES", {"noise_size": 100}, "noise_size 100 is smaller than the policy's 226 weights"),

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import ConfigError, MpirlError, RankLost
+from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
 
-__all__ = ["check_search_config", "run_generation", "setup_search", "SEARCH_SETTINGS"]
+__all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
+           "setup_search"]
 
 #: Config keys every perturbation worker gets (those a config lacks take these values).
 SEARCH_SETTINGS = {"noise_size": 25_000_000, "noise_seed": 123, "noise_stdev": 0.02,
@@ -30,12 +32,17 @@ class DivergedWeights(MpirlError):
     """Ranks that should hold identical weights after an update do not."""
 
 
-def check_search_config(module: Any, config: Any, env: Any) -> None:
+def search_model_spec(observation_space: Any, action_space: Any, config: Any
+                      ) -> DirectPolicySpec:
+    """The deterministic policy that ES and ARS perturb."""
+    return DirectPolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
+                            config.activation)
+
+
+def check_search_config(config: Any, env: Any) -> None:
     """Before anything starts: the policy can be built for the env's spaces, and the noise table
     holds a perturbation of every weight."""
-    from mpirl.models.policy import model_spec
-
-    weights = model_spec(module, *env.spaces(), config).build("cpu").num_weights()
+    weights = search_model_spec(*env.spaces(), config).build("cpu").num_weights()
     if config.noise_size < weights:
         raise ConfigError(f"noise_size {config.noise_size} is smaller than the policy's "
                           f"{weights} weights; make it at least 10x larger "
@@ -47,7 +54,10 @@ def setup_search(algo: Any, rule: str, **settings: Any) -> None:
     if algo.dump_index is not None:
         raise ConfigError(f"{algo.name} does not write trajectory dumps (its episodes are "
                           f"played by perturbed policies); leave --dump-trajectories off")
-    full = {**SEARCH_SETTINGS, **settings, "rule": rule}
+    c = algo.config
+    full = {**SEARCH_SETTINGS, "noise_size": c.noise_size, "noise_seed": c.noise_seed,
+            "action_noise_std": c.action_noise_std, "eval_prob": c.eval_prob, **settings,
+            "rule": rule}
     first = [f.result() for f in algo.rollouts.call_async("setup_search", full)][0]
     algo.plan_state["search"] = {"synced": False, **first}
     algo.before_checkpoint.append(lambda: _copy_to_driver(algo))
