@@ -177,3 +177,21 @@ def _running(pid: int) -> bool:
             return f.read().split(")")[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def kill_9_after_checkpoint(n: int, run_dir: Path, role: str, iteration: int,
+                            *train_args: str) -> None:
+    """Start ``mpirl train TRAIN_ARGS --run-dir RUN_DIR`` on ``n`` ranks with no end in sight,
+    kill -9 its first ``role`` rank once a checkpoint at ``iteration`` or later is on disk, and
+    check that the job failed."""
+    import os
+    import signal
+
+    run = LiveRun(n, *train_args, "--run-dir", str(run_dir),
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: latest_checkpoint_iteration(run_dir) >= iteration,
+                   f"a checkpoint at iteration {iteration}")
+    victim = next(pid for rank_role, pid in run.pids().values() if rank_role == role)
+    os.kill(victim, signal.SIGKILL)
+    assert run.finish() != 0
+

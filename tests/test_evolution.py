@@ -3,16 +3,20 @@ messages that do not grow with the policy, resume after kill -9, env failures, a
 
 import csv
 import json
-import os
 import pickle
 import re
-import signal
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BIN, LiveRun, latest_checkpoint_iteration, mpi_env, run_mpi
+from conftest import (
+    BIN,
+    kill_9_after_checkpoint,
+    latest_checkpoint_iteration,
+    mpi_env,
+    run_mpi,
+)
 
 MPIRL = str(BIN / "mpirl")
 
@@ -98,13 +102,8 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     _ok(_train(3, "--algo", "ES", "--env", "CartPole-v1", "--run-dir", str(reference),
                "--config", config, "--stop", json.dumps({"training_iteration": total})))
-    run = LiveRun(3, "--algo", "ES", "--env", "CartPole-v1", "--run-dir", str(interrupted),
-                  "--config", config, "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: latest_checkpoint_iteration(interrupted) >= 6,
-                   "a checkpoint at iteration 6")
-    victim = next(pid for role, pid in run.pids().values() if role == "rollout")
-    os.kill(victim, signal.SIGKILL)
-    assert run.finish() != 0
+    kill_9_after_checkpoint(3, interrupted, "rollout", 6, "--algo", "ES", "--env", "CartPole-v1",
+                            "--config", config)
     assert latest_checkpoint_iteration(interrupted) < total
     proc = _train(3, "--resume", str(interrupted), "--stop",
                   json.dumps({"training_iteration": total}))

@@ -5,13 +5,18 @@ import csv
 import json
 import os
 import pickle
-import signal
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BIN, LiveRun, latest_checkpoint_iteration, mpi_env, run_mpi
+from conftest import (
+    BIN,
+    kill_9_after_checkpoint,
+    latest_checkpoint_iteration,
+    mpi_env,
+    run_mpi,
+)
 
 MPIRL = str(BIN / "mpirl")
 CARTPOLES = "mpirl.envs.examples:MultiAgentCartPole"
@@ -164,13 +169,8 @@ def test_multiagent_resume_after_kill_9_is_bit_identical(tmp_path):
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     _ok(_train(4, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(reference),
                "--config", config, "--stop", json.dumps({"training_iteration": total})))
-    run = LiveRun(4, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(interrupted),
-                  "--config", config, "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: latest_checkpoint_iteration(interrupted) >= 6,
-                   "a checkpoint at iteration 6")
-    victim = next(pid for role, pid in run.pids().values() if role == "learner")
-    os.kill(victim, signal.SIGKILL)
-    assert run.finish() != 0
+    kill_9_after_checkpoint(4, interrupted, "learner", 6, "--algo", "PPO", "--env", CARTPOLES,
+                            "--config", config)
     assert latest_checkpoint_iteration(interrupted) < total
     proc = _train(4, "--resume", str(interrupted), "--stop",
                   json.dumps({"training_iteration": total}))
