@@ -50,7 +50,7 @@ class Config(SearchConfig):
 
     ranges: ClassVar[dict[str, Range]] = {
         **SearchConfig.ranges, "num_rollouts": at_least(1), "rollouts_used": at_least(1),
-        "noise_stdev": above(0), "sgd_stepsize": above(0)}
+        "noise_stdev": above(0), "sgd_stepsize": above(0), "offset": Range()}
 
     def __post_init__(self) -> None:
         super().__post_init__()
