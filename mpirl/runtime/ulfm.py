@@ -16,9 +16,11 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import numpy as np
 from mpi4py import MPI
 
 from mpirl.errors import ProcessFailure
+from mpirl.runtime.waiting import wait_for_all
 from mpirl.runtime.world import run_comm
 
 if TYPE_CHECKING:
@@ -94,3 +96,13 @@ def revoke_on_failure(comm: MPI.Comm, what: str) -> Iterator[None]:
             f"{what} failed: {MPI.Get_error_string(error.Get_error_class())} (MPI reports "
             f"ranks {failed or 'none yet'} as failed); the communicator was revoked"
         ) from None
+
+
+def bcast_weights(comm: MPI.Comm, buffer: np.ndarray, timeout_s: float) -> None:
+    """The weight broadcast: ``buffer`` from rank 0 of ``comm`` (the weights communicator) to
+    every member, once all have arrived within ``timeout_s``; a member's death revokes ``comm``
+    and raises ``ProcessFailure`` (see ``revoke_on_failure``). Called by the source and by
+    every receiver, each with its own buffer."""
+    with revoke_on_failure(comm, "the weight broadcast"):
+        wait_for_all(comm, timeout_s, "the weight broadcast")
+        comm.Bcast(buffer, root=0)

@@ -23,7 +23,7 @@ from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.evolution import Adam, DirectPolicySpec, ars_step, es_step
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import revoke_on_failure
+from mpirl.runtime.ulfm import bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -244,10 +244,7 @@ class PerturbationWorker(Worker):
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from the driver's copy (a collective)."""
-        comm = self.context.weights_comm
-        with revoke_on_failure(comm, "the weight broadcast"):
-            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
-            comm.Bcast(self.theta, root=0)
+        bcast_weights(self.context.weights_comm, self.theta, self.context.collective_timeout_s)
         self.policy.set_flat_weights(self.theta)
 
     def set_weights(self, flat: np.ndarray) -> None:
@@ -309,10 +306,8 @@ class SearchWeights(Worker):
             self.policy.set_flat_weights(np.zeros(self.policy.num_weights(), np.float32))
 
     def broadcast_weights(self) -> None:
-        comm = self.context.weights_comm
-        with revoke_on_failure(comm, "the weight broadcast"):
-            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
-            comm.Bcast(self.policy.get_flat_weights(), root=0)
+        bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
+                      self.context.collective_timeout_s)
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()

@@ -36,8 +36,7 @@ from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import revoke_on_failure
-from mpirl.runtime.waiting import wait_for_all
+from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.rollout import BATCH_TAG
 
@@ -445,7 +444,5 @@ class Learner(Worker):
 
     def broadcast_weights(self) -> None:
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
-        comm = self.context.weights_comm
-        with revoke_on_failure(comm, "the weight broadcast"):
-            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
-            comm.Bcast(self.policy.get_flat_weights(), root=0)
+        bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
+                      self.context.collective_timeout_s)

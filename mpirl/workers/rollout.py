@@ -26,8 +26,7 @@ from mpirl.data.episode_recorder import EpisodeRecorder
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import revoke_on_failure
-from mpirl.runtime.waiting import wait_for_all
+from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -321,10 +320,7 @@ class RolloutWorker(Worker):
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
-        comm = self.context.weights_comm
-        with revoke_on_failure(comm, "the weight broadcast"):
-            wait_for_all(comm, self.context.collective_timeout_s, "the weight broadcast")
-            comm.Bcast(self._weights, root=0)
+        bcast_weights(self.context.weights_comm, self._weights, self.context.collective_timeout_s)
         self.policy.set_flat_weights(self._weights)
 
     def set_weights(self, flat: np.ndarray) -> None:
