@@ -22,10 +22,9 @@ from mpirl.models.policy import RunningMeanStd
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
            "setup_search"]
 
-#: Config keys every perturbation worker gets (those a config lacks take these values).
-SEARCH_SETTINGS = {"noise_size": 25_000_000, "noise_seed": 123, "noise_stdev": 0.02,
-                   "stepsize": 0.01, "l2_coeff": 0.0, "action_noise_std": 0.0,
-                   "eval_prob": 0.03, "rollouts_used": 0, "offset": 0.0}
+#: The settings of one update rule that the other's config lacks (ARS has no L2 term; ES uses
+#: every pair and no reward offset); the rest come from SearchConfig and the algorithm.
+SEARCH_SETTINGS = {"l2_coeff": 0.0, "rollouts_used": 0, "offset": 0.0}
 
 
 class DivergedWeights(MpirlError):
