@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed, args.run_dir, args.resume, args.progress,
             )
             return train(request)
+        if args.command == "tune":
+            from mpirl.tune import tune_main
+
+            return tune_main(args)
         if args.command == "evaluate":
             from mpirl.commands.evaluate import evaluate, report
 

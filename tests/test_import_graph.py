@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS = ("errors", "config", "runtime", "report", "jobs", "envs", "models", "data", "workers",
           "execution", "algorithms", "top")
 #: The modules on top: the commands and the public entry points.
-TOP = {"commands", "cli", "api", "io", "testing", "__main__", "callbacks"}
+TOP = {"commands", "cli", "api", "io", "testing", "__main__", "callbacks", "tune"}
 
 
 def module_files() -> dict[str, Path]:

@@ -144,7 +144,8 @@ def test_resume_appends_under_the_existing_header(tmp_path):
         # A different key order and a new key: the existing header wins.
         recorder.record({"loss": 0.25, "new": 1.0, "timesteps_total": 20, "iteration": 2})
 
-    assert json.loads((tmp_path / "params.json").read_text()) == {"lr": 1}
+    # params.json holds what the run goes on with, so that the next --resume keeps it.
+    assert json.loads((tmp_path / "params.json").read_text()) == {"lr": 2}
     assert read_csv(tmp_path / "progress.csv") == [
         ["iteration", "timesteps_total", "loss"],
         ["1", "10", "0.5"],

@@ -11,6 +11,12 @@ from typing import Any
 
 from mpirl.report.progress import PROGRESS_MODES
 
+SCHEDULERS = ("fifo", "pbt")
+SEARCHES = ("grid", "random")
+TIME_ATTRS = ("training_iteration", "timesteps_total")
+#: Train options that ``mpirl tune`` sets for each trial itself.
+TUNE_OWNED = ("--run-dir", "--resume", "--dump-trajectories", "--progress")
+
 
 def command_parser(add_job_commands: Callable[[Any], None] | None = None
                    ) -> argparse.ArgumentParser:
@@ -112,6 +118,16 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                         help="a multi-agent checkpoint: the policy to export (needed when it "
                              "has several)")
 
+    _add_tune(commands.add_parser(
+        "tune", help="run a population of trials: PBT, or a grid or random search",
+        description="Run under mpiexec or srun: rank 0 is the population controller, and each "
+                    "trial is an ordinary mpirl train run on --ranks-per-trial ranks of its own. "
+                    "Options go before --, the train options every trial shares after it. The "
+                    "tune directory holds trial_NNN/ run directories, tune.csv, pbt.jsonl and "
+                    "result.json; SIGUSR1, SIGUSR2 or SIGTERM checkpoints every trial and exits "
+                    "with code 75: continue with --resume TUNE_DIR.",
+    ))
+
     if add_job_commands is not None:
         add_job_commands(commands)
 
@@ -119,3 +135,47 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     plot.add_argument("-o", "--output", default="curve.png", help="PNG file to write")
     return parser
+
+
+def _add_tune(tune: argparse.ArgumentParser) -> None:
+    """``mpirl tune``'s own options; the train command follows ``--``."""
+    tune.add_argument("--scheduler", choices=SCHEDULERS, default="fifo",
+                      help="fifo: run every trial to its --stop; pbt: Population-Based Training "
+                           "(default fifo)")
+    tune.add_argument("--population", type=int, default=4,
+                      help="PBT: members, each on a slot of its own for the whole run (4)")
+    tune.add_argument("--ranks-per-trial", type=int, default=2,
+                      help="ranks of each trial: its driver and workers (2); the job needs 1 + "
+                           "a multiple of it")
+    tune.add_argument("--search", choices=SEARCHES, default="grid",
+                      help="fifo: grid (every combination of the list values, other domains "
+                           "drawn) or random draws (default grid)")
+    tune.add_argument("--num-samples", type=int, default=1,
+                      help="fifo: random draws, or repeats of the whole grid (1)")
+    tune.add_argument("--space", metavar="JSON",
+                      help='fifo: config keys to search, e.g. \'{"lr": [1e-4, 3e-4], '
+                           '"ent_coef": {"uniform": [0, 0.01]}}\'')
+    tune.add_argument("--mutations", metavar="JSON",
+                      help="pbt: config keys to explore, same syntax as --space")
+    tune.add_argument("--perturbation-interval", type=float, default=10,
+                      help="pbt: exploit and explore every this many --time-attr units (10)")
+    tune.add_argument("--time-attr", choices=TIME_ATTRS, default="training_iteration",
+                      help="pbt: what --perturbation-interval counts (training_iteration)")
+    tune.add_argument("--quantile-fraction", type=float, default=0.25,
+                      help="pbt: the bottom fraction exploits the top fraction (0.25)")
+    tune.add_argument("--resample-probability", type=float, default=0.25,
+                      help="pbt: chance that explore draws a key afresh instead of perturbing "
+                           "it (0.25)")
+    tune.add_argument("--metric", default="episode_return_mean",
+                      help="the progress.csv column that ranks trials (episode_return_mean)")
+    tune.add_argument("--mode", choices=("max", "min"), default="max",
+                      help="whether a higher or lower --metric is better (max)")
+    tune.add_argument("--max-failures", type=int, default=0,
+                      help="retries of a failed trial from its newest checkpoint (0)")
+    tune.add_argument("--run-dir", help="the tune directory (default runs/tune-ALGO-ENV-TIME)")
+    tune.add_argument("--resume", metavar="TUNE_DIR",
+                      help="continue the population in TUNE_DIR: every unfinished trial from "
+                           "its newest checkpoint")
+    tune.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
+                      help="the mpirl train options every trial shares: --algo, --env, "
+                           "--config, --stop, --seed, --env-module")

@@ -86,14 +86,16 @@ def _cell(value: Any) -> str:
 
 
 class RunRecorder:
-    """Writes a run directory: params.json once, progress.csv one row per iteration, result.json
+    """Writes a run directory: params.json, progress.csv one row per iteration, result.json
     (the last row, rewritten atomically each iteration), TensorBoard event files.
 
     The CSV's columns are fixed by its first row (or, on resume, by the existing header): a key
     that first appears later goes to result.json and TensorBoard but not to the CSV, and a
-    missing key is an empty cell. ``resume=True`` keeps an existing params.json and appends to an
-    existing progress.csv, after dropping its rows past iteration ``keep_iterations`` (the
-    resumed run does those iterations again); ``resume=False`` writes both afresh.
+    missing key is an empty cell. params.json is written every time: on resume it holds the
+    values the run goes on with (config keys changed on the resuming command line included), so
+    that the next --resume keeps them. ``resume=True`` appends to an existing progress.csv, after
+    dropping its rows past iteration ``keep_iterations`` (the resumed run does those iterations
+    again); ``resume=False`` writes it afresh.
     """
 
     def __init__(self, run_dir: str | Path, params: dict, resume: bool = False,
@@ -101,9 +103,8 @@ class RunRecorder:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         params_path = self.run_dir / PARAMS_FILE
-        if not (resume and params_path.exists()):
-            write_atomically(params_path, json.dumps(params, indent=2, sort_keys=True,
-                                                      default=json_default) + "\n")
+        write_atomically(params_path, json.dumps(params, indent=2, sort_keys=True,
+                                                  default=json_default) + "\n")
         progress_path = self.run_dir / PROGRESS_FILE
         self._columns: list[str] | None = None
         if resume and progress_path.exists():

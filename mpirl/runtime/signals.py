@@ -64,3 +64,11 @@ def reset() -> None:
     """Forget a received signal (tests, and a process that runs several jobs)."""
     global _received
     _received = None
+
+
+def request_stop(signum: int = signal.SIGUSR2) -> None:
+    """Act as if this process had received ``signum`` (a stop passed on by another rank, such as
+    ``mpirl tune``'s controller asking a trial's driver to checkpoint and stop)."""
+    global _received
+    if _received is None:
+        _received = signum

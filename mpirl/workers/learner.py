@@ -281,6 +281,7 @@ class Learner(Worker):
         context.role_comm.Bcast(flat, root=0)
         self.policy.set_flat_weights(flat)
         self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5)
+        self.lr = lr
         self.grad_clip = grad_clip
         self.rng = np.random.default_rng(seed + 7919 * context.role_index)
         #: The (shared, unclipped) gradient norm of each SGD step since ``histograms()`` last ran.
@@ -437,6 +438,9 @@ class Learner(Worker):
     def set_state(self, state: dict[str, Any]) -> None:
         self.policy.set_flat_weights(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])
+        # The run's config decides the learning rate, not the checkpoint's optimizer state: a
+        # resume that changes lr (or PBT's explore step) must take effect.
+        self._set_lr(self.lr)
         self.rng.bit_generator.state = state["minibatch_rng"]
         if "loss" in state:
             self.loss.set_state(state["loss"])

@@ -1,0 +1,63 @@
+"""``mpirl tune``: populations of ordinary runs, nested in one MPI job.
+
+World rank 0 is the population controller (``controller``); the other ranks form trial slots of
+``--ranks-per-trial`` ranks on sub-communicators (``slot``), each running trial segments as
+ordinary ``mpirl train`` runs on its communicator. Nothing in the algorithms knows it is nested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from mpi4py import MPI
+
+from mpirl.errors import ConfigError
+from mpirl.runtime import signals as stop_signals
+
+
+def tune_main(args: argparse.Namespace) -> int:
+    """Every rank: check the command line alike, split the world into slots, then control (world
+    rank 0) or serve a slot; the job's exit code."""
+    from mpirl.tune.controller import Controller, new_trials, resumed_trials
+    from mpirl.tune.request import STATE_FILE, check_world, make_tune_request
+    from mpirl.tune.slot import serve_slot
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    request, resuming = make_tune_request(args, "")
+    if not request.tune_dir:
+        # Rank 0's clock names the directory, for every rank.
+        stamp = time.strftime("%Y%m%d-%H%M%S") if rank == 0 else None
+        algo = request.algo.upper() if "." not in request.algo else request.algo
+        request.tune_dir = (f"runs/tune-{algo}-{request.env.replace(':', '_')}-"
+                            f"{world.bcast(stamp, root=0)}")
+    state_path = Path(request.tune_dir) / STATE_FILE
+    state = None
+    if resuming:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        trials = resumed_trials(state)
+    else:
+        if state_path.exists():
+            raise ConfigError(f"{request.tune_dir} already holds a population ({STATE_FILE}); "
+                              f"nothing was overwritten. Continue it with --resume "
+                              f"{request.tune_dir}, or choose a new --run-dir.")
+        trials = new_trials(request, request.trial_configs())
+    slots = check_world(request, world.Get_size(), len(trials))
+    stop_signals.install()
+    per = request.ranks_per_trial
+    slot_comm = world.Split(MPI.UNDEFINED if rank == 0 else (rank - 1) // per, key=rank)
+    try:
+        if rank == 0:
+            return Controller(world, request, trials, slots, state).run()
+        return serve_slot(world, slot_comm)
+    except BaseException:  # noqa: BLE001 - the others would wait for this rank for ever
+        import sys
+        import traceback
+
+        print(f"mpirl tune: world rank {rank} failed; ending the job.\n"
+              f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+        world.Abort(1)
+        raise
