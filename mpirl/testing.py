@@ -185,6 +185,29 @@ class OccasionallyFailingCartPole(FlakyCartPoleEnv):
         super().__init__(fail_every_steps=300, **kwargs)
 
 
+class TrialFailureCartPole(CartPoleEnv):
+    """CartPole that fails for real in one ``mpirl tune`` trial: in the process that runs trial
+    ``$MPIRL_FAIL_TRIAL`` (``$MPIRL_TUNE_TRIAL`` names the trial a process runs), every step
+    after the process's first ``$MPIRL_FAIL_AFTER_STEPS`` steps raises while the count in the
+    file ``$MPIRL_FAIL_BUDGET`` is above 0, taking one off each time. A budget of
+    ``max_env_failures`` ends the trial's first attempt and leaves its retry healthy."""
+
+    process_steps = 0
+
+    def step(self, action):
+        TrialFailureCartPole.process_steps += 1
+        trial = os.environ.get("MPIRL_TUNE_TRIAL")
+        budget = os.environ.get("MPIRL_FAIL_BUDGET")
+        if (trial and budget and trial == os.environ.get("MPIRL_FAIL_TRIAL")
+                and self.process_steps > int(os.environ.get("MPIRL_FAIL_AFTER_STEPS", "0"))):
+            left = int(open(budget).read() or 0)
+            if left > 0:
+                with open(budget, "w") as file:
+                    file.write(str(left - 1))
+                raise InjectedFailure(f"injected failure in {trial} ({left - 1} left)")
+        return super().step(action)
+
+
 class UnpicklableCartPoleEnv(CartPoleEnv):
     """CartPole holding a lock, as an env holding a simulator handle would: pickle refuses it."""
 
@@ -278,6 +301,9 @@ _IDS = {
     # CartPole-v1 whose steps on rank 1 (the first rollout rank) each sleep 0.7 ms: about 10x
     # the cost of a healthy rank's step (policy included) on the project's 2-core machine.
     "MpirlStragglerCartPole-v0": dict(entry_point=StragglerCartPoleEnv, max_episode_steps=500),
+    # CartPole-v1 that fails in one trial of mpirl tune (see TrialFailureCartPole).
+    "MpirlTrialFailureCartPole-v0": dict(entry_point=TrialFailureCartPole,
+                                         max_episode_steps=500),
 }
 for _id, _registration in _IDS.items():
     if _id not in gym.registry:

@@ -88,10 +88,12 @@ class TrainCall:
     resume_dir: str | None
     algo: str | None
     env: str | None
+    #: "train", or "tune" (a population: its run directory is the tune directory).
+    subcommand: str = "train"
 
 
 def find_train(command: Sequence[str]) -> TrainCall | None:
-    """Locate ``mpirl train`` in COMMAND; None if it does not run ``mpirl train``."""
+    """Locate ``mpirl train`` (or ``mpirl tune``) in COMMAND; None if it runs neither."""
     for index, word in enumerate(command):
         if word == "mpirl" or word.endswith("/mpirl"):
             subcommand = index + 1
@@ -99,14 +101,18 @@ def find_train(command: Sequence[str]) -> TrainCall | None:
             subcommand = index + 2
         else:
             continue
-        if command[subcommand:subcommand + 1] != ["train"]:
+        if command[subcommand:subcommand + 1] not in (["train"], ["tune"]):
             continue  # e.g. an mpiexec --prefix that ends in /mpirl, or mpirl doctor
         args = list(command[subcommand + 1:])
         if ":" in args:  # mpiexec's MPMD separator: what follows belongs to another program
             args = args[:args.index(":")]
-        return TrainCall(subcommand, option_value(args, "--run-dir"),
-                         option_value(args, "--resume"), option_value(args, "--algo"),
-                         option_value(args, "--env"))
+        options = train_args = args
+        if command[subcommand] == "tune":  # tune's options, then -- and the trials' train options
+            split = args.index("--") if "--" in args else len(args)
+            options, train_args = args[:split], args[split + 1:]
+        return TrainCall(subcommand, option_value(options, "--run-dir"),
+                         option_value(options, "--resume"), option_value(train_args, "--algo"),
+                         option_value(train_args, "--env"), command[subcommand])
     return None
 
 
@@ -133,7 +139,8 @@ def first_command(command: Sequence[str]) -> tuple[list[str], str | None]:
         return list(command), call.run_dir or call.resume_dir
     if not (call.algo and call.env):
         return list(command), None  # mpirl train itself will say what is missing (exit 2)
-    run_dir = default_run_dir(call.algo, call.env)
+    run_dir = default_run_dir(call.algo, call.env, prefix="tune-" if call.subcommand == "tune"
+                              else "")
     return _insert_after_train(command, call, "--run-dir", run_dir), run_dir
 
 

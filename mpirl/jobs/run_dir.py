@@ -42,11 +42,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def default_run_dir(algo: str, env: str) -> str:
+def default_run_dir(algo: str, env: str, prefix: str = "") -> str:
     """The run directory ``mpirl train`` uses when --run-dir is left out (``mpirl launch``
-    names it the same way)."""
+    names it the same way; ``mpirl tune``'s is the same with ``prefix`` "tune-")."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"runs/{algo.upper() if '.' not in algo else algo}-{env.replace(':', '_')}-{stamp}"
+    return (f"runs/{prefix}{algo.upper() if '.' not in algo else algo}-"
+            f"{env.replace(':', '_')}-{stamp}")
 
 
 def json_default(value: Any) -> Any:

@@ -55,7 +55,7 @@ DEFAULT_MAX_REQUEUES = 5
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_OUTPUT = "%x-%j.out"
 #: Subcommands that make sense as a batch job.
-JOB_SUBCOMMANDS = ("train", "doctor")
+JOB_SUBCOMMANDS = ("train", "tune", "doctor")
 TEMPLATE = Path(__file__).parent / "templates" / "job.sbatch"
 #: The file --submit writes into the run directory before handing it to sbatch.
 SCRIPT_NAME = "job.sbatch"

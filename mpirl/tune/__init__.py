@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from mpi4py import MPI
 
 from mpirl.errors import ConfigError
+from mpirl.jobs.run_dir import default_run_dir
 from mpirl.runtime import signals as stop_signals
 
 
@@ -30,10 +30,8 @@ def tune_main(args: argparse.Namespace) -> int:
     request, resuming = make_tune_request(args, "")
     if not request.tune_dir:
         # Rank 0's clock names the directory, for every rank.
-        stamp = time.strftime("%Y%m%d-%H%M%S") if rank == 0 else None
-        algo = request.algo.upper() if "." not in request.algo else request.algo
-        request.tune_dir = (f"runs/tune-{algo}-{request.env.replace(':', '_')}-"
-                            f"{world.bcast(stamp, root=0)}")
+        name = default_run_dir(request.algo, request.env, prefix="tune-") if rank == 0 else None
+        request.tune_dir = world.bcast(name, root=0)
     state_path = Path(request.tune_dir) / STATE_FILE
     state = None
     if resuming:

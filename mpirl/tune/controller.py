@@ -287,12 +287,13 @@ class Controller:
             writer = csv.DictWriter(file, self._csv_fields, extrasaction="ignore")
             if new:
                 writer.writeheader()
+            status = "FAILED" if failed is not None else trial.status
             writer.writerow({"time_s": round(self.elapsed, 2), "trial": trial.name,
-                             "status": trial.status, **last, **trial.config})
+                             "status": status, **last, **trial.config})
         best = self.best()
         steps = sum((t.last or {}).get("timesteps_total", 0) for t in self.trials)
         values = " ".join(f"{k}={_short(v)}" for k, v in trial.config.items())
-        line = (f"{trial.name} {trial.status.lower():<10} iter {last.get('iteration', 0):>4} "
+        line = (f"{trial.name} {status.lower():<10} iter {last.get('iteration', 0):>4} "
                 f"steps {last.get('timesteps_total', 0):>9,} {self.request.metric} "
                 f"{_short(last.get(self.request.metric))}"
                 + (f"  {values}" if values else "")

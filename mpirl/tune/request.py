@@ -76,13 +76,24 @@ class TuneRequest:
 def make_tune_request(args: argparse.Namespace, default_dir: str) -> tuple[TuneRequest, bool]:
     """Check the command line (or, with --resume, the saved one); (request, resuming)."""
     if args.resume is not None:
-        given = [flag for flag, value in (("--run-dir", args.run_dir),
-                                          ("the train options", _train_words(args)))
-                 if value]
-        if given:
-            raise ConfigError(f"--resume {args.resume} continues a population as it was started; "
-                              f"leave out {' and '.join(given)}")
-        return load_request(Path(args.resume)), True
+        saved = load_request(Path(args.resume))
+        if args.run_dir is not None and Path(args.run_dir) != Path(args.resume):
+            raise ConfigError(f"--resume {args.resume} and --run-dir {args.run_dir} differ; "
+                              f"leave out --run-dir when resuming")
+        if _train_words(args):
+            # mpirl launch and mpirl slurm restart the first command with --resume added: the
+            # same train options are fine, different ones are a mistake.
+            train = _parse_train(_train_words(args))
+            for name, given, recorded in (
+                    ("--algo", train.algo, saved.algo), ("--env", train.env, saved.env),
+                    ("--config", parse_json_object(train.config, "--config"), saved.config),
+                    ("--stop", parse_json_object(train.stop, "--stop"), saved.stop)):
+                if given != recorded:
+                    raise ConfigError(
+                        f"--resume {args.resume} continues a population as it was started, with "
+                        f"{name} {json.dumps(recorded)}; {name} {json.dumps(given)} was given. "
+                        f"Leave out the train options when resuming, or start a new population")
+        return saved, True
     train = _parse_train(_train_words(args))
     config = parse_json_object(train.config, "--config")
     stop = parse_json_object(train.stop, "--stop")

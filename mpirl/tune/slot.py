@@ -20,6 +20,7 @@ to the trials that run.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
 import time
@@ -37,6 +38,8 @@ from mpirl.runtime import signals as stop_signals
 TASK, RESULT, STATE, STOP = 7101, 7102, 7103, 7104
 #: The file in a trial's directory that its segments' output goes to.
 TRIAL_LOG = "output.log"
+#: The environment variable that names the trial a slot's processes run.
+TRIAL_VARIABLE = "MPIRL_TUNE_TRIAL"
 
 
 def wait_for(test: Callable[[], Any], max_sleep_s: float = 0.01) -> Any:
@@ -99,13 +102,16 @@ def run_segment(world: MPI.Comm, slot: MPI.Comm, task: dict[str, Any]) -> dict[s
 
     run_dir = Path(task["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
+    # The trial's processes know which trial they run (for users' envs and callbacks).
+    os.environ[TRIAL_VARIABLE] = task["trial"]
     resume = (run_dir / "params.json").is_file()
     code, row, error = EXIT_FAILURE, None, None
     watcher = _StopWatcher(world) if slot.Get_rank() == 0 else None
     with open(run_dir / TRIAL_LOG, "a", buffering=1, encoding="utf-8") as log, \
             contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} segment to {task['stop']}, config "
-              f"{task['varying']}" + (" (resuming)" if resume else ""), flush=True)
+        print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()} (world rank "
+              f"{world.Get_rank()}): segment to {task['stop']}, config {task['varying']}"
+              + (" (resuming)" if resume else ""), flush=True)
         try:
             request = make_request(task["algo"], task["env"], task["env_module"],
                                    dict(task["config"]), dict(task["stop"]), task["seed"],

@@ -1,0 +1,262 @@
+"""``mpirl tune`` through the CLI: PBT finds a learning rate that fixed runs lack, a grid runs
+every point with more trials than slots, a trial whose env fails for real is retried from its
+checkpoint without disturbing the others, a stopped or killed population resumes, and bad
+command lines get one clear error each."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, LiveRun, mpiexec_command, run_mpi
+
+from mpirl.jobs.launch import find_train, first_command, restart_command
+from mpirl.tune.pbt import PBTSettings, decide, quantiles
+from mpirl.tune.space import explore, grid_configs, parse_space
+
+MPIRL = str(BIN / "mpirl")
+CARTPOLE = ["--algo", "PPO", "--env", "CartPole-v1"]
+
+
+def tune(n: int, *args: str, timeout: float = 240, env: dict | None = None):
+    return run_mpi(n, MPIRL, "tune", *args, timeout=timeout, env=env)
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with open(path) as file:
+        return list(csv.DictReader(file))
+
+
+def iterations(run_dir: Path) -> list[int]:
+    return [int(row["iteration"]) for row in rows(run_dir / "progress.csv")]
+
+
+def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
+    """Four PPO members all start at lr 1e-5, with which PPO does not learn CartPole in this
+    budget (the best of 4 seeds reached 104 after 200k steps, benchmarks/RESULTS.md). PBT's
+    exploit and explore move the population to larger rates, and a member reaches 450 within
+    200k steps. Each member is one rank (local mode), so the job is 5 ranks on 2 cores."""
+    tune_dir = tmp_path / "pbt"
+    proc = tune(5, "--scheduler", "pbt", "--population", "4", "--ranks-per-trial", "1",
+                "--perturbation-interval", "5",
+                "--mutations", '{"lr": [1e-5, 1e-4, 3e-4, 1e-3]}', "--run-dir", str(tune_dir),
+                "--", *CARTPOLE, "--config", '{"lr": 1e-5}',
+                "--stop", '{"episode_return_mean": 450, "timesteps_total": 200000}',
+                timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tune_dir / "result.json").read_text())
+    best = result["best_result"]
+    assert best["episode_return_mean"] >= 450 and best["timesteps_total"] <= 200_000, result
+    decisions = [json.loads(line) for line in (tune_dir / "pbt.jsonl").read_text().splitlines()]
+    assert decisions, "no PBT decision was logged"
+    for decision in decisions:
+        assert {"time", "iteration", "from", "to", "old_config", "new_config"} <= set(decision)
+        assert decision["from"] != decision["to"]
+    # Exploit copied state and explore moved lr off the start value.
+    assert any(d["exploited"] and d["new_config"]["lr"] > 1e-5 for d in decisions), decisions
+    # Every member is an ordinary run directory whose history has no gaps or repeats.
+    for index in range(4):
+        trial = tune_dir / f"trial_{index:03d}"
+        assert (trial / "params.json").is_file() and (trial / "checkpoints").is_dir()
+        its = iterations(trial)
+        assert its == list(range(1, len(its) + 1)), its
+    # A loser's run continued from its winner's checkpoint with the explored lr.
+    loser = tune_dir / decisions[0]["to"]
+    log = (loser / "output.log").read_text()
+    assert "resumed from" in log and "changed: lr" in log, log
+    table = rows(tune_dir / "tune.csv")
+    assert {row["trial"] for row in table} == {f"trial_{i:03d}" for i in range(4)}
+    assert "best: trial_" in proc.stdout
+
+
+def test_grid_search_runs_every_point_queued_on_fewer_slots(tmp_path):
+    """Four grid points on one slot of 2 ranks (a driver and a rollout worker): queued, run one
+    after another, each an ordinary run with its own values."""
+    tune_dir = tmp_path / "grid"
+    proc = tune(3, "--search", "grid", "--ranks-per-trial", "2", "--run-dir", str(tune_dir),
+                "--space", '{"lr": [1e-4, 1e-3], "num_epochs": [1, 2], '
+                           '"ent_coef": {"uniform": [0, 0.01]}}',
+                "--", *CARTPOLE, "--config", '{"num_envs_per_worker": 1}',
+                "--stop", '{"training_iteration": 2}')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tune_dir / "result.json").read_text())
+    points = sorted((t["config"]["lr"], t["config"]["num_epochs"]) for t in result["trials"])
+    assert points == [(1e-4, 1), (1e-4, 2), (1e-3, 1), (1e-3, 2)]
+    for trial in result["trials"]:
+        assert trial["status"] == "TERMINATED" and trial["last"]["iteration"] == 2, trial
+        assert 0 <= trial["config"]["ent_coef"] <= 0.01
+        params = json.loads((tune_dir / trial["trial"] / "params.json").read_text())
+        for key, value in trial["config"].items():
+            assert params["config"][key] == value
+        assert params["world_size"] == 2
+    assert result["best_trial"] in {t["trial"] for t in result["trials"]}
+    assert not (tune_dir / "pbt.jsonl").exists()
+
+
+FAILURE_ARGS = ["--ranks-per-trial", "1", "--search", "random", "--num-samples", "2", "--",
+                "--algo", "PPO", "--env", "MpirlTrialFailureCartPole-v0", "--env-module",
+                "mpirl.testing", "--config",
+                '{"max_env_failures": 2, "checkpoint_every": 2, "num_envs_per_worker": 1}',
+                "--stop", '{"training_iteration": 8}']
+
+
+def failure_env(tmp_path: Path) -> dict[str, str]:
+    """trial_001's env raises in every step after its process's 200th (iteration 4 of 64
+    steps), twice: max_env_failures 2 in a row end that attempt, and the budget is spent."""
+    budget = tmp_path / "budget"
+    budget.write_text("2")
+    return {"MPIRL_FAIL_TRIAL": "trial_001", "MPIRL_FAIL_BUDGET": str(budget),
+            "MPIRL_FAIL_AFTER_STEPS": "200"}
+
+
+def test_a_trial_whose_env_fails_is_retried_from_its_checkpoint(tmp_path):
+    tune_dir = tmp_path / "retry"
+    proc = tune(3, "--max-failures", "1", "--run-dir", str(tune_dir), *FAILURE_ARGS,
+                env=failure_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trial_001 failed (exit code 1, failure 1); retrying" in proc.stdout
+    result = json.loads((tune_dir / "result.json").read_text())
+    statuses = {t["trial"]: (t["status"], t["failures"]) for t in result["trials"]}
+    assert statuses == {"trial_000": ("TERMINATED", 0), "trial_001": ("TERMINATED", 1)}
+    log = (tune_dir / "trial_001" / "output.log").read_text()
+    assert "InjectedFailure" in log and "resumed from" in log and "checkpoint_000002" in log
+    assert iterations(tune_dir / "trial_001") == list(range(1, 9))
+    # The other trial ran once, undisturbed.
+    other = (tune_dir / "trial_000" / "output.log").read_text()
+    assert other.count("segment to") == 1 and "resumed" not in other
+    assert [r["status"] for r in rows(tune_dir / "tune.csv") if r["trial"] == "trial_001"] == [
+        "FAILED", "TERMINATED"]
+
+
+def test_a_trial_out_of_retries_fails_the_population_but_not_the_others(tmp_path):
+    tune_dir = tmp_path / "noretry"
+    proc = tune(3, "--run-dir", str(tune_dir), *FAILURE_ARGS, env=failure_env(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 trial(s) failed: trial_001" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    result = json.loads((tune_dir / "result.json").read_text())
+    statuses = {t["trial"]: t["status"] for t in result["trials"]}
+    assert statuses == {"trial_000": "TERMINATED", "trial_001": "ERROR"}
+    assert result["best_trial"] in statuses
+
+
+def _trial_pid(tune_dir: Path, trial: str) -> int:
+    log = (tune_dir / trial / "output.log").read_text()
+    return int(re.findall(r"pid (\d+) \(world rank", log)[-1])
+
+
+def _decisions(tune_dir: Path) -> int:
+    path = tune_dir / "pbt.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_stopped_or_killed_population_resumes(tmp_path):
+    """SIGUSR2 to the whole job checkpoints every member and exits 75; --resume goes on. Then a
+    kill -9 of a member's process ends the job (Open MPI ends the whole job); --resume goes on
+    from the members' checkpoints and the population finishes, PBT's log kept."""
+    tune_dir = tmp_path / "resume"
+    args = ["--scheduler", "pbt", "--population", "2", "--ranks-per-trial", "1",
+            "--perturbation-interval", "4", "--mutations", '{"lr": [1e-4, 3e-4, 1e-3]}']
+    train = ["--", *CARTPOLE, "--config", '{"num_envs_per_worker": 1}',
+             "--stop", '{"training_iteration": 16}']
+    first = LiveRun(3, command=mpiexec_command(3, MPIRL, "tune", *args, "--run-dir",
+                                               str(tune_dir), *train))
+    first.wait_until(lambda: _decisions(tune_dir) >= 1, "a first PBT decision")
+    os.kill(first.proc.pid, signal.SIGUSR2)  # mpiexec passes it to every rank
+    assert first.finish() == 75, first.stdout + first.stderr
+    assert f"Continue with: mpirl tune --resume {tune_dir}" in first.stderr
+    state = json.loads((tune_dir / "tune_state.json").read_text())
+    assert {t["status"] for t in state["trials"]} <= {"PAUSED", "TERMINATED"}
+
+    second = LiveRun(3, command=mpiexec_command(3, MPIRL, "tune", "--resume", str(tune_dir)))
+    before = _decisions(tune_dir)
+    second.wait_until(lambda: _decisions(tune_dir) > before, "a PBT decision after resuming")
+    time.sleep(0.5)
+    os.kill(_trial_pid(tune_dir, "trial_001"), signal.SIGKILL)
+    assert second.finish() != 0
+
+    proc = tune(3, "--resume", str(tune_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tune_dir / "result.json").read_text())
+    assert [t["last"]["iteration"] for t in result["trials"]] == [16, 16], result
+    assert all(t["status"] == "TERMINATED" for t in result["trials"])
+    for trial in ("trial_000", "trial_001"):
+        assert iterations(tune_dir / trial) == list(range(1, 17))
+    assert _decisions(tune_dir) >= 3  # the boundaries at 4, 8 and 12, each logged once or more
+
+
+@pytest.mark.parametrize("n, args, message", [
+    (4, ["--ranks-per-trial", "2", "--", *CARTPOLE],
+     "the job needs 1 + a multiple of 2 ranks; it has 4. Launch it with e.g. mpiexec -n 3"),
+    (3, ["--scheduler", "pbt", "--population", "4", "--ranks-per-trial", "1",
+         "--mutations", '{"lr": [1e-4, 1e-3]}', "--", *CARTPOLE],
+     "PBT runs every member at once: --population 4 with --ranks-per-trial 1 needs 5 ranks"),
+    (3, ["--scheduler", "pbt", "--ranks-per-trial", "1", "--", *CARTPOLE],
+     "--scheduler pbt needs --mutations"),
+    (3, ["--ranks-per-trial", "1", "--space", '{"lrr": [1e-4]}', "--", *CARTPOLE],
+     "lrr"),
+    (3, ["--ranks-per-trial", "1", "--space", '{"lr": {"uniform": [1, 0]}}', "--",
+         *CARTPOLE], "uniform needs [low, high] with low < high"),
+    (3, ["--ranks-per-trial", "1", "--", *CARTPOLE, "--run-dir", "x"],
+     "--run-dir is set by mpirl tune for each trial"),
+    (3, ["--ranks-per-trial", "1", "--space", '{"lr": [-1.0]}', "--", *CARTPOLE],
+     "trial 0 ({\"lr\": -1.0})"),
+    (3, ["--ranks-per-trial", "2", "--", *CARTPOLE, "--config",
+         '{"num_rollout_workers": 3}'], "each trial runs on --ranks-per-trial 2 ranks"),
+])
+def test_bad_tune_command_lines_get_one_clear_error(tmp_path, n, args, message):
+    proc = tune(n, "--run-dir", str(tmp_path / "t"), *args, timeout=90)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "t" / "tune_state.json").exists()
+
+
+def test_resume_of_something_that_is_no_population(tmp_path):
+    proc = tune(3, "--resume", str(tmp_path), timeout=90)
+    assert proc.returncode == 2
+    assert "not a tune directory (tune_state.json is missing)" in proc.stderr
+
+
+def test_space_syntax_grids_and_pbt_decisions():
+    import numpy as np
+
+    space = parse_space({"lr": [1e-4, 3e-4, 1e-3], "n": {"randint": [1, 4]},
+                         "c": {"loguniform": [1e-3, 1e-1]}}, "--space")
+    rng = np.random.default_rng(0)
+    grid = grid_configs(space, rng)
+    assert [g["lr"] for g in grid] == [1e-4, 3e-4, 1e-3]
+    assert all(1 <= g["n"] < 4 and 1e-3 <= g["c"] <= 1e-1 for g in grid)
+    # Explore without resampling: categorical values move to a neighbour, numbers by 0.8/1.2.
+    for _ in range(50):
+        new = explore({"lr": 3e-4, "n": 10, "c": 0.01}, space, rng, resample_probability=0.0)
+        assert new["lr"] in (1e-4, 1e-3)
+        assert new["n"] in (8, 12)
+        assert new["c"] == pytest.approx(0.008) or new["c"] == pytest.approx(0.012)
+    assert quantiles({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}, 0.25) == ([0], [3])
+    assert quantiles({0: 1.0, 1: 2.0, 2: 3.0}, 0.5) == ([0], [2])
+    decisions = decide({0: 5.0, 1: float("nan"), 2: 9.0, 3: 7.0},
+                       {i: {"lr": 3e-4} for i in range(4)}, space,
+                       PBTSettings(perturbation_interval=5), rng)
+    assert [(d.loser, d.winner) for d in decisions] == [(1, 2)]
+
+
+def test_launch_and_slurm_resume_a_tune_command(tmp_path):
+    command = ["mpiexec", "-n", "5", "mpirl", "tune", "--population", "2", "--", "--algo",
+               "PPO", "--env", "CartPole-v1"]
+    call = find_train(command)
+    assert call.subcommand == "tune" and call.algo == "PPO" and call.run_dir is None
+    first, run_dir = first_command(command)
+    assert run_dir.startswith("runs/tune-PPO-CartPole-v1-")
+    assert first[first.index("tune") + 1:first.index("tune") + 3] == ["--run-dir", run_dir]
+    again = restart_command(first)
+    assert again[again.index("tune") + 1:again.index("tune") + 3] == ["--resume", run_dir]
+    # The options after -- are the trials' own: a --run-dir there is not the tune directory.
+    assert find_train(["mpirl", "tune", "--", "--algo", "PPO", "--run-dir", "x"]).run_dir is None
