@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -219,6 +220,19 @@ def test_bad_tune_command_lines_get_one_clear_error(tmp_path, n, args, message):
     assert not (tmp_path / "t" / "tune_state.json").exists()
 
 
+def test_a_metric_the_trials_do_not_report_stops_the_population(tmp_path):
+    """RLlib's old name for the return: found out once the first trial reports, then every
+    trial stops and the job exits 2 with the keys the trials do report."""
+    proc = tune(3, "--ranks-per-trial", "1", "--search", "random", "--num-samples", "3",
+                "--metric", "episode_reward_mean", "--run-dir", str(tmp_path / "t"), "--",
+                *CARTPOLE, "--stop", '{"training_iteration": 3}', timeout=90)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
+    assert ("--metric 'episode_reward_mean' is not in the trials' results; they have: "
+            in proc.stderr)
+    assert "episode_return_mean" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_resume_of_something_that_is_no_population(tmp_path):
     proc = tune(3, "--resume", str(tmp_path), timeout=90)
     assert proc.returncode == 2
@@ -246,6 +260,13 @@ def test_space_syntax_grids_and_pbt_decisions():
                        {i: {"lr": 3e-4} for i in range(4)}, space,
                        PBTSettings(perturbation_interval=5), rng)
     assert [(d.loser, d.winner) for d in decisions] == [(1, 2)]
+    # Explore never hands a member a value the algorithm refuses (gamma above 1 here).
+    gamma = parse_space({"gamma": {"uniform": [0.9, 0.999]}}, "--mutations")
+    for _ in range(20):
+        [decision] = decide({0: 1.0, 1: 2.0}, {0: {"gamma": 0.99}, 1: {"gamma": 0.995}}, gamma,
+                            PBTSettings(perturbation_interval=5), rng,
+                            valid=lambda config: config["gamma"] <= 1.0)
+        assert decision.new_config["gamma"] <= 1.0
 
 
 def test_launch_and_slurm_resume_a_tune_command(tmp_path):
@@ -260,3 +281,11 @@ def test_launch_and_slurm_resume_a_tune_command(tmp_path):
     assert again[again.index("tune") + 1:again.index("tune") + 3] == ["--resume", run_dir]
     # The options after -- are the trials' own: a --run-dir there is not the tune directory.
     assert find_train(["mpirl", "tune", "--", "--algo", "PPO", "--run-dir", "x"]).run_dir is None
+    # mpirl slurm: the requeued job resumes the tune directory.
+    script = subprocess.run(
+        [MPIRL, "slurm", "--time", "10", "--ntasks-per-node", "5", "--run-dir",
+         str(tmp_path / "t"), "--", "tune", "--population", "2", "--", *CARTPOLE],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert script.returncode == 0, script.stderr
+    assert f'"$MPIRL" tune --resume {tmp_path / "t"} --run-dir' in script.stdout
+    assert '[ -f "$RUN_DIR/tune_state.json" ]' in script.stdout

@@ -554,10 +554,11 @@ def submit(script: str, run_dir: str | None) -> str:
         directory = Path.cwd()
     else:
         directory = Path(run_dir)
-        if (directory / "params.json").exists():
-            raise ConfigError(f"{run_dir} already holds a run; the job would resume it. Resume "
-                              f"it on purpose with -- train --resume {run_dir}, or choose a new "
-                              f"--run-dir")
+        for marker, command in (("params.json", "train"), ("tune_state.json", "tune")):
+            if (directory / marker).exists():
+                raise ConfigError(f"{run_dir} already holds a run; the job would resume it. "
+                                  f"Resume it on purpose with -- {command} --resume {run_dir}, "
+                                  f"or choose a new --run-dir")
         directory.mkdir(parents=True, exist_ok=True)
     path = directory / SCRIPT_NAME if run_dir else directory / f".mpirl-{SCRIPT_NAME}"
     path.write_text(script, encoding="utf-8")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, MpirlError
 from mpirl.jobs.run_dir import default_run_dir
 from mpirl.runtime import signals as stop_signals
 
@@ -51,6 +51,8 @@ def tune_main(args: argparse.Namespace) -> int:
         if rank == 0:
             return Controller(world, request, trials, slots, state).run()
         return serve_slot(world, slot_comm)
+    except MpirlError:
+        raise  # the controller's own, after it let every slot go: one clear message
     except BaseException:  # noqa: BLE001 - the others would wait for this rank for ever
         import sys
         import traceback

@@ -23,12 +23,19 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import EXIT_FAILURE, EXIT_RESUME
+from mpirl.errors import EXIT_FAILURE, EXIT_RESUME, EXIT_USAGE, ConfigError
 from mpirl.execution.algorithm import stop_reached
 from mpirl.jobs.run_dir import json_default
 from mpirl.runtime import signals as stop_signals
 from mpirl.tune.pbt import PBTSettings, decide
-from mpirl.tune.request import STATE_FILE, TuneRequest, check_trials, save_request, trial_config
+from mpirl.tune.request import (
+    STATE_FILE,
+    TuneRequest,
+    check_trials,
+    config_problem,
+    save_request,
+    trial_config,
+)
 from mpirl.tune.slot import RESULT, STOP, TASK, TRIAL_LOG, send_object
 
 PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
@@ -75,6 +82,8 @@ class Controller:
         self.busy: dict[int, Trial] = {}  # slot -> the trial it runs
         self.stopping: str | None = None
         self.stop_forwarded: set[int] = set()
+        #: A mistake in the command line found only once trials report (exit code 2).
+        self.fatal: str | None = None
         self._last_stop: dict[int, dict[str, Any]] = {}  # trial -> its running segment's stop
         self._csv_fields = ["time_s", "trial", "status", *ROW_KEYS,
                             *([request.metric] if request.metric not in ROW_KEYS else []),
@@ -96,6 +105,9 @@ class Controller:
             self._quit_slots(EXIT_FAILURE)
             raise
         self.save()
+        if self.fatal:
+            self._quit_slots(EXIT_USAGE)
+            raise ConfigError(self.fatal)
         if self.stopping:
             print(f"mpirl tune: {self.stopping}: every running trial checkpointed; stopped "
                   f"(exit code {EXIT_RESUME}). Continue with: mpirl tune --resume {self.dir}",
@@ -148,7 +160,8 @@ class Controller:
                 return
             ready = {t.index: self.request.score(t.last) for t in live if t.status == PAUSED}
             decisions = decide(ready, {t.index: t.config for t in self.trials}, self.domains,
-                               settings, self.rng)
+                               settings, self.rng, valid=lambda config: config_problem(
+                                   self.request, config, self.request.seed) is None)
             self._exploit(decisions, settings, boundaries)
             self.round += 1
             self.save()
@@ -192,9 +205,12 @@ class Controller:
         if row is not None:
             trial.last = {k: row[k] for k in (*ROW_KEYS, self.request.metric) if k in row}
             if self.request.metric not in row:
+                # Every trial reports the same keys: no trial can be ranked, so stop them all.
                 trial.status, trial.error = ERROR, (
-                    f"its results have no {self.request.metric!r} (--metric); they have: "
+                    f"--metric {self.request.metric!r} is not in the trials' results; they have: "
                     f"{', '.join(sorted(row))}")
+                self.fatal = self.fatal or trial.error
+                self.stopping = self.stopping or "an unknown --metric"
                 self._report(trial)
                 return ERROR
         if code == 0:

@@ -9,6 +9,7 @@ from that member's full state) and then *explores*: the copied config is mutated
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,16 +49,27 @@ def quantiles(scores: dict[int, float], fraction: float) -> tuple[list[int], lis
     return ranked[:size], ranked[-size:]
 
 
+#: Draws of explore before a member keeps the winner's values as they are.
+EXPLORE_TRIES = 10
+
+
 def decide(scores: dict[int, float], configs: dict[int, dict[str, Any]],
-           space: dict[str, Domain], settings: PBTSettings,
-           rng: np.random.Generator) -> list[Exploit]:
+           space: dict[str, Domain], settings: PBTSettings, rng: np.random.Generator,
+           valid: Callable[[dict[str, Any]], bool] = lambda config: True) -> list[Exploit]:
     """Exploit-and-explore for the members in ``scores`` (their metric, higher is better; NaN
-    ranks lowest). ``configs`` holds each member's varying keys."""
+    ranks lowest). ``configs`` holds each member's varying keys. An explored config that
+    ``valid`` refuses (a value the algorithm does not take, such as gamma 1.2) is drawn again;
+    after ``EXPLORE_TRIES`` refusals the winner's values are kept."""
     finite = {m: (s if not math.isnan(s) else -math.inf) for m, s in scores.items()}
     bottom, top = quantiles(finite, settings.quantile_fraction)
     decisions = []
     for loser in bottom:
         winner = top[int(rng.integers(len(top)))]
-        new_config = explore(configs[winner], space, rng, settings.resample_probability)
+        new_config = dict(configs[winner])
+        for _ in range(EXPLORE_TRIES):
+            candidate = explore(configs[winner], space, rng, settings.resample_probability)
+            if valid(candidate):
+                new_config = candidate
+                break
         decisions.append(Exploit(loser, winner, dict(configs[loser]), new_config))
     return decisions

@@ -93,6 +93,8 @@ def make_tune_request(args: argparse.Namespace, default_dir: str) -> tuple[TuneR
                         f"--resume {args.resume} continues a population as it was started, with "
                         f"{name} {json.dumps(recorded)}; {name} {json.dumps(given)} was given. "
                         f"Leave out the train options when resuming, or start a new population")
+        # Wherever the job runs from now, the directory is the one given.
+        saved.tune_dir = str(args.resume)
         return saved, True
     train = _parse_train(_train_words(args))
     config = parse_json_object(train.config, "--config")
@@ -206,20 +208,27 @@ def load_request(tune_dir: Path) -> TuneRequest:
 def check_trials(request: TuneRequest, configs: list[dict[str, Any]]) -> None:
     """Every trial's train command, checked as ``mpirl train`` would check it, and its layout
     against --ranks-per-trial."""
+    for index, varying in enumerate(configs):
+        problem = config_problem(request, varying, request.seed + index)
+        if problem is not None:
+            where = f"trial {index} ({json.dumps(varying)})" if varying else "the trials"
+            raise ConfigError(f"{where}: {problem}")
+
+
+def config_problem(request: TuneRequest, varying: dict[str, Any], seed: int) -> str | None:
+    """What ``mpirl train`` would refuse in a trial with ``varying``, or None."""
     from mpirl.commands.train import make_request
 
     probe = Path(request.tune_dir) / "trial_check_never_written"
-    for index, varying in enumerate(configs):
-        try:
-            train = make_request(request.algo, request.env, request.env_module,
-                                 trial_config(request, varying), dict(request.stop),
-                                 request.seed + index, str(probe), None, "off")
-            train.layout.resolve(request.ranks_per_trial)
-        except MpirlError as error:
-            where = f"trial {index} ({json.dumps(varying)})" if varying else "the trials"
-            raise ConfigError(f"{where}: {error}" + (
-                f" (each trial runs on --ranks-per-trial {request.ranks_per_trial} ranks)"
-                if "rank" in str(error) else "")) from None
+    try:
+        train = make_request(request.algo, request.env, request.env_module,
+                             trial_config(request, varying), dict(request.stop), seed,
+                             str(probe), None, "off")
+        train.layout.resolve(request.ranks_per_trial)
+    except MpirlError as error:
+        return str(error) + (f" (each trial runs on --ranks-per-trial "
+                             f"{request.ranks_per_trial} ranks)" if "rank" in str(error) else "")
+    return None
 
 
 def trial_config(request: TuneRequest, varying: dict[str, Any]) -> dict[str, Any]:
