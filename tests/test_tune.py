@@ -49,7 +49,7 @@ def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
                 "--mutations", '{"lr": [1e-5, 1e-4, 3e-4, 1e-3]}', "--run-dir", str(tune_dir),
                 "--", *CARTPOLE, "--config", '{"lr": 1e-5}',
                 "--stop", '{"episode_return_mean": 450, "timesteps_total": 200000}',
-                timeout=400)
+                timeout=280)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tune_dir / "result.json").read_text())
     best = result["best_result"]
