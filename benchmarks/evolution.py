@@ -30,6 +30,7 @@ from harness import (
     attempt,
     mpiexec_command,
     print_table,
+    run_main,
     run_metadata,
     run_process,
     write_report,
@@ -139,8 +140,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as error:
-        print(error, file=sys.stderr)
-        sys.exit(1)
+    run_main(main)

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import BenchError, attempt, print_table, run_metadata, run_process, write_report
+from harness import attempt, print_table, run_main, run_metadata, run_process, write_report
 
 import mpirl
 
@@ -133,8 +133,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as error:
-        print(error, file=sys.stderr)
-        sys.exit(1)
+    run_main(main)

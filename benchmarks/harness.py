@@ -75,6 +75,15 @@ def not_installed(peer: str, error: ImportError) -> int:
 # In the orchestrator: running the programs.
 
 
+def run_main(main: Callable[[], int]) -> None:
+    """Exit with ``main()``'s code; a ``BenchError`` that escapes it is one line and exit 1."""
+    try:
+        sys.exit(main())
+    except BenchError as error:
+        print(error, file=sys.stderr)
+        sys.exit(1)
+
+
 def tail(text: str, lines: int = 15) -> str:
     """The last ``lines`` lines of ``text``, where a failing program usually says why."""
     return "\n".join(text.strip().splitlines()[-lines:])

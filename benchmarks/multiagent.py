@@ -54,6 +54,7 @@ from harness import (
     not_installed,
     print_table,
     ratio,
+    run_main,
     run_metadata,
     run_process,
     run_role,
@@ -306,8 +307,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as error:
-        print(error, file=sys.stderr)
-        sys.exit(1)
+    run_main(main)

@@ -9,7 +9,11 @@ steps:
 
 * PBT: ``--scheduler pbt --perturbation-interval 5 --mutations '{"lr": [1e-5, 1e-4, 3e-4,
   1e-3]}'`` (Ray Tune's defaults otherwise: quantile 0.25, resample probability 0.25);
-* fixed: ``--search random --num-samples 4`` over an empty space (4 seeds of the same config).
+* fixed: ``--search random --num-samples 4`` over an empty space (4 seeds of the same config);
+* the peer (``--peers mpirl,rllib``, ``--rllib-seeds``): Ray Tune's ``PopulationBasedTraining`` of
+  4 RLlib PPO trials (RLlib's CartPole example settings, no env runners, Ray told 4 CPUs so that
+  all 4 run at once), the same lr start and mutations, quantile and resample probability, the
+  same stop; its interval is the same 2560 env steps (``time_attr`` env steps sampled).
 
 Per seed (``--seed`` of the train options, which also seeds PBT's decisions): whether the best
 member reached 450, its env steps, the whole job's wall time, and PBT's decisions.
@@ -19,20 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness import (
-    BenchError,
+    add_peers_option,
     attempt,
+    emit,
     mpiexec_command,
+    not_installed,
     print_table,
+    run_main,
     run_metadata,
     run_process,
+    run_role,
+    skipped,
     write_report,
 )
 
@@ -40,6 +51,12 @@ MPIRL = str(Path(sys.executable).parent / "mpirl")
 TARGET = 450.0
 BUDGET = 200_000
 MUTATIONS = {"lr": [1e-5, 1e-4, 3e-4, 1e-3]}
+#: RLlib's own CartPole PPO example settings (as benchmarks/learning.py runs them).
+RLLIB_TRAINING = {"num_epochs": 6, "vf_loss_coeff": 0.01}
+RLLIB_MODEL = {"fcnet_hiddens": [32], "fcnet_activation": "linear", "vf_share_layers": True}
+#: mpirl's interval, 5 iterations of 512 steps, in env steps (an RLlib iteration is 4000 steps, so
+#: Ray's PBT decides after every iteration).
+RLLIB_INTERVAL_STEPS = 2560
 
 
 @dataclass
@@ -81,15 +98,78 @@ def population(arm: str, seed: int, plan: Plan) -> dict[str, Any]:
                                       for d in decisions)}
 
 
+def _flat(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def role_rllib(seed: int, plan: Plan) -> int:
+    """Ray Tune's PBT of 4 RLlib PPO trials, the same start, space and stop as mpirl's arm."""
+    started = time.perf_counter()
+    try:
+        import ray
+        from ray import tune
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+        from ray.tune.schedulers import PopulationBasedTraining
+    except ImportError as error:
+        return not_installed("Ray Tune", error)
+
+    # Told 4 CPUs, Ray runs the 4 trials at once on the 2 cores, as mpirl's 4 members run.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        metric = "env_runners/episode_return_mean"
+        steps_key = "num_env_steps_sampled_lifetime"
+        config = (PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=0)
+                  .training(**{**RLLIB_TRAINING, "lr": 1e-5})
+                  .rl_module(model_config=DefaultModelConfig(**RLLIB_MODEL))
+                  .debugging(seed=seed))
+        scheduler = PopulationBasedTraining(
+            time_attr=steps_key, perturbation_interval=RLLIB_INTERVAL_STEPS,
+            hyperparam_mutations=MUTATIONS, quantile_fraction=0.25, resample_probability=0.25)
+        with tempfile.TemporaryDirectory() as tmp:
+            tuner = tune.Tuner(
+                "PPO", param_space=config,
+                tune_config=tune.TuneConfig(metric=metric, mode="max", scheduler=scheduler,
+                                            num_samples=4),
+                run_config=tune.RunConfig(stop={metric: plan.target, steps_key: plan.budget},
+                                          storage_path=tmp, verbose=0))
+            results = tuner.fit()
+        # Ray reports nested dicts ({"env_runners": {"episode_return_mean": ...}}).
+        finals = [_flat(r.metrics) for r in results if r.metrics]
+        reached = [m for m in finals if m.get(metric, 0) >= plan.target]
+        best = max(finals, key=lambda m: m.get(metric, -math.inf))
+        emit({"wall_s": time.perf_counter() - started, "best_return": best.get(metric),
+              "best_env_steps": best.get(steps_key), "reached": bool(reached),
+              "members_reached": len(reached),
+              "steps_to_target": min((m[steps_key] for m in reached), default=None),
+              "best_lr": best.get("config/lr")})
+    finally:
+        ray.shutdown()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--quick", action="store_true",
                         help="one seed, a target of 100 and 40k steps (about a minute)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--rllib-seeds", type=int, default=1,
+                        help="seeds of Ray Tune's PBT of RLlib PPO (1; it takes minutes each)")
+    parser.add_argument("--role", choices=["rllib"], help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    add_peers_option(parser, ("mpirl", "rllib"))
     args = parser.parse_args()
     plan = (Plan(1, 100.0, 40_000) if args.quick else Plan(args.seeds, TARGET, BUDGET))
-    report: dict[str, Any] = {"meta": run_metadata(args.quick, plan, ["torch", "numpy"])}
+    if args.role == "rllib":
+        return role_rllib(args.seed, plan)
+    report: dict[str, Any] = {"meta": run_metadata(args.quick, plan, ["torch", "numpy", "ray"])}
     for arm in ("pbt", "fixed"):
         runs = [attempt(f"{arm} seed {seed}", lambda s=seed, a=arm: population(a, s, plan),
                         lambda r: f"best {r['best_return']:.1f} after {r['best_env_steps']:,} "
@@ -103,6 +183,25 @@ def main() -> int:
                        "steps_to_target_median": statistics.median(steps) if steps else None,
                        "wall_s_median": statistics.median(r["wall_s"] for r in ok) if ok
                        else None}
+    if "rllib" in args.peers:
+        runs = [attempt(f"Ray Tune PBT of RLlib PPO, seed {seed}",
+                        lambda s=seed: run_role(Path(__file__), "rllib", args.quick,
+                                                ["--seed", str(s)], timeout_s=3600).result,
+                        lambda r: f"best {r['best_return']:.1f} after {r['best_env_steps']:,} "
+                                  f"steps, {r['wall_s']:.0f} s")
+                for seed in range(min(args.rllib_seeds, plan.seeds))]
+        ok = [r for r in runs if "error" not in r]
+        report["rllib_pbt"] = {"runs": runs, "reached": sum(r["reached"] for r in ok),
+                               "seeds": len(runs),
+                               "wall_s_median": statistics.median(r["wall_s"] for r in ok)
+                               if ok else None}
+        mpirl_first = [r for r in report["pbt"]["runs"][:len(runs)] if "error" not in r]
+        if ok and mpirl_first:
+            report["rllib_pbt"]["wall_s_over_mpirl_same_seeds"] = (
+                statistics.median(r["wall_s"] for r in ok)
+                / statistics.median(r["wall_s"] for r in mpirl_first))
+    else:
+        report["rllib_pbt"] = skipped()
     print_table([["", "PBT from lr 1e-5", "fixed lr 1e-5"],
                  *([label, *(str(report[arm][key]) for arm in ("pbt", "fixed"))]
                    for key, label in (("reached", f"seeds reaching {plan.target:g}"),
@@ -114,8 +213,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as error:
-        print(error, file=sys.stderr)
-        sys.exit(1)
+    run_main(main)
