@@ -162,8 +162,10 @@ def test_a_stopped_or_killed_population_resumes(tmp_path):
     kill -9 of a member's process ends the job (Open MPI ends the whole job); --resume goes on
     from the members' checkpoints and the population finishes, PBT's log kept."""
     tune_dir = tmp_path / "resume"
+    # Boundaries every 256 env steps: 4 iterations of 64 (one env of 64-step fragments).
     args = ["--scheduler", "pbt", "--population", "2", "--ranks-per-trial", "1",
-            "--perturbation-interval", "4", "--mutations", '{"lr": [1e-4, 3e-4, 1e-3]}']
+            "--time-attr", "timesteps_total", "--perturbation-interval", "256",
+            "--mutations", '{"lr": [1e-4, 3e-4, 1e-3]}']
     train = ["--", *CARTPOLE, "--config", '{"num_envs_per_worker": 1}',
              "--stop", '{"training_iteration": 16}']
     first = LiveRun(3, command=mpiexec_command(3, MPIRL, "tune", *args, "--run-dir",
@@ -189,7 +191,10 @@ def test_a_stopped_or_killed_population_resumes(tmp_path):
     assert all(t["status"] == "TERMINATED" for t in result["trials"])
     for trial in ("trial_000", "trial_001"):
         assert iterations(tune_dir / trial) == list(range(1, 17))
-    assert _decisions(tune_dir) >= 3  # the boundaries at 4, 8 and 12, each logged once or more
+    decisions = [json.loads(line) for line in (tune_dir / "pbt.jsonl").read_text().splitlines()]
+    # The boundaries at 256, 512 and 768 env steps, each logged once or more.
+    assert {d["boundary"] for d in decisions} == {256, 512, 768}, decisions
+    assert all(d["time_attr"] == "timesteps_total" for d in decisions)
 
 
 @pytest.mark.parametrize("n, args, message", [
