@@ -294,3 +294,17 @@ def test_launch_and_slurm_resume_a_tune_command(tmp_path):
     assert script.returncode == 0, script.stderr
     assert f'"$MPIRL" tune --resume {tmp_path / "t"} --run-dir' in script.stdout
     assert '[ -f "$RUN_DIR/tune_state.json" ]' in script.stdout
+
+
+def test_ars_nests_in_tune_unchanged(tmp_path):
+    """The design's claim: an algorithm written for the runtime runs as a trial without change.
+    ARS, whose rollout ranks share one noise table per node in an MPI shared-memory window of
+    their communicator, in two slots of 2 ranks at once, each solving CartPole."""
+    tune_dir = tmp_path / "ars"
+    proc = tune(5, "--ranks-per-trial", "2", "--space", '{"sgd_stepsize": [0.02, 0.04]}',
+                "--run-dir", str(tune_dir), "--", "--algo", "ARS", "--env", "CartPole-v1",
+                "--stop", '{"episode_return_mean": 475, "timesteps_total": 1000000}')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tune_dir / "result.json").read_text())
+    for trial in result["trials"]:
+        assert trial["last"]["episode_return_mean"] >= 475, trial
