@@ -350,9 +350,9 @@ class Controller:
                         f"{json.dumps(best.config)}; run directory {self.dir / best.name}")
         if errors:
             names = ", ".join(t.name for t in errors)
+            last = ((errors[0].error or "").strip().splitlines() or ["(no output)"])[-1]
             print(f"mpirl tune: {len(errors)} trial(s) failed: {names}. Their output: "
-                  f"{self.dir}/trial_NNN/{TRIAL_LOG}\n  {errors[0].name}: "
-                  f"{(errors[0].error or '').strip().splitlines()[-1:] or ''}",
+                  f"{self.dir}/trial_NNN/{TRIAL_LOG}\n  {errors[0].name}: {last}",
                   file=sys.stderr, flush=True)
             return EXIT_FAILURE
         return 0
