@@ -215,6 +215,9 @@ def test_a_stopped_or_killed_population_resumes(tmp_path):
      "trial 0 ({\"lr\": -1.0})"),
     (3, ["--ranks-per-trial", "2", "--", *CARTPOLE, "--config",
          '{"num_rollout_workers": 3}'], "each trial runs on --ranks-per-trial 2 ranks"),
+    (3, ["--ranks-per-trial", "2", "--space", '{"num_learners": [0, 1]}', "--", *CARTPOLE,
+         "--config", '{"learner_backend": "gloo"}'],
+     "--space varies num_learners with learner_backend 'gloo'"),
 ])
 def test_bad_tune_command_lines_get_one_clear_error(tmp_path, n, args, message):
     proc = tune(n, "--run-dir", str(tmp_path / "t"), *args, timeout=90)

@@ -22,6 +22,8 @@ from mpirl.jobs.arguments import TUNE_OWNED
 from mpirl.tune.space import Domain, grid_configs, parse_space, sample_config
 
 STATE_FILE = "tune_state.json"
+#: Config keys that change a trial's layout of roles.
+LAYOUT_KEYS = {"num_learners", "num_rollout_workers", "num_replay_shards"}
 
 
 @dataclasses.dataclass
@@ -135,6 +137,13 @@ def make_tune_request(args: argparse.Namespace, default_dir: str) -> tuple[TuneR
         space_text, flag = args.space or "{}", "--space"
     space = parse_json_object(space_text, flag)
     parse_space(space, flag)
+    layout_keys = sorted(set(space) & LAYOUT_KEYS)
+    if layout_keys and config.get("learner_backend") in ("gloo", "nccl"):
+        raise ConfigError(
+            f"{flag} varies {', '.join(layout_keys)} with learner_backend "
+            f"{config['learner_backend']!r}: a slot's runs reuse the process group of its first "
+            f"run, which must keep its shape. Search the layout with learner_backend 'mpi', or "
+            f"keep the layout fixed")
     request = TuneRequest(
         algo=train.algo, env=train.env, env_module=train.env_module, config=config, stop=stop,
         seed=train.seed if train.seed is not None else int(config.get("seed", 0)),
