@@ -36,7 +36,7 @@ from mpirl.tune.request import (
     save_request,
     trial_config,
 )
-from mpirl.tune.slot import RESULT, STOP, TASK, TRIAL_LOG, send_object
+from mpirl.tune.slot import RESULT, STOP, TASK, TRIAL_LOG, send_object, wait_message
 
 PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
 #: Numbers of a trial's last row kept in the state, tune.csv and result.json.
@@ -179,15 +179,8 @@ class Controller:
 
     def _wait_result(self) -> tuple[int, dict[str, Any]]:
         """The next segment outcome from any busy slot; stop requests are passed on meanwhile."""
-        status = MPI.Status()
-        sleep = 1e-4
-        while not self.world.iprobe(source=MPI.ANY_SOURCE, tag=RESULT, status=status):
-            self._check_stop()
-            time.sleep(sleep)
-            sleep = min(0.01, sleep * 2)
-        outcome = self.world.recv(source=status.Get_source(), tag=RESULT)
-        slot = self.leaders.index(status.Get_source())
-        return slot, outcome
+        source = wait_message(self.world, MPI.ANY_SOURCE, RESULT, idle=self._check_stop)
+        return self.leaders.index(source), self.world.recv(source=source, tag=RESULT)
 
     def _check_stop(self) -> None:
         signum = stop_signals.received()
@@ -251,9 +244,8 @@ class Controller:
                 expected += 1
         received = {}
         for _ in range(expected):
-            status = MPI.Status()
-            reply = self.world.recv(source=MPI.ANY_SOURCE, tag=RESULT, status=status)
-            received[self.leaders.index(status.Get_source())] = reply
+            source = wait_message(self.world, MPI.ANY_SOURCE, RESULT)
+            received[self.leaders.index(source)] = self.world.recv(source=source, tag=RESULT)
         for decision in decisions:
             loser, winner = self.trials[decision.loser], self.trials[decision.winner]
             copied = received.get(decision.loser, {}).get("ok", False)

@@ -34,6 +34,7 @@ from mpi4py import MPI
 from mpirl.errors import EXIT_FAILURE, MpirlError
 from mpirl.jobs.checkpoint import MANIFEST, CheckpointStore
 from mpirl.runtime import signals as stop_signals
+from mpirl.runtime.waiting import Backoff
 
 TASK, RESULT, STATE, STOP = 7101, 7102, 7103, 7104
 #: The file in a trial's directory that its segments' output goes to.
@@ -42,32 +43,38 @@ TRIAL_LOG = "output.log"
 TRIAL_VARIABLE = "MPIRL_TUNE_TRIAL"
 
 
-def wait_for(test: Callable[[], Any], max_sleep_s: float = 0.01) -> Any:
-    """Poll ``test()`` until it returns something other than None, sleeping in between (a
-    blocking MPI wait would keep a core busy on a machine with more ranks than cores)."""
-    sleep = 1e-4
-    while True:
-        value = test()
-        if value is not None:
-            return value
-        time.sleep(sleep)
-        sleep = min(max_sleep_s, sleep * 2)
+def _idle_backoff() -> Backoff:
+    """Polls of an idle rank: sleeps from 0.1 ms doubling to 10 ms, no spinning (a blocking MPI
+    wait would keep a core busy on a machine with more ranks than cores)."""
+    return Backoff(spin_s=0.0, min_sleep_s=1e-4, max_sleep_s=0.01)
 
 
 def wait_request(request: MPI.Request) -> Any:
     """Complete a non-blocking mpi4py request without spinning; its message, if it carries one."""
+    backoff = _idle_backoff()
     while True:
         done, message = request.test()
         if done:
             return message
-        time.sleep(0.002)
+        backoff.sleep()
+
+
+def wait_message(comm: MPI.Comm, source: int, tag: int,
+                 idle: Callable[[], None] | None = None) -> int:
+    """Wait without spinning until a message from ``source`` (MPI.ANY_SOURCE allowed) can be
+    received; its source. ``idle()`` runs between polls."""
+    status = MPI.Status()
+    backoff = _idle_backoff()
+    while not comm.iprobe(source=source, tag=tag, status=status):
+        if idle is not None:
+            idle()
+        backoff.sleep()
+    return status.Get_source()
 
 
 def recv_object(comm: MPI.Comm, source: int, tag: int) -> Any:
     """A pickled message from ``source`` (MPI.ANY_SOURCE allowed), waiting without spinning."""
-    status = MPI.Status()
-    wait_for(lambda: True if comm.iprobe(source=source, tag=tag, status=status) else None)
-    return comm.recv(source=status.Get_source(), tag=tag)
+    return comm.recv(source=wait_message(comm, source, tag), tag=tag)
 
 
 def send_object(comm: MPI.Comm, message: Any, dest: int, tag: int) -> None:
