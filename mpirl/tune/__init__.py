@@ -8,7 +8,6 @@ ordinary ``mpirl train`` runs on its communicator. Nothing in the algorithms kno
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from mpi4py import MPI
@@ -27,15 +26,13 @@ def tune_main(args: argparse.Namespace) -> int:
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
-    request, resuming = make_tune_request(args, "")
+    request, state = make_tune_request(args, "")
     if not request.tune_dir:
         # Rank 0's clock names the directory, for every rank.
         name = default_run_dir(request.algo, request.env, prefix="tune-") if rank == 0 else None
         request.tune_dir = world.bcast(name, root=0)
     state_path = Path(request.tune_dir) / STATE_FILE
-    state = None
-    if resuming:
-        state = json.loads(state_path.read_text(encoding="utf-8"))
+    if state is not None:
         trials = resumed_trials(state)
     else:
         if state_path.exists():

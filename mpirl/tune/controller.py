@@ -33,7 +33,6 @@ from mpirl.tune.request import (
     TuneRequest,
     check_trials,
     config_problem,
-    save_request,
     trial_config,
 )
 from mpirl.tune.slot import RESULT, STOP, TASK, TRIAL_LOG, send_object, wait_message
@@ -45,11 +44,11 @@ ROW_KEYS = ("iteration", "timesteps_total", "time_total_s", "episode_return_mean
 
 @dataclasses.dataclass
 class Trial:
-    """One member of the population: its own config values, seed and run directory."""
+    """One member of the population: its own config values and run directory (its seed is the
+    request's plus its index)."""
 
     index: int
     config: dict[str, Any]
-    seed: int
     status: str = PENDING
     failures: int = 0
     last: dict[str, Any] | None = None
@@ -172,7 +171,7 @@ class Controller:
         self.busy[slot] = trial
         task = {"kind": "segment", "trial": trial.name, "run_dir": str(self.dir / trial.name),
                 "algo": self.request.algo, "env": self.request.env,
-                "env_module": self.request.env_module, "seed": trial.seed,
+                "env_module": self.request.env_module, "seed": self.request.seed + trial.index,
                 "config": trial_config(self.request, trial.config), "stop": stop,
                 "varying": trial.config}
         send_object(self.world, task, self.leaders[slot], TASK)
@@ -275,7 +274,7 @@ class Controller:
 
     def save(self) -> None:
         """tune_state.json, atomically: what ``mpirl tune --resume`` continues from."""
-        state = {"format_version": 1, "request": save_request(self.request),
+        state = {"format_version": 1, "request": dataclasses.asdict(self.request),
                  "trials": [dataclasses.asdict(t) for t in self.trials], "round": self.round,
                  "rng": self.rng.bit_generator.state, "elapsed_s": self.elapsed}
         tmp = self.dir / f".{STATE_FILE}.tmp"
@@ -381,13 +380,13 @@ def _short(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e-3 or abs(value) >= 1e4 else f"{value:.4g}"
+        return f"{value:.4g}"
     return str(value)
 
 
 def new_trials(request: TuneRequest, configs: list[dict[str, Any]]) -> list[Trial]:
     check_trials(request, configs)
-    return [Trial(index, config, request.seed + index) for index, config in enumerate(configs)]
+    return [Trial(index, config) for index, config in enumerate(configs)]
 
 
 def resumed_trials(state: dict[str, Any]) -> list[Trial]:

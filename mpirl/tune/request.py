@@ -75,10 +75,12 @@ class TuneRequest:
         return [sample_config(domains, rng) for _ in range(self.num_samples)]
 
 
-def make_tune_request(args: argparse.Namespace, default_dir: str) -> tuple[TuneRequest, bool]:
-    """Check the command line (or, with --resume, the saved one); (request, resuming)."""
+def make_tune_request(args: argparse.Namespace, default_dir: str
+                      ) -> tuple[TuneRequest, dict[str, Any] | None]:
+    """Check the command line (or, with --resume, the saved one); (request, the saved state to
+    resume from, or None for a new population)."""
     if args.resume is not None:
-        saved = load_request(Path(args.resume))
+        saved, state = load_state(Path(args.resume))
         if args.run_dir is not None and Path(args.run_dir) != Path(args.resume):
             raise ConfigError(f"--resume {args.resume} and --run-dir {args.run_dir} differ; "
                               f"leave out --run-dir when resuming")
@@ -97,7 +99,7 @@ def make_tune_request(args: argparse.Namespace, default_dir: str) -> tuple[TuneR
                         f"Leave out the train options when resuming, or start a new population")
         # Wherever the job runs from now, the directory is the one given.
         saved.tune_dir = str(args.resume)
-        return saved, True
+        return saved, state
     train = _parse_train(_train_words(args))
     config = parse_json_object(train.config, "--config")
     stop = parse_json_object(train.stop, "--stop")
@@ -153,7 +155,7 @@ def make_tune_request(args: argparse.Namespace, default_dir: str) -> tuple[TuneR
         quantile_fraction=args.quantile_fraction,
         resample_probability=args.resample_probability, metric=args.metric, mode=args.mode,
         max_failures=args.max_failures, tune_dir=args.run_dir or default_dir)
-    return request, False
+    return request, None
 
 
 def _train_words(args: argparse.Namespace) -> list[str]:
@@ -196,11 +198,8 @@ def check_world(request: TuneRequest, world_size: int, num_trials: int) -> int:
     return slots
 
 
-def save_request(request: TuneRequest) -> dict[str, Any]:
-    return dataclasses.asdict(request)
-
-
-def load_request(tune_dir: Path) -> TuneRequest:
+def load_state(tune_dir: Path) -> tuple[TuneRequest, dict[str, Any]]:
+    """The request and the whole saved state of the population in ``tune_dir``."""
     path = tune_dir / STATE_FILE
     if not tune_dir.is_dir():
         raise ConfigError(f"--resume {tune_dir}: no such directory")
@@ -208,7 +207,7 @@ def load_request(tune_dir: Path) -> TuneRequest:
         raise ConfigError(f"--resume {tune_dir}: not a tune directory ({STATE_FILE} is missing)")
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
-        return TuneRequest(**state["request"])
+        return TuneRequest(**state["request"]), state
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
         raise ConfigError(f"--resume {tune_dir}: {path} is not a valid tune state ({error})"
                           ) from None
