@@ -10,6 +10,7 @@ import hashlib
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -200,10 +201,9 @@ class TrialFailureCartPole(CartPoleEnv):
         budget = os.environ.get("MPIRL_FAIL_BUDGET")
         if (trial and budget and trial == os.environ.get("MPIRL_FAIL_TRIAL")
                 and self.process_steps > int(os.environ.get("MPIRL_FAIL_AFTER_STEPS", "0"))):
-            left = int(open(budget).read() or 0)
+            left = int(Path(budget).read_text() or 0)
             if left > 0:
-                with open(budget, "w") as file:
-                    file.write(str(left - 1))
+                Path(budget).write_text(str(left - 1))
                 raise InjectedFailure(f"injected failure in {trial} ({left - 1} left)")
         return super().step(action)
 

@@ -27,6 +27,8 @@ from mpirl.errors import EXIT_USAGE, MpirlError
 from mpirl.report.tensorboard import EventWriter
 
 PARAMS_FILE = "params.json"
+#: What marks a tune directory (``mpirl tune``): the population's saved state.
+TUNE_STATE_FILE = "tune_state.json"
 PROGRESS_FILE = "progress.csv"
 RESULT_FILE = "result.json"
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from mpirl.errors import ConfigError, MpirlError
 from mpirl.jobs.arguments import command_parser
 from mpirl.jobs.launch import find_train, first_command, option_value, restart_command
+from mpirl.jobs.run_dir import PARAMS_FILE, TUNE_STATE_FILE
 
 LAUNCHERS = ("srun-pmix", "srun-pmi2", "mpiexec")
 HET_MODES = ("steps", "nodes")
@@ -554,7 +555,7 @@ def submit(script: str, run_dir: str | None) -> str:
         directory = Path.cwd()
     else:
         directory = Path(run_dir)
-        for marker, command in (("params.json", "train"), ("tune_state.json", "tune")):
+        for marker, command in ((PARAMS_FILE, "train"), (TUNE_STATE_FILE, "tune")):
             if (directory / marker).exists():
                 raise ConfigError(f"{run_dir} already holds a run; the job would resume it. "
                                   f"Resume it on purpose with -- {command} --resume {run_dir}, "

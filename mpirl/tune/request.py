@@ -19,9 +19,10 @@ import numpy as np
 from mpirl.config.parse import parse_json_object
 from mpirl.errors import ConfigError, MpirlError
 from mpirl.jobs.arguments import TUNE_OWNED
+from mpirl.jobs.run_dir import TUNE_STATE_FILE
 from mpirl.tune.space import Domain, grid_configs, parse_space, sample_config
 
-STATE_FILE = "tune_state.json"
+STATE_FILE = TUNE_STATE_FILE
 #: Config keys that change a trial's layout of roles.
 LAYOUT_KEYS = {"num_learners", "num_rollout_workers", "num_replay_shards"}
 

@@ -33,6 +33,7 @@ from mpi4py import MPI
 
 from mpirl.errors import EXIT_FAILURE, MpirlError
 from mpirl.jobs.checkpoint import MANIFEST, CheckpointStore
+from mpirl.jobs.run_dir import PARAMS_FILE
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.waiting import Backoff
 
@@ -111,7 +112,7 @@ def run_segment(world: MPI.Comm, slot: MPI.Comm, task: dict[str, Any]) -> dict[s
     run_dir.mkdir(parents=True, exist_ok=True)
     # The trial's processes know which trial they run (for users' envs and callbacks).
     os.environ[TRIAL_VARIABLE] = task["trial"]
-    resume = (run_dir / "params.json").is_file()
+    resume = (run_dir / PARAMS_FILE).is_file()
     code, row, error = EXIT_FAILURE, None, None
     watcher = _StopWatcher(world) if slot.Get_rank() == 0 else None
     with open(run_dir / TRIAL_LOG, "a", buffering=1, encoding="utf-8") as log, \
