@@ -17,6 +17,7 @@ connections use the interface on the route to it unless ``GLOO_SOCKET_IFNAME`` s
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import os
 import re
@@ -121,7 +122,20 @@ def _init_process_group(comm: MPI.Comm, backend: str, master_addr: str = ""):
             os.environ["GLOO_SOCKET_IFNAME"] = interface
     dist.init_process_group(backend, store=store, rank=comm.Get_rank(),
                             world_size=comm.Get_size())
+    # Gloo's worker threads release tensors after a collective returns; one still doing so when
+    # the interpreter finalizes takes the GIL from a dying thread and aborts the process. Shut
+    # the group down while the interpreter is whole. (NCCL's is left to the driver's exit: with
+    # a peer lost, its shutdown may wait on it.)
+    if backend == "gloo":
+        atexit.register(_destroy_process_group)
     return dist.group.WORLD
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 #: Environment variables that name the host the MPI launcher runs on, most reliable first:
