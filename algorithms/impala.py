@@ -67,7 +67,7 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     logp, entropy, values = policy.evaluate(batch["obs"].flatten(0, 1),
                                             batch["actions"].flatten(0, 1))
     logp, entropy, values = (x.view(rows, steps).T for x in (logp, entropy, values))  # [T, B]
-    bootstrap = policy.critic(policy.encode(batch["bootstrap_obs"])).squeeze(-1)
+    bootstrap = policy.values(batch["bootstrap_obs"])
     targets = vtrace(batch["logp"].T, logp.detach(), batch["rewards"].T, values.detach(),
                      bootstrap.detach(), config.gamma * (1.0 - batch["dones"].T),
                      config.vtrace_rho_bar, config.vtrace_c_bar)

@@ -57,6 +57,11 @@ class Config(ReplayConfig):
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the actor and of each critic (64: 4x cheaper SGD steps than 256
     on a CPU, enough for Pendulum)."""
+    custom_q_model: str = ""
+    """Your own critic as "module:Class", built twice (Q1 and Q2) as Class(observation_space,
+    action_space, custom_model_config); forward(obs, action) returns Q [B] of actions scaled to
+    [-1, 1]. custom_model, if given, is the actor: forward(obs) returns mean and log std
+    concatenated [B, 2 * action_dim]."""
 
 
 def check_config(config: Config, env) -> None:

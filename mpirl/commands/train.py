@@ -26,6 +26,7 @@ from mpirl.execution.multiagent import MultiAgentAlgorithm, user_given
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
+from mpirl.models.policy import check_model
 from mpirl.report.loggers import check_logger_packages, make_loggers
 from mpirl.report.progress import ProgressDisplay, progress_mode
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
@@ -143,6 +144,8 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     check_logger_packages(algo_config)
     if setup is None and hasattr(module, "check_config"):  # checks that need the env
         module.check_config(algo_config, env)
+    if setup is None:
+        check_model(module, algo_config, *env.spaces())
     if run_dir is None:
         # Rank 0's clock names the directory; the other ranks never use it.
         run_dir = default_run_dir(algo, env_id)

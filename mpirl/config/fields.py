@@ -150,6 +150,7 @@ RANGES: dict[str, Range] = {
     "evaluation_interval": at_least(1),
     # Model and compute (hidden_sizes: each width)
     "hidden_sizes": at_least(1),
+    "cnn_dense_size": at_least(1),
     "torch_threads": at_least(1),
     # Bookkeeping
     "metrics_window": at_least(1),
@@ -275,6 +276,20 @@ class CommonConfig:
     """Hidden layer widths of the actor and the critic."""
     activation: str = "tanh"
     """tanh, relu or elu."""
+    encoder: str = "auto"
+    """How observations are encoded: auto (a CNN for images, Box of rank 3: nature_cnn from 36
+    pixels a side, small_cnn below; flattened vectors otherwise; one encoder per component of
+    Dict and Tuple observations), nature_cnn, impala_cnn, small_cnn, or mlp (images
+    flattened)."""
+    cnn_dense_size: int = 512
+    """Units of the dense ReLU layer that ends every CNN encoder; image models' heads are linear
+    on it, and hidden_sizes applies to vector observations."""
+    custom_model: str = ""
+    """Your own torch model as "module:Class", built on every rank as Class(observation_space,
+    action_space, custom_model_config); see the Models page for what forward returns. "" takes
+    mpirl's model."""
+    custom_model_config: dict = dataclasses.field(default_factory=dict)
+    """Options passed to custom_model's (and custom_q_model's) constructor as its config."""
     torch_threads: int = 1
     """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
 

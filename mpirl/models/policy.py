@@ -8,7 +8,7 @@ that live with their algorithm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -19,6 +19,14 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from mpirl.errors import ConfigError
+from mpirl.models.encoders import (
+    Encoder,
+    ModelOptions,
+    build_custom_model,
+    head_sizes,
+    model_options,
+    observation_tensor,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class PolicySpec:
     #: takes this many floats (the env's global state, or every agent's observation) instead
     #: of the actor's observation. 0: the critic sees what the actor sees.
     critic_inputs: int = 0
+    #: The encoder (chosen from the observation space) or the user's own model.
+    model: ModelOptions = field(default_factory=ModelOptions)
 
     def build(self, device: str = "cpu") -> Policy:
         return Policy(self).to(device)
@@ -96,12 +106,18 @@ class FlatParameters(nn.Module):
 
 
 class Policy(FlatParameters):
-    """Separate actor and critic MLPs over a flattened observation.
+    """An actor and a critic over the encoder's features, or the user's ``custom_model``.
 
-    Action spaces: Discrete (categorical), MultiDiscrete (independent categoricals), Box
-    (diagonal Gaussian with a state-independent log std; the environment gets the action clipped
-    to its bounds, the loss sees the unclipped sample). Observation spaces: Box (flattened) and
-    Discrete (one-hot).
+    The encoder comes from the observation space (``mpirl.models.encoders``): vectors are
+    flattened and the actor and critic are separate MLPs on them; images go through one CNN that
+    actor and critic share, with linear heads. Action spaces: Discrete (categorical),
+    MultiDiscrete and MultiBinary (independent categoricals), Box (diagonal Gaussian with a
+    state-independent log std, or the custom model's; the environment gets the action clipped to
+    its bounds, the loss sees the unclipped sample).
+
+    A custom model is ``Class(observation_space, action_space, config)`` whose ``forward(obs)``
+    returns ``(distribution_inputs, value)``: logits for Discrete (concatenated per component
+    for MultiDiscrete), mean and log std concatenated for Box; value ``[B]``.
     """
 
     def __init__(self, spec: PolicySpec) -> None:
@@ -111,46 +127,70 @@ class Policy(FlatParameters):
                               f"got {spec.activation!r}")
         self.spec = spec
         obs_space, act_space = spec.observation_space, spec.action_space
-        if isinstance(obs_space, gym.spaces.Box):
-            self.obs_dim = int(np.prod(obs_space.shape))
-        elif isinstance(obs_space, gym.spaces.Discrete):
-            self.obs_dim = int(obs_space.n)
-        else:
-            raise ConfigError(f"observation space {obs_space} is not supported; mpirl policies "
-                              f"take Box and Discrete observations")
         if isinstance(act_space, gym.spaces.Discrete):
             self.kind, self.nvec, out = "discrete", [int(act_space.n)], int(act_space.n)
-        elif isinstance(act_space, gym.spaces.MultiDiscrete):
+        elif isinstance(act_space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
             self.kind = "multi_discrete"
-            self.nvec = [int(n) for n in np.asarray(act_space.nvec).ravel()]
+            self.nvec = ([2] * int(np.prod(act_space.shape))
+                         if isinstance(act_space, gym.spaces.MultiBinary)
+                         else [int(n) for n in np.asarray(act_space.nvec).ravel()])
             out = sum(self.nvec)
         elif isinstance(act_space, gym.spaces.Box):
             self.kind, out = "box", int(np.prod(act_space.shape))
-            self.log_std = nn.Parameter(torch.zeros(out))
             self.register_buffer("action_low", torch.as_tensor(act_space.low, dtype=torch.float32))
             self.register_buffer("action_high",
                                  torch.as_tensor(act_space.high, dtype=torch.float32))
         else:
             raise ConfigError(f"action space {act_space} is not supported; mpirl policies take "
-                              f"Discrete, MultiDiscrete and Box actions")
-        hidden = list(spec.hidden_sizes)
-        self.actor = _mlp([self.obs_dim, *hidden, out], spec.activation, out_gain=0.01)
-        self.critic_dim = spec.critic_inputs or self.obs_dim
+                              f"Discrete, MultiDiscrete, MultiBinary and Box actions")
+        self.custom: nn.Module | None = None
+        if spec.model.custom_model:
+            if spec.critic_inputs:
+                raise ConfigError("a centralized critic needs mpirl's own model; custom_model "
+                                  "computes its value from the agent's observation")
+            self.custom = build_custom_model(spec.model.custom_model, obs_space, act_space,
+                                             spec.model.custom_model_config)
+            self.encoder = None
+            return
+        if self.kind == "box":
+            self.log_std = nn.Parameter(torch.zeros(out))
+        # Parameter-free for vectors, so that their parameter order (log_std, actor, critic)
+        # is what it was before encoders existed: older checkpoints load.
+        self.encoder = Encoder(obs_space, spec.model)
+        hidden = list(head_sizes(obs_space, spec.model, spec.hidden_sizes))
+        features = self.encoder.out_dim
+        self.obs_dim = features
+        self.actor = _mlp([features, *hidden, out], spec.activation, out_gain=0.01)
+        self.critic_dim = spec.critic_inputs or features
         self.critic = _mlp([self.critic_dim, *hidden, 1], spec.activation, out_gain=1.0)
 
     # Observations and distributions.
 
     def encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """A batch of observations as a float tensor ``[B, obs_dim]`` on the policy's device."""
-        device = next(self.parameters()).device
-        if isinstance(self.spec.observation_space, gym.spaces.Discrete):
-            index = torch.as_tensor(obs, device=device).long().view(-1)
-            return nn.functional.one_hot(index, self.obs_dim).float()
-        return torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(-1, self.obs_dim)
+        """A batch of observations as features ``[B, features]`` on the policy's device."""
+        return self.encoder(obs)
 
-    def distribution(self, x: torch.Tensor):
-        out = self.actor(x)
+    def heads(self, obs: Any, critic_obs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(distribution_inputs, values)`` of a batch of observations (with grad)."""
+        if self.custom is not None:
+            device = self.action_device()
+            out = self.custom(observation_tensor(obs, self.spec.observation_space, device))
+            if not isinstance(out, tuple | list) or len(out) != 2:
+                raise TypeError(f"custom_model {self.spec.model.custom_model!r}: forward must "
+                                f"return (distribution_inputs, value)")
+            return out[0], out[1].reshape(-1)
+        x = self.encode(obs)
+        return self.actor(x), self.critic(self.critic_input(x, critic_obs)).squeeze(-1)
+
+    def action_device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def distribution(self, out: torch.Tensor):
+        """The action distribution of ``distribution_inputs``."""
         if self.kind == "box":
+            if self.custom is not None:
+                mean, log_std = out.chunk(2, -1)
+                return Normal(mean, log_std.clamp(-20, 2).exp())
             return Normal(out, self.log_std.exp().expand_as(out))
         if self.kind == "discrete":
             return Categorical(logits=out)
@@ -158,10 +198,11 @@ class Policy(FlatParameters):
 
     def log_prob_entropy(self, dist, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kind == "box":
+            actions = actions.reshape(dist.mean.shape)
             return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1)
         if self.kind == "discrete":
             return dist.log_prob(actions.long()), dist.entropy()
-        actions = actions.long()
+        actions = actions.long().reshape(len(actions), -1)
         logp = sum(d.log_prob(actions[:, i]) for i, d in enumerate(dist))
         return logp, sum(d.entropy() for d in dist)
 
@@ -177,15 +218,21 @@ class Policy(FlatParameters):
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, critic_obs: Any = None):
         """``(log_prob, entropy, value)`` of ``actions`` under the current policy (with grad)."""
-        x = self.encode(obs)
-        logp, entropy = self.log_prob_entropy(self.distribution(x), actions)
-        return logp, entropy, self.critic(self.critic_input(x, critic_obs)).squeeze(-1)
+        out, values = self.heads(obs, critic_obs)
+        logp, entropy = self.log_prob_entropy(self.distribution(out), actions)
+        return logp, entropy, values
+
+    def values(self, obs: Any, critic_obs: Any = None) -> torch.Tensor:
+        """The critic's values of a batch of observations (with grad)."""
+        if self.custom is not None:
+            return self.heads(obs)[1]
+        return self.critic(self.critic_input(self.encode(obs), critic_obs)).squeeze(-1)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = False, critic_obs: Any = None):
         """Sample actions for a batch: ``(actions, log_probs, values)`` as NumPy arrays."""
-        x = self.encode(obs)
-        dist = self.distribution(x)
+        out, values = self.heads(obs, critic_obs)
+        dist = self.distribution(out)
         if deterministic:
             if self.kind == "box":
                 actions = dist.mean
@@ -198,19 +245,20 @@ class Policy(FlatParameters):
         else:
             actions = dist.sample()
         logp, _ = self.log_prob_entropy(dist, actions)
-        values = self.critic(self.critic_input(x, critic_obs)).squeeze(-1)
         return actions.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy()
 
     @torch.no_grad()
     def value(self, obs: np.ndarray, critic_obs: Any = None) -> np.ndarray:
-        x = self.encode(obs)
-        return self.critic(self.critic_input(x, critic_obs)).squeeze(-1).cpu().numpy()
+        return self.values(obs, critic_obs).cpu().numpy()
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Actions as the environment takes them (Box actions clipped to the space's bounds)."""
+        """Actions as the environment takes them (Box actions clipped to the space's bounds;
+        MultiDiscrete and MultiBinary in the space's shape)."""
+        space = self.spec.action_space
         if self.kind == "box":
-            space = self.spec.action_space
             return np.clip(actions, space.low, space.high).reshape(-1, *space.shape)
+        if self.kind == "multi_discrete":
+            return actions.reshape(-1, *space.shape).astype(space.dtype, copy=False)
         return actions
 
 
@@ -271,4 +319,24 @@ def model_spec(module: ModuleType, observation_space: gym.Space, action_space: g
     if hasattr(module, "model_spec"):
         return module.model_spec(observation_space, action_space, config)
     return PolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
-                      config.activation)
+                      config.activation, model=model_options(config))
+
+
+def check_model(module: ModuleType, config: Any, observation_space: gym.Space,
+                action_space: gym.Space) -> None:
+    """Build the model once and act on one sampled observation, on the rank that checks the
+    request before anything starts: an unknown encoder, a custom model that cannot be built or
+    returns the wrong shapes, or a space no model takes is a ConfigError here, not a traceback
+    on every rank later."""
+    model = model_spec(module, observation_space, action_space, config).build("cpu")
+    if not getattr(config, "custom_model", "") and not getattr(config, "custom_q_model", ""):
+        return
+    sample = np.asarray(observation_space.sample())[None]
+    try:
+        model.act(sample)
+    except Exception as error:  # noqa: BLE001 - whatever the user's forward raised
+        names = [getattr(config, key) for key in ("custom_model", "custom_q_model")
+                 if getattr(config, key, "")]
+        raise ConfigError(f"custom model {' / '.join(map(repr, names))} failed on a sampled "
+                          f"observation: {type(error).__name__}: {error}. See the Models page "
+                          f"for what forward must return.") from None

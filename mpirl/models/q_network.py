@@ -6,7 +6,7 @@ Its weights cross ranks as one flat float32 vector, like ``Policy``'s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -15,7 +15,15 @@ import torch
 from torch import nn
 
 from mpirl.errors import ConfigError
-from mpirl.models.policy import _ACTIVATIONS, FlatParameters, Policy, _mlp
+from mpirl.models.encoders import (
+    Encoder,
+    ModelOptions,
+    build_custom_model,
+    head_sizes,
+    model_options,
+    observation_tensor,
+)
+from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,7 @@ class QSpec:
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "relu"
     dueling: bool = True
+    model: ModelOptions = field(default_factory=ModelOptions)
 
     def build(self, device: str = "cpu") -> QNetwork:
         return QNetwork(self).to(device)
@@ -40,9 +49,11 @@ def check_discrete(action_space: gym.Space, algo: str) -> None:
 
 
 class QNetwork(FlatParameters):
-    """Q values for every action of a Discrete space; dueling splits them into V + A - mean(A)."""
+    """Q values for every action of a Discrete space; dueling splits them into V + A - mean(A).
 
-    encode = Policy.encode  # observations as Policy encodes them
+    The encoder comes from the observation space as for ``Policy`` (a CNN for images, then the
+    hidden layers for vectors). A ``custom_model`` is ``Class(observation_space, action_space,
+    config)`` whose ``forward(obs)`` returns the Q values ``[B, n]``."""
 
     def __init__(self, spec: QSpec) -> None:
         super().__init__()
@@ -51,18 +62,33 @@ class QNetwork(FlatParameters):
                               f"got {spec.activation!r}")
         check_discrete(spec.action_space, "a Q network")
         self.spec = spec
-        space = spec.observation_space
-        self.obs_dim = int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) \
-            else int(space.n)
         self.num_actions = int(spec.action_space.n)
-        hidden = list(spec.hidden_sizes)
+        self.custom: nn.Module | None = None
+        if spec.model.custom_model:
+            self.custom = build_custom_model(spec.model.custom_model, spec.observation_space,
+                                             spec.action_space, spec.model.custom_model_config)
+            return
+        self.encoder = Encoder(spec.observation_space, spec.model)
+        self.obs_dim = self.encoder.out_dim
+        hidden = list(head_sizes(spec.observation_space, spec.model, spec.hidden_sizes))
         body = _mlp([self.obs_dim, *hidden], spec.activation, out_gain=np.sqrt(2))
-        self.body = nn.Sequential(*body, _ACTIVATIONS[spec.activation]())
+        self.body = nn.Sequential(*body, _ACTIVATIONS[spec.activation]()) if hidden \
+            else nn.Identity()
         width = hidden[-1] if hidden else self.obs_dim
         self.advantage = nn.Linear(width, self.num_actions)
         self.value = nn.Linear(width, 1) if spec.dueling else None
 
+    def encode(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return self.encoder(obs)
+
     def forward(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        if self.custom is not None:
+            device = next(self.parameters()).device
+            q = self.custom(observation_tensor(obs, self.spec.observation_space, device))
+            if not isinstance(q, torch.Tensor) or q.shape[-1] != self.num_actions:
+                raise TypeError(f"custom_model {self.spec.model.custom_model!r}: forward must "
+                                f"return Q values [B, {self.num_actions}]")
+            return q.reshape(-1, self.num_actions)
         x = self.body(self.encode(obs))
         advantage = self.advantage(x)
         if self.value is None:
@@ -110,4 +136,4 @@ def dqn_loss(policy: QNetwork, target: QNetwork, batch: dict[str, torch.Tensor],
 
 def q_model_spec(observation_space: gym.Space, action_space: gym.Space, config: Any) -> QSpec:
     return QSpec(observation_space, action_space, tuple(config.hidden_sizes), config.activation,
-                 config.dueling)
+                 config.dueling, model_options(config))

@@ -10,7 +10,7 @@ takes them; the critics see them rescaled to [-1, 1], the range of the actor's t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -19,7 +19,15 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from mpirl.models.policy import _ACTIVATIONS, FlatParameters, Policy, _mlp
+from mpirl.models.encoders import (
+    Encoder,
+    ModelOptions,
+    build_custom_model,
+    head_sizes,
+    model_options,
+    observation_tensor,
+)
+from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
 
 
 @dataclass(frozen=True)
@@ -31,37 +39,81 @@ class SACSpec:
     hidden_sizes: tuple[int, ...] = (256, 256)
     activation: str = "relu"
     initial_alpha: float = 1.0
+    model: ModelOptions = field(default_factory=ModelOptions)
+    #: The user's critic class ("module:Class"), built twice (Q1 and Q2): ``forward(obs,
+    #: action)`` returns Q ``[B]`` of actions in [-1, 1]. "" takes mpirl's.
+    custom_q_model: str = ""
 
     def build(self, device: str = "cpu") -> SACModel:
         return SACModel(self).to(device)
 
 
-class SACModel(FlatParameters):
-    """Actor (mean and log std of a Gaussian squashed by tanh) and critics Q1, Q2."""
+class _EncodedCritic(nn.Module):
+    """A critic's encoder and MLP as one module, built per call so that the model's own
+    parameter order (actor, critic1, critic2, log_alpha) stays what checkpoints hold."""
 
-    encode = Policy.encode  # observations as Policy encodes them
+    def __init__(self, encoder: Encoder, head: nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, obs: Any, squashed: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.encoder(obs), squashed], -1))
+
+
+class SACModel(FlatParameters):
+    """Actor (mean and log std of a Gaussian squashed by tanh) and critics Q1, Q2.
+
+    The actor and each critic have their own encoder (a CNN each for images): the critics'
+    losses then never move the actor's features. A ``custom_model`` replaces the actor: its
+    ``forward(obs)`` returns mean and log std concatenated ``[B, 2 * action_dim]``; a
+    ``custom_q_model`` replaces each critic: ``forward(obs, action)`` returns Q ``[B]``."""
 
     def __init__(self, spec: SACSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.obs_dim = int(np.prod(spec.observation_space.shape))
+        obs_space = spec.observation_space
         self.act_dim = int(np.prod(spec.action_space.shape))
-        hidden, act = list(spec.hidden_sizes), spec.activation
+        hidden, act = list(head_sizes(obs_space, spec.model, spec.hidden_sizes)), spec.activation
         if act not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}")
-        self.actor = _mlp([self.obs_dim, *hidden, 2 * self.act_dim], act, out_gain=0.01)
-        self.critic1 = _mlp([self.obs_dim + self.act_dim, *hidden, 1], act, out_gain=1.0)
-        self.critic2 = _mlp([self.obs_dim + self.act_dim, *hidden, 1], act, out_gain=1.0)
+        self.custom_actor = self.custom_critics = None
+        if spec.model.custom_model:
+            self.custom_actor = build_custom_model(spec.model.custom_model, obs_space,
+                                                   spec.action_space,
+                                                   spec.model.custom_model_config)
+        else:
+            self.actor_encoder = Encoder(obs_space, spec.model)
+            self.obs_dim = self.actor_encoder.out_dim
+            self.actor = _mlp([self.obs_dim, *hidden, 2 * self.act_dim], act, out_gain=0.01)
+        if spec.custom_q_model:
+            self.custom_critics = nn.ModuleList(
+                build_custom_model(spec.custom_q_model, obs_space, spec.action_space,
+                                   spec.model.custom_model_config, key="custom_q_model")
+                for _ in range(2))
+        else:
+            self.critic_encoders = nn.ModuleList(Encoder(obs_space, spec.model)
+                                                 for _ in range(2))
+            width = self.critic_encoders[0].out_dim
+            self.critic1 = _mlp([width + self.act_dim, *hidden, 1], act, out_gain=1.0)
+            self.critic2 = _mlp([width + self.act_dim, *hidden, 1], act, out_gain=1.0)
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(spec.initial_alpha))))
         low = torch.as_tensor(spec.action_space.low, dtype=torch.float32).reshape(-1)
         high = torch.as_tensor(spec.action_space.high, dtype=torch.float32).reshape(-1)
         self.register_buffer("action_mid", (high + low) / 2)
         self.register_buffer("action_half", (high - low) / 2)
 
+    def _obs(self, obs: Any) -> torch.Tensor:
+        return observation_tensor(obs, self.spec.observation_space, self.action_mid.device)
+
+    def actor_outputs(self, obs: Any) -> torch.Tensor:
+        if self.custom_actor is not None:
+            return self.custom_actor(self._obs(obs)).reshape(-1, 2 * self.act_dim)
+        return self.actor(self.actor_encoder(obs))
+
     def sample(self, obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Squashed actions in [-1, 1] (with grad through the reparameterization) and their
         log-probabilities."""
-        mean, log_std = self.actor(self.encode(obs)).chunk(2, -1)
+        mean, log_std = self.actor_outputs(obs).chunk(2, -1)
         log_std = log_std.clamp(-20, 2)
         noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
         pre = mean + log_std.exp() * noise
@@ -74,14 +126,19 @@ class SACModel(FlatParameters):
     def q(self, obs, squashed: torch.Tensor, frozen: bool = False
           ) -> tuple[torch.Tensor, torch.Tensor]:
         """Q1 and Q2 of actions in [-1, 1]; ``frozen`` keeps gradients off the critics."""
-        x = torch.cat([self.encode(obs), squashed], -1)
         out = []
-        for critic in (self.critic1, self.critic2):
+        for i in range(2):
+            if self.custom_critics is not None:
+                critic = self.custom_critics[i]
+                inputs: tuple = (self._obs(obs), squashed)
+            else:
+                critic = _EncodedCritic(self.critic_encoders[i], (self.critic1, self.critic2)[i])
+                inputs = (obs, squashed)
             if frozen:
                 params = {k: v.detach() for k, v in critic.named_parameters()}
-                out.append(functional_call(critic, params, (x,)).squeeze(-1))
+                out.append(functional_call(critic, params, inputs).reshape(-1))
             else:
-                out.append(critic(x).squeeze(-1))
+                out.append(critic(*inputs).reshape(-1))
         return out[0], out[1]
 
     def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
@@ -139,4 +196,5 @@ def sac_loss(model: SACModel, target: SACModel, batch: dict[str, torch.Tensor], 
 def sac_model_spec(observation_space: gym.Space, action_space: gym.Space, config: Any
                    ) -> SACSpec:
     return SACSpec(observation_space, action_space, tuple(config.hidden_sizes),
-                   config.activation, config.initial_alpha)
+                   config.activation, config.initial_alpha, model_options(config),
+                   getattr(config, "custom_q_model", ""))

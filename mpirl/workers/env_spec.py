@@ -12,6 +12,7 @@ import gymnasium as gym
 
 from mpirl.envs.parallel import load_factory, make_parallel
 from mpirl.errors import ConfigError
+from mpirl.models.encoders import flatten_structured
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,10 @@ class EnvSpec:
         if factory is not None:
             return make_parallel(self.env_id, factory, self.env_config)
         cls = self.check()
-        if cls is not None:
-            return cls(**self.env_config)
-        return gym.make(self.env_id, **self.env_config)
+        env = cls(**self.env_config) if cls is not None else gym.make(self.env_id,
+                                                                      **self.env_config)
+        # Dict and Tuple observations travel as one vector; the model cuts it apart again.
+        return flatten_structured(env)
 
     def check(self) -> type | None:
         """Raise ConfigError if the environment cannot be found; return the class for a

@@ -24,6 +24,7 @@ import torch
 from mpirl.data.dump_writer import DumpTarget
 from mpirl.data.episode_recorder import EpisodeRecorder
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
+from mpirl.models.encoders import has_image
 from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
@@ -54,7 +55,8 @@ def trajectory_batch(arrays: dict[str, np.ndarray], keep: np.ndarray,
         "logp": rows(arrays["logp"]), "rewards": rows(arrays["rewards"]),
         "dones": rows(arrays["dones"]).astype(np.float32),
         "mask": rows(keep).astype(np.float32),
-        "bootstrap_obs": np.ascontiguousarray(last_obs, dtype=np.float32),
+        # In the observations' own dtype: uint8 images stay bytes on the wire.
+        "bootstrap_obs": np.ascontiguousarray(last_obs),
     }
 
 
@@ -89,9 +91,11 @@ class RolloutWorker(Worker):
         self._next_warning_at = 0.0
         self.policy = policy.build("cpu")
         self.gamma, self.lam = gamma, lam
-        # Only real-valued observations are normalized; a Discrete one is one-hot encoded.
+        # Only real-valued vectors are normalized; a Discrete one is one-hot encoded, and images
+        # stay as they are (uint8 on the wire, scaled inside the model).
+        space = self.envs.single_observation_space
         self.normalize_observations = normalize_observations and isinstance(
-            self.envs.single_observation_space, gym.spaces.Box)
+            space, gym.spaces.Box) and not has_image(space)
         self.obs_shape = self.envs.single_observation_space.shape
         self.filter = RunningMeanStd(self.obs_shape)
         self.obs, infos = self.envs.reset(seed=self.seed)
