@@ -75,7 +75,7 @@ class StructuredBox(gym.spaces.Box):
     def __init__(self, structure: gym.Space) -> None:
         leaves = _leaves(structure)
         unsupported = [leaf for leaf in leaves
-                       if not isinstance(leaf, gym.spaces.Box | _INTEGRAL)]
+                       if not isinstance(leaf, (gym.spaces.Box, *_INTEGRAL))]
         if unsupported:
             raise ConfigError(f"observation space component {unsupported[0]} is not supported; "
                               f"Dict and Tuple observations may hold Box, Discrete, "

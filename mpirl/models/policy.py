@@ -143,6 +143,9 @@ class Policy(FlatParameters):
         else:
             raise ConfigError(f"action space {act_space} is not supported; mpirl policies take "
                               f"Discrete, MultiDiscrete, MultiBinary and Box actions")
+        # Distribution inputs: logits (per component for MultiDiscrete), or a Gaussian's mean
+        # and, from a custom model, its log std.
+        self.out_dim = 2 * out if self.kind == "box" and spec.model.custom_model else out
         self.custom: nn.Module | None = None
         if spec.model.custom_model:
             if spec.critic_inputs:
@@ -178,7 +181,14 @@ class Policy(FlatParameters):
             if not isinstance(out, tuple | list) or len(out) != 2:
                 raise TypeError(f"custom_model {self.spec.model.custom_model!r}: forward must "
                                 f"return (distribution_inputs, value)")
-            return out[0], out[1].reshape(-1)
+            inputs, values = out
+            rows = inputs.shape[0] if inputs.dim() else 0
+            if inputs.dim() != 2 or inputs.shape[1] != self.out_dim or values.numel() != rows:
+                raise TypeError(
+                    f"custom_model {self.spec.model.custom_model!r}: forward returned "
+                    f"distribution inputs {tuple(inputs.shape)} and value "
+                    f"{tuple(values.shape)}; expected [B, {self.out_dim}] and [B]")
+            return inputs, values.reshape(-1)
         x = self.encode(obs)
         return self.actor(x), self.critic(self.critic_input(x, critic_obs)).squeeze(-1)
 

@@ -107,7 +107,10 @@ class SACModel(FlatParameters):
 
     def actor_outputs(self, obs: Any) -> torch.Tensor:
         if self.custom_actor is not None:
-            return self.custom_actor(self._obs(obs)).reshape(-1, 2 * self.act_dim)
+            out = self.custom_actor(self._obs(obs))
+            if isinstance(out, tuple | list):  # an actor-critic's model: its value is unused
+                out = out[0]
+            return out.reshape(-1, 2 * self.act_dim)
         return self.actor(self.actor_encoder(obs))
 
     def sample(self, obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,202 @@
+"""The model catalog (issue 17): CNNs on images with uint8 kept to the learner, Dict and Tuple
+observations, MultiDiscrete and MultiBinary actions, custom models, and their bad input."""
+
+import json
+import pickle
+import subprocess
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import mpi_env, run_mpi
+from test_env_failures import local_context
+from test_train import MPIRL, train
+
+from mpirl.commands.train import make_request
+from mpirl.envs.probes import PixelTarget
+from mpirl.errors import ConfigError
+from mpirl.models.encoders import Encoder, ModelOptions, StructuredBox, channels_first
+from mpirl.models.policy import PolicySpec
+from mpirl.models.soft_q import SACSpec, sac_loss
+from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.rollout import RolloutWorker
+
+EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
+PROBES = "mpirl.envs.probes"
+
+
+# The catalog, chosen from the spaces.
+
+def test_images_get_a_cnn_and_vectors_keep_their_old_parameters():
+    nature = Encoder(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), ModelOptions())
+    assert nature.images[0].kind == "nature_cnn" and nature.out_dim == 512
+    assert nature(np.zeros((3, 4, 84, 84), np.uint8)).shape == (3, 512)
+    impala = Encoder(gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
+                     ModelOptions(encoder="impala_cnn", cnn_dense_size=256))
+    assert impala.images[0].kind == "impala_cnn" and impala.images[0].to_chw
+    assert impala(torch.zeros(2, 64, 64, 3, dtype=torch.uint8)).shape == (2, 256)
+    assert Encoder(PixelTarget().observation_space, ModelOptions()).images[0].kind == "small_cnn"
+    assert channels_first((4, 84, 84)) and not channels_first((84, 84, 4))
+    # A CartPole policy has exactly the parameters it had before encoders existed (4-64-64-2
+    # actor and 4-64-64-1 critic), in the same order: older checkpoints load.
+    cartpole = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
+    policy = cartpole.build()
+    assert policy.num_weights() == (4 * 64 + 64 + 64 * 64 + 64 + 64 * 2 + 2) + (
+        4 * 64 + 64 + 64 * 64 + 64 + 64 + 1)
+    assert not list(policy.encoder.parameters())
+
+
+def test_dict_observations_are_one_vector_cut_apart_per_component():
+    env = EnvSpec(f"{PROBES}:DictCue").make()
+    space = env.observation_space
+    assert isinstance(space, StructuredBox) and space.dtype == np.uint8  # image + one-hot
+    obs, _ = env.reset(seed=0)
+    assert obs.dtype == np.uint8 and obs.shape == (4 * 4 * 1 + 2,)
+    encoder = Encoder(space, ModelOptions())
+    assert [i for _, _, i in encoder.parts] == [-1, 0]  # flip (one-hot) as is, view by a CNN
+    assert encoder(obs[None]).shape == (1, 2 + 512)
+    mixed = StructuredBox(gym.spaces.Tuple((gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(3))))
+    assert mixed.dtype == np.float32 and mixed.shape == (5,)
+    with pytest.raises(ConfigError, match="not supported"):
+        StructuredBox(gym.spaces.Dict({"text": gym.spaces.Text(5)}))
+
+
+def test_multibinary_and_multidiscrete_actions_sample_in_the_space():
+    for space in (gym.spaces.MultiBinary(3), gym.spaces.MultiDiscrete([[2, 3], [4, 5]])):
+        policy = PolicySpec(gym.spaces.Box(-1, 1, (2,), np.float32), space).build()
+        actions, logp, _ = policy.act(np.zeros((5, 2), np.float32))
+        env_actions = policy.env_actions(actions)
+        assert env_actions.shape == (5, *space.shape) and all(space.contains(a)
+                                                              for a in env_actions)
+        logp_again, _, _ = policy.evaluate(torch.zeros(5, 2), torch.as_tensor(actions))
+        np.testing.assert_allclose(logp_again.detach().numpy(), logp, rtol=1e-5)
+
+
+@pytest.mark.parametrize("trajectories", [False, True])
+def test_image_observations_stay_uint8_on_the_wire(trajectories):
+    spec = EnvSpec(f"{PROBES}:PixelTarget")
+    policy = PolicySpec(*spec.spaces(), (64, 64), "tanh")
+    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, 0, 0.99, 0.95, True)
+    batch = worker.sample(16, trajectories=trajectories)["batch"]
+    assert batch["obs"].dtype == np.uint8
+    if trajectories:
+        assert batch["bootstrap_obs"].dtype == np.uint8
+    # Bytes sent per env step against the raw frame (10 x 10 x 3 = 300 bytes): the step's other
+    # fields and pickle's framing add a few dozen bytes, not the 4x of float32.
+    per_step = len(pickle.dumps(batch, protocol=5)) / 32
+    assert 300 <= per_step <= 300 + 150, per_step
+
+
+def test_sac_takes_a_custom_actor_and_critics_and_a_cnn(monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES)
+    box = gym.spaces.Box(-2, 2, (1,), np.float32)
+    for spec in (SACSpec(gym.spaces.Box(-1, 1, (3,), np.float32), box,
+                         model=ModelOptions(custom_model="custom_models:ActorCritic"),
+                         custom_q_model="custom_models:TwinCritic"),
+                 SACSpec(gym.spaces.Box(0, 255, (8, 8, 1), np.uint8), box)):
+        model, target = spec.build(), spec.build()
+        obs = spec.observation_space.sample()[None].repeat(4, 0)
+        batch = {"obs": torch.as_tensor(obs), "next_obs": torch.as_tensor(obs),
+                 "actions": torch.zeros(4, 1), "rewards": torch.ones(4),
+                 "discounts": torch.full((4,), 0.99), "weights": torch.ones(4)}
+        loss, _, stats = sac_loss(model, target, batch, type("C", (), {"target_entropy": "auto"}))
+        loss.backward()
+        assert np.isfinite(stats["critic_loss"])
+        # Every part learns (an actor-critic's value head has no use in SAC).
+        assert all(p.grad is not None for name, p in model.named_parameters()
+                   if not name.startswith("custom_actor.vf")), spec
+
+
+# Learning, through the CLI.
+
+def test_ppo_with_the_default_cnn_reaches_the_pixel_target(tmp_path):
+    _, run_dir, result = train(
+        3, tmp_path, "--algo", "PPO", "--env", f"{PROBES}:PixelTarget",
+        "--stop", '{"episode_return_mean": 0.95, "timesteps_total": 60000}')
+    # Random play reaches the target in about a third of the episodes.
+    assert result["episode_return_mean"] >= 0.95, result
+    proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "10"],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("env, threshold, chance", [("DictCue", 9.0, 2.5),
+                                                    ("MultiDiscreteMatch", 18.0, 5.8)])
+def test_dict_observations_and_multidiscrete_actions_learn(tmp_path, env, threshold, chance):
+    _, run_dir, result = train(
+        3, tmp_path, "--algo", "PPO", "--env", f"{PROBES}:{env}",
+        "--stop", f'{{"episode_return_mean": {threshold}, "timesteps_total": 60000}}')
+    assert result["episode_return_mean"] >= threshold > 2 * chance, result
+
+
+def test_a_custom_model_from_a_users_module_trains_ppo_and_dqn(tmp_path):
+    user = {"PYTHONPATH": EXAMPLES, "CI": "true"}
+    ppo = tmp_path / "ppo"
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1", "--run-dir",
+                   str(ppo), "--config", '{"custom_model": "custom_models:ActorCritic", '
+                   '"custom_model_config": {"hidden": 64}}',
+                   "--stop", '{"episode_return_mean": 450, "timesteps_total": 200000}',
+                   timeout=300, env=user)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _result(ppo)["episode_return_mean"] >= 450
+    dqn = tmp_path / "dqn"
+    proc = subprocess.run([*MPIRL, "train", "--algo", "DQN", "--env", "CartPole-v1",
+                           "--run-dir", str(dqn), "--config",
+                           '{"custom_model": "custom_models:QModel", "metrics_window": 20}',
+                           "--stop", '{"episode_return_mean": 150, "timesteps_total": 20000}'],
+                          capture_output=True, text=True, timeout=240, env=mpi_env(user))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _result(dqn)["episode_return_mean"] >= 150
+
+
+def _result(run_dir: Path) -> dict:
+    return json.loads((run_dir / "result.json").read_text())
+
+
+# Bad input: one line, before anything starts.
+
+class WrongShapes(torch.nn.Module):
+    def __init__(self, observation_space, action_space, config):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 3)
+
+    def forward(self, obs):
+        return self.layer(obs), obs.sum(-1)
+
+
+class NotAModule:
+    def __init__(self, observation_space, action_space, config):
+        pass
+
+
+@pytest.mark.parametrize("algo, env, config, message", [
+    ("PPO", "CartPole-v1", {"custom_model": "no_such_module:Model"},
+     "custom_model 'no_such_module:Model': cannot load Model"),
+    ("PPO", "CartPole-v1", {"custom_model": "test_models"}, 'must be "module:Class"'),
+    ("PPO", "CartPole-v1", {"custom_model": "test_models:NotAModule"}, "not a torch.nn.Module"),
+    ("PPO", "CartPole-v1", {"custom_model": "test_models:WrongShapes"},
+     "failed on a sampled observation"),
+    ("DQN", "CartPole-v1", {"custom_model": "test_models:WrongShapes"},
+     "failed on a sampled observation"),
+    ("PPO", "CartPole-v1", {"encoder": "resnet"}, "encoder must be one of"),
+    ("PPO", "CartPole-v1", {"encoder": "nature_cnn"}, "is for image observations"),
+    ("PPO", f"{PROBES}:PixelTarget", {"encoder": "nature_cnn"}, "at least 36 pixels"),
+    ("PPO", "CartPole-v1", {"cnn_dense_size": 0}, "cnn_dense_size"),
+])
+def test_bad_model_config_is_one_clear_error(algo, env, config, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as error:
+        make_request(algo, env, None, config, {}, None, None)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_custom_model_through_the_cli_exits_2_without_a_traceback(tmp_path):
+    proc = subprocess.run([*MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
+                           "--run-dir", str(tmp_path / "run"), "--config",
+                           '{"custom_model": "no_such_module:Model"}'],
+                          capture_output=True, text=True, timeout=60, env=mpi_env())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "custom_model 'no_such_module:Model'" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
