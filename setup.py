@@ -54,10 +54,15 @@ setup(
         # The user's guide: mkdocs build --strict (make docs).
         "docs": ["mkdocs>=1.6"],
         # minari: tests read trajectory dumps with Minari itself; the tests also read back
-        # TensorBoard, W&B and MLflow output, build the docs and run PettingZoo and MPE envs.
+        # TensorBoard, W&B and MLflow output, build the docs and run PettingZoo, MPE and Atari
+        # envs.
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1",
                 "minari==0.5.3", "tensorboard>=2.15", "wandb>=0.17", "mlflow>=2.10",
-                "mkdocs>=1.6", "pettingzoo>=1.25", "mpe2>=1.0"],
+                "mkdocs>=1.6", "pettingzoo>=1.25", "mpe2>=1.0", "ale-py>=0.9"],
+        # Atari games (ALE/ ids): ale-py ships the ROMs.
+        "atari": ["ale-py>=0.9"],
+        # env_backend "envpool": EnvPool's batched Atari envs (ale-py still plays mpirl evaluate).
+        "envpool": ["ale-py>=0.9", "envpool>=0.8"],
         # Multi-agent envs: PettingZoo's own (rps_v2, AEC conversion) and MPE's.
         "multiagent": ["pettingzoo>=1.25", "mpe2>=1.0"],
         # Peers for side-by-side benchmarks only.

@@ -17,7 +17,10 @@ from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
 COMMON = {"callbacks", "tensorboard_histograms_every", "wandb_project", "mlflow_experiment",
           "num_rollout_workers", "num_learners", "num_envs_per_worker",
           "max_env_failures", "env_failure_window", "lr", "grad_clip", "hidden_sizes", "activation",
-          "torch_threads", "metrics_window", "seed", "multiagent"}
+          "torch_threads", "metrics_window", "seed", "multiagent",
+          # the environment's
+          "env_config", "clip_rewards", "atari_noop_max", "atari_frame_skip", "atari_frame_size",
+          "atari_grayscale", "atari_frame_stack", "env_backend"}
 #: Every algorithm but A3C, whose single learner makes no allreduce.
 ALLREDUCE = {"learner_backend", "learner_master_addr"}
 ON_POLICY = COMMON | {"rollout_fragment_length", "normalize_observations", "gamma", "vf_coef",

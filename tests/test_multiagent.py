@@ -216,7 +216,7 @@ MA = {"policies": {"a": {}, "b": {}}, "policy_mapping": {"cart_0": "a", "cart_1"
                                                    "b": {}}}},
      "sets ['num_envs_per_worker'], which hold for the whole run"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"clip_parm": 0.1}, "b": {}}}},
-     "multiagent.policies.a: unknown config key 'clip_parm'. Did you mean 'clip_param'?"),
+     "multiagent.policies.a: unknown config key 'clip_parm'. Did you mean 'clip_param'"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "APEX"}, "b": {}}}},
      "multi-agent runs train policies with PPO, A2C, IMPALA, DQN, SAC so far, not APEX"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "SAC"}, "b": {}}}},

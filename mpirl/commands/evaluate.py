@@ -25,7 +25,7 @@ from mpirl.execution.algorithm import load_algorithm
 from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
 from mpirl.models.policy import RunningMeanStd, model_spec
 from mpirl.runtime.state_files import read_state_file
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvSpec, env_spec_for
 
 
 @dataclass
@@ -117,10 +117,12 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
         for key, value in (("SDL_VIDEODRIVER", "dummy"), ("SDL_AUDIODRIVER", "dummy"),
                            ("PYGAME_HIDE_SUPPORT_PROMPT", "1")):
             os.environ.setdefault(key, value)
-    spec = EnvSpec(env_id or saved["env_id"],
-                   env_module if env_id or policy is not None else saved.get("env_module"),
-                   env_config)
-    spec.check()
+    # The run's preprocessing (Atari's) from its config, on one gymnasium env even where the
+    # run sampled through EnvPool.
+    spec = env_spec_for(env_id or saved["env_id"],
+                        env_module if env_id or policy is not None else saved.get("env_module"),
+                        {**manifest.get("config", {}), "env_config": env_config,
+                         "env_backend": "gymnasium"})
     env = spec.make()
     if spaces is not None and (env.observation_space, env.action_space) != spaces:
         env.close()

@@ -72,13 +72,15 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
     from mpirl.config.parse import build
     from mpirl.execution.algorithm import load_algorithm
     from mpirl.runtime.state_files import read_state_file
-    from mpirl.workers.env_spec import EnvSpec
+    from mpirl.workers.env_spec import env_spec_for
 
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     saved = manifest["env"]
     files = manifest["files"]
-    env = EnvSpec(saved["env_id"], saved.get("env_module"), dict(saved.get("env_config") or {}))
+    env = env_spec_for(saved["env_id"], saved.get("env_module"),
+                       {**manifest["config"], "env_config": saved.get("env_config") or {},
+                        "env_backend": "gymnasium"})
     driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
     if env.is_multi_agent():
         from mpirl.execution.multiagent import user_given

@@ -32,7 +32,7 @@ from mpirl.report.progress import ProgressDisplay, progress_mode
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
 from mpirl.workers.callbacks import callbacks_class
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvSpec, env_spec_for
 
 #: Used when --stop is not given.
 DEFAULT_STOP = {"timesteps_total": 1_000_000}
@@ -116,10 +116,12 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     settings = build(RuntimeSettings, runtime_keys)
     checkpoints = build(CheckpointSettings, checkpoint_keys)
     dump = build(DumpSettings, dump_keys)
-    env = EnvSpec(env_id, env_module)
-    env.check()
+    env = env_spec_for(env_id, env_module, dataclasses.asdict(algo_config))
     setup = None
     if env.is_multi_agent():
+        if algo_config.clip_rewards is True:
+            raise ConfigError("config key 'clip_rewards' is for single-agent runs; multi-agent "
+                              "rollouts train on the rewards as the env gives them")
         setup = resolve(algorithm_name(algo), user_given(algo_config), env)
         check_stop_keys(stop, setup)
         setup.learner_slices(algo_config.num_learners)  # ConfigError if they don't fit

@@ -156,6 +156,11 @@ RANGES: dict[str, Range] = {
     "metrics_window": at_least(1),
     "tensorboard_histograms_every": at_least(0),
     "seed": within(0, 2**32 - 1),
+    # Environment (Atari preprocessing)
+    "atari_noop_max": at_least(0),
+    "atari_frame_skip": at_least(1),
+    "atari_frame_size": at_least(0),
+    "atari_frame_stack": at_least(1),
     # Runtime (mpirl.runtime.driver.RuntimeSettings)
     "max_calls_in_flight": at_least(1),
     "task_timeout_s": above(0),
@@ -236,6 +241,36 @@ class CommonConfig:
     "policies_to_train": [...]}; see the Multi-agent page. {} with a multi-agent env gives one
     shared policy (or one per agent when their spaces differ)."""
 
+    # Environment
+    env_config: dict = dataclasses.field(default_factory=dict)
+    """Keyword arguments for the environment's constructor: gym.make(id, **env_config),
+    Class(**env_config), or a PettingZoo factory's. For Atari they go to ale-py's AtariEnv
+    (repeat_action_probability, full_action_space, mode, difficulty; mpirl passes frameskip 1
+    and obs_type itself unless given here), or with env_backend "envpool" to
+    envpool.make_gymnasium."""
+    clip_rewards: str | bool = "auto"
+    """Train on the sign of each reward (-1, 0 or 1) instead of the reward; episode returns
+    are still reported unclipped (the game score). "auto" clips on Atari games only; true or
+    false. ES and ARS, which optimize returns themselves, never clip."""
+    atari_noop_max: int = 30
+    """Atari: after each reset, a random number of no-op actions from 1 to this (the ALE is
+    deterministic; this varies the starts). 0 turns no-op starts off."""
+    atari_frame_skip: int = 4
+    """Atari: repeat each action this many frames, summing the rewards and observing the
+    pixel-wise maximum of the last two frames. 1 turns it off (every frame is observed)."""
+    atari_frame_size: int = 84
+    """Atari: resize frames to this many pixels a side (area averaging). 0 keeps the full
+    210x160 frame."""
+    atari_grayscale: bool = True
+    """Atari: grayscale frames (drawn so by the ALE); false keeps RGB."""
+    atari_frame_stack: int = 4
+    """Atari: observe the last this many frames, stacked channels first (4, 84, 84). 1 turns
+    stacking off (one frame, still channels first)."""
+    env_backend: str = "gymnasium"
+    """How rollout workers run Atari games: "gymnasium" (a vector env of ale-py envs with
+    mpirl's preprocessing wrappers) or "envpool" (EnvPool's batched C++ envs with the same
+    preprocessing: pip install envpool). Other envs always run in gymnasium."""
+
     # Logging
     tensorboard_histograms_every: int = 10
     """Every this many iterations, TensorBoard gets histograms of learner 0's weights (per
@@ -302,6 +337,19 @@ class CommonConfig:
     def __post_init__(self) -> None:
         # Direct construction (the Python API, tests) gets the checks the CLI's build() makes.
         check_ranges(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        for key, allowed in (("clip_rewards", ("auto", True, False)),
+                             ("env_backend", ("gymnasium", "envpool"))):
+            value = getattr(self, key)
+            # True == 1 in a tuple: only the very objects listed are accepted.
+            if not any(value is word or (isinstance(word, str) and value == word)
+                       for word in allowed):
+                must = ", ".join(json.dumps(word) for word in allowed)
+                shown = json.dumps(value, default=repr)
+                raise ConfigError(f'config key "{key}" = {shown} is not one of {must}')
+        if not isinstance(self.env_config, dict):
+            raise ConfigError(f'config key "env_config" must be a JSON object of keyword '
+                              f'arguments, got {json.dumps(self.env_config, default=repr)}')
+
 
 
 @dataclass

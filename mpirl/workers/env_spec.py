@@ -1,15 +1,26 @@
-"""What an environment is (a gymnasium id or module:Class, with kwargs); sent from the driver to
-every rollout rank, which builds its envs."""
+"""What an environment is (a gymnasium id or module:Class, with kwargs, and for Atari games the
+preprocessing); sent from the driver to every rollout rank, which builds its envs."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
+from mpirl.envs.atari import (
+    INSTALL_HINT,
+    AtariSettings,
+    ale_kwargs,
+    check_envpool,
+    is_atari,
+    preprocess,
+    register_ale,
+)
 from mpirl.envs.parallel import load_factory, make_parallel
 from mpirl.errors import ConfigError
 from mpirl.models.encoders import flatten_structured
@@ -25,6 +36,10 @@ class EnvSpec:
     """A module to import first, for ids registered by a third-party package."""
     env_config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment's constructor."""
+    atari: AtariSettings | None = None
+    """The preprocessing of an Atari game (None for other envs, and for Atari unpreprocessed)."""
+    clip_rewards: bool = False
+    """Rollout workers train on the sign of each reward; the returns they report stay raw."""
 
     def is_multi_agent(self) -> bool:
         """True when the id names a PettingZoo-style multi-agent env (Parallel or AEC)."""
@@ -38,8 +53,13 @@ class EnvSpec:
         if factory is not None:
             return make_parallel(self.env_id, factory, self.env_config)
         cls = self.check()
-        env = cls(**self.env_config) if cls is not None else gym.make(self.env_id,
-                                                                      **self.env_config)
+        if self.atari is not None:
+            env = preprocess(gym.make(self.env_id, **ale_kwargs(self.atari, self.env_config)),
+                             self.atari)
+        elif cls is not None:
+            env = cls(**self.env_config)
+        else:
+            env = gym.make(self.env_id, **self.env_config)
         # Dict and Tuple observations travel as one vector; the model cuts it apart again.
         return flatten_structured(env)
 
@@ -65,10 +85,13 @@ class EnvSpec:
                 f"unknown environment id {self.env_id!r}.{hint} Give a registered gymnasium id, "
                 f"'module:ClassName' for your own class, or --env-module PACKAGE to import the "
                 f"package that registers it."
+                + (f" Atari games are ALE/Name-v5 ids, with {INSTALL_HINT}."
+                   if "ALE" in self.env_id or "NoFrameskip" in self.env_id else "")
             )
         return None
 
     def _import_env_module(self) -> None:
+        register_ale(self.env_id)
         if self.env_module:
             try:
                 importlib.import_module(self.env_module)
@@ -82,3 +105,22 @@ class EnvSpec:
             return env.observation_space, env.action_space
         finally:
             env.close()
+
+
+def env_spec_for(env_id: str, env_module: str | None, config: Mapping[str, Any]) -> EnvSpec:
+    """The EnvSpec of a run whose config values are ``config`` (a dict, as params.json and
+    manifests hold them; keys it lacks take their defaults): its ``env_config``, and for an
+    Atari game its preprocessing and reward clipping. ConfigError if the env cannot be found
+    or the settings do not fit it."""
+    spec = EnvSpec(env_id, env_module, dict(config.get("env_config") or {}))
+    spec.check()
+    atari = is_atari(env_id)
+    settings = AtariSettings.from_config(config)
+    if settings.backend == "envpool":
+        if not atari:
+            raise ConfigError(f'env_backend "envpool" runs Atari games only; {env_id!r} is not '
+                              f'one. Leave env_backend at "gymnasium".')
+        check_envpool(env_id)
+    clip = config.get("clip_rewards", "auto")
+    return dataclasses.replace(spec, atari=settings if atari else None,
+                               clip_rewards=atari if clip == "auto" else bool(clip))

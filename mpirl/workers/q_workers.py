@@ -76,7 +76,8 @@ class TransitionWorker(RolloutWorker):
         for t in range(steps_per_env):
             action = self.policy.explore(self.obs, epsilon, self.rng)
             next_obs, reward, term, trunc, infos = self.envs.step(action)
-            obs[t], actions[t], rewards[t] = self.obs, action, reward
+            # Replay holds what training sees; episode returns stay the env's.
+            obs[t], actions[t], rewards[t] = self.obs, action, self.trained_rewards(reward)
             terminated[t], truncated[t] = term, trunc
             for i in np.flatnonzero(trunc):
                 final_obs.append(infos["final_obs"][i])

@@ -23,6 +23,7 @@ import torch
 
 from mpirl.data.dump_writer import DumpTarget
 from mpirl.data.episode_recorder import EpisodeRecorder
+from mpirl.envs.atari import EnvPoolVectorEnv
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.encoders import has_image
 from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
@@ -80,12 +81,19 @@ class RolloutWorker(Worker):
         torch.manual_seed(self.seed)
         self.env_id = env.env_id
         self.where = f"rollout worker {context.role_index} on rank {context.rank}"
-        self.envs = gym.vector.SyncVectorEnv(
-            [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where,
-                     env_failure_window)
-             for i in range(num_envs)],
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        )
+        #: Train on the sign of each reward (Atari); returns are reported unclipped.
+        self.clip_rewards = env.clip_rewards
+        if env.atari is not None and env.atari.backend == "envpool":
+            # One C++ pool of envs; it recovers no failed env (GuardedEnv's job otherwise).
+            self.envs = EnvPoolVectorEnv(env.env_id, env.atari, env.env_config, num_envs,
+                                         self.seed)
+        else:
+            self.envs = gym.vector.SyncVectorEnv(
+                [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where,
+                         env_failure_window)
+                 for i in range(num_envs)],
+                autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+            )
         self.env_failures = 0  # on this worker, since it started
         self._unreported_failures = 0  # not yet returned by sample()
         self._next_warning_at = 0.0
@@ -143,9 +151,9 @@ class RolloutWorker(Worker):
             actions, logp, values = self.policy.act(obs)
             env_actions = self.policy.env_actions(actions)
             next_obs, rewards, terminated, truncated, infos = self.envs.step(env_actions)
-            rewards = np.asarray(rewards, dtype=np.float32)
-            env_rewards = rewards  # the truncation bootstrap below adds to a copy
-            self.episode_return += rewards
+            env_rewards = np.asarray(rewards, dtype=np.float32)  # recorded and reported
+            self.episode_return += env_rewards
+            rewards = self.trained_rewards(env_rewards)  # the bootstrap below adds to a copy
             self.episode_length += 1
             done = terminated | truncated
             # A time limit is not a terminal state: bootstrap from the final observation. A step
@@ -199,6 +207,10 @@ class RolloutWorker(Worker):
             rows = keep.reshape(count)  # [T, N] flattened row-major, as the batch was
             batch = {key: value[rows] for key, value in batch.items()}
         return self._finish_sample(batch, count, returns, lengths, delta, send_to)
+
+    def trained_rewards(self, rewards: np.ndarray) -> np.ndarray:
+        """The rewards training sees: their signs with ``clip_rewards``, else themselves."""
+        return np.sign(rewards) if self.clip_rewards else rewards
 
     def _finish_sample(self, batch: dict[str, np.ndarray], count: int, returns: list[float],
                        lengths: list[int], delta: RunningMeanStd,
