@@ -12,6 +12,10 @@ import torch
 
 from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
 from mpirl.execution.operators import broadcast_weights, parallel_rollouts, train_one_step
+from mpirl.models.policy import evaluate_batch
+
+#: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
+RECURRENT = True
 
 
 @dataclass
@@ -28,8 +32,7 @@ class Config(OnPolicyConfig, AllreduceConfig):
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """Policy gradient with a learned baseline, plus value loss and entropy bonus."""
-    logp, entropy, values = policy.evaluate(batch["obs"], batch["actions"],
-                                            batch.get("critic_obs"))
+    logp, entropy, values, batch = evaluate_batch(policy, batch)
     policy_loss = -(logp * batch["advantages"]).mean()
     vf_loss = 0.5 * (values - batch["value_targets"]).pow(2).mean()
     entropy_mean = entropy.mean()

@@ -21,6 +21,10 @@ from mpirl.execution.operators import mean_stats
 __all__ = ["Config", "loss", "training_step"]
 
 
+#: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
+RECURRENT = True
+
+
 @dataclass
 class Config(OnPolicyConfig):
     """A3C's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""

@@ -18,6 +18,9 @@ from mpirl.execution.async_ops import async_sample, sample_requests, sync_weight
 from mpirl.execution.operators import mean_stats, train_one_step
 from mpirl.models.vtrace import vtrace
 
+#: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
+RECURRENT = True
+
 
 @dataclass
 class Config(OnPolicyConfig, AllreduceConfig):
@@ -64,10 +67,16 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """V-trace policy gradient, value loss towards the V-trace targets, and entropy bonus, for a
     minibatch of whole fragments (``[rows, T]``)."""
     rows, steps = batch["logp"].shape
-    logp, entropy, values = policy.evaluate(batch["obs"].flatten(0, 1),
-                                            batch["actions"].flatten(0, 1))
-    logp, entropy, values = (x.view(rows, steps).T for x in (logp, entropy, values))  # [T, B]
-    bootstrap = policy.values(batch["bootstrap_obs"])
+    if "state_in" in batch:  # use_lstm: each fragment is one sequence, from its first state
+        logp, entropy, values, final = policy.evaluate_sequences(
+            batch["obs"], batch["actions"], batch["state_in"], batch["resets"])
+        logp, entropy, values = logp.T, entropy.T, values.T  # [T, B]
+        bootstrap = policy.values_after(batch["bootstrap_obs"], final, batch["dones"][:, -1])
+    else:
+        logp, entropy, values = policy.evaluate(batch["obs"].flatten(0, 1),
+                                                batch["actions"].flatten(0, 1))
+        logp, entropy, values = (x.view(rows, steps).T for x in (logp, entropy, values))
+        bootstrap = policy.values(batch["bootstrap_obs"])
     targets = vtrace(batch["logp"].T, logp.detach(), batch["rewards"].T, values.detach(),
                      bootstrap.detach(), config.gamma * (1.0 - batch["dones"].T),
                      config.vtrace_rho_bar, config.vtrace_c_bar)

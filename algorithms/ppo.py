@@ -13,6 +13,10 @@ import torch
 
 from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
 from mpirl.execution.operators import broadcast_weights, parallel_rollouts, train_one_step
+from mpirl.models.policy import evaluate_batch
+
+#: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
+RECURRENT = True
 
 
 @dataclass
@@ -38,8 +42,7 @@ class Config(OnPolicyConfig, AllreduceConfig):
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """PPO's clipped surrogate, value loss and entropy bonus for one minibatch."""
-    logp, entropy, values = policy.evaluate(batch["obs"], batch["actions"],
-                                            batch.get("critic_obs"))
+    logp, entropy, values, batch = evaluate_batch(policy, batch)
     log_ratio = logp - batch["logp"]
     ratio = log_ratio.exp()
     advantages = batch["advantages"]

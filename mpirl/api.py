@@ -257,6 +257,10 @@ class Algorithm:
             batch = np.asarray(observations)
             if obs_filter is not None:
                 batch = obs_filter.normalize(batch)
+            if getattr(policy, "recurrent", False):
+                raise MpirlError("compute_actions keeps no recurrent state between calls; a "
+                                 "use_lstm policy plays through mpirl evaluate, or step(obs, "
+                                 "state) on the policy exported with mpirl export")
             actions = policy.act(batch, deterministic=not explore)[0]
             return policy.env_actions(actions)
 

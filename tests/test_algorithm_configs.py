@@ -18,6 +18,9 @@ COMMON = {"callbacks", "tensorboard_histograms_every", "wandb_project", "mlflow_
           "num_rollout_workers", "num_learners", "num_envs_per_worker",
           "max_env_failures", "env_failure_window", "lr", "grad_clip", "hidden_sizes", "activation",
           "torch_threads", "metrics_window", "seed", "multiagent",
+          # the model's
+          "encoder", "cnn_dense_size", "custom_model", "custom_model_config", "use_lstm",
+          "lstm_cell_size", "max_seq_len",
           # the environment's
           "env_config", "clip_rewards", "atari_noop_max", "atari_frame_skip", "atari_frame_size",
           "atari_grayscale", "atari_frame_stack", "env_backend"}
@@ -51,7 +54,7 @@ KEYS = {
                       "min_env_steps_per_iteration", "throttle_sampling", "batches_per_train",
                       "weight_sync_every", "double_q",
                       "dueling", "metrics_max_epsilon"},
-    "SAC": REPLAY | {"tau", "initial_alpha", "target_entropy"},
+    "SAC": REPLAY | {"tau", "initial_alpha", "target_entropy", "custom_q_model"},
     "BC": OFFLINE,
     "MARWIL": OFFLINE | {"beta", "gamma", "advantage_norm_rate", "max_weight", "vf_coef"},
     "ES": COMMON | {"episodes_per_batch", "train_batch_size", "noise_stdev", "stepsize",
@@ -106,9 +109,11 @@ def test_keys_are_flat_and_unchanged(name):
     config = config_class(name)()
     values = dataclasses.asdict(config)
     assert set(values) == KEYS[name]
-    # Flat: every value is a JSON scalar or a list of them, never a nested config; the one
-    # object is the multi-agent policy table, which holds per-policy overrides.
-    assert all(not isinstance(v, dict) for k, v in values.items() if k != "multiagent")
+    # Flat: every value is a JSON scalar or a list of them, never a nested config; the objects
+    # are the multi-agent policy table (per-policy overrides) and the keyword arguments handed
+    # to the user's env and model constructors.
+    objects = {"multiagent", "env_config", "custom_model_config"}
+    assert all(not isinstance(v, dict) for k, v in values.items() if k not in objects)
     json.dumps(values)
     assert build(config_class(name), json.loads(json.dumps(values))) == config
 

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import gymnasium as gym
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -15,13 +16,15 @@ from test_env_failures import local_context
 from test_train import MPIRL, train
 
 from mpirl.commands.train import make_request
+from mpirl.data.batches import standardize_fields
 from mpirl.envs.probes import PixelTarget
 from mpirl.errors import ConfigError
 from mpirl.models.encoders import Encoder, ModelOptions, StructuredBox, channels_first
-from mpirl.models.policy import PolicySpec
+from mpirl.models.evolution import DirectPolicySpec
+from mpirl.models.policy import PolicySpec, evaluate_batch
 from mpirl.models.soft_q import SACSpec, sac_loss
 from mpirl.workers.env_spec import EnvSpec
-from mpirl.workers.rollout import RolloutWorker
+from mpirl.workers.rollout import RolloutWorker, sequence_batch
 
 EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 PROBES = "mpirl.envs.probes"
@@ -109,6 +112,35 @@ def test_sac_takes_a_custom_actor_and_critics_and_a_cnn(monkeypatch):
                    if not name.startswith("custom_actor.vf")), spec
 
 
+def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_path):
+    # ES: every weight vector of a population through the CNN at once, as one at a time.
+    env = PixelTarget()
+    policy = DirectPolicySpec(env.observation_space, env.action_space).build()
+    assert policy.functional
+    theta = torch.as_tensor(policy.get_flat_weights())
+    params = torch.stack([theta + 0.01 * torch.randn_like(theta) for _ in range(3)])
+    obs = np.stack([env.observation_space.sample() for _ in range(3)])
+    together = policy.population_outputs(params, torch.as_tensor(obs, dtype=torch.float32))
+    for k in range(3):
+        policy.set_flat_weights(params[k].numpy())
+        np.testing.assert_allclose(policy(torch.as_tensor(obs[k:k + 1])).detach().numpy()[0],
+                                   together[k].numpy(), rtol=1e-5, atol=1e-6)
+    train(3, tmp_path / "es", "--algo", "ES", "--env", f"{PROBES}:PixelTarget", "--config",
+          '{"cnn_dense_size": 64}', "--stop", '{"training_iteration": 2}')
+    # Dumps keep the images as uint8 in gzip chunks; BC trains its CNN on them.
+    dump = tmp_path / "dump"
+    train(3, tmp_path / "ppo", "--algo", "PPO", "--env", f"{PROBES}:PixelTarget",
+          "--dump-trajectories", str(dump), "--config", '{"dump_compression_min_bytes": 0}',
+          "--stop", '{"training_iteration": 1}')
+    with h5py.File(next(dump.glob("rollout-*.hdf5"))) as file:
+        observations = file["episode_0/observations"]
+        assert observations.dtype == np.uint8 and observations.compression == "gzip"
+    _, _, result = train(3, tmp_path / "bc", "--algo", "BC", "--env", f"{PROBES}:PixelTarget",
+                         "--config", json.dumps({"input": str(dump)}),
+                         "--stop", '{"training_iteration": 1}')
+    assert np.isfinite(result["episode_return_mean"])
+
+
 # Learning, through the CLI.
 
 def test_ppo_with_the_default_cnn_reaches_the_pixel_target(tmp_path):
@@ -155,6 +187,92 @@ def _result(run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())
 
 
+# Recurrent policies.
+
+def test_sequences_start_from_the_carried_state_and_mask_padding_and_failures():
+    steps, envs, length = 5, 2, 2
+    column = np.arange(steps * envs, dtype=np.float32).reshape(steps, envs)  # [T, N]
+    states = np.repeat(column[:, :, None, None], 2, 2).repeat(3, 3)  # [T, N, 2, 3]
+    starts = np.zeros((steps, envs), bool)
+    starts[3, 1] = True
+    keep = np.ones((steps, envs), bool)
+    keep[:2, 0] = False  # an episode an env failure cut short: its sequence goes
+    batch = sequence_batch({"logp": column}, states, starts, keep, length)
+    # env 0: [0 2] dropped, [4 _] kept, [8 pad]; env 1: [1 3] [5 7] [9 pad]
+    assert batch["logp"].tolist() == [[4, 6], [8, 0], [1, 3], [5, 7], [9, 0]]
+    assert batch["mask"].tolist() == [[1, 1], [1, 0], [1, 1], [1, 1], [1, 0]]
+    assert batch["state_in"][:, 0, 0].tolist() == [4, 8, 1, 5, 9]
+    assert batch["resets"].tolist() == [[0, 0], [0, 0], [0, 0], [0, 1], [0, 0]]
+    # Advantages standardize over the kept steps only, and the padding stays 0.
+    advantages = {"advantages": batch["logp"].copy(), "mask": batch["mask"]}
+    standardize_fields(advantages, ("advantages",))
+    kept = advantages["advantages"][batch["mask"] > 0]
+    assert abs(kept.mean()) < 1e-6 and abs(kept.std() - 1) < 1e-5
+    assert advantages["advantages"][batch["mask"] == 0].tolist() == [0, 0]
+
+
+def test_lstm_carries_its_state_across_fragments_and_resets_it_at_episode_starts():
+    spec = EnvSpec(f"{PROBES}:RecallCue")
+    policy = PolicySpec(*spec.spaces(), (16,), "tanh", model=ModelOptions(use_lstm=True,
+                                                                           max_seq_len=4))
+    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, 0, 0.99, 0.95, False)
+    first = worker.sample(5)["batch"]
+    assert first["obs"].shape == (4, 4, 3) and not first["state_in"][[0, 2]].any()
+    carried = worker.state.copy()
+    assert carried.any()
+    second = worker.sample(6)["batch"]  # RecallCue's episodes last 6 steps: one starts here
+    assert np.array_equal(second["state_in"][0], carried[0])
+    assert second["resets"].any()
+    # The loss evaluates the batch's sequences; its log-probabilities are the sampled ones.
+    tensors = {k: torch.as_tensor(v) for k, v in second.items()}
+    logp, _, _, steps = evaluate_batch(worker.policy, tensors)
+    np.testing.assert_allclose(logp.detach().numpy(), steps["logp"].numpy(), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_ppo_with_lstm_remembers_the_cue_and_without_it_stays_at_chance(tmp_path):
+    # Chance is 0.5: the answer step looks the same whatever the cue was.
+    for use_lstm, stop in (("true", 0.9), ("false", 2.0)):
+        _, _, result = train(
+            3, tmp_path / use_lstm, "--algo", "PPO", "--env", f"{PROBES}:RecallCue",
+            "--config", f'{{"use_lstm": {use_lstm}}}',
+            "--stop", f'{{"episode_return_mean": {stop}, "timesteps_total": 40000}}')
+        if use_lstm == "true":
+            assert result["episode_return_mean"] >= 0.9, result
+        else:
+            assert result["episode_return_mean"] <= 0.65, result
+
+
+def test_lstm_runs_resume_bit_identical_and_serve_a2c_a3c_and_impala(tmp_path):
+    # Fragments of 25 steps end mid-episode (RecallCue's last 6): the state crosses checkpoints.
+    config = ('{"use_lstm": true, "checkpoint_every": 1, "num_envs_per_worker": 3, '
+              '"rollout_fragment_length": 25}')
+    runs = {}
+    for name, stop in (("reference", 6), ("resumed", 3)):
+        runs[name] = tmp_path / name
+        proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", f"{PROBES}:RecallCue",
+                       "--run-dir", str(runs[name]), "--config", config,
+                       "--stop", f'{{"training_iteration": {stop}}}', timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_mpi(3, *MPIRL, "train", "--resume", str(runs["resumed"]),
+                   "--stop", '{"training_iteration": 6}', timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights = [_checkpoint(runs[name], 6, "learner_0.pkl")["weights"] for name in runs]
+    assert np.array_equal(*weights)
+    # The rollout ranks' states went into the checkpoint and came back.
+    assert _checkpoint(runs["reference"], 5, "rollout_0.pkl")["policy_state"].any()
+    for algo in ("A2C", "A3C", "IMPALA"):
+        _, run_dir, result = train(
+            3, tmp_path / algo, "--algo", algo, "--env", f"{PROBES}:RecallCue",
+            "--config", '{"use_lstm": true}', "--stop", '{"timesteps_total": 3000}')
+        assert result["episodes_total"] > 0 and np.isfinite(result["episode_return_mean"])
+
+
+def _checkpoint(run_dir: Path, iteration: int, name: str) -> dict:
+    with open(run_dir / "checkpoints" / f"checkpoint_{iteration:06d}" / name, "rb") as file:
+        return pickle.load(file)
+
+
 # Bad input: one line, before anything starts.
 
 class WrongShapes(torch.nn.Module):
@@ -184,8 +302,15 @@ class NotAModule:
     ("PPO", "CartPole-v1", {"encoder": "nature_cnn"}, "is for image observations"),
     ("PPO", f"{PROBES}:PixelTarget", {"encoder": "nature_cnn"}, "at least 36 pixels"),
     ("PPO", "CartPole-v1", {"cnn_dense_size": 0}, "cnn_dense_size"),
+    ("DQN", "CartPole-v1", {"use_lstm": True}, "use_lstm is for PPO, A2C, A3C and IMPALA"),
+    ("SAC", "Pendulum-v1", {"use_lstm": True}, "use_lstm is for PPO, A2C, A3C and IMPALA"),
+    ("ES", "CartPole-v1", {"use_lstm": True}, "use_lstm is for PPO, A2C, A3C and IMPALA"),
+    ("PPO", "CartPole-v1", {"use_lstm": True, "custom_model": "custom_models:ActorCritic"},
+     "use_lstm wraps mpirl's own model"),
+    ("PPO", "CartPole-v1", {"max_seq_len": 0}, "max_seq_len"),
 ])
-def test_bad_model_config_is_one_clear_error(algo, env, config, message):
+def test_bad_model_config_is_one_clear_error(algo, env, config, message, monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as error:
         make_request(algo, env, None, config, {}, None, None)
     assert "\n" not in str(error.value)

@@ -195,11 +195,15 @@ def _run_episodes(env, policy, obs_filter, episodes: int, seed: int, stochastic:
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         total, steps, done = 0.0, 0, False
+        state = policy.initial_state(1) if getattr(policy, "recurrent", False) else None
         while not done:
             batch = np.asarray(obs)[None]
             if obs_filter is not None:
                 batch = obs_filter.normalize(batch)
-            actions, _, _ = policy.act(batch, deterministic=not stochastic)
+            if state is not None:
+                actions, _, _, state = policy.step(batch, state, deterministic=not stochastic)
+            else:
+                actions, _, _ = policy.act(batch, deterministic=not stochastic)
             obs, reward, terminated, truncated, _ = env.step(policy.env_actions(actions)[0])
             total += float(reward)
             steps += 1

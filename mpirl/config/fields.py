@@ -151,6 +151,8 @@ RANGES: dict[str, Range] = {
     # Model and compute (hidden_sizes: each width)
     "hidden_sizes": at_least(1),
     "cnn_dense_size": at_least(1),
+    "lstm_cell_size": at_least(1),
+    "max_seq_len": at_least(1),
     "torch_threads": at_least(1),
     # Bookkeeping
     "metrics_window": at_least(1),
@@ -325,6 +327,16 @@ class CommonConfig:
     mpirl's model."""
     custom_model_config: dict = dataclasses.field(default_factory=dict)
     """Options passed to custom_model's (and custom_q_model's) constructor as its config."""
+    use_lstm: bool = False
+    """A recurrent policy (PPO, A2C, A3C, IMPALA): an LSTM between the encoder and the actor
+    and critic heads. Rollout ranks carry each env's state across fragments (and checkpoints);
+    the learners train on sequences of max_seq_len steps (IMPALA: whole fragments), with the
+    state reset at every episode start."""
+    lstm_cell_size: int = 64
+    """Units of the LSTM's cell with use_lstm."""
+    max_seq_len: int = 20
+    """Steps per training sequence with use_lstm (PPO, A2C, A3C): fragments are cut into
+    sequences this long, each starting from the state the rollout rank had there."""
     torch_threads: int = 1
     """torch threads per rank; 1 avoids oversubscribing cores shared by many ranks."""
 
@@ -349,7 +361,6 @@ class CommonConfig:
         if not isinstance(self.env_config, dict):
             raise ConfigError(f'config key "env_config" must be a JSON object of keyword '
                               f'arguments, got {json.dumps(self.env_config, default=repr)}')
-
 
 
 @dataclass

@@ -87,7 +87,9 @@ class EpisodeShard:
                 columns["returns"].append(returns_to_go(episode.rewards, source.gamma))
             self.rows = {k: np.concatenate(v) if v else np.zeros(0, np.float32)
                          for k, v in columns.items()}
-            self.rows["obs"] = self.rows["obs"].astype(np.float32, copy=False)
+            # uint8 images stay bytes (the model scales them); other observations are floats.
+            if self.rows["obs"].dtype != np.uint8:
+                self.rows["obs"] = self.rows["obs"].astype(np.float32, copy=False)
             self.dataset.close()
 
     def __len__(self) -> int:
@@ -104,8 +106,9 @@ class EpisodeShard:
                 gamma=self.source.gamma)
             self._stream_batch = size
         batch = next(self._stream)
-        return {"obs": batch["obs"].astype(np.float32, copy=False), "actions": batch["actions"],
-                "returns": batch["returns_to_go"]}
+        obs = batch["obs"] if batch["obs"].dtype == np.uint8 else batch["obs"].astype(np.float32,
+                                                                                   copy=False)
+        return {"obs": obs, "actions": batch["actions"], "returns": batch["returns_to_go"]}
 
 
 def load_shard(source: OfflineInput, comm) -> EpisodeShard:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import ConfigError, MpirlError, RankLost
+from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
 
@@ -35,7 +36,7 @@ def search_model_spec(observation_space: Any, action_space: Any, config: Any
                       ) -> DirectPolicySpec:
     """The deterministic policy that ES and ARS perturb."""
     return DirectPolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
-                            config.activation)
+                            config.activation, model_options(config))
 
 
 def check_search_config(config: Any, env: Any) -> None:

@@ -324,6 +324,9 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
             module.check_config(config, single)
         except ConfigError as error:
             raise ConfigError(f"policy {pid!r} ({algo}): {error}") from None
+    if getattr(config, "use_lstm", False):
+        raise ConfigError(f"policy {pid!r} ({algo}): use_lstm is for single-agent runs so far; "
+                          f"multi-agent rollouts carry no recurrent state. Leave it out.")
     try:
         spec = model_spec(module, obs_space, act_space, config)
         if getattr(config, "centralized_critic", False):

@@ -41,16 +41,23 @@ class ModelOptions:
     cnn_dense_size: int = 512
     custom_model: str = ""
     custom_model_config: Mapping[str, Any] = field(default_factory=dict)
+    use_lstm: bool = False
+    lstm_cell_size: int = 64
+    max_seq_len: int = 20
 
     def __hash__(self) -> int:  # the config dict is not hashable; the class path identifies it
-        return hash((self.encoder, self.cnn_dense_size, self.custom_model))
+        return hash((self.encoder, self.cnn_dense_size, self.custom_model, self.use_lstm,
+                     self.lstm_cell_size, self.max_seq_len))
 
 
 def model_options(config: Any) -> ModelOptions:
     """The ModelOptions of an algorithm config (any object with the model keys)."""
     return ModelOptions(getattr(config, "encoder", "auto"), getattr(config, "cnn_dense_size", 512),
                         getattr(config, "custom_model", ""),
-                        dict(getattr(config, "custom_model_config", {}) or {}))
+                        dict(getattr(config, "custom_model_config", {}) or {}),
+                        bool(getattr(config, "use_lstm", False)),
+                        int(getattr(config, "lstm_cell_size", 64)),
+                        int(getattr(config, "max_seq_len", 20)))
 
 
 # Structured (Dict and Tuple) observations.

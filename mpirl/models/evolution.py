@@ -8,7 +8,7 @@ order, no threads that could reorder a sum.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from mpirl.errors import ConfigError
+from mpirl.models.encoders import Encoder, ModelOptions
 from mpirl.models.policy import _ACTIVATIONS, FlatParameters
 
 
@@ -27,15 +28,17 @@ class DirectPolicySpec:
     action_space: gym.Space
     hidden_sizes: tuple[int, ...] = (32,)
     activation: str = "tanh"
+    model: ModelOptions = field(default_factory=ModelOptions)
 
     def build(self, device: str = "cpu") -> DirectPolicy:
         return DirectPolicy(self).to(device)
 
 
 class DirectPolicy(FlatParameters):
-    """An MLP (or a linear map) from a flat Box observation to a Discrete action (argmax) or a
+    """An MLP (or a linear map) from the encoder's features to a Discrete action (argmax) or a
     Box action (clipped to the space's bounds). No value function, no distribution: ES and ARS
-    score whole episodes."""
+    score whole episodes. Vectors go in as they are; images through a CNN (the catalog's), whose
+    weights are perturbed like the rest."""
 
     def __init__(self, spec: DirectPolicySpec) -> None:
         super().__init__()
@@ -43,9 +46,6 @@ class DirectPolicy(FlatParameters):
             raise ConfigError(f"activation must be one of {sorted(_ACTIVATIONS)}, "
                               f"got {spec.activation!r}")
         obs_space, act_space = spec.observation_space, spec.action_space
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise ConfigError(f"observation space {obs_space} is not supported by ES/ARS; "
-                              f"they take Box observations")
         if isinstance(act_space, gym.spaces.Discrete):
             self.kind, out = "discrete", int(act_space.n)
         elif isinstance(act_space, gym.spaces.Box):
@@ -54,7 +54,11 @@ class DirectPolicy(FlatParameters):
             raise ConfigError(f"action space {act_space} is not supported by ES/ARS; they take "
                               f"Discrete and Box actions")
         self.spec = spec
-        self.obs_dim = int(np.prod(obs_space.shape))
+        self.encoder = Encoder(obs_space, spec.model)
+        self.obs_dim = self.encoder.out_dim
+        # A CNN's population is evaluated through torch.func (vmap over weight vectors); the
+        # vector case keeps its batched matmuls.
+        self.functional = any(True for _ in self.encoder.parameters())
         sizes = [self.obs_dim, *spec.hidden_sizes, out]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:],
                                                                      strict=False))
@@ -66,8 +70,10 @@ class DirectPolicy(FlatParameters):
 
     def population_outputs(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Outputs ``[K, out]`` of K weight vectors ``params [K, P]`` (in ``get_flat_weights``
-        order), each on its own observation ``x [K, obs_dim]``: one batched matmul per layer."""
-        k, offset, h = params.shape[0], 0, x.unsqueeze(-1)
+        order), each on its own observation ``x [K, ...]``: one batched matmul per layer."""
+        if self.functional:
+            return self._population_functional(params, x)
+        k, offset, h = params.shape[0], 0, x.float().reshape(len(x), -1).unsqueeze(-1)
         for i, layer in enumerate(self.layers):
             out, inp = layer.out_features, layer.in_features
             weight = params[:, offset:offset + out * inp].view(k, out, inp)
@@ -79,6 +85,26 @@ class DirectPolicy(FlatParameters):
                 h = self.activation(h)
         return h.squeeze(-1)
 
+    def _population_functional(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        shapes = [(name, p.shape, p.numel()) for name, p in self.named_parameters()]
+
+        def one(flat: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+            tensors, offset = {}, 0
+            for name, shape, size in shapes:
+                tensors[name] = flat[offset:offset + size].view(shape)
+                offset += size
+            return torch.func.functional_call(self, tensors, (obs.unsqueeze(0),)).squeeze(0)
+
+        return torch.func.vmap(one)(params, x)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.encoder(obs)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = self.activation(x)
+        return x
+
     def to_actions(self, outputs: np.ndarray) -> np.ndarray:
         """Network outputs ``[B, out]`` as env actions (argmax, or clipped to the bounds)."""
         if self.kind == "discrete":
@@ -89,12 +115,7 @@ class DirectPolicy(FlatParameters):
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = True, critic_obs=None):
         """``(actions, None, None)`` for a batch, as ``Policy.act`` returns (evaluation)."""
-        x = torch.as_tensor(obs, dtype=torch.float32).reshape(-1, self.obs_dim)
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = self.activation(x)
-        outputs = x.numpy()
+        outputs = self(obs).numpy()
         return (outputs.argmax(-1) if self.kind == "discrete" else outputs), None, None
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:

@@ -147,6 +147,7 @@ class Policy(FlatParameters):
         # and, from a custom model, its log std.
         self.out_dim = 2 * out if self.kind == "box" and spec.model.custom_model else out
         self.custom: nn.Module | None = None
+        self.lstm: nn.LSTMCell | None = None
         if spec.model.custom_model:
             if spec.critic_inputs:
                 raise ConfigError("a centralized critic needs mpirl's own model; custom_model "
@@ -154,6 +155,9 @@ class Policy(FlatParameters):
             self.custom = build_custom_model(spec.model.custom_model, obs_space, act_space,
                                              spec.model.custom_model_config)
             self.encoder = None
+            if spec.model.use_lstm:
+                raise ConfigError("use_lstm wraps mpirl's own model; a custom_model keeps its "
+                                  "own state if it needs one. Leave one of them out.")
             return
         if self.kind == "box":
             self.log_std = nn.Parameter(torch.zeros(out))
@@ -162,6 +166,13 @@ class Policy(FlatParameters):
         self.encoder = Encoder(obs_space, spec.model)
         hidden = list(head_sizes(obs_space, spec.model, spec.hidden_sizes))
         features = self.encoder.out_dim
+        if spec.model.use_lstm:
+            if spec.critic_inputs:
+                raise ConfigError("use_lstm and a centralized critic do not combine yet; leave "
+                                  "one of them out")
+            # Actor and critic share the recurrent core, stepped once per env step.
+            self.lstm = nn.LSTMCell(features, spec.model.lstm_cell_size)
+            features = spec.model.lstm_cell_size
         self.obs_dim = features
         self.actor = _mlp([features, *hidden, out], spec.activation, out_gain=0.01)
         self.critic_dim = spec.critic_inputs or features
@@ -191,6 +202,64 @@ class Policy(FlatParameters):
             return inputs, values.reshape(-1)
         x = self.encode(obs)
         return self.actor(x), self.critic(self.critic_input(x, critic_obs)).squeeze(-1)
+
+    # Recurrent policies (use_lstm): a state [B, 2, cell] (h and c) per environment.
+
+    @property
+    def recurrent(self) -> bool:
+        return self.lstm is not None
+
+    def initial_state(self, count: int) -> np.ndarray:
+        """Zero states for ``count`` environments (None for a memoryless policy)."""
+        if self.lstm is None:
+            return None
+        return np.zeros((count, 2, self.lstm.hidden_size), np.float32)
+
+    def _core(self, obs: Any, state: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """One LSTM step: (features for the heads, the new state), both with grad."""
+        x = self.encode(obs)
+        state = torch.as_tensor(state, dtype=torch.float32, device=x.device)
+        h, c = self.lstm(x, (state[:, 0], state[:, 1]))
+        return h, torch.stack([h, c], 1)
+
+    @torch.no_grad()
+    def step(self, obs: np.ndarray, state: np.ndarray | None, deterministic: bool = False):
+        """``act`` for a policy with or without memory: ``(actions, log_probs, values,
+        new_state)``; the state is None for a memoryless policy."""
+        if self.lstm is None:
+            return (*self.act(obs, deterministic), None)
+        core, new_state = self._core(obs, state)
+        out, values = self.actor(core), self.critic(core).squeeze(-1)
+        actions, logp = self._sample(self.distribution(out), deterministic)
+        return (actions.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy(),
+                new_state.cpu().numpy())
+
+    def evaluate_sequences(self, obs: torch.Tensor, actions: torch.Tensor,
+                           state_in: torch.Tensor, resets: torch.Tensor):
+        """``(log_prob, entropy, value, final_state)`` along sequences (with grad): ``obs``
+        ``[S, L, ...]``, ``state_in`` ``[S, 2, cell]`` the state before each sequence's first
+        step, ``resets`` ``[S, L]`` 1 where a step starts an episode (its state starts at
+        zero). The first three are ``[S, L]``; ``final_state`` follows the last step."""
+        rows, length = resets.shape
+        x = self.encode(obs.flatten(0, 1)).view(rows, length, -1)  # the encoder, batched
+        state = torch.as_tensor(state_in, dtype=torch.float32, device=x.device)
+        h, c = state[:, 0], state[:, 1]
+        keep = (1.0 - resets.float()).unsqueeze(-1)
+        outputs = []
+        for t in range(length):
+            h, c = self.lstm(x[:, t], (h * keep[:, t], c * keep[:, t]))
+            outputs.append(h)
+        core = torch.stack(outputs, 1).flatten(0, 1)
+        dist = self.distribution(self.actor(core))
+        logp, entropy = self.log_prob_entropy(dist, actions.flatten(0, 1))
+        values = self.critic(core).squeeze(-1)
+        return (logp.view(rows, length), entropy.view(rows, length), values.view(rows, length),
+                torch.stack([h, c], 1))
+
+    def values_after(self, obs: Any, state: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
+        """Values of ``obs`` one step after ``state`` (zeroed where ``reset`` is 1)."""
+        state = state * (1.0 - reset.float()).view(-1, 1, 1)
+        return self.critic(self._core(obs, state)[0]).squeeze(-1)
 
     def action_device(self) -> torch.device:
         return next(self.parameters()).device
@@ -227,7 +296,10 @@ class Policy(FlatParameters):
                                device=x.device).reshape(-1, self.critic_dim)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, critic_obs: Any = None):
-        """``(log_prob, entropy, value)`` of ``actions`` under the current policy (with grad)."""
+        """``(log_prob, entropy, value)`` of ``actions`` under the current policy (with grad).
+        A recurrent policy evaluates sequences instead (``evaluate_batch``)."""
+        if self.lstm is not None:
+            raise ValueError("a recurrent policy evaluates sequences: use evaluate_batch")
         out, values = self.heads(obs, critic_obs)
         logp, entropy = self.log_prob_entropy(self.distribution(out), actions)
         return logp, entropy, values
@@ -241,8 +313,13 @@ class Policy(FlatParameters):
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = False, critic_obs: Any = None):
         """Sample actions for a batch: ``(actions, log_probs, values)`` as NumPy arrays."""
+        if self.lstm is not None:
+            raise ValueError("a recurrent policy acts through step(obs, state)")
         out, values = self.heads(obs, critic_obs)
-        dist = self.distribution(out)
+        actions, logp = self._sample(self.distribution(out), deterministic)
+        return actions.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy()
+
+    def _sample(self, dist, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if deterministic:
             if self.kind == "box":
                 actions = dist.mean
@@ -254,11 +331,13 @@ class Policy(FlatParameters):
             actions = torch.stack([d.sample() for d in dist], -1)
         else:
             actions = dist.sample()
-        logp, _ = self.log_prob_entropy(dist, actions)
-        return actions.cpu().numpy(), logp.cpu().numpy(), values.cpu().numpy()
+        return actions, self.log_prob_entropy(dist, actions)[0]
 
     @torch.no_grad()
-    def value(self, obs: np.ndarray, critic_obs: Any = None) -> np.ndarray:
+    def value(self, obs: np.ndarray, critic_obs: Any = None, state: Any = None) -> np.ndarray:
+        """Values of a batch; a recurrent policy takes each environment's ``state``."""
+        if self.lstm is not None:
+            return self.critic(self._core(obs, state)[0]).squeeze(-1).cpu().numpy()
         return self.values(obs, critic_obs).cpu().numpy()
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
@@ -270,6 +349,26 @@ class Policy(FlatParameters):
         if self.kind == "multi_discrete":
             return actions.reshape(-1, *space.shape).astype(space.dtype, copy=False)
         return actions
+
+
+#: Fields of a recurrent policy's batch that describe its sequences rather than its steps.
+SEQUENCE_FIELDS = ("obs", "actions", "state_in", "resets", "mask", "critic_obs")
+
+
+def evaluate_batch(policy: Policy, batch: dict[str, torch.Tensor]):
+    """``(log_prob, entropy, value, steps)`` of a minibatch under ``policy`` (with grad), where
+    ``steps`` holds the minibatch's per-step fields (``logp``, ``advantages``, ...) aligned with
+    the first three. A memoryless policy's minibatch is rows of steps and comes back as it is;
+    a recurrent policy's holds sequences ``[S, L]`` with a ``mask``, and only the steps the mask
+    keeps come out, flat. Losses written on it serve both."""
+    if "state_in" not in batch:
+        return (*policy.evaluate(batch["obs"], batch["actions"], batch.get("critic_obs")),
+                batch)
+    logp, entropy, values, _ = policy.evaluate_sequences(batch["obs"], batch["actions"],
+                                                         batch["state_in"], batch["resets"])
+    keep = batch["mask"].reshape(-1) > 0
+    steps = {k: v.flatten(0, 1)[keep] for k, v in batch.items() if k not in SEQUENCE_FIELDS}
+    return logp.reshape(-1)[keep], entropy.reshape(-1)[keep], values.reshape(-1)[keep], steps
 
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray,
@@ -338,6 +437,12 @@ def check_model(module: ModuleType, config: Any, observation_space: gym.Space,
     request before anything starts: an unknown encoder, a custom model that cannot be built or
     returns the wrong shapes, or a space no model takes is a ConfigError here, not a traceback
     on every rank later."""
+    if getattr(config, "use_lstm", False) and not getattr(module, "RECURRENT", False):
+        raise ConfigError(
+            f"use_lstm is for PPO, A2C, A3C and IMPALA, whose rollout ranks carry the state "
+            f"along each episode; {getattr(module, '__name__', 'it').rpartition('.')[2].upper()} "
+            f"learns from stored single steps (replay, dumps or perturbations) with no state to "
+            f"resume from. Leave use_lstm out.")
     model = model_spec(module, observation_space, action_space, config).build("cpu")
     if not getattr(config, "custom_model", "") and not getattr(config, "custom_q_model", ""):
         return

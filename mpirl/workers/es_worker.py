@@ -20,6 +20,7 @@ import torch
 from mpi4py import MPI
 
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
+from mpirl.models.encoders import has_image
 from mpirl.models.evolution import Adam, DirectPolicySpec, ars_step, es_step
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import RankContext, Worker
@@ -93,7 +94,9 @@ class PerturbationWorker(Worker):
             sub_env.reset(seed=self.seed + i)
         self.policy = policy.build("cpu")
         self.theta = self.policy.get_flat_weights()
-        self.normalize_observations = normalize_observations
+        # Images are scaled inside the model, never normalized.
+        self.normalize_observations = normalize_observations and not has_image(
+            policy.observation_space)
         self.obs_shape = policy.observation_space.shape
         self.filter = RunningMeanStd(self.obs_shape)
         self.rng = np.random.default_rng(self.seed)
@@ -116,7 +119,7 @@ class PerturbationWorker(Worker):
     def _observe(self, obs_rows: np.ndarray) -> torch.Tensor:
         if self.normalize_observations:
             obs_rows = self.filter.normalize(obs_rows)
-        return torch.from_numpy(obs_rows.reshape(len(obs_rows), -1).astype(np.float32))
+        return torch.from_numpy(obs_rows.astype(np.float32, copy=False))
 
     def run_generation(self, num_pairs: int, min_steps: int) -> dict[str, Any]:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
@@ -177,7 +180,7 @@ class PerturbationWorker(Worker):
                 outputs = self.policy.population_outputs(params[active], self._observe(raw)
                                                          ).numpy()
             training = np.array([slot_task[i][0] >= 0 for i in active])
-            if training.any():
+            if training.any() and self.normalize_observations:
                 delta.update(raw[training].astype(np.float64))
             if box and s["action_noise_std"] > 0:
                 outputs = outputs + training[:, None] * self.rng.normal(

@@ -61,6 +61,35 @@ def trajectory_batch(arrays: dict[str, np.ndarray], keep: np.ndarray,
     }
 
 
+def sequence_batch(batch: dict[str, np.ndarray], states: np.ndarray, starts: np.ndarray,
+                   keep: np.ndarray, length: int) -> dict[str, np.ndarray]:
+    """A recurrent policy's batch: ``[T, N, ...]`` step columns cut into sequences of ``length``
+    steps along each environment, ``[S, L, ...]``, the last one of each padded. ``state_in`` is
+    the state before each sequence's first step, ``resets`` marks the steps that start an
+    episode, and ``mask`` keeps the real steps (not padding, nor episodes an env failure cut
+    short). Sequences with no step to keep are left out."""
+    steps, envs = keep.shape
+    chunks = -(-steps // length)
+    pad = chunks * length - steps
+
+    def cut(value: np.ndarray) -> np.ndarray:
+        value = np.swapaxes(value, 0, 1)  # [N, T, ...]
+        if pad:
+            value = np.concatenate([value, np.zeros((envs, pad, *value.shape[2:]), value.dtype)],
+                                   1)
+        return value.reshape(envs * chunks, length, *value.shape[2:])
+
+    out = {key: cut(value) for key, value in batch.items()}
+    out["resets"] = cut(starts.astype(np.float32))
+    out["mask"] = cut(keep.astype(np.float32))
+    out["state_in"] = np.swapaxes(states, 0, 1)[:, ::length].reshape(envs * chunks,
+                                                                      *states.shape[2:])
+    used = out["mask"].any(1)
+    if not used.all():
+        out = {key: value[used] for key, value in out.items()}
+    return {key: np.ascontiguousarray(value) for key, value in out.items()}
+
+
 class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
@@ -98,6 +127,11 @@ class RolloutWorker(Worker):
         self._unreported_failures = 0  # not yet returned by sample()
         self._next_warning_at = 0.0
         self.policy = policy.build("cpu")
+        # A recurrent policy's state per env, zero at each episode's first step; carried across
+        # sample() calls and saved in checkpoints.
+        self.state = self.policy.initial_state(num_envs) \
+            if getattr(self.policy, "recurrent", False) else None
+        self.episode_starts = np.ones(num_envs, dtype=bool)
         self.gamma, self.lam = gamma, lam
         # Only real-valued vectors are normalized; a Discrete one is one-hot encoded, and images
         # stay as they are (uint8 on the wire, scaled inside the model).
@@ -121,6 +155,20 @@ class RolloutWorker(Worker):
         self.restores = 0
         self.envs_error: str | None = None  # why get_state could not pickle the envs
 
+    def _act(self, obs: np.ndarray, state: np.ndarray | None, deterministic: bool = False):
+        """``(actions, log_probs, values, next_state)``; the state is None without memory."""
+        if state is None:
+            return (*self.policy.act(obs, deterministic), None)
+        return self.policy.step(obs, state, deterministic)
+
+    def _state_kwargs(self, state: np.ndarray | None = None, rows: Any = slice(None)
+                      ) -> dict[str, Any]:
+        """``value()``'s state argument: a recurrent policy's ``state[rows]`` (the carried
+        state by default); nothing for a memoryless one."""
+        if self.state is None:
+            return {}
+        return {"state": (self.state if state is None else state)[rows]}
+
     def _normalize(self, obs: np.ndarray) -> np.ndarray:
         if not self.normalize_observations:
             return obs
@@ -140,6 +188,7 @@ class RolloutWorker(Worker):
         delta = RunningMeanStd(self.obs_shape)  # what this call saw, merged on the driver
         num_envs = self.envs.num_envs
         columns = {k: [] for k in ("obs", "actions", "logp", "values", "rewards", "dones")}
+        states, starts = [], []  # a recurrent policy's state before each step, episode starts
         returns, lengths = [], []
         # Rows of episodes cut short by an env failure are dropped after GAE.
         keep = np.ones((steps_per_env, num_envs), dtype=bool)
@@ -148,7 +197,10 @@ class RolloutWorker(Worker):
             if self.normalize_observations:
                 delta.update(self.obs)
             obs = self._normalize(self.obs)
-            actions, logp, values = self.policy.act(obs)
+            if self.state is not None:
+                states.append(self.state)
+                starts.append(self.episode_starts.copy())
+            actions, logp, values, next_state = self._act(obs, self.state)
             env_actions = self.policy.env_actions(actions)
             next_obs, rewards, terminated, truncated, infos = self.envs.step(env_actions)
             env_rewards = np.asarray(rewards, dtype=np.float32)  # recorded and reported
@@ -162,7 +214,8 @@ class RolloutWorker(Worker):
             if cut.any():
                 final = np.stack([infos["final_obs"][i] for i in np.flatnonzero(cut)])
                 rewards = rewards.copy()
-                rewards[cut] += self.gamma * self.policy.value(self._normalize(final))
+                rewards[cut] += self.gamma * self.policy.value(
+                    self._normalize(final), **self._state_kwargs(next_state, cut))
             for i in np.flatnonzero(done):
                 self.episode_ended(i, returns, lengths)
             self.episode_return[done] = 0.0
@@ -182,6 +235,10 @@ class RolloutWorker(Worker):
                 self.recorder.step(self.obs, env_actions, env_rewards, terminated, truncated,
                                    logp, infos, infos.get(EPISODE_DROPPED))
             episode_start[done] = t + 1
+            if next_state is not None:
+                next_state[done] = 0.0  # the next episode starts from a blank memory
+                self.state = next_state
+            self.episode_starts = done.copy()
             for key, value in (("obs", obs), ("actions", actions), ("logp", logp),
                                ("values", values), ("rewards", rewards), ("dones", done)):
                 columns[key].append(value)
@@ -189,12 +246,23 @@ class RolloutWorker(Worker):
         arrays = {k: np.stack(v) for k, v in columns.items()}
         if trajectories:
             batch = trajectory_batch(arrays, keep, self._normalize(self.obs))
+            if self.state is not None:  # one sequence per fragment (V-trace walks all of it)
+                batch["state_in"] = np.ascontiguousarray(states[0])
+                batch["resets"] = np.ascontiguousarray(np.swapaxes(np.stack(starts), 0, 1),
+                                                       dtype=np.float32)
             return self._finish_sample(batch, keep.size, returns, lengths, delta, send_to)
-        last_values = self.policy.value(self._normalize(self.obs))
+        last_values = self.policy.value(self._normalize(self.obs), **self._state_kwargs())
         advantages, targets = compute_gae(arrays["rewards"], arrays["values"],
                                           arrays["dones"].astype(np.float32), last_values,
                                           self.gamma, self.lam)
         count = steps_per_env * num_envs
+        if self.state is not None:
+            steps = {"obs": arrays["obs"], "actions": arrays["actions"], "logp": arrays["logp"],
+                     "values": arrays["values"], "advantages": advantages,
+                     "value_targets": targets}
+            batch = sequence_batch(steps, np.stack(states), np.stack(starts), keep,
+                                   self.policy.spec.model.max_seq_len)
+            return self._finish_sample(batch, count, returns, lengths, delta, send_to)
         batch = {
             "obs": arrays["obs"].reshape(count, *arrays["obs"].shape[2:]),
             "actions": arrays["actions"].reshape(count, *arrays["actions"].shape[2:]),
@@ -291,8 +359,9 @@ class RolloutWorker(Worker):
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
         returns, lengths, env_steps = [], [], 0
+        state = None if self.state is None else np.zeros_like(self.state)
         while quota.any():
-            actions, _, _ = self.policy.act(self._normalize(self.obs), deterministic)
+            actions, _, _, state = self._act(self._normalize(self.obs), state, deterministic)
             self.obs, rewards, terminated, truncated, infos = self.envs.step(
                 self.policy.env_actions(actions))
             env_steps += int((quota > 0).sum())
@@ -309,6 +378,12 @@ class RolloutWorker(Worker):
                 quota[i] -= 1
             self.episode_return[done | dropped] = 0.0
             self.episode_length[done | dropped] = 0
+            if state is not None:
+                state[done | dropped] = 0.0
+        # Sampling starts its interrupted episodes' successors from a blank memory.
+        if self.state is not None:
+            self.state[:] = 0.0
+        self.episode_starts[:] = True
         if self.recorder is not None:
             # The episodes now in progress began during evaluation, unrecorded: never dump them.
             self.recorder.untrack()
@@ -362,6 +437,7 @@ class RolloutWorker(Worker):
             "episode_return": self.episode_return, "episode_length": self.episode_length,
             "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
             "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
+            "policy_state": self.state, "episode_starts": self.episode_starts,
         }
 
     def save_state(self, directory: str, name: str) -> dict[str, Any]:
@@ -387,6 +463,9 @@ class RolloutWorker(Worker):
                 self.obs = state["obs"]
                 self.episode_return = state["episode_return"]
                 self.episode_length = state["episode_length"]
+                if self.state is not None and state.get("policy_state") is not None:
+                    self.state = state["policy_state"]
+                self.episode_starts = state.get("episode_starts", self.episode_starts)
                 restore_rng(state["rng"])
                 if self.recorder is not None:
                     self.recorder.untrack()  # their beginnings are in an earlier session
@@ -397,6 +476,9 @@ class RolloutWorker(Worker):
         self.obs, _ = self.envs.reset(seed=self.seed + 7_777_777 * self.restores)
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
+        if self.state is not None:
+            self.state[:] = 0.0
+        self.episode_starts[:] = True
         if self.recorder is not None:
             self.recorder.begin()
         restore_rng(state["rng"])
