@@ -20,6 +20,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from mpirl.envs.examples import MultiAgentCartPole
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.memory import rss_bytes
+from mpirl.workers.callbacks import Callbacks
 
 
 class Echo(Worker):
@@ -357,3 +358,20 @@ def swap_sides(agent_id: str, episode_info: dict[str, Any]) -> str:
     in odd ones the other way round."""
     first = agent_id.endswith("0")
     return "a" if first == (episode_info["episode"] % 2 == 0) else "b"
+
+
+class BatchBytesProbe(Callbacks):
+    """Adds to each learner result what its batch carried: the observations' bytes per element
+    (1 for uint8 images) and the batch's bytes per env step, as the rollout rank sent them."""
+
+    def on_learn_on_batch(self, *, learner: Any, batch: dict[str, Any],
+                          result: dict[str, Any]) -> None:
+        def nbytes(value: Any) -> int:
+            return int(value.nbytes) if hasattr(value, "nbytes") else \
+                int(value.element_size() * value.nelement())
+
+        steps = float(batch["mask"].sum()) if "mask" in batch else len(batch["obs"])
+        obs = batch["obs"]
+        result["probe/obs_itemsize"] = float(getattr(obs, "itemsize", None) or
+                                             obs.element_size())
+        result["probe/bytes_per_step"] = sum(nbytes(v) for v in batch.values()) / steps

@@ -18,6 +18,7 @@ from mpirl.config.fields import CommonConfig
 from mpirl.config.parse import build
 from mpirl.envs import atari
 from mpirl.errors import ConfigError
+from mpirl.execution.replay_ops import stacked_frames
 from mpirl.models.policy import PolicySpec, model_spec
 from mpirl.workers.env_spec import EnvSpec, env_spec_for
 from mpirl.workers.q_workers import TransitionWorker
@@ -161,6 +162,12 @@ def test_replay_holds_clipped_rewards_and_reports_the_score():
     worker.envs.close()
 
 
+def test_replay_stores_each_stacked_frame_once_for_atari_only():
+    assert stacked_frames(env_spec_for(BREAKOUT, None, {})) == 4
+    assert stacked_frames(env_spec_for(BREAKOUT, None, {"atari_frame_stack": 1})) == 1
+    assert stacked_frames(env_spec_for("CartPole-v1", None, {})) == 0
+
+
 def test_clip_rewards_auto_clips_atari_only():
     assert env_spec_for("CartPole-v1", None, {}) == EnvSpec("CartPole-v1")
     assert env_spec_for("CartPole-v1", None, {"clip_rewards": True}).clip_rewards
@@ -213,13 +220,26 @@ def test_envpool_runs_the_same_observations_with_same_step_autoreset():
     worker.envs.close()
 
 
-def test_ppo_trains_on_breakout_and_evaluates_it(tmp_path):
+#: One stacked observation, (4, 84, 84) uint8: what each step must cost on the wire, give or
+#: take its action, log-probability and value targets (float32 frames would be 4x).
+STACK_BYTES = 4 * 84 * 84
+
+
+@pytest.mark.parametrize("algo", ["IMPALA", "PPO"])
+def test_ppo_and_impala_run_20k_frames_of_breakout_with_uint8_to_the_learner(tmp_path, algo):
+    # 5,000 agent steps of frame skip 4; one SGD pass keeps PPO's CNN within CI's time.
     proc, run_dir, result = train(
-        3, tmp_path, "--algo", "PPO", "--env", BREAKOUT, "--stop", '{"timesteps_total": 1024}',
-        "--config", '{"num_envs_per_worker": 2, "rollout_fragment_length": 256, '
-                    '"num_epochs": 1}', timeout=120)
-    assert result["timesteps_total"] == 1024 and result["episodes_total"] >= 2
+        3, tmp_path, "--algo", algo, "--env", BREAKOUT, "--stop", '{"timesteps_total": 5000}',
+        "--config", json.dumps({"num_envs_per_worker": 4, "callbacks":
+                                "mpirl.testing:BatchBytesProbe",
+                                **({"num_epochs": 1} if algo == "PPO" else {})}), timeout=180)
+    assert result["timesteps_total"] >= 5000 and result["episodes_total"] >= 5
     assert result["episode_return_mean"] >= 0 and result["episode_len_mean"] > 20
+    # What the learners received, as the rollout ranks sent it: uint8 frames.
+    assert result["probe/obs_itemsize"] == 1
+    assert STACK_BYTES < result["probe/bytes_per_step"] < 1.05 * STACK_BYTES, result
+    if algo == "IMPALA":
+        return
     params = json.loads((run_dir / "params.json").read_text())
     assert params["config"]["atari_frame_stack"] == 4 and params["config"]["clip_rewards"] == \
         "auto"

@@ -1,5 +1,7 @@
 """The replay buffer: sum-tree sampling, n-step returns at episode ends, memory, uniformity."""
 
+from collections import deque
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -253,3 +255,73 @@ def test_apex_epsilons_span_the_papers_range():
     assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
     assert all(a > b for a, b in zip(eps, eps[1:], strict=False))
     assert apex_epsilons(1, 0.4, 7.0) == [0.4 ** 4.5]
+
+
+def _stacked_episodes(rng, steps, stack=4, size=6):
+    """Observations as a frame-stacking wrapper makes them (a reset fills the stack with its
+    first frame), with terminations, truncations (whose final observations continue the
+    stack) and their flags, one column."""
+    frames = deque(maxlen=stack)
+    obs, final, terminated, truncated = [], [], [], []
+
+    def frame():
+        return rng.integers(0, 256, (1, size, size), dtype=np.uint8)
+
+    def reset():
+        first = frame()
+        for _ in range(stack):
+            frames.append(first)
+
+    reset()
+    for _ in range(steps):
+        obs.append(np.concatenate(frames))
+        frames.append(frame())
+        end = rng.random()
+        terminated.append(end < 0.05)
+        truncated.append(0.05 <= end < 0.08)
+        if truncated[-1]:
+            final.append(np.concatenate(frames))
+        if terminated[-1] or truncated[-1]:
+            reset()
+    final = np.stack(final) if final else np.zeros((0, stack, size, size), np.uint8)
+    return np.stack(obs), final, np.array(terminated), np.array(truncated)
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_frame_stacks_are_stored_once_and_rebuilt_exactly(n_step):
+    rng = np.random.default_rng(0)
+    space = gym.spaces.Box(0, 255, (4, 6, 6), np.uint8)
+    buffers = [ReplayBuffer(200, 1, space, TWO_ACTIONS, ReplaySettings(n_step=n_step,
+                                                                     frame_stack=stack))
+               for stack in (0, 4)]
+    plain, stacked = buffers
+    assert stacked.frames is not None and stacked.obs.shape[2:] == (1, 6, 6)
+    for block in range(12):  # the ring wraps; one block comes after lost rows (a cut)
+        obs, final, terminated, truncated = _stacked_episodes(rng, 50)
+        if block == 7:
+            obs = obs[5:]
+            terminated, truncated = terminated[5:], truncated[5:]
+            final = final[-int(truncated.sum()):] if truncated.any() else final[:0]
+        for buffer in buffers:
+            buffer.add(np.array([0]), obs[:, None], np.zeros((len(obs), 1), np.int64),
+                       np.ones((len(obs), 1), np.float32), terminated[:, None],
+                       truncated[:, None], final if len(final) else None,
+                       cut=np.array([block == 7]))
+    rows = np.arange(plain.length)
+    streams = np.zeros_like(rows)
+    both = plain._is_start(streams, rows) & stacked._is_start(streams, rows)
+    assert both.sum() > 0.9 * stacked._is_start(streams, rows).sum() > 100
+    expected = plain._transitions(streams[both], rows[both])
+    rebuilt = stacked._transitions(streams[both], rows[both])
+    for key in ("obs", "next_obs", "rewards", "discounts"):
+        np.testing.assert_array_equal(rebuilt[key], expected[key])
+    # A row whose older frames are overwritten is never drawn.
+    assert not stacked._is_start(streams, rows)[stacked.frames.depth[0] >
+                                                 plain.length - 1 - plain._rows_after(
+                                                     streams, rows)].any()
+    # Bytes per transition: about one frame (36 bytes here), not four.
+    assert stacked.nbytes() < 0.45 * plain.nbytes()
+    copy = ReplayBuffer(200, 1, space, TWO_ACTIONS, ReplaySettings(n_step=n_step, frame_stack=4))
+    copy.set_state(stacked.get_state())
+    np.testing.assert_array_equal(copy._transitions(streams[both], rows[both])["obs"],
+                                  expected["obs"])

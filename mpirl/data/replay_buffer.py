@@ -65,6 +65,10 @@ class ReplaySettings:
     """Steps summed into each return before bootstrapping."""
     gamma: float = 0.99
     """Discount factor."""
+    frame_stack: int = 0
+    """Frames per stacked image observation (Atari's 4, channels first): each row then stores
+    only its newest frame and rebuilds the stack from the rows before it. 0 or 1: rows store
+    whole observations."""
 
     def check(self, batch_size: int, num_shards: int = 1) -> None:
         """ConfigError for settings no buffer can work with."""
@@ -196,6 +200,86 @@ class SumTree:
         self._refresh(np.arange(self.num_blocks))
 
 
+class FrameStackStore:
+    """What rebuilds stacked frames from rows that hold one frame each.
+
+    A stacked observation (K frames of C channels, oldest first) usually shares K - 1 frames
+    with the row before it. Row i then keeps only its newest frame, and ``depth[i]`` (0 to
+    K - 1) says how many rows before it hold its older frames; a stack that reaches back past
+    an episode's first row repeats that row's frame, as a reset fills the stack. A row whose
+    stack fits neither (rows lost between blocks, a wrapper that pads otherwise) is kept whole
+    in ``whole``, and so are the rows whose window would reach it. Every stack is checked
+    against its rebuild when written, so what comes out is exactly what went in."""
+
+    def __init__(self, streams: int, length: int, shape: tuple[int, ...], stack: int) -> None:
+        self.stack, self.channels = stack, shape[0] // stack
+        self.depth = np.zeros((streams, length), np.uint8)
+        #: (stream, row) -> its whole stack, for rows the newest frames cannot rebuild.
+        self.whole: dict[tuple[int, int], np.ndarray] = {}
+        #: Per stream: the last stack written, and the newest frames of the rows before the next
+        #: one that continue without a break (at most stack - 1).
+        self.last: list[np.ndarray | None] = [None] * streams
+        self.chain: list[list[np.ndarray]] = [[] for _ in range(streams)]
+
+    @staticmethod
+    def fits(shape: tuple[int, ...], dtype: Any, stack: int) -> bool:
+        return stack > 1 and len(shape) == 3 and shape[0] % stack == 0 and dtype == np.uint8
+
+    def nbytes(self) -> int:
+        return self.depth.nbytes + sum(v.nbytes for v in self.whole.values())
+
+    def write(self, stream: int, rows: np.ndarray, obs: np.ndarray) -> np.ndarray:
+        """Record how to rebuild each of ``obs`` (whole stacks, about to go to ``rows``); return
+        the newest frame of each, what the rows store."""
+        c, k = self.channels, self.stack
+        for row in rows:
+            self.whole.pop((stream, int(row)), None)
+        for row, stacked in zip(rows, obs, strict=True):
+            previous, chain = self.last[stream], self.chain[stream]
+            if previous is None or not np.array_equal(stacked[:-c], previous[c:]):
+                chain.clear()  # a break: a reset, or rows lost between blocks
+            newest = stacked[-c:]
+            depth = next((d for d in (len(chain), 0) if np.array_equal(
+                stacked, self._padded(chain[len(chain) - d:], newest))), None)
+            if depth is None:
+                self.whole[(stream, int(row))] = stacked.copy()
+            self.depth[stream, row] = depth or 0
+            chain.append(newest.copy())
+            del chain[:-(k - 1)]
+            self.last[stream] = stacked.copy()
+        return obs[:, -c:]
+
+    def _padded(self, older: list[np.ndarray], newest: np.ndarray) -> np.ndarray:
+        window = [*older, newest]
+        return np.concatenate([window[0]] * (self.stack - len(window)) + window)
+
+    def rebuild(self, stream: np.ndarray, row: np.ndarray, frames: np.ndarray,
+                length: int) -> np.ndarray:
+        """The stacked observations of rows ``(stream, row)``."""
+        k = self.stack
+        depth = self.depth[stream, row].astype(np.int64)
+        parts = []
+        for j in range(k):  # oldest first: frame j comes from min(k - 1 - j, depth) rows back
+            back = np.minimum(k - 1 - j, depth)
+            parts.append(frames[stream, (row - back) % length])
+        out = np.concatenate(parts, axis=1)
+        for i, key in enumerate(zip(stream.tolist(), row.tolist(), strict=True)):
+            whole = self.whole.get(key)
+            if whole is not None:
+                out[i] = whole
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        return {"depth": self.depth, "whole": self.whole, "last": self.last,
+                "chain": self.chain}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.depth[...] = state["depth"]
+        self.whole = dict(state["whole"])
+        self.last = list(state["last"])
+        self.chain = [list(frames) for frames in state["chain"]]
+
+
 class ReplayBuffer:
     """Rows of steps from ``num_streams`` environments, ``capacity`` rows in all.
 
@@ -212,7 +296,12 @@ class ReplayBuffer:
         self.num_streams = num_streams
         self.length = max(2, math.ceil(capacity / num_streams))  # rows per stream
         s, n = num_streams, self.length
-        self.obs = np.zeros((s, n, *observation_space.shape), observation_space.dtype)
+        shape = tuple(observation_space.shape)
+        self.stack = FrameStackStore.fits(shape, observation_space.dtype, settings.frame_stack)
+        # With frame stacks each row holds one frame; FrameStackStore keeps what rebuilds them.
+        row_shape = (shape[0] // settings.frame_stack, *shape[1:]) if self.stack else shape
+        self.obs = np.zeros((s, n, *row_shape), observation_space.dtype)
+        self.frames = FrameStackStore(s, n, shape, settings.frame_stack) if self.stack else None
         self.actions = np.zeros((s, n, *action_space.shape), action_space.dtype)
         self.rewards = np.zeros((s, n), np.float32)
         self.flags = np.zeros((s, n), np.uint8)
@@ -233,7 +322,8 @@ class ReplayBuffer:
     def nbytes(self) -> int:
         """Bytes of every array the buffer holds (the sum tree included)."""
         arrays = [self.obs, self.actions, self.rewards, self.flags, self.written]
-        return sum(a.nbytes for a in arrays) + (0 if self.tree is None else self.tree.nbytes())
+        return (sum(a.nbytes for a in arrays) + (0 if self.tree is None else self.tree.nbytes())
+                + (0 if self.frames is None else self.frames.nbytes()))
 
     # Writing.
 
@@ -283,6 +373,8 @@ class ReplayBuffer:
             self.written[stream] += count - self.length
             count = self.length
         rows = (self.written[stream] + np.arange(count)) % self.length
+        if self.frames is not None:
+            obs = self.frames.write(stream, rows, obs)
         self.obs[stream, rows] = obs
         self.actions[stream, rows] = actions
         self.rewards[stream, rows] = rewards
@@ -358,6 +450,9 @@ class ReplayBuffer:
         """Rows that start a complete n-step transition (its rows are all written)."""
         ok = (self.flags[stream, row] & OBS_ONLY) == 0
         ok &= self._generation(stream, row) >= 0
+        if self.frames is not None:  # the rows its stack is rebuilt from are still held
+            ok &= self.frames.depth[stream, row] <= self.length - 1 - self._rows_after(stream,
+                                                                                       row)
         after = self._rows_after(stream, row)
         live = ok.copy()  # walk still going
         for k in range(self.settings.n_step):
@@ -387,8 +482,14 @@ class ReplayBuffer:
             terminal = live & ((flags & TERMINATED) != 0)
             discount[terminal] = 0.0
             live &= ~terminal
-        return {"obs": self.obs[stream, row], "actions": self.actions[stream, row],
-                "rewards": returns, "discounts": discount, "next_obs": self.obs[stream, boot]}
+        return {"obs": self._observations(stream, row), "actions": self.actions[stream, row],
+                "rewards": returns, "discounts": discount,
+                "next_obs": self._observations(stream, boot)}
+
+    def _observations(self, stream: np.ndarray, row: np.ndarray) -> np.ndarray:
+        if self.frames is None:
+            return self.obs[stream, row]
+        return self.frames.rebuild(stream, row, self.obs, self.length)
 
     # Priorities.
 
@@ -412,6 +513,8 @@ class ReplayBuffer:
         state = {"obs": self.obs, "actions": self.actions, "rewards": self.rewards,
                  "flags": self.flags, "written": self.written, "max_priority": self.max_priority,
                  "rng": self.rng.bit_generator.state}
+        if self.frames is not None:
+            state["frames"] = self.frames.get_state()
         if self.tree is not None:
             state["priority_codes"] = self.tree.get_state()
         return state
@@ -420,8 +523,13 @@ class ReplayBuffer:
         if state["obs"].shape != self.obs.shape:
             raise ConfigError(f"the checkpoint's replay shard has shape {state['obs'].shape[:2]} "
                               f"(streams, rows); this run's has {self.obs.shape[:2]}")
+        if (self.frames is None) != ("frames" not in state):
+            raise ConfigError("the checkpoint's replay shard stores frame stacks differently "
+                              "(atari_frame_stack changed); resume with the run's setting")
         for key in ("obs", "actions", "rewards", "flags", "written"):
             getattr(self, key)[...] = state[key]
+        if self.frames is not None:
+            self.frames.set_state(state["frames"])
         self.max_priority = state["max_priority"]
         self.rng.bit_generator.state = state["rng"]
         if self.tree is not None:

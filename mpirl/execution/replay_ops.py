@@ -35,11 +35,13 @@ from mpirl.workers.replay_shard import ReplayShard
 # What DQN and Ape-X share: the replay group, the config checks, the sampling loops.
 
 
-def replay_settings(config: Any) -> ReplaySettings:
-    """The replay keys of a DQN-family config."""
+def replay_settings(config: Any, frame_stack: int = 0) -> ReplaySettings:
+    """The replay keys of a DQN-family config; ``frame_stack``: the env's stacked frames per
+    observation (Atari's), stored once each."""
     return ReplaySettings(config.buffer_size, config.prioritized_replay,
                           config.prioritized_replay_alpha, config.prioritized_replay_beta,
-                          config.prioritized_replay_eps, config.n_step, config.gamma)
+                          config.prioritized_replay_eps, config.n_step, config.gamma,
+                          frame_stack)
 
 
 def replay_beta(config: Any, timesteps: int) -> float:
@@ -66,6 +68,12 @@ def check_q_config(config: Any, env: Any, algo: str, continuous: bool = False) -
                           f"is {action_space}. Use DQN or PPO for discrete actions.")
 
 
+def stacked_frames(env: Any) -> int:
+    """Frames per observation that the env's preprocessing stacks (Atari's), else 0."""
+    atari = getattr(env, "atari", None)
+    return atari.frame_stack if atari is not None else 0
+
+
 def spawn_replay(algo: Any) -> WorkerGroup:
     """The replay shards of ``algo``: one per replay rank, or one in the driver's process when
     there are none. Rollout worker i feeds shard i mod K, each of its envs a stream of its own.
@@ -76,8 +84,8 @@ def spawn_replay(algo: Any) -> WorkerGroup:
     observation_space, action_space = algo.env.spaces()
     replay = algo.driver.spawn(
         REPLAY, ReplayShard, config.buffer_size // shards, streams, observation_space,
-        action_space, replay_settings(config), shards, config.num_envs_per_worker, config.seed,
-        local_if_empty=True)
+        action_space, replay_settings(config, stacked_frames(algo.env)), shards,
+        config.num_envs_per_worker, config.seed, local_if_empty=True)
     algo.extra_groups.append(replay)
     return replay
 
