@@ -161,6 +161,16 @@ def test_dict_observations_and_multidiscrete_actions_learn(tmp_path, env, thresh
         3, tmp_path, "--algo", "PPO", "--env", f"{PROBES}:{env}",
         "--stop", f'{{"episode_return_mean": {threshold}, "timesteps_total": 60000}}')
     assert result["episode_return_mean"] >= threshold > 2 * chance, result
+    # The exported file rebuilds the model from its spaces alone (a Dict's structure too).
+    exported = tmp_path / "policy.npz"
+    proc = subprocess.run([*MPIRL, "export", str(run_dir), "-o", str(exported)],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([*MPIRL, "evaluate", str(exported), "--env", f"{PROBES}:{env}",
+                           "--episodes", "10", "--json"],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["return_mean"] >= threshold - 1, proc.stdout
 
 
 def test_a_custom_model_from_a_users_module_trains_ppo_and_dqn(tmp_path):

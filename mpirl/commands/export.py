@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from mpirl.errors import CheckpointError, ConfigError
+from mpirl.models.encoders import StructuredBox
 from mpirl.models.policy import RunningMeanStd, model_spec
 
 FORMAT = "mpirl-policy"
@@ -39,6 +40,18 @@ HEADER = "header"
 
 def _space_to_json(space: gym.Space, prefix: str, arrays: dict[str, np.ndarray]
                    ) -> dict[str, Any]:
+    # Dict and Tuple observations: the model cuts its flat vector by their structure.
+    if isinstance(space, StructuredBox):
+        return {"type": "StructuredBox",
+                "structure": _space_to_json(space.structure, f"{prefix}/structure", arrays)}
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "Dict", "spaces": {key: _space_to_json(sub, f"{prefix}/{key}", arrays)
+                                           for key, sub in space.spaces.items()}}
+    if isinstance(space, gym.spaces.Tuple):
+        return {"type": "Tuple", "spaces": [_space_to_json(sub, f"{prefix}/{i}", arrays)
+                                            for i, sub in enumerate(space.spaces)]}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
     if isinstance(space, gym.spaces.Box):
         arrays[f"{prefix}/low"], arrays[f"{prefix}/high"] = space.low, space.high
         return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype)}
@@ -53,6 +66,16 @@ def _space_to_json(space: gym.Space, prefix: str, arrays: dict[str, np.ndarray]
 def _space_from_json(entry: dict[str, Any], prefix: str, arrays: dict[str, np.ndarray]
                      ) -> gym.Space:
     kind = entry.get("type")
+    if kind == "StructuredBox":
+        return StructuredBox(_space_from_json(entry["structure"], f"{prefix}/structure", arrays))
+    if kind == "Dict":
+        return gym.spaces.Dict({key: _space_from_json(sub, f"{prefix}/{key}", arrays)
+                                for key, sub in entry["spaces"].items()})
+    if kind == "Tuple":
+        return gym.spaces.Tuple([_space_from_json(sub, f"{prefix}/{i}", arrays)
+                                 for i, sub in enumerate(entry["spaces"])])
+    if kind == "MultiBinary":
+        return gym.spaces.MultiBinary(entry["n"])
     if kind == "Box":
         return gym.spaces.Box(arrays[f"{prefix}/low"], arrays[f"{prefix}/high"],
                               tuple(entry["shape"]), np.dtype(entry["dtype"]))
