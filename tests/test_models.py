@@ -243,12 +243,18 @@ def test_lstm_carries_its_state_across_fragments_and_resets_it_at_episode_starts
 def test_ppo_with_lstm_remembers_the_cue_and_without_it_stays_at_chance(tmp_path):
     # Chance is 0.5: the answer step looks the same whatever the cue was.
     for use_lstm, stop in (("true", 0.9), ("false", 2.0)):
-        _, _, result = train(
+        _, run_dir, result = train(
             3, tmp_path / use_lstm, "--algo", "PPO", "--env", f"{PROBES}:RecallCue",
             "--config", f'{{"use_lstm": {use_lstm}}}',
             "--stop", f'{{"episode_return_mean": {stop}, "timesteps_total": 40000}}')
         if use_lstm == "true":
             assert result["episode_return_mean"] >= 0.9, result
+            # mpirl evaluate carries the state along each episode, as sampling did.
+            proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "20",
+                                   "--json"], capture_output=True, text=True, timeout=120,
+                                  env=mpi_env())
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout)["return_mean"] >= 0.9, proc.stdout
         else:
             assert result["episode_return_mean"] <= 0.65, result
 
