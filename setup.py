@@ -66,7 +66,8 @@ setup(
         # Multi-agent envs: PettingZoo's own (rps_v2, AEC conversion) and MPE's.
         "multiagent": ["pettingzoo>=1.25", "mpe2>=1.0"],
         # Peers for side-by-side benchmarks only.
-        "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4"],
+        # opencv: RLlib's Atari wrapper (benchmarks/atari.py).
+        "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4", "opencv-python-headless>=4.8"],
     },
     entry_points={"console_scripts": ["mpirl=mpirl.cli:entry"]},
     classifiers=[
