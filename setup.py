@@ -58,7 +58,7 @@ setup(
         # envs.
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1",
                 "minari==0.5.3", "tensorboard>=2.15", "wandb>=0.17", "mlflow>=2.10",
-                "mkdocs>=1.6", "pettingzoo>=1.25", "mpe2>=1.0", "ale-py>=0.9"],
+                "mkdocs>=1.6", "pettingzoo>=1.25", "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8"],
         # Atari games (ALE/ ids): ale-py ships the ROMs.
         "atari": ["ale-py>=0.9"],
         # env_backend "envpool": EnvPool's batched Atari envs (ale-py still plays mpirl evaluate).
