@@ -62,6 +62,7 @@ from harness import (
     run_role,
     skipped,
     tail,
+    timed_rates,
     write_report,
 )
 
@@ -227,17 +228,10 @@ def _breakout_worker(backend: str) -> Any:
 
 
 def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:
-    """Call ``step_block`` (which returns agent steps done) for ``env_warmup_s`` untimed, then
-    in ``env_reps`` timed blocks of at least ``env_block_s``; frames per second, median."""
-    deadline = time.perf_counter() + plan.env_warmup_s
-    while time.perf_counter() < deadline:
-        step_block()
-    rates = []
-    for _ in range(plan.env_reps):
-        steps, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < plan.env_block_s:
-            steps += step_block()
-        rates.append(steps * FRAME_SKIP / elapsed)
+    """Env frames per second of ``step_block`` (which returns agent steps done): the median of
+    ``env_reps`` timed blocks of at least ``env_block_s`` after ``env_warmup_s`` untimed."""
+    rates = [rate * FRAME_SKIP for rate in timed_rates(step_block, plan.env_warmup_s,
+                                                       plan.env_block_s, plan.env_reps)]
     return {"frames_per_s": statistics.median(rates), "frames_per_s_per_block": rates}
 
 

@@ -271,3 +271,19 @@ def print_problems(entries: Mapping[str, dict[str, Any]]) -> None:
     left_out = [name for name, entry in entries.items() if "skipped" in entry]
     if left_out:
         print(f"not measured (--peers): {', '.join(left_out)}")
+
+
+def timed_rates(step_block: Callable[[], int], warmup_s: float, block_s: float,
+                reps: int) -> list[float]:
+    """Call ``step_block`` (which returns the steps it did) for ``warmup_s`` untimed, then in
+    ``reps`` timed blocks of at least ``block_s`` each; the steps per second of each block."""
+    deadline = time.perf_counter() + warmup_s
+    while time.perf_counter() < deadline:
+        step_block()
+    rates = []
+    for _ in range(reps):
+        steps, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < block_s:
+            steps += step_block()
+        rates.append(steps / elapsed)
+    return rates

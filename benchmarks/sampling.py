@@ -47,6 +47,7 @@ from harness import (
     print_table,
     ratio,
     run_metadata,
+    timed_rates,
     write_report,
 )
 
@@ -78,17 +79,9 @@ QUICK = Plan(warmup_s=0.3, block_s=0.5, reps=2)
 
 
 def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:
-    """Call ``step_block`` (which returns env steps done) for ``warmup_s`` untimed, then in
-    ``reps`` timed blocks of at least ``block_s``; steps per second, median over the blocks."""
-    deadline = time.perf_counter() + plan.warmup_s
-    while time.perf_counter() < deadline:
-        step_block()
-    rates = []
-    for _ in range(plan.reps):
-        steps, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < plan.block_s:
-            steps += step_block()
-        rates.append(steps / elapsed)
+    """Env steps per second of ``step_block`` (which returns the steps it did): the median of
+    ``reps`` timed blocks of at least ``block_s`` after ``warmup_s`` untimed."""
+    rates = timed_rates(step_block, plan.warmup_s, plan.block_s, plan.reps)
     return {"steps_per_s": statistics.median(rates), "steps_per_s_per_block": rates}
 
 
