@@ -22,6 +22,7 @@ from mpirl.errors import ConfigError
 from mpirl.models.encoders import Encoder, ModelOptions, StructuredBox, channels_first
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import PolicySpec, evaluate_batch
+from mpirl.models.q_network import QSpec, dqn_loss
 from mpirl.models.soft_q import SACSpec, sac_loss
 from mpirl.workers.env_spec import EnvSpec
 from mpirl.workers.rollout import RolloutWorker, sequence_batch
@@ -90,6 +91,20 @@ def test_image_observations_stay_uint8_on_the_wire(trajectories):
     # fields and pickle's framing add a few dozen bytes, not the 4x of float32.
     per_step = len(pickle.dumps(batch, protocol=5)) / 32
     assert 300 <= per_step <= 300 + 150, per_step
+
+
+def test_q_networks_take_images_through_a_cnn_with_linear_dueling_heads():
+    # DQN and Ape-X on Atari: the Nature CNN, then the dueling heads on its 512 units.
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    spec = QSpec(space, gym.spaces.Discrete(4), (256, 256), "relu", True)
+    model, target = spec.build(), spec.build()
+    assert model.encoder.images[0].kind == "nature_cnn" and model.advantage.in_features == 512
+    obs = torch.as_tensor(np.stack([space.sample() for _ in range(5)]))
+    batch = {"obs": obs, "next_obs": obs, "actions": torch.zeros(5), "rewards": torch.ones(5),
+             "discounts": torch.full((5,), 0.99), "weights": torch.ones(5)}
+    loss, td, _ = dqn_loss(model, target, batch, type("C", (), {"double_q": True}))
+    loss.backward()
+    assert td.shape == (5,) and all(p.grad is not None for p in model.parameters())
 
 
 def test_sac_takes_a_custom_actor_and_critics_and_a_cnn(monkeypatch):
