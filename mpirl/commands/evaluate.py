@@ -23,7 +23,7 @@ from mpirl.config.parse import build
 from mpirl.errors import CheckpointError, ConfigError
 from mpirl.execution.algorithm import load_algorithm
 from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
-from mpirl.models.policy import RunningMeanStd, model_spec
+from mpirl.models.policy import RunningMeanStd, act_with_state, model_spec
 from mpirl.runtime.state_files import read_state_file
 from mpirl.workers.env_spec import EnvSpec, env_spec_for
 
@@ -200,10 +200,7 @@ def _run_episodes(env, policy, obs_filter, episodes: int, seed: int, stochastic:
             batch = np.asarray(obs)[None]
             if obs_filter is not None:
                 batch = obs_filter.normalize(batch)
-            if state is not None:
-                actions, _, _, state = policy.step(batch, state, deterministic=not stochastic)
-            else:
-                actions, _, _ = policy.act(batch, deterministic=not stochastic)
+            actions, _, _, state = act_with_state(policy, batch, state, not stochastic)
             obs, reward, terminated, truncated, _ = env.step(policy.env_actions(actions)[0])
             total += float(reward)
             steps += 1

@@ -297,11 +297,11 @@ class ReplayBuffer:
         self.length = max(2, math.ceil(capacity / num_streams))  # rows per stream
         s, n = num_streams, self.length
         shape = tuple(observation_space.shape)
-        self.stack = FrameStackStore.fits(shape, observation_space.dtype, settings.frame_stack)
+        stacked = FrameStackStore.fits(shape, observation_space.dtype, settings.frame_stack)
         # With frame stacks each row holds one frame; FrameStackStore keeps what rebuilds them.
-        row_shape = (shape[0] // settings.frame_stack, *shape[1:]) if self.stack else shape
+        row_shape = (shape[0] // settings.frame_stack, *shape[1:]) if stacked else shape
         self.obs = np.zeros((s, n, *row_shape), observation_space.dtype)
-        self.frames = FrameStackStore(s, n, shape, settings.frame_stack) if self.stack else None
+        self.frames = FrameStackStore(s, n, shape, settings.frame_stack) if stacked else None
         self.actions = np.zeros((s, n, *action_space.shape), action_space.dtype)
         self.rewards = np.zeros((s, n), np.float32)
         self.flags = np.zeros((s, n), np.uint8)

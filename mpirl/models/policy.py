@@ -223,11 +223,8 @@ class Policy(FlatParameters):
         return h, torch.stack([h, c], 1)
 
     @torch.no_grad()
-    def step(self, obs: np.ndarray, state: np.ndarray | None, deterministic: bool = False):
-        """``act`` for a policy with or without memory: ``(actions, log_probs, values,
-        new_state)``; the state is None for a memoryless policy."""
-        if self.lstm is None:
-            return (*self.act(obs, deterministic), None)
+    def step(self, obs: np.ndarray, state: np.ndarray, deterministic: bool = False):
+        """``act`` for a recurrent policy: ``(actions, log_probs, values, new_state)``."""
         core, new_state = self._core(obs, state)
         out, values = self.actor(core), self.critic(core).squeeze(-1)
         actions, logp = self._sample(self.distribution(out), deterministic)
@@ -349,6 +346,15 @@ class Policy(FlatParameters):
         if self.kind == "multi_discrete":
             return actions.reshape(-1, *space.shape).astype(space.dtype, copy=False)
         return actions
+
+
+def act_with_state(model: Any, obs: np.ndarray, state: np.ndarray | None,
+                   deterministic: bool = False):
+    """``(actions, log_probs, values, next_state)`` from any model: a recurrent policy steps
+    its ``state``; any other model (``state`` None) acts, and the state stays None."""
+    if state is None:
+        return (*model.act(obs, deterministic), None)
+    return model.step(obs, state, deterministic)
 
 
 #: Fields of a recurrent policy's batch that describe its sequences rather than its steps.

@@ -100,11 +100,18 @@ class EnvSpec:
                                   f"{error}") from None
 
     def spaces(self) -> tuple[gym.Space, gym.Space]:
-        env = self.make()
-        try:
-            return env.observation_space, env.action_space
-        finally:
-            env.close()
+        """The env's observation and action spaces. An env is built for them once per spec:
+        the request's checks, the model check and the driver's setup all ask (an Atari env
+        loads its ROM each time)."""
+        cached = self.__dict__.get("_spaces")
+        if cached is None:
+            env = self.make()
+            try:
+                cached = (env.observation_space, env.action_space)
+            finally:
+                env.close()
+            object.__setattr__(self, "_spaces", cached)  # not a field: equality ignores it
+        return cached
 
 
 def env_spec_for(env_id: str, env_module: str | None, config: Mapping[str, Any]) -> EnvSpec:

@@ -26,7 +26,7 @@ from mpirl.data.episode_recorder import EpisodeRecorder
 from mpirl.envs.atari import EnvPoolVectorEnv
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.encoders import has_image
-from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
+from mpirl.models.policy import PolicySpec, RunningMeanStd, act_with_state, compute_gae
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
@@ -155,12 +155,6 @@ class RolloutWorker(Worker):
         self.restores = 0
         self.envs_error: str | None = None  # why get_state could not pickle the envs
 
-    def _act(self, obs: np.ndarray, state: np.ndarray | None, deterministic: bool = False):
-        """``(actions, log_probs, values, next_state)``; the state is None without memory."""
-        if state is None:
-            return (*self.policy.act(obs, deterministic), None)
-        return self.policy.step(obs, state, deterministic)
-
     def _state_kwargs(self, state: np.ndarray | None = None, rows: Any = slice(None)
                       ) -> dict[str, Any]:
         """``value()``'s state argument: a recurrent policy's ``state[rows]`` (the carried
@@ -200,7 +194,7 @@ class RolloutWorker(Worker):
             if self.state is not None:
                 states.append(self.state)
                 starts.append(self.episode_starts.copy())
-            actions, logp, values, next_state = self._act(obs, self.state)
+            actions, logp, values, next_state = act_with_state(self.policy, obs, self.state)
             env_actions = self.policy.env_actions(actions)
             next_obs, rewards, terminated, truncated, infos = self.envs.step(env_actions)
             env_rewards = np.asarray(rewards, dtype=np.float32)  # recorded and reported
@@ -361,7 +355,8 @@ class RolloutWorker(Worker):
         returns, lengths, env_steps = [], [], 0
         state = None if self.state is None else np.zeros_like(self.state)
         while quota.any():
-            actions, _, _, state = self._act(self._normalize(self.obs), state, deterministic)
+            actions, _, _, state = act_with_state(self.policy, self._normalize(self.obs), state,
+                                                  deterministic)
             self.obs, rewards, terminated, truncated, infos = self.envs.step(
                 self.policy.env_actions(actions))
             env_steps += int((quota > 0).sum())
