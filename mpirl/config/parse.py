@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from mpirl.config.fields import check_ranges
@@ -19,16 +20,30 @@ T = TypeVar("T")
 
 
 def parse_json_object(text: str, flag: str) -> dict[str, Any]:
-    """Parse ``text`` given to ``flag`` as a JSON object, or raise ConfigError saying why."""
+    """Parse ``text`` given to ``flag`` as a JSON object, or raise ConfigError saying why.
+    ``@path`` reads the object from that file (for instance a tuned config from
+    ``examples/tuned/``)."""
+    source = text
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            text = path.read_text()
+        except OSError as error:
+            raise ConfigError(f"{flag} {source}: cannot read {str(path)!r} "
+                              f"({error.strerror or error}); give @ a JSON file's path, "
+                              f"or the JSON object itself") from None
+        source = f"{path} (from {flag} @)"
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         raise ConfigError(
-            f"{flag} is not valid JSON ({error.msg} at character {error.pos}): {text!r}. "
-            f"Example: {flag} '{{\"num_rollout_workers\": 2}}'"
+            f"{flag} is not valid JSON ({error.msg} at character {error.pos}): "
+            f"{source if source != text else repr(text)}. "
+            f"Example: {flag} '{{\"num_rollout_workers\": 2}}' or {flag} @tuned.json"
         ) from None
     if not isinstance(value, dict):
-        raise ConfigError(f"{flag} must be a JSON object like '{{\"key\": value}}', got {text!r}")
+        raise ConfigError(f"{flag} must be a JSON object like '{{\"key\": value}}', "
+                          f"got {text!r}" + (f" in {source}" if source != text else ""))
     return value
 
 

@@ -57,7 +57,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     train.add_argument("--env", help="a gymnasium id such as CartPole-v1, or module:ClassName")
     train.add_argument("--env-module", help="import this module first (it registers the env id)")
     train.add_argument("--config", default="{}", metavar="JSON",
-                       help='algorithm, layout and runtime keys, e.g. \'{"num_learners": 2}\'')
+                       help='algorithm, layout and runtime keys, e.g. \'{"num_learners": 2}\', '
+                            'or @FILE.json (e.g. @examples/tuned/impala_breakout.json)')
     train.add_argument("--stop", default="{}", metavar="JSON",
                        help='stop criteria, any one ends the run, e.g. \'{"episode_return_mean": '
                             '475, "timesteps_total": 200000}\' (default: 1,000,000 steps)')
