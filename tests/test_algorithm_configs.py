@@ -6,11 +6,12 @@ algorithm exposes, so that params.json, ``--config`` and checkpoints see the sam
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from mpirl.config.fields import field_docs
-from mpirl.config.parse import build
+from mpirl.config.parse import build, parse_json_object
 from mpirl.errors import ConfigError
 from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
 
@@ -169,3 +170,27 @@ def test_dead_keys_are_gone(name, key):
     # SAC's target network follows tau after every step; A3C's one learner makes no allreduce.
     with pytest.raises(ConfigError, match=key):
         build(config_class(name), {key: 1})
+
+
+TUNED = sorted((Path(__file__).resolve().parent.parent / "examples" / "tuned").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", TUNED, ids=[p.stem for p in TUNED])
+def test_tuned_configs_read_with_at_and_build_for_their_algorithm(path):
+    # examples/tuned/<algo>_<env>.json: every key must exist for that algorithm.
+    config = parse_json_object(f"@{path}", "--config")
+    assert config == json.loads(path.read_text())
+    built = build(config_class(path.stem.split("_")[0].upper()), config)
+    assert all(getattr(built, key) == value for key, value in config.items())
+
+
+def test_config_at_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"--config @.*nope\.json: cannot read .*No such file"):
+        parse_json_object(f"@{tmp_path / 'nope.json'}", "--config")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"lr": 0.1,}')
+    with pytest.raises(ConfigError, match=r"is not valid JSON .*bad\.json \(from --config @\)"):
+        parse_json_object(f"@{bad}", "--config")
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"must be a JSON object .* in .*bad\.json"):
+        parse_json_object(f"@{bad}", "--config")
