@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os as _os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 # Under ULFM (mpiexec --with-ft ulfm) Open MPI's MPI_Finalize starts with a PMIx fence over the job
@@ -23,6 +24,26 @@ if _os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes",
 # wheel's UCX component fails its query on hosts without UCX devices and prints an error on
 # every rank that opens a window; leaving it out costs nothing.
 _os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+
+
+def _all_ranks_on_one_node(environ: Mapping[str, str] = _os.environ) -> bool:
+    """Whether the launcher placed every rank of this job on this node (False when unsure)."""
+    world, local = environ.get("OMPI_COMM_WORLD_SIZE"), environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if world and local:  # mpiexec (prterun) says how many ranks share this node
+        return world == local
+    step_nodes = environ.get("SLURM_STEP_NUM_NODES")
+    if step_nodes:  # srun
+        return step_nodes == "1"
+    # No launcher at all is a singleton; an unknown launcher may span nodes.
+    return not any(k in environ for k in ("PMIX_RANK", "PMI_RANK", "PMI_SIZE"))
+
+
+# Open MPI's libfabric BTL (ofi) probes its providers in MPI_Init: 1.1 s per rank here, against
+# 0.1 s without it, and every rank pays it at every start. Ranks on one node talk through shared
+# memory (btl sm), so leave ofi out there; across nodes it may be the interconnect, so keep it.
+# A value the user set wins.
+if _all_ranks_on_one_node():
+    _os.environ.setdefault("OMPI_MCA_btl", "^ofi")
 
 __version__ = "0.1.0"
 
