@@ -116,11 +116,23 @@ def test_progress_rows_and_the_display_show_memory_per_role(tmp_path, n, config,
     expected = {"perf/driver_rss_mb"} | (
         {"perf/max_worker_rss_mb"} | {f"perf/max_{role}_rss_mb" for role in roles}
         if roles else set())
-    assert expected <= set(progress[0]), progress[0].keys()
-    assert not {k for k in progress[0] if k.startswith("perf/")} - expected
+    cost = {"perf/driver_cpu_ms_per_iter", "perf/driver_msgs_per_iter",
+            "perf/driver_bytes_per_iter"}
+    assert expected | cost <= set(progress[0]), progress[0].keys()
+    assert not {k for k in progress[0] if k.startswith("perf/")} - expected - cost
     last = progress[-1]
     for key in expected:
         assert 50 < float(last[key]) < 4000 and math.isfinite(float(last[key])), (key, last)
+    # Rank 0's own cost of an iteration: CPU always; messages only when there are worker ranks
+    # (a call to each worker rank and its answer at least; the batches go straight from the
+    # rollout ranks to the learner rank, not through rank 0).
+    assert 0 < float(last["perf/driver_cpu_ms_per_iter"]) < 60_000, last
+    msgs = float(last["perf/driver_msgs_per_iter"])
+    nbytes = float(last["perf/driver_bytes_per_iter"])
+    if roles:
+        assert 2 * (n - 1) <= msgs < 1000 and 100 < nbytes < 1e6, last
+    else:
+        assert msgs == 0 and nbytes == 0, last
     assert result["perf/driver_rss_mb"] == float(last["perf/driver_rss_mb"])
     # The start-up table has each rank's memory; each progress line the driver's (and the
     # largest worker's).

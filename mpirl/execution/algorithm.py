@@ -255,6 +255,7 @@ class Algorithm:
             "rollout_ranks_lost": len(self.rollouts.lost),
             **stats,
             **self.driver.memory_report(),
+            **self.driver.perf_report(),
             **self.custom_means(),
         }
         invoke(self.callbacks, "on_train_result", "driver", algorithm=self, result=row)

@@ -125,6 +125,7 @@ class Driver:
         self._local_contexts = contexts or {}
         self._object_ids = itertools.count(HOST + 1)
         self._stop_request: str | None = None
+        self._perf_mark = self._perf_counters()
 
     def stop_requested(self) -> str | None:
         """Whether a stop signal reached any rank: e.g. ``"SIGUSR2 on rank 3 (rollout 1)"``, or
@@ -164,6 +165,25 @@ class Driver:
             if self.placement.count(role):
                 report[f"perf/max_{role}_rss_mb"] = by_role.get(role, math.nan)
         return report
+
+    def _perf_counters(self) -> tuple[float, int, int]:
+        """Rank 0's CPU seconds so far (all its threads, a learner hosted here included), and
+        the messages and bytes it has sent and received on its channels."""
+        channels = [c for c in (self.dispatcher.channel if self.dispatcher else None,
+                                self.context.data_channel) if c is not None]
+        return (time.process_time(),
+                sum(c.messages_sent + c.messages_received for c in channels),
+                sum(c.bytes_sent + c.bytes_received for c in channels))
+
+    def perf_report(self) -> dict[str, float]:
+        """Rank 0's cost since the last call (one training iteration):
+        ``perf/driver_cpu_ms_per_iter``, ``perf/driver_msgs_per_iter`` and
+        ``perf/driver_bytes_per_iter``, sent and received together."""
+        now = self._perf_counters()
+        (cpu0, msgs0, bytes0), self._perf_mark = self._perf_mark, now
+        return {"perf/driver_cpu_ms_per_iter": round((now[0] - cpu0) * 1e3, 3),
+                "perf/driver_msgs_per_iter": now[1] - msgs0,
+                "perf/driver_bytes_per_iter": now[2] - bytes0}
 
     def spawn(self, role: str, cls: type[Worker], *args: Any, local_if_empty: bool = False,
               members: list[int] | None = None, **kwargs: Any) -> WorkerGroup:

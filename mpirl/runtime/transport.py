@@ -54,6 +54,9 @@ class Channel:
         self._status = MPI.Status()
         # (requests, buffers kept alive until sent, destination rank)
         self._pending: deque[tuple[list[MPI.Request], object, int]] = deque()
+        # What went through this rank: messages and bytes (control frame plus bulk frames).
+        self.messages_sent = self.bytes_sent = 0
+        self.messages_received = self.bytes_received = 0
 
     def isend(self, obj: Any, dest: int, tag: int) -> None:
         """Start sending ``obj`` to ``dest``; the channel keeps the buffers alive until sent.
@@ -65,6 +68,8 @@ class Channel:
         for raw in raws:
             for start in range(0, raw.nbytes, CHUNK_BYTES) or (0,):
                 requests.append(self.bulk.Isend(raw[start:start + CHUNK_BYTES], dest, tag))
+        self.messages_sent += 1
+        self.bytes_sent += len(head) + sum(raw.nbytes for raw in raws)
         if not MPI.Request.Testall(requests):
             self._pending.append((requests, (head, raws), dest))
 
@@ -81,6 +86,8 @@ class Channel:
         (count,) = _COUNT.unpack_from(head)
         sizes = struct.unpack_from(f"<{count}Q", head, _COUNT.size)
         buffers = [self._receive_buffer(size, source, tag) for size in sizes]
+        self.messages_received += 1
+        self.bytes_received += len(head) + sum(sizes)
         data = memoryview(head)[_COUNT.size + 8 * count:]
         return pickle.loads(data, buffers=buffers), source
 
