@@ -127,3 +127,15 @@ def test_public_names_keep_working(name):
     out = subprocess.run([sys.executable, "-c", f"import mpirl; print(mpirl.{name}.__name__)"],
                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == name, out.stderr
+
+
+def test_the_cli_and_the_launch_supervisor_load_neither_torch_nor_mpi():
+    # `mpirl --help`, argument errors and `mpirl launch` (which runs outside MPI) answer at once:
+    # torch costs about 1 s to import, and mpi4py.MPI makes the process an MPI singleton.
+    code = ("import sys\nimport mpirl.cli, mpirl.jobs.launch\n"
+            "print(sorted(m for m in ('torch', 'tensorboardX', 'gymnasium', 'mpi4py.MPI')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing the CLI loaded {out.stdout.strip()}"

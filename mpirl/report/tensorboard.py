@@ -12,12 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tensorboardX import SummaryWriter
 
 _writers = itertools.count()
-# NaN is a value rows legitimately hold (no episode ended yet, a rank not heard from): tensorboardX
-# would warn on each one.
-logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
 
 
 class EventWriter:
@@ -31,6 +27,13 @@ class EventWriter:
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
         suffix = f".{os.getpid()}.{next(_writers)}"
+        # Imported here: tensorboardX imports torch (1 s, 200 MB), and `mpirl --help` or the
+        # `mpirl launch` supervisor import this module without writing any event.
+        from tensorboardX import SummaryWriter
+
+        # NaN is a value rows legitimately hold (no episode ended yet, a rank not heard from):
+        # tensorboardX would warn on each one.
+        logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
         # flush_secs: rank 0 flushes after each row itself; the writer's own thread then has
         # nothing left to do in between.
         self._writer = SummaryWriter(logdir=str(self.logdir), filename_suffix=suffix,
