@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import importlib
 import os as _os
+import time as _time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+_IMPORTED_AT = _time.time()
+"""When ``import mpirl`` began: the interpreter's own start-up ended (mpirl.runtime.startup)."""
 
 # Under ULFM (mpiexec --with-ft ulfm) Open MPI's MPI_Finalize starts with a PMIx fence over the job
 # that hung the survivors of a dead rank (all in usleep in ompi_mpi_finalize) in about 1 job in

@@ -48,11 +48,19 @@ def main(argv: list[str] | None = None) -> int:
         return slurm.main(args, argv[argv.index("slurm") + 1:])  # outside MPI too
     if args.command == "inspect":
         return _inspect(args)  # outside MPI too
+    if args.command in ("train", "tune", "doctor"):
+        # MPI_Init on its own, before the command's imports (torch): startup.json times each.
+        from mpi4py import MPI  # noqa: F401
+
+        from mpirl.runtime import startup
+
+        startup.mark("mpi_ready")
     try:
         if args.command == "doctor":
             from mpirl.runtime.doctor import run_doctor
             from mpirl.runtime.driver import RuntimeSettings, run
 
+            startup.mark("imports_done")
             layout_keys, runtime_keys = split_by_dataclass(
                 parse_json_object(args.config, "--config"), Layout, RuntimeSettings
             )
@@ -64,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from mpirl.commands.train import make_request, train
 
+            startup.mark("imports_done")
             config = parse_json_object(args.config, "--config")
             if args.dump_trajectories is not None:
                 config["dump_trajectories"] = args.dump_trajectories
@@ -76,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tune":
             from mpirl.tune import tune_main
 
+            startup.mark("imports_done")
             return tune_main(args)
         if args.command == "evaluate":
             from mpirl.commands.evaluate import evaluate, report

@@ -134,6 +134,22 @@ def test_progress_rows_and_the_display_show_memory_per_role(tmp_path, n, config,
     else:
         assert msgs == 0 and nbytes == 0, last
     assert result["perf/driver_rss_mb"] == float(last["perf/driver_rss_mb"])
+    # startup.json: rank 0's points in order, and every rank's phases up to the connection.
+    startup = json.loads((run_dir / "startup.json").read_text())
+    assert startup["ranks"] == n, startup
+    points = startup["driver_points"]
+    expected_points = ["process_start", "mpirl_imported", "mpi_ready", "imports_done",
+                       "run_start", "ranks_connected", "workers_built", "first_iteration"]
+    if n == 1:  # no other rank to connect to
+        expected_points.remove("ranks_connected")
+    assert list(points) == expected_points, points
+    times = list(points.values())
+    assert times == sorted(times), points
+    assert list(startup["driver_phases_s"]) == expected_points[1:], startup
+    total = points["first_iteration"] - points["process_start"]
+    assert 0 < total - 0.01 <= startup["launch_to_first_iteration_s"] < total + 30, startup
+    every_rank = expected_points[1:6] if n > 1 else expected_points[1:]
+    assert set(startup["slowest_rank_phases_s"]) == set(every_rank), startup
     # The start-up table has each rank's memory; each progress line the driver's (and the
     # largest worker's).
     assert "rss MB" in proc.stdout

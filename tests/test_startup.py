@@ -1,14 +1,18 @@
-"""Start-up: what mpirl sets before MPI_Init so that every rank starts fast."""
+"""Start-up: what mpirl sets before MPI_Init so that every rank starts fast, and the phases
+startup.json reports (the file itself is checked in test_long_runs)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import mpi_env, mpiexec_command
 
+import mpirl
 from mpirl import _all_ranks_on_one_node
+from mpirl.runtime import startup
 
 ONE_NODE_CASES = [
     ({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, True),
@@ -52,3 +56,37 @@ def test_ranks_on_one_node_start_without_the_libfabric_btl():
 def test_a_btl_the_user_chose_wins():
     assert _btl_seen_by_ranks("self,sm,tcp") == ["BTL self,sm,tcp 2", "BTL self,sm,tcp 2"]
 
+
+
+def test_phases_are_named_by_the_point_that_ends_them_and_skip_missing_points():
+    points = {"process_start": 10.0, "mpirl_imported": 10.1, "mpi_ready": 10.3,
+              "run_start": 12.0, "first_iteration": 13.5}
+    assert startup.phases(points) == {"mpirl_imported": 0.1, "mpi_ready": 0.2, "run_start": 1.7,
+                                      "first_iteration": 1.5}
+
+
+def test_the_report_names_the_slowest_rank_and_counts_from_the_first_process_start():
+    driver = {"process_start": 10.0, "mpi_ready": 10.5, "first_iteration": 14.0}
+    ranks = [driver, {"process_start": 9.8, "mpi_ready": 11.8}, {"process_start": 10.1,
+                                                                    "mpi_ready": 10.2}]
+    report = startup.report(driver, ranks)
+    assert report["ranks"] == 3
+    assert report["launch_to_first_iteration_s"] == 4.2  # from rank 1's start at 9.8
+    assert report["slowest_rank_phases_s"]["mpi_ready"] == {"rank": 1, "seconds": 2.0}
+    assert report["driver_phases_s"] == {"mpi_ready": 0.5, "first_iteration": 3.5}
+
+
+def test_this_process_started_before_mpirl_was_imported():
+    started = startup.process_start_time()
+    assert started is not None, "Linux's /proc gives the start time"
+    assert time.time() - 3600 < started <= mpirl._IMPORTED_AT + 0.05  # clock ticks: 10 ms
+    points = startup.marks()
+    assert list(points)[:2] == ["process_start", "mpirl_imported"]
+
+
+def test_an_unknown_point_is_refused_and_a_point_is_kept_from_its_first_mark():
+    with pytest.raises(ValueError, match="unknown start-up point 'warmup'"):
+        startup.mark("warmup")
+    startup.mark("workers_built", at=5.0)
+    startup.mark("workers_built", at=9.0)
+    assert startup.marks()["workers_built"] == 5.0

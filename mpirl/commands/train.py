@@ -29,8 +29,10 @@ from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_di
 from mpirl.models.policy import check_model
 from mpirl.report.loggers import check_logger_packages, make_loggers
 from mpirl.report.progress import ProgressDisplay, progress_mode
+from mpirl.runtime import startup
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
+from mpirl.runtime.world import nested
 from mpirl.workers.callbacks import callbacks_class
 from mpirl.workers.env_spec import EnvSpec, env_spec_for
 
@@ -222,6 +224,7 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
 
 def _train_locked(driver: Driver, request: TrainRequest) -> int:
     algo = request.build_algorithm(driver)
+    startup.mark("workers_built")
     store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
     resumed_from = None
     if request.resume:
@@ -235,12 +238,16 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
         return 0
     title = f"{request.algo} {request.env.env_id}"
     requested = None
+    first_row_written = False
     with open_recorder(request, params, resumed_from is not None, algo) as recorder, \
             ProgressDisplay(title, total_steps=request.stop.get("timesteps_total"),
                             mode=request.progress) as display:
         while True:
             row = algo.train()
             request.final_row = row
+            if not first_row_written:
+                first_row_written = True
+                _write_startup(driver, request.run_dir)
             recorder.record(row, algo.histograms)
             display.update(row)
             reason = stop_reached(row, request.stop)
@@ -265,6 +272,16 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
         print(f"mpirl: {requested} arrived as the run finished; exit code 0", file=sys.stderr,
               flush=True)
     return 0
+
+
+def _write_startup(driver: Driver, run_dir: Path) -> None:
+    """startup.json: this process's phases up to its first iteration, and every rank's. A run
+    nested in ``mpirl tune`` shares its processes' start-up with the trials before it: none."""
+    startup.mark("first_iteration")
+    if nested():
+        return
+    ranks = [host.get("startup", {}) for host in driver.hosts] or [startup.marks()]
+    startup.write_report(run_dir, startup.marks(), ranks)
 
 
 def run_params(request: TrainRequest, driver: Driver, algo: Algorithm) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from mpirl.errors import (
     RankLost,
 )
 from mpirl.runtime import signals as stop_signals
+from mpirl.runtime import startup
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.runtime.heartbeat import (
@@ -270,6 +271,7 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
     run still ends the whole MPI job (``MPI_Abort`` on the run's communicator kills every
     process of the job in Open MPI).
     """
+    startup.mark("run_start")
     settings = settings or RuntimeSettings()
     # Whether srun's tasks form one MPI world is a question about COMM_WORLD, nested or not.
     check_slurm_step(MPI.COMM_WORLD.Get_size())
@@ -353,8 +355,9 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         collective_timeout_s=settings.task_timeout_s,
     )
     node_comm.Free()
+    startup.mark("ranks_connected")
     info = {"host": context.host, "pid": os.getpid(), "device": context.device,
-            "rss_mb": round(rss_bytes() / MIB)}
+            "rss_mb": round(rss_bytes() / MIB), "startup": startup.marks()}
     # pick_device may import torch and start CUDA, which can take long on one rank.
     _all_arrive(world, "the exchange of host names", settings.startup_timeout_s, describe)
     hosts.extend(world.allgather(info))

@@ -22,6 +22,12 @@ from collections.abc import Iterator
 
 from mpi4py import MPI
 
+from mpirl.runtime import startup
+
+# The first import of mpi4py.MPI ran MPI_Init. The CLI marks this point itself, right after
+# MPI_Init; a script that calls mpirl.run or mpirl.train gets it marked here.
+startup.mark("mpi_ready")
+
 _current: MPI.Comm | None = None
 
 
