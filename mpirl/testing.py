@@ -136,6 +136,38 @@ class MultiCorridorEnv(CorridorEnv):
         super().__init__(length, max_steps, multi=True)
 
 
+class SleepEnv(gym.Env):
+    """An env whose cost is set, for measuring the runtime rather than the cores: each step
+    sleeps ``step_s`` (time on the rank without using its core) and episodes last ``episode_len``
+    steps. Observations are ``obs_size`` random floats; action 1 earns 1 when the first is
+    positive, action 0 when it is not, so a policy can learn, but nothing here is a task.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, step_s: float = 0.01, episode_len: int = 100, obs_size: int = 4) -> None:
+        self.step_s, self.episode_len = step_s, episode_len
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(obs_size,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.steps = 0
+        self._obs = np.zeros(obs_size, dtype=np.float32)
+
+    def _draw(self) -> np.ndarray:
+        self._obs = self.np_random.uniform(-1.0, 1.0, self._obs.shape).astype(np.float32)
+        return self._obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        time.sleep(self.step_s)
+        reward = float(int(action) == int(self._obs[0] > 0))
+        self.steps += 1
+        return self._draw(), reward, False, self.steps >= self.episode_len, {}
+
+
 class InjectedFailure(RuntimeError):
     """What the flaky test environments raise."""
 

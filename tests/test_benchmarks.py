@@ -144,3 +144,23 @@ def test_evolution_benchmark_quick_writes_every_key(tmp_path):
     sent = report["bytes"]
     assert sent["1008002_weights"] < 0.01 * sent["weights_bytes_1008002"]
     assert 0.8 < report["memory"]["growth_over_table"] < 1.5
+
+
+def test_scale_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "scale.json"
+    proc = run_benchmark("scale.py", "--quick", "--json", str(out), timeout=400)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert report["max_ranks"] == 8
+    keys = ("driver_cpu_us_per_worker_iteration", "sampling_weak_scaling_efficiency",
+            "rollout_rank_rss_mb", "startup_s")
+    assert set(report["by_ranks"]) == {"4", "8"}
+    for entry in (report, *report["by_ranks"].values()):
+        assert all(isinstance(entry[key], float) and entry[key] > 0 for key in keys), entry
+    for algo in ("PPO", "IMPALA"):
+        runs = report["by_algo"][algo]
+        assert runs["4"]["rollout_ranks"] == 3 and runs["8"]["rollout_ranks"] == 7, runs
+        assert runs["4"]["sampling_weak_scaling_efficiency"] == 1.0
+        # Rank 0 sends and receives something for every rollout rank each iteration.
+        assert runs["8"]["driver_msgs_per_iter"] > runs["4"]["driver_msgs_per_iter"], runs
+        assert report["growth_exponents"][algo]["driver_msgs_per_iter"] > 0
