@@ -57,18 +57,19 @@ def main(argv: list[str] | None = None) -> int:
         startup.mark("mpi_ready")
     try:
         if args.command == "doctor":
-            from mpirl.runtime.doctor import run_doctor
+            from mpirl.commands.doctor import LearnerCheck, doctor
             from mpirl.runtime.driver import RuntimeSettings, run
 
             startup.mark("imports_done")
-            layout_keys, runtime_keys = split_by_dataclass(
-                parse_json_object(args.config, "--config"), Layout, RuntimeSettings
+            layout_keys, runtime_keys, learner_keys = split_by_dataclass(
+                parse_json_object(args.config, "--config"), Layout, RuntimeSettings, LearnerCheck
             )
             layout = build(Layout, layout_keys)
             settings = build(RuntimeSettings, runtime_keys)
+            learners = build(LearnerCheck, learner_keys)
             if args.pings < 1:  # the median of no round trips failed after every rank started
                 raise ConfigError(f"--pings must be >= 1, got {args.pings}")
-            return run(lambda driver: run_doctor(driver, pings=args.pings), layout, settings)
+            return run(lambda driver: doctor(driver, args.pings, learners), layout, settings)
         if args.command == "train":
             from mpirl.commands.train import make_request, train
 

@@ -1,8 +1,10 @@
 """The task model under mpiexec: futures, waiting, payloads, remote errors, local mode."""
 
+import re
 import sys
 
 import pytest
+import torch
 from conftest import run_mpi, run_scenario
 
 
@@ -88,6 +90,49 @@ def test_clean_shutdown_exits_zero_on_every_rank():
     assert proc.returncode == 0, proc.stderr
     assert "doctor: 3 worker(s) answered, 0 payload error(s)" in proc.stdout
     assert proc.stdout.count("mpirl layout:") == 1  # only rank 0 prints
+
+
+def test_doctor_reports_each_learner_and_times_the_gradient_allreduce():
+    config = '{"num_learners": 2, "learner_backend": "gloo"}'
+    proc = run_mpi(4, sys.executable, "-m", "mpirl", "doctor", "--pings", "5", "--config", config,
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    learner_rows = [line.split() for line in proc.stdout.splitlines()
+                    if line.split()[:1] in (["2"], ["3"]) and "gloo" in line]
+    assert [row[0] for row in learner_rows] == ["2", "3"], proc.stdout
+    assert all(row[2] == "cpu" and row[5].startswith(torch.__version__.split("+")[0])
+               for row in learner_rows), proc.stdout
+    timed = re.findall(r"learner allreduce \(gloo, 2 learners\), (\d+) MiB: ([\d.]+) ms, "
+                       r"([\d.]+) GB/s alg, ([\d.]+) GB/s bus", proc.stdout)
+    assert [t[0] for t in timed] == ["1", "64"], proc.stdout
+    assert all(float(ms) > 0 and float(alg) > 0 and float(bus) == float(alg)  # n = 2: equal
+               for _, ms, alg, bus in timed), timed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA here: the doctor's NCCL report needs a GPU learner")
+def test_doctor_reports_a_gpu_learner_and_its_nccl_version():
+    proc = run_mpi(3, sys.executable, "-m", "mpirl", "doctor", "--pings", "5", "--config",
+                   '{"num_learners": 1}', timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line.split() for line in proc.stdout.splitlines() if " nccl " not in line
+               and line.startswith("2 ") and "cuda" in line)
+    assert row[4] == "nccl" and row[-1] != "-", proc.stdout  # the NCCL version is known
+
+
+@pytest.mark.parametrize("config, expected", [
+    pytest.param('{"num_learners": 2, "learner_backend": "nccl"}',
+                 "learner_backend 'nccl' needs CUDA learners; this learner runs on cpu",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")),
+    ('{"num_learners": 1, "learner_backend": "ncl"}',
+     "learner_backend must be one of auto, mpi, gloo, nccl, got 'ncl'"),
+])
+def test_doctor_refuses_a_learner_backend_it_cannot_test(config, expected):
+    proc = run_mpi(4, sys.executable, "-m", "mpirl", "doctor", "--pings", "5", "--config", config,
+                   timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("config, expected", [

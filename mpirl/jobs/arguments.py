@@ -40,7 +40,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     )
     doctor.add_argument(
         "--config", default="{}", metavar="JSON",
-        help='layout and runtime keys, e.g. \'{"num_learners": 1, "num_replay_shards": 0}\'',
+        help='layout and runtime keys, and learner_backend for the learners\' allreduce test, '
+             'e.g. \'{"num_learners": 2, "learner_backend": "gloo"}\'',
     )
     doctor.add_argument("--pings", type=int, default=200, help="round trips timed per worker")
 

@@ -23,6 +23,7 @@ import os
 import re
 import socket
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -80,6 +81,47 @@ class GradientAllreduce:
             packed = torch.from_numpy(host).to(flat.device)
         total = float(packed[-1])
         return packed[:-1].div_(total if total else 1.0), total
+
+
+class AllreduceProbe(Worker):
+    """On each learner rank, for ``mpirl doctor``: what the learner runs on, and how fast its
+    gradient allreduce is over the learner communicator (every learner must be asked at once)."""
+
+    MESSAGES = ("describe", "time_allreduce")
+
+    def __init__(self, context: RankContext, backend: str = "auto",
+                 master_addr: str = "") -> None:
+        super().__init__(context)
+        self.allreduce = GradientAllreduce(context, backend, master_addr)
+        self.device = torch.device(context.device)
+
+    def describe(self) -> dict[str, Any]:
+        """Device, backend and the versions behind them, as this rank sees them."""
+        cuda = self.device.type == "cuda"
+        return {
+            "rank": self.context.rank, "host": self.context.host, "device": str(self.device),
+            "gpu": torch.cuda.get_device_name(self.device) if cuda else "",
+            "backend": self.allreduce.backend, "learners": self.allreduce.size,
+            "torch": torch.__version__, "cuda": torch.version.cuda or "",
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "",
+        }
+
+    def time_allreduce(self, nbytes: int, repeats: int) -> float:
+        """Median seconds of one gradient allreduce of ``nbytes`` of float32 (after one warm-up
+        call), as training makes it; collective over the learners."""
+        flat = torch.ones(max(1, nbytes // 4) - 1, dtype=torch.float32, device=self.device)
+        self.allreduce(flat, 1.0)
+        times = []
+        for _ in range(repeats):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.allreduce.comm.Barrier()  # start together: time the collective, not arrival
+            start = time.perf_counter()
+            self.allreduce(flat, 1.0)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
 
 
 def _to_cpu(value: Any) -> Any:
