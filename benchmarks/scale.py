@@ -17,7 +17,8 @@ that divided by the rollout ranks; ``driver_msgs_per_iter`` and ``driver_bytes_p
 (through rank 0); ``steps_per_s_per_worker`` and the weak-scaling efficiency against the smallest
 rank count run; the largest RSS per role; and from ``startup.json`` the time from launch to the
 first iteration. ``growth`` fits each quantity through rank 0 to ``c * workers^k`` over the rank
-counts: k > 1 would be faster than linear.
+counts: k > 1 would be faster than linear; ``driver_cpu_us_per_added_worker`` is the slope of rank
+0's CPU per iteration against the rollout ranks, the part of its cost that each rank adds.
 """
 
 from __future__ import annotations
@@ -171,6 +172,18 @@ def growth_exponent(points: list[tuple[float, float]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
 
 
+def marginal_cost(points: list[tuple[float, float]]) -> float | None:
+    """The slope of the least-squares line through ``(workers, cost)``: what one more rollout
+    rank adds (rank 0's idle polling, paid once per iteration whatever N is, falls out)."""
+    points = [(x, y) for x, y in points if y is not None]
+    if len(points) < 2:
+        return None
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    den = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / den if den else None
+
+
 def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     """Efficiency against each algorithm's smallest run, growth exponents, and per rank count
     the worst over the algorithms of each quantity the issue names."""
@@ -187,6 +200,10 @@ def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
         growth[algo] = {key: growth_exponent([(r["rollout_ranks"], r[key]) for r in ok.values()])
                         for key in ("driver_cpu_ms_per_iter", "driver_msgs_per_iter",
                                     "driver_bytes_per_iter")}
+        slope_ms = marginal_cost([(r["rollout_ranks"], r["driver_cpu_ms_per_iter"])
+                                  for r in ok.values()])
+        growth[algo]["driver_cpu_us_per_added_worker"] = (
+            slope_ms * 1e3 if slope_ms is not None else None)
     by_ranks: dict[int, dict[str, Any]] = {}
     all_ranks = sorted({n for runs in by_algo.values() for n in runs})
     for n in all_ranks:
