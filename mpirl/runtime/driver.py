@@ -316,11 +316,12 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
                      settings: RuntimeSettings, world: MPI.Comm) -> int:
     rank = world.Get_rank()
     role = placement.roles[rank]
-    hosts: list[dict] = []
+    hosts: list[dict] = []  # rank 0: every rank's, by rank
+    known: dict[int, dict] = {}  # what this rank can say of a rank in its messages
     reduce_timer_slack()
 
     def describe(r: int) -> str:
-        where = f" on {hosts[r]['host']} (pid {hosts[r]['pid']})" if r < len(hosts) else ""
+        where = f" on {known[r]['host']} (pid {known[r]['pid']})" if r in known else ""
         return f"rank {r} ({placement.roles[r]} {placement.role_index(r)}){where}"
 
     def describe_task(r: int, task: int) -> str:
@@ -360,7 +361,13 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
             "rss_mb": round(rss_bytes() / MIB), "startup": startup.marks()}
     # pick_device may import torch and start CUDA, which can take long on one rank.
     _all_arrive(world, "the exchange of host names", settings.startup_timeout_s, describe)
-    hosts.extend(world.allgather(info))
+    # Rank 0 needs every rank's; a worker rank only rank 0's (the one peer it reports on) and
+    # its own. An allgather would put N entries on each of N ranks.
+    gathered = world.gather(info, root=0)
+    rank0_info = world.bcast(info if rank == 0 else None, root=0)
+    if rank == 0:
+        hosts.extend(gathered)
+    known.update(enumerate(hosts) if rank == 0 else {0: rank0_info, rank: info})
     backoff = Backoff(max_sleep_s=settings.poll_max_sleep_s)
     if rank != 0:
         try:
