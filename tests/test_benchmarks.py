@@ -164,3 +164,16 @@ def test_scale_benchmark_quick_writes_every_key(tmp_path):
         # Rank 0 sends and receives something for every rollout rank each iteration.
         assert runs["8"]["driver_msgs_per_iter"] > runs["4"]["driver_msgs_per_iter"], runs
         assert report["growth_exponents"][algo]["driver_msgs_per_iter"] > 0
+
+
+def test_startup_benchmark_writes_every_phase(tmp_path):
+    out = tmp_path / "startup.json"
+    proc = run_benchmark("startup.py", "--repeats", "1", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    for variant in ("default", "with_ofi"):
+        median = report[variant]["median"]
+        assert 0 < median["launch_to_first_iteration_s"] < median["whole_process_s"], median
+        assert list(median["driver_phases_s"]) == [
+            "mpirl_imported", "mpi_ready", "imports_done", "run_start", "ranks_connected",
+            "workers_built", "first_iteration"], median
