@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -27,111 +26,20 @@ from torch import nn
 
 from mpirl.errors import ConfigError
 
-ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn", "small_cnn")
-#: Images at least this many pixels a side get the Nature CNN by default (its first layer is an
-#: 8x8 stride-4 convolution, and three layers need 36 pixels to leave one).
-NATURE_MIN_SIZE = 36
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """The model keys every algorithm's config has, as the model builders take them."""
-
-    encoder: str = "auto"
-    cnn_dense_size: int = 512
-    custom_model: str = ""
-    custom_model_config: Mapping[str, Any] = field(default_factory=dict)
-    use_lstm: bool = False
-    lstm_cell_size: int = 64
-    max_seq_len: int = 20
-
-    def __hash__(self) -> int:  # the config dict is not hashable; the class path identifies it
-        return hash((self.encoder, self.cnn_dense_size, self.custom_model, self.use_lstm,
-                     self.lstm_cell_size, self.max_seq_len))
-
-
-def model_options(config: Any) -> ModelOptions:
-    """The ModelOptions of an algorithm config (any object with the model keys)."""
-    return ModelOptions(getattr(config, "encoder", "auto"), getattr(config, "cnn_dense_size", 512),
-                        getattr(config, "custom_model", ""),
-                        dict(getattr(config, "custom_model_config", {}) or {}),
-                        bool(getattr(config, "use_lstm", False)),
-                        int(getattr(config, "lstm_cell_size", 64)),
-                        int(getattr(config, "max_seq_len", 20)))
-
-
-# Structured (Dict and Tuple) observations.
-
-_INTEGRAL = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-
-
-def _leaves(space: gym.Space) -> list[gym.Space]:
-    if isinstance(space, gym.spaces.Dict):
-        return [leaf for sub in space.spaces.values() for leaf in _leaves(sub)]
-    if isinstance(space, gym.spaces.Tuple):
-        return [leaf for sub in space.spaces for leaf in _leaves(sub)]
-    return [space]
-
-
-class StructuredBox(gym.spaces.Box):
-    """A Dict or Tuple space flattened into one vector (gymnasium's ``flatten`` order), with the
-    original in ``structure`` so that the encoder can cut it apart again. uint8 when every
-    component is a uint8 Box or integral (Discrete, MultiDiscrete, MultiBinary become one-hot or
-    0/1), so images inside a Dict travel as bytes; float32 otherwise."""
-
-    def __init__(self, structure: gym.Space) -> None:
-        leaves = _leaves(structure)
-        unsupported = [leaf for leaf in leaves
-                       if not isinstance(leaf, (gym.spaces.Box, *_INTEGRAL))]
-        if unsupported:
-            raise ConfigError(f"observation space component {unsupported[0]} is not supported; "
-                              f"Dict and Tuple observations may hold Box, Discrete, "
-                              f"MultiDiscrete and MultiBinary spaces")
-        small = all(isinstance(leaf, _INTEGRAL) or leaf.dtype == np.uint8 for leaf in leaves)
-        dtype = np.uint8 if small else np.float32
-        flat = gym.spaces.flatten_space(structure)
-        info = np.iinfo(dtype) if small else np.finfo(dtype)
-        super().__init__(np.clip(flat.low, info.min, info.max).astype(dtype),
-                         np.clip(flat.high, info.min, info.max).astype(dtype), flat.shape, dtype)
-        self.structure = structure
-
-    def flatten(self, obs: Any) -> np.ndarray:
-        return gym.spaces.flatten(self.structure, obs).astype(self.dtype, copy=False)
-
-    def __repr__(self) -> str:
-        return f"StructuredBox({self.structure})"
-
-
-class FlattenStructuredObservation(gym.ObservationWrapper):
-    """Dict and Tuple observations as one ``StructuredBox`` vector, so that batches, replay and
-    dumps handle them as any Box; the model cuts them apart again."""
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        self.observation_space = StructuredBox(env.observation_space)
-
-    def observation(self, observation: Any) -> np.ndarray:
-        return self.observation_space.flatten(observation)
-
-
-def flatten_structured(env: gym.Env) -> gym.Env:
-    """``env`` with its Dict or Tuple observations flattened; other envs unchanged."""
-    if isinstance(env.observation_space, gym.spaces.Dict | gym.spaces.Tuple):
-        return FlattenStructuredObservation(env)
-    return env
-
+# The torch-free part of the catalog; imported from here too, as before it moved.
+from mpirl.models.spaces import ENCODERS as ENCODERS
+from mpirl.models.spaces import NATURE_MIN_SIZE as NATURE_MIN_SIZE
+from mpirl.models.spaces import FlattenStructuredObservation as FlattenStructuredObservation
+from mpirl.models.spaces import ModelOptions as ModelOptions
+from mpirl.models.spaces import StructuredBox as StructuredBox
+from mpirl.models.spaces import channels_first as channels_first
+from mpirl.models.spaces import flatten_structured as flatten_structured
+from mpirl.models.spaces import has_image as has_image
+from mpirl.models.spaces import head_sizes as head_sizes
+from mpirl.models.spaces import is_image as is_image
+from mpirl.models.spaces import model_options as model_options
 
 # Image encoders.
-
-def is_image(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3 \
-        and not isinstance(space, StructuredBox)
-
-
-def channels_first(shape: tuple[int, ...]) -> bool:
-    """CHW when the first axis is the smallest and the last is not (frame stacks such as Atari's
-    (4, 84, 84)); HWC otherwise, gymnasium's convention for rendered frames."""
-    return shape[0] < shape[-1] and shape[0] <= min(shape[1], shape[2])
 
 
 class _Residual(nn.Module):
@@ -272,22 +180,6 @@ class Encoder(nn.Module):
 
     def device(self) -> torch.device:
         return self._anchor.device
-
-def has_image(space: gym.Space) -> bool:
-    """True when some component of ``space`` is an image (so an encoder ends in a dense layer)."""
-    if isinstance(space, StructuredBox):
-        return any(is_image(leaf) for leaf in _leaves(space.structure))
-    return is_image(space)
-
-
-def head_sizes(space: gym.Space, options: ModelOptions, hidden: tuple[int, ...]
-               ) -> tuple[int, ...]:
-    """Hidden widths of the heads after the encoder: ``hidden_sizes`` for vectors and structured
-    observations; none after a lone image's CNN, whose dense layer is the hidden layer."""
-    if is_image(space) and options.encoder != "mlp":
-        return ()
-    return tuple(hidden)
-
 
 # Custom models.
 
