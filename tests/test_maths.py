@@ -9,7 +9,6 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 from conftest import PROGRAMS, parse_result, run_mpi
 from mpirl.algorithms import dqn
 from test_env_failures import GAMMA, local_context
@@ -37,8 +36,10 @@ def counting_worker(episode_length: int, max_episode_steps: int) -> RolloutWorke
                                                    "max_episode_steps": max_episode_steps})
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
     worker = RolloutWorker(local_context("rollout"), spec, policy, 1, 0, GAMMA, 1.0, False)
-    with torch.no_grad():  # a critic far from 0, so that a bootstrap would show
-        worker.policy.critic[-1].bias.fill_(3.0)
+    # A critic far from 0, so that a bootstrap would show: its output bias is the last weight.
+    weights = worker.get_weights()
+    weights[-1] = 3.0
+    worker.set_weights(weights)
     return worker
 
 

@@ -82,21 +82,24 @@ class CheckpointSettings:
 
 
 def capture_rng() -> dict[str, Any]:
-    """This process's global random states: Python's, NumPy's and torch's (CPU and CUDA)."""
-    import torch
-
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    """This process's global random states: Python's, NumPy's and, where torch is loaded,
+    torch's (CPU and CUDA). A process that never imported torch (a rollout rank acting in
+    NumPy) has no torch state to keep, and is not made to import it."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    import torch
-
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
+    torch = sys.modules.get("torch")
+    if torch is None or "torch" not in state:
+        return  # nothing here draws from torch (or nothing did when the state was saved)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

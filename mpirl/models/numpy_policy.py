@@ -20,7 +20,7 @@ import numpy as np
 from mpirl.models.spaces import has_image, head_sizes, is_image
 
 if TYPE_CHECKING:
-    from mpirl.models.policy import PolicySpec
+    from mpirl.models.policy_spec import PolicySpec
 
 _ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0),
                 "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))}
@@ -82,7 +82,9 @@ class NumpyPolicy:
             for i in range(len(sizes) - 1):
                 self.shapes += [(f"{head}.{i}.weight", (sizes[i + 1], sizes[i])),
                                 (f"{head}.{i}.bias", (sizes[i + 1],))]
+        # Zeros until the first weights arrive: a uniform (or unit-Gaussian) policy, value 0.
         self.params: dict[str, np.ndarray] = {}
+        self.set_flat_weights(np.zeros(self.num_weights(), np.float32))
         self.rng = np.random.default_rng(seed)
 
     def num_weights(self) -> int:

@@ -8,7 +8,6 @@ that live with their algorithm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -21,32 +20,17 @@ from torch.distributions import Categorical, Normal
 from mpirl.errors import ConfigError
 from mpirl.models.encoders import (
     Encoder,
-    ModelOptions,
     build_custom_model,
     head_sizes,
     model_options,
     observation_tensor,
 )
 
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """What every rank needs to build the same policy: spaces and network shape."""
-
-    observation_space: gym.Space
-    action_space: gym.Space
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    #: A centralized critic's input size (multi-agent PPO, MAPPO-style): the value function then
-    #: takes this many floats (the env's global state, or every agent's observation) instead
-    #: of the actor's observation. 0: the critic sees what the actor sees.
-    critic_inputs: int = 0
-    #: The encoder (chosen from the observation space) or the user's own model.
-    model: ModelOptions = field(default_factory=ModelOptions)
-
-    def build(self, device: str = "cpu") -> Policy:
-        return Policy(self).to(device)
-
+# Torch-free halves of this module, imported from here as before they moved.
+from mpirl.models.policy_spec import PolicySpec as PolicySpec
+from mpirl.models.policy_spec import act_with_state as act_with_state
+from mpirl.models.statistics import RunningMeanStd as RunningMeanStd
+from mpirl.models.statistics import compute_gae as compute_gae
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -348,15 +332,6 @@ class Policy(FlatParameters):
         return actions
 
 
-def act_with_state(model: Any, obs: np.ndarray, state: np.ndarray | None,
-                   deterministic: bool = False):
-    """``(actions, log_probs, values, next_state)`` from any model: a recurrent policy steps
-    its ``state``; any other model (``state`` None) acts, and the state stays None."""
-    if state is None:
-        return (*model.act(obs, deterministic), None)
-    return model.step(obs, state, deterministic)
-
-
 #: Fields of a recurrent policy's batch that describe its sequences rather than its steps.
 SEQUENCE_FIELDS = ("obs", "actions", "state_in", "resets", "mask", "critic_obs")
 
@@ -375,56 +350,6 @@ def evaluate_batch(policy: Policy, batch: dict[str, torch.Tensor]):
     keep = batch["mask"].reshape(-1) > 0
     steps = {k: v.flatten(0, 1)[keep] for k, v in batch.items() if k not in SEQUENCE_FIELDS}
     return logp.reshape(-1)[keep], entropy.reshape(-1)[keep], values.reshape(-1)[keep], steps
-
-
-def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray,
-                last_values: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """Generalized advantage estimation over a ``[T, N]`` block (time by environments).
-
-    ``dones[t]`` ends the episode after step t (no bootstrap across it); truncated steps should
-    already have ``gamma * V(final_obs)`` folded into their reward. Returns
-    ``(advantages, value_targets)``, both ``[T, N]`` float32.
-    """
-    steps = rewards.shape[0]
-    advantages = np.zeros_like(rewards, dtype=np.float32)
-    running = np.zeros(rewards.shape[1], dtype=np.float32)
-    next_values = last_values
-    for t in reversed(range(steps)):
-        live = 1.0 - dones[t]
-        delta = rewards[t] + gamma * next_values * live - values[t]
-        running = delta + gamma * lam * live * running
-        advantages[t] = running
-        next_values = values[t]
-    return advantages, (advantages + values).astype(np.float32)
-
-
-class RunningMeanStd:
-    """Running mean and variance of observations, mergeable across ranks (Chan et al.)."""
-
-    def __init__(self, shape: tuple[int, ...], count: float = 0.0) -> None:
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = count
-
-    def update(self, batch: np.ndarray) -> None:
-        self.merge(batch.mean(0), batch.var(0), batch.shape[0])
-
-    def merge(self, mean: np.ndarray, var: np.ndarray, count: float) -> None:
-        if count == 0:
-            return
-        total = self.count + count
-        delta = mean - self.mean
-        m2 = self.var * self.count + var * count + delta**2 * self.count * count / total
-        self.mean = self.mean + delta * count / total
-        self.var = m2 / total
-        self.count = total
-
-    def state(self) -> tuple[np.ndarray, np.ndarray, float]:
-        return self.mean.copy(), self.var.copy(), self.count
-
-    def normalize(self, obs: np.ndarray, clip: float = 10.0) -> np.ndarray:
-        return np.clip((obs - self.mean) / np.sqrt(self.var + 1e-8), -clip, clip).astype(
-            np.float32)
 
 
 def model_spec(module: ModuleType, observation_space: gym.Space, action_space: gym.Space,

@@ -23,7 +23,7 @@ from mpirl.envs.atari import (
 )
 from mpirl.envs.parallel import load_factory, make_parallel
 from mpirl.errors import ConfigError
-from mpirl.models.encoders import flatten_structured
+from mpirl.models.spaces import flatten_structured
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,15 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from mpirl.data.dump_writer import DumpTarget
 from mpirl.data.episode_recorder import EpisodeRecorder
 from mpirl.envs.atari import EnvPoolVectorEnv
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
-from mpirl.models.encoders import has_image
-from mpirl.models.policy import PolicySpec, RunningMeanStd, act_with_state, compute_gae
+from mpirl.models.numpy_policy import NumpyPolicy, numpy_unsupported
+from mpirl.models.policy_spec import PolicySpec, act_with_state
+from mpirl.models.spaces import has_image
+from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
@@ -90,6 +91,19 @@ def sequence_batch(batch: dict[str, np.ndarray], states: np.ndarray, starts: np.
     return {key: np.ascontiguousarray(value) for key, value in out.items()}
 
 
+def build_actor(spec: Any, seed: int, torch_threads: int = 1) -> Any:
+    """The model a rollout rank acts with: ``NumpyPolicy`` for an actor-critic it can run (no
+    torch in the process: about 1 s and 200 MB less per rank), else the torch model of ``spec``
+    on ``torch_threads`` threads. Both sample with a generator seeded from ``seed``."""
+    if isinstance(spec, PolicySpec) and numpy_unsupported(spec) is None:
+        return NumpyPolicy(spec, seed=seed)
+    import torch
+
+    torch.set_num_threads(torch_threads)
+    torch.manual_seed(seed)
+    return spec.build("cpu")
+
+
 class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
@@ -105,9 +119,7 @@ class RolloutWorker(Worker):
         self.callbacks = make_callbacks(callbacks)
         #: The custom metrics of each training episode since the last sample() returned.
         self._custom_metrics: list[dict[str, float]] = []
-        torch.set_num_threads(torch_threads)
         self.seed = seed + 1000 * context.role_index
-        torch.manual_seed(self.seed)
         self.env_id = env.env_id
         self.where = f"rollout worker {context.role_index} on rank {context.rank}"
         #: Train on the sign of each reward (Atari); returns are reported unclipped.
@@ -126,7 +138,8 @@ class RolloutWorker(Worker):
         self.env_failures = 0  # on this worker, since it started
         self._unreported_failures = 0  # not yet returned by sample()
         self._next_warning_at = 0.0
-        self.policy = policy.build("cpu")
+        self.policy = build_actor(policy, self.seed, torch_threads)
+        self._torch_policy: Any = None  # A3C's gradients: a torch copy of the actor, made once
         # A recurrent policy's state per env, zero at each episode's first step; carried across
         # sample() calls and saved in checkpoints.
         self.state = self.policy.initial_state(num_envs) \
@@ -325,11 +338,19 @@ class RolloutWorker(Worker):
         batch = metrics.pop("batch")
         metrics["gradients"], metrics["stats"] = None, {}
         if len(batch["logp"]):
+            import torch
+
+            policy = self.policy
+            if isinstance(policy, NumpyPolicy):  # acting ran in NumPy; the gradient needs torch
+                if self._torch_policy is None:
+                    self._torch_policy = policy.spec.build("cpu")
+                self._torch_policy.set_flat_weights(policy.get_flat_weights())
+                policy = self._torch_policy
             tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
-            self.policy.zero_grad(set_to_none=True)
-            total, metrics["stats"] = loss(self.policy, tensors, loss_config)
+            policy.zero_grad(set_to_none=True)
+            total, metrics["stats"] = loss(policy, tensors, loss_config)
             total.backward()
-            metrics["gradients"] = self.policy.get_flat_gradients()
+            metrics["gradients"] = policy.get_flat_gradients()
         return metrics
 
     def finish_dump(self) -> tuple[str, list[tuple[int, int]]] | None:
@@ -431,6 +452,8 @@ class RolloutWorker(Worker):
             "envs": envs, "envs_error": self.envs_error, "obs": self.obs,
             "episode_return": self.episode_return, "episode_length": self.episode_length,
             "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
+            "actor_rng": (self.policy.rng.bit_generator.state
+                          if isinstance(self.policy, NumpyPolicy) else None),
             "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
             "policy_state": self.state, "episode_starts": self.episode_starts,
         }
@@ -461,7 +484,7 @@ class RolloutWorker(Worker):
                 if self.state is not None and state.get("policy_state") is not None:
                     self.state = state["policy_state"]
                 self.episode_starts = state.get("episode_starts", self.episode_starts)
-                restore_rng(state["rng"])
+                self._restore_rngs(state)
                 if self.recorder is not None:
                     self.recorder.untrack()  # their beginnings are in an earlier session
                 return True
@@ -476,5 +499,10 @@ class RolloutWorker(Worker):
         self.episode_starts[:] = True
         if self.recorder is not None:
             self.recorder.begin()
-        restore_rng(state["rng"])
+        self._restore_rngs(state)
         return False
+
+    def _restore_rngs(self, state: dict[str, Any]) -> None:
+        restore_rng(state["rng"])
+        if isinstance(self.policy, NumpyPolicy) and state.get("actor_rng") is not None:
+            self.policy.rng.bit_generator.state = state["actor_rng"]

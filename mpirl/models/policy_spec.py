@@ -1,0 +1,48 @@
+"""What every rank needs to build the same actor-critic, without torch: ``PolicySpec``, and
+``act_with_state``, which acts with any model that has ``act`` (and ``step`` when recurrent).
+``PolicySpec.build`` makes the torch ``Policy`` (``mpirl.models.policy``); rollout ranks that only
+act may run ``mpirl.models.numpy_policy.NumpyPolicy`` on the same spec instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from mpirl.models.spaces import ModelOptions
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What every rank needs to build the same policy: spaces and network shape."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    #: A centralized critic's input size (multi-agent PPO, MAPPO-style): the value function then
+    #: takes this many floats (the env's global state, or every agent's observation) instead
+    #: of the actor's observation. 0: the critic sees what the actor sees.
+    critic_inputs: int = 0
+    #: The encoder (chosen from the observation space) or the user's own model.
+    model: ModelOptions = field(default_factory=ModelOptions)
+
+    def build(self, device: str = "cpu") -> Any:
+        """The torch ``mpirl.models.policy.Policy`` of this spec on ``device``."""
+        # Loaded by name on the first build: torch comes with it, and only where a torch model
+        # is built; the policy module itself imports this one.
+        policy_module = importlib.import_module("mpirl.models.policy")
+        return policy_module.Policy(self).to(device)
+
+
+def act_with_state(model: Any, obs: np.ndarray, state: np.ndarray | None,
+                   deterministic: bool = False):
+    """``(actions, log_probs, values, next_state)`` from any model: a recurrent policy steps
+    its ``state``; any other model (``state`` None) acts, and the state stays None."""
+    if state is None:
+        return (*model.act(obs, deterministic), None)
+    return model.step(obs, state, deterministic)
