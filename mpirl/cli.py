@@ -71,18 +71,26 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--pings must be >= 1, got {args.pings}")
             return run(lambda driver: doctor(driver, args.pings, learners), layout, settings)
         if args.command == "train":
-            from mpirl.commands.train import make_request, train
+            from mpirl.runtime.driver import run_prepared
+            from mpirl.runtime.world import run_rank
 
-            startup.mark("imports_done")
-            config = parse_json_object(args.config, "--config")
-            if args.dump_trajectories is not None:
-                config["dump_trajectories"] = args.dump_trajectories
-            request = make_request(
-                args.algo, args.env, args.env_module, config,
-                parse_json_object(args.stop, "--stop"),
-                args.seed, args.run_dir, args.resume, args.progress,
-            )
-            return train(request)
+            def prepare():
+                # Rank 0 alone: the request's checks, and the imports they need (torch).
+                from mpirl.commands.train import make_request, prepared
+
+                startup.mark("imports_done")
+                config = parse_json_object(args.config, "--config")
+                if args.dump_trajectories is not None:
+                    config["dump_trajectories"] = args.dump_trajectories
+                return prepared(make_request(
+                    args.algo, args.env, args.env_module, config,
+                    parse_json_object(args.stop, "--stop"),
+                    args.seed, args.run_dir, args.resume, args.progress,
+                ))
+
+            if run_rank() != 0:
+                startup.mark("imports_done")  # a worker rank imports its role's modules later
+            return run_prepared(prepare, stop_signals_enabled=True)
         if args.command == "tune":
             from mpirl.tune import tune_main
 

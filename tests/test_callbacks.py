@@ -68,6 +68,10 @@ def test_hooks_run_where_documented_and_metrics_reach_progress(tmp_path, ranks):
     assert [Path(e["checkpoint"]).name for e in checkpoints] == ["checkpoint_000002",
                                                                 "checkpoint_000003"]
     assert all(e["exists"] for e in checkpoints)
+    samples = [e for e in log if e["hook"] == "on_sample_end"]
+    # CartPole's MLP policy acts in NumPy; a rollout rank of its own never imports torch.
+    assert {e["actor"] for e in samples} == {"NumpyPolicy"}, samples
+    assert {e["torch_loaded"] for e in samples} == {ranks == 1}, samples
     table = rows(run_dir)
     assert len(table) == 3
     for row in table:

@@ -127,6 +127,8 @@ def test_progress_rows_and_the_display_show_memory_per_role(tmp_path, n, config,
     # (a call to each worker rank and its answer at least; the batches go straight from the
     # rollout ranks to the learner rank, not through rank 0).
     assert 0 < float(last["perf/driver_cpu_ms_per_iter"]) < 60_000, last
+    if roles:  # a rollout rank acting in NumPy imports no torch (which alone takes 200 MB)
+        assert float(last["perf/max_rollout_rss_mb"]) < 150, last
     msgs = float(last["perf/driver_msgs_per_iter"])
     nbytes = float(last["perf/driver_bytes_per_iter"])
     if roles:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,12 @@ def train(request: TrainRequest, comm: MPI.Comm | None = None) -> int:
     world, as for ``mpirl.run`` (default: the current one, normally COMM_WORLD)."""
     return run(lambda driver: _drive(driver, request), request.layout, request.settings,
                stop_signals_enabled=True, comm=comm)
+
+
+def prepared(request: TrainRequest) -> tuple[Callable[[Driver], int], Layout, RuntimeSettings]:
+    """What ``mpirl.runtime.driver.run_prepared`` runs: rank 0's ``main`` for ``request``, and
+    the layout and settings every rank starts with."""
+    return (lambda driver: _drive(driver, request)), request.layout, request.settings
 
 
 def _warn(message: str) -> None:

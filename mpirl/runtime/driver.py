@@ -65,7 +65,7 @@ from mpirl.runtime.memory import MIB, rss_bytes
 from mpirl.runtime.transport import Channel
 from mpirl.runtime.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
 from mpirl.runtime.waiting import Backoff, reduce_timer_slack
-from mpirl.runtime.world import nested, running_on
+from mpirl.runtime.world import nested, run_comm, running_on
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,60 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
         finally:
             if stop_signals_enabled:
                 stop_signals.settle()
+
+
+def run_prepared(prepare: Callable[[], tuple[Callable[[Driver], int | None], Layout,
+                                             RuntimeSettings]],
+                 stop_signals_enabled: bool = False) -> int:
+    """``run`` for a command whose set-up only rank 0 needs (``mpirl train``): rank 0 calls
+    ``prepare()``, which returns ``(main, layout, settings)`` or raises; the layout and settings
+    reach the other ranks (a bcast), which never call ``prepare`` nor import what it imports
+    (torch, on ranks that only sample in NumPy). An ``MpirlError`` from ``prepare`` is raised on
+    rank 0 alone, to be reported once; the other ranks return its exit code.
+
+    The other ranks wait for rank 0 polling, with back-off, for at most twice the default
+    ``startup_timeout_s``; past that they end the job (exit code 70) instead of hanging.
+    """
+    world = run_comm()
+    if world.Get_size() == 1:
+        return run(*prepare(), stop_signals_enabled=stop_signals_enabled)
+    rank = world.Get_rank()
+    failure: BaseException | None = None
+    verdict: tuple[Any, ...] | None = None
+    if rank == 0:
+        try:
+            main, layout, settings = prepare()
+            verdict = ("ok", layout, settings)
+        except BaseException as error:  # noqa: BLE001 - every rank must hear of any failure
+            failure = error
+            verdict = ("failed", getattr(error, "exit_code", EXIT_FAILURE))
+    _wait_for_rank0(world, 2 * RuntimeSettings.startup_timeout_s)
+    verdict = world.bcast(verdict, root=0)
+    if failure is not None:
+        raise failure
+    if verdict[0] == "failed":
+        return int(verdict[1])
+    _, layout, settings = verdict
+    return run(main if rank == 0 else _serve_only, layout, settings,
+               stop_signals_enabled=stop_signals_enabled)
+
+
+def _serve_only(driver: Driver) -> int:
+    raise AssertionError("only rank 0 runs main")
+
+
+def _wait_for_rank0(world: MPI.Comm, timeout_s: float) -> None:
+    """A barrier whose non-zero ranks poll with back-off and give up after ``timeout_s``."""
+    request = world.Ibarrier()
+    if world.Get_rank() == 0:
+        request.Wait()
+        return
+    start, backoff = time.monotonic(), Backoff(max_sleep_s=0.01)
+    while not request.Test():
+        if time.monotonic() - start > timeout_s:
+            _end_start_up(f"rank {world.Get_rank()} waited {timeout_s:g} s for rank 0 to "
+                          f"prepare the run; ending the job")
+        backoff.sleep()
 
 
 def _run_local(main: Callable[[Driver], int | None], placement: Placement,

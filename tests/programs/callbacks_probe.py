@@ -3,6 +3,7 @@ metrics, or raise where CALLBACK_RAISE (a hook name) says."""
 
 import json
 import os
+import sys
 
 import mpirl
 
@@ -29,7 +30,8 @@ class Probe(mpirl.Callbacks):
         self._log("on_episode_end", _rank(worker), worker_index=episode.worker_index)
 
     def on_sample_end(self, *, worker, batch, metrics):
-        self._log("on_sample_end", _rank(worker), rows=len(batch["obs"]))
+        self._log("on_sample_end", _rank(worker), rows=len(batch["obs"]),
+                  torch_loaded="torch" in sys.modules, actor=type(worker.policy).__name__)
 
     def on_learn_on_batch(self, *, learner, batch, result):
         self._log("on_learn_on_batch", _rank(learner), sgd_steps=result["sgd_steps"])
