@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from mpirl.models.spaces import has_image, head_sizes, is_image
+from mpirl.models.spaces import action_layout, env_actions, has_image, head_sizes, is_image
 
 if TYPE_CHECKING:
     from mpirl.models.policy_spec import PolicySpec
@@ -43,8 +43,7 @@ def numpy_unsupported(spec: PolicySpec) -> str | None:
     obs, act = spec.observation_space, spec.action_space
     if not isinstance(obs, gym.spaces.Box | gym.spaces.Discrete):
         return f"observation space {obs}"
-    if not isinstance(act, gym.spaces.Discrete | gym.spaces.MultiDiscrete
-                      | gym.spaces.MultiBinary | gym.spaces.Box):
+    if action_layout(act) is None:
         return f"action space {act}"
     return None
 
@@ -60,16 +59,7 @@ class NumpyPolicy:
         obs_space, act_space = spec.observation_space, spec.action_space
         self.one_hot = int(obs_space.n) if isinstance(obs_space, gym.spaces.Discrete) else 0
         self.in_dim = self.one_hot or int(np.prod(obs_space.shape))
-        if isinstance(act_space, gym.spaces.Discrete):
-            self.kind, self.nvec, out = "discrete", [int(act_space.n)], int(act_space.n)
-        elif isinstance(act_space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
-            self.kind = "multi_discrete"
-            self.nvec = ([2] * int(np.prod(act_space.shape))
-                         if isinstance(act_space, gym.spaces.MultiBinary)
-                         else [int(n) for n in np.asarray(act_space.nvec).ravel()])
-            out = sum(self.nvec)
-        else:
-            self.kind, self.nvec, out = "box", [], int(np.prod(act_space.shape))
+        self.kind, self.nvec, out = action_layout(act_space)
         hidden = list(head_sizes(obs_space, spec.model, spec.hidden_sizes))
         self.activation = _ACTIVATIONS[spec.activation]
         # The torch Policy's parameter order: log_std (Box), then the actor's and the critic's
@@ -156,11 +146,6 @@ class NumpyPolicy:
         return self._mlp("critic", self._features(obs))[:, 0].astype(np.float32)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Actions as the env takes them, as ``Policy.env_actions`` gives them."""
-        space = self.spec.action_space
-        if self.kind == "box":
-            return np.clip(actions, space.low, space.high).reshape(-1, *space.shape)
-        if self.kind == "multi_discrete":
-            return actions.reshape(-1, *space.shape).astype(space.dtype, copy=False)
-        return actions
+        """Actions as the env takes them (``mpirl.models.spaces.env_actions``)."""
+        return env_actions(self.spec.action_space, self.kind, actions)
 

@@ -29,6 +29,7 @@ from mpirl.models.encoders import (
 # Torch-free halves of this module, imported from here as before they moved.
 from mpirl.models.policy_spec import PolicySpec as PolicySpec
 from mpirl.models.policy_spec import act_with_state as act_with_state
+from mpirl.models.spaces import action_layout, env_actions
 from mpirl.models.statistics import RunningMeanStd as RunningMeanStd
 from mpirl.models.statistics import compute_gae as compute_gae
 
@@ -111,22 +112,15 @@ class Policy(FlatParameters):
                               f"got {spec.activation!r}")
         self.spec = spec
         obs_space, act_space = spec.observation_space, spec.action_space
-        if isinstance(act_space, gym.spaces.Discrete):
-            self.kind, self.nvec, out = "discrete", [int(act_space.n)], int(act_space.n)
-        elif isinstance(act_space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
-            self.kind = "multi_discrete"
-            self.nvec = ([2] * int(np.prod(act_space.shape))
-                         if isinstance(act_space, gym.spaces.MultiBinary)
-                         else [int(n) for n in np.asarray(act_space.nvec).ravel()])
-            out = sum(self.nvec)
-        elif isinstance(act_space, gym.spaces.Box):
-            self.kind, out = "box", int(np.prod(act_space.shape))
+        layout = action_layout(act_space)
+        if layout is None:
+            raise ConfigError(f"action space {act_space} is not supported; mpirl policies take "
+                              f"Discrete, MultiDiscrete, MultiBinary and Box actions")
+        self.kind, self.nvec, out = layout
+        if self.kind == "box":
             self.register_buffer("action_low", torch.as_tensor(act_space.low, dtype=torch.float32))
             self.register_buffer("action_high",
                                  torch.as_tensor(act_space.high, dtype=torch.float32))
-        else:
-            raise ConfigError(f"action space {act_space} is not supported; mpirl policies take "
-                              f"Discrete, MultiDiscrete, MultiBinary and Box actions")
         # Distribution inputs: logits (per component for MultiDiscrete), or a Gaussian's mean
         # and, from a custom model, its log std.
         self.out_dim = 2 * out if self.kind == "box" and spec.model.custom_model else out
@@ -322,14 +316,8 @@ class Policy(FlatParameters):
         return self.values(obs, critic_obs).cpu().numpy()
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Actions as the environment takes them (Box actions clipped to the space's bounds;
-        MultiDiscrete and MultiBinary in the space's shape)."""
-        space = self.spec.action_space
-        if self.kind == "box":
-            return np.clip(actions, space.low, space.high).reshape(-1, *space.shape)
-        if self.kind == "multi_discrete":
-            return actions.reshape(-1, *space.shape).astype(space.dtype, copy=False)
-        return actions
+        """Actions as the environment takes them (``mpirl.models.spaces.env_actions``)."""
+        return env_actions(self.spec.action_space, self.kind, actions)
 
 
 #: Fields of a recurrent policy's batch that describe its sequences rather than its steps.

@@ -135,3 +135,31 @@ def head_sizes(space: gym.Space, options: ModelOptions, hidden: tuple[int, ...]
     if is_image(space) and options.encoder != "mlp":
         return ()
     return tuple(hidden)
+
+
+# Actions.
+
+
+def action_layout(space: gym.Space) -> tuple[str, list[int], int] | None:
+    """How an actor-critic's head covers ``space``: ``(kind, nvec, outputs)`` with kind
+    "discrete" (one categorical), "multi_discrete" (one per component; MultiBinary is one
+    two-way categorical per bit) or "box" (a diagonal Gaussian); None for any other space."""
+    if isinstance(space, gym.spaces.Discrete):
+        return "discrete", [int(space.n)], int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        nvec = ([2] * int(np.prod(space.shape)) if isinstance(space, gym.spaces.MultiBinary)
+                else [int(n) for n in np.asarray(space.nvec).ravel()])
+        return "multi_discrete", nvec, sum(nvec)
+    if isinstance(space, gym.spaces.Box):
+        return "box", [], int(np.prod(space.shape))
+    return None
+
+
+def env_actions(space: gym.Space, kind: str, actions: np.ndarray) -> np.ndarray:
+    """Sampled actions as the env takes them: Box actions clipped to the bounds, MultiDiscrete
+    and MultiBinary in the space's shape and dtype, Discrete as they are."""
+    if kind == "box":
+        return np.clip(actions, space.low, space.high).reshape(-1, *space.shape)
+    if kind == "multi_discrete":
+        return actions.reshape(-1, *space.shape).astype(space.dtype, copy=False)
+    return actions
