@@ -55,6 +55,24 @@ WARMUP_ITERATIONS = 2
 FRAGMENT = 50
 """Steps per rollout rank per PPO or IMPALA iteration, and per Ape-X fragment."""
 ES_EPISODE_LEN = 20
+TORCH_ROLLOUT_ALGOS = ("APEX", "ES")
+"""Their rollout ranks import torch (Q networks, batched perturbed policies): about 300 MB each."""
+TORCH_RANK_MB = 300
+
+
+def fits_in_memory(algo: str, ranks: int) -> str | None:
+    """Why ``ranks`` ranks of ``algo`` would not fit in this machine's memory, or None."""
+    try:
+        with open("/proc/meminfo") as file:
+            available_mb = next(int(line.split()[1]) // 1024 for line in file
+                                if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    need_mb = ranks * (TORCH_RANK_MB if algo in TORCH_ROLLOUT_ALGOS else 100) + 1000
+    if need_mb > 0.8 * available_mb:
+        return (f"{ranks} ranks of {algo} need about {need_mb:,} MB ({TORCH_RANK_MB} MB per "
+                f"torch rank) and {available_mb:,} MB are available")
+    return None
 
 
 @dataclass(frozen=True)
@@ -189,7 +207,7 @@ def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     the worst over the algorithms of each quantity the issue names."""
     growth: dict[str, dict[str, float | None]] = {}
     for algo, runs in by_algo.items():
-        ok = {n: r for n, r in runs.items() if "error" not in r}
+        ok = {n: r for n, r in runs.items() if "error" not in r and "skipped" not in r}
         if not ok:
             continue
         base = ok[min(ok)]
@@ -207,7 +225,8 @@ def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     by_ranks: dict[int, dict[str, Any]] = {}
     all_ranks = sorted({n for runs in by_algo.values() for n in runs})
     for n in all_ranks:
-        runs = [runs[n] for runs in by_algo.values() if n in runs and "error" not in runs[n]]
+        runs = [runs[n] for runs in by_algo.values()
+                if n in runs and "error" not in runs[n] and "skipped" not in runs[n]]
         if not runs:
             continue
 
@@ -267,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         for algo in plan.algos:
             by_algo[algo] = {}
             for n in plan.ranks:
+                if (reason := fits_in_memory(algo, n)) is not None:
+                    print(f"skipping mpirl {algo}, {n} ranks: {reason}", flush=True)
+                    by_algo[algo][n] = {"skipped": reason}
+                    continue
                 by_algo[algo][n] = attempt(f"mpirl {algo}, {n} ranks", lambda a=algo, n=n: measure(
                     a, n, plan, runs_dir), describe)
     report = {"meta": {**run_metadata(args.quick, plan, ("mpirl", "torch", "mpi4py")),
