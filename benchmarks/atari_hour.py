@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -86,7 +87,8 @@ def run_algo(algo: str, minutes: float, runs_dir: Path) -> dict[str, Any]:
     if not rows:
         raise BenchError(f"mpirl {algo}: progress.csv has no rows")
     last = rows[-1]
-    scores = [float(r["episode_return_mean"]) for r in rows if r["episode_return_mean"]]
+    # Rows before the first whole game hold NaN, which max() would return.
+    scores = [v for r in rows if math.isfinite(v := float(r["episode_return_mean"] or "nan"))]
     steps, seconds = int(last["timesteps_total"]), float(last["time_total_s"])
     return {
         "score": float(last["episode_return_mean"]),
