@@ -89,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
                 ))
 
             if run_rank() != 0:
-                startup.mark("imports_done")  # a worker rank imports its role's modules later
+                # While rank 0 prepares, import what most worker ranks (rollout) will need:
+                # otherwise they would start importing only when the driver spawns them.
+                import mpirl.workers.rollout  # noqa: F401
+
+                startup.mark("imports_done")
             return run_prepared(prepare, stop_signals_enabled=True)
         if args.command == "tune":
             from mpirl.tune import tune_main
