@@ -102,3 +102,33 @@ def test_the_numpy_actor_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def _cartpole_worker(seed: int):
+    from test_env_failures import local_context
+
+    from mpirl.workers.env_spec import EnvSpec
+    from mpirl.workers.rollout import RolloutWorker
+
+    spec = EnvSpec("CartPole-v1")
+    policy = PolicySpec(*spec.spaces(), (8,), "tanh")
+    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, seed, 0.99, 0.95, False)
+    weights = np.random.default_rng(0).normal(0, 0.5, worker.get_weights().size)
+    worker.set_weights(weights.astype(np.float32))  # a policy whose actions are not all equal
+    return worker
+
+
+def test_a_restored_rollout_worker_resumes_its_own_draws_and_not_another_runs():
+    worker = _cartpole_worker(seed=0)
+    worker.sample(4)
+    state = worker.get_state()
+    expected = worker.sample(16)["batch"]["actions"]
+    # The same run resuming (same seed): the same actions, bit for bit.
+    same = _cartpole_worker(seed=0)
+    same.set_state(state)
+    np.testing.assert_array_equal(same.sample(16)["batch"]["actions"], expected)
+    # Another run taking this state (PBT's exploit, seed 1): the same envs and weights, but
+    # actions of its own, or the two members would stay clones.
+    other = _cartpole_worker(seed=1)
+    other.set_state(state)
+    assert not np.array_equal(other.sample(16)["batch"]["actions"], expected)

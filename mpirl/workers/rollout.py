@@ -454,6 +454,7 @@ class RolloutWorker(Worker):
             "filter": self.filter.state(), "rng": capture_rng(), "restores": self.restores,
             "actor_rng": (self.policy.rng.bit_generator.state
                           if isinstance(self.policy, NumpyPolicy) else None),
+            "seed": self.seed,
             "env_failures": self.env_failures, "unreported_failures": self._unreported_failures,
             "policy_state": self.state, "episode_starts": self.episode_starts,
         }
@@ -504,5 +505,11 @@ class RolloutWorker(Worker):
 
     def _restore_rngs(self, state: dict[str, Any]) -> None:
         restore_rng(state["rng"])
-        if isinstance(self.policy, NumpyPolicy) and state.get("actor_rng") is not None:
+        if not isinstance(self.policy, NumpyPolicy):
+            return
+        if state.get("seed", self.seed) != self.seed:
+            # Another run's state (PBT's exploit copies the winner's checkpoint): continue from
+            # it, but draw this run's own actions, or the two members would stay clones.
+            self.policy.rng = np.random.default_rng([self.seed, self.restores])
+        elif state.get("actor_rng") is not None:  # this run's own: resume bit-identically
             self.policy.rng.bit_generator.state = state["actor_rng"]
