@@ -50,11 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return _inspect(args)  # outside MPI too
     if args.command in ("train", "tune", "doctor"):
         # MPI_Init on its own, before the command's imports (torch): startup.json times each.
-        from mpi4py import MPI  # noqa: F401
-
-        from mpirl.runtime import startup
-
-        startup.mark("mpi_ready")
+        # Importing the run's world initializes MPI and marks the point.
+        from mpirl.runtime import startup, world  # noqa: F401
     try:
         if args.command == "doctor":
             from mpirl.commands.doctor import LearnerCheck, doctor

@@ -30,11 +30,9 @@ class LearnerCheck:
 def doctor(driver: Driver, pings: int, learners: LearnerCheck) -> int:
     """Rank 0: the runtime's checks, then the learners' (where the layout has learner ranks)."""
     if driver.placement.count("learner"):
-        from mpirl.workers.learner import BACKENDS
+        from mpirl.workers.learner import check_backend  # before the pings, not after
 
-        if learners.learner_backend not in BACKENDS:
-            raise ConfigError(f"learner_backend must be one of {', '.join(BACKENDS)}, got "
-                              f"{learners.learner_backend!r}")
+        check_backend(learners.learner_backend)
     code = run_doctor(driver, pings=pings)
     if driver.placement.count("learner"):
         check_learners(driver, learners)

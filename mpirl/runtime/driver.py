@@ -299,8 +299,8 @@ def run_prepared(prepare: Callable[[], tuple[Callable[[Driver], int | None], Lay
     (torch, on ranks that only sample in NumPy). An ``MpirlError`` from ``prepare`` is raised on
     rank 0 alone, to be reported once; the other ranks return its exit code.
 
-    The other ranks wait for rank 0 polling, with back-off, for at most twice the default
-    ``startup_timeout_s``; past that they end the job (exit code 70) instead of hanging.
+    The other ranks wait for rank 0 in ``_all_arrive``, polling with back-off, for at most twice
+    the default ``startup_timeout_s``; past that they end the job (exit code 70), not hang.
     """
     world = run_comm()
     if world.Get_size() == 1:
@@ -315,7 +315,8 @@ def run_prepared(prepare: Callable[[], tuple[Callable[[Driver], int | None], Lay
         except BaseException as error:  # noqa: BLE001 - every rank must hear of any failure
             failure = error
             verdict = ("failed", getattr(error, "exit_code", EXIT_FAILURE))
-    _wait_for_rank0(world, 2 * RuntimeSettings.startup_timeout_s)
+    _all_arrive(world, "the preparation of the run", RuntimeSettings.startup_timeout_s,
+                lambda r: f"rank {r}")
     verdict = world.bcast(verdict, root=0)
     if failure is not None:
         raise failure
@@ -328,20 +329,6 @@ def run_prepared(prepare: Callable[[], tuple[Callable[[Driver], int | None], Lay
 
 def _serve_only(driver: Driver) -> int:
     raise AssertionError("only rank 0 runs main")
-
-
-def _wait_for_rank0(world: MPI.Comm, timeout_s: float) -> None:
-    """A barrier whose non-zero ranks poll with back-off and give up after ``timeout_s``."""
-    request = world.Ibarrier()
-    if world.Get_rank() == 0:
-        request.Wait()
-        return
-    start, backoff = time.monotonic(), Backoff(max_sleep_s=0.01)
-    while not request.Test():
-        if time.monotonic() - start > timeout_s:
-            _end_start_up(f"rank {world.Get_rank()} waited {timeout_s:g} s for rank 0 to "
-                          f"prepare the run; ending the job")
-        backoff.sleep()
 
 
 def _run_local(main: Callable[[Driver], int | None], placement: Placement,

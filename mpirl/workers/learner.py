@@ -45,13 +45,18 @@ from mpirl.workers.rollout import BATCH_TAG
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
 
+def check_backend(backend: str) -> None:
+    """ConfigError unless ``backend`` is one of ``BACKENDS``."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"learner_backend must be one of {', '.join(BACKENDS)}, "
+                          f"got {backend!r}")
+
+
 class GradientAllreduce:
     """Averages flat gradients over the learner ranks, weighted by the rows behind each."""
 
     def __init__(self, context: RankContext, backend: str, master_addr: str = "") -> None:
-        if backend not in BACKENDS:
-            raise ConfigError(f"learner_backend must be one of {', '.join(BACKENDS)}, "
-                              f"got {backend!r}")
+        check_backend(backend)
         if backend == "auto":
             backend = "nccl" if context.device.startswith("cuda") else "mpi"
         if backend == "nccl" and not context.device.startswith("cuda"):
