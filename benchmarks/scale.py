@@ -178,18 +178,6 @@ def measure(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, Any]
     }
 
 
-def growth_exponent(points: list[tuple[float, float]]) -> float | None:
-    """k of the least-squares fit of ``y = c * x^k`` (log-log); None with fewer than 2 points."""
-    points = [(x, y) for x, y in points if x > 0 and y and y > 0]
-    if len(points) < 2:
-        return None
-    xs = [math.log(x) for x, _ in points]
-    ys = [math.log(y) for _, y in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
-
-
 def marginal_cost(points: list[tuple[float, float]]) -> float | None:
     """The slope of the least-squares line through ``(workers, cost)``: what one more rollout
     rank adds (rank 0's idle polling, paid once per iteration whatever N is, falls out)."""
@@ -200,6 +188,13 @@ def marginal_cost(points: list[tuple[float, float]]) -> float | None:
     my = statistics.fmean(y for _, y in points)
     den = sum((x - mx) ** 2 for x, _ in points)
     return sum((x - mx) * (y - my) for x, y in points) / den if den else None
+
+
+def growth_exponent(points: list[tuple[float, float]]) -> float | None:
+    """k of the least-squares fit of ``y = c * x^k``: the slope on log-log axes; None with
+    fewer than 2 points."""
+    return marginal_cost([(math.log(x), math.log(y)) for x, y in points
+                          if x > 0 and y and y > 0])
 
 
 def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:

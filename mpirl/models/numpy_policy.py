@@ -67,8 +67,10 @@ class NumpyPolicy:
         self.shapes: list[tuple[str, tuple[int, ...]]] = []
         if self.kind == "box":
             self.shapes.append(("log_std", (out,)))
+        self.layers: dict[str, int] = {}
         for head, sizes in (("actor", [self.in_dim, *hidden, out]),
                             ("critic", [self.in_dim, *hidden, 1])):
+            self.layers[head] = len(sizes) - 1
             for i in range(len(sizes) - 1):
                 self.shapes += [(f"{head}.{i}.weight", (sizes[i + 1], sizes[i])),
                                 (f"{head}.{i}.bias", (sizes[i + 1],))]
@@ -102,7 +104,7 @@ class NumpyPolicy:
         return np.asarray(obs).reshape(-1, self.in_dim).astype(np.float32, copy=False)
 
     def _mlp(self, head: str, x: np.ndarray) -> np.ndarray:
-        layers = sum(1 for name, _ in self.shapes if name.startswith(f"{head}.")) // 2
+        layers = self.layers[head]
         for i in range(layers):
             x = x @ self.params[f"{head}.{i}.weight"].T + self.params[f"{head}.{i}.bias"]
             if i < layers - 1:
