@@ -20,7 +20,7 @@ import pytest
 from conftest import BIN, mpi_env
 
 from mpirl.jobs.checkpoint import CheckpointStore, verify
-from mpirl.jobs.run_dir import LOCK_FILE, LOCK_STALE_S, RunDirLocked, RunLock
+from mpirl.jobs.run_dir import LOCK_FILE, LOCK_STALE_S, RunDirLocked, RunLock, _process_start
 from mpirl.runtime.state_files import write_state_file
 
 MPIRL = str(BIN / "mpirl")
@@ -312,6 +312,29 @@ def test_a_killed_holders_lock_is_taken_over(tmp_path):
     assert f"took over {run_dir / LOCK_FILE} from a job that is gone" in resumed.stderr
     assert f"pid {first.pid}" in resumed.stderr
     assert not (run_dir / LOCK_FILE).exists()  # released at the end
+
+
+def test_a_zombie_holders_lock_is_taken_over(tmp_path):
+    # A killed job's rank 0 can stay a zombie for good where the container's init never reaps:
+    # it exists to kill(pid, 0) but holds nothing. A process that runs still holds the lock.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = _process_start(child.pid)
+        _holder(tmp_path / "live", host=socket.gethostname(), pid=child.pid, pid_start=start)
+        with pytest.raises(RunDirLocked, match=f"pid {child.pid}"):
+            RunLock(tmp_path / "live").acquire()
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.05)
+        _holder(tmp_path / "zombie", host=socket.gethostname(), pid=child.pid, pid_start=start)
+        lock = RunLock(tmp_path / "zombie")
+        assert f"pid {child.pid}" in lock.acquire()[0]
+        lock.release()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _holder(run_dir: Path, **fields) -> Path:

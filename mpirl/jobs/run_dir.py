@@ -220,14 +220,20 @@ class RunDirLocked(MpirlError):
     exit_code = EXIT_USAGE
 
 
-def _process_start(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (Linux), telling a reused pid apart."""
+def _process_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (Linux), or None."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
             text = file.read()
     except OSError:
         return None
-    return text.rpartition(")")[2].split()[19]
+    return text.rpartition(")")[2].split()
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (Linux), telling a reused pid apart."""
+    fields = _process_stat(pid)
+    return None if fields is None else fields[19]
 
 
 def _pid_alive(pid: int, start: str | None) -> bool:
@@ -237,7 +243,14 @@ def _pid_alive(pid: int, start: str | None) -> bool:
         return False
     except PermissionError:  # another user's process: alive
         return True
-    return start is None or _process_start(pid) in (None, start)
+    fields = _process_stat(pid)
+    if fields is None:
+        return True  # no /proc to ask (not Linux): the signal said it exists
+    # A zombie has exited but not been reaped. In containers whose init never reaps, a killed
+    # job's rank 0 stays one for good; it holds nothing.
+    if fields[0] in ("Z", "X"):
+        return False
+    return start is None or fields[19] == start
 
 
 class RunLock:
