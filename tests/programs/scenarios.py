@@ -233,7 +233,10 @@ def calls_until_a_rank_is_lost(driver, args):
             except mpirl.RankLost as error:
                 lost_errors.append([error.rank, str(error)])
                 lost_at = lost_at or time.monotonic()
-        echoes.discard_lost()
+        # The loss may be handled while no call of the dead rank is in flight (it answered,
+        # then died): then no future raises, and the rank is only taken out here.
+        if echoes.discard_lost():
+            lost_at = lost_at or time.monotonic()
         if lost_at is not None and time.monotonic() - lost_at > 1.0:
             break
     report(lost=[[h.rank, h.index] for h in echoes.lost], errors=lost_errors,
