@@ -1,8 +1,9 @@
 """Operators of derivative-free search (ES, ARS), run on the driver.
 
 One generation: every rollout worker evaluates its share of antithetic pairs and returns their
-noise indices and returns; the driver concatenates them in worker order and sends the same list
-to every worker, which applies the update itself. The driver then checks that every worker
+noise indices and returns; the driver concatenates them in worker order and broadcasts the list
+over the weights communicator (a tree: rank 0 sends it to a few ranks, not to each), and every
+worker applies the update itself. The driver then checks that every worker
 reports the same weights checksum. A rollout rank lost under ULFM drops its pairs for that
 generation and the run goes on with the others.
 """
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import ConfigError, MpirlError, RankLost
+from mpirl.execution.operators import broadcast_from_learner, discard_lost_rollouts
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
@@ -93,7 +95,7 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     workers = list(algo.rollouts)
     share, steps_share = math.ceil(num_pairs / len(workers)), math.ceil(min_steps / len(workers))
     results = _results([w.call_async("run_generation", share, steps_share) for w in workers])
-    algo.rollouts.discard_lost()
+    discard_lost_rollouts(algo.learners, algo.rollouts)
     if not results:
         raise MpirlError("every rollout rank was lost during a generation")
     indices = np.concatenate([r["indices"] for _, r in results])
@@ -103,8 +105,16 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     for _, r in results:
         delta.merge(*r["filter_delta"])
     filter_delta = (delta.mean, delta.var, delta.count)
-    applied = _results([w.call_async("apply_update", indices, returns, filter_delta)
-                        for w in algo.rollouts])
+    if all(w.in_process for w in algo.rollouts):
+        applied = _results([w.call_async("apply_update", indices, returns, filter_delta)
+                            for w in algo.rollouts])
+        message = pickle.dumps((indices, returns, filter_delta), protocol=5)
+    else:
+        # One broadcast over weights_comm, not one message per rank: the update holds every
+        # rank's pairs, so sending it to each rank would cost rank 0 O(W^2) bytes.
+        message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
+        applied = broadcast_from_learner(algo.learners, algo.rollouts, "broadcast_update",
+                                         "receive_update", message, what="the update")
     checksums = {r["checksum"] for _, r in applied}
     if len(checksums) > 1:
         raise DivergedWeights(
@@ -123,7 +133,6 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     update_stats = applied[0][1] if applied else {}
     # What crossed between the driver and one rank this generation, both ways: its results, the
     # update message and the update's answer. None of it grows with the number of weights.
-    message = pickle.dumps((indices, returns, filter_delta), protocol=5)
     sent = [len(pickle.dumps(r, protocol=5)) for _, r in results]
     answers = [len(pickle.dumps(r, protocol=5)) for _, r in applied]
     bytes_per_rank = (sum(sent) + sum(answers)) / len(results) + len(message)

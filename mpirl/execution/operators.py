@@ -56,7 +56,7 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
     into ``obs_filter``. An environment that failed ``max_env_failures`` times in a row raises
     ``EnvFailureError`` here. A worker whose rank is lost meanwhile (survived, under ULFM) is
     left out and taken out of ``rollouts``."""
-    _discard_lost_rollouts(learners, rollouts)
+    discard_lost_rollouts(learners, rollouts)
     filter_state = obs_filter.state() if obs_filter is not None else None
     result = SampleResult()
     futures = []
@@ -73,7 +73,7 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         add_sample(result, target, worker, metrics, obs_filter)
-    _discard_lost_rollouts(learners, rollouts)
+    discard_lost_rollouts(learners, rollouts)
     return result
 
 
@@ -92,7 +92,7 @@ def add_sample(result: SampleResult, target: int, worker: WorkerHandle, metrics:
         obs_filter.merge(mean, var, count)
 
 
-def _discard_lost_rollouts(learners: WorkerGroup, rollouts: WorkerGroup) -> bool:
+def discard_lost_rollouts(learners: WorkerGroup, rollouts: WorkerGroup) -> bool:
     """Take the workers of lost rollout ranks out of ``rollouts``; if there were any, shrink
     weights_comm to its live members. True if any were taken out."""
     if not rollouts.discard_lost():
@@ -207,37 +207,56 @@ def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
         for worker in rollouts:
             worker.call("set_weights", weights)
         return
-    # A rollout rank that dies during the broadcast breaks it: the members that notice revoke
-    # the communicator, so all of them fail; shrink it to the survivors and send again.
+    broadcast_from_learner(learners, rollouts, "broadcast_weights", "receive_weights",
+                           what="the weights")
+
+
+def broadcast_from_learner(learners: WorkerGroup, rollouts: WorkerGroup, send: str,
+                           receive: str, *send_args: Any, what: str
+                           ) -> list[tuple[int, Any]]:
+    """One collective over weights_comm rooted at learner 0: learner 0 runs ``send(*send_args)``
+    while every rollout worker runs ``receive()``; returns (worker index, result) of each
+    rollout worker that answered. Rollout workers must have ranks of their own; ``what`` names
+    what is sent, for a timeout's message.
+
+    A rollout rank that dies during the collective breaks it: the members that notice revoke
+    the communicator, so all of them fail; it is shrunk to the survivors and the collective runs
+    again (``receive`` must therefore give the same result when it gets the same data twice).
+    """
+    source = learners[0]
     for attempt in range(1 + _BROADCAST_RETRIES):
-        _discard_lost_rollouts(learners, rollouts)
+        discard_lost_rollouts(learners, rollouts)
         # The rollout ranks enter the collective first; a learner in the driver's process runs
-        # its half of the Bcast inside call_async, which would otherwise wait for nobody.
-        futures = rollouts.call_async("receive_weights")
-        futures.append(source.call_async("broadcast_weights"))
-        broken = None
+        # its half inside call_async, which would otherwise wait for nobody.
+        futures = rollouts.call_async(receive)
+        futures.append(source.call_async(send, *send_args))
+        broken, results = None, []
         # The source first: a timeout in its half (run already when it is in-process) is then
         # reported at once, not after the rollout ranks' own timeouts.
-        for future in [futures[-1], *futures[:-1]]:
+        for index, future in [(len(futures) - 1, futures[-1]), *enumerate(futures[:-1])]:
             try:
-                future.result()
+                value = future.result()
             except RankLost:
-                pass
+                continue
             except RemoteError as error:
                 if error.cause_type == _TASK_TIMEOUT:
                     late = [f"rank {f.rank}" for f in futures[:-1] if not f.done()]
                     raise TaskTimeout(f"{error.cause_message}; rollout ranks that had not taken "
-                                      f"the weights: {', '.join(late) or 'none'}") from None
+                                      f"{what}: {', '.join(late) or 'none'}") from None
                 if error.cause_type != _PROCESS_FAILURE:
                     raise
                 broken = error
+                continue
+            if index < len(futures) - 1:
+                results.append((index, value))
         if broken is None:
-            return
+            return results
         if attempt == _BROADCAST_RETRIES:
             raise broken
-        if not _discard_lost_rollouts(learners, rollouts):
+        if not discard_lost_rollouts(learners, rollouts):
             # MPI knows which rank died before the driver may; Shrink leaves it out anyway.
             rebuild_weights_comm(learners, rollouts)
+    raise AssertionError("unreachable")
 
 
 # Replay. Steps go rollout rank -> replay shard rank, minibatches shard -> learner rank, TD errors

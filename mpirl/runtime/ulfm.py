@@ -106,3 +106,18 @@ def bcast_weights(comm: MPI.Comm, buffer: np.ndarray, timeout_s: float) -> None:
     with revoke_on_failure(comm, "the weight broadcast"):
         wait_for_all(comm, timeout_s, "the weight broadcast")
         comm.Bcast(buffer, root=0)
+
+
+def bcast_bytes(comm: MPI.Comm, payload: bytes | None, timeout_s: float, what: str) -> bytes:
+    """``payload`` (given on rank 0 of ``comm``, None elsewhere) to every member: its length,
+    then its bytes, once all have arrived within ``timeout_s``. A member's death revokes
+    ``comm`` and raises ``ProcessFailure``, as in ``bcast_weights``. Collective over ``comm``."""
+    root = comm.Get_rank() == 0
+    with revoke_on_failure(comm, what):
+        wait_for_all(comm, timeout_s, what)
+        size = np.array([len(payload) if root else 0], np.int64)
+        comm.Bcast(size, root=0)
+        buffer = (np.frombuffer(payload, np.uint8) if root
+                  else np.empty(int(size[0]), np.uint8))
+        comm.Bcast(buffer, root=0)
+    return payload if root else buffer.tobytes()

@@ -4,7 +4,8 @@ driver's copy of the weights.
 Each rollout rank keeps the weights, the optimizer state and the observation statistics, and
 evaluates antithetic perturbations drawn from a noise table that exists once per node (MPI shared
 memory over the node's rollout ranks). What crosses ranks each generation is only, per
-perturbation, its noise index and its two returns and lengths (worker -> driver -> every worker),
+perturbation, its noise index and its two returns and lengths (worker -> driver, then one
+broadcast from the driver over the weights communicator to every worker),
 plus the observation statistics' delta: never a weight vector. Every rank applies the identical
 update, and the driver checks a checksum of the new weights from each.
 """
@@ -24,7 +25,7 @@ from mpirl.models.encoders import has_image
 from mpirl.models.evolution import Adam, DirectPolicySpec, ars_step, es_step
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import bcast_weights
+from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -74,7 +75,8 @@ def proportional_memory_mb() -> float:
 class PerturbationWorker(Worker):
     """Evaluates antithetic perturbations of the weights on a rollout rank; applies updates."""
 
-    MESSAGES = ("setup_search", "run_generation", "apply_update", "receive_weights",
+    MESSAGES = ("setup_search", "run_generation", "apply_update", "receive_update",
+                "receive_weights",
                 "set_weights", "get_weights", "search_state", "set_search_state",
                 "save_state", "load_state", "finish_dump")
 
@@ -104,6 +106,7 @@ class PerturbationWorker(Worker):
         self.noise: NoiseTable | None = None
         self.settings: dict[str, Any] = {}
         self.optimizer: Adam | None = None
+        self.applied: tuple[int, dict[str, Any]] | None = None  # (generation, its answer)
 
     def setup_search(self, settings: dict[str, Any]) -> dict[str, Any]:
         """Build the noise table (collective over the rollout ranks) and the optimizer."""
@@ -243,6 +246,17 @@ class PerturbationWorker(Worker):
         self.policy.set_flat_weights(self.theta)
         return {"checksum": weights_checksum(self.theta), **stats}
 
+    def receive_update(self) -> dict[str, Any]:
+        """Take the generation's update from the driver's broadcast over weights_comm (a
+        collective; the driver sends it once, not once per rank) and apply it. A generation's
+        update broadcast again, after a rank died during the first try, is applied once."""
+        message = bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
+                              "the update broadcast")
+        generation, indices, returns, filter_delta = pickle.loads(message)
+        if self.applied is None or self.applied[0] != generation:
+            self.applied = (generation, self.apply_update(indices, returns, filter_delta))
+        return self.applied[1]
+
     # Weights and state.
 
     def receive_weights(self) -> None:
@@ -263,6 +277,7 @@ class PerturbationWorker(Worker):
                 "filter": self.filter.state()}
 
     def set_search_state(self, state: dict[str, Any]) -> str:
+        self.applied = None
         self.set_weights(state["theta"])
         self.optimizer.load(state["optimizer"])
         self.filter.mean, self.filter.var, self.filter.count = state["filter"]
@@ -296,8 +311,8 @@ class SearchWeights(Worker):
     rollout ranks at start-up, and, before each checkpoint, rollout worker 0's current ones, so
     that ``learner_0.pkl`` holds the policy that ``mpirl evaluate`` and ``export`` read."""
 
-    MESSAGES = ("broadcast_weights", "get_weights", "set_weights", "save_state", "load_state",
-                "histograms")
+    MESSAGES = ("broadcast_weights", "broadcast_update", "get_weights", "set_weights",
+                "save_state", "load_state", "histograms")
 
     def __init__(self, context: RankContext, policy: DirectPolicySpec, loss: Any, config: Any,
                  lr: float, grad_clip: float, seed: int, backend: str, torch_threads: int,
@@ -311,6 +326,11 @@ class SearchWeights(Worker):
     def broadcast_weights(self) -> None:
         bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
                       self.context.collective_timeout_s)
+
+    def broadcast_update(self, message: bytes) -> None:
+        """The root's half of ``PerturbationWorker.receive_update``."""
+        bcast_bytes(self.context.weights_comm, message, self.context.collective_timeout_s,
+                    "the update broadcast")
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()
