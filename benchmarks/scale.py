@@ -19,6 +19,11 @@ rank count run; the largest RSS per role; and from ``startup.json`` the time fro
 first iteration. ``growth`` fits each quantity through rank 0 to ``c * workers^k`` over the rank
 counts: k > 1 would be faster than linear; ``driver_cpu_us_per_added_worker`` is the slope of rank
 0's CPU per iteration against the rollout ranks, the part of its cost that each rank adds.
+
+The driver's counters see only its control channel. With ``--mpi-traffic`` each point also gets
+``mpi_sent_bytes_per_iter`` and ``mpi_received_bytes_per_iter``: every byte rank 0 sent and
+received, collectives included (a weight or update broadcast from rank 0, say), from Open MPI's
+pml monitoring over two runs of different lengths (``mpi_traffic``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
+    MPIEXEC,
+    MPIEXEC_FLAGS,
     BenchError,
     attempt,
     fmt,
@@ -58,6 +65,12 @@ ES_EPISODE_LEN = 20
 TORCH_ROLLOUT_ALGOS = ("APEX", "ES")
 """Their rollout ranks import torch (Q networks, batched perturbed policies): about 300 MB each."""
 TORCH_RANK_MB = 300
+TRAFFIC_ITERATIONS = (4, 12)
+"""The two runs whose difference gives the MPI traffic of one iteration (``--mpi-traffic``)."""
+MONITORING_FLAGS = ("--mca", "pml_monitoring_enable", "2", "--mca", "pml_monitoring_enable_output",
+                    "3", "--mca", "osc", "sm,rdma")
+"""Open MPI's pml monitoring, writing each rank's per-peer totals at MPI_Finalize. Its one-sided
+component breaks shared-memory windows (ES's noise table), so ``osc`` leaves it out."""
 
 
 def fits_in_memory(algo: str, ranks: int) -> str | None:
@@ -128,15 +141,10 @@ def _median(rows: list[dict[str, str]], key: str) -> float | None:
 
 def measure(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, Any]:
     """One ``mpirl train`` of ``algo`` on ``ranks`` ranks; its costs per iteration."""
-    workers, layout = rollout_ranks(algo, ranks)
-    if workers < 1:
-        raise BenchError(f"{algo} needs more than {ranks} ranks")
+    workers, _ = rollout_ranks(algo, ranks)
     run_dir = runs_dir / f"{algo.lower()}-{ranks}"
-    config = {**layout, **config_for(algo, workers, plan.step_ms)}
-    command = mpiexec_command(
-        ranks, str(MPIRL), "train", "--algo", algo, "--env", ENV_ID, "--config",
-        json.dumps(config), "--stop", json.dumps({"time_total_s": plan.train_s}),
-        "--run-dir", str(run_dir), "--progress", "plain", "--seed", "0")
+    command = mpiexec_command(ranks, str(MPIRL), *_train_command(
+        algo, ranks, plan, run_dir, {"time_total_s": plan.train_s}))
     # Start-up of 64 ranks that each import torch on 2 cores takes a minute or more.
     finished = run_process(command, f"mpirl {algo} -n {ranks}", plan.train_s + 60 + 3.0 * ranks,
                            {"CI": "true"})
@@ -178,6 +186,60 @@ def measure(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, Any]
     }
 
 
+def _train_command(algo: str, ranks: int, plan: Plan, run_dir: Path, stop: dict[str, Any]
+                   ) -> list[str]:
+    workers, layout = rollout_ranks(algo, ranks)
+    if workers < 1:
+        raise BenchError(f"{algo} needs more than {ranks} ranks")
+    config = {**layout, **config_for(algo, workers, plan.step_ms)}
+    return ["train", "--algo", algo, "--env", ENV_ID, "--config", json.dumps(config),
+            "--stop", json.dumps(stop), "--run-dir", str(run_dir), "--progress", "plain",
+            "--seed", "0"]
+
+
+def read_rank0_traffic(prefix: Path, ranks: int) -> dict[str, float]:
+    """Bytes and messages rank 0 sent and received over a whole run, from the files Open MPI's
+    pml monitoring wrote (``PREFIX.RANK.prof``): point to point (``E`` lines) and the
+    point-to-point messages that collectives are made of (``I`` lines), by world rank."""
+    totals = {"sent_bytes": 0.0, "sent_msgs": 0.0, "received_bytes": 0.0, "received_msgs": 0.0}
+    for rank in range(ranks):
+        path = Path(f"{prefix}.{rank}.prof")
+        if not path.exists():
+            raise BenchError(f"Open MPI's monitoring wrote no {path.name}")
+        for line in path.read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) < 5 or fields[0] not in ("E", "I"):
+                continue
+            source, dest = int(fields[1]), int(fields[2])
+            size, count = float(fields[3].split()[0]), float(fields[4].split()[0])
+            if source == 0:
+                totals["sent_bytes"] += size
+                totals["sent_msgs"] += count
+            elif dest == 0:
+                totals["received_bytes"] += size
+                totals["received_msgs"] += count
+    return totals
+
+
+def mpi_traffic(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, float]:
+    """All the MPI traffic through rank 0 per iteration, collectives included (the driver's own
+    counters see only its control channel): two runs of ``TRAFFIC_ITERATIONS`` under Open MPI's
+    pml monitoring; their difference, over the difference in iterations. Start-up cancels."""
+    totals = []
+    for iterations in TRAFFIC_ITERATIONS:
+        run_dir = runs_dir / f"{algo.lower()}-{ranks}-traffic-{iterations}"
+        prefix = runs_dir / f"{algo.lower()}-{ranks}-traffic-{iterations}-mon"
+        command = [str(MPIEXEC), "-n", str(ranks), *MPIEXEC_FLAGS, *MONITORING_FLAGS, "--mca",
+                   "pml_monitoring_filename", str(prefix), str(MPIRL),
+                   *_train_command(algo, ranks, plan, run_dir, {"training_iteration": iterations})]
+        run_process(command, f"mpirl {algo} -n {ranks} (monitored)", 120 + 3.0 * ranks,
+                    {"CI": "true"})
+        totals.append(read_rank0_traffic(prefix, ranks))
+    span = TRAFFIC_ITERATIONS[1] - TRAFFIC_ITERATIONS[0]
+    return {f"mpi_{key}_per_iter": (totals[1][key] - totals[0][key]) / span
+            for key in totals[0]}
+
+
 def marginal_cost(points: list[tuple[float, float]]) -> float | None:
     """The slope of the least-squares line through ``(workers, cost)``: what one more rollout
     rank adds (rank 0's idle polling, paid once per iteration whatever N is, falls out)."""
@@ -210,9 +272,12 @@ def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
             per = r["steps_per_s_per_worker"]
             base_per = base["steps_per_s_per_worker"]
             r["sampling_weak_scaling_efficiency"] = per / base_per if per and base_per else None
-        growth[algo] = {key: growth_exponent([(r["rollout_ranks"], r[key]) for r in ok.values()])
+        growth[algo] = {key: growth_exponent([(r["rollout_ranks"], r.get(key))
+                                               for r in ok.values()])
                         for key in ("driver_cpu_ms_per_iter", "driver_msgs_per_iter",
-                                    "driver_bytes_per_iter")}
+                                    "driver_bytes_per_iter", "mpi_sent_bytes_per_iter",
+                                    "mpi_received_bytes_per_iter", "mpi_sent_msgs_per_iter")
+                        if any(r.get(key) is not None for r in ok.values())}
         slope_ms = marginal_cost([(r["rollout_ranks"], r["driver_cpu_ms_per_iter"])
                                   for r in ok.values()])
         growth[algo]["driver_cpu_us_per_added_worker"] = (
@@ -250,6 +315,11 @@ def describe(result: dict[str, Any]) -> str:
             f"{fmt(result['startup_s'], 1)} s")
 
 
+def describe_traffic(result: dict[str, float]) -> str:
+    return (f"rank 0 sends {fmt(result['mpi_sent_bytes_per_iter'] / 1e3, 1)} kB and receives "
+            f"{fmt(result['mpi_received_bytes_per_iter'] / 1e3, 1)} kB per iteration, all MPI")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -259,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algos", help=f"comma-separated, of {','.join(ALGOS)}")
     parser.add_argument("--train-s", type=float, help="training seconds per run")
     parser.add_argument("--step-ms", type=float, help="what each env step sleeps, in ms")
+    parser.add_argument("--mpi-traffic", action="store_true",
+                        help="also measure all MPI traffic through rank 0 per iteration, "
+                             "collectives included, with Open MPI's monitoring (two more runs "
+                             "per point)")
     parser.add_argument("--runs-dir", type=Path,
                         help="keep the run directories here (default: a temporary directory)")
     args = parser.parse_args(argv)
@@ -287,19 +361,28 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 by_algo[algo][n] = attempt(f"mpirl {algo}, {n} ranks", lambda a=algo, n=n: measure(
                     a, n, plan, runs_dir), describe)
+                if args.mpi_traffic and "error" not in by_algo[algo][n]:
+                    traffic = attempt(f"mpirl {algo}, {n} ranks, MPI traffic",
+                                      lambda a=algo, n=n: mpi_traffic(a, n, plan, runs_dir),
+                                      describe_traffic)
+                    by_algo[algo][n].update(traffic if "error" not in traffic
+                                            else {"mpi_traffic_error": traffic["error"]})
     report = {"meta": {**run_metadata(args.quick, plan, ("mpirl", "torch", "mpi4py")),
                        "env": ENV_ID, "wall_s": time.perf_counter() - started},
               **summarize(by_algo),
               "by_algo": {a: {str(n): r for n, r in runs.items()} for a, runs in by_algo.items()}}
     write_report(report, args.json)
     rows = [("algo, ranks", "iter s", "rank0 us/worker/iter", "msgs/iter", "kB/iter",
-             "steps/s/worker", "efficiency", "rollout MB", "start-up s")]
+             "MPI kB out/in", "steps/s/worker", "efficiency", "rollout MB", "start-up s")]
     for algo, runs in by_algo.items():
         for n, r in runs.items():
             rows.append((f"{algo} {n}", fmt(r.get("iteration_s"), 2),
                          fmt(r.get("driver_cpu_us_per_worker_iteration"), 0),
                          fmt(r.get("driver_msgs_per_iter"), 0),
                          fmt((r.get("driver_bytes_per_iter") or 0) / 1e3, 1),
+                         (f"{fmt((r.get('mpi_sent_bytes_per_iter') or 0) / 1e3, 1)}/"
+                          f"{fmt((r.get('mpi_received_bytes_per_iter') or 0) / 1e3, 1)}"
+                          if "mpi_sent_bytes_per_iter" in r else "-"),
                          fmt(r.get("steps_per_s_per_worker"), 1),
                          fmt(r.get("sampling_weak_scaling_efficiency"), 2),
                          fmt(r.get("rss_mb_by_role", {}).get("rollout"), 0),

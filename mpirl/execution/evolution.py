@@ -1,9 +1,9 @@
 """Operators of derivative-free search (ES, ARS), run on the driver.
 
 One generation: every rollout worker evaluates its share of antithetic pairs and returns their
-noise indices and returns; the driver concatenates them in worker order and broadcasts the list
-over the weights communicator (a tree: rank 0 sends it to a few ranks, not to each), and every
-worker applies the update itself. The driver then checks that every worker
+noise indices and returns; the driver concatenates them in worker order and sends the list to
+rollout worker 0, which broadcasts it over the weights communicator (rank 0 sends it once, not
+to every rank), and every worker applies the update itself. The driver then checks that every worker
 reports the same weights checksum. A rollout rank lost under ULFM drops its pairs for that
 generation and the run goes on with the others.
 """
@@ -110,11 +110,13 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
                             for w in algo.rollouts])
         message = pickle.dumps((indices, returns, filter_delta), protocol=5)
     else:
-        # One broadcast over weights_comm, not one message per rank: the update holds every
-        # rank's pairs, so sending it to each rank would cost rank 0 O(W^2) bytes.
+        # Not one message per rank: the update holds every rank's pairs, so sending it to each
+        # would cost rank 0 O(W^2) bytes. Rank 0 sends it to rollout worker 0 alone, which is
+        # the root of a broadcast over weights_comm, in which rank 0 only receives.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
-        applied = broadcast_from_learner(algo.learners, algo.rollouts, "broadcast_update",
-                                         "receive_update", message, what="the update")
+        applied = broadcast_from_learner(algo.learners, algo.rollouts, "take_update",
+                                         "receive_update", what="the update",
+                                         first_receive_args=(message,))
     checksums = {r["checksum"] for _, r in applied}
     if len(checksums) > 1:
         raise DivergedWeights(

@@ -212,12 +212,12 @@ def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
 
 
 def broadcast_from_learner(learners: WorkerGroup, rollouts: WorkerGroup, send: str,
-                           receive: str, *send_args: Any, what: str
+                           receive: str, *, what: str, first_receive_args: tuple = ()
                            ) -> list[tuple[int, Any]]:
-    """One collective over weights_comm rooted at learner 0: learner 0 runs ``send(*send_args)``
-    while every rollout worker runs ``receive()``; returns (worker index, result) of each
-    rollout worker that answered. Rollout workers must have ranks of their own; ``what`` names
-    what is sent, for a timeout's message.
+    """One collective over weights_comm: learner 0 runs ``send()`` while every rollout worker
+    runs ``receive()``, rollout worker 0 with ``first_receive_args``; returns (worker index,
+    result) of each rollout worker that answered. Rollout workers must have ranks of their
+    own; ``what`` names what is sent, for a timeout's message.
 
     A rollout rank that dies during the collective breaks it: the members that notice revoke
     the communicator, so all of them fail; it is shrunk to the survivors and the collective runs
@@ -227,9 +227,10 @@ def broadcast_from_learner(learners: WorkerGroup, rollouts: WorkerGroup, send: s
     for attempt in range(1 + _BROADCAST_RETRIES):
         discard_lost_rollouts(learners, rollouts)
         # The rollout ranks enter the collective first; a learner in the driver's process runs
-        # its half inside call_async, which would otherwise wait for nobody.
-        futures = rollouts.call_async(receive)
-        futures.append(source.call_async(send, *send_args))
+        # its part inside call_async, which would otherwise wait for nobody.
+        futures = [worker.call_async(receive, *(first_receive_args if i == 0 else ()))
+                   for i, worker in enumerate(rollouts)]
+        futures.append(source.call_async(send))
         broken, results = None, []
         # The source first: a timeout in its half (run already when it is in-process) is then
         # reported at once, not after the rollout ranks' own timeouts.

@@ -109,15 +109,17 @@ def bcast_weights(comm: MPI.Comm, buffer: np.ndarray, timeout_s: float) -> None:
 
 
 def bcast_bytes(comm: MPI.Comm, payload: bytes | None, timeout_s: float, what: str) -> bytes:
-    """``payload`` (given on rank 0 of ``comm``, None elsewhere) to every member: its length,
-    then its bytes, once all have arrived within ``timeout_s``. A member's death revokes
-    ``comm`` and raises ``ProcessFailure``, as in ``bcast_weights``. Collective over ``comm``."""
-    root = comm.Get_rank() == 0
+    """``payload``, given on one member of ``comm`` (None on the others), to every member, once
+    all have arrived within ``timeout_s``: an allreduce tells them who holds it and its length,
+    then a ``Bcast`` from there. A member's death revokes ``comm`` and raises
+    ``ProcessFailure``, as in ``bcast_weights``. Collective over ``comm``."""
     with revoke_on_failure(comm, what):
         wait_for_all(comm, timeout_s, what)
-        size = np.array([len(payload) if root else 0], np.int64)
-        comm.Bcast(size, root=0)
-        buffer = (np.frombuffer(payload, np.uint8) if root
-                  else np.empty(int(size[0]), np.uint8))
-        comm.Bcast(buffer, root=0)
-    return payload if root else buffer.tobytes()
+        held = payload is not None
+        mine = np.array([comm.Get_rank() if held else -1, len(payload) if held else -1],
+                        np.int64)
+        found = np.empty(2, np.int64)
+        comm.Allreduce(mine, found, op=MPI.MAX)
+        buffer = np.frombuffer(payload, np.uint8) if held else np.empty(int(found[1]), np.uint8)
+        comm.Bcast(buffer, root=int(found[0]))
+    return payload if held else buffer.tobytes()

@@ -4,8 +4,8 @@ driver's copy of the weights.
 Each rollout rank keeps the weights, the optimizer state and the observation statistics, and
 evaluates antithetic perturbations drawn from a noise table that exists once per node (MPI shared
 memory over the node's rollout ranks). What crosses ranks each generation is only, per
-perturbation, its noise index and its two returns and lengths (worker -> driver, then one
-broadcast from the driver over the weights communicator to every worker),
+perturbation, its noise index and its two returns and lengths (worker -> driver -> worker 0,
+then one broadcast from there over the weights communicator to every rank),
 plus the observation statistics' delta: never a weight vector. Every rank applies the identical
 update, and the driver checks a checksum of the new weights from each.
 """
@@ -246,12 +246,13 @@ class PerturbationWorker(Worker):
         self.policy.set_flat_weights(self.theta)
         return {"checksum": weights_checksum(self.theta), **stats}
 
-    def receive_update(self) -> dict[str, Any]:
-        """Take the generation's update from the driver's broadcast over weights_comm (a
-        collective; the driver sends it once, not once per rank) and apply it. A generation's
-        update broadcast again, after a rank died during the first try, is applied once."""
-        message = bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
-                              "the update broadcast")
+    def receive_update(self, message: bytes | None = None) -> dict[str, Any]:
+        """Take the generation's update in a broadcast over weights_comm and apply it. One rank
+        (rollout worker 0) gets ``message`` in its call and is the broadcast's root, so rank 0
+        sends the update once, not once per rank, and forwards none of it. A generation's update
+        broadcast again, after a rank died during the first try, is applied once."""
+        message = bcast_bytes(self.context.weights_comm, message,
+                              self.context.collective_timeout_s, "the update broadcast")
         generation, indices, returns, filter_delta = pickle.loads(message)
         if self.applied is None or self.applied[0] != generation:
             self.applied = (generation, self.apply_update(indices, returns, filter_delta))
@@ -311,7 +312,7 @@ class SearchWeights(Worker):
     rollout ranks at start-up, and, before each checkpoint, rollout worker 0's current ones, so
     that ``learner_0.pkl`` holds the policy that ``mpirl evaluate`` and ``export`` read."""
 
-    MESSAGES = ("broadcast_weights", "broadcast_update", "get_weights", "set_weights",
+    MESSAGES = ("broadcast_weights", "take_update", "get_weights", "set_weights",
                 "save_state", "load_state", "histograms")
 
     def __init__(self, context: RankContext, policy: DirectPolicySpec, loss: Any, config: Any,
@@ -327,9 +328,11 @@ class SearchWeights(Worker):
         bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
                       self.context.collective_timeout_s)
 
-    def broadcast_update(self, message: bytes) -> None:
-        """The root's half of ``PerturbationWorker.receive_update``."""
-        bcast_bytes(self.context.weights_comm, message, self.context.collective_timeout_s,
+    def take_update(self) -> None:
+        """The driver's part in ``PerturbationWorker.receive_update`` (a member of
+        weights_comm, it takes the update too; its copy of the weights is refreshed only
+        before checkpoints)."""
+        bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
 
     def get_weights(self) -> np.ndarray:
