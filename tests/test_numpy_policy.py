@@ -132,3 +132,49 @@ def test_a_restored_rollout_worker_resumes_its_own_draws_and_not_another_runs():
     other = _cartpole_worker(seed=1)
     other.set_state(state)
     assert not np.array_equal(other.sample(16)["batch"]["actions"], expected)
+
+
+Q_CASES = {
+    "dueling-relu": (VECTOR, (16, 8), "relu", True),
+    "plain-tanh": (VECTOR, (8,), "tanh", False),
+    "no-hidden": (gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32), (), "relu", True),
+    "discrete-obs-elu": (gym.spaces.Discrete(5), (8,), "elu", True),
+}
+
+
+@pytest.mark.parametrize("case", list(Q_CASES))
+def test_q_values_and_epsilon_greedy_actions_match_torch(case):
+    from mpirl.models.q_spec import NumpyQPolicy, QSpec
+
+    obs_space, hidden, activation, dueling = Q_CASES[case]
+    spec = QSpec(obs_space, gym.spaces.Discrete(4), hidden, activation, dueling)
+    torch.manual_seed(0)
+    network = spec.build()
+    with torch.no_grad():
+        for p in network.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    actor = NumpyQPolicy(spec)
+    actor.set_flat_weights(network.get_flat_weights())
+    assert actor.num_weights() == network.get_flat_weights().size
+    obs_space.seed(0)
+    obs = _batch(obs_space, 64)
+    with torch.no_grad():
+        expected = network(obs).numpy()
+    np.testing.assert_allclose(actor.q_values(obs), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(actor.act(obs)[0], network.act(obs)[0])
+    # The same generator state gives the same epsilon-greedy draws.
+    for epsilon in (0.0, 0.3):
+        np.testing.assert_array_equal(
+            actor.explore(obs, epsilon, np.random.default_rng(5)),
+            network.explore(obs, epsilon, np.random.default_rng(5)))
+
+
+def test_q_networks_that_need_torch_are_named():
+    from mpirl.models.q_spec import NumpyQPolicy, QSpec, numpy_unsupported
+
+    image = QSpec(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), gym.spaces.Discrete(4))
+    assert numpy_unsupported(image) == "image observations go through a CNN"
+    custom = QSpec(VECTOR, gym.spaces.Discrete(2), model=ModelOptions(custom_model="m:C"))
+    assert numpy_unsupported(custom) == "a custom_model is a torch module"
+    with pytest.raises(ValueError, match="NumpyQPolicy cannot run this Q network"):
+        NumpyQPolicy(image)

@@ -1,14 +1,11 @@
-"""Derivative-free search (ES, ARS): a deterministic policy evaluated for many weight vectors at
-once, and the update rules that turn antithetic returns into a step.
+"""Derivative-free search (ES, ARS) in torch: the deterministic policy evaluated for many weight
+vectors at once, for the driver, image observations and what ``NumpyDirectPolicy`` cannot run.
 
-Every rank that holds the weights applies the same update to the same inputs (noise indices and
-returns, never weights), so the update must be a pure function of them: NumPy, fixed summation
-order, no threads that could reorder a sum.
+The spec, the NumPy forward pass and the update rules live in ``mpirl.models.search_rules``
+(no torch), and are exported here too.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -16,22 +13,20 @@ import torch
 from torch import nn
 
 from mpirl.errors import ConfigError
-from mpirl.models.encoders import Encoder, ModelOptions
+from mpirl.models.encoders import Encoder
 from mpirl.models.policy import _ACTIVATIONS, FlatParameters
+from mpirl.models.search_rules import (
+    Adam,
+    DirectPolicySpec,
+    ars_step,
+    centered_ranks,
+    direct_actions,
+    es_step,
+    weighted_noise_sum,
+)
 
-
-@dataclass(frozen=True)
-class DirectPolicySpec:
-    """A deterministic policy from observations to actions; ``hidden_sizes`` () is linear (ARS)."""
-
-    observation_space: gym.Space
-    action_space: gym.Space
-    hidden_sizes: tuple[int, ...] = (32,)
-    activation: str = "tanh"
-    model: ModelOptions = field(default_factory=ModelOptions)
-
-    def build(self, device: str = "cpu") -> DirectPolicy:
-        return DirectPolicy(self).to(device)
+__all__ = ["Adam", "DirectPolicy", "DirectPolicySpec", "ars_step", "centered_ranks", "es_step",
+           "weighted_noise_sum"]
 
 
 class DirectPolicy(FlatParameters):
@@ -107,10 +102,7 @@ class DirectPolicy(FlatParameters):
 
     def to_actions(self, outputs: np.ndarray) -> np.ndarray:
         """Network outputs ``[B, out]`` as env actions (argmax, or clipped to the bounds)."""
-        if self.kind == "discrete":
-            return outputs.argmax(-1)
-        space = self.spec.action_space
-        return np.clip(outputs, space.low.ravel(), space.high.ravel()).reshape(-1, *space.shape)
+        return direct_actions(self.spec.action_space, outputs)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = True, critic_obs=None):
@@ -119,89 +111,5 @@ class DirectPolicy(FlatParameters):
         return (outputs.argmax(-1) if self.kind == "discrete" else outputs), None, None
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        if self.kind == "discrete":
-            return actions
-        space = self.spec.action_space
-        return np.clip(actions, space.low.ravel(), space.high.ravel()).reshape(-1, *space.shape)
-
-
-# Update rules. ``returns`` is [n, 2]: the returns of theta + sigma*eps and theta - sigma*eps.
-
-
-def centered_ranks(values: np.ndarray) -> np.ndarray:
-    """Each value's rank over all of ``values``, mapped to [-0.5, 0.5] (Salimans et al.'s
-    fitness shaping); ties keep their order of appearance."""
-    ranks = np.empty(values.size, np.float64)
-    ranks[np.argsort(values.ravel(), kind="stable")] = np.arange(values.size)
-    return (ranks / max(values.size - 1, 1) - 0.5).reshape(values.shape)
-
-
-def weighted_noise_sum(weights: np.ndarray, indices: np.ndarray, noise: np.ndarray,
-                       size: int, chunk: int = 256) -> np.ndarray:
-    """``sum_i weights[i] * noise[indices[i]:indices[i] + size]`` in float64, in chunks of rows
-    (a fixed order, so every rank gets the same bits)."""
-    total = np.zeros(size, np.float64)
-    for start in range(0, len(indices), chunk):
-        rows = np.stack([noise[i:i + size] for i in indices[start:start + chunk]])
-        total += weights[start:start + chunk].astype(np.float64) @ rows.astype(np.float64)
-    return total
-
-
-@dataclass
-class Adam:
-    """Adam on a flat vector, in float64 state (Kingma and Ba); ``step`` returns the change."""
-
-    size: int
-    stepsize: float
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
-
-    def __post_init__(self) -> None:
-        self.m = np.zeros(self.size, np.float64)
-        self.v = np.zeros(self.size, np.float64)
-        self.t = 0
-
-    def step(self, gradient: np.ndarray) -> np.ndarray:
-        self.t += 1
-        a = self.stepsize * np.sqrt(1 - self.beta2**self.t) / (1 - self.beta1**self.t)
-        self.m = self.beta1 * self.m + (1 - self.beta1) * gradient
-        self.v = self.beta2 * self.v + (1 - self.beta2) * gradient * gradient
-        return -a * self.m / (np.sqrt(self.v) + self.epsilon)
-
-    def state(self) -> dict:
-        return {"m": self.m.copy(), "v": self.v.copy(), "t": self.t}
-
-    def load(self, state: dict) -> None:
-        self.m, self.v, self.t = state["m"].copy(), state["v"].copy(), state["t"]
-
-
-def es_step(theta: np.ndarray, indices: np.ndarray, returns: np.ndarray, noise: np.ndarray,
-            optimizer: Adam, l2_coeff: float) -> tuple[np.ndarray, dict[str, float]]:
-    """OpenAI-ES: centered-rank shaping of all 2n returns, the antithetic gradient estimate,
-    Adam on ``-g + l2_coeff * theta``. Returns the new theta and statistics."""
-    shaped = centered_ranks(returns)
-    g = weighted_noise_sum(shaped[:, 0] - shaped[:, 1], indices, noise, theta.size)
-    g /= returns.size
-    change = optimizer.step(-g + l2_coeff * theta.astype(np.float64))
-    new = (theta.astype(np.float64) + change).astype(np.float32)
-    return new, {"grad_norm": float(np.linalg.norm(g)),
-                 "update_ratio": float(np.linalg.norm(change)
-                                       / max(np.linalg.norm(theta), 1e-12))}
-
-
-def ars_step(theta: np.ndarray, indices: np.ndarray, returns: np.ndarray, noise: np.ndarray,
-             stepsize: float, rollouts_used: int) -> tuple[np.ndarray, dict[str, float]]:
-    """ARS (Mania et al. 2018): keep the ``rollouts_used`` directions with the best
-    max(r+, r-), step ``stepsize / (b * sigma_R)`` along their (r+ - r-)-weighted sum, where
-    sigma_R is the standard deviation of the 2b returns used."""
-    b = min(rollouts_used, len(indices))
-    best = np.argsort(-returns.max(axis=1), kind="stable")[:b]
-    used = returns[best]
-    sigma = float(used.std()) or 1.0
-    g = weighted_noise_sum(used[:, 0] - used[:, 1], indices[best], noise, theta.size)
-    change = stepsize / (b * sigma) * g
-    new = (theta.astype(np.float64) + change).astype(np.float32)
-    return new, {"grad_norm": float(np.linalg.norm(g)), "returns_std_used": sigma,
-                 "update_ratio": float(np.linalg.norm(change)
-                                       / max(np.linalg.norm(theta), 1e-12))}
+        return actions if self.kind == "discrete" else direct_actions(self.spec.action_space,
+                                                                      actions)

@@ -22,7 +22,7 @@ from mpirl.models.spaces import action_layout, env_actions, has_image, head_size
 if TYPE_CHECKING:
     from mpirl.models.policy_spec import PolicySpec
 
-_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0),
+ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0),
                 "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))}
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -38,7 +38,7 @@ def numpy_unsupported(spec: PolicySpec) -> str | None:
         return "a centralized critic"
     if is_image(spec.observation_space) or has_image(spec.observation_space):
         return "image observations go through a CNN"
-    if spec.activation not in _ACTIVATIONS:
+    if spec.activation not in ACTIVATIONS:
         return f"activation {spec.activation!r}"
     obs, act = spec.observation_space, spec.action_space
     if not isinstance(obs, gym.spaces.Box | gym.spaces.Discrete):
@@ -61,7 +61,7 @@ class NumpyPolicy:
         self.in_dim = self.one_hot or int(np.prod(obs_space.shape))
         self.kind, self.nvec, out = action_layout(act_space)
         hidden = list(head_sizes(obs_space, spec.model, spec.hidden_sizes))
-        self.activation = _ACTIVATIONS[spec.activation]
+        self.activation = ACTIVATIONS[spec.activation]
         # The torch Policy's parameter order: log_std (Box), then the actor's and the critic's
         # layers, each weight [out, in] before its bias. A vector encoder has no parameters.
         self.shapes: list[tuple[str, tuple[int, ...]]] = []
