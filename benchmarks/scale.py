@@ -62,9 +62,8 @@ WARMUP_ITERATIONS = 2
 FRAGMENT = 50
 """Steps per rollout rank per PPO or IMPALA iteration, and per Ape-X fragment."""
 ES_EPISODE_LEN = 20
-TORCH_ROLLOUT_ALGOS = ("APEX", "ES")
-"""Their rollout ranks import torch (Q networks, batched perturbed policies): about 300 MB each."""
-TORCH_RANK_MB = 300
+RANK_MB = 100
+"""A rank's memory here, rounded up: every rollout rank acts in NumPy on SleepEnv (about 70 MB)."""
 TRAFFIC_ITERATIONS = (4, 12)
 """The two runs whose difference gives the MPI traffic of one iteration (``--mpi-traffic``)."""
 MONITORING_FLAGS = ("--mca", "pml_monitoring_enable", "2", "--mca", "pml_monitoring_enable_output",
@@ -81,10 +80,10 @@ def fits_in_memory(algo: str, ranks: int) -> str | None:
                                 if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
         return None
-    need_mb = ranks * (TORCH_RANK_MB if algo in TORCH_ROLLOUT_ALGOS else 100) + 1000
+    need_mb = ranks * RANK_MB + 1000
     if need_mb > 0.8 * available_mb:
-        return (f"{ranks} ranks of {algo} need about {need_mb:,} MB ({TORCH_RANK_MB} MB per "
-                f"torch rank) and {available_mb:,} MB are available")
+        return (f"{ranks} ranks of {algo} need about {need_mb:,} MB ({RANK_MB} MB per rank) "
+                f"and {available_mb:,} MB are available")
     return None
 
 

@@ -25,6 +25,8 @@ def test_apex_learns_with_two_shards_and_async_weights(tmp_path):
     assert float(progress[-1]["sgd_steps_total"]) > 0
     lags = [float(r["weights_lag_sgd_steps"]) for r in progress[3:]]
     assert lags and max(lags) < 100, lags  # posted every 16 SGD steps, taken at the next call
+    # The rollout ranks act with NumpyQPolicy: no torch (about 300 MB a rank with it).
+    assert float(progress[-1]["perf/max_rollout_rss_mb"]) < 150, progress[-1]
     checkpoint = sorted((run_dir / "checkpoints").glob("checkpoint_*"))[-1]
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     assert manifest["layout"] == {"learner": 1, "rollout": 2, "replay": 2}

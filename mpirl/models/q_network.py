@@ -6,7 +6,6 @@ Its weights cross ranks as one flat float32 vector, like ``Policy``'s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -17,28 +16,13 @@ from torch import nn
 from mpirl.errors import ConfigError
 from mpirl.models.encoders import (
     Encoder,
-    ModelOptions,
     build_custom_model,
     head_sizes,
     model_options,
     observation_tensor,
 )
 from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
-
-
-@dataclass(frozen=True)
-class QSpec:
-    """What every rank needs to build the same Q network."""
-
-    observation_space: gym.Space
-    action_space: gym.Space
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "relu"
-    dueling: bool = True
-    model: ModelOptions = field(default_factory=ModelOptions)
-
-    def build(self, device: str = "cpu") -> QNetwork:
-        return QNetwork(self).to(device)
+from mpirl.models.q_spec import QSpec
 
 
 def check_discrete(action_space: gym.Space, algo: str) -> None:

