@@ -50,6 +50,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -86,8 +87,11 @@ PEERS = ("mpirl", "sb3", "rllib")
 
 ENV_ID = "CartPole-v1"
 TARGET_RETURN = 450.0
-WINDOW = 20
-"""Completed episodes averaged into the return that is compared with the target, for every peer."""
+WINDOW_ENV = "MPIRL_BENCH_WINDOW"
+WINDOW = int(os.environ.get(WINDOW_ENV, "20"))
+"""Completed episodes averaged into the return that is compared with the target, for every peer
+(``--window``; the measured programs, this script under ``--role``, read it from the
+environment)."""
 MPIRL_RANKS = 3
 MPIRL_CONFIG: dict[str, Any] = {"metrics_window": WINDOW}
 RLLIB_ENV_RUNNERS = 2
@@ -745,9 +749,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async", dest="async_algos", action="store_true",
                         help="mpirl IMPALA and A3C instead, with RLlib's IMPALA beside them")
     add_peers_option(parser, PEERS)
+    parser.add_argument("--window", type=int, metavar="EPISODES",
+                        help="episodes in the mean compared with the target (default 20; "
+                             "mpirl's own default metrics_window is 100)")
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.window is not None and args.window != WINDOW:
+        if args.window < 1:
+            parser.error("--window must be at least 1")
+        # Every setting built from WINDOW at import, here and in each measured program, must
+        # see it: run again with it in the environment.
+        os.environ[WINDOW_ENV] = str(args.window)
+        os.execv(sys.executable, [sys.executable, __file__, *(argv or sys.argv[1:])])
     plan = QUICK if args.quick else FULL
     if args.pendulum:
         plan = Plan(seeds=1, step_cap=PENDULUM_MAX_STEPS, timeout_s=FULL.timeout_s)
