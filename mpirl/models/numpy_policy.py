@@ -48,45 +48,33 @@ def numpy_unsupported(spec: PolicySpec) -> str | None:
     return None
 
 
-class NumpyPolicy:
-    """``Policy.act`` without torch, for the specs ``numpy_unsupported`` accepts."""
+class FlatNumpyModel:
+    """A torch model's parameters as NumPy arrays, taken from its flat float32 weight vector (the
+    same order: ``shapes``), and its input features (one-hot for a Discrete observation, else
+    the flat vector). ``NumpyPolicy`` and ``NumpyQPolicy`` build on it."""
 
-    def __init__(self, spec: PolicySpec, seed: int | None = None) -> None:
-        reason = numpy_unsupported(spec)
-        if reason is not None:
-            raise ValueError(f"NumpyPolicy cannot run this policy: {reason}")
-        self.spec = spec
-        obs_space, act_space = spec.observation_space, spec.action_space
+    #: Names the model in errors.
+    WHAT = "model"
+
+    def _set_inputs(self, obs_space: gym.Space) -> None:
         self.one_hot = int(obs_space.n) if isinstance(obs_space, gym.spaces.Discrete) else 0
         self.in_dim = self.one_hot or int(np.prod(obs_space.shape))
-        self.kind, self.nvec, out = action_layout(act_space)
-        hidden = list(head_sizes(obs_space, spec.model, spec.hidden_sizes))
-        self.activation = ACTIVATIONS[spec.activation]
-        # The torch Policy's parameter order: log_std (Box), then the actor's and the critic's
-        # layers, each weight [out, in] before its bias. A vector encoder has no parameters.
-        self.shapes: list[tuple[str, tuple[int, ...]]] = []
-        if self.kind == "box":
-            self.shapes.append(("log_std", (out,)))
-        self.layers: dict[str, int] = {}
-        for head, sizes in (("actor", [self.in_dim, *hidden, out]),
-                            ("critic", [self.in_dim, *hidden, 1])):
-            self.layers[head] = len(sizes) - 1
-            for i in range(len(sizes) - 1):
-                self.shapes += [(f"{head}.{i}.weight", (sizes[i + 1], sizes[i])),
-                                (f"{head}.{i}.bias", (sizes[i + 1],))]
-        # Zeros until the first weights arrive: a uniform (or unit-Gaussian) policy, value 0.
+
+    def _set_shapes(self, shapes: list[tuple[str, tuple[int, ...]]]) -> None:
+        """The parameters' names and shapes, in the torch model's order; all zeros until the
+        first weights arrive."""
+        self.shapes = shapes
         self.params: dict[str, np.ndarray] = {}
         self.set_flat_weights(np.zeros(self.num_weights(), np.float32))
-        self.rng = np.random.default_rng(seed)
 
     def num_weights(self) -> int:
         return sum(int(np.prod(shape)) for _, shape in self.shapes)
 
     def set_flat_weights(self, flat: np.ndarray) -> None:
-        """The torch policy's ``get_flat_weights()`` vector; views into a float32 copy."""
+        """The torch model's ``get_flat_weights()`` vector; views into a float32 copy."""
         flat = np.array(flat, dtype=np.float32)
         if flat.size != self.num_weights():
-            raise ValueError(f"weight vector has {flat.size} values, the policy has "
+            raise ValueError(f"weight vector has {flat.size} values, the {self.WHAT} has "
                              f"{self.num_weights()}")
         offset = 0
         for name, shape in self.shapes:
@@ -102,6 +90,38 @@ class NumpyPolicy:
             index = np.asarray(obs).astype(np.int64).reshape(-1)
             return np.eye(self.one_hot, dtype=np.float32)[index]
         return np.asarray(obs).reshape(-1, self.in_dim).astype(np.float32, copy=False)
+
+
+class NumpyPolicy(FlatNumpyModel):
+    """``Policy.act`` without torch, for the specs ``numpy_unsupported`` accepts."""
+
+    WHAT = "policy"
+
+    def __init__(self, spec: PolicySpec, seed: int | None = None) -> None:
+        reason = numpy_unsupported(spec)
+        if reason is not None:
+            raise ValueError(f"NumpyPolicy cannot run this policy: {reason}")
+        self.spec = spec
+        obs_space, act_space = spec.observation_space, spec.action_space
+        self._set_inputs(obs_space)
+        self.kind, self.nvec, out = action_layout(act_space)
+        hidden = list(head_sizes(obs_space, spec.model, spec.hidden_sizes))
+        self.activation = ACTIVATIONS[spec.activation]
+        # The torch Policy's parameter order: log_std (Box), then the actor's and the critic's
+        # layers, each weight [out, in] before its bias. A vector encoder has no parameters.
+        shapes: list[tuple[str, tuple[int, ...]]] = []
+        if self.kind == "box":
+            shapes.append(("log_std", (out,)))
+        self.layers: dict[str, int] = {}
+        for head, sizes in (("actor", [self.in_dim, *hidden, out]),
+                            ("critic", [self.in_dim, *hidden, 1])):
+            self.layers[head] = len(sizes) - 1
+            for i in range(len(sizes) - 1):
+                shapes += [(f"{head}.{i}.weight", (sizes[i + 1], sizes[i])),
+                           (f"{head}.{i}.bias", (sizes[i + 1],))]
+        # Zeros until the first weights arrive: a uniform (or unit-Gaussian) policy, value 0.
+        self._set_shapes(shapes)
+        self.rng = np.random.default_rng(seed)
 
     def _mlp(self, head: str, x: np.ndarray) -> np.ndarray:
         layers = self.layers[head]

@@ -16,7 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from mpirl.models.numpy_policy import ACTIVATIONS
+from mpirl.models.numpy_policy import ACTIVATIONS, FlatNumpyModel
 from mpirl.models.spaces import ModelOptions, has_image, head_sizes, is_image
 
 
@@ -53,9 +53,11 @@ def numpy_unsupported(spec: QSpec) -> str | None:
     return None
 
 
-class NumpyQPolicy:
+class NumpyQPolicy(FlatNumpyModel):
     """``QNetwork.act`` and ``explore`` without torch, for the specs ``numpy_unsupported``
     accepts."""
+
+    WHAT = "Q network"
 
     def __init__(self, spec: QSpec) -> None:
         reason = numpy_unsupported(spec)
@@ -63,8 +65,7 @@ class NumpyQPolicy:
             raise ValueError(f"NumpyQPolicy cannot run this Q network: {reason}")
         self.spec = spec
         obs = spec.observation_space
-        self.one_hot = int(obs.n) if isinstance(obs, gym.spaces.Discrete) else 0
-        self.in_dim = self.one_hot or int(np.prod(obs.shape))
+        self._set_inputs(obs)
         self.num_actions = int(spec.action_space.n)
         self.activation = ACTIVATIONS[spec.activation]
         hidden = list(head_sizes(obs, spec.model, spec.hidden_sizes))
@@ -72,44 +73,20 @@ class NumpyQPolicy:
         # activation), then the advantage head, then the value head (dueling).
         sizes = [self.in_dim, *hidden]
         self.body = len(hidden)
-        self.shapes: list[tuple[str, tuple[int, ...]]] = []
+        shapes: list[tuple[str, tuple[int, ...]]] = []
         for i in range(self.body):
-            self.shapes += [(f"body.{i}.weight", (sizes[i + 1], sizes[i])),
-                            (f"body.{i}.bias", (sizes[i + 1],))]
+            shapes += [(f"body.{i}.weight", (sizes[i + 1], sizes[i])),
+                       (f"body.{i}.bias", (sizes[i + 1],))]
         width = sizes[-1]
-        self.shapes += [("advantage.weight", (self.num_actions, width)),
-                        ("advantage.bias", (self.num_actions,))]
+        shapes += [("advantage.weight", (self.num_actions, width)),
+                   ("advantage.bias", (self.num_actions,))]
         if spec.dueling:
-            self.shapes += [("value.weight", (1, width)), ("value.bias", (1,))]
-        self.params: dict[str, np.ndarray] = {}
-        self.set_flat_weights(np.zeros(self.num_weights(), np.float32))
-
-    def num_weights(self) -> int:
-        return sum(int(np.prod(shape)) for _, shape in self.shapes)
-
-    def set_flat_weights(self, flat: np.ndarray) -> None:
-        """The torch network's ``get_flat_weights()`` vector; views into a float32 copy."""
-        flat = np.array(flat, dtype=np.float32)
-        if flat.size != self.num_weights():
-            raise ValueError(f"weight vector has {flat.size} values, the Q network has "
-                             f"{self.num_weights()}")
-        offset = 0
-        for name, shape in self.shapes:
-            n = int(np.prod(shape))
-            self.params[name] = flat[offset:offset + n].reshape(shape)
-            offset += n
-
-    def get_flat_weights(self) -> np.ndarray:
-        return np.concatenate([self.params[name].ravel() for name, _ in self.shapes])
+            shapes += [("value.weight", (1, width)), ("value.bias", (1,))]
+        self._set_shapes(shapes)
 
     def q_values(self, obs: Any) -> np.ndarray:
         """Q values ``[B, n]`` of a batch of observations."""
-        if self.one_hot:
-            index = np.asarray(obs).astype(np.int64).reshape(-1)
-            x = np.eye(self.one_hot, dtype=np.float32)[index]
-        else:
-            x = np.asarray(obs).reshape(-1, self.in_dim).astype(np.float32, copy=False)
-        p = self.params
+        x, p = self._features(obs), self.params
         for i in range(self.body):
             x = self.activation(x @ p[f"body.{i}.weight"].T + p[f"body.{i}.bias"])
         advantage = x @ p["advantage.weight"].T + p["advantage.bias"]
