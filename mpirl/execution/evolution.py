@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import ConfigError, MpirlError, RankLost
-from mpirl.execution.operators import broadcast_from_learner, discard_lost_rollouts
+from mpirl.execution.operators import discard_lost_rollouts, weights_comm_collective
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
@@ -114,9 +114,9 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         # would cost rank 0 O(W^2) bytes. Rank 0 sends it to rollout worker 0 alone, which is
         # the root of a broadcast over weights_comm, in which rank 0 only receives.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
-        applied = broadcast_from_learner(algo.learners, algo.rollouts, "take_update",
-                                         "receive_update", what="the update",
-                                         first_receive_args=(message,))
+        applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
+                                          "receive_update", what="the update",
+                                          first_receive_args=(message,))
     checksums = {r["checksum"] for _, r in applied}
     if len(checksums) > 1:
         raise DivergedWeights(

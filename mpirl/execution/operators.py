@@ -207,15 +207,16 @@ def broadcast_weights(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
         for worker in rollouts:
             worker.call("set_weights", weights)
         return
-    broadcast_from_learner(learners, rollouts, "broadcast_weights", "receive_weights",
-                           what="the weights")
+    weights_comm_collective(learners, rollouts, "broadcast_weights", "receive_weights",
+                            what="the weights")
 
 
-def broadcast_from_learner(learners: WorkerGroup, rollouts: WorkerGroup, send: str,
-                           receive: str, *, what: str, first_receive_args: tuple = ()
-                           ) -> list[tuple[int, Any]]:
-    """One collective over weights_comm: learner 0 runs ``send()`` while every rollout worker
-    runs ``receive()``, rollout worker 0 with ``first_receive_args``; returns (worker index,
+def weights_comm_collective(learners: WorkerGroup, rollouts: WorkerGroup, send: str,
+                            receive: str, *, what: str, first_receive_args: tuple = ()
+                            ) -> list[tuple[int, Any]]:
+    """One collective over weights_comm (a broadcast, whose root may be learner 0 or a rollout
+    worker): learner 0 runs ``send()`` while every rollout worker runs ``receive()``, rollout
+    worker 0 with ``first_receive_args``; returns (worker index,
     result) of each rollout worker that answered. Rollout workers must have ranks of their
     own; ``what`` names what is sent, for a timeout's message.
 
