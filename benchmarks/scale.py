@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    MPIEXEC,
-    MPIEXEC_FLAGS,
     BenchError,
     attempt,
     fmt,
@@ -144,7 +142,7 @@ def measure(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, Any]
     run_dir = runs_dir / f"{algo.lower()}-{ranks}"
     command = mpiexec_command(ranks, str(MPIRL), *_train_command(
         algo, ranks, plan, run_dir, {"time_total_s": plan.train_s}))
-    # Start-up of 64 ranks that each import torch on 2 cores takes a minute or more.
+    # Start-up of 64 ranks on 2 cores takes 15-20 s here; more on a loaded machine.
     finished = run_process(command, f"mpirl {algo} -n {ranks}", plan.train_s + 60 + 3.0 * ranks,
                            {"CI": "true"})
     try:
@@ -228,9 +226,9 @@ def mpi_traffic(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, 
     for iterations in TRAFFIC_ITERATIONS:
         run_dir = runs_dir / f"{algo.lower()}-{ranks}-traffic-{iterations}"
         prefix = runs_dir / f"{algo.lower()}-{ranks}-traffic-{iterations}-mon"
-        command = [str(MPIEXEC), "-n", str(ranks), *MPIEXEC_FLAGS, *MONITORING_FLAGS, "--mca",
-                   "pml_monitoring_filename", str(prefix), str(MPIRL),
-                   *_train_command(algo, ranks, plan, run_dir, {"training_iteration": iterations})]
+        command = mpiexec_command(
+            ranks, *MONITORING_FLAGS, "--mca", "pml_monitoring_filename", str(prefix), str(MPIRL),
+            *_train_command(algo, ranks, plan, run_dir, {"training_iteration": iterations}))
         run_process(command, f"mpirl {algo} -n {ranks} (monitored)", 120 + 3.0 * ranks,
                     {"CI": "true"})
         totals.append(read_rank0_traffic(prefix, ranks))

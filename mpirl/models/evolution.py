@@ -111,5 +111,6 @@ class DirectPolicy(FlatParameters):
         return (outputs.argmax(-1) if self.kind == "discrete" else outputs), None, None
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        return actions if self.kind == "discrete" else direct_actions(self.spec.action_space,
-                                                                      actions)
+        if self.kind == "discrete":
+            return actions
+        return direct_actions(self.spec.action_space, actions)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from mpirl.models.policy_spec import PolicySpec
 
 ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0),
-                "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))}
+               "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))}
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
 

@@ -5,8 +5,8 @@ Each rollout rank keeps the weights, the optimizer state and the observation sta
 evaluates antithetic perturbations drawn from a noise table that exists once per node (MPI shared
 memory over the node's rollout ranks). What crosses ranks each generation is only, per
 perturbation, its noise index and its two returns and lengths (worker -> driver -> worker 0,
-then one broadcast from there over the weights communicator to every rank),
-plus the observation statistics' delta: never a weight vector. Every rank applies the identical
+then one broadcast from there over the weights communicator to every rank), plus the
+observation statistics' delta: never a weight vector. Every rank applies the identical
 update, and the driver checks a checksum of the new weights from each.
 """
 
@@ -82,9 +82,8 @@ class PerturbationWorker(Worker):
     """Evaluates antithetic perturbations of the weights on a rollout rank; applies updates."""
 
     MESSAGES = ("setup_search", "run_generation", "apply_update", "receive_update",
-                "receive_weights",
-                "set_weights", "get_weights", "search_state", "set_search_state",
-                "save_state", "load_state", "finish_dump")
+                "receive_weights", "set_weights", "get_weights", "search_state",
+                "set_search_state", "save_state", "load_state", "finish_dump")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: DirectPolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
@@ -104,12 +103,10 @@ class PerturbationWorker(Worker):
         if numpy_unsupported(policy) is None:
             self.policy: Any = NumpyDirectPolicy(policy)
             self.theta = np.zeros(self.policy.num_weights(), np.float32)
-            self.torch = None
         else:
             import torch
 
             torch.set_num_threads(torch_threads)
-            self.torch = torch
             self.policy = policy.build("cpu")
             self.theta = self.policy.get_flat_weights()
         # Images are scaled inside the model, never normalized.
@@ -142,11 +139,13 @@ class PerturbationWorker(Worker):
 
     def _population_outputs(self, params: np.ndarray, obs: np.ndarray) -> np.ndarray:
         """Outputs ``[K, out]`` of the weight vectors ``params [K, P]`` on ``obs [K, ...]``."""
-        if self.torch is None:
+        if isinstance(self.policy, NumpyDirectPolicy):
             return self.policy.population_outputs(params, obs)
-        with self.torch.no_grad():
-            return self.policy.population_outputs(self.torch.from_numpy(params),
-                                                  self.torch.from_numpy(obs)).numpy()
+        import torch  # loaded already: the torch policy was built with it
+
+        with torch.no_grad():
+            return self.policy.population_outputs(torch.from_numpy(params),
+                                                  torch.from_numpy(obs)).numpy()
 
     def run_generation(self, num_pairs: int, min_steps: int) -> dict[str, Any]:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were

@@ -96,8 +96,8 @@ def sequence_batch(batch: dict[str, np.ndarray], states: np.ndarray, starts: np.
 def build_actor(spec: Any, seed: int, torch_threads: int = 1) -> Any:
     """The model a rollout rank acts with: ``NumpyPolicy`` for an actor-critic it can run, or
     ``NumpyQPolicy`` for a Q network (no torch in the process: about 1 s and 200 MB less per
-    rank), else the torch model of ``spec``
-    on ``torch_threads`` threads. Both sample with a generator seeded from ``seed``."""
+    rank), else the torch model of ``spec`` on ``torch_threads`` threads. The actor-critics
+    sample with a generator seeded from ``seed``."""
     if isinstance(spec, PolicySpec) and numpy_unsupported(spec) is None:
         return NumpyPolicy(spec, seed=seed)
     if isinstance(spec, QSpec) and q_numpy_unsupported(spec) is None:
