@@ -7,7 +7,9 @@ Each variant is run ``--repeats`` times, alternating, and the medians are report
 
 - ``default``: mpirl as it is;
 - ``with_ofi``: Open MPI's libfabric BTL left in (``OMPI_MCA_btl=""``), as before mpirl left it
-  out on one node.
+  out on one node;
+- with ``--baseline REF``, also ``REF``: the mpirl of git commit REF (a worktree of it first on
+  ``PYTHONPATH``), same interpreter and packages, for a before/after in one run.
 
 Phases (rank 0's, and the slowest rank's for those every rank passes): ``mpirl_imported`` (the
 interpreter), ``mpi_ready`` (``MPI_Init``), ``imports_done`` (torch, gymnasium and the rest),
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,12 +84,33 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(plan: Plan) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+def baseline_tree(ref: str, into: Path) -> Path:
+    """A worktree of the repository at ``ref`` under ``into``; its root goes on PYTHONPATH."""
+    repo = Path(__file__).resolve().parent.parent
+    tree = into / "baseline"
+    made = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), ref],
+                          capture_output=True, text=True)
+    if made.returncode:
+        raise BenchError(f"git worktree add {ref}: {made.stderr.strip()}")
+    return tree
+
+
+def measure(plan: Plan, baseline: str | None) -> dict[str, Any]:
+    variants = dict(VARIANTS)
     with tempfile.TemporaryDirectory(prefix="mpirl-startup-") as tmp:
-        for i in range(plan.repeats):
-            for name, env in VARIANTS.items():  # alternating: load drifts hit both alike
-                runs[name].append(one_run(plan.ranks, env, Path(tmp) / f"{name}-{i}"))
+        tree = None
+        if baseline:
+            tree = baseline_tree(baseline, Path(tmp))
+            variants[baseline] = {"PYTHONPATH": str(tree)}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+        try:
+            for i in range(plan.repeats):
+                for name, env in variants.items():  # alternating: load drifts hit all alike
+                    runs[name].append(one_run(plan.ranks, env, Path(tmp) / f"{name}-{i}"))
+        finally:
+            if tree is not None:
+                subprocess.run(["git", "-C", str(tree), "worktree", "remove", "--force",
+                                str(tree)], capture_output=True)
     return {name: {"median": medians(r), "runs": r} for name, r in runs.items()}
 
 
@@ -95,13 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--ranks", type=int, default=3, help="ranks of each run (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each variant (default 5)")
+    parser.add_argument("--baseline", metavar="REF",
+                        help="also run the mpirl of this git commit, for a before/after")
     args = parser.parse_args(argv)
     if args.ranks < 1 or args.repeats < 1:
         parser.error("--ranks and --repeats must be at least 1")
     plan = Plan(args.ranks, args.repeats)
     started = time.perf_counter()
     result = attempt(f"PPO CartPole, one iteration, -n {plan.ranks}, {plan.repeats} x "
-                     f"{len(VARIANTS)} variants", lambda: measure(plan))
+                     f"{len(VARIANTS) + bool(args.baseline)} variants",
+                     lambda: measure(plan, args.baseline))
     report = {"meta": {**run_metadata(False, plan, ("mpirl", "torch", "mpi4py")),
                        "wall_s": time.perf_counter() - started}, **result}
     write_report(report, args.json)
@@ -109,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         print_problems({"startup": result})
         return 1
     phases = list(result["default"]["median"]["driver_phases_s"])
-    rows = [("median seconds", *VARIANTS)]
+    variants = list(result)
+    rows = [("median seconds", *variants)]
     for key in ("whole_process_s", "launch_to_first_iteration_s", "launcher_and_exit_s"):
-        rows.append((key, *(fmt(result[v]["median"][key], 2) for v in VARIANTS)))
+        rows.append((key, *(fmt(result[v]["median"][key], 2) for v in variants)))
     for phase in phases:
         rows.append((f"  {phase}", *(fmt(result[v]["median"]["driver_phases_s"].get(phase), 2)
-                                     for v in VARIANTS)))
+                                     for v in variants)))
     print_table(rows)
     return 0
 

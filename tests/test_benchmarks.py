@@ -161,6 +161,16 @@ def test_scale_benchmark_quick_writes_every_key(tmp_path):
         runs = report["by_algo"][algo]
         assert runs["4"]["rollout_ranks"] == 3 and runs["8"]["rollout_ranks"] == 7, runs
         assert runs["4"]["sampling_weak_scaling_efficiency"] == 1.0
+        for run in runs.values():
+            parts = [run[f"driver_{part}_cpu_ms_per_iter"]
+                     for part in ("hosted", "idle", "threads", "own")]
+            # The parts of rank 0's CPU: each measured, together about the whole (medians of
+            # each column, so not exactly); the learner it hosts trains every iteration.
+            assert all(isinstance(p, float) and p >= 0 for p in parts), run
+            assert run["driver_hosted_cpu_ms_per_iter"] > 0, run
+            assert 0.5 * sum(parts) < run["driver_cpu_ms_per_iter"] < 2 * sum(parts), run
+            assert 0 < run["driver_own_cpu_us_per_worker_iteration"] < run[
+                "driver_cpu_us_per_worker_iteration"], run
         # Rank 0 sends and receives something for every rollout rank each iteration.
         assert runs["8"]["driver_msgs_per_iter"] > runs["4"]["driver_msgs_per_iter"], runs
         assert report["growth_exponents"][algo]["driver_msgs_per_iter"] > 0
@@ -168,10 +178,12 @@ def test_scale_benchmark_quick_writes_every_key(tmp_path):
 
 def test_startup_benchmark_writes_every_phase(tmp_path):
     out = tmp_path / "startup.json"
-    proc = run_benchmark("startup.py", "--repeats", "1", "--json", str(out), timeout=300)
+    # HEAD as the baseline: the before/after path (a git worktree on PYTHONPATH) runs too.
+    proc = run_benchmark("startup.py", "--repeats", "1", "--baseline", "HEAD", "--json",
+                         str(out), timeout=300)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     report = json.loads(out.read_text())
-    for variant in ("default", "with_ofi"):
+    for variant in ("default", "with_ofi", "HEAD"):
         median = report[variant]["median"]
         assert 0 < median["launch_to_first_iteration_s"] < median["whole_process_s"], median
         assert list(median["driver_phases_s"]) == [

@@ -40,6 +40,7 @@ from mpirl.models.policy import PolicySpec
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import invoke, make_callbacks
+from mpirl.workers.optimizer import Adam
 from mpirl.workers.rollout import BATCH_TAG
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
@@ -341,7 +342,7 @@ class Learner(Worker):
         flat = self.policy.get_flat_weights()
         context.role_comm.Bcast(flat, root=0)
         self.policy.set_flat_weights(flat)
-        self.optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5)
+        self.optimizer = Adam(self.params, lr=lr, eps=1e-5)
         self.lr = lr
         self.grad_clip = grad_clip
         self.rng = np.random.default_rng(seed + 7919 * context.role_index)
