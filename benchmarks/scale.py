@@ -13,12 +13,18 @@ iteration and an ES generation all grow with the number of rollout ranks.
 
 From each run's ``progress.csv`` (the rows after the first ``WARMUP_ITERATIONS``, medians):
 ``iteration_s``; ``driver_cpu_ms_per_iter`` (rank 0's process, the learner it hosts included) and
-that divided by the rollout ranks; ``driver_msgs_per_iter`` and ``driver_bytes_per_iter``
+that divided by the rollout ranks; its parts (``Driver.perf_report``): ``driver_hosted_cpu_ms``
+(worker objects in rank 0's process: PPO's and IMPALA's learner), ``driver_idle_cpu_ms`` (polls
+that found nothing), ``driver_threads_cpu_ms`` (heartbeat, writers) and ``driver_own_cpu_ms``,
+the driving itself (dispatching calls, taking answers, merging metrics, logging), with
+``driver_own_cpu_us_per_worker_iteration`` that divided by the rollout ranks;
+``driver_msgs_per_iter`` and ``driver_bytes_per_iter``
 (through rank 0); ``steps_per_s_per_worker`` and the weak-scaling efficiency against the smallest
 rank count run; the largest RSS per role; and from ``startup.json`` the time from launch to the
 first iteration. ``growth`` fits each quantity through rank 0 to ``c * workers^k`` over the rank
 counts: k > 1 would be faster than linear; ``driver_cpu_us_per_added_worker`` is the slope of rank
-0's CPU per iteration against the rollout ranks, the part of its cost that each rank adds.
+0's CPU per iteration against the rollout ranks, the part of its cost that each rank adds, and
+``driver_own_cpu_us_per_added_worker`` the same for the driving alone.
 
 The driver's counters see only its control channel. With ``--mpi-traffic`` each point also gets
 ``mpi_sent_bytes_per_iter`` and ``mpi_received_bytes_per_iter``: every byte rank 0 sent and
@@ -60,6 +66,8 @@ WARMUP_ITERATIONS = 2
 FRAGMENT = 50
 """Steps per rollout rank per PPO or IMPALA iteration, and per Ape-X fragment."""
 ES_EPISODE_LEN = 20
+CPU_PARTS = ("hosted", "idle", "threads", "own")
+"""The parts of rank 0's CPU per iteration that ``progress.csv`` reports (``perf/driver_*``)."""
 RANK_MB = 100
 """A rank's memory here, rounded up: every rollout rank acts in NumPy on SleepEnv (about 70 MB)."""
 TRAFFIC_ITERATIONS = (4, 12)
@@ -161,6 +169,10 @@ def measure(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, Any]
         raise BenchError(f"mpirl {algo} -n {ranks}: ran {seen_workers} rollout ranks, "
                          f"expected {workers}")
     cpu_ms = _median(steady, "perf/driver_cpu_ms_per_iter")
+    parts = {f"driver_{part}_cpu_ms_per_iter": _median(steady,
+                                                       f"perf/driver_{part}_cpu_ms_per_iter")
+             for part in CPU_PARTS}
+    own_ms = parts["driver_own_cpu_ms_per_iter"]
     rate = _median(steady, "env_steps_per_s")
     last = rows[-1]
     rss = {role: float(last[f"perf/max_{role}_rss_mb"])
@@ -170,6 +182,9 @@ def measure(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, Any]
         "iteration_s": _median(steady, "time_this_iter_s"),
         "driver_cpu_ms_per_iter": cpu_ms,
         "driver_cpu_us_per_worker_iteration": cpu_ms * 1e3 / workers if cpu_ms else None,
+        **parts,
+        "driver_own_cpu_us_per_worker_iteration": (own_ms * 1e3 / workers
+                                                   if own_ms is not None else None),
         "driver_msgs_per_iter": _median(steady, "perf/driver_msgs_per_iter"),
         "driver_bytes_per_iter": _median(steady, "perf/driver_bytes_per_iter"),
         "steps_per_s": rate,
@@ -275,10 +290,10 @@ def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
                                     "driver_bytes_per_iter", "mpi_sent_bytes_per_iter",
                                     "mpi_received_bytes_per_iter", "mpi_sent_msgs_per_iter")
                         if any(r.get(key) is not None for r in ok.values())}
-        slope_ms = marginal_cost([(r["rollout_ranks"], r["driver_cpu_ms_per_iter"])
-                                  for r in ok.values()])
-        growth[algo]["driver_cpu_us_per_added_worker"] = (
-            slope_ms * 1e3 if slope_ms is not None else None)
+        for key, out in (("driver_cpu_ms_per_iter", "driver_cpu_us_per_added_worker"),
+                         ("driver_own_cpu_ms_per_iter", "driver_own_cpu_us_per_added_worker")):
+            slope_ms = marginal_cost([(r["rollout_ranks"], r.get(key)) for r in ok.values()])
+            growth[algo][out] = slope_ms * 1e3 if slope_ms is not None else None
     by_ranks: dict[int, dict[str, Any]] = {}
     all_ranks = sorted({n for runs in by_algo.values() for n in runs})
     for n in all_ranks:
@@ -294,6 +309,8 @@ def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
         by_ranks[n] = {
             "driver_cpu_us_per_worker_iteration": worst("driver_cpu_us_per_worker_iteration",
                                                         max),
+            "driver_own_cpu_us_per_worker_iteration": worst(
+                "driver_own_cpu_us_per_worker_iteration", max),
             "sampling_weak_scaling_efficiency": worst("sampling_weak_scaling_efficiency", min),
             "rollout_rank_rss_mb": max((r["rss_mb_by_role"].get("rollout", 0.0) for r in runs),
                                        default=None),
@@ -307,7 +324,8 @@ def summarize(by_algo: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
 def describe(result: dict[str, Any]) -> str:
     return (f"{result['iterations']} iterations of {fmt(result['iteration_s'], 2)} s; rank 0 "
             f"{fmt(result['driver_cpu_us_per_worker_iteration'], 0)} us CPU per worker per "
-            f"iteration, {fmt(result['driver_msgs_per_iter'], 0)} msgs; "
+            f"iteration ({fmt(result['driver_own_cpu_us_per_worker_iteration'], 0)} of them "
+            f"driving), {fmt(result['driver_msgs_per_iter'], 0)} msgs; "
             f"{fmt(result['steps_per_s_per_worker'], 1)} steps/s per rollout rank; start-up "
             f"{fmt(result['startup_s'], 1)} s")
 
@@ -369,12 +387,13 @@ def main(argv: list[str] | None = None) -> int:
               **summarize(by_algo),
               "by_algo": {a: {str(n): r for n, r in runs.items()} for a, runs in by_algo.items()}}
     write_report(report, args.json)
-    rows = [("algo, ranks", "iter s", "rank0 us/worker/iter", "msgs/iter", "kB/iter",
+    rows = [("algo, ranks", "iter s", "rank0 us/worker/iter", "own", "msgs/iter", "kB/iter",
              "MPI kB out/in", "steps/s/worker", "efficiency", "rollout MB", "start-up s")]
     for algo, runs in by_algo.items():
         for n, r in runs.items():
             rows.append((f"{algo} {n}", fmt(r.get("iteration_s"), 2),
                          fmt(r.get("driver_cpu_us_per_worker_iteration"), 0),
+                         fmt(r.get("driver_own_cpu_us_per_worker_iteration"), 0),
                          fmt(r.get("driver_msgs_per_iter"), 0),
                          fmt((r.get("driver_bytes_per_iter") or 0) / 1e3, 1),
                          (f"{fmt((r.get('mpi_sent_bytes_per_iter') or 0) / 1e3, 1)}/"

@@ -139,6 +139,8 @@ def test_doctor_refuses_a_learner_backend_it_cannot_test(config, expected):
     ('{"num_rollout_workers": 2, "num_learners": 2}', "needs 5 ranks (1 driver + 2 rollout"),
     ('{"num_learner": 2}', "Did you mean 'num_learners'"),
     ('{"num_learners": 2', "is not valid JSON"),
+    ('{"poll_sleep_share": 2}', '"poll_sleep_share" = 2 is out of range: must be a finite number '
+                                "in [0, 1]"),
 ])
 def test_bad_layout_or_config_is_one_clear_error(config, expected):
     proc = run_mpi(4, sys.executable, "-m", "mpirl", "doctor", "--config", config, timeout=30)

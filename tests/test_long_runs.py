@@ -116,8 +116,10 @@ def test_progress_rows_and_the_display_show_memory_per_role(tmp_path, n, config,
     expected = {"perf/driver_rss_mb"} | (
         {"perf/max_worker_rss_mb"} | {f"perf/max_{role}_rss_mb" for role in roles}
         if roles else set())
+    cpu_parts = {f"perf/driver_{part}_cpu_ms_per_iter"
+                 for part in ("hosted", "idle", "own", "threads")}
     cost = {"perf/driver_cpu_ms_per_iter", "perf/driver_msgs_per_iter",
-            "perf/driver_bytes_per_iter"}
+            "perf/driver_bytes_per_iter"} | cpu_parts
     assert expected | cost <= set(progress[0]), progress[0].keys()
     assert not {k for k in progress[0] if k.startswith("perf/")} - expected - cost
     last = progress[-1]
@@ -127,6 +129,18 @@ def test_progress_rows_and_the_display_show_memory_per_role(tmp_path, n, config,
     # (a call to each worker rank and its answer at least; the batches go straight from the
     # rollout ranks to the learner rank, not through rank 0).
     assert 0 < float(last["perf/driver_cpu_ms_per_iter"]) < 60_000, last
+    # Its parts: the learner rank 0 hosts (none with num_learners 1; all of PPO's work in local
+    # mode), idle polls (none in local mode: nothing to wait for), the driving, other threads.
+    parts = {key: float(last[key]) for key in cpu_parts}
+    assert all(value >= 0 for value in parts.values()), parts
+    assert sum(parts.values()) <= 1.5 * float(last["perf/driver_cpu_ms_per_iter"]) + 1, last
+    if roles:
+        assert parts["perf/driver_hosted_cpu_ms_per_iter"] < 1 < parts[
+            "perf/driver_idle_cpu_ms_per_iter"], parts
+    else:
+        assert parts["perf/driver_idle_cpu_ms_per_iter"] == 0, parts
+        assert parts["perf/driver_hosted_cpu_ms_per_iter"] > parts[
+            "perf/driver_own_cpu_ms_per_iter"], parts
     if roles:  # a rollout rank acting in NumPy imports no torch (which alone takes 200 MB)
         assert float(last["perf/max_rollout_rss_mb"]) < 150, last
     msgs = float(last["perf/driver_msgs_per_iter"])

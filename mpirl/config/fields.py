@@ -172,6 +172,7 @@ RANGES: dict[str, Range] = {
     "heartbeat_timeout_s": above(0),
     "shutdown_timeout_s": above(0),
     "poll_max_sleep_s": above(0),
+    "poll_sleep_share": within(0, 1),
     # Checkpoints and dumps (mpirl.jobs.checkpoint, mpirl.data.dump_writer)
     "checkpoint_every": at_least(0),
     "keep_checkpoints": at_least(1),

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from mpirl.errors import RankLost, RemoteError, TaskTimeout
 from mpirl.runtime.transport import Channel
 from mpirl.runtime.ulfm import acknowledge_failures, failed_world_ranks, is_process_failure
-from mpirl.runtime.waiting import Backoff
+from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 
 #: Tags on the control channel.
 TASK = 1
@@ -132,13 +132,16 @@ class Dispatcher:
 
     def __init__(self, channel: Channel, roles: Sequence[str], max_calls_in_flight: int,
                  task_timeout_s: float,
-                 on_rank_failure: Callable[[int, str], None] | None = None) -> None:
+                 on_rank_failure: Callable[[int, str], None] | None = None,
+                 poll_backoff: tuple[float, float] = (1e-3, 0.0)) -> None:
         if max_calls_in_flight < 1:
             raise ValueError(f"max_calls_in_flight must be >= 1, got {max_calls_in_flight}")
         self.channel = channel
         self.roles = roles
         self.max_calls_in_flight = max_calls_in_flight
         self.task_timeout_s = task_timeout_s
+        #: (max_sleep_s, sleep_share) of the waits for answers (``Backoff``)
+        self.poll_backoff = poll_backoff
         self._futures: dict[int, Future] = {}
         self._in_flight = [0] * len(roles)
         self._next_call_id = 1
@@ -259,8 +262,12 @@ class Dispatcher:
         calls in ``waiting_on`` (or return False when ``raise_on_timeout`` is off)."""
         limit = self.task_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + limit
-        backoff = Backoff()
-        while not condition():
+        max_sleep_s, sleep_share = self.poll_backoff
+        backoff = Backoff(max_sleep_s=max_sleep_s, sleep_share=sleep_share)
+        while True:
+            turn_began = time.thread_time()
+            if condition():
+                return True
             if self.progress():
                 backoff.reset()
                 continue
@@ -275,7 +282,7 @@ class Dispatcher:
                     f"its method; raise task_timeout_s if the work really takes this long."
                 )
             backoff.sleep()
-        return True
+            DRIVER_CPU.idle_s += time.thread_time() - turn_began
 
 
 class WorkerHandle:
@@ -394,10 +401,13 @@ _LOCAL_CALL_IDS = iter(range(1, 1 << 62))
 
 def _run_local(obj: Any, role: str, method: str, args: tuple, kwargs: dict) -> Future:
     future = Future(None, next(_LOCAL_CALL_IDS), 0, role, method)
+    began = time.thread_time()
     try:
         future._resolve(True, getattr(obj, method)(*args, **kwargs))
     except Exception as error:  # noqa: BLE001 - reported like a remote failure
         future._resolve(False, describe_exception(error))
+    finally:
+        DRIVER_CPU.hosted_s += time.thread_time() - began
     return future
 
 

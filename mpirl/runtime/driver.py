@@ -64,7 +64,7 @@ from mpirl.runtime.layout import (
 from mpirl.runtime.memory import MIB, rss_bytes
 from mpirl.runtime.transport import Channel
 from mpirl.runtime.ulfm import failed_world_ranks, fault_tolerant, is_process_failure
-from mpirl.runtime.waiting import Backoff, reduce_timer_slack
+from mpirl.runtime.waiting import DRIVER_CPU, Backoff, reduce_timer_slack
 from mpirl.runtime.world import nested, run_comm, running_on
 
 
@@ -91,7 +91,12 @@ class RuntimeSettings:
     shutdown_timeout_s: float = 30.0
     """How long the driver waits for workers to acknowledge shutdown before aborting the job."""
     poll_max_sleep_s: float = 1e-3
-    """Longest sleep between polls of an idle rank (bounds idle wake-ups and added latency)."""
+    """Longest sleep between polls of an idle rank (bounds idle wake-ups and added latency)
+    during the first ``poll_max_sleep_s / poll_sleep_share`` seconds of a wait."""
+    poll_sleep_share: float = 1 / 64
+    """After that, a wait of t seconds sleeps up to ``t * poll_sleep_share`` between polls (at
+    most 16 ms), so that it ends at most that share late and wakes the rank less often: each
+    wake-up costs 10-20 us of CPU. 0 keeps every sleep at ``poll_max_sleep_s``."""
     print_layout: bool = True
     """Print the rank/role table once at start-up (rank 0 only)."""
     survive_rollout_loss: bool = True
@@ -167,24 +172,38 @@ class Driver:
                 report[f"perf/max_{role}_rss_mb"] = by_role.get(role, math.nan)
         return report
 
-    def _perf_counters(self) -> tuple[float, int, int]:
-        """Rank 0's CPU seconds so far (all its threads, a learner hosted here included), and
-        the messages and bytes it has sent and received on its channels."""
+    def _perf_counters(self) -> tuple[float, ...]:
+        """Rank 0's CPU seconds so far (all its threads, a learner hosted here included); the
+        driving thread's, and of that its idle polls and hosted workers' methods; and the
+        messages and bytes it has sent and received on its channels."""
         channels = [c for c in (self.dispatcher.channel if self.dispatcher else None,
                                 self.context.data_channel) if c is not None]
-        return (time.process_time(),
+        return (time.process_time(), time.thread_time(), DRIVER_CPU.idle_s, DRIVER_CPU.hosted_s,
                 sum(c.messages_sent + c.messages_received for c in channels),
                 sum(c.bytes_sent + c.bytes_received for c in channels))
 
     def perf_report(self) -> dict[str, float]:
-        """Rank 0's cost since the last call (one training iteration):
-        ``perf/driver_cpu_ms_per_iter``, ``perf/driver_msgs_per_iter`` and
-        ``perf/driver_bytes_per_iter``, sent and received together."""
+        """Rank 0's cost since the last call (one training iteration), from the thread that
+        drives: ``perf/driver_cpu_ms_per_iter`` (the whole process: every thread, a learner
+        hosted here included), split into ``perf/driver_hosted_cpu_ms_per_iter`` (the methods
+        of worker objects in rank 0's process), ``perf/driver_idle_cpu_ms_per_iter`` (polls that
+        found nothing), ``perf/driver_own_cpu_ms_per_iter`` (the rest of the driving thread:
+        dispatching calls, taking answers, merging metrics, logging) and
+        ``perf/driver_threads_cpu_ms_per_iter`` (other threads: heartbeat, writers);
+        ``perf/driver_msgs_per_iter`` and ``perf/driver_bytes_per_iter``, sent and received
+        together."""
         now = self._perf_counters()
-        (cpu0, msgs0, bytes0), self._perf_mark = self._perf_mark, now
-        return {"perf/driver_cpu_ms_per_iter": round((now[0] - cpu0) * 1e3, 3),
-                "perf/driver_msgs_per_iter": now[1] - msgs0,
-                "perf/driver_bytes_per_iter": now[2] - bytes0}
+        before, self._perf_mark = self._perf_mark, now
+        process, thread, idle, hosted, msgs, nbytes = (a - b for a, b in zip(now, before,
+                                                                               strict=True))
+        ms = 1e3
+        return {"perf/driver_cpu_ms_per_iter": round(process * ms, 3),
+                "perf/driver_hosted_cpu_ms_per_iter": round(hosted * ms, 3),
+                "perf/driver_idle_cpu_ms_per_iter": round(idle * ms, 3),
+                "perf/driver_own_cpu_ms_per_iter": round(max(0.0, thread - idle - hosted) * ms, 3),
+                "perf/driver_threads_cpu_ms_per_iter": round(max(0.0, process - thread) * ms, 3),
+                "perf/driver_msgs_per_iter": msgs,
+                "perf/driver_bytes_per_iter": nbytes}
 
     def spawn(self, role: str, cls: type[Worker], *args: Any, local_if_empty: bool = False,
               members: list[int] | None = None, **kwargs: Any) -> WorkerGroup:
@@ -409,7 +428,8 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     if rank == 0:
         hosts.extend(gathered)
     known.update(enumerate(hosts) if rank == 0 else {0: rank0_info, rank: info})
-    backoff = Backoff(max_sleep_s=settings.poll_max_sleep_s)
+    backoff = Backoff(max_sleep_s=settings.poll_max_sleep_s,
+                      sleep_share=settings.poll_sleep_share)
     if rank != 0:
         try:
             exit_code = WorkerHost(channel, context, backoff, heartbeat).serve()
@@ -432,7 +452,8 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
                                    h["pid"], h["device"], h["rss_mb"])
                                   for r, h in enumerate(hosts)])
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
-                            settings.task_timeout_s, losses.on_rank_failure)
+                            settings.task_timeout_s, losses.on_rank_failure,
+                            poll_backoff=(settings.poll_max_sleep_s, settings.poll_sleep_share))
     losses.dispatcher = dispatcher
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts, heartbeat=heartbeat)
     exit_code = _call_main(main, driver, losses.end_job_for_process_failure)
