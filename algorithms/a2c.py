@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
-from mpirl.execution.operators import broadcast_weights, parallel_rollouts, train_one_step
+from mpirl.execution.operators import sample_with_new_weights, train_one_step
 from mpirl.models.policy import evaluate_batch
 
 #: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
@@ -43,14 +43,14 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
 
 
 def training_step(algo) -> dict[str, float]:
-    """One A2C iteration: sample everywhere, one gradient step, broadcast the weights."""
+    """One A2C iteration: broadcast the newest weights and sample everywhere (one call to
+    each rollout rank), one gradient step."""
     config = algo.config
-    samples = parallel_rollouts(algo.rollouts, algo.learners, config.rollout_fragment_length,
-                                algo.obs_filter)
+    samples = sample_with_new_weights(algo.rollouts, algo.learners,
+                                      config.rollout_fragment_length, algo.obs_filter)
     algo.count(samples)
     stats = train_one_step(
         algo.learners, samples, num_epochs=1, num_minibatches=1,
         standardize=("advantages",) if config.standardize_advantages else (),
     )
-    broadcast_weights(algo.learners, algo.rollouts)
     return stats

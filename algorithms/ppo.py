@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
-from mpirl.execution.operators import broadcast_weights, parallel_rollouts, train_one_step
+from mpirl.execution.operators import sample_with_new_weights, train_one_step
 from mpirl.models.policy import evaluate_batch
 
 #: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
@@ -62,12 +62,12 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
 
 
 def training_step(algo) -> dict[str, float]:
-    """One PPO iteration: sample everywhere, train the learners, broadcast the weights."""
+    """One PPO iteration: broadcast the newest weights and sample everywhere (one call to
+    each rollout rank), train the learners."""
     config = algo.config
-    samples = parallel_rollouts(algo.rollouts, algo.learners, config.rollout_fragment_length,
-                                algo.obs_filter)
+    samples = sample_with_new_weights(algo.rollouts, algo.learners,
+                                      config.rollout_fragment_length, algo.obs_filter)
     algo.count(samples)
     stats = train_one_step(algo.learners, samples, num_epochs=config.num_epochs,
                            num_minibatches=algo.num_minibatches(config.minibatch_size))
-    broadcast_weights(algo.learners, algo.rollouts)
     return stats

@@ -29,6 +29,7 @@ from mpirl.execution.operators import (
     evaluate_policy,
     mean_stats,
     parallel_rollouts,
+    sample_with_new_weights,
     store_to_replay,
     train_from_replay,
     train_on_dataset,
@@ -43,7 +44,8 @@ __all__ = [
     "Algorithm",
     # Synchronous operators.
     "SampleResult", "broadcast_weights", "evaluate_policy", "mean_stats", "parallel_rollouts",
-    "store_to_replay", "train_from_replay", "train_on_dataset", "train_one_step",
+    "sample_with_new_weights", "store_to_replay", "train_from_replay", "train_on_dataset",
+    "train_one_step",
     # Asynchronous operators (IMPALA, A3C).
     "async_apply_gradients", "async_sample", "gradient_requests", "sample_requests",
     "sync_weights",

@@ -187,14 +187,18 @@ class RolloutWorker(Worker):
         return self.filter.normalize(obs)
 
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,
-               send_to: int | None = None, trajectories: bool = False) -> dict[str, Any]:
+               send_to: int | None = None, trajectories: bool = False,
+               take_weights: bool = False) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
         unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
         episodes that an env failure cut short are left out, so the batch may be short; the
         metrics count the failures (``env_failures``).
 
         With ``trajectories`` the batch holds raw fragments for off-policy corrections (V-trace)
-        instead of GAE advantages; see ``trajectory_batch``."""
+        instead of GAE advantages; see ``trajectory_batch``. With ``take_weights`` it first
+        takes part in the weight broadcast from learner 0 (``receive_weights``)."""
+        if take_weights:
+            self.receive_weights()
         if filter_state is not None:
             self.filter.mean, self.filter.var, self.filter.count = filter_state
         delta = RunningMeanStd(self.obs_shape)  # what this call saw, merged on the driver

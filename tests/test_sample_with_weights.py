@@ -1,0 +1,111 @@
+"""``sample_with_new_weights``: the weight broadcast and the sampling in one call to each rollout
+worker, and what it does when a rank's death breaks the broadcast. The MPI side (a real kill -9
+under ULFM) is in test_ulfm; here fake workers make each path happen every time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mpirl.errors import EnvFailureError, ProcessFailure, RankLost, RemoteError
+from mpirl.execution import operators
+from mpirl.execution.operators import sample_with_new_weights
+
+PROCESS_FAILURE = f"{ProcessFailure.__module__}.{ProcessFailure.__qualname__}"
+ENV_FAILURE = f"{EnvFailureError.__module__}.{EnvFailureError.__qualname__}"
+
+
+class FakeFuture:
+    def __init__(self, value: Any = None, error: Exception | None = None) -> None:
+        self.value, self.error = value, error
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def done(self) -> bool:
+        return True
+
+
+class FakeWorker:
+    """A rollout (or learner) handle whose calls answer from a script: ``answers[i]`` is what
+    its i-th call gives (a value, or an exception to raise)."""
+
+    in_process = False
+
+    def __init__(self, rank: int, answers: list[Any]) -> None:
+        self.rank, self.answers, self.calls, self.lost = rank, list(answers), [], False
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> FakeFuture:
+        self.calls.append((method, args, kwargs))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            return FakeFuture(error=answer)
+        return FakeFuture(answer)
+
+
+def metrics(steps: int, episode_return: float) -> dict[str, Any]:
+    return {"env_steps": steps, "env_failures": 0, "episode_returns": [episode_return],
+            "episode_lengths": [steps], "filter_delta": None}
+
+
+def broken(rank: int) -> RemoteError:
+    return RemoteError(rank, "rollout", "sample", PROCESS_FAILURE, "peer died in Bcast", "")
+
+
+@pytest.fixture
+def repairs(monkeypatch):
+    """Records the comm repairs and plain broadcasts the operator asks for."""
+    log: list[str] = []
+    monkeypatch.setattr(operators, "discard_lost_rollouts", lambda learners, rollouts: False)
+    monkeypatch.setattr(operators, "_repair_weights_comm", lambda *groups: log.append("repair"))
+    monkeypatch.setattr(operators, "broadcast_weights", lambda *groups: log.append("broadcast"))
+    return log
+
+
+def test_one_call_per_worker_takes_the_weights_then_samples(repairs):
+    learner = FakeWorker(0, [None])
+    rollouts = [FakeWorker(r, [metrics(10 * r, float(r))]) for r in (1, 2, 3)]
+    result = sample_with_new_weights(rollouts, [learner], 5)
+    assert learner.calls == [("broadcast_weights", (), {})]
+    for worker in rollouts:
+        assert worker.calls == [("sample", (5, None, 0), {"take_weights": True})]
+    assert result.env_steps == 60 and result.episode_returns == [1.0, 2.0, 3.0]
+    assert result.sources == {0: [1, 2, 3]} and repairs == []
+
+
+def test_a_broken_broadcast_is_repaired_and_only_the_unsampled_workers_sample_again(repairs):
+    learner = FakeWorker(0, [broken(0)])
+    rollouts = [FakeWorker(1, [metrics(10, 1.0)]),
+                FakeWorker(2, [broken(2), metrics(20, 2.0)]),
+                FakeWorker(3, [metrics(30, 3.0)])]
+    result = sample_with_new_weights(rollouts, [learner], 5)
+    assert repairs == ["repair", "broadcast"]
+    assert [len(w.calls) for w in rollouts] == [1, 2, 1]
+    assert rollouts[1].calls[1] == ("sample", (5, None, 0), {})  # the weights came already
+    assert result.env_steps == 60 and sorted(result.episode_returns) == [1.0, 2.0, 3.0]
+    assert sorted(result.sources[0]) == [1, 2, 3]
+
+
+def test_a_lost_rank_is_left_out_without_a_repair(repairs):
+    learner = FakeWorker(0, [None])
+    rollouts = [FakeWorker(1, [metrics(10, 1.0)]), FakeWorker(2, [RankLost("lost", 2)])]
+    result = sample_with_new_weights(rollouts, [learner], 5)
+    assert result.env_steps == 10 and result.sources == {0: [1]} and repairs == []
+
+
+def test_an_environment_failure_is_reported_as_itself(repairs):
+    learner = FakeWorker(0, [None])
+    failure = RemoteError(1, "rollout", "sample", ENV_FAILURE, "env raised 3 times", "")
+    with pytest.raises(EnvFailureError, match="env raised 3 times"):
+        sample_with_new_weights([FakeWorker(1, [failure])], [learner], 5)
+
+
+def test_batches_go_to_learner_i_mod_l(repairs):
+    learners = [FakeWorker(5, [None]), FakeWorker(6, [])]
+    rollouts = [FakeWorker(r, [metrics(1, 0.0)]) for r in (1, 2, 3)]
+    result = sample_with_new_weights(rollouts, learners, 5)
+    assert [w.calls[0][1][2] for w in rollouts] == [5, 6, 5]
+    assert result.sources == {0: [1, 3], 1: [2]}
