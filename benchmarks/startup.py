@@ -92,6 +92,9 @@ def baseline_tree(ref: str, into: Path) -> Path:
                           capture_output=True, text=True)
     if made.returncode:
         raise BenchError(f"git worktree add {ref}: {made.stderr.strip()}")
+    # The built-in algorithms are mpirl.algorithms, which the editable install maps to this
+    # checkout's algorithms/; inside the package they come from the worktree's own.
+    (tree / "mpirl" / "algorithms").symlink_to(tree / "algorithms", target_is_directory=True)
     return tree
 
 

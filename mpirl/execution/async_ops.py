@@ -70,17 +70,27 @@ class AsyncRequests:
         self.version = 0
         self._worker_version: dict[int, int] = {}  # worker index -> version it holds
         self._in_flight: list[tuple[WorkerHandle, int, Future]] = []
+        self._running: dict[int, int] = {}  # worker index -> its calls in _in_flight
+        # Workers whose calls finished since the last top_up (None: every worker, at the start
+        # or after a drain): topping up only them keeps the driver's work per answer O(1).
+        self._refill: list[WorkerHandle] | None = None
         self._acks: list[Future] = []  # set_weights calls not yet answered
         self._lags: list[int] = []
 
     def top_up(self) -> None:
         """Send calls until every live worker has ``max_in_flight`` of them running."""
-        for worker in self.rollouts:
-            running = sum(w is worker for w, _, _ in self._in_flight)
+        if self._refill is None:
+            workers = list(self.rollouts)
+        else:
+            workers = [w for w in self._refill if not w.lost]
+        self._refill = []
+        for worker in workers:
+            running = self._running.get(worker.index, 0)
             for _ in range(self.max_in_flight - running):
                 version = self._worker_version.get(worker.index, 0)
                 future = worker.call_async(self.method, *self.make_args(worker))
                 self._in_flight.append((worker, version, future))
+            self._running[worker.index] = max(running, self.max_in_flight)
 
     def ready(self, timeout: float | None = None) -> list[Done]:
         """Top up, then wait for the first call to finish; return every call finished by then.
@@ -95,8 +105,11 @@ class AsyncRequests:
         # never used, and under IMPALA its batch never received: the sender kept it for ever).
         finished, running = [], []
         for entry in self._in_flight:
-            (finished if entry[2].done() else running).append(entry)
+            (finished if entry[2].done(poll=False) else running).append(entry)
         self._in_flight = running
+        for worker, _, _ in finished:
+            self._running[worker.index] -= 1
+            self._refill.append(worker)
         self._check_acks()
         return self._results(finished)
 
@@ -104,6 +117,7 @@ class AsyncRequests:
         """Wait for every call in flight and return them all; none is left running (before a
         checkpoint: it holds no requests, so a resumed run starts clean)."""
         finished, self._in_flight = self._in_flight, []
+        self._running, self._refill = {}, None
         self._check_acks(wait_all=True)
         return self._results(finished)
 
@@ -133,7 +147,7 @@ class AsyncRequests:
     def _check_acks(self, wait_all: bool = False) -> None:
         pending = []
         for future in self._acks:
-            if wait_all or future.done():
+            if wait_all or future.done(poll=False):
                 try:
                     future.result()
                 except RankLost:

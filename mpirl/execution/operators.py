@@ -136,7 +136,13 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
 def mean_stats(rows: list[dict[str, float]]) -> dict[str, float]:
     """Each key's mean over the rows that have it (learners, or the updates of an iteration)."""
     keys = dict.fromkeys(k for row in rows for k in row)
-    return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
+    # Plain sums: np.mean costs about 4 us per call, and asynchronous plans call this per
+    # update, once for every answer of a rollout rank.
+    means = {}
+    for k in keys:
+        values = [float(row[k]) for row in rows if k in row]
+        means[k] = sum(values) / len(values)
+    return means
 
 
 def _learner_stats(results: list[dict[str, float]]) -> dict[str, float]:

@@ -203,11 +203,13 @@ class AsyncReplayLoop:
                 self._start_train(shard)
             pending = list(self.samples.values()) + [f for _, f in self.trains]
             wait(pending, num_returns=1)
+            # One look at each call, without polling: polling once per unanswered call would
+            # make each answer cost O(rollout ranks).
             for i, future in list(self.samples.items()):
-                if future.done():
+                if future.done(poll=False):
                     del self.samples[i]
                     env_steps += self._stored(i, future)
-            for entry in [e for e in self.trains if e[1].done()]:
+            for entry in [e for e in self.trains if e[1].done(poll=False)]:
                 self.trains.remove(entry)
                 results.append(self._trained(*entry))
         self.inserts = [f for f in self.inserts if not f.done()]

@@ -66,9 +66,11 @@ class Future:
     def _fail(self, error: Exception) -> None:
         self._resolve(False, error)
 
-    def done(self) -> bool:
-        """True once the worker has answered (polls for answers first)."""
-        if not self._done:
+    def done(self, poll: bool = True) -> bool:
+        """True once the worker has answered. Polls for answers first unless ``poll`` is off:
+        a loop over many futures right after ``wait`` looks without polling, or it would poll
+        once per unanswered call (and see the calls finish at different moments)."""
+        if poll and not self._done:
             self._dispatcher.progress()
         return self._done
 
