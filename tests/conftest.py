@@ -97,12 +97,18 @@ class LiveRun:
 
     def __init__(self, n: int, *args: str, ulfm: bool = False,
                  command: list[str] | None = None) -> None:
-        import threading
-
         if command is None:
             command = mpiexec_command(n, str(BIN / "mpirl"), "train", *args, ulfm=ulfm)
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=mpi_env(), start_new_session=True)
+        self._command = command
+        self._relaunches = 0
+        self._start()
+
+    def _start(self) -> None:
+        import threading
+
+        self.proc = subprocess.Popen(self._command, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=mpi_env(),
+                                     start_new_session=True)
         self.out: list[str] = []
         self.err: list[str] = []
         self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
@@ -110,6 +116,12 @@ class LiveRun:
                                                (self.proc.stderr, self.err))]
         for reader in self._readers:
             reader.start()
+
+    def _launch_failed(self) -> bool:
+        """The launcher ended before starting any rank (LAUNCHER_FAILURES): nothing ran."""
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return not self.pids() and any(failure in self.stderr for failure in LAUNCHER_FAILURES)
 
     @staticmethod
     def _read(stream, lines: list[str]) -> None:
@@ -122,6 +134,11 @@ class LiveRun:
         deadline = time.monotonic() + timeout
         while not condition():
             if self.proc.poll() is not None:
+                if self._relaunches < 2 and self._launch_failed():
+                    print(f"mpiexec failed to launch, trying again:\n{self.stderr}")
+                    self._relaunches += 1
+                    self._start()
+                    continue
                 self.finish()
                 pytest.fail(f"the job ended (exit {self.proc.returncode}) before {what}:\n"
                             f"{self.stdout}\n{self.stderr}")

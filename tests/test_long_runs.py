@@ -49,6 +49,7 @@ class _Dispatcher:
 
 class _Worker:
     in_process = False
+    lost = False
 
     def __init__(self, dispatcher: _Dispatcher, index: int) -> None:
         self.dispatcher, self.index, self.rank = dispatcher, index, index + 1
