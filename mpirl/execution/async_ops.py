@@ -90,7 +90,7 @@ class AsyncRequests:
                 version = self._worker_version.get(worker.index, 0)
                 future = worker.call_async(self.method, *self.make_args(worker))
                 self._in_flight.append((worker, version, future))
-            self._running[worker.index] = max(running, self.max_in_flight)
+            self._running[worker.index] = self.max_in_flight
 
     def ready(self, timeout: float | None = None) -> list[Done]:
         """Top up, then wait for the first call to finish; return every call finished by then.

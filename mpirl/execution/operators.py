@@ -67,7 +67,17 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
         send_to = None if worker.in_process else learners[target].rank
         futures.append((target, worker, worker.call_async("sample", steps_per_env, filter_state,
                                                           send_to)))
-    for target, worker, future in futures:
+    add_samples(result, futures, obs_filter)
+    discard_lost_rollouts(learners, rollouts)
+    return result
+
+
+def add_samples(result: SampleResult, calls: list[tuple[int, WorkerHandle, Future]],
+                obs_filter: RunningMeanStd | None) -> None:
+    """Wait for each ``(target, worker, future)`` of ``sample()`` calls, in order, and add its
+    answer to ``result``. A worker whose rank was lost is left out; an environment that failed
+    too often raises ``EnvFailureError``."""
+    for target, worker, future in calls:
         try:
             metrics = future.result()
         except RankLost:
@@ -75,8 +85,6 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         add_sample(result, target, worker, metrics, obs_filter)
-    discard_lost_rollouts(learners, rollouts)
-    return result
 
 
 def add_sample(result: SampleResult, target: int, worker: WorkerHandle, metrics: dict[str, Any],
@@ -240,7 +248,7 @@ def weights_comm_collective(learners: WorkerGroup, rollouts: WorkerGroup, send: 
                    for i, worker in enumerate(rollouts)]
         answered, broken = _collective_answers(futures, learners[0].call_async(send), what)
         if not broken:
-            return [(index, value) for index, (value, _) in answered.items()]
+            return list(answered.items())
         if attempt == _BROADCAST_RETRIES:
             raise broken[0]
         _repair_weights_comm(learners, rollouts)
@@ -248,13 +256,13 @@ def weights_comm_collective(learners: WorkerGroup, rollouts: WorkerGroup, send: 
 
 
 def _collective_answers(futures: list[Future], source: Future, what: str
-                        ) -> tuple[dict[int, tuple[Any, Future]], list[RemoteError]]:
+                        ) -> tuple[dict[int, Any], list[RemoteError]]:
     """The answers of the rollout workers' ``futures`` to calls that began with a collective over
-    weights_comm rooted at ``source``'s worker: {worker index: (result, future)} of those that
+    weights_comm rooted at ``source``'s worker: {worker index: result} of those that
     answered, and the process failures that broke the collective (empty if none did). A rank
     lost meanwhile is left out; any other error is raised, a timeout naming the rollout ranks
     that had not taken ``what``."""
-    answered: dict[int, tuple[Any, Future]] = {}
+    answered: dict[int, Any] = {}
     broken: list[RemoteError] = []
     # The source first: a timeout in its half (run already when it is in-process) is then
     # reported at once, not after the rollout ranks' own timeouts.
@@ -273,7 +281,7 @@ def _collective_answers(futures: list[Future], source: Future, what: str
             broken.append(error)
             continue
         if index >= 0:
-            answered[index] = (value, future)
+            answered[index] = value
     return answered, broken
 
 
@@ -311,24 +319,16 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
     except RemoteError as error:
         raise unwrap_env_failure(error) from None
     result = SampleResult()
-    for index, (metrics, _) in sorted(answered.items()):
+    for index, metrics in sorted(answered.items()):
         add_sample(result, targets[index], workers[index], metrics, obs_filter)
     if broken:
         _repair_weights_comm(learners, rollouts)
         broadcast_weights(learners, rollouts)
-        again = [(index, worker) for index, worker in enumerate(workers)
-                 if index not in answered and not worker.lost]
-        late = [(index, worker, worker.call_async("sample", steps_per_env, filter_state,
-                                                  learners[targets[index]].rank))
-                for index, worker in again]
-        for index, worker, future in late:
-            try:
-                metrics = future.result()
-            except RankLost:
-                continue
-            except RemoteError as error:
-                raise unwrap_env_failure(error) from None
-            add_sample(result, targets[index], worker, metrics, obs_filter)
+        add_samples(result, [
+            (targets[index], worker, worker.call_async("sample", steps_per_env, filter_state,
+                                                       learners[targets[index]].rank))
+            for index, worker in enumerate(workers)
+            if index not in answered and not worker.lost], obs_filter)
     discard_lost_rollouts(learners, rollouts)
     return result
 
