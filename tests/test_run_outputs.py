@@ -64,6 +64,23 @@ def test_event_writer_round_trip(tmp_path):
     assert (value.num, value.min, value.max, value.sum) == (3, 1.0, 2.0, 5.0)  # NaN dropped
 
 
+def test_add_scalars_writes_a_row_as_one_event(tmp_path):
+    row = {"iteration": 3, "perf/driver_cpu_ms_per_iter": 1.25, "return mean:last": -2.0,
+           "/leading": 7.0}
+    with EventWriter(tmp_path) as writer:
+        writer.add_scalars(row, step=300)
+        writer.add_scalars({"iteration": 4}, step=400)
+    path = event_file(tmp_path)
+    assert sorted(scalars(path)) == sorted([
+        ("iteration", 3.0, 300), ("iteration", 4.0, 400),
+        ("perf/driver_cpu_ms_per_iter", 1.25, 300),
+        ("return_mean_last", -2.0, 300),  # characters TensorBoard's tags may not hold
+        ("leading", 7.0, 300)])
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    events = [event for event in EventFileLoader(str(path)).Load() if event.HasField("summary")]
+    assert [len(event.summary.value) for event in events] == [4, 1]
+
+
 def test_two_event_writers_in_one_directory_get_separate_files(tmp_path):
     with EventWriter(tmp_path) as first, EventWriter(tmp_path) as second:
         first.add_scalar("a", 1.0, step=0)
@@ -95,6 +112,8 @@ def test_run_recorder_writes_params_progress_result_and_events(tmp_path):
         assert recorder.run_dir == run_dir
         for row in rows:
             recorder.record(row)
+            # A key per line, for people reading it.
+            assert len((run_dir / "result.json").read_text().splitlines()) == len(row) + 2
             assert json.loads((run_dir / "result.json").read_text()) == {
                 key: None if isinstance(value, float) and math.isnan(value) else value
                 for key, value in row.items()

@@ -8,12 +8,25 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 _writers = itertools.count()
+_NOT_IN_TAG = re.compile(r"[^-/\w.]")
+"""Characters TensorBoard's tags may not hold; each becomes ``_``, as tensorboardX does."""
+
+
+def _histogram_edges() -> list[float]:
+    # TensorFlow's default buckets (what tensorboardX's bins="tensorflow" means): edges growing
+    # by 10% from 1e-12 to 1e20 on each side of zero.
+    edges, edge = [], 1e-12
+    while edge < 1e20:
+        edges.append(edge)
+        edge *= 1.1
+    return [-e for e in reversed(edges)] + [0.0] + edges
 
 
 class EventWriter:
@@ -29,15 +42,18 @@ class EventWriter:
         suffix = f".{os.getpid()}.{next(_writers)}"
         # Imported here: tensorboardX imports torch (1 s, 200 MB), and `mpirl --help` or the
         # `mpirl launch` supervisor import this module without writing any event.
-        from tensorboardX import SummaryWriter
+        from tensorboardX import FileWriter
+        from tensorboardX import summary as summaries
+        from tensorboardX.proto.summary_pb2 import Summary
 
         # NaN is a value rows legitimately hold (no episode ended yet, a rank not heard from):
         # tensorboardX would warn on each one.
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
+        self._summary, self._summaries = Summary, summaries
+        self._edges: list[float] | None = None
         # flush_secs: rank 0 flushes after each row itself; the writer's own thread then has
         # nothing left to do in between.
-        self._writer = SummaryWriter(logdir=str(self.logdir), filename_suffix=suffix,
-                                     flush_secs=3600)
+        self._writer = FileWriter(str(self.logdir), flush_secs=3600, filename_suffix=suffix)
         self.path = next(self.logdir.glob(f"events.out.tfevents.*{suffix}"))
         self._closed = False
 
@@ -46,7 +62,20 @@ class EventWriter:
         """Append one scalar (stored as float32); it reaches the disk at the next ``flush``."""
         if self._closed:
             raise ValueError(f"EventWriter for {self.path} is closed")
-        self._writer.add_scalar(tag, float(value), global_step=int(step), walltime=wall_time)
+        self.add_scalars({tag: value}, step, wall_time)
+
+    def add_scalars(self, values: dict[str, float], step: int,
+                    wall_time: float | None = None) -> None:
+        """Append one scalar per ``tag: value`` (float32), all in one event: a progress row
+        of 30 values costs one record, not 30 (3.4 ms of rank 0's CPU per row with
+        tensorboardX's ``add_scalar``, about 0.1 ms so)."""
+        if self._closed:
+            raise ValueError(f"EventWriter for {self.path} is closed")
+        value = self._summary.Value
+        summary = self._summary(value=[value(tag=_NOT_IN_TAG.sub("_", tag).lstrip("/"),
+                                             simple_value=float(number))
+                                       for tag, number in values.items()])
+        self._writer.add_summary(summary, int(step), wall_time)
 
     def add_histogram(self, tag: str, values: Any, step: int) -> None:
         """Append a histogram of ``values`` (any array; NaNs dropped)."""
@@ -55,7 +84,10 @@ class EventWriter:
         values = np.asarray(values, np.float64).reshape(-1)
         values = values[np.isfinite(values)]
         if values.size:
-            self._writer.add_histogram(tag, values, global_step=int(step))
+            if self._edges is None:
+                self._edges = _histogram_edges()
+            self._writer.add_summary(self._summaries.histogram(tag, values, self._edges),
+                                     int(step))
 
     def flush(self) -> None:
         if not self._closed:
