@@ -6,15 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from mpirl.errors import RankLost
 from mpirl.execution.async_ops import AsyncRequests
-from mpirl.runtime.dispatch import Future
+from mpirl.runtime.dispatch import Completions, Future
 
 
 class FakeDispatcher:
-    """Answers the calls listed in ``arrivals`` when the driver waits; counts its polls."""
+    """Answers the calls listed in ``arrivals`` when the driver waits, after ``empty_turns``
+    polls that find nothing; counts its polls."""
 
     def __init__(self) -> None:
         self.polls = 0
+        self.empty_turns = 0
         self.arrivals: list[Future] = []
 
     def progress(self) -> bool:
@@ -23,11 +28,28 @@ class FakeDispatcher:
 
     def wait_for(self, condition, timeout, waiting_on, raise_on_timeout=True) -> bool:
         self.polls += 1
+        for _ in range(self.empty_turns):
+            assert not condition()
         for future in self.arrivals:
             future._resolve(True, {"env_steps": 1})
         self.arrivals = []
         assert condition()
         return True
+
+
+class CountingFuture(Future):
+    """Counts every look at whether it is done: the driver's work per poll."""
+
+    looks = 0
+
+    @property
+    def _done(self) -> bool:
+        CountingFuture.looks += 1
+        return self._finished
+
+    @_done.setter
+    def _done(self, value: bool) -> None:
+        self._finished = value
 
 
 class FakeWorker:
@@ -38,8 +60,9 @@ class FakeWorker:
         self.index, self.rank, self.dispatcher = index, index + 1, dispatcher
         self.calls: list[Future] = []
 
-    def call_async(self, method: str, *args: Any) -> Future:
-        future = Future(self.dispatcher, len(self.calls), self.rank, "rollout", method)
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
+        future = CountingFuture(self.dispatcher, len(self.calls), self.rank, "rollout", method)
+        future.kwargs = kwargs
         self.calls.append(future)
         return future
 
@@ -49,11 +72,12 @@ class FakeGroup(list):
         return False
 
 
-def make(workers: int, in_flight: int = 1) -> tuple[AsyncRequests, list[FakeWorker],
-                                                    FakeDispatcher]:
+def make(workers: int, in_flight: int = 1, weights_in_calls: bool = False
+         ) -> tuple[AsyncRequests, list[FakeWorker], FakeDispatcher]:
     dispatcher = FakeDispatcher()
     rollouts = FakeGroup(FakeWorker(i, dispatcher) for i in range(workers))
-    return AsyncRequests(rollouts, "sample", in_flight, lambda w: ()), rollouts, dispatcher
+    return (AsyncRequests(rollouts, "sample", in_flight, lambda w: (), weights_in_calls),
+            rollouts, dispatcher)
 
 
 def test_an_answer_tops_up_its_own_worker_and_polls_once():
@@ -90,3 +114,62 @@ def test_a_lost_worker_is_not_topped_up():
     requests.ready()
     requests.top_up()
     assert [len(w.calls) for w in workers] == [1, 1, 2]
+
+
+def test_waiting_for_the_next_answer_does_not_look_at_every_call():
+    requests, workers, dispatcher = make(64, in_flight=2)
+    requests.top_up()
+    dispatcher.empty_turns = 100
+    dispatcher.arrivals = [workers[7].calls[1]]
+    CountingFuture.looks = 0
+    done = requests.ready()
+    assert [item.worker.index for item in done] == [7]
+    # 100 polls that found nothing, over 128 calls in flight: a condition that looked at each
+    # call would look 12,800 times.
+    assert CountingFuture.looks < 20
+
+
+def test_completions_come_in_the_order_the_calls_finished():
+    dispatcher = FakeDispatcher()
+    completions = Completions()
+    futures = [Future(dispatcher, i, 1, "rollout", "sample") for i in range(4)]
+    done_already = Future(dispatcher, 9, 1, "rollout", "sample")
+    done_already._resolve(True, None)
+    completions.watch(done_already, "first")
+    for i, future in enumerate(futures):
+        completions.watch(future, i)
+    with pytest.raises(ValueError, match="watched already"):
+        completions.watch(futures[0], "again")
+    assert completions.take() == ["first"] and completions.pending == 4
+    futures[2]._resolve(True, None)
+    futures[0]._fail(RankLost("lost", 1))  # a lost rank finishes its calls too
+    assert completions.take_finished() == [2, 0]
+    dispatcher.arrivals = [futures[3]]
+    assert completions.take() == [3] and completions.pending == 1
+    assert completions.take_finished() == []
+    futures[1]._resolve(True, None)
+    assert completions.take() == [1] and completions.pending == 0
+    with pytest.raises(ValueError, match="no watched call"):
+        completions.take()
+
+
+@pytest.mark.parametrize("weights_in_calls", [False, True])
+def test_new_weights_reach_a_worker_before_its_next_call(weights_in_calls):
+    requests, workers, dispatcher = make(3, in_flight=2, weights_in_calls=weights_in_calls)
+    requests.top_up()
+    dispatcher.arrivals = [workers[1].calls[0]]
+    (done,) = requests.ready()
+    requests.version += 1
+    requests.set_weights([done.worker], "w1")
+    requests.top_up()
+    methods = [call.method for call in workers[1].calls]
+    if weights_in_calls:  # in the next call: one message, no answer to wait for
+        assert methods == ["sample"] * 3
+        assert [call.kwargs for call in workers[1].calls] == [{}, {}, {"weights": "w1"}]
+    else:  # a call of its own, queued behind the call still running
+        assert methods == ["sample", "sample", "set_weights", "sample"]
+    assert all(call.kwargs == {} for w in (workers[0], workers[2]) for call in w.calls)
+    # The next call's results are counted at the new version (policy lag 0).
+    dispatcher.arrivals = [workers[1].calls[-1]]
+    (done,) = requests.ready()
+    assert done.version == 1

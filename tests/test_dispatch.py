@@ -32,7 +32,26 @@ def test_wait_returns_the_first_k_of_n():
 def test_64_mib_arrays_arrive_bit_identical():
     result = _ok(*run_scenario(2, "bulk"))
     assert result == {"remote_sum_ok": True, "made_ok": True, "echo_ok": True,
-                      "echo_writeable": True, "nest_ok": True}
+                      "echo_writeable": True, "nest_ok": True, "small_writeable": True}
+
+
+def test_small_arrays_travel_inside_the_control_frame():
+    import pickle
+
+    import numpy as np
+
+    from mpirl.runtime.transport import INBAND_BYTES, encode
+    small, edge = np.arange(100.0), np.ones(INBAND_BYTES, np.uint8)
+    big = np.arange(INBAND_BYTES // 8 + 1, dtype=np.float64)  # one element over the limit
+    head, raws = encode({"small": small, "edge": edge, "big": big})
+    assert [raw.nbytes for raw in raws] == [big.nbytes]  # one bulk frame: the big array only
+    assert len(head) > small.nbytes + edge.nbytes
+    count = int.from_bytes(head[:4], "little")
+    back = pickle.loads(memoryview(head)[4 + 8 * count:],
+                        buffers=[np.frombuffer(raw, np.uint8).copy() for raw in raws])
+    assert all(np.array_equal(back[k], v) for k, v in
+               {"small": small, "edge": edge, "big": big}.items())
+    assert back["small"].flags.writeable and back["small"].dtype == small.dtype
 
 
 def test_payload_over_2_gib():

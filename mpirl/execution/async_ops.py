@@ -33,7 +33,7 @@ import numpy as np
 from mpirl.errors import ConfigError, RankLost, RemoteError
 from mpirl.execution.operators import SampleResult, add_sample, train_one_step
 from mpirl.models.policy import RunningMeanStd
-from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, wait
+from mpirl.runtime.dispatch import Completions, Future, WorkerGroup, WorkerHandle
 from mpirl.workers.env_guard import unwrap_env_failure
 
 
@@ -60,7 +60,8 @@ class AsyncRequests:
     between calls (the observation filter's statistics, say)."""
 
     def __init__(self, rollouts: WorkerGroup, method: str, max_in_flight: int,
-                 make_args: Callable[[WorkerHandle], tuple]) -> None:
+                 make_args: Callable[[WorkerHandle], tuple],
+                 weights_in_calls: bool = False) -> None:
         check_in_flight(max_in_flight)
         self.rollouts = rollouts
         self.method = method
@@ -69,12 +70,19 @@ class AsyncRequests:
         #: weights version the learners are at; bumped by every update
         self.version = 0
         self._worker_version: dict[int, int] = {}  # worker index -> version it holds
-        self._in_flight: list[tuple[WorkerHandle, int, Future]] = []
+        # Calls not yet returned by ready() or drain(), in the order sent: (worker, version,
+        # future) by id(future); those that finished are also in _completions.
+        self._in_flight: dict[int, tuple[WorkerHandle, int, Future]] = {}
+        self._completions = Completions()
         self._running: dict[int, int] = {}  # worker index -> its calls in _in_flight
         # Workers whose calls finished since the last top_up (None: every worker, at the start
         # or after a drain): topping up only them keeps the driver's work per answer O(1).
         self._refill: list[WorkerHandle] | None = None
-        self._acks: list[Future] = []  # set_weights calls not yet answered
+        self._acks = Completions()  # set_weights calls
+        # With weights_in_calls, ``method`` takes ``weights=``: new weights wait here for the
+        # worker's next call (one message, not a set_weights call and its answer as well).
+        self.weights_in_calls = weights_in_calls
+        self._new_weights: dict[int, np.ndarray] = {}
         self._lags: list[int] = []
 
     def top_up(self) -> None:
@@ -88,8 +96,12 @@ class AsyncRequests:
             running = self._running.get(worker.index, 0)
             for _ in range(self.max_in_flight - running):
                 version = self._worker_version.get(worker.index, 0)
-                future = worker.call_async(self.method, *self.make_args(worker))
-                self._in_flight.append((worker, version, future))
+                new = self._new_weights.pop(worker.index, None)
+                future = worker.call_async(self.method, *self.make_args(worker),
+                                           **({} if new is None else {"weights": new}))
+                entry = (worker, version, future)
+                self._in_flight[id(future)] = entry
+                self._completions.watch(future, entry)
             self._running[worker.index] = self.max_in_flight
 
     def ready(self, timeout: float | None = None) -> list[Done]:
@@ -99,25 +111,21 @@ class AsyncRequests:
         self.top_up()
         if not self._in_flight:
             raise RankLost("no rollout worker is left to send requests to", -1)
-        wait([f for _, _, f in self._in_flight], num_returns=1, timeout=timeout)
-        # One look per call: done() polls for answers, so a second look could see a call
-        # finish that the first did not, and the call would be in neither list (its result
-        # never used, and under IMPALA its batch never received: the sender kept it for ever).
-        finished, running = [], []
-        for entry in self._in_flight:
-            (finished if entry[2].done(poll=False) else running).append(entry)
-        self._in_flight = running
-        for worker, _, _ in finished:
-            self._running[worker.index] -= 1
-            self._refill.append(worker)
+        # The calls that finished, as they finished: O(1) per answer, however many calls run.
+        finished = self._completions.take(timeout, (f for _, _, f in self._in_flight.values()))
+        for entry in finished:
+            del self._in_flight[id(entry[2])]
+            self._running[entry[0].index] -= 1
+            self._refill.append(entry[0])
         self._check_acks()
         return self._results(finished)
 
     def drain(self) -> list[Done]:
         """Wait for every call in flight and return them all; none is left running (before a
         checkpoint: it holds no requests, so a resumed run starts clean)."""
-        finished, self._in_flight = self._in_flight, []
+        finished, self._in_flight = list(self._in_flight.values()), {}
         self._running, self._refill = {}, None
+        self._completions = Completions()  # the calls above are taken here, finished or not
         self._check_acks(wait_all=True)
         return self._results(finished)
 
@@ -139,22 +147,30 @@ class AsyncRequests:
 
     def set_weights(self, workers: list[WorkerHandle], weights: np.ndarray) -> None:
         """Send ``weights`` (the learners' current version) to ``workers``, point to point. The
-        driver does not wait: each worker takes them before its next call."""
+        driver does not wait: each worker takes them before its next call (with
+        ``weights_in_calls``, in that call: a worker runs its calls in order, so the calls it has
+        running already use the weights they would have used)."""
+        if self.weights_in_calls:
+            for worker in workers:
+                self._new_weights[worker.index] = weights
+                self._worker_version[worker.index] = self.version
+            return
         for worker in workers:
-            self._acks.append(worker.call_async("set_weights", weights))
+            ack = worker.call_async("set_weights", weights)
+            self._acks.watch(ack, ack)
             self._worker_version[worker.index] = self.version
 
     def _check_acks(self, wait_all: bool = False) -> None:
-        pending = []
-        for future in self._acks:
-            if wait_all or future.done(poll=False):
-                try:
-                    future.result()
-                except RankLost:
-                    pass
-            else:
-                pending.append(future)
-        self._acks = pending
+        """Take the answers to set_weights that came (all of them with ``wait_all``): a worker
+        that failed to take the weights raises here."""
+        acks = self._acks.take_finished()
+        while wait_all and self._acks.pending:
+            acks += self._acks.take()
+        for ack in acks:
+            try:
+                ack.result()
+            except RankLost:
+                pass
 
     def metrics(self) -> dict[str, float]:
         """Policy lag over the results used since the last call, and calls in flight."""
@@ -166,12 +182,14 @@ class AsyncRequests:
 
 def async_requests(algo: Any, method: str, max_in_flight: int,
                    make_args: Callable[[WorkerHandle], tuple],
-                   settle: Callable[[AsyncRequests], None]) -> AsyncRequests:
+                   settle: Callable[[AsyncRequests], None],
+                   weights_in_calls: bool = False) -> AsyncRequests:
     """The run's ``AsyncRequests``, made on the first call and kept in ``algo.plan_state``;
     ``settle(requests)`` runs before every checkpoint, to finish the calls in flight."""
     requests = algo.plan_state.get("async_requests")
     if requests is None:
-        requests = AsyncRequests(algo.rollouts, method, max_in_flight, make_args)
+        requests = AsyncRequests(algo.rollouts, method, max_in_flight, make_args,
+                                 weights_in_calls)
         algo.plan_state["async_requests"] = requests
         algo.before_checkpoint.append(lambda: settle(requests))
     return requests
@@ -196,7 +214,8 @@ def sample_requests(algo: Any, steps_per_env: int, max_in_flight: int) -> AsyncR
         algo.count(samples)
         train_one_step(learners, samples, num_epochs=0, num_minibatches=1, standardize=())
 
-    return async_requests(algo, "sample", max_in_flight, make_args, settle)
+    return async_requests(algo, "sample", max_in_flight, make_args, settle,
+                          weights_in_calls=True)
 
 
 @dataclass
@@ -259,7 +278,8 @@ def gradient_requests(algo: Any, steps_per_env: int, loss: Callable, max_in_flig
         for item in requests.drain():
             _count(algo, item)
 
-    return async_requests(algo, "compute_gradients", max_in_flight, make_args, settle)
+    return async_requests(algo, "compute_gradients", max_in_flight, make_args, settle,
+                          weights_in_calls=True)
 
 
 def async_apply_gradients(algo: Any, requests: AsyncRequests) -> list[dict[str, float]]:

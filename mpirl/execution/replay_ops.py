@@ -9,6 +9,7 @@ workers in ``mpirl.workers.q_workers`` and ``mpirl.workers.replay_shard``. An of
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -27,7 +28,7 @@ from mpirl.execution.operators import (
     train_from_replay,
 )
 from mpirl.models.q_network import DQN_STATS, check_discrete
-from mpirl.runtime.dispatch import WorkerGroup, wait
+from mpirl.runtime.dispatch import Completions, WorkerGroup
 from mpirl.runtime.layout import REPLAY
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.replay_shard import ReplayShard
@@ -152,6 +153,10 @@ class AsyncReplayLoop:
         self.max_trains_in_flight = max_trains_in_flight
         self.samples: dict[int, Any] = {}  # rollout index -> future
         self.trains: list[Any] = []
+        # Rollout indices with no sample call running, and the calls that finished: the loop's
+        # work per answer is O(1) in the rollout ranks.
+        self.idle: list[int] = list(range(len(algo.rollouts)))
+        self.finished = Completions()
         self.inserts: list[Any] = []
         self.next_shard = 0
         self.stored = [0] * len(algo.replay)  # env steps sent to each shard
@@ -167,6 +172,7 @@ class AsyncReplayLoop:
         self.samples[i] = worker.call_async("sample_transitions",
                                             self.config.rollout_fragment_length,
                                             self.epsilons[i], replay_dest(worker, shard))
+        self.finished.watch(self.samples[i], i)
 
     def _start_train(self, shard: Any) -> None:
         replay, learners = self.algo.replay, self.algo.learners
@@ -178,9 +184,11 @@ class AsyncReplayLoop:
             messages = [sent.result()] if dest is None else None
             dests = {k: replay_dest(learner, s) for k, s in enumerate(replay)}
             post = self.weight_ranks if learner.index == 0 else []
-            self.trains.append((shard, learner.call_async(
+            entry = (shard, learner.call_async(
                 "train_replay", [] if dest is None else [shard.rank], messages, dests, post,
-                self.config.weight_sync_every)))
+                self.config.weight_sync_every))
+            self.trains.append(entry)
+            self.finished.watch(entry[1], entry)
         self.algo.sgd_steps_total += self.batches_per_train
 
     def step(self, min_env_steps: int) -> dict[str, float]:
@@ -191,9 +199,10 @@ class AsyncReplayLoop:
         if self.sgd_done is None:
             self.sgd_done = algo.sgd_steps_total
         while env_steps < min_env_steps:
-            for i in range(len(algo.rollouts)):
-                if i not in self.samples and (self._may_sample() or not self.trains):
+            if self.idle and (self._may_sample() or not self.trains):
+                for i in self.idle:
                     self._start_sample(i)
+                self.idle = []
             # Training is paced to at most sgd_steps_per_env_step of the env steps stored.
             budget = (algo.timesteps_total - config.learning_starts) * \
                 config.sgd_steps_per_env_step
@@ -201,18 +210,16 @@ class AsyncReplayLoop:
                    and algo.sgd_steps_total + self.batches_per_train <= budget
                    and (shard := self._next_shard()) is not None):
                 self._start_train(shard)
-            pending = list(self.samples.values()) + [f for _, f in self.trains]
-            wait(pending, num_returns=1)
-            # One look at each call, without polling: polling once per unanswered call would
-            # make each answer cost O(rollout ranks).
-            for i, future in list(self.samples.items()):
-                if future.done(poll=False):
-                    del self.samples[i]
-                    env_steps += self._stored(i, future)
-            for entry in [e for e in self.trains if e[1].done(poll=False)]:
+            finished = self.finished.take(waiting_on=itertools.chain(
+                self.samples.values(), (f for _, f in self.trains)))
+            # Samples first, then training calls, each in the order they finished.
+            for i in [item for item in finished if isinstance(item, int)]:
+                env_steps += self._stored(i, self.samples.pop(i))
+                self.idle.append(i)
+            for entry in [item for item in finished if not isinstance(item, int)]:
                 self.trains.remove(entry)
                 results.append(self._trained(*entry))
-        self.inserts = [f for f in self.inserts if not f.done()]
+        self.inserts = [f for f in self.inserts if not f.done(poll=False)]
         stats = dict.fromkeys(DQN_STATS, math.nan) | mean_stats(results)
         stats["sgd_steps_total"] = algo.sgd_steps_total
         if config.prioritized_replay:

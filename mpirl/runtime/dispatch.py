@@ -45,7 +45,8 @@ class Future:
     ``RankLost`` when the worker's rank was lost before it answered.
     """
 
-    __slots__ = ("_dispatcher", "call_id", "rank", "role", "method", "_done", "_ok", "_value")
+    __slots__ = ("_dispatcher", "call_id", "rank", "role", "method", "_done", "_ok", "_value",
+                 "_on_done")
 
     def __init__(self, dispatcher: Dispatcher | None, call_id: int, rank: int, role: str,
                  method: str) -> None:
@@ -57,11 +58,15 @@ class Future:
         self._done = False
         self._ok = False
         self._value: Any = None
+        self._on_done: Callable[[], None] | None = None  # set by Completions.watch
 
     def _resolve(self, ok: bool, value: Any) -> None:
         self._done = True
         self._ok = ok
         self._value = value
+        if self._on_done is not None:
+            on_done, self._on_done = self._on_done, None
+            on_done()
 
     def _fail(self, error: Exception) -> None:
         self._resolve(False, error)
@@ -120,6 +125,57 @@ def wait(
     for future in futures:
         (ready if future._done and len(ready) < num_returns else not_ready).append(future)
     return ready, not_ready
+
+
+class Completions:
+    """The watched calls that have finished, in the order they did: a loop that keeps many
+    calls running (IMPALA's, Ape-X's) waits for the next answers and takes them at O(1) per
+    answer, where ``wait`` over its calls looks at each of them on every poll.
+
+    ``watch(future, item)``: once ``future`` finishes (answered, failed or its rank lost),
+    ``take`` returns ``item``. A future has at most one watcher."""
+
+    def __init__(self) -> None:
+        self._finished: list[Any] = []
+        self._watched = 0  # watched futures not yet finished
+        self._dispatcher: Dispatcher | None = None
+
+    def watch(self, future: Future, item: Any) -> None:
+        if future._done:
+            self._finished.append(item)
+            return
+        if future._on_done is not None:
+            raise ValueError(f"{future!r} is watched already")
+        self._dispatcher = future._dispatcher
+        self._watched += 1
+
+        def finished() -> None:
+            self._watched -= 1
+            self._finished.append(item)
+        future._on_done = finished
+
+    @property
+    def pending(self) -> int:
+        """Watched calls not finished yet."""
+        return self._watched
+
+    def take_finished(self) -> list[Any]:
+        """The items of the calls that finished since the last take, without waiting."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def take(self, timeout: float | None = None, waiting_on: Iterable[Future] = ()) -> list[Any]:
+        """The items of the calls that finished since the last ``take``, in the order they
+        finished; if there are none, waits for one first. With ``timeout=None`` a wait past the
+        task timeout raises ``TaskTimeout`` naming ``waiting_on``; past a given ``timeout`` the
+        list is empty."""
+        if not self._finished:
+            if not self._watched:
+                raise ValueError("Completions.take: no watched call is running")
+            self._dispatcher.wait_for(lambda: self._finished, timeout, waiting_on,
+                                      raise_on_timeout=timeout is None)
+        finished, self._finished = self._finished, []
+        return finished
 
 
 class Dispatcher:

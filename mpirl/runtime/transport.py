@@ -1,4 +1,5 @@
-"""Object messages between ranks: pickle protocol 5 with NumPy buffers sent raw, out of band.
+"""Object messages between ranks: pickle protocol 5 with NumPy buffers over 16 kB sent raw,
+out of band.
 
 A message is one control frame plus zero or more bulk frames:
 
@@ -33,10 +34,26 @@ CHUNK_BYTES = 1 << 30
 _COUNT = struct.Struct("<I")
 
 
+INBAND_BYTES = 16 << 10
+"""Buffers up to this size travel inside the control frame: a separate bulk frame costs each
+side an MPI call and its Python around it (a few µs), more than copying 16 kB; an answer of
+counts and a few small statistics arrays is then one message."""
+
+
+def _out_of_band(buffers: list[pickle.PickleBuffer]) -> Any:
+    def keep(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes <= INBAND_BYTES:
+            return True  # pickle copies it in-band
+        buffers.append(buffer)
+        return False
+    return keep
+
+
 def encode(obj: Any) -> tuple[bytes, list[memoryview]]:
-    """Pickle ``obj``; return the control frame and the raw buffers to send out of band."""
+    """Pickle ``obj``; return the control frame and the raw buffers (those over
+    ``INBAND_BYTES``) to send out of band."""
     buffers: list[pickle.PickleBuffer] = []
-    data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    data = pickle.dumps(obj, protocol=5, buffer_callback=_out_of_band(buffers))
     raws = [b.raw() for b in buffers]
     header = struct.pack(f"<I{len(raws)}Q", len(raws), *(r.nbytes for r in raws))
     return header + data, raws

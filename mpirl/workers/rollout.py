@@ -188,7 +188,7 @@ class RolloutWorker(Worker):
 
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,
                send_to: int | None = None, trajectories: bool = False,
-               take_weights: bool = False) -> dict[str, Any]:
+               take_weights: bool = False, weights: np.ndarray | None = None) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
         unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
         episodes that an env failure cut short are left out, so the batch may be short; the
@@ -196,9 +196,13 @@ class RolloutWorker(Worker):
 
         With ``trajectories`` the batch holds raw fragments for off-policy corrections (V-trace)
         instead of GAE advantages; see ``trajectory_batch``. With ``take_weights`` it first
-        takes part in the weight broadcast from learner 0 (``receive_weights``)."""
+        takes part in the weight broadcast from learner 0 (``receive_weights``); given
+        ``weights`` (flat, as ``set_weights``), it takes those first: the asynchronous plans send
+        new weights in the next call instead of a call of their own."""
         if take_weights:
             self.receive_weights()
+        if weights is not None:
+            self.set_weights(weights)
         if filter_state is not None:
             self.filter.mean, self.filter.var, self.filter.count = filter_state
         delta = RunningMeanStd(self.obs_shape)  # what this call saw, merged on the driver
@@ -338,12 +342,14 @@ class RolloutWorker(Worker):
                metrics=metrics)
 
     def compute_gradients(self, steps_per_env: int, loss: Callable, loss_config: Any,
-                          filter_state: tuple | None = None) -> dict[str, Any]:
-        """Sample like ``sample()``, then take the gradient of ``loss(policy, batch, config)``
-        on that batch with this worker's own policy copy (A3C). Returns sample()'s metrics with,
+                          filter_state: tuple | None = None,
+                          weights: np.ndarray | None = None) -> dict[str, Any]:
+        """Sample like ``sample()`` (taking ``weights`` first, if given), then take the gradient
+        of ``loss(policy, batch, config)`` on that batch with this worker's own policy copy
+        (A3C). Returns sample()'s metrics with,
         instead of the batch, ``"gradients"``: one flat float32 vector (None when env failures
         left no rows), and ``"stats"``: the loss statistics. Only these cross to the driver."""
-        metrics = self.sample(steps_per_env, filter_state)
+        metrics = self.sample(steps_per_env, filter_state, weights=weights)
         batch = metrics.pop("batch")
         metrics["gradients"], metrics["stats"] = None, {}
         if len(batch["logp"]):

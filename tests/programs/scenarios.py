@@ -103,6 +103,7 @@ def bulk(driver, args):
         remote_sum_ok=(list(remote_sum[0]), *remote_sum[1:]) == ([nbytes], "uint8", digest),
         made_ok=sha256(made) == sha256(payload), echo_ok=sha256(back) == sha256(payload),
         echo_writeable=bool(back.flags.writeable), nest_ok=bool(same),
+        small_writeable=bool(nest_back["f64"].flags.writeable),  # in-band: a copy of its own
     )
 
 
