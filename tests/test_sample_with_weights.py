@@ -4,13 +4,19 @@ under ULFM) is in test_ulfm; here fake workers make each path happen every time.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
 
 from mpirl.errors import EnvFailureError, ProcessFailure, RankLost, RemoteError
 from mpirl.execution import operators
-from mpirl.execution.operators import sample_with_new_weights
+from mpirl.execution.operators import sample_with_new_weights as sample_in_calls
+
+
+def sample_with_new_weights(*args, **kwargs):
+    """The point-to-point path (each answer on its own), which runs under ULFM."""
+    return sample_in_calls(*args, gather=False, **kwargs)
 
 PROCESS_FAILURE = f"{ProcessFailure.__module__}.{ProcessFailure.__qualname__}"
 ENV_FAILURE = f"{EnvFailureError.__module__}.{EnvFailureError.__qualname__}"
@@ -27,6 +33,9 @@ class FakeFuture:
 
     def done(self) -> bool:
         return True
+
+    def settle(self, value: Any) -> None:
+        self.value = value
 
 
 class FakeWorker:
@@ -109,3 +118,41 @@ def test_batches_go_to_learner_i_mod_l(repairs):
     result = sample_with_new_weights(rollouts, learners, 5)
     assert [w.calls[0][1][2] for w in rollouts] == [5, 6, 5]
     assert result.sources == {0: [1, 3], 1: [2]}
+
+
+# The gathered path: learner 0 hands the driver every rollout rank's answer at once.
+
+
+def gathered(*answers: tuple[int, Any]) -> list[bytes]:
+    return [pickle.dumps(answer, protocol=5) for answer in answers]
+
+
+def test_gathered_answers_settle_every_call_in_worker_order(repairs):
+    rollouts = [FakeWorker(r, [None]) for r in (1, 2, 3)]
+    # The gather's order is weights_comm's, not the workers'.
+    learner = FakeWorker(0, [gathered((3, metrics(30, 3.0)), (1, metrics(10, 1.0)),
+                                      (2, metrics(20, 2.0)))])
+    result = sample_in_calls(rollouts, [learner], 5, gather=True)
+    assert learner.calls == [("broadcast_weights", (), {"gather_answers": True})]
+    for worker in rollouts:
+        assert worker.calls == [("sample", (5, None, 0),
+                                 {"take_weights": True, "gather_answer": True})]
+    assert result.env_steps == 60 and result.episode_returns == [1.0, 2.0, 3.0]
+    assert result.sources == {0: [1, 2, 3]} and repairs == []
+
+
+def test_a_call_that_raised_is_read_from_its_own_answer(repairs):
+    failure = RemoteError(2, "rollout", "sample", ENV_FAILURE, "env raised 3 times", "")
+    rollouts = [FakeWorker(1, [None]), FakeWorker(2, [failure])]
+    learner = FakeWorker(0, [gathered((1, metrics(10, 1.0)), (2, None))])
+    with pytest.raises(EnvFailureError, match="env raised 3 times"):
+        sample_in_calls(rollouts, [learner], 5, gather=True)
+
+
+def test_a_failed_gather_is_raised(repairs):
+    timeout = RemoteError(0, "learner", "broadcast_weights", "mpirl.errors.TaskTimeout",
+                          "the gather of the sample answers: not all 3 members arrived", "")
+    learner = FakeWorker(0, [timeout])
+    with pytest.raises(RemoteError, match="not all 3 members"):
+        sample_in_calls([FakeWorker(1, [None]), FakeWorker(2, [None])], [learner], 5,
+                        gather=True)

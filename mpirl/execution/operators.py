@@ -19,6 +19,7 @@ weights communicator is shrunk to its live members before the next broadcast.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, Tas
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import shrink_weights_comm
 from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle
+from mpirl.runtime.ulfm import fault_tolerant
 from mpirl.workers.env_guard import unwrap_env_failure
 
 
@@ -293,7 +295,8 @@ def _repair_weights_comm(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
 
 
 def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_env: int,
-                            obs_filter: RunningMeanStd | None = None) -> SampleResult:
+                            obs_filter: RunningMeanStd | None = None,
+                            gather: bool | None = None) -> SampleResult:
     """``broadcast_weights`` then ``parallel_rollouts``, in one call to each rollout worker: it
     takes learner 0's weights (the ``Bcast``) and then samples. One message to and one from
     each rollout rank per iteration instead of two of each, which halves the driver's work per
@@ -302,7 +305,13 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
 
     A rollout rank that dies during the broadcast breaks it, as in ``weights_comm_collective``:
     weights_comm is shrunk, the broadcast runs again alone, and the workers whose broadcast
-    broke (they had not sampled) sample then."""
+    broke (they had not sampled) sample then.
+
+    With ``gather`` (the default unless MPI reports process failures, ULFM, where each answer
+    must come on its own to tell the lost ranks apart) the answers come back the other way
+    round: learner 0 gathers them over weights_comm after the broadcast and hands them to the
+    driver in its own answer. Rank 0 then receives one message per round, not one per rollout
+    rank; the result is the same."""
     if all(worker.in_process for worker in rollouts):
         broadcast_weights(learners, rollouts)
         return parallel_rollouts(rollouts, learners, steps_per_env, obs_filter)
@@ -310,6 +319,9 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
     filter_state = obs_filter.state() if obs_filter is not None else None
     targets = [i % len(learners) for i in range(len(rollouts))]
     workers = list(rollouts)
+    if gather if gather is not None else not fault_tolerant():
+        return _sample_gathered(workers, learners, targets, steps_per_env, filter_state,
+                                obs_filter)
     futures = [worker.call_async("sample", steps_per_env, filter_state,
                                  learners[targets[i]].rank, take_weights=True)
                for i, worker in enumerate(workers)]
@@ -330,6 +342,35 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
             for index, worker in enumerate(workers)
             if index not in answered and not worker.lost], obs_filter)
     discard_lost_rollouts(learners, rollouts)
+    return result
+
+
+def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets: list[int],
+                     steps_per_env: int, filter_state: tuple | None,
+                     obs_filter: RunningMeanStd | None) -> SampleResult:
+    """``sample_with_new_weights`` with the answers gathered by learner 0 (``gather``)."""
+    futures = [worker.call_async("sample", steps_per_env, filter_state,
+                                 learners[targets[i]].rank, take_weights=True,
+                                 gather_answer=True)
+               for i, worker in enumerate(workers)]
+    index_of = {worker.rank: i for i, worker in enumerate(workers)}
+    gathered = learners[0].call_async("broadcast_weights", gather_answers=True).result()
+    answered: dict[int, Any] = {}
+    for part in gathered:
+        rank, metrics = pickle.loads(part)
+        if metrics is not None:  # else the call raised: its answer says why
+            answered[index_of[rank]] = metrics
+            futures[index_of[rank]].settle(metrics)
+    for index, future in enumerate(futures):
+        if index not in answered:
+            try:
+                future.result()
+            except RemoteError as error:
+                raise unwrap_env_failure(error) from None
+            raise AssertionError(f"rank {workers[index].rank} answered outside the gather")
+    result = SampleResult()
+    for index, metrics in sorted(answered.items()):
+        add_sample(result, targets[index], workers[index], metrics, obs_filter)
     return result
 
 

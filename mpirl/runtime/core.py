@@ -41,7 +41,7 @@ class RankContext:
     ranks. In local mode ``role_comm`` is ``COMM_SELF``, the others are None, and ``role_index``
     is 0. ``collective_timeout_s`` bounds the wait for the other members of a collective (the
     weight broadcast) before the rank gives up with ``TaskTimeout``: the runtime's
-    ``task_timeout_s``.
+    ``task_timeout_s``; ``collective_backoff`` how that wait polls.
     """
 
     rank: int
@@ -55,6 +55,9 @@ class RankContext:
     host: str
     device: str
     collective_timeout_s: float = 3600.0
+    #: (max_sleep_s, sleep_share) of the waits for the other members of a collective: the run's
+    #: poll_max_sleep_s and poll_sleep_share (``Backoff``)
+    collective_backoff: tuple[float, float] = (1e-3, 1 / 64)
 
     @property
     def local(self) -> bool:

@@ -38,6 +38,17 @@ HOST = 0
 HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects", "shrink_weights_comm")
 
 
+class _Answered:
+    def __repr__(self) -> str:
+        return "ANSWERED"
+
+
+ANSWERED = _Answered()
+"""What a worker method returns when its answer went to the driver through a collective (see
+``sample_with_new_weights``): the host then sends no answer of its own, and the driver settles
+the call's future itself (``Dispatcher.settle``). An exception is still answered as usual."""
+
+
 class Future:
     """The pending result of one call on one worker.
 
@@ -70,6 +81,12 @@ class Future:
 
     def _fail(self, error: Exception) -> None:
         self._resolve(False, error)
+
+    def settle(self, value: Any) -> None:
+        """Resolve the call with ``value``, its result that came through a collective (the
+        method returned ``ANSWERED``), and free its slot on the worker's rank."""
+        if not self._done:
+            self._dispatcher.settle(self, value)
 
     def done(self, poll: bool = True) -> bool:
         """True once the worker has answered. Polls for answers first unless ``poll`` is off:
@@ -239,6 +256,13 @@ class Dispatcher:
         self._futures[call_id] = future
         self._in_flight[rank] += 1
         return future
+
+    def settle(self, future: Future, value: Any) -> None:
+        """Resolve ``future`` with ``value``, which reached the driver some other way than the
+        call's answer (a gather, for a method that returned ``ANSWERED``); frees its slot."""
+        if self._futures.pop(future.call_id, None) is not None:
+            self._in_flight[future.rank] -= 1
+            future._resolve(True, value)
 
     def call_name(self, call_id: int) -> str | None:
         """``method()`` of the unanswered call ``call_id``, or None; safe from another thread
@@ -459,13 +483,14 @@ _LOCAL_CALL_IDS = iter(range(1, 1 << 62))
 
 def _run_local(obj: Any, role: str, method: str, args: tuple, kwargs: dict) -> Future:
     future = Future(None, next(_LOCAL_CALL_IDS), 0, role, method)
-    began = time.thread_time()
+    began, idle = time.thread_time(), DRIVER_CPU.idle_s
     try:
         future._resolve(True, getattr(obj, method)(*args, **kwargs))
     except Exception as error:  # noqa: BLE001 - reported like a remote failure
         future._resolve(False, describe_exception(error))
     finally:
-        DRIVER_CPU.hosted_s += time.thread_time() - began
+        # Its waits for the other members of a collective count as idle, not as hosted work.
+        DRIVER_CPU.hosted_s += time.thread_time() - began - (DRIVER_CPU.idle_s - idle)
     return future
 
 

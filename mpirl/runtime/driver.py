@@ -414,6 +414,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         role_comm=role_comm, weights_comm=weights_comm, host=node_name(),
         device=pick_device(role, node_comm.Get_rank()),
         collective_timeout_s=settings.task_timeout_s,
+        collective_backoff=(settings.poll_max_sleep_s, settings.poll_sleep_share),
     )
     node_comm.Free()
     startup.mark("ranks_connected")

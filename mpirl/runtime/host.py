@@ -12,7 +12,7 @@ from typing import Any
 
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.core import RankContext, shrink_weights_comm
-from mpirl.runtime.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
+from mpirl.runtime.dispatch import ANSWERED, HOST, RESULT, SIGNAL, TASK, describe_exception
 from mpirl.runtime.heartbeat import IDLE, Heartbeat
 from mpirl.runtime.transport import Channel
 from mpirl.runtime.waiting import Backoff
@@ -65,7 +65,8 @@ class WorkerHost:
                 answer = (call_id, False, describe_exception(error))
             if heartbeat is not None:
                 heartbeat.current_task = IDLE
-            self._answer(answer)
+            if answer[2] is not ANSWERED:  # else it went to the driver in a collective
+                self._answer(answer)
             backoff.reset()
         return self._exit_code
 

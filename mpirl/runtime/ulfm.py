@@ -123,3 +123,27 @@ def bcast_bytes(comm: MPI.Comm, payload: bytes | None, timeout_s: float, what: s
         buffer = np.frombuffer(payload, np.uint8) if held else np.empty(int(found[1]), np.uint8)
         comm.Bcast(buffer, root=int(found[0]))
     return payload if held else buffer.tobytes()
+
+
+def gather_bytes(comm: MPI.Comm, payload: bytes, timeout_s: float, what: str,
+                 backoff: tuple[float, float] | None = None) -> list[bytes] | None:
+    """Every member's ``payload``, in the order of their ranks in ``comm``, on its rank 0 (None
+    on the others), once all have arrived within ``timeout_s``: a ``Gather`` of the lengths,
+    then a ``Gatherv`` of the bytes. Rank 0 handles one collective, not a message per member.
+    A member's death revokes ``comm`` and raises ``ProcessFailure``, as in ``bcast_weights``.
+    Collective over ``comm``."""
+    with revoke_on_failure(comm, what):
+        wait_for_all(comm, timeout_s, what, backoff)
+        root = comm.Get_rank() == 0
+        sizes = np.empty(comm.Get_size(), np.int64) if root else None
+        comm.Gather(np.array([len(payload)], np.int64), sizes, root=0)
+        data = np.frombuffer(payload, np.uint8)
+        if not root:
+            comm.Gatherv(data, None, root=0)
+            return None
+        offsets = np.zeros_like(sizes)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        buffer = np.empty(int(sizes.sum()), np.uint8)
+        comm.Gatherv(data, [buffer, sizes, offsets, MPI.BYTE], root=0)
+    return [buffer[start:start + size].tobytes()
+            for start, size in zip(offsets, sizes, strict=True)]

@@ -16,25 +16,32 @@ from mpi4py import MPI
 from mpirl.errors import TaskTimeout
 
 
-def wait_for_all(comm: MPI.Comm, timeout_s: float, what: str) -> None:
+def wait_for_all(comm: MPI.Comm, timeout_s: float, what: str,
+                 backoff: tuple[float, float] | None = None) -> None:
     """Return once every member of ``comm`` has called this; raise ``TaskTimeout`` naming
     ``what`` if they have not within ``timeout_s``. Collective over ``comm``.
 
     An ``Ibarrier`` waited on with back-off, so no core spins. Called just before a blocking
     collective it gives that collective a deadline: once all members are there, none waits on a
     member that is busy elsewhere (MPI cannot cancel a collective once begun, so the wait is
-    bounded before it starts).
+    bounded before it starts). ``backoff`` is ``(max_sleep_s, sleep_share)`` (``Backoff``); on
+    rank 0 its sleeps count as the driver's idle time (``DRIVER_CPU``).
     """
     request = comm.Ibarrier()
     if request.Test():
         return
     deadline = time.monotonic() + timeout_s
-    backoff = Backoff()
-    while not request.Test():
+    waiting = Backoff() if backoff is None else Backoff(max_sleep_s=backoff[0],
+                                                        sleep_share=backoff[1])
+    while True:
+        began = time.thread_time()
+        if request.Test():
+            return
         if time.monotonic() > deadline:
             raise TaskTimeout(f"{what}: not all {comm.Get_size()} members arrived within "
                               f"{timeout_s:g} s")
-        backoff.sleep()
+        waiting.sleep()
+        DRIVER_CPU.idle_s += time.thread_time() - began
 
 
 class CpuLedger:

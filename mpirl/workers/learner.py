@@ -38,7 +38,7 @@ from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import bcast_weights
+from mpirl.runtime.ulfm import bcast_weights, gather_bytes
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
 from mpirl.workers.rollout import BATCH_TAG
@@ -508,7 +508,16 @@ class Learner(Worker):
             self.loss.set_state(state["loss"])
         restore_rng(state["rng"])
 
-    def broadcast_weights(self) -> None:
-        """Send this learner's weights to every rollout rank: the root of one ``Bcast``."""
-        bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
-                      self.context.collective_timeout_s)
+    def broadcast_weights(self, gather_answers: bool = False) -> list[bytes] | None:
+        """Send this learner's weights to every rollout rank: the root of one ``Bcast``. With
+        ``gather_answers`` (the rollout workers' ``sample(gather_answer=True)``), then the root of
+        the gather of their answers: returns each rollout rank's pickled answer, in
+        weights_comm's order, which crosses to the driver as one message."""
+        context = self.context
+        bcast_weights(context.weights_comm, self.policy.get_flat_weights(),
+                      context.collective_timeout_s)
+        if not gather_answers:
+            return None
+        parts = gather_bytes(context.weights_comm, b"", context.collective_timeout_s,
+                             "the gather of the sample answers", context.collective_backoff)
+        return parts[1:]

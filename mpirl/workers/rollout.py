@@ -31,7 +31,8 @@ from mpirl.models.q_spec import numpy_unsupported as q_numpy_unsupported
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import bcast_weights
+from mpirl.runtime.dispatch import ANSWERED
+from mpirl.runtime.ulfm import bcast_weights, gather_bytes
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -188,7 +189,8 @@ class RolloutWorker(Worker):
 
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,
                send_to: int | None = None, trajectories: bool = False,
-               take_weights: bool = False, weights: np.ndarray | None = None) -> dict[str, Any]:
+               take_weights: bool = False, weights: np.ndarray | None = None,
+               gather_answer: bool = False) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
         unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
         episodes that an env failure cut short are left out, so the batch may be short; the
@@ -198,7 +200,22 @@ class RolloutWorker(Worker):
         instead of GAE advantages; see ``trajectory_batch``. With ``take_weights`` it first
         takes part in the weight broadcast from learner 0 (``receive_weights``); given
         ``weights`` (flat, as ``set_weights``), it takes those first: the asynchronous plans send
-        new weights in the next call instead of a call of their own."""
+        new weights in the next call instead of a call of their own.
+
+        With ``gather_answer`` (and ``take_weights``) the metrics go to the driver through the
+        gather that learner 0 roots on weights_comm after the broadcast, and the call returns
+        ``ANSWERED``: rank 0 then takes one collective per round, not one message per rollout
+        rank. A call that raises still takes part in the gather (with no metrics), then raises
+        as usual, so no member waits for it."""
+        if gather_answer:
+            try:
+                metrics = self.sample(steps_per_env, filter_state, send_to, trajectories,
+                                      take_weights, weights)
+            except Exception:
+                self._gather_answer(None)
+                raise
+            self._gather_answer(metrics)
+            return ANSWERED
         if take_weights:
             self.receive_weights()
         if weights is not None:
@@ -439,6 +456,12 @@ class RolloutWorker(Worker):
               f"rebuilt it. {self.env_failures} env failures on this worker so far "
               f"(num_env_failures counts them all; this warning repeats at most every "
               f"{FAILURE_WARNING_INTERVAL_S:g} s).", file=sys.stderr, flush=True)
+
+    def _gather_answer(self, metrics: dict[str, Any] | None) -> None:
+        context = self.context
+        payload = pickle.dumps((context.rank, metrics), protocol=5)
+        gather_bytes(context.weights_comm, payload, context.collective_timeout_s,
+                     "the gather of the sample answers", context.collective_backoff)
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
