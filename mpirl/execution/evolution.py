@@ -17,10 +17,15 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import ConfigError, MpirlError, RankLost
-from mpirl.execution.operators import discard_lost_rollouts, weights_comm_collective
+from mpirl.execution.operators import (
+    discard_lost_rollouts,
+    settle_gathered,
+    weights_comm_collective,
+)
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
+from mpirl.runtime.ulfm import fault_tolerant
 
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
            "setup_search"]
@@ -94,7 +99,14 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         state["synced"] = True
     workers = list(algo.rollouts)
     share, steps_share = math.ceil(num_pairs / len(workers)), math.ceil(min_steps / len(workers))
-    results = _results([w.call_async("run_generation", share, steps_share) for w in workers])
+    if fault_tolerant() or all(w.in_process for w in workers):
+        results = _results([w.call_async("run_generation", share, steps_share)
+                            for w in workers])
+    else:  # the answers come through one gather (mpirl.runtime.gathered), not a message each
+        futures = [w.call_async("run_generation", share, steps_share, gather_answer=True)
+                   for w in workers]
+        results = sorted(settle_gathered(workers, futures,
+                                         algo.learners[0].call("gather_answers")).items())
     discard_lost_rollouts(algo.learners, algo.rollouts)
     if not results:
         raise MpirlError("every rollout rank was lost during a generation")

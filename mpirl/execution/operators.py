@@ -19,7 +19,6 @@ weights communicator is shrunk to its live members before the next broadcast.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, Tas
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import shrink_weights_comm
 from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle
+from mpirl.runtime.gathered import decode_answers
 from mpirl.runtime.ulfm import fault_tolerant
 from mpirl.workers.env_guard import unwrap_env_failure
 
@@ -345,6 +345,24 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
     return result
 
 
+def settle_gathered(workers: list[WorkerHandle], futures: list[Future], parts: list[bytes]
+                    ) -> dict[int, Any]:
+    """Settle the calls ``futures`` (one per worker) from their answers gathered by learner 0
+    (``mpirl.runtime.gathered.gather_answers``); {worker index: result}. A call that raised
+    raises its ``RemoteError`` here, from its own answer."""
+    index_of = {worker.rank: i for i, worker in enumerate(workers)}
+    answered: dict[int, Any] = {}
+    for rank, value in decode_answers(parts).items():
+        if value is not None:  # else the call raised: its answer says why
+            answered[index_of[rank]] = value
+            futures[index_of[rank]].settle(value)
+    for index, future in enumerate(futures):
+        if index not in answered:
+            future.result()
+            raise AssertionError(f"rank {workers[index].rank} answered outside the gather")
+    return answered
+
+
 def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets: list[int],
                      steps_per_env: int, filter_state: tuple | None,
                      obs_filter: RunningMeanStd | None) -> SampleResult:
@@ -353,21 +371,11 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
                                  learners[targets[i]].rank, take_weights=True,
                                  gather_answer=True)
                for i, worker in enumerate(workers)]
-    index_of = {worker.rank: i for i, worker in enumerate(workers)}
-    gathered = learners[0].call_async("broadcast_weights", gather_answers=True).result()
-    answered: dict[int, Any] = {}
-    for part in gathered:
-        rank, metrics = pickle.loads(part)
-        if metrics is not None:  # else the call raised: its answer says why
-            answered[index_of[rank]] = metrics
-            futures[index_of[rank]].settle(metrics)
-    for index, future in enumerate(futures):
-        if index not in answered:
-            try:
-                future.result()
-            except RemoteError as error:
-                raise unwrap_env_failure(error) from None
-            raise AssertionError(f"rank {workers[index].rank} answered outside the gather")
+    try:
+        answered = settle_gathered(workers, futures, learners[0].call_async(
+            "broadcast_weights", gather_answers=True).result())
+    except RemoteError as error:
+        raise unwrap_env_failure(error) from None
     result = SampleResult()
     for index, metrics in sorted(answered.items()):
         add_sample(result, targets[index], workers[index], metrics, obs_filter)

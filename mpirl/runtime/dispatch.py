@@ -38,17 +38,6 @@ HOST = 0
 HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects", "shrink_weights_comm")
 
 
-class _Answered:
-    def __repr__(self) -> str:
-        return "ANSWERED"
-
-
-ANSWERED = _Answered()
-"""What a worker method returns when its answer went to the driver through a collective (see
-``sample_with_new_weights``): the host then sends no answer of its own, and the driver settles
-the call's future itself (``Dispatcher.settle``). An exception is still answered as usual."""
-
-
 class Future:
     """The pending result of one call on one worker.
 
@@ -84,7 +73,8 @@ class Future:
 
     def settle(self, value: Any) -> None:
         """Resolve the call with ``value``, its result that came through a collective (the
-        method returned ``ANSWERED``), and free its slot on the worker's rank."""
+        method returned ``mpirl.runtime.gathered.ANSWERED``), and free its slot on the worker's
+        rank."""
         if not self._done:
             self._dispatcher.settle(self, value)
 
@@ -259,7 +249,7 @@ class Dispatcher:
 
     def settle(self, future: Future, value: Any) -> None:
         """Resolve ``future`` with ``value``, which reached the driver some other way than the
-        call's answer (a gather, for a method that returned ``ANSWERED``); frees its slot."""
+        call's answer (``mpirl.runtime.gathered``); frees its slot."""
         if self._futures.pop(future.call_id, None) is not None:
             self._in_flight[future.rank] -= 1
             future._resolve(True, value)

@@ -12,7 +12,8 @@ from typing import Any
 
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.core import RankContext, shrink_weights_comm
-from mpirl.runtime.dispatch import ANSWERED, HOST, RESULT, SIGNAL, TASK, describe_exception
+from mpirl.runtime.dispatch import HOST, RESULT, SIGNAL, TASK, describe_exception
+from mpirl.runtime.gathered import ANSWERED
 from mpirl.runtime.heartbeat import IDLE, Heartbeat
 from mpirl.runtime.transport import Channel
 from mpirl.runtime.waiting import Backoff

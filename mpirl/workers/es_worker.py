@@ -30,7 +30,9 @@ from mpirl.models.search_rules import (
 )
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd
+from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.gathered import answer_through_gather
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
@@ -147,12 +149,17 @@ class PerturbationWorker(Worker):
             return self.policy.population_outputs(torch.from_numpy(params),
                                                   torch.from_numpy(obs)).numpy()
 
-    def run_generation(self, num_pairs: int, min_steps: int) -> dict[str, Any]:
+    def run_generation(self, num_pairs: int, min_steps: int,
+                       gather_answer: bool = False) -> dict[str, Any]:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
         played), one whole episode each, on the worker's envs in parallel; with probability
         ``eval_prob`` an env plays an episode of the unperturbed policy instead. Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
-        observation statistics; no weights."""
+        observation statistics; no weights. With ``gather_answer`` the driver's copy gathers
+        them (``SearchWeights.gather_answers``, ``mpirl.runtime.gathered``)."""
+        if gather_answer:
+            return answer_through_gather(self.context,
+                                         lambda: self.run_generation(num_pairs, min_steps))
         s, theta, noise = self.settings, self.theta, self.noise.noise
         size, sigma = theta.size, s["noise_stdev"]
         indices: list[int] = []
@@ -333,8 +340,8 @@ class SearchWeights(Worker):
     rollout ranks at start-up, and, before each checkpoint, rollout worker 0's current ones, so
     that ``learner_0.pkl`` holds the policy that ``mpirl evaluate`` and ``export`` read."""
 
-    MESSAGES = ("broadcast_weights", "take_update", "get_weights", "set_weights",
-                "save_state", "load_state", "histograms")
+    MESSAGES = ("broadcast_weights", "take_update", "gather_answers", "get_weights",
+                "set_weights", "save_state", "load_state", "histograms")
 
     def __init__(self, context: RankContext, policy: DirectPolicySpec, loss: Any, config: Any,
                  lr: float, grad_clip: float, seed: int, backend: str, torch_threads: int,
@@ -350,6 +357,10 @@ class SearchWeights(Worker):
     def broadcast_weights(self) -> None:
         bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
                       self.context.collective_timeout_s)
+
+    def gather_answers(self) -> list[bytes]:
+        """The root of the gather of the rollout ranks' ``run_generation`` answers."""
+        return gathered.gather_answers(self.context)
 
     def take_update(self) -> None:
         """The driver's part in ``PerturbationWorker.receive_update`` (a member of

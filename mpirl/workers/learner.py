@@ -37,8 +37,9 @@ from mpirl.data.offline import EpisodeShard, OfflineInput, load_shard, rows_per_
 from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec
+from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import bcast_weights, gather_bytes
+from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
 from mpirl.workers.rollout import BATCH_TAG
@@ -511,13 +512,11 @@ class Learner(Worker):
     def broadcast_weights(self, gather_answers: bool = False) -> list[bytes] | None:
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``. With
         ``gather_answers`` (the rollout workers' ``sample(gather_answer=True)``), then the root of
-        the gather of their answers: returns each rollout rank's pickled answer, in
-        weights_comm's order, which crosses to the driver as one message."""
+        the gather of their answers (``mpirl.runtime.gathered``), which it returns: they cross
+        to the driver as one message."""
         context = self.context
         bcast_weights(context.weights_comm, self.policy.get_flat_weights(),
                       context.collective_timeout_s)
         if not gather_answers:
             return None
-        parts = gather_bytes(context.weights_comm, b"", context.collective_timeout_s,
-                             "the gather of the sample answers", context.collective_backoff)
-        return parts[1:]
+        return gathered.gather_answers(context)

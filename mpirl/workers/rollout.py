@@ -31,8 +31,8 @@ from mpirl.models.q_spec import numpy_unsupported as q_numpy_unsupported
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.dispatch import ANSWERED
-from mpirl.runtime.ulfm import bcast_weights, gather_bytes
+from mpirl.runtime.gathered import answer_through_gather
+from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -204,18 +204,10 @@ class RolloutWorker(Worker):
 
         With ``gather_answer`` (and ``take_weights``) the metrics go to the driver through the
         gather that learner 0 roots on weights_comm after the broadcast, and the call returns
-        ``ANSWERED``: rank 0 then takes one collective per round, not one message per rollout
-        rank. A call that raises still takes part in the gather (with no metrics), then raises
-        as usual, so no member waits for it."""
+        ``ANSWERED`` (``mpirl.runtime.gathered``)."""
         if gather_answer:
-            try:
-                metrics = self.sample(steps_per_env, filter_state, send_to, trajectories,
-                                      take_weights, weights)
-            except Exception:
-                self._gather_answer(None)
-                raise
-            self._gather_answer(metrics)
-            return ANSWERED
+            return answer_through_gather(self.context, lambda: self.sample(
+                steps_per_env, filter_state, send_to, trajectories, take_weights, weights))
         if take_weights:
             self.receive_weights()
         if weights is not None:
@@ -456,12 +448,6 @@ class RolloutWorker(Worker):
               f"rebuilt it. {self.env_failures} env failures on this worker so far "
               f"(num_env_failures counts them all; this warning repeats at most every "
               f"{FAILURE_WARNING_INTERVAL_S:g} s).", file=sys.stderr, flush=True)
-
-    def _gather_answer(self, metrics: dict[str, Any] | None) -> None:
-        context = self.context
-        payload = pickle.dumps((context.rank, metrics), protocol=5)
-        gather_bytes(context.weights_comm, payload, context.collective_timeout_s,
-                     "the gather of the sample answers", context.collective_backoff)
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from learner 0 (a collective on weights_comm)."""
