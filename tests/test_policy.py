@@ -98,6 +98,26 @@ def test_merged_statistics_equal_those_of_all_the_data():
     assert merged.count == 1000
 
 
+def test_merging_all_deltas_at_once_equals_merging_them_one_by_one():
+    rng = np.random.default_rng(1)
+    data = rng.normal(-1.0, 3.0, (900, 2, 3))
+    deltas = []
+    for part in np.array_split(data, 9):
+        delta = RunningMeanStd((2, 3))
+        delta.update(part)
+        deltas.append(delta.state())
+    deltas.append((np.zeros((2, 3)), np.ones((2, 3)), 0.0))  # a rank that saw nothing
+    one_by_one, at_once = RunningMeanStd((2, 3), 4.0), RunningMeanStd((2, 3), 4.0)
+    for delta in deltas:
+        one_by_one.merge(*delta)
+    at_once.merge_all(deltas)
+    np.testing.assert_allclose(at_once.mean, one_by_one.mean, rtol=1e-12)
+    np.testing.assert_allclose(at_once.var, one_by_one.var, rtol=1e-12)
+    assert at_once.count == one_by_one.count == 904
+    at_once.merge_all([(np.ones((2, 3)), np.ones((2, 3)), 0.0)])  # nothing seen: no change
+    assert at_once.count == 904
+
+
 def test_concat_and_standardize():
     batch = concat_batches([{"a": np.arange(3.0)}, {"a": np.arange(3.0, 6.0)}])
     assert batch["a"].tolist() == [0, 1, 2, 3, 4, 5]

@@ -114,8 +114,7 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     returns = np.concatenate([r["returns"] for _, r in results]).reshape(-1, 2)
     lengths = np.concatenate([r["lengths"] for _, r in results]).reshape(-1, 2)
     delta = RunningMeanStd(results[0][1]["filter_delta"][0].shape)
-    for _, r in results:
-        delta.merge(*r["filter_delta"])
+    delta.merge_all([r["filter_delta"] for _, r in results])
     filter_delta = (delta.mean, delta.var, delta.count)
     if all(w.in_process for w in algo.rollouts):
         applied = _results([w.call_async("apply_update", indices, returns, filter_delta)
@@ -126,9 +125,16 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         # would cost rank 0 O(W^2) bytes. Rank 0 sends it to rollout worker 0 alone, which is
         # the root of a broadcast over weights_comm, in which rank 0 only receives.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
-        applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
-                                          "receive_update", what="the update",
-                                          first_receive_args=(message,))
+        if fault_tolerant():
+            applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
+                                              "receive_update", what="the update",
+                                              first_receive_args=(message,))
+        else:  # the answers through one gather, as the generation's
+            workers = list(algo.rollouts)
+            futures = [w.call_async("receive_update", *((message,) if i == 0 else ()),
+                                    gather_answer=True) for i, w in enumerate(workers)]
+            applied = sorted(settle_gathered(workers, futures, algo.learners[0].call(
+                "take_update", gather_answers=True)).items())
     checksums = {r["checksum"] for _, r in applied}
     if len(checksums) > 1:
         raise DivergedWeights(

@@ -49,6 +49,20 @@ class RunningMeanStd:
         self.var = m2 / total
         self.count = total
 
+    def merge_all(self, deltas: list[tuple[np.ndarray, np.ndarray, float]]) -> None:
+        """``merge`` each ``(mean, var, count)`` of ``deltas``, combined first in a few array
+        operations (the driver merges one per rollout rank: 16 µs each one by one)."""
+        counts = np.array([count for _, _, count in deltas], np.float64)
+        total = counts.sum()
+        if total == 0:
+            return
+        weights = (counts / total).reshape(-1, *[1] * self.mean.ndim)
+        means = np.stack([np.asarray(mean, np.float64) for mean, _, _ in deltas])
+        variances = np.stack([np.asarray(var, np.float64) for _, var, _ in deltas])
+        mean = (weights * means).sum(0)
+        var = (weights * (variances + (means - mean) ** 2)).sum(0)
+        self.merge(mean, var, float(total))
+
     def state(self) -> tuple[np.ndarray, np.ndarray, float]:
         return self.mean.copy(), self.var.copy(), self.count
 

@@ -274,11 +274,15 @@ class PerturbationWorker(Worker):
         self.policy.set_flat_weights(self.theta)
         return {"checksum": weights_checksum(self.theta), **stats}
 
-    def receive_update(self, message: bytes | None = None) -> dict[str, Any]:
+    def receive_update(self, message: bytes | None = None,
+                       gather_answer: bool = False) -> dict[str, Any]:
         """Take the generation's update in a broadcast over weights_comm and apply it. One rank
         (rollout worker 0) gets ``message`` in its call and is the broadcast's root, so rank 0
         sends the update once, not once per rank, and forwards none of it. A generation's update
-        broadcast again, after a rank died during the first try, is applied once."""
+        broadcast again, after a rank died during the first try, is applied once. With
+        ``gather_answer`` the answer goes to ``SearchWeights.take_update``'s gather."""
+        if gather_answer:
+            return answer_through_gather(self.context, lambda: self.receive_update(message))
         message = bcast_bytes(self.context.weights_comm, message,
                               self.context.collective_timeout_s, "the update broadcast")
         generation, indices, returns, filter_delta = pickle.loads(message)
@@ -362,12 +366,14 @@ class SearchWeights(Worker):
         """The root of the gather of the rollout ranks' ``run_generation`` answers."""
         return gathered.gather_answers(self.context)
 
-    def take_update(self) -> None:
+    def take_update(self, gather_answers: bool = False) -> list[bytes] | None:
         """The driver's part in ``PerturbationWorker.receive_update`` (a member of
         weights_comm, it takes the update too; its copy of the weights is refreshed only
-        before checkpoints)."""
+        before checkpoints). With ``gather_answers``, then the root of the gather of the
+        rollout ranks' answers, which it returns."""
         bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
+        return gathered.gather_answers(self.context) if gather_answers else None
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()
