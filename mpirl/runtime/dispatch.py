@@ -439,7 +439,7 @@ class WorkerGroup(Sequence[WorkerHandle]):
         """Take out the workers whose rank the driver has declared lost; return them (often
         none). The group then holds only live workers, and indices shift down."""
         # The losses the heartbeat reported since the last poll. Not a poll itself: each costs
-        # rank 0 an MPI progress over all its peers (about 15 us at 64 ranks here), and the
+        # rank 0 an MPI progress over all its peers (10-15 us at 64 ranks here), and the
         # callers have just waited, which polled; a loss MPI reports comes at the next wait.
         for dispatcher in {h._dispatcher for h in self._handles if not h.in_process}:
             dispatcher.take_reported_losses()
