@@ -25,7 +25,7 @@ from mpirl.execution.operators import (
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
-from mpirl.runtime.ulfm import fault_tolerant
+from mpirl.runtime.gathered import gathers_answers
 
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
            "setup_search"]
@@ -99,14 +99,17 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         state["synced"] = True
     workers = list(algo.rollouts)
     share, steps_share = math.ceil(num_pairs / len(workers)), math.ceil(min_steps / len(workers))
-    if fault_tolerant() or all(w.in_process for w in workers):
-        results = _results([w.call_async("run_generation", share, steps_share)
-                            for w in workers])
-    else:  # the answers come through one gather (mpirl.runtime.gathered), not a message each
+    # Both rounds of the generation answer through one gather (mpirl.runtime.gathered), not a
+    # message per rank, where they can.
+    gather = gathers_answers(workers)
+    if gather:
         futures = [w.call_async("run_generation", share, steps_share, gather_answer=True)
                    for w in workers]
         results = sorted(settle_gathered(workers, futures,
                                          algo.learners[0].call("gather_answers")).items())
+    else:
+        results = _results([w.call_async("run_generation", share, steps_share)
+                            for w in workers])
     discard_lost_rollouts(algo.learners, algo.rollouts)
     if not results:
         raise MpirlError("every rollout rank was lost during a generation")
@@ -125,16 +128,15 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         # would cost rank 0 O(W^2) bytes. Rank 0 sends it to rollout worker 0 alone, which is
         # the root of a broadcast over weights_comm, in which rank 0 only receives.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
-        if fault_tolerant():
-            applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
-                                              "receive_update", what="the update",
-                                              first_receive_args=(message,))
-        else:  # the answers through one gather, as the generation's
-            workers = list(algo.rollouts)
+        if gather:  # no rank can have been lost: workers are the rollout workers still
             futures = [w.call_async("receive_update", *((message,) if i == 0 else ()),
                                     gather_answer=True) for i, w in enumerate(workers)]
             applied = sorted(settle_gathered(workers, futures, algo.learners[0].call(
                 "take_update", gather_answers=True)).items())
+        else:
+            applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
+                                              "receive_update", what="the update",
+                                              first_receive_args=(message,))
     checksums = {r["checksum"] for _, r in applied}
     if len(checksums) > 1:
         raise DivergedWeights(

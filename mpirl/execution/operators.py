@@ -29,8 +29,7 @@ from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, Tas
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import shrink_weights_comm
 from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle
-from mpirl.runtime.gathered import decode_answers
-from mpirl.runtime.ulfm import fault_tolerant
+from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.env_guard import unwrap_env_failure
 
 
@@ -319,7 +318,7 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
     filter_state = obs_filter.state() if obs_filter is not None else None
     targets = [i % len(learners) for i in range(len(rollouts))]
     workers = list(rollouts)
-    if gather if gather is not None else not fault_tolerant():
+    if gather if gather is not None else gathers_answers(workers):
         return _sample_gathered(workers, learners, targets, steps_per_env, filter_state,
                                 obs_filter)
     futures = [worker.call_async("sample", steps_per_env, filter_state,

@@ -60,8 +60,6 @@ class EventWriter:
     def add_scalar(self, tag: str, value: float, step: int,
                    wall_time: float | None = None) -> None:
         """Append one scalar (stored as float32); it reaches the disk at the next ``flush``."""
-        if self._closed:
-            raise ValueError(f"EventWriter for {self.path} is closed")
         self.add_scalars({tag: value}, step, wall_time)
 
     def add_scalars(self, values: dict[str, float], step: int,

@@ -56,8 +56,8 @@ class RankContext:
     device: str
     collective_timeout_s: float = 3600.0
     #: (max_sleep_s, sleep_share) of the waits for the other members of a collective: the run's
-    #: poll_max_sleep_s and poll_sleep_share (``Backoff``)
-    collective_backoff: tuple[float, float] = (1e-3, 1 / 64)
+    #: poll_max_sleep_s and poll_sleep_share; None: ``Backoff``'s defaults
+    collective_backoff: tuple[float, float] | None = None
 
     @property
     def local(self) -> bool:

@@ -13,10 +13,10 @@ Under ULFM the rounds keep an answer per call, which tells the lost ranks apart.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from mpirl.runtime.ulfm import gather_bytes
+from mpirl.runtime.ulfm import fault_tolerant, gather_bytes
 
 if TYPE_CHECKING:
     from mpirl.runtime.core import RankContext
@@ -36,6 +36,13 @@ ROOT_BACKOFF = (4e-3, 0.0)
 waits the whole round, and sleeps that grow with the wait (``poll_sleep_share``) could see the
 last answer up to 16 ms late, 1.6% of a 1 s round. Over a 1 s round this wakes about as often
 (some 250 times)."""
+
+
+def gathers_answers(workers: Iterable[Any]) -> bool:
+    """Whether a round of calls to ``workers`` (handles) answers through the gather: they have
+    ranks of their own, and MPI does not report process failures (under ULFM each answer must
+    come on its own, to tell a lost rank apart)."""
+    return not fault_tolerant() and not all(worker.in_process for worker in workers)
 
 
 def answer_through_gather(context: RankContext, run: Callable[[], Any]) -> Any:
