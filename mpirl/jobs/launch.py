@@ -163,7 +163,8 @@ def describe(returncode: int) -> str:
     if returncode < 0:
         return f"was killed by {_signal_name(-returncode)}"
     meaning = _MEANINGS.get(returncode)
-    if meaning is None and returncode > 128 and _signal_name(returncode - 128):
+    if meaning is None and returncode > 128 and _is_signal(returncode - 128):
+        # Only a real signal number: Open MPI's launcher exits with codes such as 213 of its own.
         meaning = f"a process was killed by {_signal_name(returncode - 128)}"
     return f"exited with {returncode}" + (f" ({meaning})" if meaning else "")
 
@@ -171,6 +172,10 @@ def describe(returncode: int) -> str:
 def exit_code(returncode: int) -> int:
     """A process exit code for a child's return code (the shell's 128+N for death by signal N)."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _is_signal(number: int) -> bool:
+    return number in set(signal.valid_signals())
 
 
 def _signal_name(number: int) -> str:
