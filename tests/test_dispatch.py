@@ -54,6 +54,44 @@ def test_small_arrays_travel_inside_the_control_frame():
     assert back["small"].flags.writeable and back["small"].dtype == small.dtype
 
 
+def test_sends_are_tested_together_not_one_by_one(monkeypatch):
+    """Each test of an unfinished send is an MPI progress over every peer: a channel tests its
+    pending sends in one call, every ``PENDING_TEST_AT`` sends or so: 1,000 sends make some 30
+    tests, not 1,000, and a send whose receiver never takes it holds no others."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from mpirl.runtime import transport
+
+    class Request:
+        def __init__(self, completes_in: int) -> None:
+            self.completes_in = completes_in
+
+        def __bool__(self) -> bool:
+            return self.completes_in > 0
+
+    tests = []
+
+    def testsome(requests):
+        tests.append(len(requests))
+        for request in requests:
+            request.completes_in = max(0, request.completes_in - 1)
+
+    monkeypatch.setattr(transport, "MPI", SimpleNamespace(Request=SimpleNamespace(
+        Testsome=testsome)))
+    channel = transport.Channel.__new__(transport.Channel)
+    channel._pending, channel._test_at = deque(), transport.PENDING_TEST_AT
+    channel.messages_sent = channel.bytes_sent = 0
+    stuck = Request(10**9)  # a receiver that never takes its message
+    channel.comm = SimpleNamespace(Isend=lambda head, dest, tag: stuck if dest == 9 else Request(1))
+    channel.isend("never taken", 9, 0)
+    for i in range(1000):
+        channel.isend({"call": i}, 1, 0)
+    assert len(tests) <= 1000 // (transport.PENDING_TEST_AT - 1) + 1
+    assert channel.pending_sends < transport.PENDING_TEST_AT
+    assert channel.flush() is False and channel.pending_sends == 1  # the stuck one only
+
+
 def test_payload_over_2_gib():
     result = _ok(*run_scenario(2, "huge", timeout=280))
     assert result["nbytes"] > 2 << 30

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
+import pickle
 import sys
 
+import numpy as np
 from conftest import run_mpi
 
 MPIRL = [sys.executable, "-m", "mpirl"]
@@ -36,9 +38,9 @@ def test_gather_bytes_hands_rank_0_every_payload_in_rank_order():
 
 
 def test_ppo_rank_0_takes_no_message_per_answer(tmp_path):
-    """With the learner on rank 0 each rollout rank sends it one message per iteration, its
-    batch; the answers come in the gather (a message each would make 3 per rollout rank: the
-    call, the batch and the answer)."""
+    """With the learner on rank 0 the answers and the batches come in the gather: rank 0's only
+    message per rollout rank per iteration is the call (a message for each answer and each
+    batch would make 3 per rollout rank)."""
     run_dir = tmp_path / "run"
     proc = run_mpi(5, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1", "--run-dir",
                    str(run_dir), "--progress", "off", "--config",
@@ -49,8 +51,44 @@ def test_ppo_rank_0_takes_no_message_per_answer(tmp_path):
         rows = list(csv.DictReader(file))
     rollout_ranks = int(float(rows[-1]["num_rollout_workers"]))
     assert rollout_ranks == 4
-    # Iterations 2-4 (the first has the startup's messages): a call and a batch per rank.
+    # Iterations 2-4 (the first has the startup's messages): the call to each rank.
     for row in rows[1:]:
-        assert float(row["perf/driver_msgs_per_iter"]) == 2 * rollout_ranks, row
+        assert float(row["perf/driver_msgs_per_iter"]) == rollout_ranks, row
     assert float(rows[-1]["timesteps_total"]) == 4 * 4 * 32 * int(
         json.loads((run_dir / "params.json").read_text())["config"]["num_envs_per_worker"])
+
+
+def test_a_batch_rides_in_the_gather_only_when_it_is_small():
+    from mpirl.runtime.gathered import GATHER_BATCH_BYTES, fits_in_gather
+
+    def batch(nbytes):
+        return {"obs": np.zeros(nbytes // 2, np.uint8), "actions": np.zeros(nbytes // 2, np.uint8)}
+
+    assert fits_in_gather(batch(GATHER_BATCH_BYTES), 2)
+    assert not fits_in_gather(batch(GATHER_BATCH_BYTES + 2), 2)
+    # However many members: the root's buffer stays within 1 GiB.
+    assert fits_in_gather(batch(64 << 10), 16_384)
+    assert not fits_in_gather(batch(66 << 10), 16_384)
+
+
+def test_a_batch_too_large_for_the_gather_goes_to_the_learner_as_a_message():
+    from types import SimpleNamespace
+
+    from mpirl.runtime.gathered import PackedBatch
+    from mpirl.workers.rollout import BATCH_TAG, RolloutWorker
+
+    sent = []
+    channel = SimpleNamespace(flush=lambda: None,
+                              isend=lambda obj, dest, tag: sent.append((obj, dest, tag)))
+    context = SimpleNamespace(data_channel=channel,
+                              weights_comm=SimpleNamespace(Get_size=lambda: 5))
+    worker = SimpleNamespace(context=context)
+    small = {"obs": np.arange(8, dtype=np.float32)}
+    answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8, "batch": small}, 0)
+    assert not sent and isinstance(answer["batch"], PackedBatch)
+    # The learner unpacks it (Learner.train), after the answer crossed as bytes.
+    unpacked = pickle.loads(pickle.dumps(answer, protocol=5))["batch"].unpack()
+    assert unpacked.keys() == {"obs"} and np.array_equal(unpacked["obs"], small["obs"])
+    large = {"obs": np.zeros(2 << 20, np.float32)}  # 8 MiB
+    answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8, "batch": large}, 3)
+    assert answer == {"env_steps": 8} and sent == [(large, 3, BATCH_TAG)]

@@ -136,9 +136,21 @@ def test_gathered_answers_settle_every_call_in_worker_order(repairs):
     assert learner.calls == [("broadcast_weights", (), {"gather_answers": True})]
     for worker in rollouts:
         assert worker.calls == [("sample", (5, None, 0),
-                                 {"take_weights": True, "gather_answer": True})]
+                                 {"take_weights": True, "gather_answer": True,
+                                  "batch_in_answer": False})]
     assert result.env_steps == 60 and result.episode_returns == [1.0, 2.0, 3.0]
     assert result.sources == {0: [1, 2, 3]} and repairs == []
+
+
+def test_batches_for_the_drivers_own_learner_come_in_the_gather(repairs):
+    rollouts = [FakeWorker(r, [None]) for r in (1, 2, 3)]
+    learner = FakeWorker(0, [gathered((1, metrics(10, 1.0) | {"batch": "b1"}),
+                                      (2, metrics(20, 2.0)),  # too large: sent to the learner
+                                      (3, metrics(30, 3.0) | {"batch": "b3"}))])
+    learner.in_process = True
+    result = sample_in_calls(rollouts, [learner], 5, gather=True)
+    assert all(w.calls[0][2]["batch_in_answer"] for w in rollouts)
+    assert result.batches == {0: ["b1", "b3"]} and result.sources == {0: [2]}
 
 
 def test_a_call_that_raised_is_read_from_its_own_answer(repairs):

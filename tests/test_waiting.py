@@ -58,3 +58,46 @@ def test_the_real_sleep_is_used_by_default():
     began = time.perf_counter()
     backoff.sleep()
     assert time.perf_counter() - began >= 9e-4
+
+
+class _FakeBarrier:
+    """A communicator whose ``Ibarrier`` completes once the fake clock passes ``done_at``; it
+    counts the polls (each one an MPI progress over every peer, on a real communicator)."""
+
+    def __init__(self, clock: list[float], done_at: float) -> None:
+        self.clock, self.done_at, self.polls = clock, done_at, 0
+
+    def Ibarrier(self):  # noqa: N802 (MPI's name)
+        return self
+
+    def Test(self) -> bool:  # noqa: N802
+        self.polls += 1
+        return self.clock[0] >= self.done_at
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 64
+
+
+def _wait(monkeypatch, round_s: float, expected_s: float) -> tuple[int, float]:
+    """Polls and lateness of ``wait_for_all`` for a round that ends after ``round_s`` of a fake
+    clock, expecting ``expected_s``, with a gather root's sleeps of at most 4 ms."""
+    clock = [1000.0]
+    for name in ("monotonic", "perf_counter"):
+        monkeypatch.setattr(waiting.time, name, lambda: clock[0])
+    monkeypatch.setattr(waiting.time, "sleep",
+                        lambda duration: clock.__setitem__(0, clock[0] + duration))
+    monkeypatch.setattr(waiting.os, "sched_yield", lambda: clock.__setitem__(0, clock[0] + 2e-5))
+    comm = _FakeBarrier(clock, 1000.0 + round_s)
+    waiting.wait_for_all(comm, 60.0, "a round", (4e-3, 0.0), expected_s)
+    return comm.polls, clock[0] - 1000.0 - round_s
+
+
+def test_a_root_that_expects_the_round_polls_rarely_until_it_may_end(monkeypatch):
+    polls, late = _wait(monkeypatch, 1.0, 0.0)
+    assert polls > 300 and late <= 4e-3
+    # Expecting the round it gets: coarse sleeps over the first 80%, then the usual ones.
+    polls, late = _wait(monkeypatch, 1.0, 1.0)
+    assert polls < 110 and late <= 4e-3
+    # A round much shorter than expected is seen at most 2% of the expected time late.
+    polls, late = _wait(monkeypatch, 0.3, 1.0)
+    assert polls < 25 and late <= 0.02 + 1e-9

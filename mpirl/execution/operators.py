@@ -93,11 +93,11 @@ def add_sample(result: SampleResult, target: int, worker: WorkerHandle, metrics:
     """Add what one ``sample()`` call of ``worker`` returned to ``result``: its counts and
     episodes, where its batch is (sent to learner ``target``, or in ``metrics``), and its
     observation statistics, merged into ``obs_filter``."""
-    if not worker.in_process:
-        result.sources.setdefault(target, []).append(worker.rank)
-    add_sample_metrics(result, metrics)
     if "batch" in metrics:
         result.batches.setdefault(target, []).append(metrics["batch"])
+    elif not worker.in_process:
+        result.sources.setdefault(target, []).append(worker.rank)
+    add_sample_metrics(result, metrics)
     if obs_filter is not None and metrics["filter_delta"] is not None:
         mean, var, count = metrics["filter_delta"]
         obs_filter.merge(mean, var, count)
@@ -366,9 +366,12 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
                      steps_per_env: int, filter_state: tuple | None,
                      obs_filter: RunningMeanStd | None) -> SampleResult:
     """``sample_with_new_weights`` with the answers gathered by learner 0 (``gather``)."""
+    # A batch for a learner in the driver's process rides in the gather when it is small: rank
+    # 0 then takes no message per rollout rank for it (``gathered.fits_in_gather``).
     futures = [worker.call_async("sample", steps_per_env, filter_state,
                                  learners[targets[i]].rank, take_weights=True,
-                                 gather_answer=True)
+                                 gather_answer=True,
+                                 batch_in_answer=learners[targets[i]].in_process)
                for i, worker in enumerate(workers)]
     try:
         answered = settle_gathered(workers, futures, learners[0].call_async(

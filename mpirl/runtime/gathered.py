@@ -13,8 +13,12 @@ Under ULFM the rounds keep an answer per call, which tells the lost ranks apart.
 from __future__ import annotations
 
 import pickle
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from mpirl.runtime.ulfm import fault_tolerant, gather_bytes
 
@@ -34,8 +38,35 @@ _WHAT = "the gather of the answers"
 ROOT_BACKOFF = (4e-3, 0.0)
 """How learner 0 polls while it waits for the round's last answer: sleeps of at most 4 ms. It
 waits the whole round, and sleeps that grow with the wait (``poll_sleep_share``) could see the
-last answer up to 16 ms late, 1.6% of a 1 s round. Over a 1 s round this wakes about as often
-(some 250 times)."""
+last answer up to 16 ms late, 1.6% of a 1 s round. Only the last 20% of a round's expected
+time is polled so (``gather_answers``)."""
+
+
+GATHER_BATCH_BYTES = 4 << 20
+"""The largest sample batch that rides in a gathered answer (``fits_in_gather``)."""
+
+
+def fits_in_gather(batch: dict[str, Any], members: int) -> bool:
+    """Whether a rollout rank's ``batch`` may ride in its gathered answer to learner 0 (the
+    driver's own learner), in a round over a communicator of ``members``: at most
+    ``GATHER_BATCH_BYTES``, and at most 1 GiB over all members, so that the root's buffer stays
+    well inside MPI's int counts. Each rank decides alone; a larger batch goes as a message."""
+    nbytes = sum(np.asarray(value).nbytes for value in batch.values())
+    return nbytes <= min(GATHER_BATCH_BYTES, (1 << 30) // max(members, 1))
+
+
+class PackedBatch:
+    """A sample batch that rides in a gathered answer, still pickled: the learner it is for
+    unpacks it (``unpack``), so decoding it stays the learner's work, as receiving it would be,
+    and the driver's decoding of the answers copies bytes only."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, batch: dict[str, Any]) -> None:
+        self.data = pickle.dumps(batch, protocol=5)
+
+    def unpack(self) -> dict[str, Any]:
+        return pickle.loads(self.data)
 
 
 def gathers_answers(workers: Iterable[Any]) -> bool:
@@ -62,11 +93,21 @@ def _send(context: RankContext, result: Any) -> None:
                  context.collective_timeout_s, _WHAT, context.collective_backoff)
 
 
-def gather_answers(context: RankContext) -> list[bytes]:
+_RECENT_WAITS: dict[str, deque[float]] = {}
+"""The root's last waits for each kind of round, in seconds: the shortest of them is what it
+expects of the next (``wait_for_all``'s ``expected_s``)."""
+
+
+def gather_answers(context: RankContext, round_name: str) -> list[bytes]:
     """On learner 0 (weights_comm's rank 0): every other member's pickled ``(rank, result)``,
-    result None for a call that raised; pass them to ``decode_answers`` on the driver."""
+    result None for a call that raised; pass them to ``decode_answers`` on the driver. Rounds
+    of one ``round_name`` (PPO's sampling, an ES generation) take about as long each time: the
+    root polls rarely until the shortest of the last three could end."""
+    recent = _RECENT_WAITS.setdefault(round_name, deque(maxlen=3))
+    began = time.monotonic()
     parts = gather_bytes(context.weights_comm, b"", context.collective_timeout_s, _WHAT,
-                         ROOT_BACKOFF)
+                         ROOT_BACKOFF, min(recent, default=0.0))
+    recent.append(time.monotonic() - began)
     return parts[1:]
 
 

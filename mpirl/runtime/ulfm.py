@@ -126,14 +126,15 @@ def bcast_bytes(comm: MPI.Comm, payload: bytes | None, timeout_s: float, what: s
 
 
 def gather_bytes(comm: MPI.Comm, payload: bytes, timeout_s: float, what: str,
-                 backoff: tuple[float, float] | None = None) -> list[bytes] | None:
+                 backoff: tuple[float, float] | None = None,
+                 expected_s: float = 0.0) -> list[bytes] | None:
     """Every member's ``payload``, in the order of their ranks in ``comm``, on its rank 0 (None
     on the others), once all have arrived within ``timeout_s``: a ``Gather`` of the lengths,
     then a ``Gatherv`` of the bytes. Rank 0 handles one collective, not a message per member.
     A member's death revokes ``comm`` and raises ``ProcessFailure``, as in ``bcast_weights``.
-    Collective over ``comm``."""
+    Collective over ``comm``; ``backoff`` and ``expected_s`` as in ``wait_for_all``."""
     with revoke_on_failure(comm, what):
-        wait_for_all(comm, timeout_s, what, backoff)
+        wait_for_all(comm, timeout_s, what, backoff, expected_s)
         root = comm.Get_rank() == 0
         sizes = np.empty(comm.Get_size(), np.int64) if root else None
         comm.Gather(np.array([len(payload)], np.int64), sizes, root=0)

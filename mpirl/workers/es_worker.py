@@ -364,7 +364,7 @@ class SearchWeights(Worker):
 
     def gather_answers(self) -> list[bytes]:
         """The root of the gather of the rollout ranks' ``run_generation`` answers."""
-        return gathered.gather_answers(self.context)
+        return gathered.gather_answers(self.context, "generation")
 
     def take_update(self, gather_answers: bool = False) -> list[bytes] | None:
         """The driver's part in ``PerturbationWorker.receive_update`` (a member of
@@ -373,7 +373,7 @@ class SearchWeights(Worker):
         rollout ranks' answers, which it returns."""
         bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
-        return gathered.gather_answers(self.context) if gather_answers else None
+        return gathered.gather_answers(self.context, "update") if gather_answers else None
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()

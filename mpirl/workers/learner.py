@@ -356,7 +356,8 @@ class Learner(Worker):
               num_minibatches: int, lr: float | None = None,
               standardize: tuple[str, ...] = ("advantages",)) -> dict[str, float]:
         """Receive the batches of rollout ranks ``sources`` (or take ``batches`` given in the
-        call), then run ``num_epochs`` passes of ``num_minibatches`` SGD steps. Every learner must
+        call, unpacking those that came packed in a gather), then run ``num_epochs`` passes of
+        ``num_minibatches`` SGD steps. Every learner must
         run the same number of steps: each step is an allreduce.
 
         Batches may be short (rows dropped after env failures) or missing (a source rank lost
@@ -364,7 +365,8 @@ class Learner(Worker):
         first: with fewer rows than minibatches anywhere, every learner takes fewer steps alike,
         and with no rows at all none is taken. A learner whose share of a step is empty adds
         no rows to it: each step's gradient is that of the rows all learners had."""
-        parts = (batches or []) + (
+        parts = [b.unpack() if isinstance(b, gathered.PackedBatch) else b
+                 for b in batches or []] + (
             self.context.data_channel.recv_each(sources, self.batch_tag) if sources else [])
         batch = (concat_batches(parts) if parts
                  else {k: np.zeros(0, np.float32) for k in ("advantages", *standardize)})
@@ -519,4 +521,4 @@ class Learner(Worker):
                       context.collective_timeout_s)
         if not gather_answers:
             return None
-        return gathered.gather_answers(context)
+        return gathered.gather_answers(context, "sample")

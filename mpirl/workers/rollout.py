@@ -31,7 +31,7 @@ from mpirl.models.q_spec import numpy_unsupported as q_numpy_unsupported
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.gathered import answer_through_gather
+from mpirl.runtime.gathered import PackedBatch, answer_through_gather, fits_in_gather
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
@@ -190,7 +190,7 @@ class RolloutWorker(Worker):
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,
                send_to: int | None = None, trajectories: bool = False,
                take_weights: bool = False, weights: np.ndarray | None = None,
-               gather_answer: bool = False) -> dict[str, Any]:
+               gather_answer: bool = False, batch_in_answer: bool = False) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
         unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
         episodes that an env failure cut short are left out, so the batch may be short; the
@@ -204,8 +204,14 @@ class RolloutWorker(Worker):
 
         With ``gather_answer`` (and ``take_weights``) the metrics go to the driver through the
         gather that learner 0 roots on weights_comm after the broadcast, and the call returns
-        ``ANSWERED`` (``mpirl.runtime.gathered``)."""
+        ``ANSWERED`` (``mpirl.runtime.gathered``). With ``batch_in_answer`` too (the learner
+        ``send_to`` shares the driver's process), the batch rides in that gathered answer when it
+        is small enough (``gathered.fits_in_gather``), instead of a message of its own."""
         if gather_answer:
+            if batch_in_answer and send_to is not None:
+                return answer_through_gather(self.context, lambda: self._batch_in_answer(
+                    self.sample(steps_per_env, filter_state, None, trajectories, take_weights,
+                                weights), send_to))
             return answer_through_gather(self.context, lambda: self.sample(
                 steps_per_env, filter_state, send_to, trajectories, take_weights, weights))
         if take_weights:
@@ -304,6 +310,18 @@ class RolloutWorker(Worker):
             rows = keep.reshape(count)  # [T, N] flattened row-major, as the batch was
             batch = {key: value[rows] for key, value in batch.items()}
         return self._finish_sample(batch, count, returns, lengths, delta, send_to)
+
+    def _batch_in_answer(self, metrics: dict[str, Any], send_to: int) -> dict[str, Any]:
+        """Keep the batch in ``metrics``, packed, if it fits in the gather, else send it to
+        ``send_to``."""
+        batch = metrics.pop("batch")
+        if fits_in_gather(batch, self.context.weights_comm.Get_size()):
+            metrics["batch"] = PackedBatch(batch)
+        else:
+            channel = self.context.data_channel
+            channel.flush()
+            channel.isend(batch, send_to, BATCH_TAG)
+        return metrics
 
     def trained_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """The rewards training sees: their signs with ``clip_rewards``, else themselves."""
