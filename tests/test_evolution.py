@@ -166,3 +166,22 @@ def test_trajectory_dumps_are_refused(tmp_path):
     assert proc.returncode != 0
     assert "ES does not write trajectory dumps" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_every_rank_plays_its_share_of_evaluations_no_more():
+    """Evaluation episodes are every 1/p-th start from a random phase: of n starts a rank
+    evaluates floor(np) or ceil(np), so the slowest of many ranks plays no more than any other
+    (with a draw per start, the most of 64 ranks' binomial counts is about 3 at n = 9, p = 0.1),
+    and p of all starts evaluate on average."""
+    from mpirl.workers.es_worker import EvaluationDraws
+
+    rng = np.random.default_rng(0)
+    for p in (0.03, 0.1, 0.25, 0.5):
+        counts = []
+        for _ in range(2000):
+            draws = EvaluationDraws(p, rng)
+            counts.append(sum(draws.next_is_evaluation() for _ in range(9)))
+        assert set(counts) <= {int(9 * p), int(9 * p) + 1}, p
+        assert abs(np.mean(counts) / 9 - p) < 0.01, p
+    never = EvaluationDraws(0.0, rng)
+    assert not any(never.next_is_evaluation() for _ in range(100))

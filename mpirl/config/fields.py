@@ -527,8 +527,8 @@ class SearchConfig(CommonConfig):
     action_noise_std: float = 0.0
     """Gaussian noise on Box actions of training episodes (0: none)."""
     eval_prob: float = 0.1
-    """Probability that an episode is played by the unperturbed policy; those give
-    episode_return_mean."""
+    """Share of the episodes played by the unperturbed policy (every 1/eval_prob-th episode a
+    rank starts, from a random phase); those give episode_return_mean."""
     noise_size: int = 25_000_000
     """float32 values in the noise table (one copy per node: 100 MB at the default). Salimans et
     al. used 250M; make it at least 10x the number of weights."""

@@ -80,6 +80,24 @@ def proportional_memory_mb() -> float:
         return float("nan")
 
 
+class EvaluationDraws:
+    """Which episode starts of a generation play the unperturbed policy: every ``1/p``-th, from
+    a random phase (systematic sampling). Of any n starts, floor(np) or ceil(np) evaluate, p of
+    them on average. A draw per start (Bernoulli) gives each rank a binomial number of extra
+    episodes; the generation waits for the rank that drew the most, and the most of W ranks
+    grows with W (at p = 0.1 and 9 starts a rank: 3 or more of 64 ranks, against 2 of 7)."""
+
+    __slots__ = ("p", "phase", "starts")
+
+    def __init__(self, p: float, rng: np.random.Generator) -> None:
+        self.p, self.phase, self.starts = p, float(rng.random()), 0
+
+    def next_is_evaluation(self) -> bool:
+        before = int(self.starts * self.p + self.phase)
+        self.starts += 1
+        return int(self.starts * self.p + self.phase) > before
+
+
 class PerturbationWorker(Worker):
     """Evaluates antithetic perturbations of the weights on a rollout rank; applies updates."""
 
@@ -152,8 +170,8 @@ class PerturbationWorker(Worker):
     def run_generation(self, num_pairs: int, min_steps: int,
                        gather_answer: bool = False) -> dict[str, Any]:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
-        played), one whole episode each, on the worker's envs in parallel; with probability
-        ``eval_prob`` an env plays an episode of the unperturbed policy instead. Returns the
+        played), one whole episode each, on the worker's envs in parallel; ``eval_prob`` of the
+        episodes started play the unperturbed policy instead (``EvaluationDraws``). Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
         observation statistics; no weights. With ``gather_answer`` the driver's copy gathers
         them (``SearchWeights.gather_answers``, ``mpirl.runtime.gathered``)."""
@@ -187,6 +205,7 @@ class PerturbationWorker(Worker):
         box = self.policy.kind == "box"
         retries: dict[int, int] = {}
         abandoned: set[int] = set()
+        evaluations = EvaluationDraws(s["eval_prob"], self.rng)
         while True:
             for i in range(k):
                 if slot_task[i] is not None:
@@ -195,7 +214,7 @@ class PerturbationWorker(Worker):
                     add_pair()  # the pairs queued so far were too short for min_steps
                 if not tasks:
                     continue
-                if self.rng.random() < s["eval_prob"]:
+                if evaluations.next_is_evaluation():
                     slot_task[i], row = (-1, 0), theta
                 else:
                     slot_task[i] = tasks.pop(0)
