@@ -92,3 +92,15 @@ def test_a_batch_too_large_for_the_gather_goes_to_the_learner_as_a_message():
     large = {"obs": np.zeros(2 << 20, np.float32)}  # 8 MiB
     answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8, "batch": large}, 3)
     assert answer == {"env_steps": 8} and sent == [(large, 3, BATCH_TAG)]
+
+
+def test_the_root_expects_the_shortest_of_its_last_three_rounds():
+    from mpirl.runtime.gathered import RoundWaits
+
+    waits = RoundWaits()
+    assert waits.expected_s() == 0.0  # the first round is polled as any wait
+    for seconds in (1.0, 0.5, 2.0, 3.0):
+        waits.add(seconds)
+    assert waits.expected_s() == 0.5  # 1.0 has left the window
+    waits.add(4.0)
+    assert waits.expected_s() == 2.0

@@ -93,21 +93,32 @@ def _send(context: RankContext, result: Any) -> None:
                  context.collective_timeout_s, _WHAT, context.collective_backoff)
 
 
-_RECENT_WAITS: dict[str, deque[float]] = {}
-"""The root's last waits for each kind of round, in seconds: the shortest of them is what it
-expects of the next (``wait_for_all``'s ``expected_s``)."""
+class RoundWaits:
+    """How long the root's last three waits for one kind of round took (PPO's sampling, an ES
+    generation): such rounds take about as long each time, and the shortest of them is what
+    the root expects of the next (``wait_for_all``'s ``expected_s``). Held by the root's worker
+    object, so a run's rounds do not borrow another run's."""
+
+    __slots__ = ("_recent",)
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=3)
+
+    def expected_s(self) -> float:
+        return min(self._recent, default=0.0)
+
+    def add(self, seconds: float) -> None:
+        self._recent.append(seconds)
 
 
-def gather_answers(context: RankContext, round_name: str) -> list[bytes]:
+def gather_answers(context: RankContext, waits: RoundWaits) -> list[bytes]:
     """On learner 0 (weights_comm's rank 0): every other member's pickled ``(rank, result)``,
-    result None for a call that raised; pass them to ``decode_answers`` on the driver. Rounds
-    of one ``round_name`` (PPO's sampling, an ES generation) take about as long each time: the
-    root polls rarely until the shortest of the last three could end."""
-    recent = _RECENT_WAITS.setdefault(round_name, deque(maxlen=3))
+    result None for a call that raised; pass them to ``decode_answers`` on the driver. The root
+    polls rarely until the shortest of the last three rounds in ``waits`` could have ended."""
     began = time.monotonic()
     parts = gather_bytes(context.weights_comm, b"", context.collective_timeout_s, _WHAT,
-                         ROOT_BACKOFF, min(recent, default=0.0))
-    recent.append(time.monotonic() - began)
+                         ROOT_BACKOFF, waits.expected_s())
+    waits.add(time.monotonic() - began)
     return parts[1:]
 
 

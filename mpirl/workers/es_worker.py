@@ -374,6 +374,7 @@ class SearchWeights(Worker):
 
         torch.manual_seed(seed)
         self.policy = policy.build("cpu")
+        self.generation_waits, self.update_waits = gathered.RoundWaits(), gathered.RoundWaits()
         if getattr(config, "zero_init", False):
             self.policy.set_flat_weights(np.zeros(self.policy.num_weights(), np.float32))
 
@@ -383,7 +384,7 @@ class SearchWeights(Worker):
 
     def gather_answers(self) -> list[bytes]:
         """The root of the gather of the rollout ranks' ``run_generation`` answers."""
-        return gathered.gather_answers(self.context, "generation")
+        return gathered.gather_answers(self.context, self.generation_waits)
 
     def take_update(self, gather_answers: bool = False) -> list[bytes] | None:
         """The driver's part in ``PerturbationWorker.receive_update`` (a member of
@@ -392,7 +393,8 @@ class SearchWeights(Worker):
         rollout ranks' answers, which it returns."""
         bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
-        return gathered.gather_answers(self.context, "update") if gather_answers else None
+        return (gathered.gather_answers(self.context, self.update_waits) if gather_answers
+                else None)
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()

@@ -349,6 +349,8 @@ class Learner(Worker):
         self.rng = np.random.default_rng(seed + 7919 * context.role_index)
         #: The (shared, unclipped) gradient norm of each SGD step since ``histograms()`` last ran.
         self.grad_norms: deque[float] = deque(maxlen=100_000)
+        #: How long the gathers of the sampling rounds it roots took (``gathered.RoundWaits``).
+        self.sample_round_waits = gathered.RoundWaits()
         # Offline algorithms only: this learner's shard of a dump, read on the first call.
         self.offline_shard: EpisodeShard | None = None
 
@@ -521,4 +523,4 @@ class Learner(Worker):
                       context.collective_timeout_s)
         if not gather_answers:
             return None
-        return gathered.gather_answers(context, "sample")
+        return gathered.gather_answers(context, self.sample_round_waits)
