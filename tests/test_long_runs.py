@@ -136,8 +136,10 @@ def test_progress_rows_and_the_display_show_memory_per_role(tmp_path, n, config,
     assert all(value >= 0 for value in parts.values()), parts
     assert sum(parts.values()) <= 1.5 * float(last["perf/driver_cpu_ms_per_iter"]) + 1, last
     if roles:
-        assert parts["perf/driver_hosted_cpu_ms_per_iter"] < 1 < parts[
-            "perf/driver_idle_cpu_ms_per_iter"], parts
+        # Idle polls are counted, whatever they cost: with the driver's 0.2 ms spin
+        # (dispatch.DRIVER_SPIN_S) they can take under 1 ms of an iteration here.
+        assert parts["perf/driver_hosted_cpu_ms_per_iter"] < 1, parts
+        assert parts["perf/driver_idle_cpu_ms_per_iter"] > 0, parts
     else:
         assert parts["perf/driver_idle_cpu_ms_per_iter"] == 0, parts
         assert parts["perf/driver_hosted_cpu_ms_per_iter"] > parts[
