@@ -77,6 +77,12 @@ def damage(path: Path, kind: str) -> None:
         path.write_bytes(np.random.default_rng(0).bytes(len(data)))
     elif kind == "checksum":  # the episode index overwritten: HDF5's checksums see it
         path.write_bytes(data[:200] + b"\xff" * 2000 + data[2200:])
+    elif kind == "dangling":  # a name in the index with no group behind it (killed mid-flush)
+        with h5py.File(path, "r+", locking=False) as handle:
+            last = max((n for n in handle if n.startswith("episode_")),
+                       key=lambda n: int(n.split("_")[1]))
+            del handle[last]
+            handle[last] = h5py.SoftLink("/never_written")
     elif kind == "directory":  # cannot be opened at all (as root, chmod 000 does not stop reads)
         path.unlink()
         path.mkdir()
@@ -84,7 +90,7 @@ def damage(path: Path, kind: str) -> None:
         raise ValueError(kind)
 
 
-KINDS = ["truncated", "header-only", "zeros", "garbage", "checksum", "directory"]
+KINDS = ["truncated", "header-only", "zeros", "garbage", "checksum", "dangling", "directory"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -112,6 +118,18 @@ def test_a_damaged_file_is_left_out_with_its_episodes(clean_dump, tmp_path, kind
     assert f"episodes     {len(clean[W0])}\n" in proc.stdout
     [line] = [x for x in proc.stdout.splitlines() if x.startswith("damaged")]
     assert f"({len(clean[W1])} indexed episodes lost): {dump / W1}" in line
+
+
+def test_an_episode_named_in_the_index_without_its_group_is_called_corrupt(clean_dump, tmp_path):
+    source, _ = clean_dump
+    dump = tmp_path / "dump"
+    shutil.copytree(source, dump)
+    damage(dump / W1, "dangling")
+    with pytest.raises(DatasetError) as caught:
+        open_dataset(dump / W1)
+    message = str(caught.value)
+    assert message.startswith(f"{dump / W1}: episode_") and "truncated or corrupt" in message
+    assert "linked from" not in message
 
 
 def test_a_file_the_index_does_not_count_loses_an_unknown_number(clean_dump, tmp_path):
