@@ -235,6 +235,19 @@ def test_under_mpiexec_a_killed_rank_restarts_and_sigterm_becomes_a_checkpoint(j
     assert signals_received(job, 0) == signals_received(job, 1) == ["SIGUSR2"]
 
 
+def test_a_killed_mpiexec_leaves_no_session_directory_for_a_later_one_to_trip_on(tmp_path):
+    # prterun killed by SIGKILL (here by its own rank) cannot remove $TMPDIR/ompi.PID; a later
+    # prterun given the same pid would fail to start on it (exit 213), so launch removes it.
+    (tmp_path / "tmp").mkdir()
+    command = mpiexec_command(1, "sh", "-c", "kill -9 $PPID; sleep 30")
+    result = subprocess.run([str(BIN / "mpirl"), "launch", "--restart-delay", "0",
+                             "--max-restarts", "1", "--", *command], capture_output=True,
+                            text=True, timeout=60, env=mpi_env({"TMPDIR": str(tmp_path / "tmp")}))
+    assert result.returncode == 137, result.stderr
+    assert result.stderr.count("was killed by SIGKILL") == 2  # both attempts' prterun
+    assert not [p.name for p in (tmp_path / "tmp").glob("ompi.*") if p.name[5:].isdigit()]
+
+
 def test_launch_stays_outside_mpi_and_rejects_bad_input(tmp_path):
     check = "import sys, mpirl.cli; assert 'mpi4py.MPI' not in sys.modules, 'MPI imported'"
     subprocess.run([sys.executable, "-c", check], check=True, timeout=30)

@@ -40,6 +40,10 @@ with 2 and 4 ranks that log every signal they get (Python handlers), on one node
 * prterun killed with SIGKILL leaves its ranks running, orphaned. So launch kills whatever is left
   in the command's session after each attempt, before the next one can start, and its second SIGINT
   kills the whole session, not only prterun.
+* prterun killed with SIGKILL also leaves its session directory, ``$TMPDIR/ompi.PID`` (``/tmp``
+  without TMPDIR). A later prterun that gets the same pid (pids wrap at 32,768 on many systems)
+  finds it, fails with "The PMIx server's listener thread failed to start" and exits 213 before
+  starting any rank. So launch removes the directory of each attempt's prterun once it has ended.
 
 ``srun`` forwards signals to its tasks itself, and its tasks are not in launch's reach (they run
 under slurmstepd); the SIGTERM-to-SIGUSR2 rule is harmless there.
@@ -51,9 +55,11 @@ import argparse
 import contextlib
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -218,6 +224,21 @@ def kill_session(session: int, spare_leader: bool = True) -> list[int]:
     return killed
 
 
+def launcher_session_dir(pid: int) -> Path:
+    """Where Open MPI 5's prterun with this pid keeps its session files (PMIx rendezvous)."""
+    return Path(tempfile.gettempdir()) / f"ompi.{pid}"
+
+
+def remove_launcher_session_dir(pid: int) -> bool:
+    """Remove the session directory of a prterun that has ended (True if there was one). Call it
+    only once ``pid`` has been reaped: a live prterun needs it, and a newcomer's is its own."""
+    directory = launcher_session_dir(pid)
+    if not directory.is_dir():
+        return False
+    shutil.rmtree(directory, ignore_errors=True)
+    return True
+
+
 class Supervisor:
     """Runs the attempts of one ``mpirl launch`` and owns its signal handlers."""
 
@@ -285,6 +306,9 @@ class Supervisor:
         if leftovers:
             _say(f"killed {len(leftovers)} process(es) the command left running: "
                  f"{' '.join(map(str, leftovers))}")
+        # The command's own pid is the session's (prterun execs in place of mpiexec); a prterun
+        # that exited cleanly has removed it already.
+        remove_launcher_session_dir(session)
         return returncode
 
     def _stopped_between_attempts(self, last_code: int) -> int:
