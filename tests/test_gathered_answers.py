@@ -83,6 +83,7 @@ def test_a_batch_too_large_for_the_gather_goes_to_the_learner_as_a_message():
     context = SimpleNamespace(data_channel=channel,
                               weights_comm=SimpleNamespace(Get_size=lambda: 5))
     worker = SimpleNamespace(context=context)
+    worker._send_batch = lambda batch, send_to: RolloutWorker._send_batch(worker, batch, send_to)
     small = {"obs": np.arange(8, dtype=np.float32)}
     answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8, "batch": small}, 0)
     assert not sent and isinstance(answer["batch"], PackedBatch)

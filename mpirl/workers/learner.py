@@ -359,8 +359,8 @@ class Learner(Worker):
               standardize: tuple[str, ...] = ("advantages",)) -> dict[str, float]:
         """Receive the batches of rollout ranks ``sources`` (or take ``batches`` given in the
         call, unpacking those that came packed in a gather), then run ``num_epochs`` passes of
-        ``num_minibatches`` SGD steps. Every learner must
-        run the same number of steps: each step is an allreduce.
+        ``num_minibatches`` SGD steps. Every learner must run the same number of steps: each
+        step is an allreduce.
 
         Batches may be short (rows dropped after env failures) or missing (a source rank lost
         before its batch came whole, survived under ULFM), so learners exchange their row counts

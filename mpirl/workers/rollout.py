@@ -318,10 +318,14 @@ class RolloutWorker(Worker):
         if fits_in_gather(batch, self.context.weights_comm.Get_size()):
             metrics["batch"] = PackedBatch(batch)
         else:
-            channel = self.context.data_channel
-            channel.flush()
-            channel.isend(batch, send_to, BATCH_TAG)
+            self._send_batch(batch, send_to)
         return metrics
+
+    def _send_batch(self, batch: dict[str, np.ndarray], send_to: int) -> None:
+        """Send a batch to its learner over the data channel (without blocking)."""
+        channel = self.context.data_channel
+        channel.flush()
+        channel.isend(batch, send_to, BATCH_TAG)
 
     def trained_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """The rewards training sees: their signs with ``clip_rewards``, else themselves."""
@@ -343,9 +347,7 @@ class RolloutWorker(Worker):
         if send_to is None:
             metrics["batch"] = batch
         else:
-            channel = self.context.data_channel
-            channel.flush()
-            channel.isend(batch, send_to, BATCH_TAG)
+            self._send_batch(batch, send_to)
         return metrics
 
     def episode_ended(self, env_index: int, returns: list[float], lengths: list[int]) -> None:
