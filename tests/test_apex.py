@@ -8,6 +8,7 @@ measured, took 7.2k-9.2k), and the run's checkpoint must show every part at work
 import json
 import pickle
 
+import pytest
 from test_train import rows, train
 
 LAYOUT = {"num_rollout_workers": 2, "num_replay_shards": 2, "num_learners": 1,
@@ -37,3 +38,82 @@ def test_apex_learns_with_two_shards_and_async_weights(tmp_path):
         assert shard["max_priority"] > 1.0  # TD errors came back as priorities
     learner = pickle.loads((checkpoint / "learner_0.pkl").read_bytes())
     assert learner["updates"] >= 16 and learner["posted"] > 0  # weights were posted
+
+
+# The driver's loop with fake workers: what it asks the replay shards to store.
+
+
+class _Answered:
+    """A finished call: its value, or the error it raised on the worker."""
+
+    def __init__(self, value=None, error=None):
+        self.value, self.error = value, error
+
+    def done(self, poll=True):
+        return True
+
+    def result(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Shard:
+    def __init__(self):
+        self.calls = []
+
+    def call_async(self, method, *args):
+        self.calls.append((method, *args))
+        return _Answered(0)
+
+
+def _loop(rollouts: int, shards: int):
+    from types import SimpleNamespace
+
+    from mpirl.execution.replay_ops import AsyncReplayLoop
+
+    workers = [SimpleNamespace(rank=2 + shards + i, in_process=False) for i in range(rollouts)]
+    algo = SimpleNamespace(rollouts=workers, replay=[_Shard() for _ in range(shards)],
+                           config=SimpleNamespace(metrics_max_epsilon=0.5), counted=[])
+    algo.count = algo.counted.append
+    return AsyncReplayLoop(algo, [0.1] * rollouts), algo
+
+
+def _fragment(i):
+    return _Answered({"env_steps": 50, "env_failures": 0, "episode_returns": [float(i)],
+                      "episode_lengths": [50], "weights_version": 0})
+
+
+def test_one_insert_call_stores_several_fragments_when_many_ranks_feed_a_shard():
+    loop, algo = _loop(rollouts=16, shards=2)  # 8 ranks per shard: 2 fragments per insert
+    loop.sgd_done = 0
+    for i in range(16):
+        loop._stored(i, _fragment(i))
+    for k, shard in enumerate(algo.replay):
+        feeders = [algo.rollouts[i].rank for i in range(k, 16, 2)]
+        assert shard.calls == [("insert", feeders[j:j + 2], None) for j in range(0, 8, 2)]
+    assert loop.stored == [400, 400] and len(algo.counted) == 16
+    # Steps count toward a shard's training only once it was told to insert them.
+    loop._stored(0, _fragment(0))
+    assert loop.stored == [400, 400]
+    loop._stored(2, _fragment(2))
+    assert loop.stored == [500, 400]
+    # A fragment left over when the iteration ends is inserted then, not carried into the next.
+    loop._stored(0, _fragment(0))
+    for k in list(loop.unsent_inserts):
+        loop._insert(k)
+    assert algo.replay[0].calls[-1] == ("insert", [algo.rollouts[0].rank], None)
+    assert not loop.unsent_inserts
+
+
+def test_few_ranks_per_shard_insert_each_fragment_at_once_and_a_failed_insert_is_raised():
+    from mpirl.errors import RemoteError
+
+    loop, algo = _loop(rollouts=2, shards=2)
+    loop.sgd_done = 0
+    loop._stored(1, _fragment(1))
+    assert algo.replay[1].calls == [("insert", [algo.rollouts[1].rank], None)]
+    loop.inserts.append(_Answered(error=RemoteError(3, "replay", "insert", "MemoryError",
+                                                    "no space left", "")))
+    with pytest.raises(RemoteError, match="no space left"):
+        loop._check_inserts()

@@ -133,6 +133,11 @@ def apex_epsilons(num_workers: int, epsilon: float, alpha: float) -> list[float]
     return [epsilon ** (1 + alpha * i / (num_workers - 1)) for i in range(num_workers)]
 
 
+INSERT_CALLS_PER_ROUND = 4
+"""Insert calls a replay shard gets per round of fragments from the rollout ranks it feeds on:
+each carries a quarter of them (1 with up to 7 ranks per shard, as before; 4 with 16)."""
+
+
 class AsyncReplayLoop:
     """Ape-X's asynchronous driver loop: sampling, storing and training overlap.
 
@@ -158,8 +163,13 @@ class AsyncReplayLoop:
         self.idle: list[int] = list(range(len(algo.rollouts)))
         self.finished = Completions()
         self.inserts: list[Any] = []
+        # Fragments sampled but not yet inserted, per shard: [rollout ranks, chunks in the call,
+        # env steps]. One insert call takes several: rank 0 handles fewer messages per fragment.
+        self.unsent_inserts: dict[int, list] = {}
+        feeding = math.ceil(len(algo.rollouts) / max(1, len(algo.replay)))
+        self.insert_batch = max(1, feeding // INSERT_CALLS_PER_ROUND)
         self.next_shard = 0
-        self.stored = [0] * len(algo.replay)  # env steps sent to each shard
+        self.stored = [0] * len(algo.replay)  # env steps each shard was told to insert
         # SGD steps of the training calls that have returned; set at the first step from the
         # count restored with a checkpoint (the learner saved after every call started before)
         self.sgd_done: int | None = None
@@ -219,7 +229,9 @@ class AsyncReplayLoop:
             for entry in [item for item in finished if not isinstance(item, int)]:
                 self.trains.remove(entry)
                 results.append(self._trained(*entry))
-        self.inserts = [f for f in self.inserts if not f.done(poll=False)]
+        for k in list(self.unsent_inserts):
+            self._insert(k)
+        self._check_inserts()
         stats = dict.fromkeys(DQN_STATS, math.nan) | mean_stats(results)
         stats["sgd_steps_total"] = algo.sgd_steps_total
         if config.prioritized_replay:
@@ -258,13 +270,18 @@ class AsyncReplayLoop:
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         worker = algo.rollouts[i]
-        shard = algo.replay[i % len(algo.replay)]
         if self.weight_ranks:
             self.lags.append(max(0, self.sgd_done - metrics["weights_version"]))
         chunk = metrics.get("chunk")
-        self.inserts.append(shard.call_async("insert", [] if chunk else [worker.rank],
-                                             [chunk] if chunk else None))
-        self.stored[i % len(algo.replay)] += metrics["env_steps"]
+        k = i % len(algo.replay)
+        unsent = self.unsent_inserts.setdefault(k, [[], [], 0])
+        if chunk:
+            unsent[1].append(chunk)
+        else:
+            unsent[0].append(worker.rank)
+        unsent[2] += metrics["env_steps"]
+        if len(unsent[0]) + len(unsent[1]) >= self.insert_batch:
+            self._insert(k)
         sample = SampleResult()
         add_sample_metrics(sample, metrics)
         if self.epsilons[i] > self.config.metrics_max_epsilon and \
@@ -275,6 +292,24 @@ class AsyncReplayLoop:
             sample.custom_metrics = []
         algo.count(sample)
         return metrics["env_steps"]
+
+    def _insert(self, k: int) -> None:
+        """Tell shard ``k`` to store the fragments that came for it since its last insert."""
+        sources, chunks, steps = self.unsent_inserts.pop(k)
+        self.inserts.append(self.algo.replay[k].call_async("insert", sources, chunks or None))
+        # Counted once asked for: a training call is never sent to a shard still empty.
+        self.stored[k] += steps
+
+    def _check_inserts(self) -> None:
+        """Forget the insert calls that finished, raising the error of one that failed (a
+        shard that could not store its rows must not go unnoticed)."""
+        running = []
+        for future in self.inserts:
+            if future.done(poll=False):
+                future.result()
+            else:
+                running.append(future)
+        self.inserts = running
 
     def _trained(self, shard: Any, future: Any) -> dict[str, float]:
         result = future.result()
