@@ -176,6 +176,20 @@ def test_scale_benchmark_quick_writes_every_key(tmp_path):
         assert report["growth_exponents"][algo]["driver_msgs_per_iter"] > 0
 
 
+def test_poll_cost_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "poll_cost.json"
+    proc = run_benchmark("poll_cost.py", "--quick", "--json", str(out), timeout=200)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert set(report["by_ranks"]) == {"2", "4"}
+    for point in report["by_ranks"].values():
+        for neighbours in ("idle", "busy"):
+            entry = point[neighbours]
+            for key in ("improbe_us", "unpickle_us", "improbe_warm_us", "unpickle_warm_us"):
+                assert isinstance(entry[key], float) and entry[key] > 0, entry
+        assert set(point["busy_over_idle"]) == {"improbe", "unpickle"}
+
+
 def test_startup_benchmark_writes_every_phase(tmp_path):
     out = tmp_path / "startup.json"
     # HEAD as the baseline: the before/after path (a git worktree on PYTHONPATH) runs too.

@@ -448,8 +448,8 @@ class WorkerGroup(Sequence[WorkerHandle]):
     def discard_lost(self) -> list[WorkerHandle]:
         """Take out the workers whose rank the driver has declared lost; return them (often
         none). The group then holds only live workers, and indices shift down."""
-        # The losses the heartbeat reported since the last poll. Not a poll itself: each costs
-        # rank 0 an MPI progress over all its peers (10-15 us at 64 ranks here), and the
+        # The losses the heartbeat reported since the last poll. Not a poll itself: a poll
+        # costs rank 0 7-15 us here when its caches are cold (benchmarks/poll_cost.py), and the
         # callers have just waited, which polled; a loss MPI reports comes at the next wait.
         for dispatcher in {h._dispatcher for h in self._handles if not h.in_process}:
             dispatcher.take_reported_losses()
