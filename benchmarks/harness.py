@@ -30,6 +30,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from mpirl.jobs.launch import remove_dead_launchers_session_dirs
+
 RESULT_PREFIX = "BENCH_RESULT "
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 # Open MPI refuses root without these; the machine has fewer cores than ranks, and pinning every
@@ -90,7 +92,9 @@ def tail(text: str, lines: int = 15) -> str:
 
 
 def mpiexec_command(ranks: int, *command: str) -> list[str]:
-    """``command`` under ``mpiexec -n ranks`` with the flags a small shared machine needs."""
+    """``command`` under ``mpiexec -n ranks`` with the flags a small shared machine needs. Clears
+    the session directories of killed launchers first: one with a reused pid would fail."""
+    remove_dead_launchers_session_dirs()
     return [str(MPIEXEC), "-n", str(ranks), *MPIEXEC_FLAGS, *command]
 
 

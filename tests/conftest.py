@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirl.jobs.launch import launcher_session_dir, remove_launcher_session_dir
+from mpirl.jobs.launch import remove_dead_launchers_session_dirs
 from mpirl.runtime.layout import parse_layout_row
 
 BIN = Path(sys.executable).parent
@@ -27,28 +27,10 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def remove_dead_launchers_session_dirs() -> list[int]:
-    """Remove the session directories that killed prteruns left (``ompi.PID`` for a PID no longer
-    running); return those PIDs. Tests kill mpiexec with SIGKILL, and pids wrap at 32,768 here:
-    a later mpiexec given such a PID fails to start (mpirl.jobs.launch explains)."""
-    removed = []
-    for directory in launcher_session_dir(0).parent.glob("ompi.*"):
-        pid = directory.name.removeprefix("ompi.")
-        if not pid.isdigit():
-            continue  # ompi.HOST.UID: the ranks' shared session, not one launcher's
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            if remove_launcher_session_dir(int(pid)):
-                removed.append(int(pid))
-        except PermissionError:
-            pass  # another user's live process
-    return removed
-
-
 def mpiexec_command(n: int, *args: str, ulfm: bool = False) -> list[str]:
     """``mpiexec -n n ARGS`` with the flags local runs need (Open MPI's wheel). Clears what dead
-    launchers left first, so that the launch cannot fail on it."""
+    launchers left first (tests kill mpiexec with SIGKILL, and pids wrap at 32,768 here), so
+    that the launch cannot fail on it."""
     remove_dead_launchers_session_dirs()
     ft = ["--with-ft", "ulfm"] if ulfm else []
     return [str(MPIEXEC), *ft, "-n", str(n), "--oversubscribe", "--bind-to", "none", *args]

@@ -248,6 +248,22 @@ def test_a_killed_mpiexec_leaves_no_session_directory_for_a_later_one_to_trip_on
     assert not [p.name for p in (tmp_path / "tmp").glob("ompi.*") if p.name[5:].isdigit()]
 
 
+def test_the_session_directories_of_dead_launchers_go_and_the_others_stay(tmp_path, monkeypatch):
+    import tempfile
+
+    from mpirl.jobs.launch import remove_dead_launchers_session_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name in (f"ompi.{dead.pid}", f"ompi.{os.getpid()}", "ompi.vm.0"):
+        (tmp_path / name / "0").mkdir(parents=True)
+        (tmp_path / name / "pmix.vm.tool").write_text("rendezvous")
+    assert remove_dead_launchers_session_dirs() == [dead.pid]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"ompi.{os.getpid()}",
+                                                                 "ompi.vm.0"])
+
+
 def test_launch_stays_outside_mpi_and_rejects_bad_input(tmp_path):
     check = "import sys, mpirl.cli; assert 'mpi4py.MPI' not in sys.modules, 'MPI imported'"
     subprocess.run([sys.executable, "-c", check], check=True, timeout=30)

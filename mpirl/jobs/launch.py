@@ -239,6 +239,25 @@ def remove_launcher_session_dir(pid: int) -> bool:
     return True
 
 
+def remove_dead_launchers_session_dirs() -> list[int]:
+    """Remove every session directory whose prterun is no longer running (``ompi.PID`` with no
+    process PID); return those PIDs. For harnesses that kill mpiexec with SIGKILL and launch
+    many more (tests, benchmarks): a later prterun given such a PID would fail to start."""
+    removed = []
+    for directory in launcher_session_dir(0).parent.glob("ompi.*"):
+        pid = directory.name.removeprefix("ompi.")
+        if not pid.isdigit():
+            continue  # ompi.HOST.UID: the ranks' shared session, not one launcher's
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            if remove_launcher_session_dir(int(pid)):
+                removed.append(int(pid))
+        except PermissionError:
+            pass  # another user's live process
+    return removed
+
+
 class Supervisor:
     """Runs the attempts of one ``mpirl launch`` and owns its signal handlers."""
 
