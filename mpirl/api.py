@@ -207,7 +207,12 @@ class Algorithm:
     def save(self) -> Path:
         """Write a checkpoint into the run directory's checkpoints/; return its path."""
         replay = self.request.checkpoints.checkpoint_replay
-        return self._call(lambda state, store, _: state.save_checkpoint(store, replay))
+
+        def save(state: AlgorithmState, store: CheckpointStore, recorder: RunRecorder) -> Path:
+            recorder.sync()  # the rows a resume from this checkpoint keeps are on disk
+            return state.save_checkpoint(store, replay)
+
+        return self._call(save)
 
     def restore(self, checkpoint: str | Path | None = None) -> Path:
         """Load ``checkpoint`` (a checkpoint directory; default: the run's newest valid one)

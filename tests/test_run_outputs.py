@@ -137,6 +137,36 @@ def test_run_recorder_writes_params_progress_result_and_events(tmp_path):
     assert len(got) == 4 + 5 + 3  # numbers only: no str, no None
 
 
+def test_rows_are_fsynced_at_sync_not_per_row_and_tensorboard_lags_at_most_a_few_s(
+        tmp_path, monkeypatch):
+    import os
+
+    import mpirl.jobs.run_dir as run_dir_module
+
+    synced, clock = [], [1000.0]
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    monkeypatch.setattr(run_dir_module.time, "monotonic", lambda: clock[0])
+    recorder = RunRecorder(tmp_path, {})
+    csv_fd = recorder._csv_file.fileno()
+    flushes = []
+    monkeypatch.setattr(recorder._events, "flush", lambda: flushes.append(clock[0]))
+    for i in range(1, 4):
+        recorder.record({"iteration": i, "loss": 0.5})
+    # Each row is in progress.csv at once (a killed process loses none), without an fsync each.
+    assert len(read_csv(tmp_path / "progress.csv")) == 4 and csv_fd not in synced
+    # TensorBoard's writer fsyncs its file at each flush: one every EVENTS_FLUSH_S at most.
+    assert flushes == []
+    clock[0] += run_dir_module.EVENTS_FLUSH_S
+    recorder.record({"iteration": 4, "loss": 0.5})
+    recorder.record({"iteration": 5, "loss": 0.5})
+    assert len(flushes) == 1
+    recorder.sync()  # before a checkpoint: every row on disk
+    assert synced.count(csv_fd) == 1 and len(flushes) == 2
+    recorder.close()
+    assert synced.count(csv_fd) == 2
+    assert len([tag for tag, _, _ in scalars(tmp_path) if tag == "loss"]) == 5
+
+
 def test_run_recorder_accepts_numpy_scalars(tmp_path):
     np = pytest.importorskip("numpy")
     with RunRecorder(tmp_path, {"n": np.int64(4)}) as recorder:

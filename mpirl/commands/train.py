@@ -261,6 +261,7 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
             requested = driver.stop_requested()
             if requested or (reason and request.checkpoints.checkpoint_at_end) or (
                     every and algo.iteration % every == 0):
+                recorder.sync()
                 checkpoint = algo.save_checkpoint(store, request.checkpoints.checkpoint_replay)
             if reason or requested:
                 break

@@ -51,7 +51,8 @@ class EventWriter:
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
         self._summary, self._summaries = Summary, summaries
         self._edges: list[float] | None = None
-        # flush_secs: rank 0 flushes after each row itself; the writer's own thread then has
+        # flush_secs: the run's recorder flushes (an fsync, in tensorboardX) every few seconds
+        # and before each checkpoint itself (RunRecorder.sync); the writer's own thread then has
         # nothing left to do in between.
         self._writer = FileWriter(str(self.logdir), flush_secs=3600, filename_suffix=suffix)
         self.path = next(self.logdir.glob(f"events.out.tfevents.*{suffix}"))
