@@ -114,7 +114,7 @@ def measure(ranks: int, neighbours: str, quick: bool) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 and 4 ranks, fewer samples")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--role", choices=["probe"], help=argparse.SUPPRESS)
