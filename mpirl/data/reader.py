@@ -376,12 +376,11 @@ def _scan(file: Path, linked: set[int], main: Path | None) -> _FileScan:
         for k in sorted(set(numbers) | linked):
             try:
                 group = handle.get(f"episode_{k}")
-                if not isinstance(group, h5py.Group) and k in numbers:
-                    # Named in the file's own index, yet no group behind the name: the
-                    # writer was killed between the two writes.
-                    raise DatasetError(f"{file}: episode_{k} is in the file's index but its "
-                                       f"group cannot be read; the file is truncated or corrupt")
                 if not isinstance(group, h5py.Group):
+                    if k in numbers:  # in the file's own index: the writer died between writes
+                        raise DatasetError(f"{file}: episode_{k} is in the file's index but its "
+                                           f"group cannot be read; the file is truncated or "
+                                           f"corrupt")
                     raise DatasetError(f"{file}: episode_{k} is missing (linked from {main})")
                 if "rewards" not in group:
                     raise DatasetError(f"{file}: episode_{k} is not a trajectory episode (no "

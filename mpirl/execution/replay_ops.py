@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -138,6 +139,19 @@ INSERT_CALLS_PER_ROUND = 4
 each carries a quarter of them (1 with up to 7 ranks per shard, as before; 4 with 16)."""
 
 
+@dataclass
+class UnsentInserts:
+    """Fragments a shard's rollout ranks sampled that it has not been told to insert yet."""
+
+    sources: list[int] = field(default_factory=list)  # ranks whose chunks wait on the data channel
+    chunks: list[dict] = field(default_factory=list)  # chunks that came in the answers
+    env_steps: int = 0
+
+    @property
+    def fragments(self) -> int:
+        return len(self.sources) + len(self.chunks)
+
+
 class AsyncReplayLoop:
     """Ape-X's asynchronous driver loop: sampling, storing and training overlap.
 
@@ -163,9 +177,8 @@ class AsyncReplayLoop:
         self.idle: list[int] = list(range(len(algo.rollouts)))
         self.finished = Completions()
         self.inserts: list[Any] = []
-        # Fragments sampled but not yet inserted, per shard: [rollout ranks, chunks in the call,
-        # env steps]. One insert call takes several: rank 0 handles fewer messages per fragment.
-        self.unsent_inserts: dict[int, list] = {}
+        # Per shard. One insert call takes several fragments: rank 0 handles fewer messages.
+        self.unsent_inserts: dict[int, UnsentInserts] = {}
         feeding = math.ceil(len(algo.rollouts) / max(1, len(algo.replay)))
         self.insert_batch = max(1, feeding // INSERT_CALLS_PER_ROUND)
         self.next_shard = 0
@@ -274,13 +287,13 @@ class AsyncReplayLoop:
             self.lags.append(max(0, self.sgd_done - metrics["weights_version"]))
         chunk = metrics.get("chunk")
         k = i % len(algo.replay)
-        unsent = self.unsent_inserts.setdefault(k, [[], [], 0])
+        unsent = self.unsent_inserts.setdefault(k, UnsentInserts())
         if chunk:
-            unsent[1].append(chunk)
+            unsent.chunks.append(chunk)
         else:
-            unsent[0].append(worker.rank)
-        unsent[2] += metrics["env_steps"]
-        if len(unsent[0]) + len(unsent[1]) >= self.insert_batch:
+            unsent.sources.append(worker.rank)
+        unsent.env_steps += metrics["env_steps"]
+        if unsent.fragments >= self.insert_batch:
             self._insert(k)
         sample = SampleResult()
         add_sample_metrics(sample, metrics)
@@ -295,10 +308,11 @@ class AsyncReplayLoop:
 
     def _insert(self, k: int) -> None:
         """Tell shard ``k`` to store the fragments that came for it since its last insert."""
-        sources, chunks, steps = self.unsent_inserts.pop(k)
-        self.inserts.append(self.algo.replay[k].call_async("insert", sources, chunks or None))
+        unsent = self.unsent_inserts.pop(k)
+        self.inserts.append(self.algo.replay[k].call_async("insert", unsent.sources,
+                                                           unsent.chunks or None))
         # Counted once asked for: a training call is never sent to a shard still empty.
-        self.stored[k] += steps
+        self.stored[k] += unsent.env_steps
 
     def _check_inserts(self) -> None:
         """Forget the insert calls that finished, raising the error of one that failed (a

@@ -244,7 +244,7 @@ def remove_dead_launchers_session_dirs() -> list[int]:
     process PID); return those PIDs. For harnesses that kill mpiexec with SIGKILL and launch
     many more (tests, benchmarks): a later prterun given such a PID would fail to start."""
     removed = []
-    for directory in launcher_session_dir(0).parent.glob("ompi.*"):
+    for directory in Path(tempfile.gettempdir()).glob("ompi.*"):
         pid = directory.name.removeprefix("ompi.")
         if not pid.isdigit():
             continue  # ompi.HOST.UID: the ranks' shared session, not one launcher's

@@ -182,19 +182,23 @@ class RunRecorder:
     def sync(self) -> None:
         """Put every row recorded so far on disk: progress.csv fsynced, the TensorBoard file
         flushed. Called before each checkpoint, so that a resume finds the rows it keeps."""
+        self._sync_csv()
+        self._flush_events()
+
+    def _sync_csv(self) -> None:
         if not self._csv_file.closed:
             self._csv_file.flush()
             os.fsync(self._csv_file.fileno())
-        self._flush_events()
 
     def _flush_events(self) -> None:
         self._events.flush()
         self._events_flushed = time.monotonic()
 
     def close(self) -> None:
-        """Sync, then close progress.csv and the event file; closing twice is harmless."""
+        """Sync progress.csv and close it, then the event file (closing flushes it); closing
+        twice is harmless."""
         if not self._csv_file.closed:
-            self.sync()
+            self._sync_csv()
             self._csv_file.close()
         self._events.close()
         for logger in self._loggers:
