@@ -26,3 +26,32 @@ def test_gpu_learners_use_nccl():
                                 "--backend", "nccl", timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert result["identical"] and result["moved"]
+
+
+def test_nccl_learners_sharing_a_gpu_are_refused_before_nccl_is_started():
+    from mpirl.errors import ConfigError
+    from mpirl.workers.learner import check_one_gpu_per_learner
+
+    # One GPU per learner, also where each task sees its own GPU as cuda:0 (told apart by UUID).
+    check_one_gpu_per_learner([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a")])
+    with pytest.raises(ConfigError, match=r"learners 0 and 2 share one GPU on host n1\. Give "
+                                          r"each learner rank its own GPU .* 'mpi' or 'gloo'"):
+        check_one_gpu_per_learner([("n1", "GPU-a"), ("n1", "GPU-b"), ("n1", "GPU-a")])
+
+
+def test_batch_transfer_on_the_cpu_hands_the_arrays_over_unchanged():
+    import numpy as np
+    import torch
+
+    from mpirl.workers.batch_transfer import BatchTransfer
+
+    transfer = BatchTransfer("cpu")
+    assert transfer.mode == "pageable"
+    batch = {"obs": np.arange(12, dtype=np.uint8).reshape(3, 4), "done": np.array([0, 1, 0.5])}
+    tensors = transfer(batch)
+    assert tensors["obs"].dtype == torch.uint8 and tensors["obs"].tolist() == batch["obs"].tolist()
+    assert tensors["done"].dtype == torch.float64 and transfer.pinned_bytes() == 0
+    with pytest.raises(ValueError, match="pinned transfers need a CUDA device, not cpu"):
+        BatchTransfer("cpu", "pinned")
+    with pytest.raises(ValueError, match="one of auto, pinned, pageable, got 'pin'"):
+        BatchTransfer("cpu", "pin")

@@ -40,6 +40,7 @@ from mpirl.models.policy import PolicySpec
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
+from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
 from mpirl.workers.rollout import BATCH_TAG
@@ -68,6 +69,9 @@ class GradientAllreduce:
         self.comm = context.role_comm
         self.size = self.comm.Get_size()
         self.group = None
+        if self.size > 1 and backend == "nccl":
+            check_one_gpu_per_learner(self.comm.allgather((context.host, gpu_identity(
+                context.device))))
         if self.size > 1 and backend in ("gloo", "nccl"):
             self.group = _init_process_group(self.comm, backend, master_addr)
 
@@ -88,6 +92,29 @@ class GradientAllreduce:
             packed = torch.from_numpy(host).to(flat.device)
         total = float(packed[-1])
         return packed[:-1].div_(total if total else 1.0), total
+
+
+def gpu_identity(device: str) -> str:
+    """What tells ``device`` apart from every other GPU: its UUID (``cuda:0`` is a different
+    GPU in each task that ``CUDA_VISIBLE_DEVICES`` gives its own)."""
+    uuid = getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", None)
+    return str(uuid) if uuid is not None else device
+
+
+def check_one_gpu_per_learner(where: list[tuple[str, str]]) -> None:
+    """ConfigError, on every learner alike, where two learners would share a GPU under NCCL:
+    ``where`` is each learner's (host, GPU identity), gathered over the learner communicator.
+    NCCL takes one rank per GPU in a communicator; MPI and Gloo stage through host memory."""
+    first: dict[tuple[str, str], int] = {}
+    for index, place in enumerate(where):
+        if place in first:
+            raise ConfigError(
+                f"learner_backend 'nccl' needs a GPU of its own for each learner, but learners "
+                f"{first[place]} and {index} share one GPU on host {place[0]}. Give each "
+                f"learner rank its own GPU (as many learners per node as GPUs; under Slurm, "
+                f"--gpus-per-task=1), or set learner_backend to 'mpi' or 'gloo', which "
+                f"average the gradients through host memory.")
+        first[place] = index
 
 
 class AllreduceProbe(Worker):
@@ -333,6 +360,8 @@ class Learner(Worker):
         torch.manual_seed(seed)
         self.device = torch.device(context.device)
         self.policy = policy.build(context.device)
+        #: Batches reach a CUDA learner through reused pinned buffers (``BatchTransfer``).
+        self.transfer = BatchTransfer(self.device)
         self.loss, self.loss_config = loss, loss_config
         self.callbacks = make_callbacks(getattr(loss_config, "callbacks", ""))
         self.allreduce = GradientAllreduce(context, backend, master_addr)
@@ -380,13 +409,16 @@ class Learner(Worker):
             return {"sgd_steps": 0, "learner_samples": 0}
         standardize_fields(batch, standardize, comm)
         self._set_lr(lr)
-        tensors = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
+        tensors = self.transfer(batch)
         totals: dict[str, float] = {}
         steps = losses = 0
         for _ in range(num_epochs):
-            for index in np.array_split(self.rng.permutation(size), num_minibatches):
+            # One host-to-device copy of the epoch's order, not one per minibatch; tensor_split
+            # cuts it as np.array_split would.
+            order = torch.as_tensor(self.rng.permutation(size), device=self.device)
+            for index in torch.tensor_split(order, num_minibatches):
                 minibatch = None if len(index) == 0 else {
-                    k: v[torch.as_tensor(index, device=self.device)] for k, v in tensors.items()}
+                    k: v[index] for k, v in tensors.items()}
                 losses += self._sgd_step(minibatch, totals)
                 steps += 1
         result = {k: v / max(losses, 1) for k, v in totals.items()} | {
@@ -407,8 +439,7 @@ class Learner(Worker):
         totals: dict[str, float] = {}
         minibatch = {}
         for _ in range(num_steps):
-            minibatch = {k: torch.as_tensor(v, device=self.device)
-                         for k, v in self.offline_shard.sample(rows, self.rng).items()}
+            minibatch = self.transfer(self.offline_shard.sample(rows, self.rng))
             self._sgd_step(minibatch, totals)
         result = {k: v / max(num_steps, 1) for k, v in totals.items()} | {
             "sgd_steps": num_steps, "learner_samples": rows * num_steps}

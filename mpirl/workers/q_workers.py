@@ -87,8 +87,8 @@ class QLearner(Learner):
 
     def _replay_step(self, batch: dict[str, np.ndarray], totals: dict[str, float]
                      ) -> np.ndarray:
-        tensors = {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()
-                   if k not in ("indices", "generations")}
+        tensors = self.transfer({k: v for k, v in batch.items()
+                                 if k not in ("indices", "generations")})
         loss, td, stats = self.loss(self.policy, self.target, tensors, self.loss_config)
         self.optimizer.zero_grad(set_to_none=False)
         loss.backward()
