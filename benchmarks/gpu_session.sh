@@ -24,7 +24,7 @@ if [ "${SKIP_INSTALL:-}" != 1 ]; then
     if [ -d .whl ]; then
         $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
     fi
-    $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+    $PY -m pip install -q --no-index --no-deps --no-build-isolation --use-pep517 -e . || exit 1
 fi
 BIN=$(dirname "$(command -v $PY)")
 MPIEXEC=("$BIN/mpiexec" --oversubscribe --bind-to none)
