@@ -10,14 +10,16 @@
 # A machine without a package index gets mpirl's dependencies as wheels in .whl/ (downloaded
 # elsewhere for its Python); mpirl itself is installed from this checkout. Each step has its own
 # time limit, and one that fails does not stop the others (SKIP_INSTALL=1: use what is installed).
-# Everything lands in $OUT.
+# STEPS picks some of: tests doctor nccl throughput cartpole (default all). Everything lands in $OUT.
 set -u
 OUT=${OUT:-gpu-session}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/session.log") 2>&1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+STEPS=${STEPS:-tests doctor nccl throughput cartpole}
 step() { echo; echo "=== $* ($(date -u +%T))"; }
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step install
 if [ "${SKIP_INSTALL:-}" != 1 ]; then
@@ -40,10 +42,14 @@ print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {tor
       f"{len(os.sched_getaffinity(0))} usable cores")
 EOF
 
+if wanted tests; then
 step "GPU tests, and the learner and doctor tests with the GPU present"
 timeout 300 $PY -m pytest -q -p no:cacheprovider -o addopts="-ra" tests/test_gpu.py \
     tests/test_learners.py tests/test_dispatch.py -k "gpu or learner or doctor or nccl"
 
+fi
+
+if wanted doctor; then
 step "mpirl doctor: one learner on the GPU, then two sharing it"
 for backend in auto mpi gloo nccl; do
     learners=$([ $backend = auto ] && echo 1 || echo 2)
@@ -52,6 +58,9 @@ for backend in auto mpi gloo nccl; do
         "{\"num_learners\": $learners, \"learner_backend\": \"$backend\"}" 2>&1 | tail -8
 done
 
+fi
+
+if wanted nccl; then
 step "NCCL itself with two ranks on one GPU (mpirl refuses this before NCCL starts)"
 cat > /tmp/nccl_two_ranks_one_gpu.py <<'EOF'
 import torch
@@ -74,8 +83,15 @@ EOF
 NCCL_DEBUG=WARN timeout 90 "${MPIEXEC[@]}" -n 2 $PY /tmp/nccl_two_ranks_one_gpu.py 2>&1 | tail -20
 echo "exit ${PIPESTATUS[0]}"
 
+fi
+
+if wanted throughput; then
 step "learner throughput, CPU (every core) and GPU"
-timeout 400 $PY benchmarks/learner_throughput.py --json "$OUT/learner_throughput.json"
+timeout 400 $PY benchmarks/learner_throughput.py ${THROUGHPUT_ARGS:-} \
+    --json "$OUT/learner_throughput.json"
+fi
+
+if wanted cartpole; then
 
 step "CartPole end to end: the learner on the GPU, then on the CPU (driver, learner, 2 rollout)"
 for algo in PPO IMPALA; do
@@ -92,4 +108,5 @@ for algo in PPO IMPALA; do
         tail -2 "/tmp/run-$algo-$where.log"
     done
 done
+fi
 step done

@@ -10,8 +10,8 @@ frames (uint8, 4x84x84). The batches' keys and every column but the observations
 real ``RolloutWorker`` on CartPole; the frames are random. A sample is one row of the batch
 (an env step), counted once per epoch: ``rows * epochs / seconds`` per ``train`` call, the median
 of the timed calls after one untimed. Where CUDA is available the GPU learner is measured with
-each ``BatchTransfer`` mode, and the copy of the largest batch alone: pageable, through the
-learner's reused pinned buffers, and pinned afresh for each batch.
+each ``BatchTransfer`` mode (pageable, the learner's default, and pinned), and the copy of each
+batch alone: pageable, through reused pinned buffers, and pinned afresh for each batch.
 
 The CPU learner uses ``--cpu-threads`` torch threads (default: every core this process may use),
 not the one thread that ``torch_threads`` gives a learner by default: a learner with a node's
@@ -201,7 +201,7 @@ def measure_case(name: str, case: Case, plan: Plan) -> dict[str, Any]:
     entry: dict[str, Any] = {"case": case.__dict__,
                              "batch_mb": sum(v.nbytes for v in batch.values()) / 2**20}
     for device in plan.devices:
-        modes = ("pageable",) if device == "cpu" else ("pinned", "pageable")
+        modes = ("pageable",) if device == "cpu" else ("pageable", "pinned")
         for mode in modes:
             key = "cpu" if device == "cpu" else f"gpu_{mode}"
             threads = plan.cpu_threads if device == "cpu" else 1
@@ -217,13 +217,13 @@ def measure_case(name: str, case: Case, plan: Plan) -> dict[str, Any]:
                 lambda d=device: measure_copies(batch, d, plan.copy_repeats),
                 lambda r: ", ".join(f"{w} {r[w]['gb_per_s']:.1f} GB/s"
                                     for w in ("pageable", "pinned_reused", "pinned_fresh")))
-    gpu_rate = entry.get("gpu_pinned", {}).get("samples_per_s")
+    pageable = entry.get("gpu_pageable", {}).get("samples_per_s")  # the learner's default
+    pinned = entry.get("gpu_pinned", {}).get("samples_per_s")
     cpu_rate = entry.get("cpu", {}).get("samples_per_s")
-    if gpu_rate and cpu_rate:
-        entry["gpu_over_cpu"] = gpu_rate / cpu_rate
-    pageable = entry.get("gpu_pageable", {}).get("samples_per_s")
-    if gpu_rate and pageable:
-        entry["pinned_over_pageable"] = gpu_rate / pageable
+    if pageable and cpu_rate:
+        entry["gpu_over_cpu"] = pageable / cpu_rate
+    if pinned and pageable:
+        entry["pinned_over_pageable"] = pinned / pageable
     return entry
 
 
@@ -262,15 +262,15 @@ def main() -> int:
     print_problems({f"{name} {key}": value for name, entry in cases.items()
                     for key, value in entry.items() if isinstance(value, dict)
                     and "error" in value})
-    rows = [("case", "batch MB", f"CPU ({plan.cpu_threads} thr)", "GPU pinned",
-             "GPU pageable", "GPU/CPU", "copy pageable GB/s", "copy pinned GB/s")]
+    rows = [("case", "batch MB", f"CPU ({plan.cpu_threads} thr)", "GPU", "GPU/CPU",
+             "GPU pinned", "copy pageable GB/s", "copy pinned GB/s")]
     for name, entry in cases.items():
         copy = entry.get("copy", {})
         rows.append((name, fmt(entry["batch_mb"], 1),
                      fmt(entry.get("cpu", {}).get("samples_per_s"), 0),
-                     fmt(entry.get("gpu_pinned", {}).get("samples_per_s"), 0),
                      fmt(entry.get("gpu_pageable", {}).get("samples_per_s"), 0),
                      fmt(entry.get("gpu_over_cpu"), 1),
+                     fmt(entry.get("gpu_pinned", {}).get("samples_per_s"), 0),
                      fmt(copy.get("pageable", {}).get("gb_per_s"), 1),
                      fmt(copy.get("pinned_reused", {}).get("gb_per_s"), 1)))
     print("learner samples per second through SGD:")

@@ -154,10 +154,12 @@ def test_doctor_reports_each_learner_and_times_the_gradient_allreduce():
     proc = run_mpi(4, sys.executable, "-m", "mpirl", "doctor", "--pings", "5", "--config", config,
                    timeout=120)
     assert proc.returncode == 0, proc.stderr
-    learner_rows = [line.split() for line in proc.stdout.splitlines()
-                    if line.split()[:1] in (["2"], ["3"]) and "gloo" in line]
+    learner_rows = doctor_learner_rows(proc.stdout)
     assert [row[0] for row in learner_rows] == ["2", "3"], proc.stdout
-    assert all(row[2] == "cpu" and row[5].startswith(torch.__version__.split("+")[0])
+    # A learner takes the GPU where there is one (both share it here: gloo stages through host).
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert all(row[2] == device and row[4] == "gloo"
+               and row[5].startswith(torch.__version__.split("+")[0])
                for row in learner_rows), proc.stdout
     timed = re.findall(r"learner allreduce \(gloo, 2 learners\), (\d+) MiB: ([\d.]+) ms, "
                        r"([\d.]+) GB/s alg, ([\d.]+) GB/s bus", proc.stdout)
@@ -172,9 +174,24 @@ def test_doctor_reports_a_gpu_learner_and_its_nccl_version():
     proc = run_mpi(3, sys.executable, "-m", "mpirl", "doctor", "--pings", "5", "--config",
                    '{"num_learners": 1}', timeout=120)
     assert proc.returncode == 0, proc.stderr
-    row = next(line.split() for line in proc.stdout.splitlines() if " nccl " not in line
-               and line.startswith("2 ") and "cuda" in line)
+    [row] = doctor_learner_rows(proc.stdout)
+    assert row[0] == "2" and row[2] == "cuda:0" and row[3] != "-", proc.stdout  # a GPU's name
     assert row[4] == "nccl" and row[-1] != "-", proc.stdout  # the NCCL version is known
+
+
+def doctor_learner_rows(stdout: str) -> list[list[str]]:
+    """The rows of the doctor's learner table (rank, host, device, gpu, backend, torch, cuda,
+    nccl). Cells are split on runs of two or more spaces: a GPU's name has single spaces."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.split()[:3] == ["rank", "host", "device"])
+    rows = []
+    for line in lines[start + 2:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != 8:
+            break
+        rows.append(cells)
+    return rows
 
 
 @pytest.mark.parametrize("config, expected", [

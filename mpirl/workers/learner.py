@@ -360,7 +360,7 @@ class Learner(Worker):
         torch.manual_seed(seed)
         self.device = torch.device(context.device)
         self.policy = policy.build(context.device)
-        #: Batches reach a CUDA learner through reused pinned buffers (``BatchTransfer``).
+        #: How batches reach the device (``BatchTransfer``: pageable unless measured otherwise).
         self.transfer = BatchTransfer(self.device)
         self.loss, self.loss_config = loss, loss_config
         self.callbacks = make_callbacks(getattr(loss_config, "callbacks", ""))
