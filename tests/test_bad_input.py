@@ -175,6 +175,13 @@ def test_the_heartbeat_timeout_must_exceed_its_interval():
                                  'greater than heartbeat_interval_s (30)')
 
 
+def test_an_unknown_learner_device_names_the_choices():
+    with pytest.raises(ConfigError) as caught:
+        build(RuntimeSettings, {"learner_device": "gpu"})
+    assert str(caught.value) == ('config key "learner_device" must be one of auto, cpu, '
+                                 "got 'gpu'")
+
+
 def test_doctor_refuses_zero_pings_before_starting():
     # The median of no round trips raised StatisticsError (a traceback) after every rank started.
     proc = run_mpi(2, *MPIRL, "doctor", "--pings", "0", timeout=60)

@@ -203,3 +203,20 @@ def test_startup_benchmark_writes_every_phase(tmp_path):
         assert list(median["driver_phases_s"]) == [
             "mpirl_imported", "mpi_ready", "imports_done", "run_start", "ranks_connected",
             "workers_built", "first_iteration"], median
+
+
+def test_learner_throughput_quick_measures_every_case(tmp_path):
+    out = tmp_path / "learner_throughput.json"
+    proc = run_benchmark("learner_throughput.py", "--quick", "--cpu-threads", "1", "--json",
+                         str(out), timeout=200)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert set(report["cases"]) == {"ppo_mlp", "impala_mlp", "ppo_cnn", "impala_cnn"}
+    for name, entry in report["cases"].items():
+        assert entry["cpu"]["samples_per_s"] > 0 and entry["cpu"]["transfer"] == "pageable", name
+        if report["gpu"] is None:  # CI: the CPU learner only, and it says why
+            assert "gpu_pageable" not in entry and "copy" not in entry
+        else:
+            assert entry["gpu_over_cpu"] > 0 and entry["copy"]["pageable"]["gb_per_s"] > 0
+    if report["gpu"] is None:
+        assert "GPU: none, no CUDA device" in proc.stdout

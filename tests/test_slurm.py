@@ -259,6 +259,7 @@ def test_learners_take_gpus_by_their_index_on_the_node(monkeypatch):
     assert pick_device("rollout", 0) == "cpu" and pick_device("driver", 0) == "cpu"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # --gpus-per-task: one visible
     assert pick_device("learner", 3) == "cuda:0"
+    assert pick_device("learner", 0, "cpu") == "cpu"  # learner_device: the CPU despite GPUs
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert pick_device("learner", 0) == "cpu"
 

@@ -67,6 +67,9 @@ from mpirl.runtime.ulfm import failed_world_ranks, fault_tolerant, is_process_fa
 from mpirl.runtime.waiting import DRIVER_CPU, Backoff, reduce_timer_slack
 from mpirl.runtime.world import nested, run_comm, running_on
 
+#: The values of the learner_device key.
+LEARNER_DEVICES = ("auto", "cpu")
+
 
 @dataclass(frozen=True)
 class RuntimeSettings:
@@ -99,12 +102,19 @@ class RuntimeSettings:
     wake-up costs 10-20 us of CPU. 0 keeps every sleep at ``poll_max_sleep_s``."""
     print_layout: bool = True
     """Print the rank/role table once at start-up (rank 0 only)."""
+    learner_device: str = "auto"
+    """Where learner ranks train: auto (a GPU where CUDA is there, else the CPU) or cpu. A GPU
+    pays for image models; on the H200 it trained CartPole's MLP at 0.6-0.8x the speed of 16
+    CPU cores and Atari's CNN at 7x (benchmarks/RESULTS.md)."""
     survive_rollout_loss: bool = True
     """Go on without a rollout rank that died instead of ending the job. Only where MPI reports
     process failures (Open MPI's ``mpiexec --with-ft ulfm``); the loss of any other rank, or any
     loss without that, still ends the job (exit code 70)."""
 
     def __post_init__(self) -> None:
+        if self.learner_device not in LEARNER_DEVICES:
+            raise ConfigError(f'config key "learner_device" must be one of '
+                              f"{', '.join(LEARNER_DEVICES)}, got {self.learner_device!r}")
         # Checked here, on every rank before MPI traffic, not first by the heartbeat thread.
         for key in ("heartbeat_timeout_s", "stuck_task_timeout_s"):
             if not getattr(self, key) > self.heartbeat_interval_s:
@@ -355,7 +365,8 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
     host = node_name()
     contexts = {
         role: RankContext(0, role, 0, 1, placement, None, MPI.COMM_SELF, None, host,
-                          pick_device(role, 0), settings.task_timeout_s)
+                          pick_device(role, 0, settings.learner_device),
+                          settings.task_timeout_s)
         for role in (DRIVER, *placement.local_roles)
     }
     driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
@@ -412,7 +423,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         rank=rank, role=role, role_index=placement.role_index(rank),
         role_size=role_comm.Get_size(), placement=placement, data_channel=data_channel,
         role_comm=role_comm, weights_comm=weights_comm, host=node_name(),
-        device=pick_device(role, node_comm.Get_rank()),
+        device=pick_device(role, node_comm.Get_rank(), settings.learner_device),
         collective_timeout_s=settings.task_timeout_s,
         collective_backoff=(settings.poll_max_sleep_s, settings.poll_sleep_share),
     )
@@ -625,8 +636,9 @@ def node_name() -> str:
     return socket.gethostname()
 
 
-def pick_device(role: str, node_local_index: int) -> str:
-    """The torch device for a rank: a GPU for learners when CUDA is there, else the CPU.
+def pick_device(role: str, node_local_index: int, learner_device: str = "auto") -> str:
+    """The torch device for a rank: a GPU for learners when CUDA is there (and
+    ``learner_device`` is auto), else the CPU.
 
     Learners take GPUs round-robin by their index among the learners on the same node (a
     ``COMM_TYPE_SHARED`` split of the learner communicator), so a node with 4 GPUs and 4 learner
@@ -634,7 +646,7 @@ def pick_device(role: str, node_local_index: int) -> str:
     which also count the rollout ranks on the node. Where each task sees one GPU
     (``--gpus-per-task``) every learner gets ``cuda:0``. Only learners import torch here.
     """
-    if role != LEARNER or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+    if role != LEARNER or learner_device == "cpu" or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return "cpu"
     try:
         import torch
