@@ -105,7 +105,7 @@ class RuntimeSettings:
     learner_device: str = "auto"
     """Where learner ranks train: auto (a GPU where CUDA is there, else the CPU) or cpu. A GPU
     pays for image models; on the H200 it trained CartPole's MLP at 0.6-0.8x the speed of 16
-    CPU cores and Atari's CNN at 7x (benchmarks/RESULTS.md)."""
+    CPU cores and Atari's CNN at 6-8x (benchmarks/RESULTS.md)."""
     survive_rollout_loss: bool = True
     """Go on without a rollout rank that died instead of ending the job. Only where MPI reports
     process failures (Open MPI's ``mpiexec --with-ft ulfm``); the loss of any other rank, or any
