@@ -111,9 +111,9 @@ def check_one_gpu_per_learner(where: list[tuple[str, str]]) -> None:
             raise ConfigError(
                 f"learner_backend 'nccl' needs a GPU of its own for each learner, but learners "
                 f"{first[place]} and {index} share one GPU on host {place[0]}. Give each "
-                f"learner rank its own GPU (as many learners per node as GPUs; under Slurm, "
-                f"--gpus-per-task=1), or set learner_backend to 'mpi' or 'gloo', which "
-                f"average the gradients through host memory.")
+                f"learner rank its own GPU (no more learner ranks on a node than it has "
+                f"GPUs), or set learner_backend to 'mpi' or 'gloo', which average the "
+                f"gradients through host memory.")
         first[place] = index
 
 
