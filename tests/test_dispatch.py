@@ -196,7 +196,7 @@ def doctor_learner_rows(stdout: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("config, expected", [
     pytest.param('{"num_learners": 2, "learner_backend": "nccl"}',
-                 "learner_backend 'nccl' needs CUDA learners; this learner runs on cpu",
+                 "learner_backend 'nccl' needs CUDA learners; learner 0 runs on the CPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")),
     ('{"num_learners": 1, "learner_backend": "ncl"}',
      "learner_backend must be one of auto, mpi, gloo, nccl, got 'ncl'"),

@@ -28,15 +28,27 @@ def test_gpu_learners_use_nccl():
     assert result["identical"] and result["moved"]
 
 
-def test_nccl_learners_sharing_a_gpu_are_refused_before_nccl_is_started():
+def test_the_backend_is_chosen_alike_for_every_learner_from_where_they_all_run():
     from mpirl.errors import ConfigError
-    from mpirl.workers.learner import check_one_gpu_per_learner
+    from mpirl.workers.learner import resolve_backend
 
-    # One GPU per learner, also where each task sees its own GPU as cuda:0 (told apart by UUID).
-    check_one_gpu_per_learner([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a")])
+    own_gpus = [("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a")]  # told apart by host and UUID
+    shared = [("n1", "GPU-a"), ("n1", "GPU-b"), ("n1", "GPU-a")]
+    mixed = [("n1", "GPU-a"), ("n2", "")]
+    assert resolve_backend("auto", own_gpus) == "nccl"
+    # auto falls back to MPI (through host memory) rather than let NCCL fail or hang.
+    assert resolve_backend("auto", shared) == "mpi" and resolve_backend("auto", mixed) == "mpi"
+    assert resolve_backend("auto", [("n1", ""), ("n2", "")]) == "mpi"
+    assert resolve_backend("auto", [("n1", "GPU-a")]) == "nccl"  # one learner: no group anyway
+    assert resolve_backend("gloo", shared) == "gloo" and resolve_backend("mpi", own_gpus) == "mpi"
+    assert resolve_backend("nccl", own_gpus) == "nccl"
     with pytest.raises(ConfigError, match=r"learners 0 and 2 share one GPU on host n1\. Give "
                                           r"each learner rank its own GPU .* 'mpi' or 'gloo'"):
-        check_one_gpu_per_learner([("n1", "GPU-a"), ("n1", "GPU-b"), ("n1", "GPU-a")])
+        resolve_backend("nccl", shared)
+    with pytest.raises(ConfigError, match="needs CUDA learners; learner 1 runs on the CPU"):
+        resolve_backend("nccl", mixed)
+    with pytest.raises(ConfigError, match="needs CUDA learners; this learner runs on cpu"):
+        resolve_backend("nccl", [("n1", "")], "cpu")
 
 
 def test_batch_transfer_on_the_cpu_hands_the_arrays_over_unchanged():

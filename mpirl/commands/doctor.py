@@ -22,7 +22,7 @@ class LearnerCheck:
     learners' allreduce backend as training would use it."""
 
     learner_backend: str = "auto"
-    """auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
+    """auto (NCCL where each learner has a GPU of its own, else MPI), mpi, gloo or nccl."""
     learner_master_addr: str = ""
     """Where learner 0 opens the torch process group's store (gloo, nccl)."""
 

@@ -369,7 +369,8 @@ class AllreduceConfig:
     """Keys of algorithms whose learners average gradients with an allreduce (all but A3C)."""
 
     learner_backend: str = "auto"
-    """Gradient allreduce: auto (NCCL on GPUs, MPI on CPUs), mpi, gloo or nccl."""
+    """Gradient allreduce: auto (NCCL where each learner has a GPU of its own, else MPI), mpi,
+    gloo or nccl."""
     learner_master_addr: str = ""
     """Address of learner 0's host that the other learners reach it on, to start gloo or NCCL;
     "" takes MASTER_ADDR, else the address on the route to the MPI launcher's host."""

@@ -60,18 +60,17 @@ class GradientAllreduce:
 
     def __init__(self, context: RankContext, backend: str, master_addr: str = "") -> None:
         check_backend(backend)
-        if backend == "auto":
-            backend = "nccl" if context.device.startswith("cuda") else "mpi"
-        if backend == "nccl" and not context.device.startswith("cuda"):
-            raise ConfigError("learner_backend 'nccl' needs CUDA learners; this learner runs on "
-                              f"{context.device}. Use 'mpi' or 'gloo' on CPUs.")
-        self.backend = backend
         self.comm = context.role_comm
         self.size = self.comm.Get_size()
+        gpu = gpu_identity(context.device) if context.device.startswith("cuda") else ""
+        places = [(context.host, gpu)]
+        if self.size > 1 and backend in ("auto", "nccl"):
+            # Every learner decides from the same list, so all take the same backend or raise
+            # the same error: none is left waiting in a group the others never join.
+            places = self.comm.allgather(places[0])
+        backend = resolve_backend(backend, places, context.device)
+        self.backend = backend
         self.group = None
-        if self.size > 1 and backend == "nccl":
-            check_one_gpu_per_learner(self.comm.allgather((context.host, gpu_identity(
-                context.device))))
         if self.size > 1 and backend in ("gloo", "nccl"):
             self.group = _init_process_group(self.comm, backend, master_addr)
 
@@ -101,20 +100,42 @@ def gpu_identity(device: str) -> str:
     return str(uuid) if uuid is not None else device
 
 
-def check_one_gpu_per_learner(where: list[tuple[str, str]]) -> None:
-    """ConfigError, on every learner alike, where two learners would share a GPU under NCCL:
-    ``where`` is each learner's (host, GPU identity), gathered over the learner communicator.
-    NCCL takes one rank per GPU in a communicator; MPI and Gloo stage through host memory."""
-    first: dict[tuple[str, str], int] = {}
-    for index, place in enumerate(where):
-        if place in first:
+def resolve_backend(backend: str, places: list[tuple[str, str]], device: str = "cpu") -> str:
+    """The allreduce backend that ``learner_backend`` comes to for learners at ``places``: each
+    one's (host, GPU identity, or "" on the CPU), gathered over the learner communicator (only
+    this learner's own where that was not needed). ``auto`` takes NCCL where every learner has a
+    GPU of its own, else MPI (which stages through host memory, so learners may share a GPU or
+    mix GPUs and CPUs). ConfigError where ``nccl`` cannot work; ``device`` is this learner's."""
+    if backend == "nccl":
+        on_cpu = [i for i, (_, gpu) in enumerate(places) if not gpu]
+        if on_cpu:
+            who = (f"this learner runs on {device}" if len(places) == 1
+                   else f"learner {on_cpu[0]} runs on the CPU")
+            raise ConfigError(f"learner_backend 'nccl' needs CUDA learners; {who}. Use 'mpi' "
+                              f"or 'gloo' on CPUs.")
+        shared = first_shared_gpu(places)
+        if shared is not None:
+            first, second = shared
             raise ConfigError(
                 f"learner_backend 'nccl' needs a GPU of its own for each learner, but learners "
-                f"{first[place]} and {index} share one GPU on host {place[0]}. Give each "
+                f"{first} and {second} share one GPU on host {places[first][0]}. Give each "
                 f"learner rank its own GPU (no more learner ranks on a node than it has "
                 f"GPUs), or set learner_backend to 'mpi' or 'gloo', which average the "
                 f"gradients through host memory.")
-        first[place] = index
+    if backend != "auto":
+        return backend
+    on_own_gpus = all(gpu for _, gpu in places) and first_shared_gpu(places) is None
+    return "nccl" if on_own_gpus else "mpi"
+
+
+def first_shared_gpu(places: list[tuple[str, str]]) -> tuple[int, int] | None:
+    """The first two learners at ``places`` (host, GPU identity) on the same GPU, or None."""
+    first: dict[tuple[str, str], int] = {}
+    for index, place in enumerate(places):
+        if place[1] and place in first:
+            return first[place], index
+        first.setdefault(place, index)
+    return None
 
 
 class AllreduceProbe(Worker):
