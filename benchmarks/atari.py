@@ -52,6 +52,7 @@ from harness import (
     attempt,
     emit,
     fmt,
+    local_context,
     mpiexec_command,
     not_installed,
     print_problems,
@@ -206,15 +207,11 @@ def role_rllib(plan: Plan, backend: str) -> int:
 def _breakout_worker(backend: str) -> Any:
     """A RolloutWorker of mpirl IMPALA's defaults on Breakout, in this process (world size 1)."""
     import dataclasses
-    import socket
 
-    from mpi4py import MPI
     from mpirl.algorithms import impala
 
     from mpirl.config.fields import CommonConfig
     from mpirl.models.policy import model_spec
-    from mpirl.runtime.core import RankContext
-    from mpirl.runtime.layout import Layout
     from mpirl.workers.env_spec import env_spec_for
     from mpirl.workers.rollout import RolloutWorker
 
@@ -222,9 +219,8 @@ def _breakout_worker(backend: str) -> Any:
     spec = env_spec_for(ENV_ID, None, {**dataclasses.asdict(CommonConfig()),
                                        "env_backend": backend})
     policy = model_spec(impala, *spec.spaces(), config)
-    context = RankContext(0, "rollout", 0, 1, Layout().resolve(1), None, MPI.COMM_SELF, None,
-                          socket.gethostname(), "cpu")
-    return RolloutWorker(context, spec, policy, NUM_ENVS, SEED, config.gamma, 1.0, False)
+    return RolloutWorker(local_context("rollout"), spec, policy, NUM_ENVS, SEED, config.gamma,
+                         1.0, False)
 
 
 def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:

@@ -74,6 +74,18 @@ def not_installed(peer: str, error: ImportError) -> int:
     return 1
 
 
+def local_context(role: str, device: str = "cpu") -> Any:
+    """A ``RankContext`` for a worker of ``role`` built in this process, alone in a world of
+    one (COMM_SELF), as the measured programs build rollout workers and learners directly."""
+    from mpi4py import MPI
+
+    from mpirl.runtime.core import RankContext
+    from mpirl.runtime.layout import Layout
+
+    return RankContext(0, role, 0, 1, Layout().resolve(1), None, MPI.COMM_SELF, None,
+                       socket.gethostname(), device)
+
+
 # In the orchestrator: running the programs.
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -30,7 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import attempt, fmt, print_problems, print_table, run_main, run_metadata, write_report
+from harness import (
+    attempt,
+    fmt,
+    local_context,
+    print_problems,
+    print_table,
+    run_main,
+    run_metadata,
+    write_report,
+)
 
 FRAME_SHAPE = (4, 84, 84)
 """An Atari observation as ``mpirl.envs.atari`` makes it: 4 stacked 84x84 grayscale frames."""
@@ -49,6 +57,12 @@ class Case:
     rows: int
     epochs: int
     minibatches: int
+
+    def module(self) -> Any:
+        """The algorithm's module (``mpirl.algorithms.ppo`` or ``.impala``)."""
+        from mpirl.algorithms import impala, ppo
+
+        return ppo if self.algo == "ppo" else impala
 
 
 FULL_CASES = {
@@ -81,25 +95,20 @@ class Plan:
 def sample_batch(case: Case, seed: int = 0) -> dict[str, Any]:
     """A batch of ``case.rows`` steps as the learner receives it (IMPALA: fragments)."""
     import numpy as np
-    from mpi4py import MPI
-    from mpirl.algorithms import impala, ppo
 
     from mpirl.models.policy import model_spec
-    from mpirl.runtime.core import RankContext
-    from mpirl.runtime.layout import Layout
     from mpirl.workers.env_spec import EnvSpec
     from mpirl.workers.rollout import RolloutWorker
 
-    module = ppo if case.algo == "ppo" else impala
+    module = case.module()
     config = module.Config()
     spec = EnvSpec("CartPole-v1")
-    context = RankContext(0, "rollout", 0, 1, Layout().resolve(1), None, MPI.COMM_SELF, None,
-                          socket.gethostname(), "cpu")
     trajectories = case.algo == "impala"
     num_envs, steps = ((case.rows // FRAGMENT, FRAGMENT) if trajectories
                        else (16, -(-case.rows // 16)))
-    worker = RolloutWorker(context, spec, model_spec(module, *spec.spaces(), config), num_envs,
-                           seed, config.gamma, getattr(config, "gae_lambda", 1.0), False)
+    policy = model_spec(module, *spec.spaces(), config)
+    worker = RolloutWorker(local_context("rollout"), spec, policy, num_envs, seed, config.gamma,
+                           getattr(config, "gae_lambda", 1.0), False)
     batch = worker.sample(steps, trajectories=trajectories)["batch"]
     if not trajectories:
         batch = {k: v[:case.rows] for k, v in batch.items()}
@@ -116,24 +125,18 @@ def make_learner(case: Case, device: str, threads: int, transfer: str) -> Any:
     """A learner of ``case``'s algorithm and model on ``device``, alone in its communicator."""
     import gymnasium as gym
     import numpy as np
-    from mpi4py import MPI
-    from mpirl.algorithms import impala, ppo
 
     from mpirl.models.policy import model_spec
-    from mpirl.runtime.core import RankContext
-    from mpirl.runtime.layout import Layout
     from mpirl.workers.batch_transfer import BatchTransfer
     from mpirl.workers.env_spec import EnvSpec
     from mpirl.workers.learner import Learner
 
-    module = ppo if case.algo == "ppo" else impala
+    module = case.module()
     config = module.Config()
     spaces = ((gym.spaces.Box(0, 255, FRAME_SHAPE, np.uint8), gym.spaces.Discrete(ATARI_ACTIONS))
               if case.image else EnvSpec("CartPole-v1").spaces())
-    context = RankContext(0, "learner", 0, 1, Layout().resolve(1), None, MPI.COMM_SELF, None,
-                          socket.gethostname(), device)
-    learner = Learner(context, model_spec(module, *spaces, config), module.loss, config,
-                      config.lr, config.grad_clip, 0, "auto", threads)
+    learner = Learner(local_context("learner", device), model_spec(module, *spaces, config),
+                      module.loss, config, config.lr, config.grad_clip, 0, "auto", threads)
     learner.transfer = BatchTransfer(device, transfer)
     return learner
 
