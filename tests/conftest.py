@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,17 @@ def kill_9_after_checkpoint(n: int, run_dir: Path, role: str, iteration: int,
     os.kill(victim, signal.SIGKILL)
     assert run.finish() != 0
 
+
+def doctor_learner_rows(stdout: str) -> list[list[str]]:
+    """The rows of the doctor's learner table (rank, host, device, gpu, backend, torch, cuda,
+    nccl). Cells are split on runs of two or more spaces: a GPU's name has single spaces."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.split()[:3] == ["rank", "host", "device"])
+    rows = []
+    for line in lines[start + 2:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != 8:
+            break
+        rows.append(cells)
+    return rows

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from conftest import run_mpi, run_scenario
+from conftest import doctor_learner_rows, run_mpi, run_scenario
 
 
 def _ok(proc, result):
@@ -178,20 +178,6 @@ def test_doctor_reports_a_gpu_learner_and_its_nccl_version():
     assert row[0] == "2" and row[2] == "cuda:0" and row[3] != "-", proc.stdout  # a GPU's name
     assert row[4] == "nccl" and row[-1] != "-", proc.stdout  # the NCCL version is known
 
-
-def doctor_learner_rows(stdout: str) -> list[list[str]]:
-    """The rows of the doctor's learner table (rank, host, device, gpu, backend, torch, cuda,
-    nccl). Cells are split on runs of two or more spaces: a GPU's name has single spaces."""
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.split()[:3] == ["rank", "host", "device"])
-    rows = []
-    for line in lines[start + 2:]:
-        cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) != 8:
-            break
-        rows.append(cells)
-    return rows
 
 
 @pytest.mark.parametrize("config, expected", [

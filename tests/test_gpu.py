@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import run_mpi
+from conftest import doctor_learner_rows, run_mpi
 
 from mpirl.runtime.layout import parse_layout_row
 
@@ -78,8 +78,8 @@ def test_two_learners_share_one_gpu_through_host_memory(backend, used):
     proc = run_mpi(4, *MPIRL, "doctor", "--pings", "2", "--config",
                    f'{{"num_learners": 2, "learner_backend": "{backend}"}}', timeout=180)
     assert proc.returncode == 0, proc.stderr
-    devices = [line.split()[2] for line in proc.stdout.splitlines()
-               if line.split()[:1] in (["2"], ["3"]) and f" {used} " in line]
-    assert devices == ["cuda:0", "cuda:0"], proc.stdout
+    rows = doctor_learner_rows(proc.stdout)
+    assert [(row[0], row[2], row[4]) for row in rows] == [("2", "cuda:0", used),
+                                                          ("3", "cuda:0", used)], proc.stdout
     assert re.search(rf"learner allreduce \({used}, 2 learners\), 64 MiB: [\d.]+ ms",
                      proc.stdout), proc.stdout

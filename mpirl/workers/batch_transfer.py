@@ -37,17 +37,16 @@ class BatchTransfer:
             raise ValueError(f"transfer mode must be one of {', '.join(TRANSFER_MODES)}, "
                              f"got {mode!r}")
         self.device = torch.device(device)
-        self.pinned = mode == "pinned"
-        if self.pinned and self.device.type != "cuda":
+        self.mode = "pinned" if mode == "pinned" else "pageable"
+        if self.mode == "pinned" and self.device.type != "cuda":
             raise ValueError(f"pinned transfers need a CUDA device, not {self.device}")
-        self.mode = "pinned" if self.pinned else "pageable"
         #: One page-locked byte buffer per batch key, never shrunk.
         self.buffers: dict[str, torch.Tensor] = {}
         self._copied: Any = None  # torch.cuda.Event of the last call's copies
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The batch's arrays as tensors on the device (the same dtypes and shapes)."""
-        if not self.pinned:
+        if self.mode == "pageable":
             return {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()}
         if self._copied is not None:
             self._copied.synchronize()
