@@ -21,6 +21,17 @@ def test_results_reach_their_own_futures_in_order():
     assert result["fifo_per_worker"]
 
 
+def test_a_group_call_is_pickled_once_and_each_worker_keeps_its_call_order():
+    result = _ok(*run_scenario(5, "group_calls"))
+    workers = result["workers"]
+    assert workers == 4 and result["calls"] == 3 * (2 * workers + 2 * workers)
+    assert result["mismatches"] == []
+    assert result["whoami"] == result["ranks"] == [1, 2, 3, 4]
+    # Per round: one encode for each of the two group calls, and one per single call.
+    assert result["group_encodes"] == 3 * (2 + 2 * workers)
+    assert "does not answer 'no_such_method'" in result["unknown"]
+
+
 def test_wait_returns_the_first_k_of_n():
     result = _ok(*run_scenario(5, "first_k"))
     assert sorted(result["ready"]) == [1, 3]  # the two fast workers

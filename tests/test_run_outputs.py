@@ -12,6 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mpirl.errors import ConfigError
+from mpirl.jobs import run_dir as run_dir_module
 from mpirl.jobs.run_dir import RunRecorder
 from mpirl.report.plot import plot_runs
 from mpirl.report.progress import ProgressDisplay
@@ -98,7 +99,29 @@ def read_csv(path: Path) -> list[list[str]]:
         return list(csv.reader(file))
 
 
-def test_run_recorder_writes_params_progress_result_and_events(tmp_path):
+def test_result_json_lags_at_most_its_interval_and_is_current_after_sync_and_close(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(run_dir_module, "RESULT_WRITE_S", 3600.0)
+
+    def result() -> dict:
+        return json.loads((tmp_path / "result.json").read_text())
+
+    recorder = RunRecorder(tmp_path, {})
+    recorder.record({"iteration": 1})
+    assert result() == {"iteration": 1}  # the first row at once: a run shows it has begun
+    recorder.record({"iteration": 2})
+    assert result() == {"iteration": 1}
+    recorder.sync()  # as before a checkpoint
+    assert result() == {"iteration": 2}
+    recorder.record({"iteration": 3})
+    assert result() == {"iteration": 2}
+    recorder.close()
+    assert result() == {"iteration": 3}
+    assert [r[0] for r in read_csv(tmp_path / "progress.csv")] == ["iteration", "1", "2", "3"]
+
+
+def test_run_recorder_writes_params_progress_result_and_events(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_dir_module, "RESULT_WRITE_S", 0.0)  # result.json at every row
     run_dir = tmp_path / "runs" / "ppo_0"
     params = {"lr": 3e-4, "env": "CartPole-v1", "algo": {"gamma": 0.99}}
     rows = [

@@ -43,9 +43,14 @@ class FakeWorker:
     its i-th call gives (a value, or an exception to raise)."""
 
     in_process = False
+    _dispatcher = None
 
-    def __init__(self, rank: int, answers: list[Any]) -> None:
+    def __init__(self, rank: int, answers: list[Any], index: int | None = None) -> None:
         self.rank, self.answers, self.calls, self.lost = rank, list(answers), [], False
+        # Its place in its group (rank - 1: rollout ranks follow rank 0), and an object id of
+        # its own, so that a call to several fakes reaches each through its call_async.
+        self.index = rank - 1 if index is None else index
+        self.object_id = rank
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> FakeFuture:
         self.calls.append((method, args, kwargs))
@@ -134,12 +139,26 @@ def test_gathered_answers_settle_every_call_in_worker_order(repairs):
                                       (2, metrics(20, 2.0)))])
     result = sample_in_calls(rollouts, [learner], 5, gather=True)
     assert learner.calls == [("broadcast_weights", (), {"gather_answers": True})]
+    # One call for all (rank 0 pickles it once): each worker picks its learner by its index.
     for worker in rollouts:
-        assert worker.calls == [("sample", (5, None, 0),
+        assert worker.calls == [("sample", (5, None),
                                  {"take_weights": True, "gather_answer": True,
-                                  "batch_in_answer": False})]
+                                  "batch_in_answer": True, "learner_ranks": (0,)})]
     assert result.env_steps == 60 and result.episode_returns == [1.0, 2.0, 3.0]
     assert result.sources == {0: [1, 2, 3]} and repairs == []
+
+
+def test_workers_out_of_index_order_get_their_learner_in_their_own_call(repairs):
+    # Handles whose index is not their place (a group after a loss): each call names its
+    # learner, chosen by place, as the driver's bookkeeping expects.
+    rollouts = [FakeWorker(1, [None], index=0), FakeWorker(3, [None], index=2)]
+    learners = [FakeWorker(0, [gathered((1, metrics(10, 1.0)), (3, metrics(30, 3.0)))]),
+                FakeWorker(2, [], index=1)]
+    result = sample_in_calls(rollouts, learners, 5, gather=True)
+    assert [w.calls for w in rollouts] == [
+        [("sample", (5, None, rank), {"take_weights": True, "gather_answer": True,
+                                      "batch_in_answer": False})] for rank in (0, 2)]
+    assert result.sources == {0: [1], 1: [3]} and result.env_steps == 40
 
 
 def test_batches_for_the_drivers_own_learner_come_in_the_gather(repairs):

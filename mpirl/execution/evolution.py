@@ -25,6 +25,7 @@ from mpirl.execution.operators import (
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
+from mpirl.runtime.dispatch import call_all
 from mpirl.runtime.gathered import gathers_answers
 
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
@@ -103,8 +104,7 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     # message per rank, where they can.
     gather = gathers_answers(workers)
     if gather:
-        futures = [w.call_async("run_generation", share, steps_share, gather_answer=True)
-                   for w in workers]
+        futures = call_all(workers, "run_generation", share, steps_share, gather_answer=True)
         results = sorted(settle_gathered(workers, futures,
                                          algo.learners[0].call("gather_answers")).items())
     else:
@@ -129,8 +129,8 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         # the root of a broadcast over weights_comm, in which rank 0 only receives.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
         if gather:  # no rank can have been lost: workers are the rollout workers still
-            futures = [w.call_async("receive_update", *((message,) if i == 0 else ()),
-                                    gather_answer=True) for i, w in enumerate(workers)]
+            futures = [workers[0].call_async("receive_update", message, gather_answer=True),
+                       *call_all(workers[1:], "receive_update", gather_answer=True)]
             applied = sorted(settle_gathered(workers, futures, algo.learners[0].call(
                 "take_update", gather_answers=True)).items())
         else:

@@ -28,7 +28,7 @@ from mpirl.data.offline import OfflineInput
 from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, TaskTimeout
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import shrink_weights_comm
-from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle
+from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, call_all
 from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.env_guard import unwrap_env_failure
 
@@ -368,11 +368,18 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
     """``sample_with_new_weights`` with the answers gathered by learner 0 (``gather``)."""
     # A batch for a learner in the driver's process rides in the gather when it is small: rank
     # 0 then takes no message per rollout rank for it (``gathered.fits_in_gather``).
-    futures = [worker.call_async("sample", steps_per_env, filter_state,
-                                 learners[targets[i]].rank, take_weights=True,
-                                 gather_answer=True,
-                                 batch_in_answer=learners[targets[i]].in_process)
-               for i, worker in enumerate(workers)]
+    if all(worker.index == i for i, worker in enumerate(workers)):
+        # Every worker gets the same call, and picks its learner by its role index as
+        # ``targets`` does (index i is role index i): rank 0 pickles it once (``submit_many``).
+        futures = call_all(
+            workers, "sample", steps_per_env, filter_state, take_weights=True, gather_answer=True,
+            batch_in_answer=True, learner_ranks=tuple(learner.rank for learner in learners))
+    else:
+        futures = [worker.call_async("sample", steps_per_env, filter_state,
+                                     learners[targets[i]].rank, take_weights=True,
+                                     gather_answer=True,
+                                     batch_in_answer=learners[targets[i]].in_process)
+                   for i, worker in enumerate(workers)]
     try:
         answered = settle_gathered(workers, futures, learners[0].call_async(
             "broadcast_weights", gather_answers=True).result())

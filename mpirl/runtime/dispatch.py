@@ -25,7 +25,12 @@ from mpi4py import MPI
 
 from mpirl.errors import RankLost, RemoteError, TaskTimeout
 from mpirl.runtime.transport import Channel
-from mpirl.runtime.ulfm import acknowledge_failures, failed_world_ranks, is_process_failure
+from mpirl.runtime.ulfm import (
+    acknowledge_failures,
+    failed_world_ranks,
+    fault_tolerant,
+    is_process_failure,
+)
 from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 
 #: Tags on the control channel.
@@ -207,7 +212,8 @@ class Dispatcher:
         self.task_timeout_s = task_timeout_s
         #: (max_sleep_s, sleep_share) of the waits for answers (``Backoff``)
         self.poll_backoff = poll_backoff
-        self._futures: dict[int, Future] = {}
+        #: (call id, rank) -> its future: the calls of one ``submit_many`` share an id
+        self._futures: dict[tuple[int, int], Future] = {}
         self._in_flight = [0] * len(roles)
         self._next_call_id = 1
         self.on_rank_failure = on_rank_failure
@@ -215,6 +221,8 @@ class Dispatcher:
         self.lost: dict[int, str] = {}
         self._reported: list[tuple[int, str]] = []
         self._reported_lock = threading.Lock()
+        # Under ULFM a send may fail part way through a fan-out; one submit per call handles it.
+        self._one_send_per_call = fault_tolerant()
 
     def report_lost(self, rank: int, evidence: str) -> None:
         """Ask the main thread to treat ``rank`` as failed at its next poll. Thread-safe (the
@@ -243,21 +251,47 @@ class Dispatcher:
         if rank in self.lost:
             future._fail(self._lost_error(rank, method))
             return future
-        self._futures[call_id] = future
+        self._futures[call_id, rank] = future
         self._in_flight[rank] += 1
         return future
+
+    def submit_many(self, ranks: Sequence[int], object_id: int, method: str, args: tuple,
+                    kwargs: dict) -> list[Future]:
+        """The same task to each of ``ranks`` (one object id on all of them): pickled once and
+        sent on in one loop, one call id for all; the futures in the order of ``ranks``. Rank 0
+        then pays a few µs per rank, not the 10-15 µs of a ``submit`` each. Each rank sees an
+        ordinary task, in order with the others sent to it. Under ULFM (``fault_tolerant``) it
+        is one ``submit`` per rank, each of which handles a rank lost on the way."""
+        if self._one_send_per_call or len(ranks) < 2:
+            return [self.submit(rank, object_id, method, args, kwargs) for rank in ranks]
+        bound = self.max_calls_in_flight
+        for rank in ranks:
+            if self._in_flight[rank] >= bound:
+                self.wait_for(lambda rank=rank: self._in_flight[rank] < bound, None,
+                              [f for f in self._futures.values() if f.rank == rank])
+        call_id = self._next_call_id
+        self._next_call_id += 1
+        self.channel.isend_many((call_id, object_id, method, args, kwargs), ranks, TASK)
+        roles, futures, in_flight = self.roles, self._futures, self._in_flight
+        out = []
+        for rank in ranks:
+            future = Future(self, call_id, rank, roles[rank], method)
+            futures[call_id, rank] = future
+            in_flight[rank] += 1
+            out.append(future)
+        return out
 
     def settle(self, future: Future, value: Any) -> None:
         """Resolve ``future`` with ``value``, which reached the driver some other way than the
         call's answer (``mpirl.runtime.gathered``); frees its slot."""
-        if self._futures.pop(future.call_id, None) is not None:
+        if self._futures.pop((future.call_id, future.rank), None) is not None:
             self._in_flight[future.rank] -= 1
             future._resolve(True, value)
 
-    def call_name(self, call_id: int) -> str | None:
-        """``method()`` of the unanswered call ``call_id``, or None; safe from another thread
-        (the heartbeat's, naming a stuck task)."""
-        future = self._futures.get(call_id)
+    def call_name(self, call_id: int, rank: int) -> str | None:
+        """``method()`` of the unanswered call ``call_id`` on ``rank``, or None; safe from
+        another thread (the heartbeat's, naming a stuck task)."""
+        future = self._futures.get((call_id, rank))
         return None if future is None else f"{future.method}()"
 
     def in_flight(self, rank: int) -> int:
@@ -281,7 +315,7 @@ class Dispatcher:
             while (item := poll(MPI.ANY_SOURCE, RESULT)) is not None:
                 (call_id, ok, value), source = item
                 arrived = True
-                future = self._futures.pop(call_id, None)
+                future = self._futures.pop((call_id, source), None)
                 if future is None:  # a late answer from a rank already declared lost
                     continue
                 self._in_flight[source] -= 1
@@ -320,9 +354,9 @@ class Dispatcher:
             return
         self.on_rank_failure(rank, evidence)
         self.lost[rank] = evidence
-        for call_id, future in list(self._futures.items()):
+        for key, future in list(self._futures.items()):
             if future.rank == rank:
-                del self._futures[call_id]
+                del self._futures[key]
                 future._fail(self._lost_error(rank, future.method))
         self._in_flight[rank] = 0
         self.channel.forget(rank)
@@ -461,7 +495,7 @@ class WorkerGroup(Sequence[WorkerHandle]):
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
         """Start the same call on every worker; one future per worker, in worker order."""
-        return [h.call_async(method, *args, **kwargs) for h in self._handles]
+        return call_all(self._handles, method, *args, **kwargs)
 
     def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
         """Run the call on every worker and return the results in worker order."""
@@ -483,6 +517,31 @@ class WorkerGroup(Sequence[WorkerHandle]):
 
     def __repr__(self) -> str:
         return f"<WorkerGroup {self.cls.__name__} x{len(self)} ({self.role})>"
+
+
+def call_all(handles: Sequence[WorkerHandle], method: str, *args: Any,
+             **kwargs: Any) -> list[Future]:
+    """``method(*args, **kwargs)`` on each of ``handles``; one future each, in order. Workers
+    on ranks of their own that share one object id get it through one
+    ``Dispatcher.submit_many``: the task is pickled once for all of them."""
+    remote = [h for h in handles if not h.in_process]
+    if len(remote) < 2 or not _one_object_per_rank(remote):
+        return [h.call_async(method, *args, **kwargs) for h in handles]
+    if method not in remote[0]._messages:
+        remote[0].call_async(method)  # raises, naming the messages it does answer
+    sent = iter(remote[0]._dispatcher.submit_many(
+        [h.rank for h in remote], remote[0].object_id, method, args, kwargs))
+    return [h.call_async(method, *args, **kwargs) if h.in_process else next(sent)
+            for h in handles]
+
+
+def _one_object_per_rank(handles: list[WorkerHandle]) -> bool:
+    """Whether ``handles`` name one object (id) through one dispatcher, each on its own rank:
+    what ``submit_many`` sends to."""
+    first = handles[0]
+    return (all(h.object_id == first.object_id and h._dispatcher is first._dispatcher
+                for h in handles)
+            and len({h.rank for h in handles}) == len(handles))
 
 
 _LOCAL_CALL_IDS = iter(range(1, 1 << 62))

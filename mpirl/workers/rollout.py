@@ -32,6 +32,7 @@ from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import PackedBatch, answer_through_gather, fits_in_gather
+from mpirl.runtime.host import DRIVER_RANK
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
@@ -190,7 +191,8 @@ class RolloutWorker(Worker):
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,
                send_to: int | None = None, trajectories: bool = False,
                take_weights: bool = False, weights: np.ndarray | None = None,
-               gather_answer: bool = False, batch_in_answer: bool = False) -> dict[str, Any]:
+               gather_answer: bool = False, batch_in_answer: bool = False,
+               learner_ranks: tuple[int, ...] | None = None) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times; return metrics, and the batch itself
         unless ``send_to`` names the learner rank to send it to over the data channel. Rows of
         episodes that an env failure cut short are left out, so the batch may be short; the
@@ -206,7 +208,14 @@ class RolloutWorker(Worker):
         gather that learner 0 roots on weights_comm after the broadcast, and the call returns
         ``ANSWERED`` (``mpirl.runtime.gathered``). With ``batch_in_answer`` too (the learner
         ``send_to`` shares the driver's process), the batch rides in that gathered answer when it
-        is small enough (``gathered.fits_in_gather``), instead of a message of its own."""
+        is small enough (``gathered.fits_in_gather``), instead of a message of its own.
+
+        ``learner_ranks`` in place of ``send_to``: the batch goes to learner ``role_index mod
+        len(learner_ranks)`` (one call for every rollout worker), in the gathered answer with
+        ``batch_in_answer`` only where that learner is in the driver's process (rank 0)."""
+        if learner_ranks is not None:
+            send_to = learner_ranks[self.context.role_index % len(learner_ranks)]
+            batch_in_answer = batch_in_answer and send_to == DRIVER_RANK
         if gather_answer:
             if batch_in_answer and send_to is not None:
                 return answer_through_gather(self.context, lambda: self._batch_in_answer(

@@ -57,6 +57,47 @@ def order(driver, args):
 
 
 @scenario
+def group_calls(driver, args):
+    """Calls to a whole group between calls to single workers: each group call is pickled once
+    for all its workers, every answer reaches its own future, and each worker runs its calls in
+    the order they were made (its count of echoes tells)."""
+    from mpirl.runtime import transport
+
+    echoes = driver.spawn("rollout", Echo)
+    encoded = []
+    real_encode = transport.encode
+
+    def counting_encode(obj):
+        encoded.append(obj[2] if isinstance(obj, tuple) and len(obj) == 5 else None)
+        return real_encode(obj)
+
+    transport.encode = counting_encode
+    try:
+        calls = []  # (future, what its answer must be)
+        for round_ in range(3):
+            for future in echoes.call_async("echo", round_):
+                calls.append((future, round_))
+            for handle in echoes:
+                calls.append((handle.call_async("count"), 2 * round_ + 1))
+                calls.append((handle.call_async("echo", handle.index), handle.index))
+            for future in echoes.call_async("count"):
+                calls.append((future, 2 * round_ + 2))
+        whoami = [f.result(timeout=30)["rank"] for f in echoes.call_async("whoami")]
+        mismatches = [(f.rank, f.method, f.result(timeout=30), want) for f, want in calls
+                      if f.result(timeout=30) != want]
+    finally:
+        transport.encode = real_encode
+    try:
+        echoes.call_async("no_such_method")
+        unknown = "no error"
+    except AttributeError as error:
+        unknown = str(error)
+    report(workers=len(echoes), calls=len(calls), mismatches=mismatches, whoami=whoami,
+           ranks=echoes.ranks, group_encodes=encoded.count("echo") + encoded.count("count"),
+           unknown=unknown)
+
+
+@scenario
 def first_k(driver, args):
     """Wait for the first 2 of 4 calls while two workers are slow."""
     echoes = driver.spawn("rollout", Echo)
