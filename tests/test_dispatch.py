@@ -21,15 +21,24 @@ def test_results_reach_their_own_futures_in_order():
     assert result["fifo_per_worker"]
 
 
-def test_a_group_call_is_pickled_once_and_each_worker_keeps_its_call_order():
-    result = _ok(*run_scenario(5, "group_calls"))
+@pytest.mark.parametrize("fan_out_min", [None, 2], ids=["isend-each", "persistent-sends"])
+def test_a_group_call_is_pickled_once_and_each_worker_keeps_its_call_order(fan_out_min):
+    """4 workers: below FAN_OUT_MIN a group call is one Isend per rank; with the minimum at 2
+    it goes through persistent sends (Startall), mixed with single calls' Isends, and more
+    message lengths than the channel keeps sets of sends for."""
+    from mpirl.runtime.transport import FAN_OUTS_KEPT
+
+    args = () if fan_out_min is None else ("--fan-out-min", str(fan_out_min))
+    result = _ok(*run_scenario(5, "group_calls", *args))
     workers = result["workers"]
-    assert workers == 4 and result["calls"] == 3 * (2 * workers + 2 * workers)
+    assert workers == 4 and result["calls"] == 3 * (2 * workers + 2 * workers) + 12 * workers
     assert result["mismatches"] == []
     assert result["whoami"] == result["ranks"] == [1, 2, 3, 4]
     # Per round: one encode for each of the two group calls, and one per single call.
-    assert result["group_encodes"] == 3 * (2 + 2 * workers)
+    assert result["group_encodes"] == 3 * (2 + 2 * workers) + 12
     assert "does not answer 'no_such_method'" in result["unknown"]
+    assert result["fan_outs_kept"] == (0 if fan_out_min is None else FAN_OUTS_KEPT)
+    assert result["all_sent"]
 
 
 def test_wait_returns_the_first_k_of_n():

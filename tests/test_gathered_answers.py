@@ -105,3 +105,22 @@ def test_the_root_expects_the_shortest_of_its_last_three_rounds():
     assert waits.expected_s() == 0.5  # 1.0 has left the window
     waits.add(4.0)
     assert waits.expected_s() == 2.0
+
+
+def test_answers_decode_with_their_batches_after_the_pickle_uncopied():
+    from mpirl.runtime.gathered import PackedBatch, decode_answers, encode_answer
+
+    batch = {"obs": np.arange(12, dtype=np.float32).reshape(3, 4), "actions": np.arange(3)}
+    parts = [encode_answer(3, {"env_steps": 3, "batch": PackedBatch(batch)}),
+             encode_answer(1, {"env_steps": 5, "episode_returns": [1.5]}),
+             encode_answer(2, None)]  # a call that raised
+    answers = decode_answers(parts)
+    assert list(answers) == [3, 1, 2] and answers[2] is None
+    assert answers[1] == {"env_steps": 5, "episode_returns": [1.5]}
+    packed = answers[3].pop("batch")
+    assert answers[3] == {"env_steps": 3}
+    # The batch's bytes are the part's own, not a copy; the learner unpacks them whole.
+    assert isinstance(packed.data, memoryview) and packed.data.obj is parts[0]
+    unpacked = packed.unpack()
+    assert unpacked.keys() == batch.keys()
+    assert all(np.array_equal(unpacked[k], v) for k, v in batch.items())

@@ -4,7 +4,6 @@ under ULFM) is in test_ulfm; here fake workers make each path happen every time.
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from mpirl.errors import EnvFailureError, ProcessFailure, RankLost, RemoteError
 from mpirl.execution import operators
 from mpirl.execution.operators import sample_with_new_weights as sample_in_calls
+from mpirl.runtime.gathered import encode_answer
 
 
 def sample_with_new_weights(*args, **kwargs):
@@ -129,7 +129,7 @@ def test_batches_go_to_learner_i_mod_l(repairs):
 
 
 def gathered(*answers: tuple[int, Any]) -> list[bytes]:
-    return [pickle.dumps(answer, protocol=5) for answer in answers]
+    return [encode_answer(rank, result) for rank, result in answers]
 
 
 def test_gathered_answers_settle_every_call_in_worker_order(repairs):

@@ -309,7 +309,8 @@ def open_recorder(request: TrainRequest, params: dict[str, Any], resumed: bool,
                   algo: Algorithm) -> RunRecorder:
     """Rank 0's writer of the run directory, with the loggers the config turns on."""
     return RunRecorder(request.run_dir, params, resume=resumed, keep_iterations=algo.iteration,
-                       loggers=make_loggers(request.config, request.run_dir, params))
+                       loggers=make_loggers(request.config, request.run_dir, params),
+                       in_background=True)
 
 
 def restore_newest(algo: Algorithm, store: CheckpointStore, request: TrainRequest

@@ -18,6 +18,7 @@ import json
 import math
 import numbers
 import os
+import queue
 import socket
 import threading
 import time
@@ -128,10 +129,17 @@ class RunRecorder:
     that the next --resume keeps them. ``resume=True`` appends to an existing progress.csv, after
     dropping its rows past iteration ``keep_iterations`` (the resumed run does those iterations
     again); ``resume=False`` writes it afresh.
+
+    ``in_background``: a thread of the recorder's own writes the rows, so that the driving
+    thread only hands each over. Writing a row (the CSV line, TensorBoard's protobuf, the other
+    loggers) took 0.5-0.8 ms of rank 0's main thread per iteration here, while every rollout
+    rank of a synchronous algorithm waited for its next call; the thread writes it while they
+    sample. ``sync`` and ``close`` wait until every row handed over is written.
     """
 
     def __init__(self, run_dir: str | Path, params: dict, resume: bool = False,
-                 keep_iterations: int | None = None, loggers: list[Any] = ()) -> None:
+                 keep_iterations: int | None = None, loggers: list[Any] = (),
+                 in_background: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         params_path = self.run_dir / PARAMS_FILE
@@ -151,6 +159,16 @@ class RunRecorder:
         self._events_flushed = time.monotonic()
         self._result_row: dict[str, Any] | None = None  # the row result.json is to hold
         self._result_written = -math.inf
+        # With in_background, rows are written by a thread of their own (``_write_rows``), and
+        # what it raised is raised by the next record, sync or close.
+        self._rows_to_write: queue.SimpleQueue | None = None
+        self._writer: threading.Thread | None = None
+        self._write_failure: BaseException | None = None
+        if in_background:
+            self._rows_to_write = queue.SimpleQueue()
+            self._writer = threading.Thread(target=self._write_rows, daemon=True,
+                                            name="mpirl-run-recorder")
+            self._writer.start()
 
     @property
     def columns(self) -> list[str] | None:
@@ -163,9 +181,44 @@ class RunRecorder:
         (with ``histograms``: tag -> array) and the other loggers.
 
         The TensorBoard step is ``row["timesteps_total"]`` if present, else ``row["iteration"]``.
+
+        With ``in_background`` the caller only hands the row over: the recorder's thread writes
+        it (``sync`` waits until it has).
         """
         if self._csv_file.closed:
             raise ValueError(f"RunRecorder for {self.run_dir} is closed")
+        self._raise_write_failure()
+        if self._rows_to_write is not None:
+            self._rows_to_write.put((dict(row), histograms))
+        else:
+            self._write_row(row, histograms)
+
+    def _write_rows(self) -> None:
+        """The writer thread: write each row handed over, until ``None``; an ``Event`` is set
+        once every row before it is written."""
+        while (item := self._rows_to_write.get()) is not None:
+            if isinstance(item, threading.Event):
+                item.set()
+            elif self._write_failure is None:
+                try:
+                    self._write_row(*item)
+                except BaseException as error:  # noqa: BLE001 - raised on the caller's thread
+                    self._write_failure = error
+
+    def _wait_for_writer(self) -> None:
+        """Return once every row recorded so far is written (at once without a writer)."""
+        if self._rows_to_write is not None and self._writer.is_alive():
+            written = threading.Event()
+            self._rows_to_write.put(written)
+            written.wait()
+        self._raise_write_failure()
+
+    def _raise_write_failure(self) -> None:
+        if self._write_failure is not None:
+            failure, self._write_failure = self._write_failure, None
+            raise failure
+
+    def _write_row(self, row: dict[str, Any], histograms: dict[str, Any] | None) -> None:
         row = {key: _plain(value) for key, value in row.items()}
         if self._columns is None:
             self._columns = list(row)
@@ -193,6 +246,7 @@ class RunRecorder:
         """Put every row recorded so far on disk: progress.csv fsynced, the TensorBoard file
         flushed, result.json the latest row. Called before each checkpoint, so that a resume
         finds the rows it keeps."""
+        self._wait_for_writer()
         self._sync_csv()
         self._flush_events()
         self._write_result()
@@ -216,6 +270,10 @@ class RunRecorder:
     def close(self) -> None:
         """Sync progress.csv and close it, then the event file (closing flushes it); closing
         twice is harmless."""
+        if self._writer is not None and self._writer.is_alive():
+            self._rows_to_write.put(None)
+            self._writer.join()
+        failure, self._write_failure = self._write_failure, None
         if not self._csv_file.closed:
             self._sync_csv()
             self._csv_file.close()
@@ -224,6 +282,8 @@ class RunRecorder:
         for logger in self._loggers:
             logger.close()
         self._loggers = []
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> RunRecorder:
         return self

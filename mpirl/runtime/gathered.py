@@ -13,6 +13,7 @@ Under ULFM the rounds keep an answer per call, which tells the lost ranks apart.
 from __future__ import annotations
 
 import pickle
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -57,13 +58,21 @@ def fits_in_gather(batch: dict[str, Any], members: int) -> bool:
 
 class PackedBatch:
     """A sample batch that rides in a gathered answer, still pickled: the learner it is for
-    unpacks it (``unpack``), so decoding it stays the learner's work, as receiving it would be,
-    and the driver's decoding of the answers copies bytes only."""
+    unpacks it (``unpack``), so decoding it stays the learner's work, as receiving it would be.
+    In the gathered answer its bytes follow the answer's pickle rather than sit inside it
+    (``decode_answers``): the driver's decoding then neither copies them nor builds an object
+    through pickle's class lookup, which cost it about 1.9 µs per answer."""
 
     __slots__ = ("data",)
 
     def __init__(self, batch: dict[str, Any]) -> None:
-        self.data = pickle.dumps(batch, protocol=5)
+        self.data: bytes | memoryview = pickle.dumps(batch, protocol=5)
+
+    @classmethod
+    def of_bytes(cls, data: bytes | memoryview) -> PackedBatch:
+        packed = cls.__new__(cls)
+        packed.data = data
+        return packed
 
     def unpack(self) -> dict[str, Any]:
         return pickle.loads(self.data)
@@ -88,8 +97,21 @@ def answer_through_gather(context: RankContext, run: Callable[[], Any]) -> Any:
     return ANSWERED
 
 
+_HEAD = struct.Struct("<Q")
+
+
+def encode_answer(rank: int, result: Any) -> bytes:
+    """One member's part of the gather: ``<u64 n>``, the pickle (n bytes) of ``(rank, result,
+    whether a batch follows)``, then the bytes of a ``PackedBatch`` under ``result["batch"]``,
+    if there is one (taken out of ``result``)."""
+    batch = result.pop("batch") if isinstance(result, dict) and isinstance(
+        result.get("batch"), PackedBatch) else None
+    head = pickle.dumps((rank, result, batch is not None), protocol=5)
+    return b"".join((_HEAD.pack(len(head)), head, batch.data if batch is not None else b""))
+
+
 def _send(context: RankContext, result: Any) -> None:
-    gather_bytes(context.weights_comm, pickle.dumps((context.rank, result), protocol=5),
+    gather_bytes(context.weights_comm, encode_answer(context.rank, result),
                  context.collective_timeout_s, _WHAT, context.collective_backoff)
 
 
@@ -123,5 +145,16 @@ def gather_answers(context: RankContext, waits: RoundWaits) -> list[bytes]:
 
 
 def decode_answers(parts: list[bytes]) -> dict[int, Any]:
-    """{rank: result} of what ``gather_answers`` returned; None for a call that raised."""
-    return dict(pickle.loads(part) for part in parts)
+    """{rank: result} of what ``gather_answers`` returned; None for a call that raised. A
+    batch that followed an answer is back under its ``"batch"``, a ``PackedBatch`` over the
+    part's own bytes."""
+    answers = {}
+    loads, unpack_from, of_bytes = pickle.loads, _HEAD.unpack_from, PackedBatch.of_bytes
+    for part in parts:
+        view = memoryview(part)
+        (size,) = unpack_from(view)
+        rank, result, has_batch = loads(view[8:8 + size])
+        if has_batch:
+            result["batch"] = of_bytes(view[8 + size:])
+        answers[rank] = result
+    return answers

@@ -34,6 +34,39 @@ CHUNK_BYTES = 1 << 30
 _COUNT = struct.Struct("<I")
 
 
+FAN_OUT_MIN = 8
+"""``isend_many`` to this many destinations or more, of one small message (no bulk frames),
+starts persistent sends (``MPI_Startall``) kept for the next such message of the same length to
+the same ranks, in place of one ``Isend`` call from Python per destination: PPO's round call to
+63 rollout ranks took rank 0 about 160 µs the one way and 90 µs the other here."""
+
+FAN_OUTS_KEPT = 4
+"""Sets of persistent sends a channel keeps (the least recently used goes first)."""
+
+
+class _FanOut:
+    """Persistent sends of one buffer to a list of ranks."""
+
+    __slots__ = ("buffer", "requests")
+
+    def __init__(self, comm: MPI.Comm, size: int, dests: tuple[int, ...], tag: int) -> None:
+        self.buffer = bytearray(size)
+        self.requests = [comm.Send_init(self.buffer, dest, tag) for dest in dests]
+
+    def start(self, head: bytes) -> None:
+        self.buffer[:] = head
+        MPI.Prequest.Startall(self.requests)
+
+    def done(self) -> bool:
+        """Whether every send of the last start has completed (one MPI progress)."""
+        return MPI.Request.Testall(self.requests)
+
+    def free(self) -> None:
+        MPI.Request.Waitall(self.requests)
+        for request in self.requests:
+            request.Free()
+
+
 PENDING_TEST_AT = 32
 """A channel tests its unfinished sends together (``Channel.isend``) when this many are pending,
 or twice as many as its last test left."""
@@ -76,6 +109,8 @@ class Channel:
         # (requests, buffers kept alive until sent, destination rank)
         self._pending: deque[tuple[list[MPI.Request], object, int]] = deque()
         self._test_at = PENDING_TEST_AT
+        #: (message length, destinations, tag) -> its persistent sends, most recent use last
+        self._fan_outs: dict[tuple[int, tuple[int, ...], int], _FanOut] = {}
         # What went through this rank: messages and bytes (control frame plus bulk frames).
         self.messages_sent = self.bytes_sent = 0
         self.messages_received = self.bytes_received = 0
@@ -92,6 +127,8 @@ class Channel:
         bulk frames) per destination. Each receiver sees an ordinary message, in order with the
         others this channel sent it on ``tag``."""
         head, raws = encode(obj)
+        if not raws and len(dests) >= FAN_OUT_MIN and self._start_fan_out(head, dests, tag):
+            return
         frames = [(self.bulk, raw[start:start + CHUNK_BYTES])
                   for raw in raws for start in range(0, raw.nbytes, CHUNK_BYTES) or (0,)]
         isend = self.comm.Isend
@@ -110,6 +147,24 @@ class Channel:
         if len(pending) >= self._test_at:
             self._drop_completed()
             self._test_at = max(PENDING_TEST_AT, 2 * len(self._pending))
+
+    def _start_fan_out(self, head: bytes, dests: list[int], tag: int) -> bool:
+        """Send ``head`` to ``dests`` through kept persistent sends; False (nothing sent) while
+        the last start of those is still under way: its buffer cannot be reused yet."""
+        key = (len(head), tuple(dests), tag)
+        fan_out = self._fan_outs.pop(key, None)
+        if fan_out is not None and not fan_out.done():
+            self._fan_outs[key] = fan_out
+            return False
+        if fan_out is None:
+            if len(self._fan_outs) >= FAN_OUTS_KEPT:
+                self._fan_outs.pop(next(iter(self._fan_outs))).free()
+            fan_out = _FanOut(self.comm, len(head), key[1], tag)
+        self._fan_outs[key] = fan_out  # the most recently used, last
+        fan_out.start(head)
+        self.messages_sent += len(dests)
+        self.bytes_sent += len(dests) * len(head)
+        return True
 
     def poll(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> tuple[Any, int] | None:
         """Receive one message if one has arrived: ``(obj, source)``, else None. Never blocks
@@ -176,16 +231,20 @@ class Channel:
         send alive.
         """
         self._drop_completed()
-        if timeout is None or not self._pending:
+        if timeout is None:
             return not self._pending
         deadline = time.monotonic() + timeout
         backoff = Backoff()
-        while self._pending and time.monotonic() < deadline:
+        while not self._all_sent() and time.monotonic() < deadline:
             if self._drop_completed():
                 backoff.reset()
             else:
                 backoff.sleep()
-        return not self._pending
+        return self._all_sent()
+
+    def _all_sent(self) -> bool:
+        """No send pending, persistent ones (``isend_many``) included."""
+        return not self._pending and all(f.done() for f in self._fan_outs.values())
 
     def _drop_completed(self) -> bool:
         """Forget the sends that have completed; True if there were any. One ``Testsome``

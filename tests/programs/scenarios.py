@@ -82,6 +82,10 @@ def group_calls(driver, args):
                 calls.append((handle.call_async("echo", handle.index), handle.index))
             for future in echoes.call_async("count"):
                 calls.append((future, 2 * round_ + 2))
+        # Messages of many lengths: more sets of persistent sends than a channel keeps.
+        for length in range(12):
+            for future in echoes.call_async("echo", "x" * length):
+                calls.append((future, "x" * length))
         whoami = [f.result(timeout=30)["rank"] for f in echoes.call_async("whoami")]
         mismatches = [(f.rank, f.method, f.result(timeout=30), want) for f, want in calls
                       if f.result(timeout=30) != want]
@@ -94,7 +98,8 @@ def group_calls(driver, args):
         unknown = str(error)
     report(workers=len(echoes), calls=len(calls), mismatches=mismatches, whoami=whoami,
            ranks=echoes.ranks, group_encodes=encoded.count("echo") + encoded.count("count"),
-           unknown=unknown)
+           unknown=unknown, fan_outs_kept=len(driver.dispatcher.channel._fan_outs),
+           all_sent=driver.dispatcher.channel.flush(timeout=10))
 
 
 @scenario
@@ -376,7 +381,11 @@ def main() -> int:
     parser.add_argument("--backend", default="mpi")
     # Off by default: most fault scenarios check that a lost rank ends the job.
     parser.add_argument("--survive-rollout-loss", action="store_true")
+    parser.add_argument("--fan-out-min", type=int, help="transport.FAN_OUT_MIN on rank 0")
     args = parser.parse_args()
+    if args.fan_out_min is not None:
+        from mpirl.runtime import transport
+        transport.FAN_OUT_MIN = args.fan_out_min
     settings = mpirl.RuntimeSettings(
         heartbeat_timeout_s=args.heartbeat_timeout, max_calls_in_flight=args.max_in_flight,
         print_layout=False, survive_rollout_loss=args.survive_rollout_loss,
