@@ -120,6 +120,38 @@ def test_result_json_lags_at_most_its_interval_and_is_current_after_sync_and_clo
     assert [r[0] for r in read_csv(tmp_path / "progress.csv")] == ["iteration", "1", "2", "3"]
 
 
+def test_rows_written_in_the_background_are_on_disk_after_sync_in_order(tmp_path):
+    recorder = RunRecorder(tmp_path, {}, in_background=True)
+    for i in range(1, 51):
+        recorder.record({"iteration": i, "loss": 1 / i})
+    recorder.sync()  # as before a checkpoint: every row handed over is written
+    rows = read_csv(tmp_path / "progress.csv")
+    assert [r[0] for r in rows] == ["iteration", *map(str, range(1, 51))]
+    assert json.loads((tmp_path / "result.json").read_text())["iteration"] == 50
+    recorder.record({"iteration": 51, "loss": 0.0})
+    recorder.close()
+    assert read_csv(tmp_path / "progress.csv")[-1] == ["51", "0.0"]
+    assert json.loads((tmp_path / "result.json").read_text())["iteration"] == 51
+
+
+def test_a_row_that_fails_in_the_background_is_raised_on_the_callers_thread(tmp_path):
+    class FailingLogger:
+        def log(self, row, step):
+            if row["iteration"] == 3:
+                raise OSError("the logger's disk is full")
+
+        def close(self):
+            pass
+
+    recorder = RunRecorder(tmp_path, {}, loggers=[FailingLogger()], in_background=True)
+    for i in range(1, 4):
+        recorder.record({"iteration": i})
+    with pytest.raises(OSError, match="disk is full"):
+        recorder.sync()
+    recorder.close()  # raised once; closing then works
+    assert [r[0] for r in read_csv(tmp_path / "progress.csv")] == ["iteration", "1", "2", "3"]
+
+
 def test_run_recorder_writes_params_progress_result_and_events(tmp_path, monkeypatch):
     monkeypatch.setattr(run_dir_module, "RESULT_WRITE_S", 0.0)  # result.json at every row
     run_dir = tmp_path / "runs" / "ppo_0"

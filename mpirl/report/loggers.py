@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import math
 import numbers
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,20 @@ class MlflowLogger:
         self.mlflow = mlflow
         mlflow.set_experiment(experiment)
         self.run = mlflow.start_run(run_name=run_dir.name)
+        self.client = mlflow.tracking.MlflowClient()
         flat = {"algo": params.get("algo"), "env": params.get("env"),
                 **{f"config.{k}": v for k, v in params.get("config", {}).items()}}
         # MLflow caps a parameter's value at 6000 characters.
         mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
 
     def log(self, row: dict[str, Any], step: int) -> None:
-        self.mlflow.log_metrics(_numbers(row), step=step)
+        # By the run's id: MLflow's active run is per thread, and the run recorder logs from
+        # a thread of its own (RunRecorder's in_background), where none is active.
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        self.client.log_batch(self.run.info.run_id, metrics=[
+            Metric(key, value, stamp, step) for key, value in _numbers(row).items()])
 
     def close(self) -> None:
         self.mlflow.end_run()
