@@ -113,10 +113,11 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     discard_lost_rollouts(algo.learners, algo.rollouts)
     if not results:
         raise MpirlError("every rollout rank was lost during a generation")
-    indices = np.concatenate([r["indices"] for _, r in results])
-    returns = np.concatenate([r["returns"] for _, r in results]).reshape(-1, 2)
-    lengths = np.concatenate([r["lengths"] for _, r in results]).reshape(-1, 2)
-    delta = RunningMeanStd(results[0][1]["filter_delta"][0].shape)
+    # Each rank's numbers come as lists (``run_generation``): one array of all of them each.
+    indices = np.array([i for _, r in results for i in r["indices"]], np.int64)
+    returns = np.array([p for _, r in results for p in r["returns"]], np.float64).reshape(-1, 2)
+    lengths = np.array([p for _, r in results for p in r["lengths"]], np.int64).reshape(-1, 2)
+    delta = RunningMeanStd(np.shape(results[0][1]["filter_delta"][0]))
     delta.merge_all([r["filter_delta"] for _, r in results])
     filter_delta = (delta.mean, delta.var, delta.count)
     if all(w.in_process for w in algo.rollouts):

@@ -265,13 +265,16 @@ class PerturbationWorker(Worker):
                     slot_task[i] = None
         self.env_failures += failures
         kept = [j for j in range(len(indices)) if j not in abandoned]
-        return {"indices": np.asarray(indices, np.int64)[kept],
-                "returns": np.asarray(returns, np.float64).reshape(-1, 2)[kept],
-                "lengths": np.asarray(lengths, np.int64).reshape(-1, 2)[kept],
+        # Lists, not arrays: the driver unpickles one answer per rank, and each NumPy array in
+        # it costs a class lookup and a constructor (about 13 µs per answer of five arrays at
+        # 64 ranks here, against a few µs for the same numbers as lists).
+        return {"indices": [int(indices[j]) for j in kept],
+                "returns": [[float(r) for r in returns[j]] for j in kept],
+                "lengths": [[int(n) for n in lengths[j]] for j in kept],
                 "env_steps": steps, "pairs_abandoned": len(abandoned),
                 "eval_returns": eval_returns, "eval_lengths": eval_lengths,
                 "env_failures": failures, "pss_mb": proportional_memory_mb(),
-                "filter_delta": (delta.mean, delta.var, delta.count)}
+                "filter_delta": (delta.mean.tolist(), delta.var.tolist(), delta.count)}
 
     def apply_update(self, indices: np.ndarray, returns: np.ndarray,
                      filter_delta: tuple | None) -> dict[str, Any]:
