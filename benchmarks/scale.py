@@ -236,7 +236,9 @@ def read_rank0_traffic(prefix: Path, ranks: int) -> dict[str, float]:
 def mpi_traffic(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, float]:
     """All the MPI traffic through rank 0 per iteration, collectives included (the driver's own
     counters see only its control channel): two runs of ``TRAFFIC_ITERATIONS`` under Open MPI's
-    pml monitoring; their difference, over the difference in iterations. Start-up cancels."""
+    pml monitoring; their difference, over the difference in iterations. Start-up cancels.
+    Persistent sends are off in these runs (``MPIRL_PERSISTENT_SENDS=0``): the monitoring does
+    not count them, and a group call sends the same bytes to the same ranks either way."""
     totals = []
     for iterations in TRAFFIC_ITERATIONS:
         run_dir = runs_dir / f"{algo.lower()}-{ranks}-traffic-{iterations}"
@@ -245,7 +247,7 @@ def mpi_traffic(algo: str, ranks: int, plan: Plan, runs_dir: Path) -> dict[str, 
             ranks, *MONITORING_FLAGS, "--mca", "pml_monitoring_filename", str(prefix), str(MPIRL),
             *_train_command(algo, ranks, plan, run_dir, {"training_iteration": iterations}))
         run_process(command, f"mpirl {algo} -n {ranks} (monitored)", 120 + 3.0 * ranks,
-                    {"CI": "true"})
+                    {"CI": "true", "MPIRL_PERSISTENT_SENDS": "0"})
         totals.append(read_rank0_traffic(prefix, ranks))
     span = TRAFFIC_ITERATIONS[1] - TRAFFIC_ITERATIONS[0]
     return {f"mpi_{key}_per_iter": (totals[1][key] - totals[0][key]) / span

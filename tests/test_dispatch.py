@@ -24,18 +24,19 @@ def test_results_reach_their_own_futures_in_order():
 @pytest.mark.parametrize("fan_out_min", [None, 2], ids=["isend-each", "persistent-sends"])
 def test_a_group_call_is_pickled_once_and_each_worker_keeps_its_call_order(fan_out_min):
     """4 workers: below FAN_OUT_MIN a group call is one Isend per rank; with the minimum at 2
-    it goes through persistent sends (Startall), mixed with single calls' Isends, and more
-    message lengths than the channel keeps sets of sends for."""
+    it goes through persistent sends (Startall) from the second message of a length on, mixed
+    with single calls' Isends, and more message lengths than the channel keeps sets of sends
+    for."""
     from mpirl.runtime.transport import FAN_OUTS_KEPT
 
     args = () if fan_out_min is None else ("--fan-out-min", str(fan_out_min))
     result = _ok(*run_scenario(5, "group_calls", *args))
     workers = result["workers"]
-    assert workers == 4 and result["calls"] == 3 * (2 * workers + 2 * workers) + 12 * workers
+    assert workers == 4 and result["calls"] == 3 * (2 * workers + 2 * workers) + 24 * workers
     assert result["mismatches"] == []
     assert result["whoami"] == result["ranks"] == [1, 2, 3, 4]
     # Per round: one encode for each of the two group calls, and one per single call.
-    assert result["group_encodes"] == 3 * (2 + 2 * workers) + 12
+    assert result["group_encodes"] == 3 * (2 + 2 * workers) + 24
     assert "does not answer 'no_such_method'" in result["unknown"]
     assert result["fan_outs_kept"] == (0 if fan_out_min is None else FAN_OUTS_KEPT)
     assert result["all_sent"]
@@ -228,3 +229,16 @@ def test_bad_layout_or_config_is_one_clear_error(config, expected):
     assert proc.stderr.count("mpirl: error:") == 1, proc.stderr  # rank 0 alone reports it
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_persistent_sends_can_be_turned_off_for_mpi_monitoring():
+    """Open MPI's pml monitoring does not count persistent sends: scale.py's traffic runs turn
+    them off with MPIRL_PERSISTENT_SENDS=0."""
+    import os
+    import subprocess
+
+    probe = "from mpirl.runtime import transport; print(transport.FAN_OUT_MIN)"
+    values = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             env={**os.environ, "MPIRL_PERSISTENT_SENDS": setting},
+                             check=True).stdout.strip() for setting in ("1", "0")]
+    assert int(values[0]) == 8 and int(values[1]) > 1 << 40, values

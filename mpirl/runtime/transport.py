@@ -15,6 +15,7 @@ their control frame. Receivers only take messages they have matched with a probe
 
 from __future__ import annotations
 
+import os
 import pickle
 import struct
 import time
@@ -34,11 +35,13 @@ CHUNK_BYTES = 1 << 30
 _COUNT = struct.Struct("<I")
 
 
-FAN_OUT_MIN = 8
+FAN_OUT_MIN = 8 if os.environ.get("MPIRL_PERSISTENT_SENDS", "1") != "0" else 1 << 62
 """``isend_many`` to this many destinations or more, of one small message (no bulk frames),
 starts persistent sends (``MPI_Startall``) kept for the next such message of the same length to
 the same ranks, in place of one ``Isend`` call from Python per destination: PPO's round call to
-63 rollout ranks took rank 0 about 160 µs the one way and 90 µs the other here."""
+63 rollout ranks took rank 0 about 160 µs the one way and 90 µs the other here.
+``MPIRL_PERSISTENT_SENDS=0`` turns them off: Open MPI's pml monitoring does not count persistent
+sends (none of 300 here), so ``benchmarks/scale.py --mpi-traffic`` counts bytes without them."""
 
 FAN_OUTS_KEPT = 4
 """Sets of persistent sends a channel keeps (the least recently used goes first)."""
@@ -111,6 +114,7 @@ class Channel:
         self._test_at = PENDING_TEST_AT
         #: (message length, destinations, tag) -> its persistent sends, most recent use last
         self._fan_outs: dict[tuple[int, tuple[int, ...], int], _FanOut] = {}
+        self._fan_outs_seen: dict[tuple[int, tuple[int, ...], int], None] = {}
         # What went through this rank: messages and bytes (control frame plus bulk frames).
         self.messages_sent = self.bytes_sent = 0
         self.messages_received = self.bytes_received = 0
@@ -149,14 +153,22 @@ class Channel:
             self._test_at = max(PENDING_TEST_AT, 2 * len(self._pending))
 
     def _start_fan_out(self, head: bytes, dests: list[int], tag: int) -> bool:
-        """Send ``head`` to ``dests`` through kept persistent sends; False (nothing sent) while
-        the last start of those is still under way: its buffer cannot be reused yet."""
+        """Send ``head`` to ``dests`` through kept persistent sends; False (nothing sent) the
+        first time such a message goes to those ranks, and while the last start of those sends
+        is still under way: its buffer cannot be reused yet."""
         key = (len(head), tuple(dests), tag)
         fan_out = self._fan_outs.pop(key, None)
         if fan_out is not None and not fan_out.done():
             self._fan_outs[key] = fan_out
             return False
         if fan_out is None:
+            # Persistent sends pay for their setup only when used again: the first message of a
+            # (length, ranks) goes out as plain sends, the second sets them up.
+            if key not in self._fan_outs_seen:
+                self._fan_outs_seen[key] = None
+                if len(self._fan_outs_seen) > 4 * FAN_OUTS_KEPT:
+                    del self._fan_outs_seen[next(iter(self._fan_outs_seen))]
+                return False
             if len(self._fan_outs) >= FAN_OUTS_KEPT:
                 self._fan_outs.pop(next(iter(self._fan_outs))).free()
             fan_out = _FanOut(self.comm, len(head), key[1], tag)

@@ -82,10 +82,11 @@ def group_calls(driver, args):
                 calls.append((handle.call_async("echo", handle.index), handle.index))
             for future in echoes.call_async("count"):
                 calls.append((future, 2 * round_ + 2))
-        # Messages of many lengths: more sets of persistent sends than a channel keeps.
-        for length in range(12):
-            for future in echoes.call_async("echo", "x" * length):
-                calls.append((future, "x" * length))
+        # Messages of many lengths, each twice (persistent sends are set up at the second):
+        # more sets of persistent sends than a channel keeps.
+        for length in range(24):
+            for future in echoes.call_async("echo", "x" * (length // 2)):
+                calls.append((future, "x" * (length // 2)))
         whoami = [f.result(timeout=30)["rank"] for f in echoes.call_async("whoami")]
         mismatches = [(f.rank, f.method, f.result(timeout=30), want) for f, want in calls
                       if f.result(timeout=30) != want]
