@@ -25,20 +25,21 @@ def test_results_reach_their_own_futures_in_order():
 def test_a_group_call_is_pickled_once_and_each_worker_keeps_its_call_order(fan_out_min):
     """4 workers: below FAN_OUT_MIN a group call is one Isend per rank; with the minimum at 2
     it goes through persistent sends (Startall) from the second message of a length on, mixed
-    with single calls' Isends, and more message lengths than the channel keeps sets of sends
-    for."""
-    from mpirl.runtime.transport import FAN_OUTS_KEPT
+    with single calls' Isends, more message lengths than the channel keeps sets of sends for,
+    and a message too large for them."""
+    from mpirl.runtime.transport import FAN_OUT_MAX_BYTES, FAN_OUTS_KEPT
 
     args = () if fan_out_min is None else ("--fan-out-min", str(fan_out_min))
     result = _ok(*run_scenario(5, "group_calls", *args))
     workers = result["workers"]
-    assert workers == 4 and result["calls"] == 3 * (2 * workers + 2 * workers) + 24 * workers
+    assert workers == 4 and result["calls"] == 3 * (2 * workers + 2 * workers) + 26 * workers
     assert result["mismatches"] == []
     assert result["whoami"] == result["ranks"] == [1, 2, 3, 4]
     # Per round: one encode for each of the two group calls, and one per single call.
-    assert result["group_encodes"] == 3 * (2 + 2 * workers) + 24
+    assert result["group_encodes"] == 3 * (2 + 2 * workers) + 26
     assert "does not answer 'no_such_method'" in result["unknown"]
     assert result["fan_outs_kept"] == (0 if fan_out_min is None else FAN_OUTS_KEPT)
+    assert result["largest_kept"] <= FAN_OUT_MAX_BYTES  # large messages go as plain sends
     assert result["all_sent"]
 
 

@@ -260,9 +260,11 @@ class Dispatcher:
         """The same task to each of ``ranks`` (one object id on all of them): pickled once and
         sent on in one loop, one call id for all; the futures in the order of ``ranks``. Rank 0
         then pays a few µs per rank, not the 10-15 µs of a ``submit`` each. Each rank sees an
-        ordinary task, in order with the others sent to it. Under ULFM (``fault_tolerant``) it
-        is one ``submit`` per rank, each of which handles a rank lost on the way."""
-        if self._one_send_per_call or len(ranks) < 2:
+        ordinary task, in order with the others sent to it. Under ULFM (``fault_tolerant``),
+        or with a lost rank among ``ranks``, it is one ``submit`` per rank, each of which
+        handles a rank lost on the way."""
+        if self._one_send_per_call or len(ranks) < 2 or (
+                self.lost and any(rank in self.lost for rank in ranks)):
             return [self.submit(rank, object_id, method, args, kwargs) for rank in ranks]
         bound = self.max_calls_in_flight
         for rank in ranks:

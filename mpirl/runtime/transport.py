@@ -44,7 +44,13 @@ the same ranks, in place of one ``Isend`` call from Python per destination: PPO'
 sends (none of 300 here), so ``benchmarks/scale.py --mpi-traffic`` counts bytes without them."""
 
 FAN_OUTS_KEPT = 4
-"""Sets of persistent sends a channel keeps (the least recently used goes first)."""
+"""Sets of persistent sends a channel keeps (the least recently used goes first, once its last
+sends have completed)."""
+
+FAN_OUT_MAX_BYTES = 16 << 10
+"""The largest message sent through persistent sends. A small send completes as soon as MPI
+has copied it (eagerly), so a set of them is free again at once; a large one waits for its
+receiver, and its buffer with it."""
 
 
 class _FanOut:
@@ -65,7 +71,7 @@ class _FanOut:
         return MPI.Request.Testall(self.requests)
 
     def free(self) -> None:
-        MPI.Request.Waitall(self.requests)
+        """Free the requests; only once ``done``."""
         for request in self.requests:
             request.Free()
 
@@ -131,7 +137,8 @@ class Channel:
         bulk frames) per destination. Each receiver sees an ordinary message, in order with the
         others this channel sent it on ``tag``."""
         head, raws = encode(obj)
-        if not raws and len(dests) >= FAN_OUT_MIN and self._start_fan_out(head, dests, tag):
+        if (not raws and len(dests) >= FAN_OUT_MIN and len(head) <= FAN_OUT_MAX_BYTES
+                and self._start_fan_out(head, dests, tag)):
             return
         frames = [(self.bulk, raw[start:start + CHUNK_BYTES])
                   for raw in raws for start in range(0, raw.nbytes, CHUNK_BYTES) or (0,)]
@@ -154,8 +161,9 @@ class Channel:
 
     def _start_fan_out(self, head: bytes, dests: list[int], tag: int) -> bool:
         """Send ``head`` to ``dests`` through kept persistent sends; False (nothing sent) the
-        first time such a message goes to those ranks, and while the last start of those sends
-        is still under way: its buffer cannot be reused yet."""
+        first time such a message goes to those ranks, while the last start of those sends is
+        still under way (its buffer cannot be reused yet), and while the set that would make
+        room for new ones is."""
         key = (len(head), tuple(dests), tag)
         fan_out = self._fan_outs.pop(key, None)
         if fan_out is not None and not fan_out.done():
@@ -170,7 +178,10 @@ class Channel:
                     del self._fan_outs_seen[next(iter(self._fan_outs_seen))]
                 return False
             if len(self._fan_outs) >= FAN_OUTS_KEPT:
-                self._fan_outs.pop(next(iter(self._fan_outs))).free()
+                oldest = next(iter(self._fan_outs))
+                if not self._fan_outs[oldest].done():
+                    return False  # never wait for a receiver here
+                self._fan_outs.pop(oldest).free()
             fan_out = _FanOut(self.comm, len(head), key[1], tag)
         self._fan_outs[key] = fan_out  # the most recently used, last
         fan_out.start(head)

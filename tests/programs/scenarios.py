@@ -87,6 +87,11 @@ def group_calls(driver, args):
         for length in range(24):
             for future in echoes.call_async("echo", "x" * (length // 2)):
                 calls.append((future, "x" * (length // 2)))
+        # A message too large for persistent sends (it would wait for its receivers), twice.
+        big = "y" * (transport.FAN_OUT_MAX_BYTES + 1)
+        for _ in range(2):
+            for future in echoes.call_async("echo", big):
+                calls.append((future, big))
         whoami = [f.result(timeout=30)["rank"] for f in echoes.call_async("whoami")]
         mismatches = [(f.rank, f.method, f.result(timeout=30), want) for f, want in calls
                       if f.result(timeout=30) != want]
@@ -100,6 +105,7 @@ def group_calls(driver, args):
     report(workers=len(echoes), calls=len(calls), mismatches=mismatches, whoami=whoami,
            ranks=echoes.ranks, group_encodes=encoded.count("echo") + encoded.count("count"),
            unknown=unknown, fan_outs_kept=len(driver.dispatcher.channel._fan_outs),
+           largest_kept=max((key[0] for key in driver.dispatcher.channel._fan_outs), default=0),
            all_sent=driver.dispatcher.channel.flush(timeout=10))
 
 
