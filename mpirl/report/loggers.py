@@ -58,8 +58,9 @@ class MlflowLogger:
 
     def __init__(self, experiment: str, run_dir: Path, params: dict[str, Any]) -> None:
         import mlflow
+        from mlflow.entities import Metric
 
-        self.mlflow = mlflow
+        self.mlflow, self.metric = mlflow, Metric
         mlflow.set_experiment(experiment)
         self.run = mlflow.start_run(run_name=run_dir.name)
         self.client = mlflow.tracking.MlflowClient()
@@ -71,11 +72,9 @@ class MlflowLogger:
     def log(self, row: dict[str, Any], step: int) -> None:
         # By the run's id: MLflow's active run is per thread, and the run recorder logs from
         # a thread of its own (RunRecorder's in_background), where none is active.
-        from mlflow.entities import Metric
-
         stamp = int(time.time() * 1000)
         self.client.log_batch(self.run.info.run_id, metrics=[
-            Metric(key, value, stamp, step) for key, value in _numbers(row).items()])
+            self.metric(key, value, stamp, step) for key, value in _numbers(row).items()])
 
     def close(self) -> None:
         self.mlflow.end_run()

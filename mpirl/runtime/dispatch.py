@@ -235,11 +235,8 @@ class Dispatcher:
 
         Messages to the host itself (spawn, stop) skip the bound, so shutdown never queues.
         """
-        if self._in_flight[rank] >= self.max_calls_in_flight and object_id != HOST:
-            self.wait_for(
-                lambda: self._in_flight[rank] < self.max_calls_in_flight, None,
-                [f for f in self._futures.values() if f.rank == rank],
-            )
+        if object_id != HOST:
+            self._wait_for_slot(rank)
         call_id = self._next_call_id
         self._next_call_id += 1
         future = Future(self, call_id, rank, self.roles[rank], method)
@@ -266,11 +263,8 @@ class Dispatcher:
         if self._one_send_per_call or len(ranks) < 2 or (
                 self.lost and any(rank in self.lost for rank in ranks)):
             return [self.submit(rank, object_id, method, args, kwargs) for rank in ranks]
-        bound = self.max_calls_in_flight
         for rank in ranks:
-            if self._in_flight[rank] >= bound:
-                self.wait_for(lambda rank=rank: self._in_flight[rank] < bound, None,
-                              [f for f in self._futures.values() if f.rank == rank])
+            self._wait_for_slot(rank)
         call_id = self._next_call_id
         self._next_call_id += 1
         self.channel.isend_many((call_id, object_id, method, args, kwargs), ranks, TASK)
@@ -282,6 +276,12 @@ class Dispatcher:
             in_flight[rank] += 1
             out.append(future)
         return out
+
+    def _wait_for_slot(self, rank: int) -> None:
+        """Return once ``rank`` has fewer than ``max_calls_in_flight`` calls unanswered."""
+        if self._in_flight[rank] >= self.max_calls_in_flight:
+            self.wait_for(lambda: self._in_flight[rank] < self.max_calls_in_flight, None,
+                          [f for f in self._futures.values() if f.rank == rank])
 
     def settle(self, future: Future, value: Any) -> None:
         """Resolve ``future`` with ``value``, which reached the driver some other way than the

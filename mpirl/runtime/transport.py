@@ -137,6 +137,8 @@ class Channel:
         bulk frames) per destination. Each receiver sees an ordinary message, in order with the
         others this channel sent it on ``tag``."""
         head, raws = encode(obj)
+        self.messages_sent += len(dests)
+        self.bytes_sent += len(dests) * (len(head) + sum(raw.nbytes for raw in raws))
         if (not raws and len(dests) >= FAN_OUT_MIN and len(head) <= FAN_OUT_MAX_BYTES
                 and self._start_fan_out(head, dests, tag)):
             return
@@ -150,8 +152,6 @@ class Channel:
             for comm, frame in frames:
                 requests.append(comm.Isend(frame, dest, tag))
             pending.append((requests, kept, dest))
-        self.messages_sent += len(dests)
-        self.bytes_sent += len(dests) * (len(head) + sum(raw.nbytes for raw in raws))
         # Not tested here: a test of a send not yet complete runs an MPI progress over every
         # peer (10-15 us at 64 ranks), once per message. The sends are tested together, in one
         # call, every PENDING_TEST_AT sends or so, and on ``flush``.
@@ -185,8 +185,6 @@ class Channel:
             fan_out = _FanOut(self.comm, len(head), key[1], tag)
         self._fan_outs[key] = fan_out  # the most recently used, last
         fan_out.start(head)
-        self.messages_sent += len(dests)
-        self.bytes_sent += len(dests) * len(head)
         return True
 
     def poll(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> tuple[Any, int] | None:
