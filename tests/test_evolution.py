@@ -185,3 +185,103 @@ def test_every_rank_plays_its_share_of_evaluations_no_more():
         assert abs(np.mean(counts) / 9 - p) < 0.01, p
     never = EvaluationDraws(0.0, rng)
     assert not any(never.next_is_evaluation() for _ in range(100))
+
+
+class _Future:
+    def __init__(self, value=None):
+        self.value, self.settled = value, None
+
+    def result(self):
+        return self.value
+
+    def settle(self, value):
+        self.settled = value
+
+
+class _Worker:
+    in_process = True  # call_all then calls each handle on its own
+
+    def __init__(self, rank, answer):
+        self.rank, self.answer, self.calls = rank, answer, []
+
+    def call_async(self, method, *args, **kwargs):
+        self.calls.append((method, args, kwargs))
+        return _Future(self.answer)
+
+
+class _Learner:
+    def __init__(self, parts):
+        self.parts, self.calls = parts, []
+
+    def call(self, method, **kwargs):
+        self.calls.append((method, kwargs))
+        return self.parts
+
+
+def _update_round(parts):
+    from types import SimpleNamespace
+
+    from mpirl.execution.evolution import _agreed_update
+
+    answer = {"checksum": "aa", "grad_norm": 0.5}
+    workers = [_Worker(rank, answer if rank == 1 else None) for rank in (1, 2, 3)]
+    algo = SimpleNamespace(learners=[_Learner(parts)])
+    applied = _agreed_update(algo, workers, b"update")
+    assert [w.calls for w in workers] == [[("receive_update", (b"update",), {"agree": True})],
+                                          [("receive_update", (), {"agree": True})],
+                                          [("receive_update", (), {"agree": True})]]
+    assert algo.learners[0].calls == [("take_update", {"agree": True})]
+    return applied, answer
+
+
+def test_an_agreed_update_takes_worker_0s_answer_for_every_rank():
+    applied, answer = _update_round(None)
+    assert applied == [(0, answer)]
+
+
+def test_an_update_whose_answers_differ_is_settled_from_each_rank():
+    """The comparison failed: each rank's answer comes from the gather, so the checksums that
+    differ are the driver's to see (``run_generation`` raises ``DivergedWeights`` on them)."""
+    from mpirl.runtime.gathered import encode_answer
+
+    parts = [encode_answer(rank, {"checksum": checksum, "grad_norm": 0.5})
+             for rank, checksum in ((1, "aa"), (2, "aa"), (3, "ff"))]
+    applied, _ = _update_round(parts)
+    assert [(i, r["checksum"]) for i, r in applied] == [(0, "aa"), (1, "aa"), (2, "ff")]
+
+
+def test_generation_records_unpack_in_rank_order():
+    """Ranks with different numbers of pairs and evaluation episodes, one with none at all:
+    ``unpack_generations`` reads every field back exactly, in rank order."""
+    from mpirl.models.statistics import RunningMeanStd
+    from mpirl.workers.es_worker import pack_generation, unpack_generations
+
+    rng = np.random.default_rng(0)
+    ranks, deltas = [], []
+    for pairs, evaluations in ((2, 1), (0, 0), (3, 2)):
+        delta = RunningMeanStd((2, 2))
+        delta.update(rng.normal(size=(5, 2, 2)))
+        deltas.append(delta)
+        ranks.append(dict(indices=[int(i) for i in rng.integers(0, 2**40, pairs)],
+                          returns=rng.normal(size=(pairs, 2)).tolist(),
+                          lengths=rng.integers(1, 500, (pairs, 2)).tolist(),
+                          eval_returns=rng.normal(size=evaluations).tolist(),
+                          eval_lengths=rng.integers(1, 500, evaluations).tolist(),
+                          env_steps=int(rng.integers(1, 1000)), pairs_abandoned=pairs % 2,
+                          env_failures=1, pss_mb=70.5, delta=delta))
+    found = unpack_generations([pack_generation(**r) for r in ranks])
+    assert found["indices"].tolist() == [i for r in ranks for i in r["indices"]]
+    assert found["indices"].dtype == np.int64 and found["lengths"].dtype == np.int64
+    assert found["returns"].tolist() == [p for r in ranks for p in r["returns"]]
+    assert found["lengths"].tolist() == [p for r in ranks for p in r["lengths"]]
+    assert found["eval_returns"].tolist() == [x for r in ranks for x in r["eval_returns"]]
+    assert found["eval_lengths"].tolist() == [x for r in ranks for x in r["eval_lengths"]]
+    for name in ("env_steps", "pairs_abandoned", "env_failures", "pss_mb"):
+        assert found[name].tolist() == [r[name] for r in ranks], name
+    assert found["filter_count"].tolist() == [5, 5, 5]
+    assert np.array_equal(found["filter_means"], [d.mean.ravel() for d in deltas])
+    assert np.array_equal(found["filter_vars"], [d.var.ravel() for d in deltas])
+    # Without observation statistics (images): no delta in the records.
+    bare = {**ranks[0], "delta": None}
+    found = unpack_generations([pack_generation(**bare), pack_generation(**bare)])
+    assert found["filter_means"].shape == (2, 0) and found["indices"].size == 4

@@ -124,3 +124,76 @@ def test_answers_decode_with_their_batches_after_the_pickle_uncopied():
     unpacked = packed.unpack()
     assert unpacked.keys() == batch.keys()
     assert all(np.array_equal(unpacked[k], v) for k, v in batch.items())
+
+
+AGREE_PROGRAM = r"""
+import json, sys
+from types import SimpleNamespace
+from mpi4py import MPI
+from mpirl.runtime import gathered
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+case = sys.argv[1]
+context = SimpleNamespace(weights_comm=comm, rank=rank, collective_timeout_s=60.0,
+                          collective_backoff=None)
+
+def run():
+    if case == "raises" and rank == 2:
+        raise ValueError("rank 2 failed")
+    return {"checksum": "ab" if case == "differs" and rank == 3 else "aa", "norm": 0.5}
+
+if rank == 0:  # learner 0, the root
+    parts = gathered.agreed_or_gathered(context, gathered.RoundWaits())
+    answers = None if parts is None else {str(r): v for r, v in
+                                          gathered.decode_answers(parts).items()}
+    print(json.dumps({"root": answers}))
+else:
+    try:
+        out = gathered.answer_if_agreed(context, run, answers_itself=rank == 1)
+        out = "ANSWERED" if out is gathered.ANSWERED else out
+    except ValueError as error:
+        out = f"raised: {error}"
+    print(json.dumps({"rank": rank, "out": out}))
+"""
+
+
+def _agree(case: str) -> tuple[dict | None, dict[int, object]]:
+    proc = run_mpi(4, sys.executable, "-c", AGREE_PROGRAM, case, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    root = next(line["root"] for line in lines if "root" in line)
+    return root, {line["rank"]: line["out"] for line in lines if "rank" in line}
+
+
+def test_answers_that_agree_reach_rank_0_once():
+    """Every member's answer the same: the root takes nothing, the one member that answers
+    itself returns its result (its answer message), the others ANSWERED."""
+    root, out = _agree("same")
+    assert root is None
+    assert out == {1: {"checksum": "aa", "norm": 0.5}, 2: "ANSWERED", 3: "ANSWERED"}
+
+
+def test_answers_that_differ_are_gathered_whole():
+    root, out = _agree("differs")
+    assert root == {"1": {"checksum": "aa", "norm": 0.5}, "2": {"checksum": "aa", "norm": 0.5},
+                    "3": {"checksum": "ab", "norm": 0.5}}
+    assert out == {1: "ANSWERED", 2: "ANSWERED", 3: "ANSWERED"}
+
+
+def test_a_call_that_raises_is_gathered_with_no_result_and_raises():
+    root, out = _agree("raises")
+    assert root == {"1": {"checksum": "aa", "norm": 0.5}, "2": None,
+                    "3": {"checksum": "aa", "norm": 0.5}}
+    assert out == {1: "ANSWERED", 2: "raised: rank 2 failed", 3: "ANSWERED"}
+
+
+def test_a_float64_record_crosses_raw_and_decodes_without_a_copy():
+    from mpirl.runtime.gathered import decode_answers, encode_answer
+
+    record = np.array([3.0, 0.5, 2.0**52])
+    parts = [encode_answer(7, record), encode_answer(2, {"env_steps": 1}),
+             encode_answer(5, np.arange(3))]  # int64: pickled like any other answer
+    answers = decode_answers(parts)
+    assert np.array_equal(answers[7], record) and answers[7].base is not None
+    assert not answers[7].flags.writeable  # a view of the part's bytes
+    assert answers[2] == {"env_steps": 1} and answers[5].dtype == np.int64

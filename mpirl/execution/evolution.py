@@ -14,8 +14,6 @@ import math
 import pickle
 from typing import Any
 
-import numpy as np
-
 from mpirl.errors import ConfigError, MpirlError, RankLost
 from mpirl.execution.operators import (
     discard_lost_rollouts,
@@ -27,6 +25,7 @@ from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.dispatch import call_all
 from mpirl.runtime.gathered import gathers_answers
+from mpirl.workers.es_worker import unpack_generations
 
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
            "setup_search"]
@@ -87,6 +86,21 @@ def _results(futures: list) -> list[tuple[int, Any]]:
     return done
 
 
+def _agreed_update(algo: Any, workers: list, message: bytes) -> list[tuple[int, Any]]:
+    """The update's round where answers gather: every rank applies it and they compare their
+    answers (``gathered.answer_if_agreed``). When all agree, rollout worker 0's answer settles
+    every call, and rank 0 decodes one answer per generation instead of one per rank."""
+    futures = [workers[0].call_async("receive_update", message, agree=True),
+               *call_all(workers[1:], "receive_update", agree=True)]
+    parts = algo.learners[0].call("take_update", agree=True)
+    if parts is not None:  # they differ, or a call raised: each answer says which
+        return sorted(settle_gathered(workers, futures, parts).items())
+    answer = futures[0].result()
+    for future in futures[1:]:
+        future.settle(answer)
+    return [(0, answer)]
+
+
 def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float]:
     """Evaluate ``num_pairs`` antithetic pairs and at least ``min_steps`` env steps over the
     rollout workers, apply the update on every rank, and count the episodes; its statistics."""
@@ -113,13 +127,13 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     discard_lost_rollouts(algo.learners, algo.rollouts)
     if not results:
         raise MpirlError("every rollout rank was lost during a generation")
-    # Each rank's numbers come as lists (``run_generation``): one array of all of them each.
-    indices = np.array([i for _, r in results for i in r["indices"]], np.int64)
-    returns = np.array([p for _, r in results for p in r["returns"]], np.float64).reshape(-1, 2)
-    lengths = np.array([p for _, r in results for p in r["lengths"]], np.int64).reshape(-1, 2)
-    delta = RunningMeanStd(np.shape(results[0][1]["filter_delta"][0]))
-    delta.merge_all([r["filter_delta"] for _, r in results])
-    filter_delta = (delta.mean, delta.var, delta.count)
+    # Each rank's numbers come as one record (``pack_generation``): all of them are read in a
+    # few array operations, in worker order.
+    found = unpack_generations([record for _, record in results])
+    indices, returns, lengths = found["indices"], found["returns"], found["lengths"]
+    delta = RunningMeanStd(found["filter_means"].shape[1:])
+    delta.merge_stacked(found["filter_count"], found["filter_means"], found["filter_vars"])
+    filter_delta = (delta.mean, delta.var, delta.count)  # flat; each rank shapes it
     if all(w.in_process for w in algo.rollouts):
         applied = _results([w.call_async("apply_update", indices, returns, filter_delta)
                             for w in algo.rollouts])
@@ -130,10 +144,7 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         # the root of a broadcast over weights_comm, in which rank 0 only receives.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
         if gather:  # no rank can have been lost: workers are the rollout workers still
-            futures = [workers[0].call_async("receive_update", message, gather_answer=True),
-                       *call_all(workers[1:], "receive_update", gather_answer=True)]
-            applied = sorted(settle_gathered(workers, futures, algo.learners[0].call(
-                "take_update", gather_answers=True)).items())
+            applied = _agreed_update(algo, workers, message)
         else:
             applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
                                               "receive_update", what="the update",
@@ -145,30 +156,30 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
             f"{algo.iteration + 1} (checksums {sorted(checksums)}): they applied the same "
             f"update and should be bit-identical. Run every rank on the same kind of CPU and "
             f"the same NumPy build.")
-    if algo.obs_filter is not None:
-        algo.obs_filter.merge(*filter_delta)
-    for _, r in results:
-        algo.timesteps_total += r["env_steps"]
-        algo.num_env_failures += r["env_failures"]
-        algo.episodes_total += 2 * len(r["indices"]) + len(r["eval_returns"])
-        algo.returns.extend(r["eval_returns"])
-        algo.lengths.extend(r["eval_lengths"])
+    if algo.obs_filter is not None and delta.mean.size:
+        shape = algo.obs_filter.mean.shape
+        algo.obs_filter.merge(delta.mean.reshape(shape), delta.var.reshape(shape), delta.count)
+    algo.timesteps_total += int(found["env_steps"].sum())
+    algo.num_env_failures += int(found["env_failures"].sum())
+    algo.episodes_total += 2 * len(indices) + len(found["eval_returns"])
+    algo.returns.extend(found["eval_returns"].tolist())
+    algo.lengths.extend(found["eval_lengths"].tolist())
     update_stats = applied[0][1] if applied else {}
     # What crossed between the driver and one rank this generation, both ways: its results, the
     # update message and the update's answer. None of it grows with the number of weights. The
     # first rank's stands for all (each runs the same share of pairs): pickling every rank's
     # answers again cost the driver O(ranks) per generation for a statistic.
-    bytes_per_rank = (len(pickle.dumps(results[0][1], protocol=5)) + len(message)
+    bytes_per_rank = (results[0][1].nbytes + len(message)
                       + (len(pickle.dumps(applied[0][1], protocol=5)) if applied else 0))
     return {"perturbed_return_mean": float(returns.mean()),
             "perturbed_return_max": float(returns.max()),
             "perturbed_len_mean": float(lengths.mean()),
             "pairs_this_iter": len(indices),
-            "pairs_abandoned_this_iter": sum(r["pairs_abandoned"] for _, r in results),
-            "evaluation_episodes_this_iter": sum(len(r["eval_returns"]) for _, r in results),
+            "pairs_abandoned_this_iter": int(found["pairs_abandoned"].sum()),
+            "evaluation_episodes_this_iter": len(found["eval_returns"]),
             "grad_norm": update_stats.get("grad_norm", math.nan),
             "update_ratio": update_stats.get("update_ratio", math.nan),
             "noise_table_mb": state["noise_table_mb"],
             "bytes_per_rank_per_generation": bytes_per_rank,
             # the noise table counts once per node in the sum, not once per rank
-            "rollout_pss_mb_total": sum(r["pss_mb"] for _, r in results)}
+            "rollout_pss_mb_total": float(found["pss_mb"].sum())}

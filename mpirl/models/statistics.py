@@ -52,13 +52,18 @@ class RunningMeanStd:
     def merge_all(self, deltas: list[tuple[np.ndarray, np.ndarray, float]]) -> None:
         """``merge`` each ``(mean, var, count)`` of ``deltas``, combined first in a few array
         operations (the driver merges one per rollout rank: 16 µs each one by one)."""
-        counts = np.array([count for _, _, count in deltas], np.float64)
+        self.merge_stacked(np.array([count for _, _, count in deltas], np.float64),
+                           np.stack([np.asarray(mean, np.float64) for mean, _, _ in deltas]),
+                           np.stack([np.asarray(var, np.float64) for _, var, _ in deltas]))
+
+    def merge_stacked(self, counts: np.ndarray, means: np.ndarray, variances: np.ndarray
+                      ) -> None:
+        """``merge_all`` of deltas already stacked: ``counts`` [R], ``means`` and ``variances``
+        [R, *shape]."""
         total = counts.sum()
         if total == 0:
             return
         weights = (counts / total).reshape(-1, *[1] * self.mean.ndim)
-        means = np.stack([np.asarray(mean, np.float64) for mean, _, _ in deltas])
-        variances = np.stack([np.asarray(var, np.float64) for _, var, _ in deltas])
         mean = (weights * means).sum(0)
         var = (weights * (variances + (means - mean) ** 2)).sum(0)
         self.merge(mean, var, float(total))

@@ -125,6 +125,20 @@ def bcast_bytes(comm: MPI.Comm, payload: bytes | None, timeout_s: float, what: s
     return payload if held else buffer.tobytes()
 
 
+def allreduce_max(comm: MPI.Comm, values: np.ndarray, timeout_s: float, what: str,
+                  backoff: tuple[float, float] | None = None,
+                  expected_s: float = 0.0) -> np.ndarray:
+    """The elementwise maximum of every member's ``values`` (int64, one length on all), on every
+    member, once all have arrived within ``timeout_s``. A member's death revokes ``comm`` and
+    raises ``ProcessFailure``, as in ``bcast_weights``. Collective over ``comm``; ``backoff`` and
+    ``expected_s`` as in ``wait_for_all``."""
+    found = np.empty_like(values)
+    with revoke_on_failure(comm, what):
+        wait_for_all(comm, timeout_s, what, backoff, expected_s)
+        comm.Allreduce(values, found, op=MPI.MAX)
+    return found
+
+
 def gather_bytes(comm: MPI.Comm, payload: bytes, timeout_s: float, what: str,
                  backoff: tuple[float, float] | None = None,
                  expected_s: float = 0.0) -> list[bytes] | None:

@@ -32,7 +32,7 @@ from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.gathered import answer_through_gather
+from mpirl.runtime.gathered import answer_if_agreed, answer_through_gather
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
@@ -96,6 +96,66 @@ class EvaluationDraws:
         before = int(self.starts * self.p + self.phase)
         self.starts += 1
         return int(self.starts * self.p + self.phase) > before
+
+
+GENERATION_HEAD = ("pairs", "evaluations", "filter_size", "env_steps", "pairs_abandoned",
+                   "env_failures", "pss_mb", "filter_count")
+"""The fixed fields that open a rank's generation record (``pack_generation``)."""
+
+
+def pack_generation(indices: list[int], returns: list[list[float]], lengths: list[list[int]],
+                    eval_returns: list[float], eval_lengths: list[int], env_steps: int,
+                    pairs_abandoned: int, env_failures: int, pss_mb: float,
+                    delta: RunningMeanStd | None) -> np.ndarray:
+    """A rank's answer to a generation as one float64 vector: ``GENERATION_HEAD``, then the n
+    pairs' noise indices, returns (2n) and lengths (2n), the e evaluation returns and lengths,
+    and the observation statistics' delta (mean, variance; none if ``delta`` is None). It
+    crosses to rank 0 as raw bytes (``gathered.encode_answer``), and rank 0 reads every rank's
+    in a few array operations (``unpack_generations``), not one unpickling per rank. Every
+    number is exact in a float64: indices and counts are far below 2**53."""
+    size = 0 if delta is None else delta.mean.size
+    head = [len(indices), len(eval_returns), size, env_steps, pairs_abandoned, env_failures,
+            pss_mb, 0.0 if delta is None else delta.count]
+    parts = [head, indices, np.ravel(returns), np.ravel(lengths), eval_returns, eval_lengths]
+    if delta is not None:
+        parts += [delta.mean.ravel(), delta.var.ravel()]
+    return np.concatenate([np.asarray(part, np.float64) for part in parts])
+
+
+def _segments(values: np.ndarray, begins: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``values[begins[i]:begins[i] + counts[i]]`` for every i, concatenated."""
+    ends = np.cumsum(counts)
+    return values[np.repeat(begins - ends + counts, counts) + np.arange(ends[-1] if len(ends)
+                                                                        else 0)]
+
+
+def unpack_generations(records: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The ranks' records (``pack_generation``), in rank order, as arrays: ``indices`` [N],
+    ``returns`` and ``lengths`` [N, 2], ``eval_returns`` and ``eval_lengths``, the
+    per-rank ``GENERATION_HEAD`` fields (``env_steps`` and so on, [R]), and the filter
+    deltas ``filter_means`` and ``filter_vars`` [R, size]."""
+    sizes = np.fromiter((record.size for record in records), np.int64, len(records))
+    values = np.concatenate(records)
+    starts = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
+    width = len(GENERATION_HEAD)
+    head = values[starts[:, None] + np.arange(width)]
+    out = {name: head[:, i] for i, name in enumerate(GENERATION_HEAD)}
+    pairs, evaluations = head[:, 0].astype(np.int64), head[:, 1].astype(np.int64)
+    filter_size = head[:, 2].astype(np.int64)
+    at = starts + width
+    for name, counts in (("indices", pairs), ("returns", 2 * pairs), ("lengths", 2 * pairs),
+                         ("eval_returns", evaluations), ("eval_lengths", evaluations),
+                         ("filter_means", filter_size), ("filter_vars", filter_size)):
+        out[name] = _segments(values, at, counts)
+        at = at + counts
+    out["indices"] = out["indices"].astype(np.int64)
+    out["returns"] = out["returns"].reshape(-1, 2)
+    out["lengths"] = out["lengths"].astype(np.int64).reshape(-1, 2)
+    out["eval_lengths"] = out["eval_lengths"].astype(np.int64)
+    size = int(filter_size.max(initial=0))
+    for name in ("filter_means", "filter_vars"):
+        out[name] = out[name].reshape(len(records), size)
+    return out
 
 
 class PerturbationWorker(Worker):
@@ -168,13 +228,14 @@ class PerturbationWorker(Worker):
                                                   torch.from_numpy(obs)).numpy()
 
     def run_generation(self, num_pairs: int, min_steps: int,
-                       gather_answer: bool = False) -> dict[str, Any]:
+                       gather_answer: bool = False) -> np.ndarray:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
         played), one whole episode each, on the worker's envs in parallel; ``eval_prob`` of the
         episodes started play the unperturbed policy instead (``EvaluationDraws``). Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
-        observation statistics; no weights. With ``gather_answer`` the driver's copy gathers
-        them (``SearchWeights.gather_answers``, ``mpirl.runtime.gathered``)."""
+        observation statistics, as one record (``pack_generation``); no weights. With
+        ``gather_answer`` the driver's copy gathers them (``SearchWeights.gather_answers``,
+        ``mpirl.runtime.gathered``)."""
         if gather_answer:
             return answer_through_gather(self.context,
                                          lambda: self.run_generation(num_pairs, min_steps))
@@ -265,16 +326,10 @@ class PerturbationWorker(Worker):
                     slot_task[i] = None
         self.env_failures += failures
         kept = [j for j in range(len(indices)) if j not in abandoned]
-        # Lists, not arrays: the driver unpickles one answer per rank, and each NumPy array in
-        # it costs a class lookup and a constructor (about 13 µs per answer of five arrays at
-        # 64 ranks here, against a few µs for the same numbers as lists).
-        return {"indices": [int(indices[j]) for j in kept],
-                "returns": [[float(r) for r in returns[j]] for j in kept],
-                "lengths": [[int(n) for n in lengths[j]] for j in kept],
-                "env_steps": steps, "pairs_abandoned": len(abandoned),
-                "eval_returns": eval_returns, "eval_lengths": eval_lengths,
-                "env_failures": failures, "pss_mb": proportional_memory_mb(),
-                "filter_delta": (delta.mean.tolist(), delta.var.tolist(), delta.count)}
+        return pack_generation([indices[j] for j in kept], [returns[j] for j in kept],
+                               [lengths[j] for j in kept], eval_returns, eval_lengths, steps,
+                               len(abandoned), failures, proportional_memory_mb(),
+                               delta if self.normalize_observations else None)
 
     def apply_update(self, indices: np.ndarray, returns: np.ndarray,
                      filter_delta: tuple | None) -> dict[str, Any]:
@@ -292,19 +347,24 @@ class PerturbationWorker(Worker):
         else:
             stats = {}
         if filter_delta is not None and self.normalize_observations:
-            self.filter.merge(*filter_delta)
+            mean, var, count = filter_delta  # flat, as the ranks' records carry them
+            self.filter.merge(np.reshape(mean, self.obs_shape), np.reshape(var, self.obs_shape),
+                              count)
         self.policy.set_flat_weights(self.theta)
         return {"checksum": weights_checksum(self.theta), **stats}
 
     def receive_update(self, message: bytes | None = None,
-                       gather_answer: bool = False) -> dict[str, Any]:
+                       agree: bool = False) -> dict[str, Any]:
         """Take the generation's update in a broadcast over weights_comm and apply it. One rank
         (rollout worker 0) gets ``message`` in its call and is the broadcast's root, so rank 0
         sends the update once, not once per rank, and forwards none of it. A generation's update
         broadcast again, after a rank died during the first try, is applied once. With
-        ``gather_answer`` the answer goes to ``SearchWeights.take_update``'s gather."""
-        if gather_answer:
-            return answer_through_gather(self.context, lambda: self.receive_update(message))
+        ``agree`` the ranks compare their answers (the new weights' checksum and the update's
+        statistics, alike on every rank) with ``SearchWeights.take_update``: if all agree, only
+        the rank that held ``message`` answers rank 0 (``gathered.answer_if_agreed``)."""
+        if agree:
+            return answer_if_agreed(self.context, lambda: self.receive_update(message),
+                                    answers_itself=message is not None)
         message = bcast_bytes(self.context.weights_comm, message,
                               self.context.collective_timeout_s, "the update broadcast")
         generation, indices, returns, filter_delta = pickle.loads(message)
@@ -389,15 +449,15 @@ class SearchWeights(Worker):
         """The root of the gather of the rollout ranks' ``run_generation`` answers."""
         return gathered.gather_answers(self.context, self.generation_waits)
 
-    def take_update(self, gather_answers: bool = False) -> list[bytes] | None:
+    def take_update(self, agree: bool = False) -> list[bytes] | None:
         """The driver's part in ``PerturbationWorker.receive_update`` (a member of
         weights_comm, it takes the update too; its copy of the weights is refreshed only
-        before checkpoints). With ``gather_answers``, then the root of the gather of the
-        rollout ranks' answers, which it returns."""
+        before checkpoints). With ``agree``, then the root of the rollout ranks' comparison of
+        their answers: None if they agreed, else their answers gathered
+        (``gathered.agreed_or_gathered``)."""
         bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
-        return (gathered.gather_answers(self.context, self.update_waits) if gather_answers
-                else None)
+        return gathered.agreed_or_gathered(self.context, self.update_waits) if agree else None
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()
