@@ -141,6 +141,21 @@ def test_env_failures_are_recovered(tmp_path):
     assert sum(int(r["pairs_abandoned_this_iter"]) for r in _rows(run_dir)) > 0
 
 
+def test_an_env_that_keeps_failing_ends_the_run_with_its_error(tmp_path):
+    """A rank whose generation raises still takes part in the generation's collectives (the
+    gather, the update's broadcast, the comparison), so none waits on it; the driver sends no
+    update and raises that rank's own error."""
+    proc = _train(4, "--algo", "ES", "--env", "mpirl.testing:FlakyCartPoleEnv",
+                  "--run-dir", str(tmp_path / "run"), "--progress", "off",
+                  "--config", json.dumps({"env_config": {"fail_every_steps": 3},
+                                          "max_env_failures": 2}),
+                  "--stop", '{"training_iteration": 5}', timeout=120)
+    assert proc.returncode != 0
+    assert "raised in run_generation(): mpirl.errors.EnvFailureError" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "injected failure in step 3" in proc.stderr and "AssertionError" not in proc.stderr
+
+
 @pytest.mark.parametrize(("algo", "config", "message"), [
     ("ES", {"num_learners": 1}, "num_learners must be 0, got 1"),
     ("ARS", {"rollouts_used": 9, "num_rollouts": 4},
@@ -188,65 +203,89 @@ def test_every_rank_plays_its_share_of_evaluations_no_more():
 
 
 class _Future:
-    def __init__(self, value=None):
-        self.value, self.settled = value, None
+    def __init__(self, error=None):
+        self.error, self.settled = error, None
 
     def result(self):
-        return self.value
+        if self.error is not None:
+            raise self.error
+        raise AssertionError("the call answered no message of its own")
 
     def settle(self, value):
         self.settled = value
 
 
 class _Worker:
-    in_process = True  # call_all then calls each handle on its own
-
-    def __init__(self, rank, answer):
-        self.rank, self.answer, self.calls = rank, answer, []
-
-    def call_async(self, method, *args, **kwargs):
-        self.calls.append((method, args, kwargs))
-        return _Future(self.answer)
+    def __init__(self, rank):
+        self.rank = rank
 
 
 class _Learner:
-    def __init__(self, parts):
-        self.parts, self.calls = parts, []
+    def __init__(self, *answers):
+        self.answers, self.calls = list(answers), []
 
-    def call(self, method, **kwargs):
-        self.calls.append((method, kwargs))
-        return self.parts
+    def call(self, method, *args):
+        self.calls.append((method, *args))
+        return self.answers.pop(0)
 
 
-def _update_round(parts):
+def _generation(*learner_answers, failed=()):
     from types import SimpleNamespace
 
+    workers = [_Worker(rank) for rank in (1, 2, 3)]
+    futures = [_Future(RuntimeError(f"rank {w.rank} failed") if w.rank in failed else None)
+               for w in workers]
+    return SimpleNamespace(learners=[_Learner(*learner_answers)]), workers, futures
+
+
+def _part(rank, result):
+    from mpirl.runtime.gathered import encode_answer
+
+    return encode_answer(rank, result)
+
+
+def test_a_generations_records_come_in_worker_order():
+    from mpirl.execution.evolution import _gathered_records
+
+    records = {rank: np.array([float(rank)]) for rank in (1, 2, 3)}
+    algo, workers, futures = _generation([_part(r, records[r]) for r in (3, 1, 2)])
+    found = _gathered_records(algo, workers, futures)
+    assert [(i, r.tolist()) for i, r in found] == [(0, [1.0]), (1, [2.0]), (2, [3.0])]
+    assert algo.learners[0].calls == [("gather_answers",)]
+
+
+def test_a_failed_generation_gets_no_update_and_raises_its_error():
+    """Rank 2's call failed: the update broadcast is empty, and rank 2's own error is raised."""
+    from mpirl.execution.evolution import _gathered_records
+
+    algo, workers, futures = _generation(
+        [_part(1, np.array([1.0])), _part(2, None), _part(3, np.array([3.0]))],
+        (False, [_part(1, {}), _part(2, None), _part(3, {})]), failed=(2,))
+    with pytest.raises(RuntimeError, match="rank 2 failed"):
+        _gathered_records(algo, workers, futures)
+    assert algo.learners[0].calls == [("gather_answers",), ("take_update", b"")]
+    assert [f.settled for f in futures] == [{}, None, {}]
+
+
+def test_an_agreed_update_settles_every_call_with_its_one_answer():
     from mpirl.execution.evolution import _agreed_update
 
     answer = {"checksum": "aa", "grad_norm": 0.5}
-    workers = [_Worker(rank, answer if rank == 1 else None) for rank in (1, 2, 3)]
-    algo = SimpleNamespace(learners=[_Learner(parts)])
-    applied = _agreed_update(algo, workers, b"update")
-    assert [w.calls for w in workers] == [[("receive_update", (b"update",), {"agree": True})],
-                                          [("receive_update", (), {"agree": True})],
-                                          [("receive_update", (), {"agree": True})]]
-    assert algo.learners[0].calls == [("take_update", {"agree": True})]
-    return applied, answer
-
-
-def test_an_agreed_update_takes_worker_0s_answer_for_every_rank():
-    applied, answer = _update_round(None)
-    assert applied == [(0, answer)]
+    algo, workers, futures = _generation((True, answer))
+    assert _agreed_update(algo, workers, futures, b"update") == [(0, answer)]
+    assert algo.learners[0].calls == [("take_update", b"update")]
+    assert [f.settled for f in futures] == [answer] * 3
 
 
 def test_an_update_whose_answers_differ_is_settled_from_each_rank():
     """The comparison failed: each rank's answer comes from the gather, so the checksums that
     differ are the driver's to see (``run_generation`` raises ``DivergedWeights`` on them)."""
-    from mpirl.runtime.gathered import encode_answer
+    from mpirl.execution.evolution import _agreed_update
 
-    parts = [encode_answer(rank, {"checksum": checksum, "grad_norm": 0.5})
-             for rank, checksum in ((1, "aa"), (2, "aa"), (3, "ff"))]
-    applied, _ = _update_round(parts)
+    algo, workers, futures = _generation((False, [
+        _part(rank, {"checksum": checksum}) for rank, checksum in ((1, "aa"), (2, "aa"),
+                                                                    (3, "ff"))]))
+    applied = _agreed_update(algo, workers, futures, b"update")
     assert [(i, r["checksum"]) for i, r in applied] == [(0, "aa"), (1, "aa"), (2, "ff")]
 
 

@@ -136,20 +136,16 @@ rank = comm.Get_rank()
 case = sys.argv[1]
 context = SimpleNamespace(weights_comm=comm, rank=rank, collective_timeout_s=60.0,
                           collective_backoff=None)
-
-def run():
-    if case == "raises" and rank == 2:
-        raise ValueError("rank 2 failed")
-    return {"checksum": "ab" if case == "differs" and rank == 3 else "aa", "norm": 0.5}
-
 if rank == 0:  # learner 0, the root
-    parts = gathered.agreed_or_gathered(context, gathered.RoundWaits())
-    answers = None if parts is None else {str(r): v for r, v in
-                                          gathered.decode_answers(parts).items()}
-    print(json.dumps({"root": answers}))
+    agreed, found = gathered.agreed_or_gathered(context, gathered.RoundWaits())
+    if not agreed:
+        found = {str(r): v for r, v in gathered.decode_answers(found).items()}
+    print(json.dumps({"root": [agreed, found]}))
 else:
+    result = {"checksum": "ab" if case == "differs" and rank == 3 else "aa", "norm": 0.5}
+    failure = ValueError("rank 2 failed") if case == "raises" and rank == 2 else None
     try:
-        out = gathered.answer_if_agreed(context, run, answers_itself=rank == 1)
+        out = gathered.answer_unless_agreed(context, None if failure else result, failure)
         out = "ANSWERED" if out is gathered.ANSWERED else out
     except ValueError as error:
         out = f"raised: {error}"
@@ -157,7 +153,7 @@ else:
 """
 
 
-def _agree(case: str) -> tuple[dict | None, dict[int, object]]:
+def _agree(case: str) -> tuple[list, dict[int, object]]:
     proc = run_mpi(4, sys.executable, "-c", AGREE_PROGRAM, case, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -166,24 +162,25 @@ def _agree(case: str) -> tuple[dict | None, dict[int, object]]:
 
 
 def test_answers_that_agree_reach_rank_0_once():
-    """Every member's answer the same: the root takes nothing, the one member that answers
-    itself returns its result (its answer message), the others ANSWERED."""
+    """Every member's answer the same: the root gets it once, in a broadcast from member 1,
+    and no member sends its own."""
     root, out = _agree("same")
-    assert root is None
-    assert out == {1: {"checksum": "aa", "norm": 0.5}, 2: "ANSWERED", 3: "ANSWERED"}
+    assert root == [True, {"checksum": "aa", "norm": 0.5}]
+    assert out == {1: "ANSWERED", 2: "ANSWERED", 3: "ANSWERED"}
 
 
 def test_answers_that_differ_are_gathered_whole():
     root, out = _agree("differs")
-    assert root == {"1": {"checksum": "aa", "norm": 0.5}, "2": {"checksum": "aa", "norm": 0.5},
-                    "3": {"checksum": "ab", "norm": 0.5}}
+    assert root == [False, {"1": {"checksum": "aa", "norm": 0.5},
+                            "2": {"checksum": "aa", "norm": 0.5},
+                            "3": {"checksum": "ab", "norm": 0.5}}]
     assert out == {1: "ANSWERED", 2: "ANSWERED", 3: "ANSWERED"}
 
 
-def test_a_call_that_raises_is_gathered_with_no_result_and_raises():
+def test_a_call_that_failed_is_gathered_with_no_result_and_raises():
     root, out = _agree("raises")
-    assert root == {"1": {"checksum": "aa", "norm": 0.5}, "2": None,
-                    "3": {"checksum": "aa", "norm": 0.5}}
+    assert root == [False, {"1": {"checksum": "aa", "norm": 0.5}, "2": None,
+                            "3": {"checksum": "aa", "norm": 0.5}}]
     assert out == {1: "ANSWERED", 2: "raised: rank 2 failed", 3: "ANSWERED"}
 
 

@@ -1,11 +1,14 @@
 """Operators of derivative-free search (ES, ARS), run on the driver.
 
 One generation: every rollout worker evaluates its share of antithetic pairs and returns their
-noise indices and returns; the driver concatenates them in worker order and sends the list to
-rollout worker 0, which broadcasts it over the weights communicator (rank 0 sends it once, not
-to every rank), and every worker applies the update itself. The driver then checks that every worker
-reports the same weights checksum. A rollout rank lost under ULFM drops its pairs for that
-generation and the run goes on with the others.
+noise indices and returns; the driver concatenates them in worker order and broadcasts the list
+over the weights communicator (not a message to every rank), and every worker applies the update
+itself. The driver then checks that every worker reports the same weights checksum. Where the
+answers gather (``mpirl.runtime.gathered``), all of it is one call per rank: the records come in
+a gather, the update from the driver's copy, and the ranks compare their checksums in an
+allreduce. Otherwise rollout worker 0 is the broadcast's root, and each call answers alone. A
+rollout rank lost under ULFM drops its pairs for that generation and the run goes on with the
+others.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.dispatch import call_all
-from mpirl.runtime.gathered import gathers_answers
+from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.es_worker import unpack_generations
 
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
@@ -86,17 +89,29 @@ def _results(futures: list) -> list[tuple[int, Any]]:
     return done
 
 
-def _agreed_update(algo: Any, workers: list, message: bytes) -> list[tuple[int, Any]]:
-    """The update's round where answers gather: every rank applies it and they compare their
-    answers (``gathered.answer_if_agreed``). When all agree, rollout worker 0's answer settles
-    every call, and rank 0 decodes one answer per generation instead of one per rank."""
-    futures = [workers[0].call_async("receive_update", message, agree=True),
-               *call_all(workers[1:], "receive_update", agree=True)]
-    parts = algo.learners[0].call("take_update", agree=True)
-    if parts is not None:  # they differ, or a call raised: each answer says which
-        return sorted(settle_gathered(workers, futures, parts).items())
-    answer = futures[0].result()
-    for future in futures[1:]:
+def _gathered_records(algo: Any, workers: list, futures: list) -> list[tuple[int, Any]]:
+    """(worker index, record) of a generation whose calls go on to the update
+    (``PerturbationWorker._generation_then_update``), from learner 0's gather. If a call
+    failed, the ranks get no update and its error is raised here, from its own answer."""
+    answers = decode_answers(algo.learners[0].call("gather_answers"))
+    index_of = {worker.rank: i for i, worker in enumerate(workers)}
+    if any(record is None for record in answers.values()):
+        _, parts = algo.learners[0].call("take_update", b"")  # no update: they cannot agree
+        settle_gathered(workers, futures, parts)  # raises the failed call's error
+        raise AssertionError("a generation's call failed and answered no error")
+    return sorted((index_of[rank], record) for rank, record in answers.items())
+
+
+def _agreed_update(algo: Any, workers: list, futures: list, message: bytes
+                   ) -> list[tuple[int, Any]]:
+    """The update's half of the generation's calls: the driver's copy broadcasts ``message``
+    and the ranks compare their answers (``gathered.answer_unless_agreed``). When all agree,
+    their one answer settles every call: rank 0 decodes one answer per generation, not one
+    per rank."""
+    agreed, answer = algo.learners[0].call("take_update", message)
+    if not agreed:  # they differ, or a call raised: each answer says which
+        return sorted(settle_gathered(workers, futures, answer).items())
+    for future in futures:
         future.settle(answer)
     return [(0, answer)]
 
@@ -114,13 +129,12 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         state["synced"] = True
     workers = list(algo.rollouts)
     share, steps_share = math.ceil(num_pairs / len(workers)), math.ceil(min_steps / len(workers))
-    # Both rounds of the generation answer through one gather (mpirl.runtime.gathered), not a
-    # message per rank, where they can.
+    # Where the answers can gather (mpirl.runtime.gathered), one call per rank takes the whole
+    # generation, its update included, and none answers with a message of its own.
     gather = gathers_answers(workers)
     if gather:
-        futures = call_all(workers, "run_generation", share, steps_share, gather_answer=True)
-        results = sorted(settle_gathered(workers, futures,
-                                         algo.learners[0].call("gather_answers")).items())
+        futures = call_all(workers, "run_generation", share, steps_share, then_update=True)
+        results = _gathered_records(algo, workers, futures)
     else:
         results = _results([w.call_async("run_generation", share, steps_share)
                             for w in workers])
@@ -140,11 +154,12 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         message = pickle.dumps((indices, returns, filter_delta), protocol=5)
     else:
         # Not one message per rank: the update holds every rank's pairs, so sending it to each
-        # would cost rank 0 O(W^2) bytes. Rank 0 sends it to rollout worker 0 alone, which is
-        # the root of a broadcast over weights_comm, in which rank 0 only receives.
+        # would cost rank 0 O(W^2) bytes. It goes in a broadcast over weights_comm, from the
+        # driver's copy where the answers gather, else from rollout worker 0, to which rank 0
+        # sends it alone.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
         if gather:  # no rank can have been lost: workers are the rollout workers still
-            applied = _agreed_update(algo, workers, message)
+            applied = _agreed_update(algo, workers, futures, message)
         else:
             applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
                                               "receive_update", what="the update",

@@ -10,7 +10,7 @@ A call that raises still joins the gather, with no result, and then answers its 
 Under ULFM the rounds keep an answer per call, which tells the lost ranks apart.
 
 A round whose calls should all answer the same (an ES update, applied alike on every rank) can
-skip even the gather: ``answer_if_agreed`` compares the answers in one allreduce of their
+skip even the gather: ``answer_unless_agreed`` compares the answers in one allreduce of their
 hashes, and only where they differ, or a call raised, do they go on to the gather.
 """
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpirl.runtime.ulfm import allreduce_max, fault_tolerant, gather_bytes
+from mpirl.runtime.ulfm import allreduce_max, bcast_bytes, fault_tolerant, gather_bytes
 
 if TYPE_CHECKING:
     from mpirl.runtime.core import RankContext
@@ -122,39 +122,46 @@ def _all_agree(votes: np.ndarray) -> bool:
     return int(votes[0]) == 0 and int(votes[1]) == -int(votes[2])
 
 
-def answer_if_agreed(context: RankContext, run: Callable[[], Any], answers_itself: bool) -> Any:
-    """Run ``run()`` and compare its result with every other member's of weights_comm in one
-    allreduce of their hashes, learner 0 included (``agreed_or_gathered``). If none raised and
-    all are equal, the one member that ``answers_itself`` returns its result (an answer
-    message to rank 0), the others ``ANSWERED``: rank 0 settles their calls with that result.
-    Otherwise every member answers through the gather, as ``answer_through_gather`` does."""
-    failure: Exception | None = None
-    try:
-        result = run()
-    except Exception as error:  # noqa: BLE001 - joins the comparison, then raised below
-        result, failure = None, error
-    votes = allreduce_max(context.weights_comm, _vote(result, failure is not None),
+def answer_unless_agreed(context: RankContext, result: Any,
+                         failure: Exception | None) -> Any:
+    """A rollout rank's answer to a round whose answers should all be the same (an ES update,
+    applied alike on every rank): compare them in one allreduce of their hashes over
+    weights_comm, learner 0 included (``agreed_or_gathered``). If none failed and all are
+    equal, weights_comm's member 1 hands learner 0 its result in a broadcast, and every rank
+    returns ``ANSWERED``: rank 0 settles all their calls with that one result. Otherwise every
+    member answers through the gather, as ``answer_through_gather`` does, and ``failure`` is
+    raised after it."""
+    comm = context.weights_comm
+    votes = allreduce_max(comm, _vote(result, failure is not None),
                           context.collective_timeout_s, _AGREEING, context.collective_backoff)
     if _all_agree(votes):
-        return result if answers_itself else ANSWERED
+        bcast_bytes(comm, pickle.dumps(result, protocol=5) if comm.Get_rank() == 1 else None,
+                    context.collective_timeout_s, _AGREEING)
+        return ANSWERED
     _send(context, result)
     if failure is not None:
         raise failure
     return ANSWERED
 
 
-def agreed_or_gathered(context: RankContext, waits: RoundWaits) -> list[bytes] | None:
-    """On learner 0, the root's part in ``answer_if_agreed``: None if every member's answer was
-    the same (the driver takes the one member's that answers itself), else the gathered parts,
-    as ``gather_answers`` returns them."""
+def agreed_or_gathered(context: RankContext, waits: RoundWaits) -> tuple[bool, Any]:
+    """On learner 0, the root's part in ``answer_unless_agreed``: ``(True, the result every
+    member gave)``, or ``(False, the gathered parts)`` as ``gather_answers`` returns them when
+    they differ or a call failed."""
+    comm, timeout_s = context.weights_comm, context.collective_timeout_s
     began = time.monotonic()
-    votes = allreduce_max(context.weights_comm, _ROOT_VOTE.copy(), context.collective_timeout_s,
-                          _AGREEING, ROOT_BACKOFF, waits.expected_s())
+    votes = allreduce_max(comm, _ROOT_VOTE.copy(), timeout_s, _AGREEING, ROOT_BACKOFF,
+                          waits.expected_s())
     waits.add(time.monotonic() - began)
     if _all_agree(votes):
-        return None
-    return gather_bytes(context.weights_comm, b"", context.collective_timeout_s, _WHAT,
-                        ROOT_BACKOFF)[1:]
+        return True, pickle.loads(bcast_bytes(comm, None, timeout_s, _AGREEING))
+    return False, gather_bytes(comm, b"", timeout_s, _WHAT, ROOT_BACKOFF)[1:]
+
+
+def send_answer(context: RankContext, result: Any) -> None:
+    """Join the gather of a round's answers (``gather_answers``) with ``result`` (None for a
+    call that failed), and go on: the call answers later, or through another collective."""
+    _send(context, result)
 
 
 _HEAD = struct.Struct("<Q")

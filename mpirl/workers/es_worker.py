@@ -32,7 +32,7 @@ from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.gathered import answer_if_agreed, answer_through_gather
+from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
@@ -227,15 +227,18 @@ class PerturbationWorker(Worker):
             return self.policy.population_outputs(torch.from_numpy(params),
                                                   torch.from_numpy(obs)).numpy()
 
-    def run_generation(self, num_pairs: int, min_steps: int,
-                       gather_answer: bool = False) -> np.ndarray:
+    def run_generation(self, num_pairs: int, min_steps: int, gather_answer: bool = False,
+                       then_update: bool = False) -> np.ndarray:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
         played), one whole episode each, on the worker's envs in parallel; ``eval_prob`` of the
         episodes started play the unperturbed policy instead (``EvaluationDraws``). Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
         observation statistics, as one record (``pack_generation``); no weights. With
         ``gather_answer`` the driver's copy gathers them (``SearchWeights.gather_answers``,
-        ``mpirl.runtime.gathered``)."""
+        ``mpirl.runtime.gathered``). With ``then_update`` too the call goes on to the update
+        (``_generation_then_update``)."""
+        if then_update:
+            return self._generation_then_update(num_pairs, min_steps)
         if gather_answer:
             return answer_through_gather(self.context,
                                          lambda: self.run_generation(num_pairs, min_steps))
@@ -353,20 +356,44 @@ class PerturbationWorker(Worker):
         self.policy.set_flat_weights(self.theta)
         return {"checksum": weights_checksum(self.theta), **stats}
 
-    def receive_update(self, message: bytes | None = None,
-                       agree: bool = False) -> dict[str, Any]:
+    def _generation_then_update(self, num_pairs: int, min_steps: int) -> Any:
+        """A whole generation in one call, where the answers gather: the record joins
+        ``SearchWeights.gather_answers``; the update comes in a broadcast from the driver's
+        copy (``SearchWeights.take_update``), empty when some rank failed; its answer, alike
+        on every rank, is compared in ``gathered.answer_unless_agreed``. Rank 0 then sends one
+        call per rank per generation and decodes no answer of it. Every rank takes part in all
+        three collectives, failed or not, so that none waits on a rank that stopped; a failure
+        is raised after them."""
+        context, failure = self.context, None
+        try:
+            record = self.run_generation(num_pairs, min_steps)
+        except Exception as error:  # noqa: BLE001 - raised once the collectives are done
+            record, failure = None, error
+        gathered.send_answer(context, record)
+        message = bcast_bytes(context.weights_comm, None, context.collective_timeout_s,
+                              "the update broadcast")
+        answer: dict[str, Any] | None = None
+        if failure is None:
+            answer = {}  # if no update came: another rank failed, and its answer says why
+            try:
+                if message:
+                    answer = self._take_update_message(message)
+            except Exception as error:  # noqa: BLE001 - as above
+                answer, failure = None, error
+        return answer_unless_agreed(context, answer, failure)
+
+    def receive_update(self, message: bytes | None = None) -> dict[str, Any]:
         """Take the generation's update in a broadcast over weights_comm and apply it. One rank
         (rollout worker 0) gets ``message`` in its call and is the broadcast's root, so rank 0
         sends the update once, not once per rank, and forwards none of it. A generation's update
-        broadcast again, after a rank died during the first try, is applied once. With
-        ``agree`` the ranks compare their answers (the new weights' checksum and the update's
-        statistics, alike on every rank) with ``SearchWeights.take_update``: if all agree, only
-        the rank that held ``message`` answers rank 0 (``gathered.answer_if_agreed``)."""
-        if agree:
-            return answer_if_agreed(self.context, lambda: self.receive_update(message),
-                                    answers_itself=message is not None)
+        broadcast again, after a rank died during the first try, is applied once. (Where the
+        answers gather, the update comes in the generation's call instead:
+        ``_generation_then_update``.)"""
         message = bcast_bytes(self.context.weights_comm, message,
                               self.context.collective_timeout_s, "the update broadcast")
+        return self._take_update_message(message)
+
+    def _take_update_message(self, message: bytes) -> dict[str, Any]:
         generation, indices, returns, filter_delta = pickle.loads(message)
         if self.applied is None or self.applied[0] != generation:
             self.applied = (generation, self.apply_update(indices, returns, filter_delta))
@@ -449,15 +476,18 @@ class SearchWeights(Worker):
         """The root of the gather of the rollout ranks' ``run_generation`` answers."""
         return gathered.gather_answers(self.context, self.generation_waits)
 
-    def take_update(self, agree: bool = False) -> list[bytes] | None:
-        """The driver's part in ``PerturbationWorker.receive_update`` (a member of
-        weights_comm, it takes the update too; its copy of the weights is refreshed only
-        before checkpoints). With ``agree``, then the root of the rollout ranks' comparison of
-        their answers: None if they agreed, else their answers gathered
-        (``gathered.agreed_or_gathered``)."""
-        bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
+    def take_update(self, message: bytes | None = None) -> tuple[bool, Any] | None:
+        """The driver's part in the update's broadcast over weights_comm (its copy of the
+        weights is refreshed only before checkpoints). Without ``message`` it receives
+        (``PerturbationWorker.receive_update``); with it, it is the broadcast's root in a
+        generation's call (``PerturbationWorker._generation_then_update``), and then the
+        root of the ranks' comparison of their answers: ``(True, the answer)`` if they agreed,
+        else ``(False, their answers gathered)`` (``gathered.agreed_or_gathered``)."""
+        bcast_bytes(self.context.weights_comm, message, self.context.collective_timeout_s,
                     "the update broadcast")
-        return gathered.agreed_or_gathered(self.context, self.update_waits) if agree else None
+        if message is None:
+            return None
+        return gathered.agreed_or_gathered(self.context, self.update_waits)
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()
