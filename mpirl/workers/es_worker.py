@@ -122,39 +122,35 @@ def pack_generation(indices: list[int], returns: list[list[float]], lengths: lis
     return np.concatenate([np.asarray(part, np.float64) for part in parts])
 
 
-def _segments(values: np.ndarray, begins: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``values[begins[i]:begins[i] + counts[i]]`` for every i, concatenated."""
-    ends = np.cumsum(counts)
-    return values[np.repeat(begins - ends + counts, counts) + np.arange(ends[-1] if len(ends)
-                                                                        else 0)]
+_RECORD_FIELDS = ("indices", "returns", "lengths", "eval_returns", "eval_lengths",
+                  "filter_means", "filter_vars")
+"""The variable parts of a generation record, in order after its head."""
 
 
 def unpack_generations(records: list[np.ndarray]) -> dict[str, np.ndarray]:
     """The ranks' records (``pack_generation``), in rank order, as arrays: ``indices`` [N],
     ``returns`` and ``lengths`` [N, 2], ``eval_returns`` and ``eval_lengths``, the
     per-rank ``GENERATION_HEAD`` fields (``env_steps`` and so on, [R]), and the filter
-    deltas ``filter_means`` and ``filter_vars`` [R, size]."""
-    sizes = np.fromiter((record.size for record in records), np.int64, len(records))
+    deltas ``filter_means`` and ``filter_vars`` [R, size]. Each value is labelled with its
+    part, and each part is taken in one step: some 30 array operations, whatever the ranks."""
+    count, width = len(records), len(GENERATION_HEAD)
     values = np.concatenate(records)
-    starts = np.concatenate(([0], np.cumsum(sizes[:-1]))).astype(np.int64)
-    width = len(GENERATION_HEAD)
-    head = values[starts[:, None] + np.arange(width)]
+    sizes = np.fromiter(map(len, records), np.int64, count)
+    head = values[(np.cumsum(sizes) - sizes)[:, None] + np.arange(width)]
+    pairs, evaluations, filter_size = head[:, 0], head[:, 1], head[:, 2]
+    spans = np.stack([np.full(count, width), pairs, 2 * pairs, 2 * pairs, evaluations,
+                      evaluations, filter_size, filter_size], axis=1).astype(np.int64)
+    labels = np.repeat(np.tile(np.arange(len(_RECORD_FIELDS) + 1), count), spans.ravel())
     out = {name: head[:, i] for i, name in enumerate(GENERATION_HEAD)}
-    pairs, evaluations = head[:, 0].astype(np.int64), head[:, 1].astype(np.int64)
-    filter_size = head[:, 2].astype(np.int64)
-    at = starts + width
-    for name, counts in (("indices", pairs), ("returns", 2 * pairs), ("lengths", 2 * pairs),
-                         ("eval_returns", evaluations), ("eval_lengths", evaluations),
-                         ("filter_means", filter_size), ("filter_vars", filter_size)):
-        out[name] = _segments(values, at, counts)
-        at = at + counts
+    for label, name in enumerate(_RECORD_FIELDS, 1):
+        out[name] = values[labels == label]
     out["indices"] = out["indices"].astype(np.int64)
     out["returns"] = out["returns"].reshape(-1, 2)
     out["lengths"] = out["lengths"].astype(np.int64).reshape(-1, 2)
     out["eval_lengths"] = out["eval_lengths"].astype(np.int64)
     size = int(filter_size.max(initial=0))
-    for name in ("filter_means", "filter_vars"):
-        out[name] = out[name].reshape(len(records), size)
+    out["filter_means"] = out["filter_means"].reshape(count, size)
+    out["filter_vars"] = out["filter_vars"].reshape(count, size)
     return out
 
 
