@@ -480,6 +480,8 @@ class WorkerGroup(Sequence[WorkerHandle]):
         self._handles = handles
         #: workers taken out of the group by ``discard_lost``, in the order they were lost
         self.lost: list[WorkerHandle] = []
+        # The dispatchers its remote workers are reached through (one, but for tests' fakes).
+        self._dispatchers = list({h._dispatcher: None for h in handles if not h.in_process})
 
     def discard_lost(self) -> list[WorkerHandle]:
         """Take out the workers whose rank the driver has declared lost; return them (often
@@ -487,8 +489,12 @@ class WorkerGroup(Sequence[WorkerHandle]):
         # The losses the heartbeat reported since the last poll. Not a poll itself: a poll
         # costs rank 0 7-15 us here when its caches are cold (benchmarks/poll_cost.py), and the
         # callers have just waited, which polled; a loss MPI reports comes at the next wait.
-        for dispatcher in {h._dispatcher for h in self._handles if not h.in_process}:
+        for dispatcher in self._dispatchers:
             dispatcher.take_reported_losses()
+        # Asked after every wait of the asynchronous loops (IMPALA's: several per iteration):
+        # a look at each worker would cost rank 0 O(workers) each time, with no rank lost.
+        if not any(dispatcher.lost for dispatcher in self._dispatchers):
+            return []
         gone = [h for h in self._handles if h.lost]
         if gone:
             self._handles = [h for h in self._handles if not h.lost]
