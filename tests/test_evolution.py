@@ -263,7 +263,7 @@ def test_a_failed_generation_gets_no_update_and_raises_its_error():
         (False, [_part(1, {}), _part(2, None), _part(3, {})]), failed=(2,))
     with pytest.raises(RuntimeError, match="rank 2 failed"):
         _gathered_records(algo, workers, futures)
-    assert algo.learners[0].calls == [("gather_answers",), ("take_update", b"")]
+    assert algo.learners[0].calls == [("gather_answers",), ("take_update", b"", 1)]
     assert [f.settled for f in futures] == [{}, None, {}]
 
 
@@ -273,7 +273,7 @@ def test_an_agreed_update_settles_every_call_with_its_one_answer():
     answer = {"checksum": "aa", "grad_norm": 0.5}
     algo, workers, futures = _generation((True, answer))
     assert _agreed_update(algo, workers, futures, b"update") == [(0, answer)]
-    assert algo.learners[0].calls == [("take_update", b"update")]
+    assert algo.learners[0].calls == [("take_update", b"update", 1)]
     assert [f.settled for f in futures] == [answer] * 3
 
 

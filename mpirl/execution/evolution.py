@@ -1,12 +1,12 @@
 """Operators of derivative-free search (ES, ARS), run on the driver.
 
 One generation: every rollout worker evaluates its share of antithetic pairs and returns their
-noise indices and returns; the driver concatenates them in worker order and broadcasts the list
-over the weights communicator (not a message to every rank), and every worker applies the update
-itself. The driver then checks that every worker reports the same weights checksum. Where the
-answers gather (``mpirl.runtime.gathered``), all of it is one call per rank: the records come in
-a gather, the update from the driver's copy, and the ranks compare their checksums in an
-allreduce. Otherwise rollout worker 0 is the broadcast's root, and each call answers alone. A
+noise indices and returns; the driver concatenates them in worker order and sends the list to
+rollout worker 0, which broadcasts it over the weights communicator (rank 0 sends it once, not to
+every rank), and every worker applies the update itself. The driver then checks that every worker
+reports the same weights checksum. Where the answers gather (``mpirl.runtime.gathered``), all of
+it is one call per rank: the records come in a gather, the update in the same call, and the ranks
+compare their checksums in an allreduce. Otherwise each call answers alone. A
 rollout rank lost under ULFM drops its pairs for that generation and the run goes on with the
 others.
 """
@@ -96,7 +96,8 @@ def _gathered_records(algo: Any, workers: list, futures: list) -> list[tuple[int
     answers = decode_answers(algo.learners[0].call("gather_answers"))
     index_of = {worker.rank: i for i, worker in enumerate(workers)}
     if any(record is None for record in answers.values()):
-        _, parts = algo.learners[0].call("take_update", b"")  # no update: they cannot agree
+        # No update (an empty one), so they cannot agree: each answers.
+        _, parts = algo.learners[0].call("take_update", b"", workers[0].rank)
         settle_gathered(workers, futures, parts)  # raises the failed call's error
         raise AssertionError("a generation's call failed and answered no error")
     return sorted((index_of[rank], record) for rank, record in answers.items())
@@ -104,11 +105,12 @@ def _gathered_records(algo: Any, workers: list, futures: list) -> list[tuple[int
 
 def _agreed_update(algo: Any, workers: list, futures: list, message: bytes
                    ) -> list[tuple[int, Any]]:
-    """The update's half of the generation's calls: the driver's copy broadcasts ``message``
-    and the ranks compare their answers (``gathered.answer_unless_agreed``). When all agree,
+    """The update's half of the generation's calls: rank 0 sends ``message`` to rollout
+    worker 0, which broadcasts it over weights_comm (rank 0 sends it once), and the ranks
+    compare their answers (``gathered.answer_unless_agreed``). When all agree,
     their one answer settles every call: rank 0 decodes one answer per generation, not one
     per rank."""
-    agreed, answer = algo.learners[0].call("take_update", message)
+    agreed, answer = algo.learners[0].call("take_update", message, workers[0].rank)
     if not agreed:  # they differ, or a call raised: each answer says which
         return sorted(settle_gathered(workers, futures, answer).items())
     for future in futures:
@@ -133,7 +135,8 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     # generation, its update included, and none answers with a message of its own.
     gather = gathers_answers(workers)
     if gather:
-        futures = call_all(workers, "run_generation", share, steps_share, then_update=True)
+        futures = call_all(workers, "run_generation", share, steps_share,
+                           then_update=workers[0].rank)
         results = _gathered_records(algo, workers, futures)
     else:
         results = _results([w.call_async("run_generation", share, steps_share)
@@ -154,9 +157,9 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
         message = pickle.dumps((indices, returns, filter_delta), protocol=5)
     else:
         # Not one message per rank: the update holds every rank's pairs, so sending it to each
-        # would cost rank 0 O(W^2) bytes. It goes in a broadcast over weights_comm, from the
-        # driver's copy where the answers gather, else from rollout worker 0, to which rank 0
-        # sends it alone.
+        # would cost rank 0 O(W^2) bytes, and rooting the broadcast at rank 0 would cost it
+        # O(W log W) in a binomial tree. Rank 0 sends it to rollout worker 0 alone, which is the
+        # root of a broadcast over weights_comm, in which rank 0 only receives.
         message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
         if gather:  # no rank can have been lost: workers are the rollout workers still
             applied = _agreed_update(algo, workers, futures, message)

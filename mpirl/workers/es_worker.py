@@ -33,6 +33,7 @@ from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
+from mpirl.runtime.host import DRIVER_RANK
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
@@ -97,6 +98,9 @@ class EvaluationDraws:
         self.starts += 1
         return int(self.starts * self.p + self.phase) > before
 
+
+UPDATE_TAG = 41
+"""The data channel's tag of a generation's update, from rank 0 to the broadcast's root."""
 
 GENERATION_HEAD = ("pairs", "evaluations", "filter_size", "env_steps", "pairs_abandoned",
                    "env_failures", "pss_mb", "filter_count")
@@ -224,17 +228,17 @@ class PerturbationWorker(Worker):
                                                   torch.from_numpy(obs)).numpy()
 
     def run_generation(self, num_pairs: int, min_steps: int, gather_answer: bool = False,
-                       then_update: bool = False) -> np.ndarray:
+                       then_update: int | None = None) -> np.ndarray:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
         played), one whole episode each, on the worker's envs in parallel; ``eval_prob`` of the
         episodes started play the unperturbed policy instead (``EvaluationDraws``). Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
         observation statistics, as one record (``pack_generation``); no weights. With
         ``gather_answer`` the driver's copy gathers them (``SearchWeights.gather_answers``,
-        ``mpirl.runtime.gathered``). With ``then_update`` too the call goes on to the update
-        (``_generation_then_update``)."""
-        if then_update:
-            return self._generation_then_update(num_pairs, min_steps)
+        ``mpirl.runtime.gathered``). With ``then_update``, the rank of the broadcast's root,
+        the call goes on to the update (``_generation_then_update``)."""
+        if then_update is not None:
+            return self._generation_then_update(num_pairs, min_steps, then_update)
         if gather_answer:
             return answer_through_gather(self.context,
                                          lambda: self.run_generation(num_pairs, min_steps))
@@ -352,21 +356,24 @@ class PerturbationWorker(Worker):
         self.policy.set_flat_weights(self.theta)
         return {"checksum": weights_checksum(self.theta), **stats}
 
-    def _generation_then_update(self, num_pairs: int, min_steps: int) -> Any:
+    def _generation_then_update(self, num_pairs: int, min_steps: int, root: int) -> Any:
         """A whole generation in one call, where the answers gather: the record joins
-        ``SearchWeights.gather_answers``; the update comes in a broadcast from the driver's
-        copy (``SearchWeights.take_update``), empty when some rank failed; its answer, alike
-        on every rank, is compared in ``gathered.answer_unless_agreed``. Rank 0 then sends one
-        call per rank per generation and decodes no answer of it. Every rank takes part in all
-        three collectives, failed or not, so that none waits on a rank that stopped; a failure
-        is raised after them."""
+        ``SearchWeights.gather_answers``; the update comes in a broadcast over weights_comm
+        from the rank ``root`` (rollout worker 0), which takes it from rank 0 alone
+        (``SearchWeights.take_update``); it is empty when some rank failed. Its answer, alike on
+        every rank, is compared in ``gathered.answer_unless_agreed``. Rank 0 then sends one
+        call per rank per generation and the update once, and decodes no answer. Every rank
+        takes part in all three collectives, failed or not, so that none waits on a rank that
+        stopped; a failure is raised after them."""
         context, failure = self.context, None
         try:
             record = self.run_generation(num_pairs, min_steps)
         except Exception as error:  # noqa: BLE001 - raised once the collectives are done
             record, failure = None, error
         gathered.send_answer(context, record)
-        message = bcast_bytes(context.weights_comm, None, context.collective_timeout_s,
+        held = (context.data_channel.recv(DRIVER_RANK, UPDATE_TAG, context.collective_timeout_s)
+                if context.rank == root else None)
+        message = bcast_bytes(context.weights_comm, held, context.collective_timeout_s,
                               "the update broadcast")
         answer: dict[str, Any] | None = None
         if failure is None:
@@ -472,16 +479,20 @@ class SearchWeights(Worker):
         """The root of the gather of the rollout ranks' ``run_generation`` answers."""
         return gathered.gather_answers(self.context, self.generation_waits)
 
-    def take_update(self, message: bytes | None = None) -> tuple[bool, Any] | None:
-        """The driver's part in the update's broadcast over weights_comm (its copy of the
-        weights is refreshed only before checkpoints). Without ``message`` it receives
-        (``PerturbationWorker.receive_update``); with it, it is the broadcast's root in a
-        generation's call (``PerturbationWorker._generation_then_update``), and then the
-        root of the ranks' comparison of their answers: ``(True, the answer)`` if they agreed,
-        else ``(False, their answers gathered)`` (``gathered.agreed_or_gathered``)."""
-        bcast_bytes(self.context.weights_comm, message, self.context.collective_timeout_s,
+    def take_update(self, message: bytes | None = None,
+                    root: int | None = None) -> tuple[bool, Any] | None:
+        """The driver's part in the update's broadcast over weights_comm, in which it only
+        receives (its copy of the weights is refreshed only before checkpoints): from
+        ``PerturbationWorker.receive_update``; or, given ``message`` and the rank ``root``,
+        from a generation's call (``PerturbationWorker._generation_then_update``), to whose
+        root it sends ``message`` first. Then it is the root of the ranks' comparison of their
+        answers: ``(True, the answer)`` if they agreed, else ``(False, their answers
+        gathered)`` (``gathered.agreed_or_gathered``)."""
+        if root is not None:
+            self.context.data_channel.isend(message, root, UPDATE_TAG)
+        bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
-        if message is None:
+        if root is None:
             return None
         return gathered.agreed_or_gathered(self.context, self.update_waits)
 
