@@ -136,7 +136,7 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     gather = gathers_answers(workers)
     if gather:
         futures = call_all(workers, "run_generation", share, steps_share,
-                           then_update=workers[0].rank)
+                           update_root=workers[0].rank)
         results = _gathered_records(algo, workers, futures)
     else:
         results = _results([w.call_async("run_generation", share, steps_share)

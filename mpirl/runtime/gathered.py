@@ -107,7 +107,7 @@ _HASH_BYTES = 7
 """An answer's hash is 56 bits: it and its negation fit in an int64 with room for the root's
 neutral vote (``_ROOT_VOTE``)."""
 _ROOT_VOTE = np.array([-1, -(1 << 62), -(1 << 62)], np.int64)
-"""Learner 0's part in the allreduce of ``answer_if_agreed``: below every member's."""
+"""Learner 0's part in the allreduce of ``answer_unless_agreed``: below every member's."""
 
 
 def _vote(result: Any, failed: bool) -> np.ndarray:

@@ -228,17 +228,17 @@ class PerturbationWorker(Worker):
                                                   torch.from_numpy(obs)).numpy()
 
     def run_generation(self, num_pairs: int, min_steps: int, gather_answer: bool = False,
-                       then_update: int | None = None) -> np.ndarray:
+                       update_root: int | None = None) -> np.ndarray:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
         played), one whole episode each, on the worker's envs in parallel; ``eval_prob`` of the
         episodes started play the unperturbed policy instead (``EvaluationDraws``). Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
         observation statistics, as one record (``pack_generation``); no weights. With
         ``gather_answer`` the driver's copy gathers them (``SearchWeights.gather_answers``,
-        ``mpirl.runtime.gathered``). With ``then_update``, the rank of the broadcast's root,
-        the call goes on to the update (``_generation_then_update``)."""
-        if then_update is not None:
-            return self._generation_then_update(num_pairs, min_steps, then_update)
+        ``mpirl.runtime.gathered``). With ``update_root``, the rank that roots the update's
+        broadcast, the call goes on to the update (``_generation_then_update``)."""
+        if update_root is not None:
+            return self._generation_then_update(num_pairs, min_steps, update_root)
         if gather_answer:
             return answer_through_gather(self.context,
                                          lambda: self.run_generation(num_pairs, min_steps))
