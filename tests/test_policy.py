@@ -98,6 +98,12 @@ def test_merged_statistics_equal_those_of_all_the_data():
     assert merged.count == 1000
 
 
+def _stacked(deltas):
+    """(counts, means, variances) of ``(mean, var, count)`` deltas, stacked as ranks' are."""
+    return (np.array([count for _, _, count in deltas]), np.stack([m for m, _, _ in deltas]),
+            np.stack([v for _, v, _ in deltas]))
+
+
 def test_merging_all_deltas_at_once_equals_merging_them_one_by_one():
     rng = np.random.default_rng(1)
     data = rng.normal(-1.0, 3.0, (900, 2, 3))
@@ -110,11 +116,11 @@ def test_merging_all_deltas_at_once_equals_merging_them_one_by_one():
     one_by_one, at_once = RunningMeanStd((2, 3), 4.0), RunningMeanStd((2, 3), 4.0)
     for delta in deltas:
         one_by_one.merge(*delta)
-    at_once.merge_all(deltas)
+    at_once.merge_stacked(*_stacked(deltas))
     np.testing.assert_allclose(at_once.mean, one_by_one.mean, rtol=1e-12)
     np.testing.assert_allclose(at_once.var, one_by_one.var, rtol=1e-12)
     assert at_once.count == one_by_one.count == 904
-    at_once.merge_all([(np.ones((2, 3)), np.ones((2, 3)), 0.0)])  # nothing seen: no change
+    at_once.merge_stacked(*_stacked([(np.ones((2, 3)), np.ones((2, 3)), 0.0)]))  # none seen
     assert at_once.count == 904
 
 

@@ -49,17 +49,11 @@ class RunningMeanStd:
         self.var = m2 / total
         self.count = total
 
-    def merge_all(self, deltas: list[tuple[np.ndarray, np.ndarray, float]]) -> None:
-        """``merge`` each ``(mean, var, count)`` of ``deltas``, combined first in a few array
-        operations (the driver merges one per rollout rank: 16 µs each one by one)."""
-        self.merge_stacked(np.array([count for _, _, count in deltas], np.float64),
-                           np.stack([np.asarray(mean, np.float64) for mean, _, _ in deltas]),
-                           np.stack([np.asarray(var, np.float64) for _, var, _ in deltas]))
-
     def merge_stacked(self, counts: np.ndarray, means: np.ndarray, variances: np.ndarray
                       ) -> None:
-        """``merge_all`` of deltas already stacked: ``counts`` [R], ``means`` and ``variances``
-        [R, *shape]."""
+        """``merge`` each delta of ``counts`` [R], ``means`` and ``variances`` [R, *shape],
+        combined first in a few array operations (the driver merges one per rollout rank: 16 µs
+        each one by one)."""
         total = counts.sum()
         if total == 0:
             return

@@ -96,9 +96,9 @@ def answer_through_gather(context: RankContext, run: Callable[[], Any]) -> Any:
     try:
         result = run()
     except Exception:
-        _send(context, None)
+        send_answer(context, None)
         raise
-    _send(context, result)
+    send_answer(context, result)
     return ANSWERED
 
 
@@ -110,10 +110,10 @@ _ROOT_VOTE = np.array([-1, -(1 << 62), -(1 << 62)], np.int64)
 """Learner 0's part in the allreduce of ``answer_unless_agreed``: below every member's."""
 
 
-def _vote(result: Any, failed: bool) -> np.ndarray:
+def _vote(pickled: bytes, failed: bool) -> np.ndarray:
     """``[failed, h, -h]`` for an answer whose pickle hashes to ``h``: their maximum over the
     members says whether any call failed, and the largest and smallest hash."""
-    digest = hashlib.blake2b(pickle.dumps(result, protocol=5), digest_size=_HASH_BYTES).digest()
+    digest = hashlib.blake2b(pickled, digest_size=_HASH_BYTES).digest()
     h = int.from_bytes(digest, "little")
     return np.array([int(failed), h, -h], np.int64)
 
@@ -131,14 +131,14 @@ def answer_unless_agreed(context: RankContext, result: Any,
     returns ``ANSWERED``: rank 0 settles all their calls with that one result. Otherwise every
     member answers through the gather, as ``answer_through_gather`` does, and ``failure`` is
     raised after it."""
-    comm = context.weights_comm
-    votes = allreduce_max(comm, _vote(result, failure is not None),
+    comm, pickled = context.weights_comm, pickle.dumps(result, protocol=5)
+    votes = allreduce_max(comm, _vote(pickled, failure is not None),
                           context.collective_timeout_s, _AGREEING, context.collective_backoff)
     if _all_agree(votes):
-        bcast_bytes(comm, pickle.dumps(result, protocol=5) if comm.Get_rank() == 1 else None,
+        bcast_bytes(comm, pickled if comm.Get_rank() == 1 else None,
                     context.collective_timeout_s, _AGREEING)
         return ANSWERED
-    _send(context, result)
+    send_answer(context, result)
     if failure is not None:
         raise failure
     return ANSWERED
@@ -156,12 +156,6 @@ def agreed_or_gathered(context: RankContext, waits: RoundWaits) -> tuple[bool, A
     if _all_agree(votes):
         return True, pickle.loads(bcast_bytes(comm, None, timeout_s, _AGREEING))
     return False, gather_bytes(comm, b"", timeout_s, _WHAT, ROOT_BACKOFF)[1:]
-
-
-def send_answer(context: RankContext, result: Any) -> None:
-    """Join the gather of a round's answers (``gather_answers``) with ``result`` (None for a
-    call that failed), and go on: the call answers later, or through another collective."""
-    _send(context, result)
 
 
 _HEAD = struct.Struct("<Q")
@@ -185,7 +179,9 @@ def encode_answer(rank: int, result: Any) -> bytes:
     return b"".join((_HEAD.pack(len(head)), head, batch.data if batch is not None else b""))
 
 
-def _send(context: RankContext, result: Any) -> None:
+def send_answer(context: RankContext, result: Any) -> None:
+    """Join the gather of a round's answers (``gather_answers``) with ``result`` (None for a
+    call that failed); the call may go on and answer later, or through another collective."""
     gather_bytes(context.weights_comm, encode_answer(context.rank, result),
                  context.collective_timeout_s, _WHAT, context.collective_backoff)
 
