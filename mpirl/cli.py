@@ -6,13 +6,14 @@ import argparse
 import atexit
 import os
 import sys
+import time
 from typing import Any
 
 from mpirl.config.parse import build, parse_json_object, split_by_dataclass
 from mpirl.errors import ConfigError, LaunchError, MpirlError
 from mpirl.jobs import launch, slurm
 from mpirl.jobs.arguments import command_parser
-from mpirl.runtime.layout import Layout
+from mpirl.runtime.layout import Layout, het_exit_delay
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,8 +162,9 @@ def entry() -> None:
     on 2 cores), and a job's ranks share its cores: the job only ends when the slowest is done.
     By the time ``main`` returns every file is closed; Python's exit handlers still run (logging,
     joining child processes) and MPI is finalized (mpi4py does that from C at teardown, so it is
-    called here), then the process ends at once. An exception escaping ``main`` takes the
-    ordinary path, so its traceback is printed as usual.
+    called here), then the process ends at once, or, in a heterogeneous srun step, a second
+    per component index later (``het_exit_delay``: older srun hangs if components end at once).
+    An exception escaping ``main`` takes the ordinary path, so its traceback is printed as usual.
     """
     code = main()
     atexit._run_exitfuncs()
@@ -174,6 +176,9 @@ def entry() -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can be written anyway
             pass
+    delay = het_exit_delay()
+    if delay:
+        time.sleep(delay)
     os._exit(code)
 
 

@@ -34,7 +34,13 @@ from mpirl.jobs.slurm import (
 )
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.driver import pick_device
-from mpirl.runtime.layout import SKIP_WORLD_SIZE_CHECK, check_slurm_step, parse_layout_row
+from mpirl.runtime.layout import (
+    HET_EXIT_STAGGER_S,
+    SKIP_WORLD_SIZE_CHECK,
+    check_slurm_step,
+    het_exit_delay,
+    parse_layout_row,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
@@ -238,6 +244,23 @@ def test_world_size_check_catches_singletons_under_srun():
     with pytest.raises(LaunchError, match="MPI's world has 2"):
         check_slurm_step(2, step)
     check_slurm_step(1, {**step, SKIP_WORLD_SIZE_CHECK: "1"})
+
+
+def test_heterogeneous_pmix_components_exit_a_second_apart():
+    """srun before Slurm 24.11 hangs when a het step's components end at once (the abort agents'
+    race): each component after the first waits its index in seconds after MPI_Finalize."""
+    step = {"SLURM_STEP_ID": "0", "SLURM_PMIXP_ABORT_AGENT_PORT": "40079", "SLURM_HET_SIZE": "3",
+            "SLURM_NTASKS_HET_GROUP_0": "3", "SLURM_NTASKS_HET_GROUP_1": "2",
+            "SLURM_NTASKS_HET_GROUP_2": "1"}
+    delays = [het_exit_delay({**step, "SLURM_PROCID": str(task)}) for task in range(6)]
+    assert delays == [0, 0, 0, HET_EXIT_STAGGER_S, HET_EXIT_STAGGER_S, 2 * HET_EXIT_STAGGER_S]
+    assert HET_EXIT_STAGGER_S >= 0.5  # srun's threads must see the components end apart
+    # No wait outside a het pmix step: pmi2, a homogeneous step, a batch script, or mpiexec.
+    late = {**step, "SLURM_PROCID": "5"}
+    for missing in ("SLURM_PMIXP_ABORT_AGENT_PORT", "SLURM_STEP_ID", "SLURM_HET_SIZE",
+                    "SLURM_NTASKS_HET_GROUP_1"):
+        assert het_exit_delay({k: v for k, v in late.items() if k != missing}) == 0
+    assert het_exit_delay({**late, "SLURM_HET_SIZE": "1"}) == 0
 
 
 def test_world_size_check_leaves_mpiexec_alone():

@@ -66,6 +66,37 @@ def check_slurm_step(world_size: int, environ: Mapping[str, str] = os.environ) -
     )
 
 
+#: Seconds between the exits of a heterogeneous srun step's components (``het_exit_delay``).
+HET_EXIT_STAGGER_S = 1.0
+
+
+def het_exit_delay(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds this task should wait after ``MPI_Finalize`` before it exits: under ``srun
+    --mpi=pmix --het-group=...``, its component's index times ``HET_EXIT_STAGGER_S``; else 0.
+
+    srun before Slurm 24.11 starts a PMIx abort agent per component of a heterogeneous step but
+    keeps one handle to them. When two components' tasks end in the same instant (they do: the
+    finalize fence releases every rank at once), srun's per-component threads join the same
+    agent thread twice and srun hangs after all tasks have exited, until the time limit
+    (SchedMD ticket 16817; seen here in 1 job of a few on Debian's 22.05). Components that end a
+    second apart stop the agents one after the other. The index comes from ``SLURM_PROCID`` and
+    the components' task counts, because a task is not told its component."""
+    if "SLURM_PMIXP_ABORT_AGENT_PORT" not in environ or "SLURM_STEP_ID" not in environ:
+        return 0.0
+    size, task = environ.get("SLURM_HET_SIZE", ""), environ.get("SLURM_PROCID", "")
+    if not (size.isdigit() and task.isdigit()) or int(size) < 2:
+        return 0.0
+    first_task = 0
+    for component in range(int(size)):
+        tasks = environ.get(f"SLURM_NTASKS_HET_GROUP_{component}", "")
+        if not tasks.isdigit():
+            return 0.0
+        first_task += int(tasks)
+        if int(task) < first_task:
+            return component * HET_EXIT_STAGGER_S
+    return 0.0
+
+
 @dataclass(frozen=True)
 class Layout:
     """The requested number of ranks per role (rank 0, the driver, comes on top)."""
