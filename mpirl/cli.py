@@ -155,6 +155,11 @@ def _print_on_rank0(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+EXIT_FILE_ENV = "MPIRL_EXIT_FILE"
+"""Set by the Slurm job script: world rank 0 writes its exit code to this file as it exits, so
+the script can stop a job step that outlives its ranks (``templates/job.sbatch``)."""
+
+
 def entry() -> None:
     """The ``mpirl`` console script: ``main``, then an exit that skips the interpreter's teardown.
 
@@ -162,14 +167,20 @@ def entry() -> None:
     on 2 cores), and a job's ranks share its cores: the job only ends when the slowest is done.
     By the time ``main`` returns every file is closed; Python's exit handlers still run (logging,
     joining child processes) and MPI is finalized (mpi4py does that from C at teardown, so it is
-    called here), then the process ends at once, or, in a heterogeneous srun step, a second
-    per component index later (``het_exit_delay``: older srun hangs if components end at once).
-    An exception escaping ``main`` takes the ordinary path, so its traceback is printed as usual.
+    called here), then the process ends at once, or, in a heterogeneous srun step of a Slurm
+    before 24.11, seconds later per component index (``het_exit_delay``: that srun can hang
+    when the components end at once). Under ``MPIRL_EXIT_FILE`` world rank 0 writes its exit
+    code there last. An exception escaping ``main`` takes the ordinary path, so its traceback is
+    printed as usual.
     """
+    # This process's own: a run it starts (a tune trial) must not write it.
+    exit_file = os.environ.pop(EXIT_FILE_ENV, None)
     code = main()
     atexit._run_exitfuncs()
     mpi = sys.modules.get("mpi4py.MPI")
+    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        rank = mpi.COMM_WORLD.Get_rank()
         mpi.Finalize()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -179,6 +190,12 @@ def entry() -> None:
     delay = het_exit_delay()
     if delay:
         time.sleep(delay)
+    if exit_file and rank == 0:
+        try:
+            with open(exit_file, "w") as file:
+                file.write(f"{code}\n")
+        except OSError:  # the script then waits for the step as it always did
+            pass
     os._exit(code)
 
 

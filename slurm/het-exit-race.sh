@@ -3,10 +3,11 @@
 # stagger (mpirl.runtime.layout.het_exit_delay); see docs/slurm.md. Uses the local test cluster:
 #     eval "$(slurm/local-cluster.sh env)"; slurm/local-cluster.sh start
 #     slurm/het-exit-race.sh [JOBS]        # JOBS per mode, default 40; about 6 s a job
+#     MODES=stagger slurm/het-exit-race.sh  # one mode only (default: "none stagger")
 # Each job is 2 tasks of component 0 on n2 and 1 of component 1 on the first node, running a
 # program that does MPI_Init, a barrier and MPI_Finalize and exits: at once ("none"), or after
-# het_exit_delay ("stagger"). A job still queued or running after 25 s is counted hung and
-# cancelled. Prints one line per mode: "<mode>: <hung> hung of <jobs>".
+# het_exit_delay ("stagger": 2 s for component 1 where srun is older than 24.11). A job still
+# queued or running after 30 s is counted hung and cancelled. Prints one line per mode: "<mode>: <hung> hung of <jobs>".
 set -euo pipefail
 JOBS=${1:-40}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,14 +32,14 @@ cat > "$WORK/job.sh" <<SH
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 srun --mpi=pmix --het-group=0,1 "$PYTHON" "$WORK/program.py" "\$1"
 SH
-for mode in none stagger; do
+for mode in ${MODES:-none stagger}; do
     hung=0
     for _ in $(seq 1 "$JOBS"); do
         job=$(sbatch --parsable --output=/dev/null "$WORK/job.sh" "$mode")
         start=$(date +%s)
         while squeue -h -j "$job" 2>/dev/null | grep -q .; do
             sleep 0.5
-            if [ $(( $(date +%s) - start )) -gt 25 ]; then
+            if [ $(( $(date +%s) - start )) -gt 30 ]; then
                 hung=$((hung + 1)); scancel "$job"; sleep 2; break
             fi
         done

@@ -40,6 +40,7 @@ from mpirl.runtime.layout import (
     check_slurm_step,
     het_exit_delay,
     parse_layout_row,
+    srun_version,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -246,21 +247,40 @@ def test_world_size_check_catches_singletons_under_srun():
     check_slurm_step(1, {**step, SKIP_WORLD_SIZE_CHECK: "1"})
 
 
-def test_heterogeneous_pmix_components_exit_a_second_apart():
+def test_heterogeneous_pmix_components_exit_apart_under_slurm_before_24_11():
     """srun before Slurm 24.11 hangs when a het step's components end at once (the abort agents'
-    race): each component after the first waits its index in seconds after MPI_Finalize."""
+    race): each component after the first waits its index times the stagger after MPI_Finalize."""
     step = {"SLURM_STEP_ID": "0", "SLURM_PMIXP_ABORT_AGENT_PORT": "40079", "SLURM_HET_SIZE": "3",
             "SLURM_NTASKS_HET_GROUP_0": "3", "SLURM_NTASKS_HET_GROUP_1": "2",
             "SLURM_NTASKS_HET_GROUP_2": "1"}
-    delays = [het_exit_delay({**step, "SLURM_PROCID": str(task)}) for task in range(6)]
-    assert delays == [0, 0, 0, HET_EXIT_STAGGER_S, HET_EXIT_STAGGER_S, 2 * HET_EXIT_STAGGER_S]
-    assert HET_EXIT_STAGGER_S >= 0.5  # srun's threads must see the components end apart
+
+    def delays(version, environ=step):
+        return [het_exit_delay({**environ, "SLURM_PROCID": str(task)}, lambda: version)
+                for task in range(6)]
+
+    stagger = HET_EXIT_STAGGER_S
+    assert delays((22, 5)) == [0, 0, 0, stagger, stagger, 2 * stagger]
+    assert delays(None) == delays((24, 5)) == delays((22, 5))  # unknown: wait, to be safe
+    assert delays((24, 11)) == delays((25, 5)) == [0] * 6  # fixed there
+    assert stagger >= 1  # srun's threads must see the components end apart, even under load
     # No wait outside a het pmix step: pmi2, a homogeneous step, a batch script, or mpiexec.
-    late = {**step, "SLURM_PROCID": "5"}
     for missing in ("SLURM_PMIXP_ABORT_AGENT_PORT", "SLURM_STEP_ID", "SLURM_HET_SIZE",
                     "SLURM_NTASKS_HET_GROUP_1"):
-        assert het_exit_delay({k: v for k, v in late.items() if k != missing}) == 0
-    assert het_exit_delay({**late, "SLURM_HET_SIZE": "1"}) == 0
+        assert delays((22, 5), {k: v for k, v in step.items() if k != missing}) == [0] * 6
+    assert delays((22, 5), {**step, "SLURM_HET_SIZE": "1"}) == [0] * 6
+
+
+def test_srun_version_is_read_or_unknown(monkeypatch, tmp_path):
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\necho 'slurm 22.05.8'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert srun_version() == (22, 5)
+    fake.write_text("#!/bin/sh\necho 'srun: fatal: Could not establish a configuration source'"
+                    " >&2\nexit 1\n")
+    assert srun_version() is None
+    fake.unlink()
+    assert srun_version() is None
 
 
 def test_world_size_check_leaves_mpiexec_alone():
@@ -490,6 +510,27 @@ def test_scancel_usr2_checkpoints_requeues_and_completes(slurm, tmp_path, launch
     assert "restart 1 of at most 5" in log and "exited with 75" in log
     [stop] = assert_resumed_where_it_stopped(log, run_dir)
     assert stop < total and iterations(run_dir)[-1] == total
+
+
+def test_a_step_that_outlives_its_ranks_is_stopped_with_rank_0s_exit_code(slurm, tmp_path):
+    """srun before Slurm 24.11 can hang after every task of a heterogeneous step has exited (the
+    abort agents' race, which the exit stagger makes rare but cannot rule out). An srun that
+    sleeps on after its step stands in for it: the job script stops it MPIRL_EXIT_GRACE_S after
+    rank 0 exited, and the job completes with rank 0's exit code, not the killed srun's."""
+    site = tmp_path / "site.toml"
+    site.write_text("setup = ['srun() { command srun \"$@\"; local code=$?; sleep 100; "
+                    "return $code; }']\n"
+                    'env = { MPIRL_EXIT_GRACE_S = "5" }\n')
+    run_dir = tmp_path / "run"
+    job = slurm.submit(tmp_path, "--nodes", "1", "--ntasks-per-node", "2", "--time", "10",
+                       "--site", str(site), "--run-dir", str(run_dir), "--",
+                       *TRAIN, "--stop", '{"training_iteration": 2}')
+    info = slurm.wait(job, tmp_path, timeout=90)
+    log = job_log(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    assert "still runs 5 s after mpirl's rank 0 exited with 0; stopping it" in log, log
+    assert "the job step exited with 0" in log, log
+    assert json.loads((run_dir / "result.json").read_text())["iteration"] == 2
 
 
 @pytest.mark.parametrize("het", ["steps", "nodes"])

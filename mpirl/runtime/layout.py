@@ -11,7 +11,8 @@ object on rank 0, behind the same handles the distributed mode uses.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,34 +68,62 @@ def check_slurm_step(world_size: int, environ: Mapping[str, str] = os.environ) -
 
 
 #: Seconds between the exits of a heterogeneous srun step's components (``het_exit_delay``).
-HET_EXIT_STAGGER_S = 1.0
+HET_EXIT_STAGGER_S = 2.0
+#: The first Slurm whose srun keeps one PMIx abort agent for all components of a step.
+SLURM_FIXED_HET_ABORT_AGENT = (24, 11)
 
 
-def het_exit_delay(environ: Mapping[str, str] = os.environ) -> float:
+def het_exit_delay(environ: Mapping[str, str] = os.environ,
+                   slurm_version: Callable[[], tuple[int, int] | None] | None = None) -> float:
     """Seconds this task should wait after ``MPI_Finalize`` before it exits: under ``srun
-    --mpi=pmix --het-group=...``, its component's index times ``HET_EXIT_STAGGER_S``; else 0.
+    --mpi=pmix --het-group=...`` of a Slurm before 24.11, its component's index times
+    ``HET_EXIT_STAGGER_S``; else 0.
 
-    srun before Slurm 24.11 starts a PMIx abort agent per component of a heterogeneous step but
-    keeps one handle to them. When two components' tasks end in the same instant (they do: the
-    finalize fence releases every rank at once), srun's per-component threads join the same
-    agent thread twice and srun hangs after all tasks have exited, until the time limit
-    (SchedMD ticket 16817; seen here in 1 job of a few on Debian's 22.05). Components that end a
-    second apart stop the agents one after the other. The index comes from ``SLURM_PROCID`` and
-    the components' task counts, because a task is not told its component."""
+    Such an srun starts a PMIx abort agent per component of a heterogeneous step but keeps one
+    handle to them. When two components' tasks end in the same instant (they do: the finalize
+    fence releases every rank at once), srun's per-component threads can join the same agent
+    thread twice, and srun hangs after all tasks have exited, until the time limit (SchedMD
+    ticket 16817). Components that end seconds apart stop the agents one after the other. The
+    index comes from ``SLURM_PROCID`` and the components' task counts, because a task is not
+    told its component. ``slurm_version``: (major, minor) of the srun on PATH, None if unknown
+    (then the wait applies)."""
     if "SLURM_PMIXP_ABORT_AGENT_PORT" not in environ or "SLURM_STEP_ID" not in environ:
         return 0.0
     size, task = environ.get("SLURM_HET_SIZE", ""), environ.get("SLURM_PROCID", "")
     if not (size.isdigit() and task.isdigit()) or int(size) < 2:
         return 0.0
-    first_task = 0
-    for component in range(int(size)):
-        tasks = environ.get(f"SLURM_NTASKS_HET_GROUP_{component}", "")
+    first_task, component = 0, None
+    for index in range(int(size)):
+        tasks = environ.get(f"SLURM_NTASKS_HET_GROUP_{index}", "")
         if not tasks.isdigit():
             return 0.0
         first_task += int(tasks)
         if int(task) < first_task:
-            return component * HET_EXIT_STAGGER_S
-    return 0.0
+            component = index
+            break
+    if not component:
+        return 0.0
+    version = (slurm_version or srun_version)()
+    if version is not None and version >= SLURM_FIXED_HET_ABORT_AGENT:
+        return 0.0
+    return component * HET_EXIT_STAGGER_S
+
+
+def srun_version() -> tuple[int, int] | None:
+    """(major, minor) of ``srun --version`` ("slurm 22.05.8"), or None if it cannot be read."""
+    import shutil
+    import subprocess
+
+    srun = shutil.which("srun")
+    if srun is None:
+        return None
+    try:
+        out = subprocess.run([srun, "--version"], capture_output=True, text=True, timeout=10,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"(\d+)\.(\d+)", out)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 @dataclass(frozen=True)
