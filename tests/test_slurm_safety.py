@@ -165,6 +165,27 @@ SHAPES = {
 }
 
 
+def test_the_job_script_leaves_no_process_holding_its_output(tmp_path):
+    """The step's watchdog is stopped with its sleep when the step ends. A sleep left behind
+    kept the job's output open for up to 5 s after the script exited (each run_job above took
+    5 s for a launcher stub that exits at once)."""
+    stubs(tmp_path)
+    script, _ = render(JobSpec(command=train_command("runs/plain"), time="00:10:00"))
+    path = check_script_text(script, tmp_path)
+    env = dict(os.environ, PATH=f"{tmp_path / 'stubs'}:{os.environ['PATH']}",
+               STUB_LOG=str(tmp_path), SLURM_JOB_ID="7", SLURM_NTASKS="3", TMPDIR=str(tmp_path))
+    env.pop("SLURM_RESTART_COUNT", None)
+    with subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT) as proc:
+        assert proc.wait(timeout=60) == 0
+        # Whatever the script started ended with it: its output reaches its end at once.
+        try:
+            output, _ = proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a process the job script started still holds its output")
+    assert b"the job step exited with 0" in output, output
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_hostile_values_arrive_intact_and_never_run(tmp_path, shape):
     changes, launcher_args = SHAPES[shape]
