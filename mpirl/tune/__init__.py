@@ -20,7 +20,6 @@ from mpirl.runtime import signals as stop_signals
 def tune_main(args: argparse.Namespace) -> int:
     """Every rank: check the command line alike, split the world into slots, then control (world
     rank 0) or serve a slot; the job's exit code."""
-    from mpirl.tune.controller import Controller, new_trials, resumed_trials
     from mpirl.tune.request import STATE_FILE, check_world, make_tune_request
     from mpirl.tune.slot import serve_slot
 
@@ -32,20 +31,37 @@ def tune_main(args: argparse.Namespace) -> int:
         name = default_run_dir(request.algo, request.env, prefix="tune-") if rank == 0 else None
         request.tune_dir = world.bcast(name, root=0)
     state_path = Path(request.tune_dir) / STATE_FILE
-    if state is not None:
-        trials = resumed_trials(state)
-    else:
-        if state_path.exists():
-            raise ConfigError(f"{request.tune_dir} already holds a population ({STATE_FILE}); "
-                              f"nothing was overwritten. Continue it with --resume "
-                              f"{request.tune_dir}, or choose a new --run-dir.")
-        trials = new_trials(request, request.trial_configs())
-    slots = check_world(request, world.Get_size(), len(trials))
+    if state is None and state_path.exists():
+        raise ConfigError(f"{request.tune_dir} already holds a population ({STATE_FILE}); "
+                          f"nothing was overwritten. Continue it with --resume "
+                          f"{request.tune_dir}, or choose a new --run-dir.")
+    # Checking each trial's train command imports torch and the algorithm; only the controller
+    # needs the trials, so only it does that. The slots learn their number, or its error, and
+    # import torch when they run their first trial: a bad command line is answered sooner.
+    trials, outcome = [], None
+    if rank == 0:
+        try:
+            from mpirl.tune.controller import new_trials, resumed_trials
+
+            trials = (resumed_trials(state) if state is not None
+                      else new_trials(request, request.trial_configs()))
+            outcome = len(trials)
+        except MpirlError as error:
+            outcome = error
+        except BaseException:  # not a user's mistake: the slots must not wait for ever
+            world.bcast(MpirlError("the population controller failed; see its traceback"))
+            raise
+    outcome = world.bcast(outcome, root=0)
+    if isinstance(outcome, MpirlError):
+        raise outcome
+    slots = check_world(request, world.Get_size(), outcome)
     stop_signals.install()
     per = request.ranks_per_trial
     slot_comm = world.Split(MPI.UNDEFINED if rank == 0 else (rank - 1) // per, key=rank)
     try:
         if rank == 0:
+            from mpirl.tune.controller import Controller
+
             return Controller(world, request, trials, slots, state).run()
         return serve_slot(world, slot_comm)
     except MpirlError:
