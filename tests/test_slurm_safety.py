@@ -124,18 +124,23 @@ def stubs(tmp_path: Path, *names: str) -> Path:
     return directory
 
 
+def job_environment(tmp_path: Path, log: Path) -> dict[str, str]:
+    """A first run of a 4-task job under Slurm, with the stubs first on PATH logging to log."""
+    env = dict(os.environ, PATH=f"{tmp_path / 'stubs'}:{os.environ['PATH']}", STUB_LOG=str(log),
+               SLURM_JOB_ID="7", SLURM_NTASKS="4", SLURM_JOB_NODELIST="n[1-3]",
+               TMPDIR=str(tmp_path))
+    env.pop("SLURM_RESTART_COUNT", None)
+    return env
+
+
 def run_job(path: Path, tmp_path: Path) -> dict[str, bytes]:
     """Run the job script with the stubs first on PATH; what each stub recorded."""
     log = tmp_path / "log"
     log.mkdir(exist_ok=True)
     for old in log.iterdir():
         old.unlink()
-    env = dict(os.environ, PATH=f"{tmp_path / 'stubs'}:{os.environ['PATH']}", STUB_LOG=str(log),
-               SLURM_JOB_ID="7", SLURM_NTASKS="4", SLURM_JOB_NODELIST="n[1-3]",
-               TMPDIR=str(tmp_path))
-    env.pop("SLURM_RESTART_COUNT", None)
-    proc = subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True,
-                          timeout=60)
+    proc = subprocess.run(["bash", str(path)], cwd=tmp_path, env=job_environment(tmp_path, log),
+                          capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     return {p.name: p.read_bytes() for p in log.iterdir()}
 
@@ -172,17 +177,19 @@ def test_the_job_script_leaves_no_process_holding_its_output(tmp_path):
     stubs(tmp_path)
     script, _ = render(JobSpec(command=train_command("runs/plain"), time="00:10:00"))
     path = check_script_text(script, tmp_path)
-    env = dict(os.environ, PATH=f"{tmp_path / 'stubs'}:{os.environ['PATH']}",
-               STUB_LOG=str(tmp_path), SLURM_JOB_ID="7", SLURM_NTASKS="3", TMPDIR=str(tmp_path))
-    env.pop("SLURM_RESTART_COUNT", None)
-    with subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT) as proc:
+    proc = subprocess.Popen(["bash", str(path)], cwd=tmp_path,
+                            env=job_environment(tmp_path, tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
         assert proc.wait(timeout=60) == 0
         # Whatever the script started ended with it: its output reaches its end at once.
         try:
             output, _ = proc.communicate(timeout=2)
         except subprocess.TimeoutExpired:
             pytest.fail("a process the job script started still holds its output")
+    finally:
+        proc.kill()  # a hung script fails the test, not CI
+        proc.stdout.close()
     assert b"the job step exited with 0" in output, output
 
 

@@ -18,8 +18,9 @@ from mpirl.runtime import signals as stop_signals
 
 
 def tune_main(args: argparse.Namespace) -> int:
-    """Every rank: check the command line alike, split the world into slots, then control (world
-    rank 0) or serve a slot; the job's exit code."""
+    """Every rank: check the command line alike (the trials' train commands on world rank 0
+    alone, which broadcasts their number or its error), split the world into slots, then control
+    (world rank 0) or serve a slot; the job's exit code."""
     from mpirl.tune.request import STATE_FILE, check_world, make_tune_request
     from mpirl.tune.slot import serve_slot
 
