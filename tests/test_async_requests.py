@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mpirl.errors import RankLost
+from mpirl.execution import async_ops
 from mpirl.execution.async_ops import AsyncRequests
 from mpirl.runtime.dispatch import Completions, Future
 
@@ -72,12 +73,26 @@ class FakeGroup(list):
         return False
 
 
-def make(workers: int, in_flight: int = 1, weights_in_calls: bool = False
+def make(workers: int, in_flight: int = 1, weights_in_calls: bool = False, args_key=None
          ) -> tuple[AsyncRequests, list[FakeWorker], FakeDispatcher]:
     dispatcher = FakeDispatcher()
     rollouts = FakeGroup(FakeWorker(i, dispatcher) for i in range(workers))
-    return (AsyncRequests(rollouts, "sample", in_flight, lambda w: (), weights_in_calls),
+    return (AsyncRequests(rollouts, "sample", in_flight, lambda w: (), weights_in_calls,
+                          args_key),
             rollouts, dispatcher)
+
+
+@pytest.fixture
+def group_calls(monkeypatch) -> list[tuple[list[int], dict]]:
+    """The group calls AsyncRequests sends: (worker indices, keyword arguments) each."""
+    sent = []
+
+    def call_all(group, method, *args, **kwargs):
+        sent.append(([w.index for w in group], kwargs))
+        return [w.call_async(method, *args, **kwargs) for w in group]
+
+    monkeypatch.setattr(async_ops, "call_all", call_all)
+    return sent
 
 
 def test_an_answer_tops_up_its_own_worker_and_polls_once():
@@ -173,3 +188,30 @@ def test_new_weights_reach_a_worker_before_its_next_call(weights_in_calls):
     dispatcher.arrivals = [workers[1].calls[-1]]
     (done,) = requests.ready()
     assert done.version == 1
+
+
+def test_the_workers_one_update_used_get_its_weights_in_one_group_call(group_calls):
+    # IMPALA's workers that feed one learner take equal calls: those whose fragments one
+    # update used go out as one call pickled once, not one per worker.
+    requests, workers, dispatcher = make(6, in_flight=2, weights_in_calls=True,
+                                         args_key=lambda worker: worker.index % 2)
+    requests.top_up()
+    assert group_calls == [([0, 2, 4], {}), ([1, 3, 5], {}), ([0, 2, 4], {}), ([1, 3, 5], {})]
+    group_calls.clear()
+    dispatcher.arrivals = [workers[i].calls[0] for i in (1, 3, 4)]
+    done = requests.ready()
+    requests.version += 1
+    requests.set_weights([item.worker for item in done], "w1")
+    requests.top_up()
+    assert group_calls == [([1, 3], {"weights": "w1"}), ([4], {"weights": "w1"})]
+    assert [len(w.calls) for w in workers] == [2, 3, 2, 3, 3, 2]
+
+
+def test_a_worker_whose_calls_all_finished_is_topped_up_once(group_calls):
+    requests, workers, dispatcher = make(3, in_flight=2)
+    requests.top_up()
+    dispatcher.arrivals = [workers[1].calls[0], workers[1].calls[1]]
+    assert [item.worker.index for item in requests.ready()] == [1, 1]
+    requests.top_up()
+    assert [len(w.calls) for w in workers] == [2, 4, 2]
+    assert requests.metrics()["requests_in_flight"] == 6

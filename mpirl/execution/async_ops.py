@@ -24,7 +24,7 @@ Operators built on it:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ import numpy as np
 from mpirl.errors import ConfigError, RankLost, RemoteError
 from mpirl.execution.operators import SampleResult, add_sample, train_one_step
 from mpirl.models.policy import RunningMeanStd
-from mpirl.runtime.dispatch import Completions, Future, WorkerGroup, WorkerHandle
+from mpirl.runtime.dispatch import Completions, Future, WorkerGroup, WorkerHandle, call_all
 from mpirl.workers.env_guard import unwrap_env_failure
 
 
@@ -61,12 +61,16 @@ class AsyncRequests:
 
     def __init__(self, rollouts: WorkerGroup, method: str, max_in_flight: int,
                  make_args: Callable[[WorkerHandle], tuple],
-                 weights_in_calls: bool = False) -> None:
+                 weights_in_calls: bool = False,
+                 args_key: Callable[[WorkerHandle], Hashable] | None = None) -> None:
         check_in_flight(max_in_flight)
         self.rollouts = rollouts
         self.method = method
         self.max_in_flight = max_in_flight
         self.make_args = make_args
+        # Workers with equal keys get equal arguments when topped up together: their calls
+        # (and new weights, if the same) go as one group call, pickled once.
+        self.args_key = args_key
         #: weights version the learners are at; bumped by every update
         self.version = 0
         self._worker_version: dict[int, int] = {}  # worker index -> version it holds
@@ -86,23 +90,42 @@ class AsyncRequests:
         self._lags: list[int] = []
 
     def top_up(self) -> None:
-        """Send calls until every live worker has ``max_in_flight`` of them running."""
+        """Send calls until every live worker has ``max_in_flight`` of them running. Calls
+        that are the same (equal ``args_key``, the same new weights or none) go out together,
+        pickled once (``call_all``): the workers just used by one update all take its
+        weights."""
         if self._refill is None:
             workers = list(self.rollouts)
         else:
-            workers = [w for w in self._refill if not w.lost]
+            # A worker whose calls both finished is in _refill twice: topped up once.
+            workers = list({w.index: w for w in self._refill if not w.lost}.values())
         self._refill = []
+        for turn in range(self.max_in_flight):
+            groups: dict[Hashable, list[WorkerHandle]] = {}
+            for worker in workers:
+                if self._running.get(worker.index, 0) + turn >= self.max_in_flight:
+                    continue
+                new = self._new_weights.get(worker.index) if turn == 0 else None
+                key = (worker.index if self.args_key is None else self.args_key(worker),
+                       id(new))
+                groups.setdefault(key, []).append(worker)
+            for group in groups.values():
+                self._send(group, turn)
         for worker in workers:
-            running = self._running.get(worker.index, 0)
-            for _ in range(self.max_in_flight - running):
-                version = self._worker_version.get(worker.index, 0)
-                new = self._new_weights.pop(worker.index, None)
-                future = worker.call_async(self.method, *self.make_args(worker),
-                                           **({} if new is None else {"weights": new}))
-                entry = (worker, version, future)
-                self._in_flight[id(future)] = entry
-                self._completions.watch(future, entry)
             self._running[worker.index] = self.max_in_flight
+
+    def _send(self, group: list[WorkerHandle], turn: int) -> None:
+        """One call of ``method`` to each worker of ``group``, whose arguments are equal."""
+        new = self._new_weights.get(group[0].index) if turn == 0 else None
+        for worker in group:
+            if turn == 0:
+                self._new_weights.pop(worker.index, None)
+        kwargs = {} if new is None else {"weights": new}
+        futures = call_all(group, self.method, *self.make_args(group[0]), **kwargs)
+        for worker, future in zip(group, futures, strict=True):
+            entry = (worker, self._worker_version.get(worker.index, 0), future)
+            self._in_flight[id(future)] = entry
+            self._completions.watch(future, entry)
 
     def ready(self, timeout: float | None = None) -> list[Done]:
         """Top up, then wait for the first call to finish; return every call finished by then.
@@ -183,13 +206,14 @@ class AsyncRequests:
 def async_requests(algo: Any, method: str, max_in_flight: int,
                    make_args: Callable[[WorkerHandle], tuple],
                    settle: Callable[[AsyncRequests], None],
-                   weights_in_calls: bool = False) -> AsyncRequests:
+                   weights_in_calls: bool = False,
+                   args_key: Callable[[WorkerHandle], Hashable] | None = None) -> AsyncRequests:
     """The run's ``AsyncRequests``, made on the first call and kept in ``algo.plan_state``;
     ``settle(requests)`` runs before every checkpoint, to finish the calls in flight."""
     requests = algo.plan_state.get("async_requests")
     if requests is None:
         requests = AsyncRequests(algo.rollouts, method, max_in_flight, make_args,
-                                 weights_in_calls)
+                                 weights_in_calls, args_key)
         algo.plan_state["async_requests"] = requests
         algo.before_checkpoint.append(lambda: settle(requests))
     return requests
@@ -214,8 +238,10 @@ def sample_requests(algo: Any, steps_per_env: int, max_in_flight: int) -> AsyncR
         algo.count(samples)
         train_one_step(learners, samples, num_epochs=0, num_minibatches=1, standardize=())
 
+    # Workers that feed one learner are sent equal calls.
     return async_requests(algo, "sample", max_in_flight, make_args, settle,
-                          weights_in_calls=True)
+                          weights_in_calls=True,
+                          args_key=lambda worker: worker.index % len(learners))
 
 
 @dataclass
@@ -279,7 +305,7 @@ def gradient_requests(algo: Any, steps_per_env: int, loss: Callable, max_in_flig
             _count(algo, item)
 
     return async_requests(algo, "compute_gradients", max_in_flight, make_args, settle,
-                          weights_in_calls=True)
+                          weights_in_calls=True, args_key=lambda worker: 0)
 
 
 def async_apply_gradients(algo: Any, requests: AsyncRequests) -> list[dict[str, float]]:
