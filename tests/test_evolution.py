@@ -244,49 +244,66 @@ def _part(rank, result):
     return encode_answer(rank, result)
 
 
-def test_a_generations_records_come_in_worker_order():
-    from mpirl.execution.evolution import _gathered_records
+def test_an_agreed_generation_settles_every_call_with_its_one_answer():
+    from mpirl.execution.evolution import _generation_update
 
-    records = {rank: np.array([float(rank)]) for rank in (1, 2, 3)}
-    algo, workers, futures = _generation([_part(r, records[r]) for r in (3, 1, 2)])
-    found = _gathered_records(algo, workers, futures)
-    assert [(i, r.tolist()) for i, r in found] == [(0, [1.0]), (1, [2.0]), (2, [3.0])]
-    assert algo.learners[0].calls == [("gather_answers",)]
+    answer = {"checksum": "aa", "grad_norm": 0.5}
+    algo, workers, futures = _generation((b"update", True, answer))
+    message, applied = _generation_update(futures, workers, algo.learners[0])
+    assert message == b"update" and applied == [(0, answer)]
+    assert algo.learners[0].calls == [("take_generation",)]
+    assert [f.settled for f in futures] == [answer] * 3
 
 
 def test_a_failed_generation_gets_no_update_and_raises_its_error():
     """Rank 2's call failed: the update broadcast is empty, and rank 2's own error is raised."""
-    from mpirl.execution.evolution import _gathered_records
+    from mpirl.execution.evolution import _generation_update
 
     algo, workers, futures = _generation(
-        [_part(1, np.array([1.0])), _part(2, None), _part(3, np.array([3.0]))],
-        (False, [_part(1, {}), _part(2, None), _part(3, {})]), failed=(2,))
+        (b"", False, [_part(1, {}), _part(2, None), _part(3, {})]), failed=(2,))
     with pytest.raises(RuntimeError, match="rank 2 failed"):
-        _gathered_records(algo, workers, futures)
-    assert algo.learners[0].calls == [("gather_answers",), ("take_update", b"", 1)]
+        _generation_update(futures, workers, algo.learners[0])
     assert [f.settled for f in futures] == [{}, None, {}]
 
 
-def test_an_agreed_update_settles_every_call_with_its_one_answer():
-    from mpirl.execution.evolution import _agreed_update
-
-    answer = {"checksum": "aa", "grad_norm": 0.5}
-    algo, workers, futures = _generation((True, answer))
-    assert _agreed_update(algo, workers, futures, b"update") == [(0, answer)]
-    assert algo.learners[0].calls == [("take_update", b"update", 1)]
-    assert [f.settled for f in futures] == [answer] * 3
-
-
-def test_an_update_whose_answers_differ_is_settled_from_each_rank():
+def test_a_generation_whose_answers_differ_is_settled_from_each_rank():
     """The comparison failed: each rank's answer comes from the gather, so the checksums that
     differ are the driver's to see (``run_generation`` raises ``DivergedWeights`` on them)."""
-    from mpirl.execution.evolution import _agreed_update
+    from mpirl.execution.evolution import _generation_update
 
-    algo, workers, futures = _generation((False, [
+    algo, workers, futures = _generation((b"update", False, [
         _part(rank, {"checksum": checksum}) for rank, checksum in ((1, "aa"), (2, "aa"),
                                                                     (3, "ff"))]))
-    applied = _agreed_update(algo, workers, futures, b"update")
+    _, applied = _generation_update(futures, workers, algo.learners[0])
     assert [(i, r["checksum"]) for i, r in applied] == [(0, "aa"), (1, "aa"), (2, "ff")]
+
+
+def test_the_update_sums_up_the_records_whatever_the_ranks():
+    """What the update's root broadcasts: the pairs in rank order, the observation statistics
+    merged, the evaluation episodes and totals; the driver reads its statistics from it."""
+    from mpirl.models.statistics import RunningMeanStd
+    from mpirl.workers.es_worker import pack_generation, summarize_generation
+
+    rng = np.random.default_rng(1)
+    records, everything = [], RunningMeanStd((3,))
+    for rank, pairs in enumerate((2, 0, 3)):
+        delta = RunningMeanStd((3,))
+        delta.update(rng.normal(size=(5 + rank, 3)))
+        everything.merge(delta.mean, delta.var, delta.count)
+        records.append(pack_generation(
+            list(range(10 * rank, 10 * rank + pairs)), [[1.0 + i, -1.0] for i in range(pairs)],
+            [[10, 20]] * pairs, [7.0 * rank], [30 + rank], 100, rank, 2, 50.0, delta))
+    summary = summarize_generation(records)
+    assert summary["indices"].tolist() == [0, 1, 20, 21, 22]
+    assert summary["returns"].tolist() == [[1.0, -1.0], [2.0, -1.0]] + [
+        [1.0, -1.0], [2.0, -1.0], [3.0, -1.0]]
+    mean, var, count = summary["filter_delta"]
+    assert np.allclose(mean, everything.mean) and np.allclose(var, everything.var)
+    assert count == pytest.approx(everything.count)
+    assert summary["eval_returns"] == [0.0, 7.0, 14.0] and summary["eval_lengths"] == [30, 31, 32]
+    assert (summary["env_steps"], summary["pairs_abandoned"], summary["env_failures"],
+            summary["pss_mb"], summary["len_mean"]) == (300, 3, 6, 150.0, 15.0)
+    assert summary["record_bytes"] == records[0].nbytes
 
 
 def test_generation_records_unpack_in_rank_order():

@@ -1,14 +1,15 @@
 """Operators of derivative-free search (ES, ARS), run on the driver.
 
-One generation: every rollout worker evaluates its share of antithetic pairs and returns their
-noise indices and returns; the driver concatenates them in worker order and sends the list to
-rollout worker 0, which broadcasts it over the weights communicator (rank 0 sends it once, not to
-every rank), and every worker applies the update itself. The driver then checks that every worker
-reports the same weights checksum. Where the answers gather (``mpirl.runtime.gathered``), all of
-it is one call per rank: the records come in a gather, the update in the same call, and the ranks
-compare their checksums in an allreduce. Otherwise each call answers alone. A
-rollout rank lost under ULFM drops its pairs for that generation and the run goes on with the
-others.
+One generation: every rollout worker evaluates its share of antithetic pairs; their records
+(noise indices, returns, observation statistics) are summed up (``summarize_generation``) into
+the update, which every worker applies itself. The driver then checks that every worker reports
+the same weights checksum. Where the answers gather (``mpirl.runtime.gathered``), all of it is
+one call per rank: the records gather at rollout worker 0, which makes the update and broadcasts
+it over the weights communicator, and the ranks compare their answers in an allreduce. Rank 0
+only joins those collectives and takes the update's summary: its work per generation does not
+grow with the ranks but for sending the call. Otherwise (under ULFM) each call answers alone, the
+driver makes the update and sends it to rollout worker 0, which broadcasts it. A rollout rank
+lost under ULFM drops its pairs for that generation and the run goes on with the others.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from mpirl.execution.operators import (
 )
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
-from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.dispatch import call_all
-from mpirl.runtime.gathered import decode_answers, gathers_answers
-from mpirl.workers.es_worker import unpack_generations
+from mpirl.runtime.gathered import gathers_answers
+from mpirl.workers.es_worker import summarize_generation, update_message
 
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
            "setup_search"]
@@ -89,33 +89,23 @@ def _results(futures: list) -> list[tuple[int, Any]]:
     return done
 
 
-def _gathered_records(algo: Any, workers: list, futures: list) -> list[tuple[int, Any]]:
-    """(worker index, record) of a generation whose calls go on to the update
-    (``PerturbationWorker._generation_then_update``), from learner 0's gather. If a call
-    failed, the ranks get no update and its error is raised here, from its own answer."""
-    answers = decode_answers(algo.learners[0].call("gather_answers"))
-    index_of = {worker.rank: i for i, worker in enumerate(workers)}
-    if any(record is None for record in answers.values()):
-        # No update (an empty one), so they cannot agree: each answers.
-        _, parts = algo.learners[0].call("take_update", b"", workers[0].rank)
-        settle_gathered(workers, futures, parts)  # raises the failed call's error
-        raise AssertionError("a generation's call failed and answered no error")
-    return sorted((index_of[rank], record) for rank, record in answers.items())
-
-
-def _agreed_update(algo: Any, workers: list, futures: list, message: bytes
-                   ) -> list[tuple[int, Any]]:
-    """The update's half of the generation's calls: rank 0 sends ``message`` to rollout
-    worker 0, which broadcasts it over weights_comm (rank 0 sends it once), and the ranks
-    compare their answers (``gathered.answer_unless_agreed``). When all agree,
-    their one answer settles every call: rank 0 decodes one answer per generation, not one
-    per rank."""
-    agreed, answer = algo.learners[0].call("take_update", message, workers[0].rank)
-    if not agreed:  # they differ, or a call raised: each answer says which
-        return sorted(settle_gathered(workers, futures, answer).items())
-    for future in futures:
-        future.settle(answer)
-    return [(0, answer)]
+def _generation_update(futures: list, workers: list, learner: Any
+                       ) -> tuple[bytes, list[tuple[int, Any]]]:
+    """Rank 0's half of a generation's calls (``PerturbationWorker._generation_then_update``):
+    the update rollout worker 0 made and broadcast, and the calls' answers. When all agree,
+    their one answer settles every call: rank 0 decodes one answer per generation, not one per
+    rank. If they differ, each answer comes from the gather (so differing checksums are seen);
+    if a call failed, its error is raised here, from its own answer."""
+    message, agreed, answer = learner.call("take_generation")
+    if agreed:
+        for future in futures:
+            future.settle(answer)
+        applied = [(0, answer)]
+    else:
+        applied = sorted(settle_gathered(workers, futures, answer).items())
+    if not message:
+        raise AssertionError("a generation's update was empty and no call failed")
+    return message, applied
 
 
 def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float]:
@@ -136,37 +126,30 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     gather = gathers_answers(workers)
     if gather:
         futures = call_all(workers, "run_generation", share, steps_share,
-                           update_root=workers[0].rank)
-        results = _gathered_records(algo, workers, futures)
+                           generation=algo.iteration + 1)
+        message, applied = _generation_update(futures, workers, algo.learners[0])
+        summary = pickle.loads(message)[1]
     else:
         results = _results([w.call_async("run_generation", share, steps_share)
                             for w in workers])
-    discard_lost_rollouts(algo.learners, algo.rollouts)
-    if not results:
-        raise MpirlError("every rollout rank was lost during a generation")
-    # Each rank's numbers come as one record (``pack_generation``): all of them are read in a
-    # few array operations, in worker order.
-    found = unpack_generations([record for _, record in results])
-    indices, returns, lengths = found["indices"], found["returns"], found["lengths"]
-    delta = RunningMeanStd(found["filter_means"].shape[1:])
-    delta.merge_stacked(found["filter_count"], found["filter_means"], found["filter_vars"])
-    filter_delta = (delta.mean, delta.var, delta.count)  # flat; each rank shapes it
-    if all(w.in_process for w in algo.rollouts):
-        applied = _results([w.call_async("apply_update", indices, returns, filter_delta)
-                            for w in algo.rollouts])
-        message = pickle.dumps((indices, returns, filter_delta), protocol=5)
-    else:
-        # Not one message per rank: the update holds every rank's pairs, so sending it to each
-        # would cost rank 0 O(W^2) bytes, and rooting the broadcast at rank 0 would cost it
-        # O(W log W) in a binomial tree. Rank 0 sends it to rollout worker 0 alone, which is the
-        # root of a broadcast over weights_comm, in which rank 0 only receives.
-        message = pickle.dumps((algo.iteration + 1, indices, returns, filter_delta), protocol=5)
-        if gather:  # no rank can have been lost: workers are the rollout workers still
-            applied = _agreed_update(algo, workers, futures, message)
+        discard_lost_rollouts(algo.learners, algo.rollouts)
+        if not results:
+            raise MpirlError("every rollout rank was lost during a generation")
+        summary = summarize_generation([record for _, record in results])
+        message = update_message(algo.iteration + 1, summary)
+        if all(w.in_process for w in algo.rollouts):
+            applied = _results([w.call_async("apply_update", summary["indices"],
+                                             summary["returns"], summary["filter_delta"])
+                                for w in algo.rollouts])
         else:
+            # Not one message per rank: the update holds every rank's pairs, so sending it to
+            # each would cost rank 0 O(W^2) bytes, and rooting the broadcast at rank 0 would
+            # cost it O(W log W) in a binomial tree. Rank 0 sends it to rollout worker 0 alone,
+            # which is the root of a broadcast over weights_comm, in which rank 0 only receives.
             applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
                                               "receive_update", what="the update",
                                               first_receive_args=(message,))
+    indices, returns = summary["indices"], summary["returns"]
     checksums = {r["checksum"] for _, r in applied}
     if len(checksums) > 1:
         raise DivergedWeights(
@@ -174,30 +157,30 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
             f"{algo.iteration + 1} (checksums {sorted(checksums)}): they applied the same "
             f"update and should be bit-identical. Run every rank on the same kind of CPU and "
             f"the same NumPy build.")
-    if algo.obs_filter is not None and delta.mean.size:
+    mean, var, count = summary["filter_delta"]
+    if algo.obs_filter is not None and mean.size:
         shape = algo.obs_filter.mean.shape
-        algo.obs_filter.merge(delta.mean.reshape(shape), delta.var.reshape(shape), delta.count)
-    algo.timesteps_total += int(found["env_steps"].sum())
-    algo.num_env_failures += int(found["env_failures"].sum())
-    algo.episodes_total += 2 * len(indices) + len(found["eval_returns"])
-    algo.returns.extend(found["eval_returns"].tolist())
-    algo.lengths.extend(found["eval_lengths"].tolist())
+        algo.obs_filter.merge(mean.reshape(shape), var.reshape(shape), count)
+    algo.timesteps_total += summary["env_steps"]
+    algo.num_env_failures += summary["env_failures"]
+    algo.episodes_total += 2 * len(indices) + len(summary["eval_returns"])
+    algo.returns.extend(summary["eval_returns"])
+    algo.lengths.extend(summary["eval_lengths"])
     update_stats = applied[0][1] if applied else {}
     # What crossed between the driver and one rank this generation, both ways: its results, the
     # update message and the update's answer. None of it grows with the number of weights. The
-    # first rank's stands for all (each runs the same share of pairs): pickling every rank's
-    # answers again cost the driver O(ranks) per generation for a statistic.
-    bytes_per_rank = (results[0][1].nbytes + len(message)
+    # first rank's stands for all (each runs the same share of pairs).
+    bytes_per_rank = (summary["record_bytes"] + len(message)
                       + (len(pickle.dumps(applied[0][1], protocol=5)) if applied else 0))
     return {"perturbed_return_mean": float(returns.mean()),
             "perturbed_return_max": float(returns.max()),
-            "perturbed_len_mean": float(lengths.mean()),
+            "perturbed_len_mean": summary["len_mean"],
             "pairs_this_iter": len(indices),
-            "pairs_abandoned_this_iter": int(found["pairs_abandoned"].sum()),
-            "evaluation_episodes_this_iter": len(found["eval_returns"]),
+            "pairs_abandoned_this_iter": summary["pairs_abandoned"],
+            "evaluation_episodes_this_iter": len(summary["eval_returns"]),
             "grad_norm": update_stats.get("grad_norm", math.nan),
             "update_ratio": update_stats.get("update_ratio", math.nan),
             "noise_table_mb": state["noise_table_mb"],
             "bytes_per_rank_per_generation": bytes_per_rank,
             # the noise table counts once per node in the sum, not once per rank
-            "rollout_pss_mb_total": float(found["pss_mb"].sum())}
+            "rollout_pss_mb_total": summary["pss_mb"]}

@@ -141,24 +141,25 @@ def allreduce_max(comm: MPI.Comm, values: np.ndarray, timeout_s: float, what: st
 
 def gather_bytes(comm: MPI.Comm, payload: bytes, timeout_s: float, what: str,
                  backoff: tuple[float, float] | None = None,
-                 expected_s: float = 0.0) -> list[bytes] | None:
-    """Every member's ``payload``, in the order of their ranks in ``comm``, on its rank 0 (None
-    on the others), once all have arrived within ``timeout_s``: a ``Gather`` of the lengths,
-    then a ``Gatherv`` of the bytes. Rank 0 handles one collective, not a message per member.
-    A member's death revokes ``comm`` and raises ``ProcessFailure``, as in ``bcast_weights``.
-    Collective over ``comm``; ``backoff`` and ``expected_s`` as in ``wait_for_all``."""
+                 expected_s: float = 0.0, root: int = 0) -> list[bytes] | None:
+    """Every member's ``payload``, in the order of their ranks in ``comm``, on its rank
+    ``root`` (None on the others), once all have arrived within ``timeout_s``: a ``Gather`` of
+    the lengths, then a ``Gatherv`` of the bytes. The root handles one collective, not a
+    message per member. A member's death revokes ``comm`` and raises ``ProcessFailure``, as in
+    ``bcast_weights``. Collective over ``comm``; ``backoff`` and ``expected_s`` as in
+    ``wait_for_all``."""
     with revoke_on_failure(comm, what):
         wait_for_all(comm, timeout_s, what, backoff, expected_s)
-        root = comm.Get_rank() == 0
-        sizes = np.empty(comm.Get_size(), np.int64) if root else None
-        comm.Gather(np.array([len(payload)], np.int64), sizes, root=0)
+        is_root = comm.Get_rank() == root
+        sizes = np.empty(comm.Get_size(), np.int64) if is_root else None
+        comm.Gather(np.array([len(payload)], np.int64), sizes, root=root)
         data = np.frombuffer(payload, np.uint8)
-        if not root:
-            comm.Gatherv(data, None, root=0)
+        if not is_root:
+            comm.Gatherv(data, None, root=root)
             return None
         offsets = np.zeros_like(sizes)
         np.cumsum(sizes[:-1], out=offsets[1:])
         buffer = np.empty(int(sizes.sum()), np.uint8)
-        comm.Gatherv(data, [buffer, sizes, offsets, MPI.BYTE], root=0)
+        comm.Gatherv(data, [buffer, sizes, offsets, MPI.BYTE], root=root)
     return [buffer[start:start + size].tobytes()
             for start, size in zip(offsets, sizes, strict=True)]

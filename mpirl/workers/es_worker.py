@@ -13,6 +13,7 @@ update, and the driver checks a checksum of the new weights from each.
 from __future__ import annotations
 
 import pickle
+import time
 import zlib
 from typing import Any
 
@@ -33,8 +34,7 @@ from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
-from mpirl.runtime.host import DRIVER_RANK
-from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
+from mpirl.runtime.ulfm import bcast_bytes, bcast_weights, gather_bytes
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -99,8 +99,9 @@ class EvaluationDraws:
         return int(self.starts * self.p + self.phase) > before
 
 
-UPDATE_TAG = 41
-"""The data channel's tag of a generation's update, from rank 0 to the broadcast's root."""
+UPDATE_ROOT = 1
+"""weights_comm's member (the first rollout rank) that gathers a generation's records, makes
+its update and broadcasts it, where the answers gather: rank 0 (member 0) does none of it."""
 
 GENERATION_HEAD = ("pairs", "evaluations", "filter_size", "env_steps", "pairs_abandoned",
                    "env_failures", "pss_mb", "filter_count")
@@ -156,6 +157,34 @@ def unpack_generations(records: list[np.ndarray]) -> dict[str, np.ndarray]:
     out["filter_means"] = out["filter_means"].reshape(count, size)
     out["filter_vars"] = out["filter_vars"].reshape(count, size)
     return out
+
+
+def summarize_generation(records: list[np.ndarray]) -> dict[str, Any]:
+    """What a generation's update and its statistics need of the ranks' records, in rank
+    order: the pairs' noise ``indices`` and ``returns``, the summed ``filter_delta`` (flat mean,
+    variance, count), the evaluation episodes, and totals. Its size grows with the pairs and
+    evaluation episodes, not with the ranks' other fields. Made by the update's root where the
+    answers gather (``PerturbationWorker._generation_then_update``), else by the driver."""
+    found = unpack_generations(records)
+    delta = RunningMeanStd(found["filter_means"].shape[1:])
+    delta.merge_stacked(found["filter_count"], found["filter_means"], found["filter_vars"])
+    lengths = found["lengths"]
+    return {"indices": found["indices"], "returns": found["returns"],
+            "filter_delta": (delta.mean, delta.var, delta.count),
+            "len_mean": float(lengths.mean()) if lengths.size else float("nan"),
+            "eval_returns": found["eval_returns"].tolist(),
+            "eval_lengths": found["eval_lengths"].tolist(),
+            "env_steps": int(found["env_steps"].sum()),
+            "env_failures": int(found["env_failures"].sum()),
+            "pairs_abandoned": int(found["pairs_abandoned"].sum()),
+            "pss_mb": float(found["pss_mb"].sum()),
+            "record_bytes": int(records[0].nbytes) if records else 0}
+
+
+def update_message(generation: int, summary: dict[str, Any]) -> bytes:
+    """The update every rank applies (``PerturbationWorker._take_update_message``): the
+    generation's number and its ``summarize_generation``."""
+    return pickle.dumps((generation, summary), protocol=5)
 
 
 class PerturbationWorker(Worker):
@@ -228,17 +257,17 @@ class PerturbationWorker(Worker):
                                                   torch.from_numpy(obs)).numpy()
 
     def run_generation(self, num_pairs: int, min_steps: int, gather_answer: bool = False,
-                       update_root: int | None = None) -> np.ndarray:
+                       generation: int | None = None) -> np.ndarray:
         """Evaluate ``num_pairs`` antithetic pairs (more, until ``min_steps`` env steps were
         played), one whole episode each, on the worker's envs in parallel; ``eval_prob`` of the
         episodes started play the unperturbed policy instead (``EvaluationDraws``). Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
         observation statistics, as one record (``pack_generation``); no weights. With
         ``gather_answer`` the driver's copy gathers them (``SearchWeights.gather_answers``,
-        ``mpirl.runtime.gathered``). With ``update_root``, the rank that roots the update's
-        broadcast, the call goes on to the update (``_generation_then_update``)."""
-        if update_root is not None:
-            return self._generation_then_update(num_pairs, min_steps, update_root)
+        ``mpirl.runtime.gathered``). With ``generation``, its number, the call goes on to the
+        update (``_generation_then_update``)."""
+        if generation is not None:
+            return self._generation_then_update(num_pairs, min_steps, generation)
         if gather_answer:
             return answer_through_gather(self.context,
                                          lambda: self.run_generation(num_pairs, min_steps))
@@ -356,25 +385,35 @@ class PerturbationWorker(Worker):
         self.policy.set_flat_weights(self.theta)
         return {"checksum": weights_checksum(self.theta), **stats}
 
-    def _generation_then_update(self, num_pairs: int, min_steps: int, root: int) -> Any:
-        """A whole generation in one call, where the answers gather: the record joins
-        ``SearchWeights.gather_answers``; the update comes in a broadcast over weights_comm
-        from the rank ``root`` (rollout worker 0), which takes it from rank 0 alone
-        (``SearchWeights.take_update``); it is empty when some rank failed. Its answer, alike on
-        every rank, is compared in ``gathered.answer_unless_agreed``. Rank 0 then sends one
-        call per rank per generation and the update once, and decodes no answer. Every rank
-        takes part in all three collectives, failed or not, so that none waits on a rank that
-        stopped; a failure is raised after them."""
+    def _generation_then_update(self, num_pairs: int, min_steps: int, generation: int) -> Any:
+        """A whole generation in one call, where the answers gather. The records gather at
+        weights_comm's member ``UPDATE_ROOT`` (rollout worker 0), which makes the update
+        (``summarize_generation``) and broadcasts it over weights_comm; it is empty when some
+        rank failed. Rank 0 joins the gather with nothing and takes the update from the
+        broadcast (``SearchWeights.take_generation``): its work per generation does not grow
+        with the ranks. Each rank's answer, alike on every rank, is compared in
+        ``gathered.answer_unless_agreed``. Every rank takes part in all three collectives,
+        failed or not, so that none waits on a rank that stopped; a failure is raised after
+        them."""
         context, failure = self.context, None
         try:
             record = self.run_generation(num_pairs, min_steps)
         except Exception as error:  # noqa: BLE001 - raised once the collectives are done
             record, failure = None, error
-        gathered.send_answer(context, record)
-        held = (context.data_channel.recv(DRIVER_RANK, UPDATE_TAG, context.collective_timeout_s)
-                if context.rank == root else None)
-        message = bcast_bytes(context.weights_comm, held, context.collective_timeout_s,
-                              "the update broadcast")
+        comm = context.weights_comm
+        parts = gather_bytes(comm, gathered.encode_answer(context.rank, record),
+                             context.collective_timeout_s, "the gather of the records",
+                             context.collective_backoff, root=UPDATE_ROOT)
+        held = None
+        if parts is not None:  # the root
+            held = b""
+            try:
+                records = [r for r in gathered.decode_answers([p for p in parts if p]).values()]
+                if all(r is not None for r in records):
+                    held = update_message(generation, summarize_generation(records))
+            except Exception as error:  # noqa: BLE001 - as above
+                failure = failure or error
+        message = bcast_bytes(comm, held, context.collective_timeout_s, "the update broadcast")
         answer: dict[str, Any] | None = None
         if failure is None:
             answer = {}  # if no update came: another rank failed, and its answer says why
@@ -397,9 +436,10 @@ class PerturbationWorker(Worker):
         return self._take_update_message(message)
 
     def _take_update_message(self, message: bytes) -> dict[str, Any]:
-        generation, indices, returns, filter_delta = pickle.loads(message)
+        generation, update = pickle.loads(message)
         if self.applied is None or self.applied[0] != generation:
-            self.applied = (generation, self.apply_update(indices, returns, filter_delta))
+            self.applied = (generation, self.apply_update(
+                update["indices"], update["returns"], update["filter_delta"]))
         return self.applied[1]
 
     # Weights and state.
@@ -456,7 +496,7 @@ class SearchWeights(Worker):
     rollout ranks at start-up, and, before each checkpoint, rollout worker 0's current ones, so
     that ``learner_0.pkl`` holds the policy that ``mpirl evaluate`` and ``export`` read."""
 
-    MESSAGES = ("broadcast_weights", "take_update", "gather_answers", "get_weights",
+    MESSAGES = ("broadcast_weights", "take_update", "take_generation", "get_weights",
                 "set_weights", "save_state", "load_state", "histograms")
 
     def __init__(self, context: RankContext, policy: DirectPolicySpec, loss: Any, config: Any,
@@ -475,26 +515,29 @@ class SearchWeights(Worker):
         bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
                       self.context.collective_timeout_s)
 
-    def gather_answers(self) -> list[bytes]:
-        """The root of the gather of the rollout ranks' ``run_generation`` answers."""
-        return gathered.gather_answers(self.context, self.generation_waits)
-
-    def take_update(self, message: bytes | None = None,
-                    root: int | None = None) -> tuple[bool, Any] | None:
+    def take_update(self) -> None:
         """The driver's part in the update's broadcast over weights_comm, in which it only
-        receives (its copy of the weights is refreshed only before checkpoints): from
-        ``PerturbationWorker.receive_update``; or, given ``message`` and the rank ``root``,
-        from a generation's call (``PerturbationWorker._generation_then_update``), to whose
-        root it sends ``message`` first. Then it is the root of the ranks' comparison of their
-        answers: ``(True, the answer)`` if they agreed, else ``(False, their answers
-        gathered)`` (``gathered.agreed_or_gathered``)."""
-        if root is not None:
-            self.context.data_channel.isend(message, root, UPDATE_TAG)
+        receives (its copy of the weights is refreshed only before checkpoints), from
+        ``PerturbationWorker.receive_update``."""
         bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
-        if root is None:
-            return None
-        return gathered.agreed_or_gathered(self.context, self.update_waits)
+
+    def take_generation(self) -> tuple[bytes, bool, Any]:
+        """The driver's part in a generation's call (``PerturbationWorker.
+        _generation_then_update``): it joins the gather of the records with nothing, takes the
+        update the root broadcasts, and is the root of the ranks' comparison of their answers.
+        Returns the update (b"" when a rank failed) and ``(True, the answer)`` if the answers
+        agreed, else ``(False, their answers gathered)`` (``gathered.agreed_or_gathered``)."""
+        context = self.context
+        began = time.monotonic()
+        # Polled rarely until the shortest of the last three generations could have ended.
+        gather_bytes(context.weights_comm, b"", context.collective_timeout_s,
+                     "the gather of the records", gathered.ROOT_BACKOFF,
+                     self.generation_waits.expected_s(), root=UPDATE_ROOT)
+        self.generation_waits.add(time.monotonic() - began)
+        message = bcast_bytes(context.weights_comm, None, context.collective_timeout_s,
+                              "the update broadcast")
+        return (message, *gathered.agreed_or_gathered(context, self.update_waits))
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()
