@@ -101,25 +101,23 @@ class AsyncRequests:
             workers = list({w.index: w for w in self._refill if not w.lost}.values())
         self._refill = []
         for turn in range(self.max_in_flight):
-            groups: dict[Hashable, list[WorkerHandle]] = {}
+            # (args_key, new weights) -> the new weights (None: none) and the workers
+            groups: dict[Hashable, tuple[Any, list[WorkerHandle]]] = {}
             for worker in workers:
                 if self._running.get(worker.index, 0) + turn >= self.max_in_flight:
                     continue
-                new = self._new_weights.get(worker.index) if turn == 0 else None
+                new = self._new_weights.pop(worker.index, None) if turn == 0 else None
                 key = (worker.index if self.args_key is None else self.args_key(worker),
                        id(new))
-                groups.setdefault(key, []).append(worker)
-            for group in groups.values():
-                self._send(group, turn)
+                groups.setdefault(key, (new, []))[1].append(worker)
+            for new, group in groups.values():
+                self._send(group, new)
         for worker in workers:
             self._running[worker.index] = self.max_in_flight
 
-    def _send(self, group: list[WorkerHandle], turn: int) -> None:
-        """One call of ``method`` to each worker of ``group``, whose arguments are equal."""
-        new = self._new_weights.get(group[0].index) if turn == 0 else None
-        for worker in group:
-            if turn == 0:
-                self._new_weights.pop(worker.index, None)
+    def _send(self, group: list[WorkerHandle], new: Any) -> None:
+        """One call of ``method`` to each worker of ``group``, whose arguments are equal, with
+        the new weights ``new`` unless None."""
         kwargs = {} if new is None else {"weights": new}
         futures = call_all(group, self.method, *self.make_args(group[0]), **kwargs)
         for worker, future in zip(group, futures, strict=True):

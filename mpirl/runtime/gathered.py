@@ -179,11 +179,14 @@ def encode_answer(rank: int, result: Any) -> bytes:
     return b"".join((_HEAD.pack(len(head)), head, batch.data if batch is not None else b""))
 
 
-def send_answer(context: RankContext, result: Any) -> None:
+def send_answer(context: RankContext, result: Any, root: int = 0) -> list[bytes] | None:
     """Join the gather of a round's answers (``gather_answers``) with ``result`` (None for a
-    call that failed); the call may go on and answer later, or through another collective."""
-    gather_bytes(context.weights_comm, encode_answer(context.rank, result),
-                 context.collective_timeout_s, _WHAT, context.collective_backoff)
+    call that failed); the call may go on and answer later, or through another collective.
+    The gather is rooted at weights_comm's member ``root`` (learner 0 by default); at the root
+    it returns every member's part, in member order (learner 0's is empty), else None."""
+    return gather_bytes(context.weights_comm, encode_answer(context.rank, result),
+                        context.collective_timeout_s, _WHAT, context.collective_backoff,
+                        root=root)
 
 
 class RoundWaits:
@@ -204,15 +207,18 @@ class RoundWaits:
         self._recent.append(seconds)
 
 
-def gather_answers(context: RankContext, waits: RoundWaits) -> list[bytes]:
-    """On learner 0 (weights_comm's rank 0): every other member's pickled ``(rank, result)``,
-    result None for a call that raised; pass them to ``decode_answers`` on the driver. The root
-    polls rarely until the shortest of the last three rounds in ``waits`` could have ended."""
+def gather_answers(context: RankContext, waits: RoundWaits, root: int = 0
+                   ) -> list[bytes] | None:
+    """On learner 0 (weights_comm's member 0): every other member's pickled ``(rank, result)``,
+    result None for a call that raised; pass them to ``decode_answers`` on the driver. With
+    another ``root`` (a rollout rank that reads the answers itself), learner 0 joins the gather
+    with nothing and gets None. It polls rarely until the shortest of the last three rounds in
+    ``waits`` could have ended."""
     began = time.monotonic()
     parts = gather_bytes(context.weights_comm, b"", context.collective_timeout_s, _WHAT,
-                         ROOT_BACKOFF, waits.expected_s())
+                         ROOT_BACKOFF, waits.expected_s(), root=root)
     waits.add(time.monotonic() - began)
-    return parts[1:]
+    return None if parts is None else parts[1:]
 
 
 def decode_answers(parts: list[bytes]) -> dict[int, Any]:

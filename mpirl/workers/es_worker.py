@@ -13,7 +13,6 @@ update, and the driver checks a checksum of the new weights from each.
 from __future__ import annotations
 
 import pickle
-import time
 import zlib
 from typing import Any
 
@@ -34,7 +33,7 @@ from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
-from mpirl.runtime.ulfm import bcast_bytes, bcast_weights, gather_bytes
+from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -400,20 +399,18 @@ class PerturbationWorker(Worker):
             record = self.run_generation(num_pairs, min_steps)
         except Exception as error:  # noqa: BLE001 - raised once the collectives are done
             record, failure = None, error
-        comm = context.weights_comm
-        parts = gather_bytes(comm, gathered.encode_answer(context.rank, record),
-                             context.collective_timeout_s, "the gather of the records",
-                             context.collective_backoff, root=UPDATE_ROOT)
+        parts = gathered.send_answer(context, record, root=UPDATE_ROOT)
         held = None
         if parts is not None:  # the root
             held = b""
             try:
-                records = [r for r in gathered.decode_answers([p for p in parts if p]).values()]
+                records = list(gathered.decode_answers(parts[1:]).values())
                 if all(r is not None for r in records):
                     held = update_message(generation, summarize_generation(records))
             except Exception as error:  # noqa: BLE001 - as above
                 failure = failure or error
-        message = bcast_bytes(comm, held, context.collective_timeout_s, "the update broadcast")
+        message = bcast_bytes(context.weights_comm, held, context.collective_timeout_s,
+                              "the update broadcast")
         answer: dict[str, Any] | None = None
         if failure is None:
             answer = {}  # if no update came: another rank failed, and its answer says why
@@ -529,12 +526,7 @@ class SearchWeights(Worker):
         Returns the update (b"" when a rank failed) and ``(True, the answer)`` if the answers
         agreed, else ``(False, their answers gathered)`` (``gathered.agreed_or_gathered``)."""
         context = self.context
-        began = time.monotonic()
-        # Polled rarely until the shortest of the last three generations could have ended.
-        gather_bytes(context.weights_comm, b"", context.collective_timeout_s,
-                     "the gather of the records", gathered.ROOT_BACKOFF,
-                     self.generation_waits.expected_s(), root=UPDATE_ROOT)
-        self.generation_waits.add(time.monotonic() - began)
+        gathered.gather_answers(context, self.generation_waits, root=UPDATE_ROOT)
         message = bcast_bytes(context.weights_comm, None, context.collective_timeout_s,
                               "the update broadcast")
         return (message, *gathered.agreed_or_gathered(context, self.update_waits))
