@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
-from mpirl.execution.async_ops import async_sample, sample_requests, sync_weights
+from mpirl.execution.async_ops import async_sample, fragment_stream, sample_requests, sync_weights
 from mpirl.execution.operators import mean_stats, train_one_step
 from mpirl.models.vtrace import vtrace
 
@@ -34,6 +34,12 @@ class Config(OnPolicyConfig, AllreduceConfig):
     max_requests_in_flight_per_worker: int = 2
     """Sample calls kept running on each rollout worker; 2 lets a worker sample the next fragment
     while the learner trains on its last one."""
+    fragments_per_call: int = 0
+    """0: one sample call per fragment, its answer to the driver, which routes the fragment to
+    a learner and the new weights back. n >= 1: each call samples n fragments and streams them
+    straight to the learner, which pushes the new weights to the workers itself
+    (``FragmentStream``); rank 0 then handles one answer per n fragments, for runs of hundreds
+    of rollout ranks. Needs rollout ranks of their own."""
     train_batch_size: int = 800
     """Environment steps per learner update, at least: finished fragments are gathered until
     they hold this many (800: two fragments of 8 environments x 50 steps)."""
@@ -100,6 +106,8 @@ def decayed_lr(config: Config, timesteps: int) -> float:
 def training_step(algo) -> dict[str, float]:
     """Train on fragments as they finish until ``min_steps_per_iteration`` steps are used."""
     config = algo.config
+    if config.fragments_per_call:
+        return streamed_training_step(algo)
     requests = sample_requests(algo, config.rollout_fragment_length,
                                config.max_requests_in_flight_per_worker)
     stats, start = [], algo.timesteps_total
@@ -112,3 +120,22 @@ def training_step(algo) -> dict[str, float]:
                                     lr=decayed_lr(config, algo.timesteps_total)))
         sync_weights(requests, algo.learners, samples)
     return mean_stats(stats) | requests.metrics()
+
+
+def streamed_training_step(algo) -> dict[str, float]:
+    """``training_step`` with ``fragments_per_call``: the learners take the fragments streamed to
+    them; rank 0 starts each update and reads the calls' answers."""
+    config = algo.config
+    stream = fragment_stream(algo, config.rollout_fragment_length, config.fragments_per_call,
+                             config.max_requests_in_flight_per_worker)
+    stats, start = [], algo.timesteps_total
+    while algo.timesteps_total - start < config.min_steps_per_iteration:
+        row, taken = stream.update(
+            config.train_batch_size,
+            config.min_steps_per_iteration - (algo.timesteps_total - start),
+            num_epochs=config.num_epochs,
+            num_minibatches=config.num_minibatches, standardize=(),
+            lr=decayed_lr(config, algo.timesteps_total))
+        stats.append(row)
+        algo.count(stream.take_answers(taken))
+    return mean_stats(stats) | stream.metrics()

@@ -88,3 +88,56 @@ def test_a_straggler_rank_costs_impala_little_throughput(tmp_path):
     assert report["slowdown_factor"] >= 7, report["calibration"]
     assert report["throughput_ratio"] >= 0.8, report["pairs"]
     assert report["convergence"]["reached"], report["convergence"]
+
+
+def test_streamed_impala_learns_cartpole(tmp_path):
+    # fragments_per_call: the learner takes the fragments streamed to it and pushes weights
+    # back itself. Seeds 0-7 reached 300 at 126k-302k steps (3-8 s of training); seed 5 here.
+    _, run_dir, result = train(
+        3, tmp_path, "--algo", "IMPALA", "--env", "CartPole-v1", "--seed", "5",
+        "--config", '{"metrics_window": 20, "fragments_per_call": 4}',
+        "--stop", '{"episode_return_mean": 300, "timesteps_total": 500000}', timeout=300)
+    assert result["episode_return_mean"] >= 300, result
+    progress = rows(run_dir)
+    # Each update's weights reach the workers whose fragments it used before their next one.
+    assert max(float(r["policy_lag_max"]) for r in progress) >= 1
+    assert all(0 < float(r["mean_rho"]) <= 1 for r in progress)
+    assert all(float(r["updates"]) >= 1 for r in progress)
+
+
+def test_streamed_impala_resumes_from_a_checkpoint_taken_mid_stream(tmp_path):
+    """A checkpoint cuts the calls of 4 fragments short, takes every fragment sent and every
+    weights push; the resumed run goes on counting from the checkpoint."""
+    config = json.dumps({"checkpoint_every": 2, "min_steps_per_iteration": 1000,
+                         "fragments_per_call": 4})
+    _, run_dir, first = train(3, tmp_path, "--algo", "IMPALA", "--env", "CartPole-v1",
+                              "--config", config, "--stop", '{"training_iteration": 4}')
+    assert first["iteration"] == 4
+    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir),
+                   "--stop", '{"training_iteration": 7}', timeout=120, env={"CI": "true"})
+    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint_000004" in proc.stdout
+    progress = rows(run_dir)
+    assert [int(r["iteration"]) for r in progress] == list(range(1, 8))
+    steps = [int(r["timesteps_total"]) for r in progress]
+    assert steps == sorted(steps) and steps[-1] - steps[3] >= 3000
+
+
+def test_streamed_impala_with_two_learners_and_an_lstm(tmp_path):
+    config = {"min_steps_per_iteration": 1000, "num_learners": 2, "num_rollout_workers": 3,
+              "fragments_per_call": 2, "use_lstm": True}
+    _, run_dir, result = train(6, tmp_path, "--algo", "IMPALA", "--env", "CartPole-v1",
+                               "--config", json.dumps(config),
+                               "--stop", '{"training_iteration": 3}')
+    assert result["iteration"] == 3 and result["timesteps_total"] >= 3000
+    assert all(float(r["vf_loss"]) > 0 for r in rows(run_dir))
+
+
+def test_streamed_impala_without_rollout_ranks_is_one_clear_error(tmp_path):
+    proc = run_mpi(1, *MPIRL, "train", "--algo", "IMPALA", "--env", "CartPole-v1",
+                   "--config", '{"fragments_per_call": 2}',
+                   "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("fragments_per_call streams fragments between ranks") == 1, \
+        proc.stderr
+    assert "mpiexec -n 2 or more" in proc.stderr and "Traceback" not in proc.stderr

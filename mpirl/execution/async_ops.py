@@ -31,10 +31,17 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import ConfigError, RankLost, RemoteError
-from mpirl.execution.operators import SampleResult, add_sample, train_one_step
+from mpirl.execution.operators import (
+    SampleResult,
+    add_sample,
+    add_sample_metrics,
+    learner_stats,
+    train_one_step,
+)
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.dispatch import Completions, Future, WorkerGroup, WorkerHandle, call_all
 from mpirl.workers.env_guard import unwrap_env_failure
+from mpirl.workers.rollout import STOP_STREAM_TAG
 
 
 def check_in_flight(value: int) -> None:
@@ -62,7 +69,8 @@ class AsyncRequests:
     def __init__(self, rollouts: WorkerGroup, method: str, max_in_flight: int,
                  make_args: Callable[[WorkerHandle], tuple],
                  weights_in_calls: bool = False,
-                 args_key: Callable[[WorkerHandle], Hashable] | None = None) -> None:
+                 args_key: Callable[[WorkerHandle], Hashable] | None = None,
+                 on_send: Callable[[list[WorkerHandle]], None] | None = None) -> None:
         check_in_flight(max_in_flight)
         self.rollouts = rollouts
         self.method = method
@@ -71,6 +79,7 @@ class AsyncRequests:
         # Workers with equal keys get equal arguments when topped up together: their calls
         # (and new weights, if the same) go as one group call, pickled once.
         self.args_key = args_key
+        self.on_send = on_send  # told of each group of calls sent
         #: weights version the learners are at; bumped by every update
         self.version = 0
         self._worker_version: dict[int, int] = {}  # worker index -> version it holds
@@ -120,6 +129,8 @@ class AsyncRequests:
         the new weights ``new`` unless None."""
         kwargs = {} if new is None else {"weights": new}
         futures = call_all(group, self.method, *self.make_args(group[0]), **kwargs)
+        if self.on_send is not None:
+            self.on_send(group)
         for worker, future in zip(group, futures, strict=True):
             entry = (worker, self._worker_version.get(worker.index, 0), future)
             self._in_flight[id(future)] = entry
@@ -133,7 +144,16 @@ class AsyncRequests:
         if not self._in_flight:
             raise RankLost("no rollout worker is left to send requests to", -1)
         # The calls that finished, as they finished: O(1) per answer, however many calls run.
-        finished = self._completions.take(timeout, (f for _, _, f in self._in_flight.values()))
+        return self._taken(self._completions.take(
+            timeout, (f for _, _, f in self._in_flight.values())))
+
+    def finished(self) -> list[Done]:
+        """Every call that has finished since the last ``ready`` or ``finished``, without
+        waiting (there may be none); lost workers and failed environments as in ``ready``."""
+        self.rollouts.progress()
+        return self._taken(self._completions.take_finished())
+
+    def _taken(self, finished: list[tuple[WorkerHandle, int, Future]]) -> list[Done]:
         for entry in finished:
             del self._in_flight[id(entry[2])]
             self._running[entry[0].index] -= 1
@@ -281,6 +301,174 @@ def sync_weights(requests: AsyncRequests, learners: WorkerGroup,
     requests.version += 1
     requests.set_weights(samples.workers, learners[0].call("get_weights"))
     requests.top_up()
+
+
+# IMPALA, streamed: fragments go to the learners as they are sampled, weights come back from them.
+
+
+class FragmentStream:
+    """IMPALA's sampling with ``fragments_per_call``: each call of a rollout worker samples that
+    many fragments (``RolloutWorker.sample_fragments``) and streams each to its learner (rollout
+    worker i's to learner i mod L) as soon as it is done. Each update, every learner takes the
+    fragments that came, from whichever ranks, trains on them and pushes the new weights to those
+    ranks itself (``Learner.train_streamed``). Rank 0 starts the updates and gets one answer
+    per call (episodes, counts, observation statistics): ``fragments_per_call`` times fewer
+    answers than one per fragment, and no weights pass through it.
+
+    It keeps count of the fragments each learner is owed (asked of its workers, not yet taken),
+    so that a learner never waits for fragments no call will send; a worker's rank lost
+    (survived, under ULFM) takes its share out."""
+
+    WAIT_S = 10.0
+    """Longest a learner waits for fragments before training on those it has: it waits that
+    long only for a rank that died before the driver saw it lost."""
+
+    def __init__(self, algo: Any, steps_per_env: int, fragments_per_call: int,
+                 max_in_flight: int) -> None:
+        if fragments_per_call < 1:
+            raise ConfigError(f"fragments_per_call must be >= 1 to stream fragments, got "
+                              f"{fragments_per_call}")
+        learners = self.learners = algo.learners
+        if any(worker.in_process for worker in algo.rollouts):
+            raise ConfigError("fragments_per_call streams fragments between ranks, and this run "
+                              "has rollout workers in the driver's process: launch it with "
+                              "rollout ranks of their own (mpiexec -n 2 or more), or set "
+                              "fragments_per_call 0")
+        self.algo = algo
+        self.fragments = fragments_per_call
+        self.owed = [0] * len(learners)  # learner index -> fragments asked for, not taken
+        self.asked: dict[int, int] = {}  # rollout rank -> fragments asked of it in all
+        self.taken: dict[int, int] = {}  # rollout rank -> fragments its learner took
+        self.live = len(algo.rollouts)
+        self.round = 0  # bumped by each settle, whose calls it cuts short
+        self._lag_sum = self._lag_count = self._lag_max = 0
+
+        def make_args(worker: WorkerHandle) -> tuple:
+            state = algo.obs_filter.state() if algo.obs_filter is not None else None
+            return (fragments_per_call, steps_per_env, state,
+                    learners[worker.index % len(learners)].rank, self.round)
+
+        # Workers that feed one learner are sent equal calls, as one group.
+        self.requests = AsyncRequests(algo.rollouts, "sample_fragments", max_in_flight,
+                                      make_args, args_key=lambda w: w.index % len(learners),
+                                      on_send=self._asked)
+
+    def _asked(self, group: list[WorkerHandle]) -> None:
+        self.owed[group[0].index % len(self.learners)] += self.fragments * len(group)
+        for worker in group:
+            self.asked[worker.rank] = self.asked.get(worker.rank, 0) + self.fragments
+
+    def update(self, min_env_steps: int, env_steps: int, **train_args: Any
+               ) -> tuple[dict[str, float], int]:
+        """Train until the learners took ``env_steps`` steps (fewer if fewer are owed), in
+        updates of at least ``min_env_steps`` each, the learners pushing the new weights to
+        the ranks whose fragments they used after each. ``train_args`` go to
+        ``Learner.train``. Returns the learners' mean statistics and the env steps taken."""
+        self.requests.top_up()
+        return self._train(min_env_steps, env_steps, **train_args)
+
+    def _train(self, min_env_steps: int, env_steps: int, **train_args: Any
+               ) -> tuple[dict[str, float], int]:
+        count = len(self.learners)
+        futures = [learner.call_async("train_streamed", -(-min_env_steps // count),
+                                      -(-env_steps // count), self.owed[i], self.WAIT_S,
+                                      **train_args)
+                   for i, learner in enumerate(self.learners)]
+        results = [future.result() for future in futures]
+        taken = 0
+        for i, result in enumerate(results):
+            for rank, fragments in result.pop("received").items():
+                self.taken[rank] = self.taken.get(rank, 0) + fragments
+                self.owed[i] -= fragments
+                self._lag_count += fragments
+            self._lag_sum += result.pop("policy_lag_sum")
+            self._lag_max = max(self._lag_max, result.pop("policy_lag_max"))
+            taken += result.pop("env_steps_received")
+        return learner_stats(results), taken
+
+    def take_answers(self, env_steps: int) -> SampleResult:
+        """What the calls that finished since the last take sampled (episodes, env failures),
+        their observation statistics merged into the run's filter, with ``env_steps`` (those
+        the learners took: a fragment counts when it is trained on, or dropped before a
+        checkpoint); a lost worker's share of the fragments owed is taken out."""
+        return self._answers(self.requests.finished(), env_steps)
+
+    def _answers(self, done: list[Done], env_steps: int) -> SampleResult:
+        samples = SampleResult()
+        obs_filter = self.algo.obs_filter
+        for item in done:
+            # A call cut short (before a checkpoint) owes fewer fragments.
+            short = self.fragments - item.result["fragments"]
+            if short:
+                self.owed[item.worker.index % len(self.learners)] -= short
+                self.asked[item.worker.rank] -= short
+            add_sample_metrics(samples, item.result)
+            if obs_filter is not None and item.result["filter_delta"] is not None:
+                obs_filter.merge(*item.result["filter_delta"])
+        samples.env_steps = env_steps
+        if len(self.algo.rollouts) != self.live:
+            self._recount_owed()
+        return samples
+
+    def _recount_owed(self) -> None:
+        """The fragments owed, from the live workers only (a lost rank sends no more)."""
+        self.live = len(self.algo.rollouts)
+        self.owed = [0] * len(self.learners)
+        for worker in self.algo.rollouts:
+            self.owed[worker.index % len(self.learners)] += (
+                self.asked.get(worker.rank, 0) - self.taken.get(worker.rank, 0))
+
+    def settle(self) -> None:
+        """Before a checkpoint: finish every call, let the learners take the fragments in flight
+        (counted as sampled, not trained on), and let every worker take the weights pushed to
+        it, so that nothing is left in flight."""
+        # Each call stops after the fragment it is sampling: a checkpoint waits for one
+        # fragment, not for fragments_per_call times max_in_flight of them.
+        self.algo.rollouts.progress()
+        ranks = [worker.rank for worker in self.algo.rollouts]
+        channel = self.algo.driver.context.data_channel
+        channel.isend_many(self.round, ranks, STOP_STREAM_TAG)
+        samples = self._answers(self.requests.drain(), 0)
+        self.round += 1
+        while any(self.owed):
+            before = list(self.owed)
+            samples.env_steps += self._train(2**62, 2**62, num_epochs=0, num_minibatches=1)[1]
+            if self.owed == before:
+                raise RankLost(f"the learners were owed {sum(self.owed)} fragments that never "
+                               f"came within {self.WAIT_S:g} s", -1)
+        self.algo.count(samples)
+        pushed: dict[int, int] = {}
+        for learner in self.learners:
+            pushed |= learner.call("pushes_sent")
+        futures = [(worker, worker.call_async(
+            "take_pushed_weights", self.learners[worker.index % len(self.learners)].rank,
+            pushed.get(worker.rank, 0))) for worker in self.algo.rollouts]
+        for _, future in futures:
+            try:
+                future.result()
+            except RankLost:
+                continue
+
+    def metrics(self) -> dict[str, float]:
+        """Policy lag of the fragments trained on since the last call (weight versions behind
+        the learner's), and calls in flight."""
+        mean = self._lag_sum / self._lag_count if self._lag_count else 0.0
+        row = {"policy_lag_mean": mean, "policy_lag_max": float(self._lag_max),
+               "requests_in_flight": float(len(self.requests._in_flight))}
+        self._lag_sum = self._lag_count = self._lag_max = 0
+        return row
+
+
+def fragment_stream(algo: Any, steps_per_env: int, fragments_per_call: int,
+                    max_in_flight: int) -> FragmentStream:
+    """The run's ``FragmentStream``, made on the first call and kept in ``algo.plan_state``; it
+    settles before every checkpoint."""
+    stream = algo.plan_state.get("fragment_stream")
+    if stream is None:
+        stream = FragmentStream(algo, steps_per_env, fragments_per_call, max_in_flight)
+        algo.plan_state["fragment_stream"] = stream
+        algo.before_checkpoint.append(stream.settle)
+    return stream
 
 
 # A3C: gradients computed on the rollout workers, applied as they come.

@@ -139,7 +139,7 @@ def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: A
                            **train_args)
         for i, learner in enumerate(learners)
     ]
-    return _learner_stats([f.result() for f in futures])
+    return learner_stats([f.result() for f in futures])
 
 
 def mean_stats(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -154,7 +154,7 @@ def mean_stats(rows: list[dict[str, float]]) -> dict[str, float]:
     return means
 
 
-def _learner_stats(results: list[dict[str, float]]) -> dict[str, float]:
+def learner_stats(results: list[dict[str, float]]) -> dict[str, float]:
     """Loss statistics averaged over learners; ``learner_samples`` summed."""
     # A learner that got no rows (env failures dropped them all, or its sources were lost) has
     # no loss statistics: means over those that have them.
@@ -181,7 +181,7 @@ def train_on_dataset(learners: WorkerGroup, source: OfflineInput, num_steps: int
         if failure.cause_type == _CONFIG_ERROR:
             raise ConfigError(failure.cause_message) from None
         raise failure
-    return _learner_stats(results)
+    return learner_stats(results)
 
 
 def evaluate_policy(rollouts: WorkerGroup, episodes: int, deterministic: bool = False
@@ -480,7 +480,7 @@ def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int
     for future in [shard.call_async("update_priorities", expect[k], updates[k])
                    for k, shard in enumerate(replay)]:
         future.result()
-    stats = _learner_stats([r | {"learner_samples": r["sgd_steps"] * rows} for r in results])
+    stats = learner_stats([r | {"learner_samples": r["sgd_steps"] * rows} for r in results])
     return stats
 
 

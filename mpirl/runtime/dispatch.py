@@ -501,6 +501,11 @@ class WorkerGroup(Sequence[WorkerHandle]):
             self.lost.extend(gone)
         return gone
 
+    def progress(self) -> None:
+        """Take every answer that has arrived for the calls of any worker, without waiting."""
+        for dispatcher in self._dispatchers:
+            dispatcher.progress()
+
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> list[Future]:
         """Start the same call on every worker; one future per worker, in worker order."""
         return call_all(self._handles, method, *args, **kwargs)

@@ -39,11 +39,12 @@ from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import bcast_weights
+from mpirl.runtime.ulfm import acknowledge_failures, bcast_weights, is_process_failure
+from mpirl.runtime.waiting import Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
-from mpirl.workers.rollout import BATCH_TAG
+from mpirl.workers.rollout import BATCH_TAG, PUSHED_WEIGHTS_TAG, STREAM_TAG
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -369,7 +370,8 @@ class Learner(Worker):
     allreduce (``minibatch_rows``)."""
 
     MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
-                "save_state", "load_state", "apply_gradients", "histograms")
+                "save_state", "load_state", "apply_gradients", "histograms", "train_streamed",
+                "pushes_sent")
     #: The data-channel tag its batches come with (a multi-agent policy's learner has its own).
     batch_tag = BATCH_TAG
 
@@ -399,6 +401,10 @@ class Learner(Worker):
         self.rng = np.random.default_rng(seed + 7919 * context.role_index)
         #: The (shared, unclipped) gradient norm of each SGD step since ``histograms()`` last ran.
         self.grad_norms: deque[float] = deque(maxlen=100_000)
+        # Streamed fragments: the weights version trained so far, and the pushes of new
+        # weights sent to each rollout rank.
+        self.stream_version = 0
+        self.pushes: dict[int, int] = {}
         #: How long the gathers of the sampling rounds it roots took (``gathered.RoundWaits``).
         self.sample_round_waits = gathered.RoundWaits()
         # Offline algorithms only: this learner's shard of a dump, read on the first call.
@@ -446,6 +452,92 @@ class Learner(Worker):
             "sgd_steps": steps, "learner_samples": size}
         self.learned_on(batch, result)
         return result
+
+    def train_streamed(self, min_env_steps: int, env_steps: int, owed: int, wait_s: float,
+                       num_epochs: int, num_minibatches: int, lr: float | None = None,
+                       standardize: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Train on the fragments rollout ranks stream here (``sample_fragments``), update
+        after update, until ``env_steps`` steps were taken, or the ``owed`` fragments (all this
+        learner's workers were asked for) came, or none came within ``wait_s``; every learner
+        stops after the same update (one allreduce each). Each update takes the fragments that
+        came, from any ranks, once they hold ``min_env_steps`` steps (stragglers hold up
+        nobody), trains on them (``train``) and pushes the new weights to their ranks, one
+        message each, without waiting.
+
+        Returns the updates' mean loss statistics, ``updates``, ``received`` (rank ->
+        fragments), ``env_steps_received``, ``policy_lag_sum`` and ``policy_lag_max`` (weights
+        versions behind, over the fragments)."""
+        comm = self.context.role_comm
+        channel = self.context.data_channel
+        received: dict[int, int] = {}
+        rows: list[dict[str, float]] = []
+        lags = [0, 0]  # sum, max
+        taken = 0
+        while True:
+            parts, steps, sources = self._take_fragments(min_env_steps, owed, wait_s, lags)
+            owed -= len(parts)
+            taken += steps
+            result = self.train([], parts, num_epochs, num_minibatches, lr, standardize)
+            rows.append(result)
+            if result["sgd_steps"]:
+                self.stream_version += 1
+                if sources:
+                    channel.isend_many((self.stream_version, self.policy.get_flat_weights()),
+                                       list(sources), PUSHED_WEIGHTS_TAG)
+            for rank, count in sources.items():
+                received[rank] = received.get(rank, 0) + count
+                if result["sgd_steps"]:
+                    self.pushes[rank] = self.pushes.get(rank, 0) + 1
+            done = taken >= env_steps or owed <= 0 or not parts
+            if comm.Get_size() > 1:
+                done = bool(comm.allreduce(int(done), op=MPI.MAX))
+            if done:
+                break
+        keys = dict.fromkeys(k for row in rows for k in row)
+        stats = {k: sum(float(r[k]) for r in rows if k in r) / sum(k in r for r in rows)
+                 for k in keys}
+        return stats | {"updates": len(rows), "received": received, "env_steps_received": taken,
+                        "policy_lag_sum": lags[0], "policy_lag_max": lags[1]}
+
+    def _take_fragments(self, min_env_steps: int, owed: int, wait_s: float, lags: list[int]
+                        ) -> tuple[list[dict], int, dict[int, int]]:
+        """The fragments streamed here, once they hold ``min_env_steps`` steps and no other has
+        come, or ``owed`` came, or ``wait_s`` passed: their batches, env steps and sources
+        (rank -> count); ``lags`` (sum, max) takes their policy lags."""
+        channel = self.context.data_channel
+        parts: list[dict] = []
+        sources: dict[int, int] = {}
+        steps = 0
+        deadline = time.monotonic() + wait_s
+        backoff = Backoff()
+        while len(parts) < owed:
+            try:
+                item = channel.poll(MPI.ANY_SOURCE, STREAM_TAG)
+            except MPI.Exception as error:
+                # Under ULFM a probe from any source raises after a rank failed until the
+                # failure is acknowledged; the driver learns of the loss from its calls.
+                if not is_process_failure(error):
+                    raise
+                acknowledge_failures(channel.comm)
+                continue
+            if item is None:
+                if steps >= min_env_steps or time.monotonic() > deadline:
+                    break
+                backoff.sleep()
+                continue
+            (_, version, env_steps, batch), source = item
+            backoff.reset()
+            parts.append(batch)
+            sources[source] = sources.get(source, 0) + 1
+            steps += env_steps
+            lag = self.stream_version - version
+            lags[0] += lag
+            lags[1] = max(lags[1], lag)
+        return parts, steps, sources
+
+    def pushes_sent(self) -> dict[int, int]:
+        """Rollout rank -> the weight pushes ``train_streamed`` sent it in all."""
+        return dict(self.pushes)
 
     def train_offline(self, source: OfflineInput, num_steps: int, train_batch_size: int,
                       lr: float | None = None) -> dict[str, float]:

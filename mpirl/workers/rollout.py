@@ -34,12 +34,19 @@ from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import PackedBatch, answer_through_gather, fits_in_gather
 from mpirl.runtime.host import DRIVER_RANK
 from mpirl.runtime.ulfm import bcast_weights
+from mpirl.runtime.waiting import Backoff
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
 from mpirl.workers.env_spec import EnvSpec
 
 #: Tag of sample batches on the data channel.
 BATCH_TAG = 21
+#: Tag of streamed fragments (``sample_fragments``), which their learner takes from any rank.
+STREAM_TAG = 22
+#: Tag of the weights a learner pushes to the rollout ranks whose fragments it trained on.
+PUSHED_WEIGHTS_TAG = 23
+#: Tag of the driver's word to cut ``sample_fragments`` calls short (before a checkpoint).
+STOP_STREAM_TAG = 24
 #: Shortest time between two env-failure warnings of one rollout worker on its stderr.
 FAILURE_WARNING_INTERVAL_S = 60.0
 
@@ -95,6 +102,26 @@ def sequence_batch(batch: dict[str, np.ndarray], states: np.ndarray, starts: np.
     return {key: np.ascontiguousarray(value) for key, value in out.items()}
 
 
+def merge_sample_metrics(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Two sample calls' metrics as one (counts summed, episodes joined, observation statistics
+    merged, dumped episodes of this rank's file joined); ``total`` is updated and returned."""
+    total["env_steps"] += more["env_steps"]
+    total["env_failures"] += more["env_failures"]
+    total["episode_returns"] = total["episode_returns"] + more["episode_returns"]
+    total["episode_lengths"] = total["episode_lengths"] + more["episode_lengths"]
+    if "custom_metrics" in more:
+        total["custom_metrics"] = total.get("custom_metrics", []) + more["custom_metrics"]
+    if total["filter_delta"] is not None:
+        merged = RunningMeanStd(total["filter_delta"][0].shape)
+        merged.merge(*total["filter_delta"])
+        merged.merge(*more["filter_delta"])
+        total["filter_delta"] = merged.state()
+    if "dumped" in more:
+        name, episodes = total["dumped"]
+        total["dumped"] = (name, list(episodes) + list(more["dumped"][1]))
+    return total
+
+
 def build_actor(spec: Any, seed: int, torch_threads: int = 1) -> Any:
     """The model a rollout rank acts with: ``NumpyPolicy`` for an actor-critic it can run, or
     ``NumpyQPolicy`` for a Q network (no torch in the process: about 1 s and 200 MB less per
@@ -115,7 +142,8 @@ class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
     MESSAGES = ("sample", "evaluate", "receive_weights", "set_weights", "get_weights",
-                "save_state", "load_state", "finish_dump", "compute_gradients")
+                "save_state", "load_state", "finish_dump", "compute_gradients",
+                "sample_fragments", "take_pushed_weights")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
@@ -174,6 +202,11 @@ class RolloutWorker(Worker):
         self._weights = np.empty(self.policy.num_weights(), np.float32)
         self.restores = 0
         self.envs_error: str | None = None  # why get_state could not pickle the envs
+        # Streamed fragments: the version of the weights last pushed by the learner, and how
+        # many pushes were taken in all (a checkpoint waits until every push was).
+        self.weights_version = 0
+        self.pushes_taken = 0
+        self.stopped_round = -1  # calls of this round of the stream, or earlier, stop early
 
     def _state_kwargs(self, state: np.ndarray | None = None, rows: Any = slice(None)
                       ) -> dict[str, Any]:
@@ -319,6 +352,64 @@ class RolloutWorker(Worker):
             rows = keep.reshape(count)  # [T, N] flattened row-major, as the batch was
             batch = {key: value[rows] for key, value in batch.items()}
         return self._finish_sample(batch, count, returns, lengths, delta, send_to)
+
+    def sample_fragments(self, fragments: int, steps_per_env: int, filter_state: tuple | None,
+                         send_to: int, stream_round: int = 0) -> dict[str, Any]:
+        """Sample up to ``fragments`` V-trace fragments in a row, each sent to learner rank
+        ``send_to`` as soon as it is done (``STREAM_TAG``, with this worker's index and the
+        version of the weights that sampled it); before each, take the newest weights that
+        learner pushed. The driver gets one answer for them all: their metrics summed
+        (``merge_sample_metrics``) and ``fragments``, those sent. Once the driver's word to stop
+        round ``stream_round`` came (``STOP_STREAM_TAG``, before a checkpoint), no more are
+        sampled."""
+        if filter_state is not None:
+            self.filter.mean, self.filter.var, self.filter.count = filter_state
+        channel = self.context.data_channel
+        total: dict[str, Any] = {}
+        sent = 0
+        while sent < fragments:
+            while (stop := channel.poll(DRIVER_RANK, STOP_STREAM_TAG)) is not None:
+                self.stopped_round = max(self.stopped_round, stop[0])
+            if stream_round <= self.stopped_round:
+                break
+            self.take_pushed_weights(send_to)
+            metrics = self.sample(steps_per_env, trajectories=True)
+            batch = metrics.pop("batch")
+            channel.flush()
+            channel.isend((self.context.role_index, self.weights_version, metrics["env_steps"],
+                           batch), send_to, STREAM_TAG)
+            total = merge_sample_metrics(total, metrics) if total else metrics
+            sent += 1
+        if not total:  # stopped before the first: an answer with nothing in it
+            total = {"env_steps": 0, "env_failures": 0, "episode_returns": [],
+                     "episode_lengths": [], "filter_delta": None}
+        total["fragments"] = sent
+        return total
+
+    def take_pushed_weights(self, source: int, until: int | None = None) -> int:
+        """Take the weights learner rank ``source`` pushed (``PUSHED_WEIGHTS_TAG``) and load the
+        newest; with ``until``, first wait until that many pushes were taken in all (before a
+        checkpoint, so that none is left in flight). Returns the pushes taken in all."""
+        channel = self.context.data_channel
+        newest = None
+        deadline = time.monotonic() + self.context.collective_timeout_s
+        backoff = Backoff()
+        while True:
+            item = channel.poll(source, PUSHED_WEIGHTS_TAG)
+            if item is None:
+                if until is None or self.pushes_taken >= until:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.where}: {until - self.pushes_taken} weight "
+                                       f"pushes from rank {source} never came")
+                backoff.sleep()
+                continue
+            newest = item[0]
+            self.pushes_taken += 1
+        if newest is not None:
+            self.weights_version, flat = newest
+            self.policy.set_flat_weights(flat)
+        return self.pushes_taken
 
     def _batch_in_answer(self, metrics: dict[str, Any], send_to: int) -> dict[str, Any]:
         """Keep the batch in ``metrics``, packed, if it fits in the gather, else send it to
