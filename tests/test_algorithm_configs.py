@@ -48,7 +48,7 @@ KEYS = {
                         "min_steps_per_iteration"},
     "IMPALA": ON_POLICY | ALLREDUCE | {"max_requests_in_flight_per_worker", "train_batch_size",
                            "min_steps_per_iteration", "vtrace_rho_bar", "vtrace_c_bar",
-                           "lr_decay_steps", "num_epochs", "num_minibatches"},
+                           "lr_decay_steps", "num_epochs", "num_minibatches", "fragments_per_call"},
     "DQN": REPLAY | {"target_network_update_freq", "initial_epsilon", "final_epsilon",
                      "exploration_steps", "double_q", "dueling"},
     "APEX": REPLAY | {"target_network_update_freq", "epsilon", "epsilon_alpha",
