@@ -39,7 +39,12 @@ from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.ulfm import acknowledge_failures, bcast_weights, is_process_failure
+from mpirl.runtime.ulfm import (
+    acknowledge_failures,
+    bcast_weights,
+    failed_world_ranks,
+    is_process_failure,
+)
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
@@ -405,6 +410,7 @@ class Learner(Worker):
         # weights sent to each rollout rank.
         self.stream_version = 0
         self.pushes: dict[int, int] = {}
+        self.failed_ranks: set[int] = set()  # rollout ranks MPI reported failed (ULFM)
         #: How long the gathers of the sampling rounds it roots took (``gathered.RoundWaits``).
         self.sample_round_waits = gathered.RoundWaits()
         # Offline algorithms only: this learner's shard of a dump, read on the first call.
@@ -468,7 +474,6 @@ class Learner(Worker):
         fragments), ``env_steps_received``, ``policy_lag_sum`` and ``policy_lag_max`` (weights
         versions behind, over the fragments)."""
         comm = self.context.role_comm
-        channel = self.context.data_channel
         received: dict[int, int] = {}
         rows: list[dict[str, float]] = []
         lags = [0, 0]  # sum, max
@@ -481,9 +486,7 @@ class Learner(Worker):
             rows.append(result)
             if result["sgd_steps"]:
                 self.stream_version += 1
-                if sources:
-                    channel.isend_many((self.stream_version, self.policy.get_flat_weights()),
-                                       list(sources), PUSHED_WEIGHTS_TAG)
+                self._push_weights(list(sources))
             for rank, count in sources.items():
                 received[rank] = received.get(rank, 0) + count
                 if result["sgd_steps"]:
@@ -498,6 +501,25 @@ class Learner(Worker):
                  for k in keys}
         return stats | {"updates": len(rows), "received": received, "env_steps_received": taken,
                         "policy_lag_sum": lags[0], "policy_lag_max": lags[1]}
+
+    def _push_weights(self, ranks: list[int]) -> None:
+        """Start sending the weights, with their version, to rollout ``ranks``; under ULFM, the
+        sends to ranks that failed are dropped (the driver learns of the loss from its calls)."""
+        channel = self.context.data_channel
+        ranks = [rank for rank in ranks if rank not in self.failed_ranks]
+        if not ranks:
+            return
+        try:
+            channel.isend_many((self.stream_version, self.policy.get_flat_weights()), ranks,
+                               PUSHED_WEIGHTS_TAG)
+        except MPI.Exception as error:
+            failed = failed_world_ranks(channel.comm)
+            if not (failed or is_process_failure(error)):
+                raise
+            for rank in failed:
+                channel.forget(rank)
+            self.failed_ranks.update(failed)
+            acknowledge_failures(channel.comm)
 
     def _take_fragments(self, min_env_steps: int, owed: int, wait_s: float, lags: list[int]
                         ) -> tuple[list[dict], int, dict[int, int]]:
