@@ -66,6 +66,9 @@ WARMUP_ITERATIONS = 2
 FRAGMENT = 50
 """Steps per rollout rank per PPO or IMPALA iteration, and per Ape-X fragment."""
 ES_EPISODE_LEN = 20
+IMPALA_FRAGMENTS_PER_CALL = 8
+"""IMPALA streams its fragments to the learner, 8 per call (``fragments_per_call``), as a run of
+many rollout ranks should; ``--impala-fragments-per-call 0`` measures the driver-routed path."""
 CPU_PARTS = ("hosted", "idle", "threads", "own")
 """The parts of rank 0's CPU per iteration that ``progress.csv`` reports (``perf/driver_*``)."""
 RANK_MB = 100
@@ -101,6 +104,7 @@ class Plan:
     """Training time of each run (after its start-up)."""
     step_ms: float
     """What each env step sleeps."""
+    impala_fragments_per_call: int = IMPALA_FRAGMENTS_PER_CALL
 
 
 QUICK = Plan(ranks=(4, 8), algos=("PPO", "IMPALA"), train_s=6.0, step_ms=10.0)
@@ -116,7 +120,8 @@ def rollout_ranks(algo: str, ranks: int) -> tuple[int, dict[str, Any]]:
     return ranks - 1, {}
 
 
-def config_for(algo: str, workers: int, step_ms: float) -> dict[str, Any]:
+def config_for(algo: str, workers: int, step_ms: float,
+               impala_fragments_per_call: int = IMPALA_FRAGMENTS_PER_CALL) -> dict[str, Any]:
     """Weak scaling: each rollout rank's work per iteration stays the same as ranks grow."""
     common = {"num_envs_per_worker": 1, "hidden_sizes": [8],
               "env_config": {"step_s": step_ms / 1e3}}
@@ -125,7 +130,8 @@ def config_for(algo: str, workers: int, step_ms: float) -> dict[str, Any]:
                 "minibatch_size": FRAGMENT * workers}
     if algo == "IMPALA":
         return {**common, "rollout_fragment_length": FRAGMENT, "train_batch_size": FRAGMENT,
-                "min_steps_per_iteration": FRAGMENT * workers}
+                "min_steps_per_iteration": FRAGMENT * workers,
+                "fragments_per_call": impala_fragments_per_call}
     if algo == "APEX":
         return {**common, "rollout_fragment_length": FRAGMENT,
                 "min_env_steps_per_iteration": FRAGMENT * workers, "learning_starts": 200,
@@ -203,7 +209,8 @@ def _train_command(algo: str, ranks: int, plan: Plan, run_dir: Path, stop: dict[
     workers, layout = rollout_ranks(algo, ranks)
     if workers < 1:
         raise BenchError(f"{algo} needs more than {ranks} ranks")
-    config = {**layout, **config_for(algo, workers, plan.step_ms)}
+    config = {**layout, **config_for(algo, workers, plan.step_ms,
+                                     plan.impala_fragments_per_call)}
     return ["train", "--algo", algo, "--env", ENV_ID, "--config", json.dumps(config),
             "--stop", json.dumps(stop), "--run-dir", str(run_dir), "--progress", "plain",
             "--seed", "0"]
@@ -352,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                              "per point)")
     parser.add_argument("--runs-dir", type=Path,
                         help="keep the run directories here (default: a temporary directory)")
+    parser.add_argument("--impala-fragments-per-call", type=int,
+                        default=IMPALA_FRAGMENTS_PER_CALL,
+                        help=f"IMPALA's fragments_per_call (default "
+                             f"{IMPALA_FRAGMENTS_PER_CALL}; 0: the driver-routed path)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     try:
@@ -364,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 3 for n in ranks):
         parser.error(f"--ranks: every count must be at least 3, got {args.ranks}")
     plan = Plan(ranks=ranks, algos=algos, train_s=args.train_s or plan.train_s,
-                step_ms=args.step_ms or plan.step_ms)
+                step_ms=args.step_ms or plan.step_ms,
+                impala_fragments_per_call=args.impala_fragments_per_call)
     started = time.perf_counter()
     by_algo: dict[str, dict[int, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="mpirl-scale-") as tmp:
