@@ -39,13 +39,14 @@ from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.dispatch import DRIVER_SPIN_S
 from mpirl.runtime.ulfm import (
     acknowledge_failures,
     bcast_weights,
     failed_world_ranks,
     is_process_failure,
 )
-from mpirl.runtime.waiting import Backoff
+from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
@@ -531,8 +532,10 @@ class Learner(Worker):
         sources: dict[int, int] = {}
         steps = 0
         deadline = time.monotonic() + wait_s
-        backoff = Backoff()
+        # A wait on many ranks at once, as the driver's: a short spin after each fragment.
+        backoff = Backoff(spin_s=DRIVER_SPIN_S)
         while len(parts) < owed:
+            turn_began = time.thread_time()
             try:
                 item = channel.poll(MPI.ANY_SOURCE, STREAM_TAG)
             except MPI.Exception as error:
@@ -546,6 +549,8 @@ class Learner(Worker):
                 if steps >= min_env_steps or time.monotonic() > deadline:
                     break
                 backoff.sleep()
+                # Waiting, not training: on rank 0 (a hosted learner) it counts as idle.
+                DRIVER_CPU.idle_s += time.thread_time() - turn_began
                 continue
             (_, version, env_steps, batch), source = item
             backoff.reset()
