@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mpirl.errors import RankLost
@@ -215,3 +216,33 @@ def test_a_worker_whose_calls_all_finished_is_topped_up_once(group_calls):
     requests.top_up()
     assert [len(w.calls) for w in workers] == [2, 4, 2]
     assert requests.metrics()["requests_in_flight"] == 6
+
+
+def test_merged_sample_metrics_equal_one_call_over_all_the_steps():
+    """A ``sample_fragments`` answer sums its fragments' metrics: counts added, episodes joined
+    in order, observation statistics merged as if one call had seen every step."""
+    from mpirl.models.statistics import RunningMeanStd
+    from mpirl.workers.rollout import merge_sample_metrics
+
+    rng = np.random.default_rng(0)
+    seen = [rng.normal(i, 1.0 + i, size=(50, 3)) for i in range(3)]
+    answers = []
+    for i, obs in enumerate(seen):
+        delta = RunningMeanStd((3,))
+        delta.update(obs)
+        answers.append({"env_steps": 50, "env_failures": i, "episode_returns": [float(i)],
+                        "episode_lengths": [10 + i], "filter_delta": delta.state(),
+                        "dumped": ("rollout-1.h5", [(i, 10 + i)])})
+    total = answers[0]
+    for more in answers[1:]:
+        total = merge_sample_metrics(total, more)
+    assert total["env_steps"] == 150 and total["env_failures"] == 3
+    assert total["episode_returns"] == [0.0, 1.0, 2.0]
+    assert total["episode_lengths"] == [10, 11, 12]
+    assert total["dumped"] == ("rollout-1.h5", [(0, 10), (1, 11), (2, 12)])
+    whole = RunningMeanStd((3,))
+    whole.update(np.concatenate(seen))
+    mean, var, count = total["filter_delta"]
+    assert count == 150
+    np.testing.assert_allclose(mean, whole.mean)
+    np.testing.assert_allclose(var, whole.var)

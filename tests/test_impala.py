@@ -103,8 +103,9 @@ def test_a_straggler_rank_costs_impala_little_throughput(tmp_path):
 
 
 def test_streamed_impala_with_two_learners_and_an_lstm(tmp_path):
+    # Observation statistics too: each call's answer merges those of its fragments.
     config = {"min_steps_per_iteration": 1000, "num_learners": 2, "num_rollout_workers": 3,
-              "fragments_per_call": 2, "use_lstm": True}
+              "fragments_per_call": 2, "use_lstm": True, "normalize_observations": True}
     _, run_dir, result = train(6, tmp_path, "--algo", "IMPALA", "--env", "CartPole-v1",
                                "--config", json.dumps(config),
                                "--stop", '{"training_iteration": 3}')

@@ -147,6 +147,11 @@ class AsyncRequests:
         return self._taken(self._completions.take(
             timeout, (f for _, _, f in self._in_flight.values())))
 
+    @property
+    def calls_in_flight(self) -> int:
+        """Calls sent and not yet returned by ``ready``, ``finished`` or ``drain``."""
+        return len(self._in_flight)
+
     def finished(self) -> list[Done]:
         """Every call that has finished since the last ``ready`` or ``finished``, without
         waiting (there may be none); lost workers and failed environments as in ``ready``."""
@@ -365,6 +370,8 @@ class FragmentStream:
         the ranks whose fragments they used after each. ``train_args`` go to
         ``Learner.train``. Returns the learners' mean statistics and the env steps taken."""
         self.requests.top_up()
+        if not self.requests.calls_in_flight:
+            raise RankLost("no rollout worker is left to send requests to", -1)
         return self._train(min_env_steps, env_steps, **train_args)
 
     def _train(self, min_env_steps: int, env_steps: int, **train_args: Any
@@ -424,8 +431,8 @@ class FragmentStream:
         it, so that nothing is left in flight."""
         # Each call stops after the fragment it is sampling: a checkpoint waits for one
         # fragment, not for fragments_per_call times max_in_flight of them.
-        self.algo.rollouts.progress()
-        ranks = [worker.rank for worker in self.algo.rollouts]
+        self.algo.rollouts.progress()  # a rank lost by now is sent nothing
+        ranks = [worker.rank for worker in self.algo.rollouts if not worker.lost]
         channel = self.algo.driver.context.data_channel
         channel.isend_many(self.round, ranks, STOP_STREAM_TAG)
         samples = self._answers(self.requests.drain(), 0)
@@ -454,7 +461,7 @@ class FragmentStream:
         the learner's), and calls in flight."""
         mean = self._lag_sum / self._lag_count if self._lag_count else 0.0
         row = {"policy_lag_mean": mean, "policy_lag_max": float(self._lag_max),
-               "requests_in_flight": float(len(self.requests._in_flight))}
+               "requests_in_flight": float(self.requests.calls_in_flight)}
         self._lag_sum = self._lag_count = self._lag_max = 0
         return row
 

@@ -552,7 +552,7 @@ class Learner(Worker):
                 # Waiting, not training: on rank 0 (a hosted learner) it counts as idle.
                 DRIVER_CPU.idle_s += time.thread_time() - turn_began
                 continue
-            (_, version, env_steps, batch), source = item
+            (version, env_steps, batch), source = item
             backoff.reset()
             parts.append(batch)
             sources[source] = sources.get(source, 0) + 1

@@ -356,8 +356,8 @@ class RolloutWorker(Worker):
     def sample_fragments(self, fragments: int, steps_per_env: int, filter_state: tuple | None,
                          send_to: int, stream_round: int = 0) -> dict[str, Any]:
         """Sample up to ``fragments`` V-trace fragments in a row, each sent to learner rank
-        ``send_to`` as soon as it is done (``STREAM_TAG``, with this worker's index and the
-        version of the weights that sampled it); before each, take the newest weights that
+        ``send_to`` as soon as it is done (``STREAM_TAG``, with its env steps and the version
+        of the weights that sampled it); before each, take the newest weights that
         learner pushed. The driver gets one answer for them all: their metrics summed
         (``merge_sample_metrics``) and ``fragments``, those sent. Once the driver's word to stop
         round ``stream_round`` came (``STOP_STREAM_TAG``, before a checkpoint), no more are
@@ -376,8 +376,8 @@ class RolloutWorker(Worker):
             metrics = self.sample(steps_per_env, trajectories=True)
             batch = metrics.pop("batch")
             channel.flush()
-            channel.isend((self.context.role_index, self.weights_version, metrics["env_steps"],
-                           batch), send_to, STREAM_TAG)
+            channel.isend((self.weights_version, metrics["env_steps"], batch), send_to,
+                          STREAM_TAG)
             total = merge_sample_metrics(total, metrics) if total else metrics
             sent += 1
         if not total:  # stopped before the first: an answer with nothing in it
