@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpirl.config.fields import QLearningConfig
-from mpirl.execution.replay_ops import AsyncReplayLoop, apex_epsilons, check_q_config, spawn_replay
+from mpirl.execution.replay_ops import (
+    AsyncReplayLoop,
+    StreamedReplayLoop,
+    apex_epsilons,
+    check_q_config,
+    spawn_replay,
+)
 from mpirl.models.q_network import dqn_loss, q_model_spec
 from mpirl.workers.q_workers import QLearner, TransitionWorker
 
@@ -41,6 +47,14 @@ class Config(QLearningConfig):
     """Exponent spread of the per-worker epsilons."""
     min_env_steps_per_iteration: int = 1_000
     """Env steps stored per reported iteration."""
+    fragments_per_call: int = 0
+    """0: the driver starts every sampling call (one fragment each), every insert and every
+    training round. n >= 1: each sampling call sends n fragments straight to its shard, the
+    shards store them and serve the learner's requests for minibatches themselves, and the
+    driver starts one call per shard and one on the learner per iteration
+    (``StreamedReplayLoop``), for runs of hundreds of rollout ranks. Needs one learner rank and
+    replay ranks of their own. ``throttle_sampling`` then makes each rollout rank wait for the
+    SGD steps its posted weights say the learner took."""
 
     # Replay
     learning_starts: int = 1_000
@@ -75,7 +89,11 @@ def check_config(config: Config, env) -> None:
 def setup(algo) -> None:
     algo.replay = spawn_replay(algo)
     epsilons = apex_epsilons(len(algo.rollouts), algo.config.epsilon, algo.config.epsilon_alpha)
-    algo.loop = AsyncReplayLoop(algo, epsilons, algo.config.batches_per_train)
+    if algo.config.fragments_per_call:
+        algo.loop = StreamedReplayLoop(algo, epsilons, algo.config.fragments_per_call,
+                                       algo.config.batches_per_train)
+    else:
+        algo.loop = AsyncReplayLoop(algo, epsilons, algo.config.batches_per_train)
 
 
 def training_step(algo) -> dict[str, float]:

@@ -66,9 +66,14 @@ WARMUP_ITERATIONS = 2
 FRAGMENT = 50
 """Steps per rollout rank per PPO or IMPALA iteration, and per Ape-X fragment."""
 ES_EPISODE_LEN = 20
+APEX_SGD_STEPS_PER_ENV_STEP = 0.1
 IMPALA_FRAGMENTS_PER_CALL = 8
 """IMPALA streams its fragments to the learner, 8 per call (``fragments_per_call``), as a run of
 many rollout ranks should; ``--impala-fragments-per-call 0`` measures the driver-routed path."""
+APEX_FRAGMENTS_PER_CALL = 0
+"""Ape-X's default here is the driver-driven path: streamed (``--apex-fragments-per-call 8``) it
+counts env steps as the calls answer, 8 fragments at a time, so that below about 32 ranks an
+iteration is one or two answers and its steps/s per rank are no measure of sampling."""
 CPU_PARTS = ("hosted", "idle", "threads", "own")
 """The parts of rank 0's CPU per iteration that ``progress.csv`` reports (``perf/driver_*``)."""
 RANK_MB = 100
@@ -105,6 +110,7 @@ class Plan:
     step_ms: float
     """What each env step sleeps."""
     impala_fragments_per_call: int = IMPALA_FRAGMENTS_PER_CALL
+    apex_fragments_per_call: int = APEX_FRAGMENTS_PER_CALL
 
 
 QUICK = Plan(ranks=(4, 8), algos=("PPO", "IMPALA"), train_s=6.0, step_ms=10.0)
@@ -121,7 +127,8 @@ def rollout_ranks(algo: str, ranks: int) -> tuple[int, dict[str, Any]]:
 
 
 def config_for(algo: str, workers: int, step_ms: float,
-               impala_fragments_per_call: int = IMPALA_FRAGMENTS_PER_CALL) -> dict[str, Any]:
+               impala_fragments_per_call: int = IMPALA_FRAGMENTS_PER_CALL,
+               apex_fragments_per_call: int = APEX_FRAGMENTS_PER_CALL) -> dict[str, Any]:
     """Weak scaling: each rollout rank's work per iteration stays the same as ranks grow."""
     common = {"num_envs_per_worker": 1, "hidden_sizes": [8],
               "env_config": {"step_s": step_ms / 1e3}}
@@ -135,7 +142,11 @@ def config_for(algo: str, workers: int, step_ms: float,
     if algo == "APEX":
         return {**common, "rollout_fragment_length": FRAGMENT,
                 "min_env_steps_per_iteration": FRAGMENT * workers, "learning_starts": 200,
-                "throttle_sampling": False}
+                "throttle_sampling": False, "fragments_per_call": apex_fragments_per_call,
+                # What one CPU learner keeps up with here (about 17 rounds of 16 minibatches
+                # per iteration at 64 ranks), so that a learner training flat out does not
+                # take the rollout ranks' share of the 2 cores.
+                "sgd_steps_per_env_step": APEX_SGD_STEPS_PER_ENV_STEP}
     if algo == "ES":
         # Two episodes (one antithetic pair) per rollout rank per generation.
         return {"hidden_sizes": [8], "episodes_per_batch": 2 * workers,
@@ -210,7 +221,8 @@ def _train_command(algo: str, ranks: int, plan: Plan, run_dir: Path, stop: dict[
     if workers < 1:
         raise BenchError(f"{algo} needs more than {ranks} ranks")
     config = {**layout, **config_for(algo, workers, plan.step_ms,
-                                     plan.impala_fragments_per_call)}
+                                     plan.impala_fragments_per_call,
+                                     plan.apex_fragments_per_call)}
     return ["train", "--algo", algo, "--env", ENV_ID, "--config", json.dumps(config),
             "--stop", json.dumps(stop), "--run-dir", str(run_dir), "--progress", "plain",
             "--seed", "0"]
@@ -363,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
                         default=IMPALA_FRAGMENTS_PER_CALL,
                         help=f"IMPALA's fragments_per_call (default "
                              f"{IMPALA_FRAGMENTS_PER_CALL}; 0: the driver-routed path)")
+    parser.add_argument("--apex-fragments-per-call", type=int, default=APEX_FRAGMENTS_PER_CALL,
+                        help=f"Ape-X's fragments_per_call (default {APEX_FRAGMENTS_PER_CALL}: "
+                             f"the driver-driven path)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     try:
@@ -376,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ranks: every count must be at least 3, got {args.ranks}")
     plan = Plan(ranks=ranks, algos=algos, train_s=args.train_s or plan.train_s,
                 step_ms=args.step_ms or plan.step_ms,
-                impala_fragments_per_call=args.impala_fragments_per_call)
+                impala_fragments_per_call=args.impala_fragments_per_call,
+                apex_fragments_per_call=args.apex_fragments_per_call)
     started = time.perf_counter()
     by_algo: dict[str, dict[int, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="mpirl-scale-") as tmp:

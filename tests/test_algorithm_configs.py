@@ -53,7 +53,7 @@ KEYS = {
                      "exploration_steps", "double_q", "dueling"},
     "APEX": REPLAY | {"target_network_update_freq", "epsilon", "epsilon_alpha",
                       "min_env_steps_per_iteration", "throttle_sampling", "batches_per_train",
-                      "weight_sync_every", "double_q",
+                      "weight_sync_every", "double_q", "fragments_per_call",
                       "dueling", "metrics_max_epsilon"},
     "SAC": REPLAY | {"tau", "initial_alpha", "target_entropy", "custom_q_model"},
     "BC": OFFLINE,

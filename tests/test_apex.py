@@ -9,19 +9,28 @@ import json
 import pickle
 
 import pytest
-from test_train import rows, train
+from conftest import run_mpi
+from test_train import MPIRL, rows, train
 
 LAYOUT = {"num_rollout_workers": 2, "num_replay_shards": 2, "num_learners": 1,
           "metrics_window": 20}
 
 
-def test_apex_learns_with_two_shards_and_async_weights(tmp_path):
+#: fragments_per_call 4: each sampling call sends 4 chunks straight to its shard; the shards
+#: serve the learner's requests themselves (StreamedReplayLoop).
+STREAMED = {"fragments_per_call": 4}
+
+
+@pytest.mark.parametrize("extra", [{}, STREAMED], ids=["driver-driven", "streamed"])
+def test_apex_learns_with_two_shards_and_async_weights(tmp_path, extra):
+    # Streamed, seeds 0-4 reached 100 at 8.6k-13.7k env steps (2026-11-27).
     _, run_dir, result = train(
         6, tmp_path, "--algo", "APEX", "--env", "CartPole-v1", "--seed", "5",
-        "--config", json.dumps(LAYOUT),
+        "--config", json.dumps(LAYOUT | extra),
         "--stop", '{"episode_return_mean": 100, "timesteps_total": 25000}', timeout=240)
     assert result["episode_return_mean"] >= 100, result
-    assert result["timesteps_total"] <= 25000 + 2 * 4 * 32  # the calls in flight at the end
+    # The calls in flight at the end: 2 per rank, of 4 chunks of 8 envs x 32 steps streamed.
+    assert result["timesteps_total"] <= 25000 + (2 * 2 * 4 * 256 if extra else 2 * 4 * 32)
     progress = rows(run_dir)
     assert float(progress[-1]["sgd_steps_total"]) > 0
     lags = [float(r["weights_lag_sgd_steps"]) for r in progress[3:]]
@@ -32,12 +41,26 @@ def test_apex_learns_with_two_shards_and_async_weights(tmp_path):
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     assert manifest["layout"] == {"learner": 1, "rollout": 2, "replay": 2}
     # Rollout worker i feeds shard i mod 2: both shards hold rows.
+    written = 0
     for k in (0, 1):
         shard = pickle.loads((checkpoint / f"replay_{k}.pkl").read_bytes())
         assert shard["written"].sum() > 1000
         assert shard["max_priority"] > 1.0  # TD errors came back as priorities
+        written += shard["written"].sum()
+    if extra:  # the final checkpoint stopped the calls and stored every chunk sent first
+        assert written >= result["timesteps_total"], (written, result)
     learner = pickle.loads((checkpoint / "learner_0.pkl").read_bytes())
     assert learner["updates"] >= 16 and learner["posted"] > 0  # weights were posted
+
+
+def test_streamed_apex_needs_ranks_of_its_own_for_learner_and_shards(tmp_path):
+    proc = run_mpi(4, *MPIRL, "train", "--algo", "APEX", "--env", "CartPole-v1",
+                   "--config", json.dumps({"num_learners": 0, **STREAMED}),
+                   "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("fragments_per_call streams chunks to replay ranks") == 1, \
+        proc.stderr
+    assert "set fragments_per_call 0" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # The driver's loop with fake workers: what it asks the replay shards to store.

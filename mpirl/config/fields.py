@@ -100,6 +100,7 @@ RANGES: dict[str, Range] = {
     "max_env_failures": at_least(1),
     "env_failure_window": at_least(1),
     "max_requests_in_flight_per_worker": at_least(1),
+    "fragments_per_call": at_least(0),
     "min_steps_per_iteration": at_least(1),
     "min_env_steps_per_iteration": at_least(1),
     "initial_epsilon": within(0, 1),

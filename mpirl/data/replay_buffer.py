@@ -19,7 +19,9 @@ as in Schaul et al. (2016), so that a minibatch's weights do not depend on what 
 What crosses ranks (``mpirl.workers.replay_shard.ReplayShard``): rollout ranks send chunks of
 steps straight to a shard rank (tag ``INSERT_TAG``); a shard sends minibatches straight to a
 learner rank (``SAMPLE_TAG``); the learner sends TD errors back (``PRIORITY_TAG``). The driver
-only tells each rank when to do what.
+only tells each rank when to do what; or, streamed (Ape-X's ``fragments_per_call``), a shard
+serving stores the chunks as they come and answers the learner's requests
+(``SAMPLE_REQUEST_TAG``) itself.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ INSERT_TAG = 31
 SAMPLE_TAG = 32
 PRIORITY_TAG = 33
 WEIGHTS_TAG = 34
+SAMPLE_REQUEST_TAG = 35
 
 #: Row flags (one byte per row).
 TERMINATED = 1

@@ -40,8 +40,8 @@ from mpirl.execution.operators import (
 )
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.dispatch import Completions, Future, WorkerGroup, WorkerHandle, call_all
+from mpirl.runtime.host import STOP_STREAM_TAG
 from mpirl.workers.env_guard import unwrap_env_failure
-from mpirl.workers.rollout import STOP_STREAM_TAG
 
 
 def check_in_flight(value: int) -> None:
@@ -330,9 +330,6 @@ class FragmentStream:
 
     def __init__(self, algo: Any, steps_per_env: int, fragments_per_call: int,
                  max_in_flight: int) -> None:
-        if fragments_per_call < 1:
-            raise ConfigError(f"fragments_per_call must be >= 1 to stream fragments, got "
-                              f"{fragments_per_call}")
         learners = self.learners = algo.learners
         if any(worker.in_process for worker in algo.rollouts):
             raise ConfigError("fragments_per_call streams fragments between ranks, and this run "

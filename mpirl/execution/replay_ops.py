@@ -19,6 +19,7 @@ import numpy as np
 
 from mpirl.data.replay_buffer import ReplaySettings
 from mpirl.errors import ConfigError, RemoteError
+from mpirl.execution.async_ops import AsyncRequests, Done
 from mpirl.execution.operators import (
     SampleResult,
     add_sample_metrics,
@@ -30,6 +31,7 @@ from mpirl.execution.operators import (
 )
 from mpirl.models.q_network import DQN_STATS, check_discrete
 from mpirl.runtime.dispatch import Completions, WorkerGroup
+from mpirl.runtime.host import STOP_STREAM_TAG
 from mpirl.runtime.layout import REPLAY
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.replay_shard import ReplayShard
@@ -152,6 +154,35 @@ class UnsentInserts:
         return len(self.sources) + len(self.chunks)
 
 
+def replay_row(algo: Any, learner_stats: dict[str, float], lags: list[int]) -> dict[str, float]:
+    """An Ape-X iteration's row: the learner's loss statistics (NaN where it took no step), the
+    SGD steps so far, beta, and how many SGD steps older than the learner's (as the driver last
+    heard) the weights were that each sampling call used (``lags``): the cost of the async
+    sync."""
+    config = algo.config
+    stats = dict.fromkeys(DQN_STATS, math.nan) | learner_stats
+    stats["sgd_steps_total"] = algo.sgd_steps_total
+    if config.prioritized_replay:
+        stats["prioritized_replay_beta"] = replay_beta(config, algo.timesteps_total)
+    stats["weights_lag_sgd_steps"] = float(np.mean(lags)) if lags else math.nan
+    return stats
+
+
+def count_transitions(algo: Any, epsilon: float, least_epsilon: float,
+                      metrics: dict[str, Any]) -> None:
+    """Count a ``sample_transitions`` answer of a worker exploring with ``epsilon``: an
+    explorer's episodes (epsilon above ``metrics_max_epsilon`` while some worker's is not) say
+    little about the policy, so they are counted, not averaged."""
+    sample = SampleResult()
+    add_sample_metrics(sample, metrics)
+    limit = algo.config.metrics_max_epsilon
+    if epsilon > limit and least_epsilon <= limit:
+        algo.episodes_total += len(sample.episode_returns)
+        sample.episode_returns, sample.episode_lengths = [], []
+        sample.custom_metrics = []
+    algo.count(sample)
+
+
 class AsyncReplayLoop:
     """Ape-X's asynchronous driver loop: sampling, storing and training overlap.
 
@@ -245,14 +276,7 @@ class AsyncReplayLoop:
         for k in list(self.unsent_inserts):
             self._insert(k)
         self._check_inserts()
-        stats = dict.fromkeys(DQN_STATS, math.nan) | mean_stats(results)
-        stats["sgd_steps_total"] = algo.sgd_steps_total
-        if config.prioritized_replay:
-            stats["prioritized_replay_beta"] = replay_beta(config, algo.timesteps_total)
-        # How many SGD steps older than the learner's (as the driver last heard) the weights
-        # were that each sampling call of this iteration used: the cost of the async sync.
-        stats["weights_lag_sgd_steps"] = float(np.mean(self.lags)) if self.lags else math.nan
-        self.lags = []
+        stats, self.lags = replay_row(algo, mean_stats(results), self.lags), []
         return stats
 
     def _may_sample(self) -> bool:
@@ -295,15 +319,7 @@ class AsyncReplayLoop:
         unsent.env_steps += metrics["env_steps"]
         if unsent.fragments >= self.insert_batch:
             self._insert(k)
-        sample = SampleResult()
-        add_sample_metrics(sample, metrics)
-        if self.epsilons[i] > self.config.metrics_max_epsilon and \
-                min(self.epsilons) <= self.config.metrics_max_epsilon:
-            # An explorer's episodes say little about the policy: counted, not averaged.
-            algo.episodes_total += len(sample.episode_returns)
-            sample.episode_returns, sample.episode_lengths = [], []
-            sample.custom_metrics = []
-        algo.count(sample)
+        count_transitions(algo, self.epsilons[i], min(self.epsilons), metrics)
         return metrics["env_steps"]
 
     def _insert(self, k: int) -> None:
@@ -336,3 +352,140 @@ class AsyncReplayLoop:
             for worker in self.algo.rollouts:
                 worker.call("set_weights", weights)
         return result
+
+
+class StreamedReplayLoop:
+    """Ape-X with ``fragments_per_call``: the replay and learner ranks run without a call per
+    fragment or per training round.
+
+    Each ``sample_transitions`` call of a rollout rank samples n chunks and sends each to its
+    shard as soon as it is done. Every iteration the driver starts one ``serve`` call on each
+    shard (store the chunks as they come, from any rank; answer the learner's requests for
+    minibatches; apply its TD errors) and one ``train_from_shards`` call on the learner (ask the
+    shards in turn, train, send the TD errors back, post weights to the rollout ranks), reads
+    the rollout ranks' answers until the iteration's env steps are sampled, then tells the
+    learner to stop, and after it the shards. The learner keeps its
+    SGD steps within ``sgd_steps_per_env_step`` of the steps the shards say they stored, and
+    with ``throttle_sampling`` each rollout rank waits, before a chunk, while it is too far ahead
+    of the SGD steps its learner's posted weights say were taken (``_pace``)."""
+
+    SETTLE_WAIT_S = 10.0
+    """Longest a shard waits, before a checkpoint, for the chunks sent to it but not yet stored."""
+
+    def __init__(self, algo: Any, epsilons: list[float], fragments_per_call: int,
+                 batches_per_train: int = 16) -> None:
+        learners, replay, rollouts = algo.learners, algo.replay, algo.rollouts
+        if len(learners) != 1 or any(w.in_process for w in (*learners, *replay, *rollouts)):
+            raise ConfigError(
+                "fragments_per_call streams chunks to replay ranks and minibatches to one "
+                "learner rank, each on a rank of its own; this layout has workers in the "
+                "driver's process or more than one learner. Give num_learners 1, "
+                "num_replay_shards >= 1 and enough ranks for them and the rollout workers, or "
+                "set fragments_per_call 0")
+        self.algo, self.epsilons, self.config = algo, epsilons, algo.config
+        self.fragments = fragments_per_call
+        self.batches_per_train = batches_per_train
+        self.least_epsilon = min(epsilons)
+        self.round = 0  # the iterations' serve and train calls
+        self.settles = 0  # the rollout calls' rounds: bumped by each checkpoint
+        self.sent = [0] * len(replay)  # chunks the rollout ranks said they sent to each shard
+        self.stored = [0] * len(replay)  # chunks each shard said it stored
+        self.lags: list[int] = []
+        self.sgd_done: int | None = None
+        self.started: set[int] = set()  # rollout indices whose first call was sent
+
+        def make_args(worker: Any) -> tuple:
+            shard = replay[worker.index % len(replay)]
+            # The first call of worker i samples 1 + i mod n chunks: the ranks, which start
+            # together, then answer spread out, not all at once every n chunks.
+            first = worker.index not in self.started
+            self.started.add(worker.index)
+            count = 1 + worker.index % fragments_per_call if first else fragments_per_call
+            return (self.config.rollout_fragment_length, epsilons[worker.index], shard.rank,
+                    count, self.settles, self._pace())
+
+        # Two calls kept on each rollout rank, so that it never waits for the driver's next.
+        self.requests = AsyncRequests(rollouts, "sample_transitions", 2, make_args)
+        algo.before_checkpoint.append(self.settle)
+
+    def _pace(self) -> tuple[int, float, float] | None:
+        """With ``throttle_sampling``, what each rollout rank waits on before a chunk (see
+        ``TransitionWorker.sample_transitions``): sampling may run two rounds of calls ahead of
+        the learner's SGD steps, and far enough past ``learning_starts`` to fill every shard to
+        what the learner asks of it (so that the learner always has rows and a budget)."""
+        config = self.config
+        if not config.throttle_sampling:
+            return None
+        workers = len(self.algo.rollouts)
+        round_steps = (workers * config.num_envs_per_worker * config.rollout_fragment_length
+                       * self.fragments)
+        fill = 4 * config.train_batch_size * len(self.algo.replay)
+        ahead = config.learning_starts + 2 * round_steps + fill
+        return workers, float(ahead), config.sgd_steps_per_env_step
+
+    def step(self, min_env_steps: int) -> dict[str, float]:
+        """Sample until ``min_env_steps`` new env steps were sent to the shards, the learner
+        training meanwhile; return the statistics of its SGD steps."""
+        algo, config = self.algo, self.config
+        if self.sgd_done is None:
+            self.sgd_done = algo.sgd_steps_total
+        shards = [shard.call_async("serve", self.round) for shard in algo.replay]
+        learner = algo.learners[0]
+        training = learner.call_async(
+            "train_from_shards", self.round, algo.replay.ranks, self.batches_per_train,
+            max(1, config.train_batch_size), replay_beta(config, algo.timesteps_total),
+            (algo.timesteps_total, algo.sgd_steps_total, config.learning_starts,
+             config.sgd_steps_per_env_step),
+            4 * config.train_batch_size, [w.rank for w in algo.rollouts],
+            config.weight_sync_every)
+        env_steps = 0
+        while env_steps < min_env_steps:
+            env_steps += self._count(self.requests.ready())
+        # The learner first: once it has stopped it asks no shard for anything.
+        channel = algo.driver.context.data_channel
+        channel.isend(self.round, learner.rank, STOP_STREAM_TAG)
+        result = training.result()
+        channel.isend_many(self.round, algo.replay.ranks, STOP_STREAM_TAG)
+        self._served([future.result() for future in shards])
+        self.round += 1
+        algo.sgd_steps_total += result["sgd_steps"]
+        self.sgd_done += result["sgd_steps"]
+        result.pop("sgd_steps")
+        stats, self.lags = replay_row(algo, result, self.lags), []
+        return stats
+
+    def _count(self, done: list[Done]) -> int:
+        env_steps = 0
+        for item in done:
+            metrics = item.result
+            self.sent[item.worker.index % len(self.algo.replay)] += metrics["fragments"]
+            if metrics["fragments"]:
+                self.lags.append(max(0, self.sgd_done - metrics["weights_version"]))
+            count_transitions(self.algo, self.epsilons[item.worker.index], self.least_epsilon,
+                              metrics)
+            env_steps += metrics["env_steps"]
+        return env_steps
+
+    def _served(self, results: list[dict[str, Any]]) -> None:
+        for k, result in enumerate(results):
+            self.stored[k] += sum(result["chunks"].values())
+
+    def settle(self) -> None:
+        """Before a checkpoint: the rollout calls stop after the chunk they are sampling, and
+        each shard stores the chunks sent to it, so that the checkpoint holds them."""
+        algo = self.algo
+        algo.rollouts.progress()  # a rank lost by now is sent nothing
+        channel = algo.driver.context.data_channel
+        channel.isend_many(self.settles, [w.rank for w in algo.rollouts if not w.lost],
+                           STOP_STREAM_TAG)
+        self._count(self.requests.drain())
+        self.settles += 1
+        self.started.clear()  # the calls start together again: spread them out again
+        owed = [max(0, sent - stored)
+                for sent, stored in zip(self.sent, self.stored, strict=True)]
+        if any(owed):
+            # A round of its own, ended by the chunks coming (or the wait), not by a stop word.
+            futures = [shard.call_async("serve", self.round, owed[k], self.SETTLE_WAIT_S)
+                       for k, shard in enumerate(algo.replay)]
+            self._served([future.result() for future in futures])
+            self.round += 1

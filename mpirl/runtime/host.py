@@ -20,6 +20,18 @@ from mpirl.runtime.waiting import Backoff
 
 #: The driver's rank.
 DRIVER_RANK = 0
+#: Tag of the driver's word, on the data channel, that ends the streaming calls of a round and
+#: earlier ones (IMPALA's ``sample_fragments``; Ape-X's sampling, a shard's ``serve``, the
+#: learner's ``train_from_shards``): one message per rank, however many calls it has queued.
+STOP_STREAM_TAG = 24
+
+
+def latest_stopped_round(channel: Channel, known: int) -> int:
+    """The latest stream round the driver has told this rank to stop: ``known`` or a later one,
+    from the stop words that came (all are taken)."""
+    while (item := channel.poll(DRIVER_RANK, STOP_STREAM_TAG)) is not None:
+        known = max(known, item[0])
+    return known
 
 
 class WorkerHost:

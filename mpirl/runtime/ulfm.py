@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
@@ -73,6 +73,40 @@ def acknowledge_failures(comm: MPI.Comm) -> None:
     on it work again (they raise until then). Acknowledgements are per communicator."""
     with contextlib.suppress(MPI.Exception, NotImplementedError, AttributeError):
         comm.Ack_failed()
+
+
+def poll_any_source(channel: Any, tag: int) -> tuple[Any, int] | None:
+    """One message of ``tag`` from any rank of ``channel`` (``(obj, source)``), or None. Under
+    ULFM a probe from any source raises once a rank has failed, until the failure is
+    acknowledged: that is done here and None returned (the driver learns of the loss from its
+    calls); any other error is raised."""
+    try:
+        return channel.poll(MPI.ANY_SOURCE, tag)
+    except MPI.Exception as error:
+        if not is_process_failure(error):
+            raise
+        acknowledge_failures(channel.comm)
+        return None
+
+
+def isend_to_survivors(channel: Any, obj: Any, ranks: list[int], tag: int,
+                       failed: set[int]) -> None:
+    """Start sending ``obj`` to ``ranks`` less those in ``failed``. Under ULFM the sends to
+    ranks MPI reports failed are dropped (they can never complete) and the ranks added to
+    ``failed``; any other error is raised."""
+    ranks = [rank for rank in ranks if rank not in failed]
+    if not ranks:
+        return
+    try:
+        channel.isend_many(obj, ranks, tag)
+    except MPI.Exception as error:
+        lost = failed_world_ranks(channel.comm)
+        if not (lost or is_process_failure(error)):
+            raise
+        for rank in lost:
+            channel.forget(rank)
+        failed.update(lost)
+        acknowledge_failures(channel.comm)
 
 
 @contextlib.contextmanager

@@ -40,12 +40,7 @@ from mpirl.models.policy import PolicySpec
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
-from mpirl.runtime.ulfm import (
-    acknowledge_failures,
-    bcast_weights,
-    failed_world_ranks,
-    is_process_failure,
-)
+from mpirl.runtime.ulfm import bcast_weights, isend_to_survivors, poll_any_source
 from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
@@ -504,23 +499,11 @@ class Learner(Worker):
                         "policy_lag_sum": lags[0], "policy_lag_max": lags[1]}
 
     def _push_weights(self, ranks: list[int]) -> None:
-        """Start sending the weights, with their version, to rollout ``ranks``; under ULFM, the
-        sends to ranks that failed are dropped (the driver learns of the loss from its calls)."""
-        channel = self.context.data_channel
-        ranks = [rank for rank in ranks if rank not in self.failed_ranks]
-        if not ranks:
-            return
-        try:
-            channel.isend_many((self.stream_version, self.policy.get_flat_weights()), ranks,
-                               PUSHED_WEIGHTS_TAG)
-        except MPI.Exception as error:
-            failed = failed_world_ranks(channel.comm)
-            if not (failed or is_process_failure(error)):
-                raise
-            for rank in failed:
-                channel.forget(rank)
-            self.failed_ranks.update(failed)
-            acknowledge_failures(channel.comm)
+        """Start sending the weights, with their version, to rollout ``ranks`` (not to those
+        that failed, under ULFM)."""
+        isend_to_survivors(self.context.data_channel,
+                           (self.stream_version, self.policy.get_flat_weights()), ranks,
+                           PUSHED_WEIGHTS_TAG, self.failed_ranks)
 
     def _take_fragments(self, min_env_steps: int, owed: int, wait_s: float, lags: list[int]
                         ) -> tuple[list[dict], int, dict[int, int]]:
@@ -536,15 +519,7 @@ class Learner(Worker):
         backoff = Backoff(spin_s=DRIVER_SPIN_S)
         while len(parts) < owed:
             turn_began = time.thread_time()
-            try:
-                item = channel.poll(MPI.ANY_SOURCE, STREAM_TAG)
-            except MPI.Exception as error:
-                # Under ULFM a probe from any source raises after a rank failed until the
-                # failure is acknowledged; the driver learns of the loss from its calls.
-                if not is_process_failure(error):
-                    raise
-                acknowledge_failures(channel.comm)
-                continue
+            item = poll_any_source(channel, STREAM_TAG)
             if item is None:
                 if steps >= min_env_steps or time.monotonic() > deadline:
                     break

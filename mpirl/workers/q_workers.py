@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import numpy as np
@@ -17,20 +18,27 @@ import torch
 
 from mpirl.data.replay_buffer import (
     PRIORITY_TAG,
+    SAMPLE_REQUEST_TAG,
     SAMPLE_TAG,
     WEIGHTS_TAG,
 )
 from mpirl.runtime.core import RankContext
+from mpirl.runtime.host import latest_stopped_round
+from mpirl.runtime.ulfm import isend_to_survivors
+from mpirl.runtime.waiting import Backoff
 from mpirl.workers.learner import Learner, minibatch_rows
 from mpirl.workers.transition_worker import TransitionWorker
 
 __all__ = ["QLearner", "TransitionWorker"]
 
+REPLY_GRACE_S = 2.0
+"""How long a streaming learner still waits for a shard's answer once told to stop."""
+
 
 class QLearner(Learner):
     """A learner on replay: minibatches from shard ranks, a target network, TD errors back."""
 
-    MESSAGES = (*Learner.MESSAGES, "train_replay")
+    MESSAGES = (*Learner.MESSAGES, "train_replay", "train_from_shards")
     #: Data-channel tags of minibatches in and TD errors out (a multi-agent policy's differ).
     sample_tag, priority_tag = SAMPLE_TAG, PRIORITY_TAG
 
@@ -41,6 +49,9 @@ class QLearner(Learner):
         self.target_update_freq = getattr(self.loss_config, "target_network_update_freq", 1)
         self.updates = 0
         self.posted = 0
+        self.stopped_round = -1  # the driver's last word to stop (``train_from_shards``)
+        self.shard_sizes: dict[int, int] = {}  # shard rank -> its rows, as it last said
+        self.unanswered: dict[int, int] = {}  # shard rank -> requests given up on (stopped)
 
     def train_replay(self, sources: list[int], messages: list[dict] | None,
                      priority_dests: dict[int, int | None], post_weights_to: list[int] = (),
@@ -84,6 +95,91 @@ class QLearner(Learner):
         if received and received[-1].get("batches"):
             self.learned_on(received[-1]["batches"][-1], result)
         return result
+
+    def train_from_shards(self, stream_round: int, shards: list[int], batches_per_train: int,
+                          batch_size: int, beta: float | None, pace: tuple[int, int, int, float],
+                          min_rows: int, post_weights_to: list[int] = (), post_every: int = 0
+                          ) -> dict[str, Any]:
+        """Until the driver's word to stop ``stream_round`` comes: ask the serving shard ranks
+        ``shards`` in turn for ``batches_per_train`` minibatches of ``batch_size`` rows
+        (``SAMPLE_REQUEST_TAG``), take one SGD step on each and send its TD errors back to its
+        shard; post the weights to ``post_weights_to`` every ``post_every`` steps. A shard with
+        fewer than ``min_rows`` rows is asked for none (its answer says how many it has).
+
+        ``pace`` is ``(env_steps, sgd_steps, learning_starts, sgd_steps_per_env_step)``: the SGD
+        steps taken stay within ``sgd_steps_per_env_step`` of the env steps stored past
+        ``learning_starts``, those being ``env_steps`` (stored before this call) plus what the
+        shards say they stored since. Returns the mean loss statistics and ``sgd_steps``."""
+        channel = self.context.data_channel
+        env_steps, sgd_before, learning_starts, per_env_step = pace
+        served = dict.fromkeys(shards, 0)  # env steps each shard stored during its serve()
+        sizes = self.shard_sizes  # as each shard last said, kept across calls
+        totals: dict[str, float] = {}
+        steps = turn = 0
+        idle = Backoff(spin_s=0.0, min_sleep_s=2e-4, max_sleep_s=0.01)
+        while True:
+            self.stopped_round = latest_stopped_round(channel, self.stopped_round)
+            if stream_round <= self.stopped_round:
+                break
+            shard = shards[turn % len(shards)]
+            turn += 1
+            budget = ((env_steps + sum(served.values()) - learning_starts) * per_env_step
+                      - sgd_before - steps)
+            ask = batches_per_train if budget >= batches_per_train and \
+                sizes.get(shard, 0) >= min_rows else 0
+            channel.isend((ask, batch_size, beta), shard, SAMPLE_REQUEST_TAG)
+            message = self._shard_reply(shard, stream_round)
+            if message is None:  # stopped while waiting: the shard may have failed
+                break
+            if "error" in message:
+                raise RuntimeError(message["error"])
+            served[shard], sizes[shard] = message["env_steps_served"], message["size"]
+            if not message["batches"]:
+                if turn % len(shards) == 0:
+                    idle.sleep()  # nothing to train on yet: ask again a little later
+                continue
+            idle.reset()
+            errors = []
+            for batch in message["batches"]:
+                errors.append(self._replay_step(batch, totals))
+                steps += 1
+            channel.isend({"indices": np.concatenate([b["indices"] for b in message["batches"]]),
+                           "generations": np.concatenate([b["generations"]
+                                                          for b in message["batches"]]),
+                           "td": np.concatenate(errors)}, shard, self.priority_tag)
+            if post_weights_to and post_every and self.updates - self.posted >= post_every:
+                isend_to_survivors(channel, (self.updates, self.policy.get_flat_weights()),
+                                   list(post_weights_to), WEIGHTS_TAG, self.failed_ranks)
+                self.posted = self.updates
+        channel.flush()
+        stats = {k: v / max(steps, 1) for k, v in totals.items()}
+        return stats | {"sgd_steps": steps,
+                        "num_target_updates": self.updates // self.target_update_freq}
+
+    def _shard_reply(self, shard: int, stream_round: int) -> dict | None:
+        """The answer of serving shard rank ``shard`` to this learner's last request, or None
+        if it has not come ``REPLY_GRACE_S`` after the driver's word to stop ``stream_round``
+        (the driver stops the shards only after the learner, so a live shard answers in time;
+        one that failed answers nothing, and its error reaches the driver from its call). An
+        answer given up on is taken, and dropped, before that shard's next one."""
+        channel = self.context.data_channel
+        backoff = Backoff()
+        give_up_at = None
+        while True:
+            item = channel.poll(shard, self.sample_tag)
+            if item is not None:
+                if self.unanswered.get(shard):
+                    self.unanswered[shard] -= 1
+                    continue
+                return item[0]
+            if give_up_at is None:
+                self.stopped_round = latest_stopped_round(channel, self.stopped_round)
+                if stream_round <= self.stopped_round:
+                    give_up_at = time.monotonic() + REPLY_GRACE_S
+            elif time.monotonic() > give_up_at:
+                self.unanswered[shard] = self.unanswered.get(shard, 0) + 1
+                return None
+            backoff.sleep()
 
     def _replay_step(self, batch: dict[str, np.ndarray], totals: dict[str, float]
                      ) -> np.ndarray:

@@ -3,6 +3,7 @@ and send back priorities."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -12,12 +13,17 @@ from mpi4py import MPI
 from mpirl.data.replay_buffer import (
     INSERT_TAG,
     PRIORITY_TAG,
+    SAMPLE_REQUEST_TAG,
     SAMPLE_TAG,
     ReplayBuffer,
     ReplaySettings,
     stream_of,
 )
 from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.dispatch import DRIVER_SPIN_S
+from mpirl.runtime.host import latest_stopped_round
+from mpirl.runtime.ulfm import poll_any_source
+from mpirl.runtime.waiting import Backoff
 
 
 class ReplayShard(Worker):
@@ -28,7 +34,8 @@ class ReplayShard(Worker):
     while the shard does something else are applied at the start of its next call.
     """
 
-    MESSAGES = ("insert", "sample", "update_priorities", "size", "save_state", "load_state")
+    MESSAGES = ("insert", "sample", "update_priorities", "size", "save_state", "load_state",
+                "serve")
     #: Data-channel tags: steps in, minibatches out, TD errors in (a multi-agent policy's differ).
     insert_tag, sample_tag, priority_tag = INSERT_TAG, SAMPLE_TAG, PRIORITY_TAG
 
@@ -42,6 +49,8 @@ class ReplayShard(Worker):
         self.priority_messages = 0  # received since start, to match the driver's expectation
         self.priority_expected = 0
         self.last_chunk: dict[int, int] = {}  # each rollout worker's last chunk stored
+        self.stopped_round = -1  # the driver's last word to stop serving (``serve``)
+        self.env_steps_served = 0  # env steps stored by the current serve() call
 
     def _drain_priorities(self) -> None:
         channel = self.context.data_channel
@@ -66,27 +75,66 @@ class ReplayShard(Worker):
     def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
         """Store the chunks that rollout ranks ``sources`` sent (or ``chunks`` given in the
         call); returns the rows stored."""
-        received = self.receive_chunks(sources, chunks)
-        rows = 0
-        for chunk in received:
-            worker, seq = chunk["worker"], chunk["seq"]
-            streams = stream_of(worker, self.num_shards, self.num_envs)
-            # A chunk that does not follow the last one stored (the envs were reset, or one was
-            # lost in flight at a checkpoint) must not continue its streams' last rows.
-            follows = self.last_chunk.get(worker) == seq - 1
-            cut = None if follows else np.ones(len(streams), bool)
-            self.last_chunk[worker] = seq
-            rows += self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
-                                    chunk["terminated"], chunk["truncated"], chunk["final_obs"],
-                                    chunk["failed"], cut)
-        return rows
+        return sum(self._store(chunk) for chunk in self.receive_chunks(sources, chunks))
+
+    def serve(self, stream_round: int, until_chunks: int | None = None, wait_s: float = 0.0
+              ) -> dict[str, Any]:
+        """Until the driver's word to stop ``stream_round`` comes (``STOP_STREAM_TAG``), or,
+        with ``until_chunks``, until that many chunks were stored or ``wait_s`` passed: store
+        the chunks rollout ranks send, from any of them, as they come; answer each learner's
+        request for minibatches (``SAMPLE_REQUEST_TAG``: ``(num_batches, batch_size, beta)``)
+        as ``sample`` does, the message saying how many env steps this call has stored so far
+        (``env_steps_served``) and the buffer's size; apply the TD errors that come. Returns
+        ``chunks`` (rollout rank -> chunks stored) and ``size``."""
+        channel = self.context.data_channel
+        chunks: dict[int, int] = {}
+        self.env_steps_served = 0
+        backoff = Backoff(spin_s=DRIVER_SPIN_S)
+        deadline = time.monotonic() + wait_s
+        while True:
+            busy = False
+            while (item := poll_any_source(channel, self.insert_tag)) is not None:
+                chunk, source = item
+                self._store(chunk)
+                chunks[source] = chunks.get(source, 0) + 1
+                self.env_steps_served += chunk["rewards"].size
+                busy = True
+            while (item := poll_any_source(channel, self.priority_tag)) is not None:
+                self._apply(item[0])
+                busy = True
+            while (item := poll_any_source(channel, SAMPLE_REQUEST_TAG)) is not None:
+                (num_batches, batch_size, beta), source = item
+                self.sample(num_batches, batch_size, source, beta)
+                busy = True
+            self.stopped_round = latest_stopped_round(channel, self.stopped_round)
+            if stream_round <= self.stopped_round or until_chunks is not None and (
+                    sum(chunks.values()) >= until_chunks or time.monotonic() > deadline):
+                return {"chunks": chunks, "size": len(self.buffer)}
+            if busy:
+                backoff.reset()
+            else:
+                backoff.sleep()
+
+    def _store(self, chunk: dict) -> int:
+        """Add one chunk of a rollout worker's steps; returns the rows stored."""
+        worker, seq = chunk["worker"], chunk["seq"]
+        streams = stream_of(worker, self.num_shards, self.num_envs)
+        # A chunk that does not follow the last one stored (the envs were reset, or one was
+        # lost in flight at a checkpoint) must not continue its streams' last rows.
+        follows = self.last_chunk.get(worker) == seq - 1
+        cut = None if follows else np.ones(len(streams), bool)
+        self.last_chunk[worker] = seq
+        return self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
+                               chunk["terminated"], chunk["truncated"], chunk["final_obs"],
+                               chunk["failed"], cut)
 
     def sample(self, num_batches: int, batch_size: int, dest: int | None,
                beta: float | None = None) -> dict | None:
         """Draw ``num_batches`` minibatches and send them to learner rank ``dest`` (or return
         them when ``dest`` is None). Nothing is sent while the buffer is empty."""
         self._drain_priorities()
-        message = {"batches": [], "shard": self.context.role_index}
+        message = {"batches": [], "shard": self.context.role_index,
+                   "env_steps_served": self.env_steps_served, "size": len(self.buffer)}
         try:
             message["batches"] = [self.buffer.sample(batch_size, beta)
                                   for _ in range(num_batches)]

@@ -32,7 +32,7 @@ from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import PackedBatch, answer_through_gather, fits_in_gather
-from mpirl.runtime.host import DRIVER_RANK
+from mpirl.runtime.host import DRIVER_RANK, latest_stopped_round
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
@@ -45,8 +45,6 @@ BATCH_TAG = 21
 STREAM_TAG = 22
 #: Tag of the weights a learner pushes to the rollout ranks whose fragments it trained on.
 PUSHED_WEIGHTS_TAG = 23
-#: Tag of the driver's word to cut ``sample_fragments`` calls short (before a checkpoint).
-STOP_STREAM_TAG = 24
 #: Shortest time between two env-failure warnings of one rollout worker on its stderr.
 FAILURE_WARNING_INTERVAL_S = 60.0
 
@@ -111,7 +109,7 @@ def merge_sample_metrics(total: dict[str, Any], more: dict[str, Any]) -> dict[st
     total["episode_lengths"] = total["episode_lengths"] + more["episode_lengths"]
     if "custom_metrics" in more:
         total["custom_metrics"] = total.get("custom_metrics", []) + more["custom_metrics"]
-    if total["filter_delta"] is not None:
+    if total.get("filter_delta") is not None:  # observation statistics: not Q-learning's
         merged = RunningMeanStd(total["filter_delta"][0].shape)
         merged.merge(*total["filter_delta"])
         merged.merge(*more["filter_delta"])
@@ -368,8 +366,7 @@ class RolloutWorker(Worker):
         total: dict[str, Any] = {}
         sent = 0
         while sent < fragments:
-            while (stop := channel.poll(DRIVER_RANK, STOP_STREAM_TAG)) is not None:
-                self.stopped_round = max(self.stopped_round, stop[0])
+            self.stopped_round = latest_stopped_round(channel, self.stopped_round)
             if stream_round <= self.stopped_round:
                 break
             self.take_pushed_weights(send_to)

@@ -7,14 +7,21 @@ posted to it. With a Q network ``NumpyQPolicy`` can run, its rank never imports 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
 from mpirl.runtime.core import RankContext
+from mpirl.runtime.host import latest_stopped_round
+from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
-from mpirl.workers.rollout import RolloutWorker
+from mpirl.workers.rollout import RolloutWorker, merge_sample_metrics
+
+PACE_WAIT_S = 10.0
+"""Longest a streaming worker waits for the learner before each chunk (``sample_transitions``'s
+``pace``): a learner that posts nothing (lost, or stalled) slows sampling, never stops it."""
 
 
 class TransitionWorker(RolloutWorker):
@@ -44,11 +51,58 @@ class TransitionWorker(RolloutWorker):
             self.policy.set_flat_weights(flat)
             self.weights_taken += 1
 
-    def sample_transitions(self, steps_per_env: int, epsilon: float, dest: int | None
-                           ) -> dict[str, Any]:
+    def sample_transitions(self, steps_per_env: int, epsilon: float, dest: int | None,
+                           fragments: int = 1, stream_round: int | None = None,
+                           pace: tuple[int, float, float] | None = None) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times, epsilon-greedily; send the chunk of
         steps to replay rank ``dest`` (or return it in ``chunk`` when ``dest`` is None).
-        Returns counts and episode metrics like ``sample``."""
+        Returns counts and episode metrics like ``sample``.
+
+        With ``fragments`` > 1 (``dest`` a rank), up to that many chunks in a row, each sent as
+        soon as it is done and each sampled with the newest weights posted by then; the answer
+        sums their metrics (``merge_sample_metrics``) and says how many went (``fragments``).
+        Once the driver's word to stop round ``stream_round`` came (``STOP_STREAM_TAG``), no
+        more are sampled.
+
+        ``pace`` is ``(num_workers, env_steps_ahead, sgd_steps_per_env_step)``: before each
+        chunk the worker waits while the run's env steps, estimated as its own times
+        ``num_workers``, exceed ``env_steps_ahead`` plus the steps that the learner's SGD steps
+        (the count its last posted weights carry) cover, so that sampling does not run away
+        from a learner short of CPU; it waits at most ``PACE_WAIT_S`` per chunk."""
+        if fragments == 1 and stream_round is None:
+            return self._sample_chunk(steps_per_env, epsilon, dest)
+        total: dict[str, Any] = {}
+        sent = 0
+        while sent < fragments:
+            self.stopped_round = latest_stopped_round(self.context.data_channel, self.stopped_round)
+            if stream_round is not None and stream_round <= self.stopped_round:
+                break
+            if pace is not None:
+                self._wait_for_learner(pace, steps_per_env * self.envs.num_envs)
+            metrics = self._sample_chunk(steps_per_env, epsilon, dest)
+            total = merge_sample_metrics(total, metrics) if total else metrics
+            sent += 1
+        if not total:  # stopped before the first: an answer with nothing in it
+            total = {"env_steps": 0, "env_failures": 0, "episode_returns": [],
+                     "episode_lengths": [], "filter_delta": None,
+                     "weights_taken": self.weights_taken, "weights_version": self.weights_version}
+        total["weights_taken"] = self.weights_taken
+        total["weights_version"] = self.weights_version
+        total["fragments"] = sent
+        return total
+
+    def _wait_for_learner(self, pace: tuple[int, float, float], chunk_steps: int) -> None:
+        num_workers, ahead, per_env_step = pace
+        deadline = time.monotonic() + PACE_WAIT_S
+        backoff = Backoff(spin_s=0.0, min_sleep_s=1e-3, max_sleep_s=0.02)
+        while ((self.chunks_sent + 1) * chunk_steps * num_workers
+               > ahead + self.weights_version / per_env_step
+               and time.monotonic() < deadline):
+            backoff.sleep()
+            self._take_posted_weights()
+
+    def _sample_chunk(self, steps_per_env: int, epsilon: float, dest: int | None
+                      ) -> dict[str, Any]:
         self._take_posted_weights()
         num_envs = self.envs.num_envs
         shape = (steps_per_env, num_envs)
