@@ -76,7 +76,7 @@ def test_async_run_goes_on_without_a_rollout_rank_killed_under_ulfm(tmp_path, mo
     print(f"{algo}: kill -9 to the end of the run: {elapsed:.1f} s")
 
 
-@pytest.mark.parametrize("algo", ["IMPALA", "A3C", "IMPALA-streamed"])
+@pytest.mark.parametrize("algo", ["IMPALA", "A3C"])
 def test_async_run_ends_on_a_killed_rollout_rank_and_resumes_without_ulfm(tmp_path, algo):
     run_dir = tmp_path / "run"
     config = {**CONFIG[algo], "checkpoint_every": 1, "keep_checkpoints": 5}

@@ -438,11 +438,17 @@ class StreamedReplayLoop:
              config.sgd_steps_per_env_step),
             4 * config.train_batch_size, [w.rank for w in algo.rollouts],
             config.weight_sync_every)
-        env_steps = 0
-        while env_steps < min_env_steps:
-            env_steps += self._count(self.requests.ready())
-        # The learner first: once it has stopped it asks no shard for anything.
         channel = algo.driver.context.data_channel
+        env_steps = 0
+        try:
+            while env_steps < min_env_steps:
+                env_steps += self._count(self.requests.ready())
+        except BaseException:
+            # An env that failed too often, say: stop the serving ranks, so that the job's
+            # shutdown finds them free, then let the error end the run.
+            channel.isend_many(self.round, [learner.rank, *algo.replay.ranks], STOP_STREAM_TAG)
+            raise
+        # The learner first: once it has stopped it asks no shard for anything.
         channel.isend(self.round, learner.rank, STOP_STREAM_TAG)
         result = training.result()
         channel.isend_many(self.round, algo.replay.ranks, STOP_STREAM_TAG)
