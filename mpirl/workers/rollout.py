@@ -362,19 +362,30 @@ class RolloutWorker(Worker):
         sampled."""
         if filter_state is not None:
             self.filter.mean, self.filter.var, self.filter.count = filter_state
-        channel = self.context.data_channel
+
+        def one_fragment() -> dict[str, Any]:
+            self.take_pushed_weights(send_to)
+            metrics = self.sample(steps_per_env, trajectories=True)
+            self._send_batch((self.weights_version, metrics["env_steps"], metrics.pop("batch")),
+                             send_to, STREAM_TAG)
+            return metrics
+
+        return self.stream_calls(fragments, stream_round, one_fragment)
+
+    def stream_calls(self, fragments: int, stream_round: int | None,
+                     sample_one: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``sample_one`` (which samples and sends one fragment and returns its metrics) up
+        to ``fragments`` times, stopping early once the driver's word to stop ``stream_round``
+        came (``STOP_STREAM_TAG``; None: never); return their metrics merged
+        (``merge_sample_metrics``) with ``fragments``, how many were sent."""
         total: dict[str, Any] = {}
         sent = 0
         while sent < fragments:
-            self.stopped_round = latest_stopped_round(channel, self.stopped_round)
-            if stream_round <= self.stopped_round:
+            self.stopped_round = latest_stopped_round(self.context.data_channel,
+                                                      self.stopped_round)
+            if stream_round is not None and stream_round <= self.stopped_round:
                 break
-            self.take_pushed_weights(send_to)
-            metrics = self.sample(steps_per_env, trajectories=True)
-            batch = metrics.pop("batch")
-            channel.flush()
-            channel.isend((self.weights_version, metrics["env_steps"], batch), send_to,
-                          STREAM_TAG)
+            metrics = sample_one()
             total = merge_sample_metrics(total, metrics) if total else metrics
             sent += 1
         if not total:  # stopped before the first: an answer with nothing in it
@@ -418,11 +429,11 @@ class RolloutWorker(Worker):
             self._send_batch(batch, send_to)
         return metrics
 
-    def _send_batch(self, batch: dict[str, np.ndarray], send_to: int) -> None:
+    def _send_batch(self, batch: Any, send_to: int, tag: int = BATCH_TAG) -> None:
         """Send a batch to its learner over the data channel (without blocking)."""
         channel = self.context.data_channel
         channel.flush()
-        channel.isend(batch, send_to, BATCH_TAG)
+        channel.isend(batch, send_to, tag)
 
     def trained_rewards(self, rewards: np.ndarray) -> np.ndarray:
         """The rewards training sees: their signs with ``clip_rewards``, else themselves."""

@@ -14,10 +14,9 @@ import numpy as np
 
 from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
 from mpirl.runtime.core import RankContext
-from mpirl.runtime.host import latest_stopped_round
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
-from mpirl.workers.rollout import RolloutWorker, merge_sample_metrics
+from mpirl.workers.rollout import RolloutWorker
 
 PACE_WAIT_S = 10.0
 """Longest a streaming worker waits for the learner before each chunk (``sample_transitions``'s
@@ -60,7 +59,7 @@ class TransitionWorker(RolloutWorker):
 
         With ``fragments`` > 1 (``dest`` a rank), up to that many chunks in a row, each sent as
         soon as it is done and each sampled with the newest weights posted by then; the answer
-        sums their metrics (``merge_sample_metrics``) and says how many went (``fragments``).
+        sums their metrics (``RolloutWorker.stream_calls``) and says how many went (``fragments``).
         Once the driver's word to stop round ``stream_round`` came (``STOP_STREAM_TAG``), no
         more are sampled.
 
@@ -71,24 +70,15 @@ class TransitionWorker(RolloutWorker):
         from a learner short of CPU; it waits at most ``PACE_WAIT_S`` per chunk."""
         if fragments == 1 and stream_round is None:
             return self._sample_chunk(steps_per_env, epsilon, dest)
-        total: dict[str, Any] = {}
-        sent = 0
-        while sent < fragments:
-            self.stopped_round = latest_stopped_round(self.context.data_channel, self.stopped_round)
-            if stream_round is not None and stream_round <= self.stopped_round:
-                break
+
+        def one_chunk() -> dict[str, Any]:
             if pace is not None:
                 self._wait_for_learner(pace, steps_per_env * self.envs.num_envs)
-            metrics = self._sample_chunk(steps_per_env, epsilon, dest)
-            total = merge_sample_metrics(total, metrics) if total else metrics
-            sent += 1
-        if not total:  # stopped before the first: an answer with nothing in it
-            total = {"env_steps": 0, "env_failures": 0, "episode_returns": [],
-                     "episode_lengths": [], "filter_delta": None,
-                     "weights_taken": self.weights_taken, "weights_version": self.weights_version}
+            return self._sample_chunk(steps_per_env, epsilon, dest)
+
+        total = self.stream_calls(fragments, stream_round, one_chunk)
         total["weights_taken"] = self.weights_taken
         total["weights_version"] = self.weights_version
-        total["fragments"] = sent
         return total
 
     def _wait_for_learner(self, pace: tuple[int, float, float], chunk_steps: int) -> None:
