@@ -69,14 +69,8 @@ class QLearner(Learner):
         for message in received:
             if "error" in message:
                 raise RuntimeError(message["error"])
-            errors = []
-            for batch in message["batches"]:
-                errors.append(self._replay_step(batch, totals))
-                steps += 1
-            update = {"indices": np.concatenate([b["indices"] for b in message["batches"]]),
-                      "generations": np.concatenate([b["generations"]
-                                                     for b in message["batches"]]),
-                      "td": np.concatenate(errors)}
+            update = self._train_on_minibatches(message, totals)
+            steps += len(message["batches"])
             dest = priority_dests.get(message["shard"])
             if dest is None:
                 returned.append((message["shard"], update))
@@ -84,11 +78,7 @@ class QLearner(Learner):
                 self.context.data_channel.isend(update, dest, self.priority_tag)
         if self.context.data_channel is not None:
             self.context.data_channel.flush()
-        if post_weights_to and post_every and self.updates - self.posted >= post_every:
-            flat = self.policy.get_flat_weights()
-            for rank in post_weights_to:
-                self.context.data_channel.isend((self.updates, flat), rank, WEIGHTS_TAG)
-            self.posted = self.updates
+        self._post_weights(post_weights_to, post_every)
         stats = {k: v / max(steps, 1) for k, v in totals.items()}
         result = stats | {"sgd_steps": steps, "priorities": returned,
                           "num_target_updates": self.updates // self.target_update_freq}
@@ -139,22 +129,32 @@ class QLearner(Learner):
                     idle.sleep()  # nothing to train on yet: ask again a little later
                 continue
             idle.reset()
-            errors = []
-            for batch in message["batches"]:
-                errors.append(self._replay_step(batch, totals))
-                steps += 1
-            channel.isend({"indices": np.concatenate([b["indices"] for b in message["batches"]]),
-                           "generations": np.concatenate([b["generations"]
-                                                          for b in message["batches"]]),
-                           "td": np.concatenate(errors)}, shard, self.priority_tag)
-            if post_weights_to and post_every and self.updates - self.posted >= post_every:
-                isend_to_survivors(channel, (self.updates, self.policy.get_flat_weights()),
-                                   list(post_weights_to), WEIGHTS_TAG, self.failed_ranks)
-                self.posted = self.updates
+            channel.isend(self._train_on_minibatches(message, totals), shard, self.priority_tag)
+            steps += len(message["batches"])
+            self._post_weights(post_weights_to, post_every)
         channel.flush()
         stats = {k: v / max(steps, 1) for k, v in totals.items()}
         return stats | {"sgd_steps": steps,
                         "num_target_updates": self.updates // self.target_update_freq}
+
+    def _train_on_minibatches(self, message: dict, totals: dict[str, float]
+                              ) -> dict[str, np.ndarray]:
+        """One SGD step on each minibatch of a shard's ``message``; returns their TD errors as
+        the priority update for that shard."""
+        batches = message["batches"]
+        errors = [self._replay_step(batch, totals) for batch in batches]
+        return {"indices": np.concatenate([b["indices"] for b in batches]),
+                "generations": np.concatenate([b["generations"] for b in batches]),
+                "td": np.concatenate(errors)}
+
+    def _post_weights(self, ranks: list[int], every: int) -> None:
+        """Send the weights, with the SGD step count, to rollout ``ranks`` if ``every`` steps
+        passed since the last post, without waiting (not to ranks that failed, under ULFM)."""
+        if ranks and every and self.updates - self.posted >= every:
+            isend_to_survivors(self.context.data_channel,
+                               (self.updates, self.policy.get_flat_weights()), list(ranks),
+                               WEIGHTS_TAG, self.failed_ranks)
+            self.posted = self.updates
 
     def _shard_reply(self, shard: int, stream_round: int) -> dict | None:
         """The answer of serving shard rank ``shard`` to this learner's last request, or None
