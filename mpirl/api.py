@@ -237,6 +237,7 @@ class Algorithm:
         multi-agent run, ``policy_id`` says whose (it may be left out when there is one policy);
         a frozen policy's weights come from rollout worker 0."""
         def act(state: AlgorithmState, *_: Any) -> np.ndarray:
+            state.settle()  # a learner in a call that spans iterations takes no other
             if hasattr(state, "setup"):  # a multi-agent run
                 try:
                     plan = state.setup.policy(policy_id)

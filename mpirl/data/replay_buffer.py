@@ -41,6 +41,8 @@ SAMPLE_TAG = 32
 PRIORITY_TAG = 33
 WEIGHTS_TAG = 34
 SAMPLE_REQUEST_TAG = 35
+REPORT_TAG = 36
+"""A streaming learner's report of an iteration to the driver (``train_from_shards``)."""
 
 #: Row flags (one byte per row).
 TERMINATED = 1

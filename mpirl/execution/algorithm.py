@@ -188,8 +188,11 @@ class Algorithm:
         self.extra_groups: list = []
         #: What a plan keeps between iterations (asynchronous requests in flight, say).
         self.plan_state: dict[str, Any] = {}
-        #: Called before a checkpoint is written: a plan with requests in flight settles them.
+        #: Called before a checkpoint is written, a restore and the end of a run (``settle``):
+        #: a plan with requests in flight settles them.
         self.before_checkpoint: list[Callable[[], None]] = []
+        #: Where learner 0's histograms come from while its call runs across iterations.
+        self.histograms_from: Callable[[], dict[str, np.ndarray]] | None = None
         self._warned_unsaved_envs = False
 
     @property
@@ -271,7 +274,16 @@ class Algorithm:
 
     def collect_histograms(self) -> dict[str, np.ndarray]:
         """What TensorBoard's histograms show this iteration: learner 0's."""
+        if self.histograms_from is not None:
+            return self.histograms_from()
         return self.learners[0].call("histograms")
+
+    def settle(self) -> None:
+        """Bring the calls a plan keeps running across iterations to a stop, with what they
+        sampled counted; the workers are then free for other calls. The next iteration starts
+        them again."""
+        for settle in self.before_checkpoint:
+            settle()
 
     def custom_means(self) -> dict[str, float]:
         """``custom/<name>_mean`` of each custom metric over the episodes of the metrics window
@@ -283,8 +295,9 @@ class Algorithm:
         return means
 
     def finish_dumps(self) -> None:
-        """At the end of a run: wait until every rollout rank's episodes are on disk, and index
-        them all."""
+        """At the end of a run: settle the calls still running, wait until every rollout rank's
+        episodes are on disk, and index them all."""
+        self.settle()
         if self.dump_index is None:
             return
         for future in [w.call_async("finish_dump") for w in self.rollouts]:
@@ -352,8 +365,7 @@ class Algorithm:
 
     def save_checkpoint(self, store: CheckpointStore, include_replay: bool = True) -> Path:
         """Write a checkpoint of the whole run: every worker writes its own file, in parallel."""
-        for settle in self.before_checkpoint:
-            settle()
+        self.settle()
         tmp = store.begin(self.iteration)
         groups = [g for g in self.stateful_groups if include_replay or g.role != "replay"]
         futures = [
@@ -381,6 +393,7 @@ class Algorithm:
     def restore(self, path: Path, manifest: dict[str, Any]) -> list[str]:
         """Load a verified checkpoint into the driver and every worker; return notes on what
         differs from the checkpoint's layout."""
+        self.settle()
         files = manifest["files"]
         self.set_state(read_state_file(path / "driver.pkl", files["driver.pkl"]))
         notes = []

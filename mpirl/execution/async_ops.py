@@ -148,6 +148,12 @@ class AsyncRequests:
             timeout, (f for _, _, f in self._in_flight.values())))
 
     @property
+    def any_finished(self) -> bool:
+        """Whether a call finished that ``ready`` or ``finished`` did not return yet (without
+        polling: as of the dispatcher's last look)."""
+        return self._completions.any_finished
+
+    @property
     def calls_in_flight(self) -> int:
         """Calls sent and not yet returned by ``ready``, ``finished`` or ``drain``."""
         return len(self._in_flight)

@@ -17,7 +17,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from mpirl.data.replay_buffer import ReplaySettings
+from mpirl.data.replay_buffer import REPORT_TAG, ReplaySettings
+from mpirl.data.sample_tally import SampleTally
 from mpirl.errors import ConfigError, RemoteError
 from mpirl.execution.async_ops import AsyncRequests, Done
 from mpirl.execution.operators import (
@@ -30,7 +31,7 @@ from mpirl.execution.operators import (
     train_from_replay,
 )
 from mpirl.models.q_network import DQN_STATS, check_discrete
-from mpirl.runtime.dispatch import Completions, WorkerGroup
+from mpirl.runtime.dispatch import Completions, Future, WorkerGroup
 from mpirl.runtime.host import STOP_STREAM_TAG
 from mpirl.runtime.layout import REPLAY
 from mpirl.workers.env_guard import unwrap_env_failure
@@ -355,19 +356,23 @@ class AsyncReplayLoop:
 
 
 class StreamedReplayLoop:
-    """Ape-X with ``fragments_per_call``: the replay and learner ranks run without a call per
-    fragment or per training round.
+    """Ape-X with ``fragments_per_call``: rank 0 reads one message per iteration, however many
+    rollout ranks there are.
 
-    Each ``sample_transitions`` call of a rollout rank samples n chunks and sends each to its
-    shard as soon as it is done. Every iteration the driver starts one ``serve`` call on each
-    shard (store the chunks as they come, from any rank; answer the learner's requests for
-    minibatches; apply its TD errors) and one ``train_from_shards`` call on the learner (ask the
-    shards in turn, train, send the TD errors back, post weights to the rollout ranks), reads
-    the rollout ranks' answers until the iteration's env steps are sampled, then tells the
-    learner to stop, and after it the shards. The learner keeps its
-    SGD steps within ``sgd_steps_per_env_step`` of the steps the shards say they stored, and
-    with ``throttle_sampling`` each rollout rank waits, before a chunk, while it is too far ahead
-    of the SGD steps its learner's posted weights say were taken (``_pace``)."""
+    Every call runs from one checkpoint to the next. Each rollout rank's
+    ``sample_transitions`` call samples chunk after chunk and sends each to its shard with the
+    chunk's metrics (a ``SampleTally``). Each shard's ``serve`` call stores the chunks as they
+    come, from any rank, answers the learner's requests for minibatches with the metrics of
+    the chunks stored since its last answer, and applies the TD errors. The learner's
+    ``train_from_shards`` call asks the shards in turn, trains, sends the TD errors back, posts
+    weights to the rollout ranks and, each time the metrics it was given hold
+    ``min_env_steps_per_iteration`` env steps, reports an iteration to rank 0 (``REPORT_TAG``).
+    The learner keeps its SGD steps within ``sgd_steps_per_env_step`` of the steps the shards
+    say they stored, and with ``throttle_sampling`` each rollout rank waits, before a chunk,
+    while it is too far ahead of the SGD steps its learner's posted weights say were taken
+    (``_pace``). Before a checkpoint (and at the end of a run) ``settle`` stops the calls: the
+    rollout calls first, then the learner, then the shards, which first store every chunk
+    sent to them."""
 
     SETTLE_WAIT_S = 10.0
     """Longest a shard waits, before a checkpoint, for the chunks sent to it but not yet stored."""
@@ -385,34 +390,31 @@ class StreamedReplayLoop:
         self.algo, self.epsilons, self.config = algo, epsilons, algo.config
         self.fragments = fragments_per_call
         self.batches_per_train = batches_per_train
-        self.least_epsilon = min(epsilons)
-        self.round = 0  # the iterations' serve and train calls
-        self.settles = 0  # the rollout calls' rounds: bumped by each checkpoint
-        self.sent = [0] * len(replay)  # chunks the rollout ranks said they sent to each shard
-        self.stored = [0] * len(replay)  # chunks each shard said it stored
-        self.lags: list[int] = []
-        self.sgd_done: int | None = None
-        self.started: set[int] = set()  # rollout indices whose first call was sent
+        self.round = 0  # the serve and train calls' rounds: each ends at a stop word
+        self.settles = 0  # the rollout calls' rounds: bumped by each settle
+        self.serving: list[Future] = []  # the shards' serve calls, then the learner's, running
+        self.ended = Completions()  # those of them that ended
+        self.reports = 0  # the learner's reports taken from its running call
+        self.sent: dict[int, int] = {}  # rollout rank -> chunks it said it sent, since settled
+        self.histograms: dict[str, np.ndarray] = {}
+        limit, least = self.config.metrics_max_epsilon, min(epsilons)
 
         def make_args(worker: Any) -> tuple:
-            shard = replay[worker.index % len(replay)]
-            # The first call of worker i samples 1 + i mod n chunks: the ranks, which start
-            # together, then answer spread out, not all at once every n chunks.
-            first = worker.index not in self.started
-            self.started.add(worker.index)
-            count = 1 + worker.index % fragments_per_call if first else fragments_per_call
-            return (self.config.rollout_fragment_length, epsilons[worker.index], shard.rank,
-                    count, self.settles, self._pace())
+            epsilon = epsilons[worker.index]
+            return (self.config.rollout_fragment_length, epsilon,
+                    replay[worker.index % len(replay)].rank, None, self.settles, self._pace(),
+                    bool(epsilon > limit and least <= limit))
 
-        # Two calls kept on each rollout rank, so that it never waits for the driver's next.
-        self.requests = AsyncRequests(rollouts, "sample_transitions", 2, make_args)
+        self.requests = AsyncRequests(rollouts, "sample_transitions", 1, make_args)
         algo.before_checkpoint.append(self.settle)
+        algo.histograms_from = self.take_histograms
 
     def _pace(self) -> tuple[int, float, float] | None:
         """With ``throttle_sampling``, what each rollout rank waits on before a chunk (see
-        ``TransitionWorker.sample_transitions``): sampling may run two rounds of calls ahead of
-        the learner's SGD steps, and far enough past ``learning_starts`` to fill every shard to
-        what the learner asks of it (so that the learner always has rows and a budget)."""
+        ``TransitionWorker.sample_transitions``): sampling may run two rounds of
+        ``fragments_per_call`` chunks per rank ahead of the learner's SGD steps, and far
+        enough past ``learning_starts`` to fill every shard to what the learner asks of it (so
+        that the learner always has rows and a budget)."""
         config = self.config
         if not config.throttle_sampling:
             return None
@@ -424,74 +426,148 @@ class StreamedReplayLoop:
         return workers, float(ahead), config.sgd_steps_per_env_step
 
     def step(self, min_env_steps: int) -> dict[str, float]:
-        """Sample until ``min_env_steps`` new env steps were sent to the shards, the learner
-        training meanwhile; return the statistics of its SGD steps."""
+        """Wait for the learner's next report (``min_env_steps`` env steps stored since the
+        last); return its statistics. The calls are started first where none runs."""
+        try:
+            if not self.serving:
+                self._start_serving(min_env_steps)
+            self.requests.top_up()
+            report = self._next_report()
+        except BaseException:
+            # An env that failed too often, say: stop every call, so that the job's shutdown
+            # finds the ranks free, then let the error end the run.
+            self._stop_all()
+            raise
+        self.reports += 1
+        return self._take_report(report)
+
+    def _start_serving(self, min_env_steps: int) -> None:
         algo, config = self.algo, self.config
-        if self.sgd_done is None:
-            self.sgd_done = algo.sgd_steps_total
-        shards = [shard.call_async("serve", self.round) for shard in algo.replay]
-        learner = algo.learners[0]
-        training = learner.call_async(
+        self.serving = [shard.call_async("serve", self.round) for shard in algo.replay]
+        self.serving.append(algo.learners[0].call_async(
             "train_from_shards", self.round, algo.replay.ranks, self.batches_per_train,
             max(1, config.train_batch_size), replay_beta(config, algo.timesteps_total),
             (algo.timesteps_total, algo.sgd_steps_total, config.learning_starts,
              config.sgd_steps_per_env_step),
             4 * config.train_batch_size, [w.rank for w in algo.rollouts],
-            config.weight_sync_every)
+            config.weight_sync_every,
+            (max(1, min_env_steps), algo.iteration + 1, config.tensorboard_histograms_every)))
+        self.ended = Completions()
+        for future in self.serving:
+            self.ended.watch(future, future)
+        self.reports = 0
+
+    def _next_report(self) -> dict[str, Any]:
+        """The learner's next report; meanwhile, a rollout call that ended is restarted, and
+        a serving call that ended (it failed, or its rank was lost) raises."""
+        algo = self.algo
         channel = algo.driver.context.data_channel
-        env_steps = 0
-        try:
-            while env_steps < min_env_steps:
-                env_steps += self._count(self.requests.ready())
-        except BaseException:
-            # An env that failed too often, say: stop the serving ranks, so that the job's
-            # shutdown finds them free, then let the error end the run.
-            channel.isend_many(self.round, [learner.rank, *algo.replay.ranks], STOP_STREAM_TAG)
-            raise
-        # The learner first: once it has stopped it asks no shard for anything.
-        channel.isend(self.round, learner.rank, STOP_STREAM_TAG)
-        result = training.result()
-        channel.isend_many(self.round, algo.replay.ranks, STOP_STREAM_TAG)
-        self._served([future.result() for future in shards])
-        self.round += 1
-        algo.sgd_steps_total += result["sgd_steps"]
-        self.sgd_done += result["sgd_steps"]
-        result.pop("sgd_steps")
-        stats, self.lags = replay_row(algo, result, self.lags), []
-        return stats
+        learner = self.serving[-1].rank
+        found: list[dict[str, Any]] = []
 
-    def _count(self, done: list[Done]) -> int:
-        env_steps = 0
-        for item in done:
-            metrics = item.result
-            self.sent[item.worker.index % len(self.algo.replay)] += metrics["fragments"]
-            if metrics["fragments"]:
-                self.lags.append(max(0, self.sgd_done - metrics["weights_version"]))
-            count_transitions(self.algo, self.epsilons[item.worker.index], self.least_epsilon,
-                              metrics)
-            env_steps += metrics["env_steps"]
-        return env_steps
+        def arrived() -> bool:
+            if (item := channel.poll(learner, REPORT_TAG)) is not None:
+                found.append(item[0])
+                return True
+            return self.ended.any_finished or self.requests.any_finished
 
-    def _served(self, results: list[dict[str, Any]]) -> None:
-        for k, result in enumerate(results):
-            self.stored[k] += sum(result["chunks"].values())
+        while True:
+            algo.driver.dispatcher.wait_for(arrived, None, self.serving)
+            if found:
+                return found[0]
+            for done in self.requests.finished():  # raises for an env that failed too often
+                self._note_sent(done)
+            self.requests.top_up()
+            for future in self.ended.take_finished():
+                future.result()  # its error, or its rank's loss
+                raise RuntimeError(f"{future.method}() on {future.role} rank {future.rank} "
+                                   f"ended before the driver's word to stop")
+
+    def _take_report(self, report: dict[str, Any]) -> dict[str, float]:
+        algo = self.algo
+        algo.sgd_steps_total += report.pop("sgd_steps")
+        count_tally(algo, report.pop("samples"))
+        self.histograms = report.pop("histograms", {})
+        lags = report.pop("weights_lags")
+        report.pop("reports", None)
+        return replay_row(algo, report, lags)
+
+    def take_histograms(self) -> dict[str, np.ndarray]:
+        """Learner 0's histograms, as its last report carried them (its call is running)."""
+        histograms, self.histograms = self.histograms, {}
+        return histograms
+
+    def _note_sent(self, done: Done) -> None:
+        rank = done.worker.rank
+        self.sent[rank] = self.sent.get(rank, 0) + done.result["fragments"]
 
     def settle(self) -> None:
-        """Before a checkpoint: the rollout calls stop after the chunk they are sampling, and
-        each shard stores the chunks sent to it, so that the checkpoint holds them."""
+        """Before a checkpoint or the end of a run: the rollout calls stop after the chunk they
+        are sampling, the learner after its step, and each shard once it stored the chunks sent
+        to it, so that a checkpoint holds them; what they sampled is counted."""
         algo = self.algo
-        algo.rollouts.progress()  # a rank lost by now is sent nothing
         channel = algo.driver.context.data_channel
-        channel.isend_many(self.settles, [w.rank for w in algo.rollouts if not w.lost],
-                           STOP_STREAM_TAG)
-        self._count(self.requests.drain())
+        if self.requests.calls_in_flight:
+            algo.rollouts.progress()  # a rank lost by now is sent nothing
+            channel.isend_many(self.settles, [w.rank for w in algo.rollouts if not w.lost],
+                               STOP_STREAM_TAG)
+            for done in self.requests.drain():
+                self._note_sent(done)
         self.settles += 1
-        self.started.clear()  # the calls start together again: spread them out again
-        owed = [max(0, sent - stored)
-                for sent, stored in zip(self.sent, self.stored, strict=True)]
+        stored: dict[int, int] = {}
+        if self.serving:
+            *shards, training = self.serving
+            channel.isend(self.round, training.rank, STOP_STREAM_TAG)
+            final = training.result()
+            # Reports it sent before stopping and not read yet are counted, not lost.
+            while self.reports < final["reports"]:
+                report = channel.recv(training.rank, REPORT_TAG)
+                algo.sgd_steps_total += report["sgd_steps"]
+                count_tally(algo, report["samples"])
+                self.reports += 1
+            algo.sgd_steps_total += final["sgd_steps"]
+            count_tally(algo, final["samples"])
+            channel.isend_many(self.round, algo.replay.ranks, STOP_STREAM_TAG)
+            self._served([future.result() for future in shards], stored)
+            self.round += 1
+            self.serving = []
+        shard_of = {w.rank: w.index % len(algo.replay) for w in algo.rollouts}
+        owed = [0] * len(algo.replay)
+        for rank, sent in self.sent.items():
+            owed[shard_of[rank]] += max(0, sent - stored.get(rank, 0))
+        self.sent = {}
         if any(owed):
             # A round of its own, ended by the chunks coming (or the wait), not by a stop word.
             futures = [shard.call_async("serve", self.round, owed[k], self.SETTLE_WAIT_S)
                        for k, shard in enumerate(algo.replay)]
-            self._served([future.result() for future in futures])
+            self._served([future.result() for future in futures], stored)
             self.round += 1
+
+    def _served(self, results: list[dict[str, Any]], stored: dict[int, int]) -> None:
+        for result in results:
+            count_tally(self.algo, result["samples"])
+            for rank, chunks in result["chunks"].items():
+                stored[rank] = stored.get(rank, 0) + chunks
+
+    def _stop_all(self) -> None:
+        """Tell every running call to stop, without waiting for any (the run is ending on an
+        error)."""
+        algo = self.algo
+        channel = algo.driver.context.data_channel
+        try:
+            if self.requests.calls_in_flight:
+                channel.isend_many(self.settles, [w.rank for w in algo.rollouts if not w.lost],
+                                   STOP_STREAM_TAG)
+            if self.serving:
+                channel.isend_many(self.round, [f.rank for f in self.serving], STOP_STREAM_TAG)
+        except Exception:  # noqa: BLE001 - the error that ends the run is the one to report
+            pass
+
+
+def count_tally(algo: Any, tally: SampleTally) -> None:
+    """Count what a streamed Ape-X learner or shard says its chunks held."""
+    algo.count(SampleResult(
+        env_steps=tally.env_steps, env_failures=tally.env_failures,
+        episode_returns=tally.episode_returns, episode_lengths=tally.episode_lengths,
+        dumped=tally.dumped, custom_metrics=tally.custom_metrics))
+    algo.episodes_total += tally.episodes_counted_only

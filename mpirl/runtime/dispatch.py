@@ -171,6 +171,11 @@ class Completions:
         """Watched calls not finished yet."""
         return self._watched
 
+    @property
+    def any_finished(self) -> bool:
+        """Whether a watched call finished since the last take (without polling)."""
+        return bool(self._finished)
+
     def take_finished(self) -> list[Any]:
         """The items of the calls that finished since the last take, without waiting."""
         finished, self._finished = self._finished, []

@@ -18,12 +18,14 @@ import torch
 
 from mpirl.data.replay_buffer import (
     PRIORITY_TAG,
+    REPORT_TAG,
     SAMPLE_REQUEST_TAG,
     SAMPLE_TAG,
     WEIGHTS_TAG,
 )
+from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext
-from mpirl.runtime.host import latest_stopped_round
+from mpirl.runtime.host import DRIVER_RANK, latest_stopped_round
 from mpirl.runtime.ulfm import isend_to_survivors
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.learner import Learner, minibatch_rows
@@ -88,8 +90,8 @@ class QLearner(Learner):
 
     def train_from_shards(self, stream_round: int, shards: list[int], batches_per_train: int,
                           batch_size: int, beta: float | None, pace: tuple[int, int, int, float],
-                          min_rows: int, post_weights_to: list[int] = (), post_every: int = 0
-                          ) -> dict[str, Any]:
+                          min_rows: int, post_weights_to: list[int] = (), post_every: int = 0,
+                          report: tuple[int, int, int] | None = None) -> dict[str, Any]:
         """Until the driver's word to stop ``stream_round`` comes: ask the serving shard ranks
         ``shards`` in turn for ``batches_per_train`` minibatches of ``batch_size`` rows
         (``SAMPLE_REQUEST_TAG``), take one SGD step on each and send its TD errors back to its
@@ -99,13 +101,22 @@ class QLearner(Learner):
         ``pace`` is ``(env_steps, sgd_steps, learning_starts, sgd_steps_per_env_step)``: the SGD
         steps taken stay within ``sgd_steps_per_env_step`` of the env steps stored past
         ``learning_starts``, those being ``env_steps`` (stored before this call) plus what the
-        shards say they stored since. Returns the mean loss statistics and ``sgd_steps``."""
+        shards say they stored since. Returns the mean loss statistics and ``sgd_steps``.
+
+        ``report`` is ``(env_steps, first_iteration, histograms_every)``: once the chunks whose
+        metrics the shards' replies carried hold ``env_steps`` env steps, the learner sends the
+        driver (``REPORT_TAG``) what the call returns, for the SGD steps and chunks since its
+        last report: that is an iteration (``first_iteration`` the first), with the
+        histograms every ``histograms_every`` iterations. The answer then covers what no report
+        did. Each chunk's weights lag is its weights' SGD steps behind the learner's when the
+        learner hears of it (``weights_lags``)."""
         channel = self.context.data_channel
         env_steps, sgd_before, learning_starts, per_env_step = pace
         served = dict.fromkeys(shards, 0)  # env steps each shard stored during its serve()
         sizes = self.shard_sizes  # as each shard last said, kept across calls
         totals: dict[str, float] = {}
-        steps = turn = 0
+        steps = turn = reported_steps = reports = 0
+        tally, lags = SampleTally(), []
         idle = Backoff(spin_s=0.0, min_sleep_s=2e-4, max_sleep_s=0.01)
         while True:
             self.stopped_round = latest_stopped_round(channel, self.stopped_round)
@@ -124,6 +135,18 @@ class QLearner(Learner):
             if "error" in message:
                 raise RuntimeError(message["error"])
             served[shard], sizes[shard] = message["env_steps_served"], message["size"]
+            if (samples := message.get("samples")) is not None:
+                tally.add(samples)
+                lags += [max(0, self.updates - v) for v in samples.weights_versions]
+                samples.weights_versions = []
+                if report is not None and tally.env_steps >= report[0]:
+                    first, every = report[1], report[2]
+                    update = self._report(totals, steps - reported_steps, tally, lags)
+                    if every and (first + reports) % every == 0:
+                        update["histograms"] = self.histograms()
+                    channel.isend(update, DRIVER_RANK, REPORT_TAG)
+                    reports, reported_steps = reports + 1, steps
+                    totals, tally, lags = {}, SampleTally(), []
             if not message["batches"]:
                 if turn % len(shards) == 0:
                     idle.sleep()  # nothing to train on yet: ask again a little later
@@ -133,8 +156,12 @@ class QLearner(Learner):
             steps += len(message["batches"])
             self._post_weights(post_weights_to, post_every)
         channel.flush()
+        return self._report(totals, steps - reported_steps, tally, lags) | {"reports": reports}
+
+    def _report(self, totals: dict[str, float], steps: int, tally: SampleTally,
+                lags: list[int]) -> dict[str, Any]:
         stats = {k: v / max(steps, 1) for k, v in totals.items()}
-        return stats | {"sgd_steps": steps,
+        return stats | {"sgd_steps": steps, "samples": tally, "weights_lags": lags,
                         "num_target_updates": self.updates // self.target_update_freq}
 
     def _train_on_minibatches(self, message: dict, totals: dict[str, float]

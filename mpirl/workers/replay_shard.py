@@ -19,6 +19,7 @@ from mpirl.data.replay_buffer import (
     ReplaySettings,
     stream_of,
 )
+from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
 from mpirl.runtime.host import latest_stopped_round
@@ -51,6 +52,8 @@ class ReplayShard(Worker):
         self.last_chunk: dict[int, int] = {}  # each rollout worker's last chunk stored
         self.stopped_round = -1  # the driver's last word to stop serving (``serve``)
         self.env_steps_served = 0  # env steps stored by the current serve() call
+        # The metrics the stored chunks carried (streamed Ape-X), until a reply takes them.
+        self.tally = SampleTally()
 
     def _drain_priorities(self) -> None:
         channel = self.context.data_channel
@@ -84,8 +87,10 @@ class ReplayShard(Worker):
         the chunks rollout ranks send, from any of them, as they come; answer each learner's
         request for minibatches (``SAMPLE_REQUEST_TAG``: ``(num_batches, batch_size, beta)``)
         as ``sample`` does, the message saying how many env steps this call has stored so far
-        (``env_steps_served``) and the buffer's size; apply the TD errors that come. Returns
-        ``chunks`` (rollout rank -> chunks stored) and ``size``."""
+        (``env_steps_served``) and the buffer's size, and carrying the metrics of the chunks
+        stored since the last reply (``samples``, a ``SampleTally``, when there are any); apply
+        the TD errors that come. Returns ``chunks`` (rollout rank -> chunks stored), ``size``
+        and the metrics no reply took (``samples``)."""
         channel = self.context.data_channel
         chunks: dict[int, int] = {}
         self.env_steps_served = 0
@@ -109,7 +114,8 @@ class ReplayShard(Worker):
             self.stopped_round = latest_stopped_round(channel, self.stopped_round)
             if stream_round <= self.stopped_round or until_chunks is not None and (
                     sum(chunks.values()) >= until_chunks or time.monotonic() > deadline):
-                return {"chunks": chunks, "size": len(self.buffer)}
+                return {"chunks": chunks, "size": len(self.buffer),
+                        "samples": self.tally.take()}
             if busy:
                 backoff.reset()
             else:
@@ -124,6 +130,8 @@ class ReplayShard(Worker):
         follows = self.last_chunk.get(worker) == seq - 1
         cut = None if follows else np.ones(len(streams), bool)
         self.last_chunk[worker] = seq
+        if (metrics := chunk.get("metrics")) is not None:
+            self.tally.add(metrics)
         return self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
                                chunk["terminated"], chunk["truncated"], chunk["final_obs"],
                                chunk["failed"], cut)
@@ -135,6 +143,8 @@ class ReplayShard(Worker):
         self._drain_priorities()
         message = {"batches": [], "shard": self.context.role_index,
                    "env_steps_served": self.env_steps_served, "size": len(self.buffer)}
+        if self.tally.chunks:
+            message["samples"] = self.tally.take()
         try:
             message["batches"] = [self.buffer.sample(batch_size, beta)
                                   for _ in range(num_batches)]

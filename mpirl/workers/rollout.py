@@ -372,15 +372,15 @@ class RolloutWorker(Worker):
 
         return self.stream_calls(fragments, stream_round, one_fragment)
 
-    def stream_calls(self, fragments: int, stream_round: int | None,
+    def stream_calls(self, fragments: int | None, stream_round: int | None,
                      sample_one: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Run ``sample_one`` (which samples and sends one fragment and returns its metrics) up
-        to ``fragments`` times, stopping early once the driver's word to stop ``stream_round``
-        came (``STOP_STREAM_TAG``; None: never); return their metrics merged
-        (``merge_sample_metrics``) with ``fragments``, how many were sent."""
+        to ``fragments`` times (None: until stopped), stopping early once the driver's word to
+        stop ``stream_round`` came (``STOP_STREAM_TAG``; None: never); return their metrics
+        merged (``merge_sample_metrics``) with ``fragments``, how many were sent."""
         total: dict[str, Any] = {}
         sent = 0
-        while sent < fragments:
+        while fragments is None or sent < fragments:
             self.stopped_round = latest_stopped_round(self.context.data_channel,
                                                       self.stopped_round)
             if stream_round is not None and stream_round <= self.stopped_round:

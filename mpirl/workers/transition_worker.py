@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
+from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext
+from mpirl.runtime.host import latest_stopped_round
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
 from mpirl.workers.rollout import RolloutWorker
@@ -51,8 +53,9 @@ class TransitionWorker(RolloutWorker):
             self.weights_taken += 1
 
     def sample_transitions(self, steps_per_env: int, epsilon: float, dest: int | None,
-                           fragments: int = 1, stream_round: int | None = None,
-                           pace: tuple[int, float, float] | None = None) -> dict[str, Any]:
+                           fragments: int | None = 1, stream_round: int | None = None,
+                           pace: tuple[int, float, float] | None = None,
+                           counted_only: bool | None = None) -> dict[str, Any]:
         """Step every environment ``steps_per_env`` times, epsilon-greedily; send the chunk of
         steps to replay rank ``dest`` (or return it in ``chunk`` when ``dest`` is None).
         Returns counts and episode metrics like ``sample``.
@@ -61,7 +64,11 @@ class TransitionWorker(RolloutWorker):
         soon as it is done and each sampled with the newest weights posted by then; the answer
         sums their metrics (``RolloutWorker.stream_calls``) and says how many went (``fragments``).
         Once the driver's word to stop round ``stream_round`` came (``STOP_STREAM_TAG``), no
-        more are sampled.
+        more are sampled. ``fragments`` None: until then.
+
+        ``counted_only`` not None: each chunk carries its own metrics to the shard, as a
+        ``SampleTally`` (its episodes only counted if ``counted_only``, an explorer's), and the
+        answer has none but ``fragments``.
 
         ``pace`` is ``(num_workers, env_steps_ahead, sgd_steps_per_env_step)``: before each
         chunk the worker waits while the run's env steps, estimated as its own times
@@ -73,15 +80,16 @@ class TransitionWorker(RolloutWorker):
 
         def one_chunk() -> dict[str, Any]:
             if pace is not None:
-                self._wait_for_learner(pace, steps_per_env * self.envs.num_envs)
-            return self._sample_chunk(steps_per_env, epsilon, dest)
+                self._wait_for_learner(pace, steps_per_env * self.envs.num_envs, stream_round)
+            return self._sample_chunk(steps_per_env, epsilon, dest, counted_only)
 
         total = self.stream_calls(fragments, stream_round, one_chunk)
         total["weights_taken"] = self.weights_taken
         total["weights_version"] = self.weights_version
         return total
 
-    def _wait_for_learner(self, pace: tuple[int, float, float], chunk_steps: int) -> None:
+    def _wait_for_learner(self, pace: tuple[int, float, float], chunk_steps: int,
+                          stream_round: int | None) -> None:
         num_workers, ahead, per_env_step = pace
         deadline = time.monotonic() + PACE_WAIT_S
         backoff = Backoff(spin_s=0.0, min_sleep_s=1e-3, max_sleep_s=0.02)
@@ -90,9 +98,14 @@ class TransitionWorker(RolloutWorker):
                and time.monotonic() < deadline):
             backoff.sleep()
             self._take_posted_weights()
+            # A settle waits for this call: the stop word ends the wait (no chunk follows).
+            self.stopped_round = latest_stopped_round(self.context.data_channel,
+                                                      self.stopped_round)
+            if stream_round is not None and stream_round <= self.stopped_round:
+                return
 
-    def _sample_chunk(self, steps_per_env: int, epsilon: float, dest: int | None
-                      ) -> dict[str, Any]:
+    def _sample_chunk(self, steps_per_env: int, epsilon: float, dest: int | None,
+                      counted_only: bool | None = None) -> dict[str, Any]:
         self._take_posted_weights()
         num_envs = self.envs.num_envs
         shape = (steps_per_env, num_envs)
@@ -144,6 +157,10 @@ class TransitionWorker(RolloutWorker):
         if self.recorder is not None:
             metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
         self.report_custom_metrics(metrics, None)
+        if counted_only is not None:
+            chunk["metrics"] = SampleTally.of_chunk(metrics, counted_only)
+            metrics = {"env_steps": 0, "env_failures": 0, "episode_returns": [],
+                       "episode_lengths": [], "filter_delta": None}
         if dest is None:
             metrics["chunk"] = chunk
         else:
