@@ -178,9 +178,12 @@ class QLearner(Learner):
         """Send the weights, with the SGD step count, to rollout ``ranks`` if ``every`` steps
         passed since the last post, without waiting (not to ranks that failed, under ULFM)."""
         if ranks and every and self.updates - self.posted >= every:
+            # With the count of the ranks still alive, as far as this learner knows: a
+            # throttled rank paces itself on the whole run's sampling.
+            live = sum(rank not in self.failed_ranks for rank in ranks)
             isend_to_survivors(self.context.data_channel,
-                               (self.updates, self.policy.get_flat_weights()), list(ranks),
-                               WEIGHTS_TAG, self.failed_ranks)
+                               (self.updates, self.policy.get_flat_weights(), live),
+                               list(ranks), WEIGHTS_TAG, self.failed_ranks)
             self.posted = self.updates
 
     def _shard_reply(self, shard: int, stream_round: int) -> dict | None:

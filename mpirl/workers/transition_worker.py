@@ -16,6 +16,7 @@ from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
 from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.host import latest_stopped_round
+from mpirl.runtime.ulfm import poll_any_source
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
 from mpirl.workers.rollout import RolloutWorker
@@ -39,16 +40,19 @@ class TransitionWorker(RolloutWorker):
         self.chunks_sent = 0
         self.weights_taken = 0
         self.weights_version = 0  # learner 0's SGD step count when it posted these weights
+        self.ranks_sampling: int | None = None  # rollout ranks alive, as learner 0 last said
 
     def _take_posted_weights(self) -> None:
         """Apply the newest weights learner 0 posted (asynchronous sync); older ones are
         skipped."""
         channel = self.context.data_channel
         newest = None
-        while channel is not None and (item := channel.poll(tag=WEIGHTS_TAG)) is not None:
+        # From any source: under ULFM, a failed rank anywhere must not raise here.
+        while channel is not None and (
+                item := poll_any_source(channel, WEIGHTS_TAG)) is not None:
             newest = item[0]
         if newest is not None:
-            self.weights_version, flat = newest
+            self.weights_version, flat, self.ranks_sampling = newest
             self.policy.set_flat_weights(flat)
             self.weights_taken += 1
 
@@ -91,6 +95,8 @@ class TransitionWorker(RolloutWorker):
     def _wait_for_learner(self, pace: tuple[int, float, float], chunk_steps: int,
                           stream_round: int | None) -> None:
         num_workers, ahead, per_env_step = pace
+        if self.ranks_sampling:  # fewer once ranks were lost (ULFM)
+            num_workers = min(num_workers, self.ranks_sampling)
         deadline = time.monotonic() + PACE_WAIT_S
         backoff = Backoff(spin_s=0.0, min_sleep_s=1e-3, max_sleep_s=0.02)
         while ((self.chunks_sent + 1) * chunk_steps * num_workers
