@@ -49,12 +49,14 @@ class Config(QLearningConfig):
     """Env steps stored per reported iteration."""
     fragments_per_call: int = 0
     """0: the driver starts every sampling call (one fragment each), every insert and every
-    training round. n >= 1: each sampling call sends n fragments straight to its shard, the
-    shards store them and serve the learner's requests for minibatches themselves, and the
-    driver starts one call per shard and one on the learner per iteration
-    (``StreamedReplayLoop``), for runs of hundreds of rollout ranks. Needs one learner rank and
+    training round. n >= 1 (streamed, for runs of hundreds of rollout ranks;
+    ``StreamedReplayLoop``): the calls run from one checkpoint to the next. Each rollout rank
+    sends its fragments straight to its shard, with their metrics; the shards store them and
+    serve the learner's requests for minibatches themselves; the learner reports each
+    iteration to the driver, which reads one message per iteration. Needs one learner rank and
     replay ranks of their own. ``throttle_sampling`` then makes each rollout rank wait for the
-    SGD steps its posted weights say the learner took."""
+    SGD steps its posted weights say the learner took, letting sampling run 2n fragments per
+    rank ahead of them."""
 
     # Replay
     learning_starts: int = 1_000

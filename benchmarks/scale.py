@@ -70,10 +70,11 @@ APEX_SGD_STEPS_PER_ENV_STEP = 0.1
 IMPALA_FRAGMENTS_PER_CALL = 8
 """IMPALA streams its fragments to the learner, 8 per call (``fragments_per_call``), as a run of
 many rollout ranks should; ``--impala-fragments-per-call 0`` measures the driver-routed path."""
-APEX_FRAGMENTS_PER_CALL = 0
-"""Ape-X's default here is the driver-driven path: streamed (``--apex-fragments-per-call 8``) it
-counts env steps as the calls answer, 8 fragments at a time, so that below about 32 ranks an
-iteration is one or two answers and its steps/s per rank are no measure of sampling."""
+APEX_FRAGMENTS_PER_CALL = 8
+"""Ape-X streams too: its calls run from checkpoint to checkpoint and the learner reports each
+iteration (``fragments_per_call`` > 0; 8 sets only how far a throttled rank may run ahead, and
+the scale config does not throttle); ``--apex-fragments-per-call 0`` measures the driver-driven
+path."""
 CPU_PARTS = ("hosted", "idle", "threads", "own")
 """The parts of rank 0's CPU per iteration that ``progress.csv`` reports (``perf/driver_*``)."""
 RANK_MB = 100
@@ -376,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"IMPALA's fragments_per_call (default "
                              f"{IMPALA_FRAGMENTS_PER_CALL}; 0: the driver-routed path)")
     parser.add_argument("--apex-fragments-per-call", type=int, default=APEX_FRAGMENTS_PER_CALL,
-                        help=f"Ape-X's fragments_per_call (default {APEX_FRAGMENTS_PER_CALL}: "
-                             f"the driver-driven path)")
+                        help=f"Ape-X's fragments_per_call (default {APEX_FRAGMENTS_PER_CALL}; "
+                             f"0: the driver-driven path)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     try:

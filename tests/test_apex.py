@@ -7,6 +7,7 @@ measured, took 7.2k-9.2k), and the run's checkpoint must show every part at work
 
 import json
 import pickle
+import sys
 
 import pytest
 from conftest import run_mpi
@@ -16,8 +17,9 @@ LAYOUT = {"num_rollout_workers": 2, "num_replay_shards": 2, "num_learners": 1,
           "metrics_window": 20}
 
 
-#: fragments_per_call 4: each sampling call sends 4 chunks straight to its shard; the shards
-#: serve the learner's requests themselves (StreamedReplayLoop).
+#: fragments_per_call 4: the calls run from checkpoint to checkpoint; each rollout rank sends
+#: its chunks straight to its shard, the shards serve the learner's requests themselves, and the
+#: learner reports each iteration (StreamedReplayLoop).
 STREAMED = {"fragments_per_call": 4}
 
 
@@ -29,8 +31,10 @@ def test_apex_learns_with_two_shards_and_async_weights(tmp_path, extra):
         "--config", json.dumps(LAYOUT | extra),
         "--stop", '{"episode_return_mean": 100, "timesteps_total": 25000}', timeout=240)
     assert result["episode_return_mean"] >= 100, result
-    # The calls in flight at the end: 2 per rank, of 4 chunks of 8 envs x 32 steps streamed.
-    assert result["timesteps_total"] <= 25000 + (2 * 2 * 4 * 256 if extra else 2 * 4 * 32)
+    # Past the stop: the calls in flight at the end (2 per rank, of 8 envs x 32 steps);
+    # streamed, the last report's overshoot and what was sampled after it (each at most an
+    # iteration's 1000 env steps and a shard's reply, of a chunk or so of 256 per rank).
+    assert result["timesteps_total"] <= 25000 + (2 * (1000 + 2 * 256) if extra else 2 * 4 * 32)
     progress = rows(run_dir)
     assert float(progress[-1]["sgd_steps_total"]) > 0
     lags = [float(r["weights_lag_sgd_steps"]) for r in progress[3:]]
@@ -61,6 +65,53 @@ def test_streamed_apex_needs_ranks_of_its_own_for_learner_and_shards(tmp_path):
     assert proc.stderr.count("fragments_per_call streams chunks to replay ranks") == 1, \
         proc.stderr
     assert "set fragments_per_call 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+STREAMED_API_PROGRAM = """
+import sys, mpirl
+algo = mpirl.Algorithm.build("APEX", "CartPole-v1", run_dir=sys.argv[1], config={
+    "num_rollout_workers": 2, "num_replay_shards": 1, "num_learners": 1,
+    "fragments_per_call": 2, "min_env_steps_per_iteration": 500, "learning_starts": 200,
+    "tensorboard_histograms_every": 2})
+rows = [algo.train() for _ in range(3)]
+actions = algo.compute_actions([[0.0] * 4] * 3)  # the learner's call runs: settled first
+rows.append(algo.train())
+saved = algo.save()
+rows.append(algo.train())
+algo.restore(saved)
+rows.append(algo.train())
+code = algo.stop()
+print("RESULT", repr(([[r[k] for k in ("iteration", "timesteps_total", "sgd_steps_total")]
+                       for r in rows], actions.tolist(), code)))
+"""
+
+
+def test_streamed_apex_calls_span_iterations_and_settle_for_the_api(tmp_path):
+    # The calls run across iterations: compute_actions, save, restore and stop must each
+    # find the workers free (no hang), and the learner's reports bring the histograms.
+    program = tmp_path / "streamed.py"
+    program.write_text(STREAMED_API_PROGRAM)
+    run_dir = tmp_path / "run"
+    proc = run_mpi(5, sys.executable, str(program), str(run_dir), timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    rows_seen, actions, code = eval(line[len("RESULT "):])
+    assert code == 0 and len(actions) == 3 and set(actions) <= {0, 1}, (actions, code)
+    iterations = [r[0] for r in rows_seen]
+    steps = [r[1] for r in rows_seen]
+    assert iterations == [1, 2, 3, 4, 5, 5], rows_seen
+    # Each iteration is one report of at least 500 env steps; the restore goes back to row 4.
+    assert all(b - a >= 500 for a, b in zip(steps[:4], steps[1:5], strict=True)), rows_seen
+    assert steps[5] - steps[3] >= 500 and rows_seen[3][2] > 0, rows_seen
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator").EventAccumulator
+    (events,) = run_dir.glob("events.out.tfevents.*")
+    tensorboard = accumulator(str(events), size_guidance={"histograms": 0})
+    tensorboard.Reload()
+    weights = [t for t in tensorboard.Tags()["histograms"] if t.startswith("weights/")]
+    assert weights and "grad_norm" in tensorboard.Tags()["histograms"]
+    # Every second iteration, from the report of the learner's running call.
+    assert [h.step for h in tensorboard.Histograms(weights[0])] == [steps[1], steps[3]]
 
 
 # The driver's loop with fake workers: what it asks the replay shards to store.
