@@ -34,6 +34,7 @@ from mpirl.models.q_network import DQN_STATS, check_discrete
 from mpirl.runtime.dispatch import Completions, Future, WorkerGroup
 from mpirl.runtime.host import STOP_STREAM_TAG
 from mpirl.runtime.layout import REPLAY
+from mpirl.runtime.ulfm import poll_any_source
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.replay_shard import ReplayShard
 
@@ -462,11 +463,12 @@ class StreamedReplayLoop:
         a serving call that ended (it failed, or its rank was lost) raises."""
         algo = self.algo
         channel = algo.driver.context.data_channel
-        learner = self.serving[-1].rank
         found: list[dict[str, Any]] = []
 
         def arrived() -> bool:
-            if (item := channel.poll(learner, REPORT_TAG)) is not None:
+            # From any source (only the learner sends reports): under ULFM a probe of a failed
+            # learner would raise here; this way the dispatcher's own probe reports the loss.
+            if (item := poll_any_source(channel, REPORT_TAG)) is not None:
                 found.append(item[0])
                 return True
             return self.ended.any_finished or self.requests.any_finished

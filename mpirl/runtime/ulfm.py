@@ -100,13 +100,26 @@ def isend_to_survivors(channel: Any, obj: Any, ranks: list[int], tag: int,
     try:
         channel.isend_many(obj, ranks, tag)
     except MPI.Exception as error:
-        lost = failed_world_ranks(channel.comm)
-        if not (lost or is_process_failure(error)):
-            raise
-        for rank in lost:
-            channel.forget(rank)
-        failed.update(lost)
-        acknowledge_failures(channel.comm)
+        _drop_sends_to_failed(channel, error, failed)
+
+
+def flush_to_survivors(channel: Any, failed: set[int]) -> None:
+    """``channel.flush()``; under ULFM the sends to ranks MPI reports failed (they fail the
+    test of every send) are dropped and the ranks added to ``failed``."""
+    try:
+        channel.flush()
+    except MPI.Exception as error:
+        _drop_sends_to_failed(channel, error, failed)
+
+
+def _drop_sends_to_failed(channel: Any, error: MPI.Exception, failed: set[int]) -> None:
+    lost = failed_world_ranks(channel.comm)
+    if not (lost or is_process_failure(error)):
+        raise error
+    for rank in lost:
+        channel.forget(rank)
+    failed.update(lost)
+    acknowledge_failures(channel.comm)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from mpirl.data.replay_buffer import (
 from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.host import DRIVER_RANK, latest_stopped_round
-from mpirl.runtime.ulfm import isend_to_survivors
+from mpirl.runtime.ulfm import flush_to_survivors, isend_to_survivors
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.learner import Learner, minibatch_rows
 from mpirl.workers.transition_worker import TransitionWorker
@@ -128,7 +128,10 @@ class QLearner(Learner):
                       - sgd_before - steps)
             ask = batches_per_train if budget >= batches_per_train and \
                 sizes.get(shard, 0) >= min_rows else 0
-            channel.isend((ask, batch_size, beta), shard, SAMPLE_REQUEST_TAG)
+            # Every send of this loop survives a rollout rank's death (ULFM): a weight post to
+            # it still pending fails the test of each later send on the channel.
+            isend_to_survivors(channel, (ask, batch_size, beta), [shard], SAMPLE_REQUEST_TAG,
+                               self.failed_ranks)
             message = self._shard_reply(shard, stream_round)
             if message is None:  # stopped while waiting: the shard may have failed
                 break
@@ -144,7 +147,8 @@ class QLearner(Learner):
                     update = self._report(totals, steps - reported_steps, tally, lags)
                     if every and (first + reports) % every == 0:
                         update["histograms"] = self.histograms()
-                    channel.isend(update, DRIVER_RANK, REPORT_TAG)
+                    isend_to_survivors(channel, update, [DRIVER_RANK], REPORT_TAG,
+                                       self.failed_ranks)
                     reports, reported_steps = reports + 1, steps
                     totals, tally, lags = {}, SampleTally(), []
             if not message["batches"]:
@@ -152,10 +156,11 @@ class QLearner(Learner):
                     idle.sleep()  # nothing to train on yet: ask again a little later
                 continue
             idle.reset()
-            channel.isend(self._train_on_minibatches(message, totals), shard, self.priority_tag)
+            isend_to_survivors(channel, self._train_on_minibatches(message, totals), [shard],
+                               self.priority_tag, self.failed_ranks)
             steps += len(message["batches"])
             self._post_weights(post_weights_to, post_every)
-        channel.flush()
+        flush_to_survivors(channel, self.failed_ranks)
         return self._report(totals, steps - reported_steps, tally, lags) | {"reports": reports}
 
     def _report(self, totals: dict[str, float], steps: int, tally: SampleTally,
