@@ -486,13 +486,16 @@ class StreamedReplayLoop:
                                    f"ended before the driver's word to stop")
 
     def _take_report(self, report: dict[str, Any]) -> dict[str, float]:
-        algo = self.algo
-        algo.sgd_steps_total += report.pop("sgd_steps")
-        count_tally(algo, report.pop("samples"))
+        self._count_report(report)
         self.histograms = report.pop("histograms", {})
         lags = report.pop("weights_lags")
-        report.pop("reports", None)
-        return replay_row(algo, report, lags)
+        return replay_row(self.algo, report, lags)
+
+    def _count_report(self, report: dict[str, Any]) -> None:
+        """Count a learner's report (or its final answer): its SGD steps and samples, both
+        popped."""
+        self.algo.sgd_steps_total += report.pop("sgd_steps")
+        count_tally(self.algo, report.pop("samples"))
 
     def take_histograms(self) -> dict[str, np.ndarray]:
         """Learner 0's histograms, as its last report carried them (its call is running)."""
@@ -511,8 +514,7 @@ class StreamedReplayLoop:
         channel = algo.driver.context.data_channel
         if self.requests.calls_in_flight:
             algo.rollouts.progress()  # a rank lost by now is sent nothing
-            channel.isend_many(self.settles, [w.rank for w in algo.rollouts if not w.lost],
-                               STOP_STREAM_TAG)
+            self._stop_rollouts()
             for done in self.requests.drain():
                 self._note_sent(done)
         self.settles += 1
@@ -523,12 +525,9 @@ class StreamedReplayLoop:
             final = training.result()
             # Reports it sent before stopping and not read yet are counted, not lost.
             while self.reports < final["reports"]:
-                report = channel.recv(training.rank, REPORT_TAG)
-                algo.sgd_steps_total += report["sgd_steps"]
-                count_tally(algo, report["samples"])
+                self._count_report(channel.recv(training.rank, REPORT_TAG))
                 self.reports += 1
-            algo.sgd_steps_total += final["sgd_steps"]
-            count_tally(algo, final["samples"])
+            self._count_report(final)
             channel.isend_many(self.round, algo.replay.ranks, STOP_STREAM_TAG)
             self._served([future.result() for future in shards], stored)
             self.round += 1
@@ -554,16 +553,19 @@ class StreamedReplayLoop:
     def _stop_all(self) -> None:
         """Tell every running call to stop, without waiting for any (the run is ending on an
         error)."""
-        algo = self.algo
-        channel = algo.driver.context.data_channel
         try:
             if self.requests.calls_in_flight:
-                channel.isend_many(self.settles, [w.rank for w in algo.rollouts if not w.lost],
-                                   STOP_STREAM_TAG)
+                self._stop_rollouts()
             if self.serving:
-                channel.isend_many(self.round, [f.rank for f in self.serving], STOP_STREAM_TAG)
+                self.algo.driver.context.data_channel.isend_many(
+                    self.round, [f.rank for f in self.serving], STOP_STREAM_TAG)
         except Exception:  # noqa: BLE001 - the error that ends the run is the one to report
             pass
+
+    def _stop_rollouts(self) -> None:
+        """The stop word to the live rollout ranks' calls of this round."""
+        self.algo.driver.context.data_channel.isend_many(
+            self.settles, [w.rank for w in self.algo.rollouts if not w.lost], STOP_STREAM_TAG)
 
 
 def count_tally(algo: Any, tally: SampleTally) -> None:

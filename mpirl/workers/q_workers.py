@@ -139,9 +139,10 @@ class QLearner(Learner):
                 raise RuntimeError(message["error"])
             served[shard], sizes[shard] = message["env_steps_served"], message["size"]
             if (samples := message.get("samples")) is not None:
-                tally.add(samples)
+                # The versions turn into lags here; the driver gets the lags, not them.
                 lags += [max(0, self.updates - v) for v in samples.weights_versions]
                 samples.weights_versions = []
+                tally.add(samples)
                 if report is not None and tally.env_steps >= report[0]:
                     first, every = report[1], report[2]
                     update = self._report(totals, steps - reported_steps, tally, lags)

@@ -100,6 +100,12 @@ def sequence_batch(batch: dict[str, np.ndarray], states: np.ndarray, starts: np.
     return {key: np.ascontiguousarray(value) for key, value in out.items()}
 
 
+def empty_sample_metrics() -> dict[str, Any]:
+    """A sample call's metrics for no steps at all."""
+    return {"env_steps": 0, "env_failures": 0, "episode_returns": [], "episode_lengths": [],
+            "filter_delta": None}
+
+
 def merge_sample_metrics(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """Two sample calls' metrics as one (counts summed, episodes joined, observation statistics
     merged, dumped episodes of this rank's file joined); ``total`` is updated and returned."""
@@ -381,18 +387,21 @@ class RolloutWorker(Worker):
         total: dict[str, Any] = {}
         sent = 0
         while fragments is None or sent < fragments:
-            self.stopped_round = latest_stopped_round(self.context.data_channel,
-                                                      self.stopped_round)
-            if stream_round is not None and stream_round <= self.stopped_round:
+            if self.stop_came(stream_round):
                 break
             metrics = sample_one()
             total = merge_sample_metrics(total, metrics) if total else metrics
             sent += 1
         if not total:  # stopped before the first: an answer with nothing in it
-            total = {"env_steps": 0, "env_failures": 0, "episode_returns": [],
-                     "episode_lengths": [], "filter_delta": None}
+            total = empty_sample_metrics()
         total["fragments"] = sent
         return total
+
+    def stop_came(self, stream_round: int | None) -> bool:
+        """Whether the driver's word to stop ``stream_round`` came (``STOP_STREAM_TAG``; None:
+        a call that is never stopped)."""
+        self.stopped_round = latest_stopped_round(self.context.data_channel, self.stopped_round)
+        return stream_round is not None and stream_round <= self.stopped_round
 
     def take_pushed_weights(self, source: int, until: int | None = None) -> int:
         """Take the weights learner rank ``source`` pushed (``PUSHED_WEIGHTS_TAG``) and load the

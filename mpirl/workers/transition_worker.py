@@ -15,11 +15,10 @@ import numpy as np
 from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
 from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext
-from mpirl.runtime.host import latest_stopped_round
 from mpirl.runtime.ulfm import poll_any_source
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
-from mpirl.workers.rollout import RolloutWorker
+from mpirl.workers.rollout import RolloutWorker, empty_sample_metrics
 
 PACE_WAIT_S = 10.0
 """Longest a streaming worker waits for the learner before each chunk (``sample_transitions``'s
@@ -104,10 +103,9 @@ class TransitionWorker(RolloutWorker):
                and time.monotonic() < deadline):
             backoff.sleep()
             self._take_posted_weights()
-            # A settle waits for this call: the stop word ends the wait (no chunk follows).
-            self.stopped_round = latest_stopped_round(self.context.data_channel,
-                                                      self.stopped_round)
-            if stream_round is not None and stream_round <= self.stopped_round:
+            # A settle waits for this call: the stop word ends the wait (the chunk is sampled,
+            # and the call ends after it).
+            if self.stop_came(stream_round):
                 return
 
     def _sample_chunk(self, steps_per_env: int, epsilon: float, dest: int | None,
@@ -165,8 +163,7 @@ class TransitionWorker(RolloutWorker):
         self.report_custom_metrics(metrics, None)
         if counted_only is not None:
             chunk["metrics"] = SampleTally.of_chunk(metrics, counted_only)
-            metrics = {"env_steps": 0, "env_failures": 0, "episode_returns": [],
-                       "episode_lengths": [], "filter_delta": None}
+            metrics = empty_sample_metrics()
         if dest is None:
             metrics["chunk"] = chunk
         else:
