@@ -43,7 +43,7 @@ class FakeWorker:
     its i-th call gives (a value, or an exception to raise)."""
 
     in_process = False
-    _dispatcher = None
+    _dispatcher = dispatcher = None
 
     def __init__(self, rank: int, answers: list[Any], index: int | None = None) -> None:
         self.rank, self.answers, self.calls, self.lost = rank, list(answers), [], False

@@ -232,6 +232,9 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
 def _train_locked(driver: Driver, request: TrainRequest) -> int:
     algo = request.build_algorithm(driver)
     startup.mark("workers_built")
+    if driver.dispatcher is not None:
+        # This loop trains back to back: a synchronous round's calls may stand in between.
+        driver.dispatcher.standing_calls = True
     store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
     resumed_from = None
     if request.resume:

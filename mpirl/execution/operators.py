@@ -26,6 +26,7 @@ import numpy as np
 
 from mpirl.data.offline import OfflineInput
 from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, TaskTimeout
+from mpirl.execution.sample_rounds import SampleRounds, rounds_may_stand
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import shrink_weights_comm
 from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, call_all
@@ -368,7 +369,15 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
     """``sample_with_new_weights`` with the answers gathered by learner 0 (``gather``)."""
     # A batch for a learner in the driver's process rides in the gather when it is small: rank
     # 0 then takes no message per rollout rank for it (``gathered.fits_in_gather``).
-    if all(worker.index == i for i, worker in enumerate(workers)):
+    one_call = all(worker.index == i for i, worker in enumerate(workers))
+    if one_call and rounds_may_stand(workers):
+        try:
+            answered = SampleRounds.of(workers, learners).next_round(steps_per_env,
+                                                                    filter_state)
+        except RemoteError as error:
+            raise unwrap_env_failure(error) from None
+        return _sample_result(workers, targets, answered, obs_filter)
+    if one_call:
         # Every worker gets the same call, and picks its learner by its role index as
         # ``targets`` does (index i is role index i): rank 0 pickles it once (``submit_many``).
         futures = call_all(
@@ -385,6 +394,11 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
             "broadcast_weights", gather_answers=True).result())
     except RemoteError as error:
         raise unwrap_env_failure(error) from None
+    return _sample_result(workers, targets, answered, obs_filter)
+
+
+def _sample_result(workers: list[WorkerHandle], targets: list[int], answered: dict[int, Any],
+                   obs_filter: RunningMeanStd | None) -> SampleResult:
     result = SampleResult()
     for index, metrics in sorted(answered.items()):
         add_sample(result, targets[index], workers[index], metrics, obs_filter)

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from mpi4py import MPI
 
@@ -195,6 +195,15 @@ class Completions:
         return finished
 
 
+class StandingCalls(Protocol):
+    """Calls that keep ``ranks`` busy between iterations until ``end`` ends them and takes
+    their answers (``Dispatcher.hold``)."""
+
+    ranks: Sequence[int]
+
+    def end(self) -> None: ...
+
+
 class Dispatcher:
     """Rank 0's end of the control channel: sends tasks, matches answers to futures.
 
@@ -228,6 +237,12 @@ class Dispatcher:
         self._reported_lock = threading.Lock()
         # Under ULFM a send may fail part way through a fan-out; one submit per call handles it.
         self._one_send_per_call = fault_tolerant()
+        #: Whether a synchronous round may leave its calls standing between iterations
+        #: (``mpirl.execution.sample_rounds``): the CLI's loop, which trains back to back, sets
+        #: it; a Python API user may pause between iterations for longer than a collective waits.
+        self.standing_calls = False
+        #: rank -> the standing calls that hold it (``hold``)
+        self._held: dict[int, StandingCalls] = {}
 
     def report_lost(self, rank: int, evidence: str) -> None:
         """Ask the main thread to treat ``rank`` as failed at its next poll. Thread-safe (the
@@ -240,6 +255,8 @@ class Dispatcher:
 
         Messages to the host itself (spawn, stop) skip the bound, so shutdown never queues.
         """
+        if self._held and rank in self._held:
+            self.release(rank)
         if object_id != HOST:
             self._wait_for_slot(rank)
         call_id = self._next_call_id
@@ -268,6 +285,10 @@ class Dispatcher:
         if self._one_send_per_call or len(ranks) < 2 or (
                 self.lost and any(rank in self.lost for rank in ranks)):
             return [self.submit(rank, object_id, method, args, kwargs) for rank in ranks]
+        if self._held:
+            for rank in ranks:
+                if rank in self._held:
+                    self.release(rank)
         for rank in ranks:
             self._wait_for_slot(rank)
         call_id = self._next_call_id
@@ -281,6 +302,30 @@ class Dispatcher:
             in_flight[rank] += 1
             out.append(future)
         return out
+
+    def hold(self, calls: StandingCalls) -> None:
+        """Note that ``calls`` keep their ranks busy between iterations: any later call to one
+        of them first ends them (``release``)."""
+        for rank in calls.ranks:
+            self._held[rank] = calls
+
+    def holder(self, rank: int) -> StandingCalls | None:
+        """The standing calls that hold ``rank``, if any."""
+        return self._held.get(rank)
+
+    def release(self, rank: int) -> None:
+        """End the standing calls that hold ``rank``, and wait for their answers."""
+        calls = self._held.get(rank)
+        if calls is None:
+            return
+        for held in calls.ranks:
+            self._held.pop(held, None)
+        calls.end()
+
+    def release_all(self) -> None:
+        """End every standing call (before a checkpoint, a restore, the end of the run)."""
+        while self._held:
+            self.release(next(iter(self._held)))
 
     def _wait_for_slot(self, rank: int) -> None:
         """Return once ``rank`` has fewer than ``max_calls_in_flight`` calls unanswered."""
@@ -440,6 +485,11 @@ class WorkerHandle:
     def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """Run ``method`` on the worker and return its result (raises ``RemoteError``)."""
         return self.call_async(method, *args, **kwargs).result(timeout)
+
+    @property
+    def dispatcher(self) -> Dispatcher | None:
+        """The driver's dispatcher that sends this worker its calls (None in-process)."""
+        return self._dispatcher
 
     @property
     def in_process(self) -> bool:

@@ -280,6 +280,12 @@ class Driver:
         """Tell every worker rank to stop with ``exit_code``; True if all acknowledged in time."""
         if self.dispatcher is None:
             return True
+        try:
+            # Standing calls end before the stop that would end them; a run that failed may
+            # fail here too, and then its ranks are ended the hard way.
+            self.dispatcher.release_all()
+        except Exception:  # noqa: BLE001 - the run's own error has been reported
+            return False
         workers = [r for r in range(1, self.placement.world_size) if r not in self.dispatcher.lost]
         futures = [self.dispatcher.submit(rank, HOST, "stop", (exit_code,), {}) for rank in workers]
         try:

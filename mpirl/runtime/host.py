@@ -53,13 +53,11 @@ class WorkerHost:
     def serve(self) -> int:
         """Run tasks until the driver sends ``stop``; return the exit code it sent."""
         channel, backoff, heartbeat = self.channel, self.backoff, self.heartbeat
-        signal_reported = False
+        stop_signals.report_with(lambda signum: channel.isend(signum, DRIVER_RANK, SIGNAL))
         if heartbeat is not None:
             heartbeat.current_task = IDLE
         while self._exit_code is None:
-            if not signal_reported and stop_signals.received() is not None:
-                channel.isend(stop_signals.received(), DRIVER_RANK, SIGNAL)
-                signal_reported = True
+            stop_signals.report_received()
             item = channel.poll(DRIVER_RANK, TASK)
             if item is None:
                 channel.flush()
@@ -81,6 +79,7 @@ class WorkerHost:
             if answer[2] is not ANSWERED:  # else it went to the driver in a collective
                 self._answer(answer)
             backoff.reset()
+        stop_signals.report_with(None)
         return self._exit_code
 
     def _answer(self, answer: tuple) -> None:

@@ -3,8 +3,9 @@ the next iteration boundary and exit with ``EXIT_RESUME`` (75).
 
 Slurm may signal the batch shell, the launcher or every task, so any rank may be the one that
 hears it. A worker rank reports its signal to the driver over the control channel (tag
-``SIGNAL``) as soon as its serve loop is between tasks; the driver checks for reports, and for its
-own signals, once per iteration. A second signal of the same kind ends the process at once, the
+``SIGNAL``) as soon as its serve loop is between tasks, or a call that runs across iterations
+is between steps (``report_received``); the driver checks for reports, and for its own signals,
+once per iteration. A second signal of the same kind ends the process at once, the
 way it would have without mpirl.
 
 Only programs that check for stop requests install the handlers (``mpirl train`` does), so a
@@ -15,12 +16,16 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from types import FrameType
 
 #: The signals that request a checkpoint and a resumable exit.
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
 _received: int | None = None
+#: How this worker rank tells the driver of a signal (set by its host), and whether it did.
+_reporter: Callable[[int], None] | None = None
+_reported = False
 
 
 def install() -> None:
@@ -54,6 +59,23 @@ def settle() -> None:
 def received() -> int | None:
     """The first stop signal this process received, or None."""
     return _received
+
+
+def report_with(reporter: Callable[[int], None] | None) -> None:
+    """On a worker rank: ``reporter(signum)`` tells the driver of a stop signal (its host's
+    send on the control channel); None on rank 0 and once the host is done."""
+    global _reporter, _reported
+    _reporter, _reported = reporter, False
+
+
+def report_received() -> None:
+    """Tell the driver of this rank's stop signal, once, if one came. Called by the host's
+    serve loop between tasks, and by a call that stands across iterations between its steps
+    (a standing round), which would otherwise keep the signal from the driver until it ends."""
+    global _reported
+    if not _reported and _reporter is not None and _received is not None:
+        _reported = True
+        _reporter(_received)
 
 
 def signal_name(signum: int) -> str:

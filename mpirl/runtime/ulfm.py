@@ -155,6 +155,26 @@ def bcast_weights(comm: MPI.Comm, buffer: np.ndarray, timeout_s: float) -> None:
         comm.Bcast(buffer, root=0)
 
 
+def bcast_round(comm: MPI.Comm, header: bytes | None, weights: np.ndarray,
+                timeout_s: float) -> bytes:
+    """The start of a standing round (``mpirl.execution.sample_rounds``): ``header``, given on
+    member 0 of ``comm`` (None on the others), to every member, then ``weights`` as in
+    ``bcast_weights`` unless the header is empty, which ends the rounds. Returns the header.
+    Collective over ``comm``: a length, the header and the weights, rooted at member 0."""
+    what = "the round's broadcast"
+    with revoke_on_failure(comm, what):
+        wait_for_all(comm, timeout_s, what)
+        size = np.array([-1 if header is None else len(header)], np.int64)
+        comm.Bcast(size, root=0)
+        if not size[0]:
+            return b""
+        buffer = np.frombuffer(header, np.uint8) if header is not None else np.empty(
+            int(size[0]), np.uint8)
+        comm.Bcast(buffer, root=0)
+        comm.Bcast(weights, root=0)
+    return header if header is not None else buffer.tobytes()
+
+
 def bcast_bytes(comm: MPI.Comm, payload: bytes | None, timeout_s: float, what: str) -> bytes:
     """``payload``, given on one member of ``comm`` (None on the others), to every member, once
     all have arrived within ``timeout_s``: an allreduce tells them who holds it and its length,

@@ -40,7 +40,12 @@ from mpirl.models.policy import PolicySpec
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
-from mpirl.runtime.ulfm import bcast_weights, isend_to_survivors, poll_any_source
+from mpirl.runtime.ulfm import (
+    bcast_round,
+    bcast_weights,
+    isend_to_survivors,
+    poll_any_source,
+)
 from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
@@ -372,7 +377,7 @@ class Learner(Worker):
 
     MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
                 "save_state", "load_state", "apply_gradients", "histograms", "train_streamed",
-                "pushes_sent")
+                "pushes_sent", "end_rounds")
     #: The data-channel tag its batches come with (a multi-agent policy's learner has its own).
     batch_tag = BATCH_TAG
 
@@ -659,14 +664,25 @@ class Learner(Worker):
             self.loss.set_state(state["loss"])
         restore_rng(state["rng"])
 
-    def broadcast_weights(self, gather_answers: bool = False) -> list[bytes] | None:
+    def broadcast_weights(self, gather_answers: bool = False,
+                          round_header: bytes | None = None) -> list[bytes] | None:
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``. With
         ``gather_answers`` (the rollout workers' ``sample(gather_answer=True)``), then the root of
         the gather of their answers (``mpirl.runtime.gathered``), which it returns: they cross
-        to the driver as one message."""
+        to the driver as one message. With ``round_header`` the weights start a round of the
+        rollout workers' standing ``sample_rounds`` calls, the header first (``bcast_round``)."""
         context = self.context
-        bcast_weights(context.weights_comm, self.policy.get_flat_weights(),
-                      context.collective_timeout_s)
+        if round_header is None:
+            bcast_weights(context.weights_comm, self.policy.get_flat_weights(),
+                          context.collective_timeout_s)
+        else:
+            bcast_round(context.weights_comm, round_header, self.policy.get_flat_weights(),
+                        context.collective_timeout_s)
         if not gather_answers:
             return None
         return gathered.gather_answers(context, self.sample_round_waits)
+
+    def end_rounds(self) -> None:
+        """End the rollout workers' standing ``sample_rounds`` calls: an empty round header."""
+        bcast_round(self.context.weights_comm, b"", np.empty(0, np.float32),
+                    self.context.collective_timeout_s)

@@ -31,9 +31,15 @@ from mpirl.models.q_spec import numpy_unsupported as q_numpy_unsupported
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.runtime.gathered import PackedBatch, answer_through_gather, fits_in_gather
+from mpirl.runtime.gathered import (
+    PackedBatch,
+    answer_through_gather,
+    fits_in_gather,
+    send_answer,
+)
 from mpirl.runtime.host import DRIVER_RANK, latest_stopped_round
-from mpirl.runtime.ulfm import bcast_weights
+from mpirl.runtime.signals import report_received
+from mpirl.runtime.ulfm import bcast_round, bcast_weights
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
@@ -147,7 +153,7 @@ class RolloutWorker(Worker):
 
     MESSAGES = ("sample", "evaluate", "receive_weights", "set_weights", "get_weights",
                 "save_state", "load_state", "finish_dump", "compute_gradients",
-                "sample_fragments", "take_pushed_weights")
+                "sample_fragments", "take_pushed_weights", "sample_rounds")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
@@ -357,6 +363,40 @@ class RolloutWorker(Worker):
             batch = {key: value[rows] for key, value in batch.items()}
         return self._finish_sample(batch, count, returns, lengths, delta, send_to)
 
+    def sample_rounds(self, learner_ranks: tuple[int, ...], batch_in_answer: bool
+                      ) -> dict[str, int]:
+        """Standing synchronous rounds (``mpirl.execution.sample_rounds``): each round starts
+        with learner 0's broadcast of a header, ``(steps_per_env, filter_state)``, and its
+        weights (``bcast_round``); this worker then samples as ``sample(gather_answer=True,
+        learner_ranks=...)`` would and answers through the gather. An empty header ends the
+        rounds, and the call returns ``{"rounds": n}``. A round whose sampling raised joins
+        the gather with no result (the driver then ends the rounds); the error is raised when
+        they end."""
+        context = self.context
+        send_to = learner_ranks[context.role_index % len(learner_ranks)]
+        batch_in_answer = batch_in_answer and send_to == DRIVER_RANK
+        failure: Exception | None = None
+        rounds = 0
+        while header := bcast_round(context.weights_comm, None, self._weights,
+                                    context.collective_timeout_s):
+            self.policy.set_flat_weights(self._weights)
+            steps_per_env, filter_state = pickle.loads(header)
+            result = None
+            try:
+                if batch_in_answer:
+                    result = self._batch_in_answer(
+                        self.sample(steps_per_env, filter_state, None), send_to)
+                else:
+                    result = self.sample(steps_per_env, filter_state, send_to)
+            except Exception as error:  # noqa: BLE001 - raised once the driver ends the rounds
+                failure = failure or error
+            send_answer(context, result)
+            rounds += 1
+            report_received()  # a stop signal reaches the driver while the rounds stand
+        if failure is not None:
+            raise failure
+        return {"rounds": rounds}
+
     def sample_fragments(self, fragments: int, steps_per_env: int, filter_state: tuple | None,
                          send_to: int, stream_round: int = 0) -> dict[str, Any]:
         """Sample up to ``fragments`` V-trace fragments in a row, each sent to learner rank
@@ -399,7 +439,9 @@ class RolloutWorker(Worker):
 
     def stop_came(self, stream_round: int | None) -> bool:
         """Whether the driver's word to stop ``stream_round`` came (``STOP_STREAM_TAG``; None:
-        a call that is never stopped)."""
+        a call that is never stopped). A stop signal this rank received meanwhile goes to the
+        driver from here (``report_received``): the call may run until the next checkpoint."""
+        report_received()
         self.stopped_round = latest_stopped_round(self.context.data_channel, self.stopped_round)
         return stream_round is not None and stream_round <= self.stopped_round
 
