@@ -151,7 +151,8 @@ def test_an_env_that_keeps_failing_ends_the_run_with_its_error(tmp_path):
                                           "max_env_failures": 2}),
                   "--stop", '{"training_iteration": 5}', timeout=120)
     assert proc.returncode != 0
-    assert "raised in run_generation(): mpirl.errors.EnvFailureError" in proc.stderr, \
+    # Under mpirl train the generations run in one standing call per rank.
+    assert "raised in generation_rounds(): mpirl.errors.EnvFailureError" in proc.stderr, \
         proc.stderr[-3000:]
     assert "injected failure in step 3" in proc.stderr and "AssertionError" not in proc.stderr
 

@@ -62,6 +62,42 @@ def test_ppo_rank_0_sends_and_takes_no_message_per_rollout_rank(tmp_path):
         json.loads((run_dir / "params.json").read_text())["config"]["num_envs_per_worker"])
 
 
+def test_a_rank_that_fails_in_a_later_standing_round_ends_the_run_with_its_error(tmp_path):
+    """The env fails at its 100th step, after some rounds have run: that rank's round joins
+    the gather with no result, the driver ends the standing rounds (the others are waiting for
+    the next), and the rank's own error ends the run, with no hang and no traceback."""
+    run_dir = tmp_path / "run"
+    proc = run_mpi(4, *MPIRL, "train", "--algo", "PPO", "--env", "mpirl.testing:FlakyCartPoleEnv",
+                   "--run-dir", str(run_dir), "--progress", "off", "--config",
+                   json.dumps({"env_config": {"fail_every_steps": 100}, "max_env_failures": 2,
+                               "num_envs_per_worker": 1, "rollout_fragment_length": 16,
+                               "num_epochs": 1}),
+                   "--stop", '{"training_iteration": 100}', timeout=120, env={"CI": "true"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "failed 2 times" in proc.stderr and "injected failure in step 100" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "AssertionError" not in proc.stderr
+    with open(run_dir / "progress.csv") as file:
+        assert len(list(csv.DictReader(file))) >= 6  # 16 steps a round: the 2nd failure is later
+
+
+def test_es_generations_stand_too(tmp_path):
+    """ES's generation calls stand from one iteration to the next as PPO's rounds do: rank 0
+    sends the rollout ranks no message per generation, and a checkpoint ends and restarts
+    them."""
+    run_dir = tmp_path / "run"
+    proc = run_mpi(4, *MPIRL, "train", "--algo", "ES", "--env", "CartPole-v1", "--run-dir",
+                   str(run_dir), "--progress", "off", "--config",
+                   json.dumps({"episodes_per_batch": 6, "train_batch_size": 200,
+                               "checkpoint_every": 2}),
+                   "--stop", '{"training_iteration": 4}', timeout=240, env={"CI": "true"})
+    assert proc.returncode == 0, proc.stderr
+    with open(run_dir / "progress.csv") as file:
+        messages = [float(row["perf/driver_msgs_per_iter"]) for row in csv.DictReader(file)]
+    assert messages[1] == messages[3] == 0, messages
+    assert messages[2] >= 3, messages  # after the checkpoint: the calls start again
+
+
 def test_a_batch_rides_in_the_gather_only_when_it_is_small():
     from mpirl.runtime.gathered import GATHER_BATCH_BYTES, fits_in_gather
 

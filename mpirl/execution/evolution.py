@@ -24,10 +24,11 @@ from mpirl.execution.operators import (
     settle_gathered,
     weights_comm_collective,
 )
+from mpirl.execution.standing_rounds import StandingRounds, rounds_may_stand
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
 from mpirl.runtime.dispatch import call_all
-from mpirl.runtime.gathered import gathers_answers
+from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.es_worker import summarize_generation, update_message
 
 __all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
@@ -89,6 +90,27 @@ def _results(futures: list) -> list[tuple[int, Any]]:
     return done
 
 
+def _standing_generation(workers: list, learner: Any, header: tuple[int, int, int]
+                         ) -> tuple[bytes, list[tuple[int, Any]]]:
+    """``_generation_update`` for the rollout ranks' standing ``generation_rounds`` calls
+    (``mpirl.execution.standing_rounds``): the generation starts with the driver's copy's
+    broadcast of ``header``; a rank whose generation failed ends the rounds, and its error is
+    raised."""
+    rounds = StandingRounds.of(workers, learner, "generation_rounds")
+    message, agreed, answer = rounds.start("take_generation", header)
+    if agreed:
+        applied = [(0, answer)]
+    else:
+        answers = decode_answers(answer)
+        applied = sorted((rounds.index_of[rank], value) for rank, value in answers.items()
+                         if value is not None)
+        if len(applied) < len(workers):
+            rounds.failed(sorted(rank for rank, value in answers.items() if value is None))
+    if not message:
+        raise AssertionError("a generation's update was empty and no call failed")
+    return message, applied
+
+
 def _generation_update(futures: list, workers: list, learner: Any
                        ) -> tuple[bytes, list[tuple[int, Any]]]:
     """Rank 0's half of a generation's calls (``PerturbationWorker._generation_then_update``):
@@ -124,7 +146,11 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
     # Where the answers can gather (mpirl.runtime.gathered), one call per rank takes the whole
     # generation, its update included, and none answers with a message of its own.
     gather = gathers_answers(workers)
-    if gather:
+    if gather and rounds_may_stand(workers):
+        message, applied = _standing_generation(workers, algo.learners[0],
+                                                (share, steps_share, algo.iteration + 1))
+        summary = pickle.loads(message)[1]
+    elif gather:
         futures = call_all(workers, "run_generation", share, steps_share,
                            generation=algo.iteration + 1)
         message, applied = _generation_update(futures, workers, algo.learners[0])

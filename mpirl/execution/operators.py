@@ -26,7 +26,7 @@ import numpy as np
 
 from mpirl.data.offline import OfflineInput
 from mpirl.errors import ConfigError, ProcessFailure, RankLost, RemoteError, TaskTimeout
-from mpirl.execution.sample_rounds import SampleRounds, rounds_may_stand
+from mpirl.execution.standing_rounds import StandingRounds, rounds_may_stand
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import shrink_weights_comm
 from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, call_all
@@ -372,8 +372,7 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
     one_call = all(worker.index == i for i, worker in enumerate(workers))
     if one_call and rounds_may_stand(workers):
         try:
-            answered = SampleRounds.of(workers, learners).next_round(steps_per_env,
-                                                                    filter_state)
+            answered = _standing_round(workers, learners, steps_per_env, filter_state)
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         return _sample_result(workers, targets, answered, obs_filter)
@@ -395,6 +394,21 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
     except RemoteError as error:
         raise unwrap_env_failure(error) from None
     return _sample_result(workers, targets, answered, obs_filter)
+
+
+def _standing_round(workers: list[WorkerHandle], learners: WorkerGroup, steps_per_env: int,
+                    filter_state: tuple | None) -> dict[int, Any]:
+    """One round of the rollout workers' standing ``sample_rounds`` calls
+    (``mpirl.execution.standing_rounds``): {worker index: what its sample() returned}."""
+    rounds = StandingRounds.of(workers, learners[0], "sample_rounds",
+                               tuple(learner.rank for learner in learners), True)
+    parts = rounds.start("broadcast_weights", (steps_per_env, filter_state),
+                         gather_answers=True)
+    answered = {rounds.index_of[rank]: value for rank, value in decode_answers(parts).items()
+                if value is not None}
+    if len(answered) < len(workers):
+        rounds.failed(sorted(w.rank for i, w in enumerate(workers) if i not in answered))
+    return answered
 
 
 def _sample_result(workers: list[WorkerHandle], targets: list[int], answered: dict[int, Any],

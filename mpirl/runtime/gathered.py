@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpirl.runtime.ulfm import allreduce_max, bcast_bytes, fault_tolerant, gather_bytes
+from mpirl.errors import ProcessFailure, TaskTimeout
+from mpirl.runtime.signals import report_received
+from mpirl.runtime.ulfm import (
+    allreduce_max,
+    bcast_bytes,
+    bcast_round,
+    fault_tolerant,
+    gather_bytes,
+)
 
 if TYPE_CHECKING:
     from mpirl.runtime.core import RankContext
@@ -100,6 +108,40 @@ def answer_through_gather(context: RankContext, run: Callable[[], Any]) -> Any:
         raise
     send_answer(context, result)
     return ANSWERED
+
+
+NO_WEIGHTS = np.empty(0, np.float32)
+"""The weights of a round that carries none (an ES generation: each rank holds its own)."""
+
+
+def serve_rounds(context: RankContext, weights: np.ndarray,
+                 run_round: Callable[[Any], Exception | None]) -> dict[str, int]:
+    """A rollout worker's standing call (``mpirl.execution.standing_rounds``): round after
+    round, take learner 0's broadcast of the round's header and ``weights`` (``bcast_round``),
+    then ``run_round(header)``, which answers through the round's collectives and returns the
+    error of a round that failed on this rank (None if it did not). An empty header ends the
+    rounds: returns ``{"rounds": n}``, or raises the first failure then. A collective that
+    fails (``TaskTimeout``, ``ProcessFailure``) ends the call at once."""
+    failure: Exception | None = None
+    rounds = 0
+    while header := bcast_round(context.weights_comm, None, weights,
+                                context.collective_timeout_s):
+        failed = run_round(pickle.loads(header))
+        if isinstance(failed, (TaskTimeout, ProcessFailure)):
+            raise failed
+        failure = failure or failed
+        rounds += 1
+        report_received()  # a stop signal reaches the driver while the rounds stand
+    if failure is not None:
+        raise failure
+    return {"rounds": rounds}
+
+
+def start_round(context: RankContext, header: Any, weights: np.ndarray) -> None:
+    """Learner 0's part in starting a round of ``serve_rounds`` (``header`` pickled), or in
+    ending the rounds (``header`` None)."""
+    bcast_round(context.weights_comm, b"" if header is None else pickle.dumps(header, protocol=5),
+                weights, context.collective_timeout_s)
 
 
 _AGREEING = "the comparison of the answers"

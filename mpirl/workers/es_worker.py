@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from mpirl.errors import ProcessFailure, TaskTimeout
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.search_rules import (
     Adam,
@@ -191,7 +192,8 @@ class PerturbationWorker(Worker):
 
     MESSAGES = ("setup_search", "run_generation", "apply_update", "receive_update",
                 "receive_weights", "set_weights", "get_weights", "search_state",
-                "set_search_state", "save_state", "load_state", "finish_dump")
+                "set_search_state", "save_state", "load_state", "finish_dump",
+                "generation_rounds")
 
     def __init__(self, context: RankContext, env: EnvSpec, policy: DirectPolicySpec,
                  num_envs: int, seed: int, gamma: float, lam: float,
@@ -421,6 +423,23 @@ class PerturbationWorker(Worker):
                 answer, failure = None, error
         return answer_unless_agreed(context, answer, failure)
 
+    def generation_rounds(self) -> dict[str, int]:
+        """Standing generations (``mpirl.execution.standing_rounds``): each starts with the
+        driver's copy's broadcast of ``(num_pairs, min_steps, generation)``, no weights
+        (``gathered.serve_rounds``), and runs as ``run_generation(..., generation=...)`` does.
+        Returns ``{"rounds": n}`` once the driver ends them; a generation that failed here is
+        raised then."""
+        def one_round(header: tuple[int, int, int]) -> Exception | None:
+            try:
+                self._generation_then_update(*header)
+            except (TaskTimeout, ProcessFailure):
+                raise
+            except Exception as error:  # noqa: BLE001 - raised once the rounds end
+                return error
+            return None
+
+        return gathered.serve_rounds(self.context, gathered.NO_WEIGHTS, one_round)
+
     def receive_update(self, message: bytes | None = None) -> dict[str, Any]:
         """Take the generation's update in a broadcast over weights_comm and apply it. One rank
         (rollout worker 0) gets ``message`` in its call and is the broadcast's root, so rank 0
@@ -494,7 +513,7 @@ class SearchWeights(Worker):
     that ``learner_0.pkl`` holds the policy that ``mpirl evaluate`` and ``export`` read."""
 
     MESSAGES = ("broadcast_weights", "take_update", "take_generation", "get_weights",
-                "set_weights", "save_state", "load_state", "histograms")
+                "set_weights", "save_state", "load_state", "histograms", "end_rounds")
 
     def __init__(self, context: RankContext, policy: DirectPolicySpec, loss: Any, config: Any,
                  lr: float, grad_clip: float, seed: int, backend: str, torch_threads: int,
@@ -519,17 +538,25 @@ class SearchWeights(Worker):
         bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
                     "the update broadcast")
 
-    def take_generation(self) -> tuple[bytes, bool, Any]:
+    def take_generation(self, round_header: Any = None) -> tuple[bytes, bool, Any]:
         """The driver's part in a generation's call (``PerturbationWorker.
         _generation_then_update``): it joins the gather of the records with nothing, takes the
         update the root broadcasts, and is the root of the ranks' comparison of their answers.
         Returns the update (b"" when a rank failed) and ``(True, the answer)`` if the answers
-        agreed, else ``(False, their answers gathered)`` (``gathered.agreed_or_gathered``)."""
+        agreed, else ``(False, their answers gathered)`` (``gathered.agreed_or_gathered``).
+        With ``round_header`` it first starts the generation of the ranks' standing
+        ``generation_rounds`` calls."""
         context = self.context
+        if round_header is not None:
+            gathered.start_round(context, round_header, gathered.NO_WEIGHTS)
         gathered.gather_answers(context, self.generation_waits, root=UPDATE_ROOT)
         message = bcast_bytes(context.weights_comm, None, context.collective_timeout_s,
                               "the update broadcast")
         return (message, *gathered.agreed_or_gathered(context, self.update_waits))
+
+    def end_rounds(self) -> None:
+        """End the rollout ranks' standing ``generation_rounds`` calls: an empty header."""
+        gathered.start_round(self.context, None, gathered.NO_WEIGHTS)
 
     def get_weights(self) -> np.ndarray:
         return self.policy.get_flat_weights()

@@ -40,12 +40,7 @@ from mpirl.models.policy import PolicySpec
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
-from mpirl.runtime.ulfm import (
-    bcast_round,
-    bcast_weights,
-    isend_to_survivors,
-    poll_any_source,
-)
+from mpirl.runtime.ulfm import bcast_weights, isend_to_survivors, poll_any_source
 from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
@@ -665,24 +660,23 @@ class Learner(Worker):
         restore_rng(state["rng"])
 
     def broadcast_weights(self, gather_answers: bool = False,
-                          round_header: bytes | None = None) -> list[bytes] | None:
+                          round_header: Any = None) -> list[bytes] | None:
         """Send this learner's weights to every rollout rank: the root of one ``Bcast``. With
         ``gather_answers`` (the rollout workers' ``sample(gather_answer=True)``), then the root of
         the gather of their answers (``mpirl.runtime.gathered``), which it returns: they cross
         to the driver as one message. With ``round_header`` the weights start a round of the
-        rollout workers' standing ``sample_rounds`` calls, the header first (``bcast_round``)."""
+        rollout workers' standing ``sample_rounds`` calls, the header first
+        (``gathered.start_round``)."""
         context = self.context
         if round_header is None:
             bcast_weights(context.weights_comm, self.policy.get_flat_weights(),
                           context.collective_timeout_s)
         else:
-            bcast_round(context.weights_comm, round_header, self.policy.get_flat_weights(),
-                        context.collective_timeout_s)
+            gathered.start_round(context, round_header, self.policy.get_flat_weights())
         if not gather_answers:
             return None
         return gathered.gather_answers(context, self.sample_round_waits)
 
     def end_rounds(self) -> None:
         """End the rollout workers' standing ``sample_rounds`` calls: an empty round header."""
-        bcast_round(self.context.weights_comm, b"", np.empty(0, np.float32),
-                    self.context.collective_timeout_s)
+        gathered.start_round(self.context, None, gathered.NO_WEIGHTS)

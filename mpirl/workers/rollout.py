@@ -36,10 +36,11 @@ from mpirl.runtime.gathered import (
     answer_through_gather,
     fits_in_gather,
     send_answer,
+    serve_rounds,
 )
 from mpirl.runtime.host import DRIVER_RANK, latest_stopped_round
 from mpirl.runtime.signals import report_received
-from mpirl.runtime.ulfm import bcast_round, bcast_weights
+from mpirl.runtime.ulfm import bcast_weights
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
@@ -365,23 +366,20 @@ class RolloutWorker(Worker):
 
     def sample_rounds(self, learner_ranks: tuple[int, ...], batch_in_answer: bool
                       ) -> dict[str, int]:
-        """Standing synchronous rounds (``mpirl.execution.sample_rounds``): each round starts
-        with learner 0's broadcast of a header, ``(steps_per_env, filter_state)``, and its
-        weights (``bcast_round``); this worker then samples as ``sample(gather_answer=True,
-        learner_ranks=...)`` would and answers through the gather. An empty header ends the
-        rounds, and the call returns ``{"rounds": n}``. A round whose sampling raised joins
-        the gather with no result (the driver then ends the rounds); the error is raised when
-        they end."""
+        """Standing synchronous rounds (``mpirl.execution.standing_rounds``): each round starts
+        with learner 0's broadcast of ``(steps_per_env, filter_state)`` and its weights
+        (``gathered.serve_rounds``); this worker then samples as ``sample(gather_answer=True,
+        learner_ranks=...)`` would and answers through the gather. Returns ``{"rounds": n}``
+        once the rounds end. A round whose sampling raised joins the gather with no result
+        (the driver then ends the rounds); the error is raised when they end."""
         context = self.context
         send_to = learner_ranks[context.role_index % len(learner_ranks)]
         batch_in_answer = batch_in_answer and send_to == DRIVER_RANK
-        failure: Exception | None = None
-        rounds = 0
-        while header := bcast_round(context.weights_comm, None, self._weights,
-                                    context.collective_timeout_s):
+
+        def one_round(header: tuple[int, tuple | None]) -> Exception | None:
+            steps_per_env, filter_state = header
             self.policy.set_flat_weights(self._weights)
-            steps_per_env, filter_state = pickle.loads(header)
-            result = None
+            result, failure = None, None
             try:
                 if batch_in_answer:
                     result = self._batch_in_answer(
@@ -389,13 +387,11 @@ class RolloutWorker(Worker):
                 else:
                     result = self.sample(steps_per_env, filter_state, send_to)
             except Exception as error:  # noqa: BLE001 - raised once the driver ends the rounds
-                failure = failure or error
+                failure = error
             send_answer(context, result)
-            rounds += 1
-            report_received()  # a stop signal reaches the driver while the rounds stand
-        if failure is not None:
-            raise failure
-        return {"rounds": rounds}
+            return failure
+
+        return serve_rounds(context, self._weights, one_round)
 
     def sample_fragments(self, fragments: int, steps_per_env: int, filter_state: tuple | None,
                          send_to: int, stream_round: int = 0) -> dict[str, Any]:
