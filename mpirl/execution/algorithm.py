@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from statistics import fmean
 from types import ModuleType
 from typing import Any
 
@@ -245,10 +246,12 @@ class Algorithm:
             "iteration": self.iteration,
             "timesteps_total": self.timesteps_total,
             "episodes_total": self.episodes_total,
-            "episode_return_mean": float(np.mean(self.returns)) if self.returns else nan,
-            "episode_return_min": float(np.min(self.returns)) if self.returns else nan,
-            "episode_return_max": float(np.max(self.returns)) if self.returns else nan,
-            "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else nan,
+            # On the window's deques themselves: NumPy would copy each into an array first,
+            # about 40 us of rank 0's CPU per iteration for the four.
+            "episode_return_mean": fmean(self.returns) if self.returns else nan,
+            "episode_return_min": float(min(self.returns)) if self.returns else nan,
+            "episode_return_max": float(max(self.returns)) if self.returns else nan,
+            "episode_len_mean": fmean(self.lengths) if self.lengths else nan,
             "num_env_failures": self.num_env_failures,
             "env_steps_per_s": (self.timesteps_total - steps_before) / max(elapsed, 1e-9),
             "time_this_iter_s": elapsed,
