@@ -40,7 +40,7 @@ def test_gather_bytes_hands_rank_0_every_payload_in_rank_order():
 def test_ppo_rank_0_sends_and_takes_no_message_per_rollout_rank(tmp_path):
     """With the learner on rank 0 the answers and the batches come in the gather, and under
     ``mpirl train`` the rollout ranks' calls stand from one iteration to the next
-    (``execution.sample_rounds``): rank 0 sends and takes no message per rollout rank per
+    (``execution.standing_rounds``): rank 0 sends and takes no message per rollout rank per
     iteration. A checkpoint ends the rounds (its calls reach the ranks) and the next iteration
     starts them again, with one call per rank; every round's steps are counted."""
     run_dir = tmp_path / "run"

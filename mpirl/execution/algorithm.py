@@ -288,7 +288,7 @@ class Algorithm:
         for settle in self.before_checkpoint:
             settle()
         if self.driver.dispatcher is not None:
-            self.driver.dispatcher.release_all()  # standing rounds (execution.sample_rounds)
+            self.driver.dispatcher.release_all()  # standing rounds (execution.standing_rounds)
 
     def custom_means(self) -> dict[str, float]:
         """``custom/<name>_mean`` of each custom metric over the episodes of the metrics window

@@ -238,7 +238,7 @@ class Dispatcher:
         # Under ULFM a send may fail part way through a fan-out; one submit per call handles it.
         self._one_send_per_call = fault_tolerant()
         #: Whether a synchronous round may leave its calls standing between iterations
-        #: (``mpirl.execution.sample_rounds``): the CLI's loop, which trains back to back, sets
+        #: (``mpirl.execution.standing_rounds``): the CLI's loop, which trains back to back, sets
         #: it; a Python API user may pause between iterations for longer than a collective waits.
         self.standing_calls = False
         #: rank -> the standing calls that hold it (``hold``)

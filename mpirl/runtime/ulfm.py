@@ -157,7 +157,7 @@ def bcast_weights(comm: MPI.Comm, buffer: np.ndarray, timeout_s: float) -> None:
 
 def bcast_round(comm: MPI.Comm, header: bytes | None, weights: np.ndarray,
                 timeout_s: float) -> bytes:
-    """The start of a standing round (``mpirl.execution.sample_rounds``): ``header``, given on
+    """The start of a standing round (``mpirl.execution.standing_rounds``): ``header``, given on
     member 0 of ``comm`` (None on the others), to every member, then ``weights`` as in
     ``bcast_weights`` unless the header is empty, which ends the rounds. Returns the header.
     Collective over ``comm``: a length, the header and the weights, rooted at member 0."""
