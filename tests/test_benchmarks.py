@@ -171,9 +171,14 @@ def test_scale_benchmark_quick_writes_every_key(tmp_path):
             assert 0.5 * sum(parts) < run["driver_cpu_ms_per_iter"] < 2 * sum(parts), run
             assert 0 < run["driver_own_cpu_us_per_worker_iteration"] < run[
                 "driver_cpu_us_per_worker_iteration"], run
-        # Rank 0 sends and receives something for every rollout rank each iteration.
-        assert runs["8"]["driver_msgs_per_iter"] > runs["4"]["driver_msgs_per_iter"], runs
-        assert report["growth_exponents"][algo]["driver_msgs_per_iter"] > 0
+        if algo == "PPO":
+            # Its calls stand from one iteration to the next (execution.standing_rounds) and
+            # answer through a gather: no message to or from a rollout rank per iteration.
+            assert runs["4"]["driver_msgs_per_iter"] == runs["8"]["driver_msgs_per_iter"] == 0
+        else:
+            # IMPALA's rank 0 takes an answer for every rollout rank's fragments.
+            assert runs["8"]["driver_msgs_per_iter"] > runs["4"]["driver_msgs_per_iter"], runs
+            assert report["growth_exponents"][algo]["driver_msgs_per_iter"] > 0
 
 
 def test_poll_cost_benchmark_quick_writes_every_key(tmp_path):

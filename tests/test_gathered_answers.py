@@ -81,23 +81,6 @@ def test_a_rank_that_fails_in_a_later_standing_round_ends_the_run_with_its_error
         assert len(list(csv.DictReader(file))) >= 6  # 16 steps a round: the 2nd failure is later
 
 
-def test_es_generations_stand_too(tmp_path):
-    """ES's generation calls stand from one iteration to the next as PPO's rounds do: rank 0
-    sends the rollout ranks no message per generation, and a checkpoint ends and restarts
-    them."""
-    run_dir = tmp_path / "run"
-    proc = run_mpi(4, *MPIRL, "train", "--algo", "ES", "--env", "CartPole-v1", "--run-dir",
-                   str(run_dir), "--progress", "off", "--config",
-                   json.dumps({"episodes_per_batch": 6, "train_batch_size": 200,
-                               "checkpoint_every": 2}),
-                   "--stop", '{"training_iteration": 4}', timeout=240, env={"CI": "true"})
-    assert proc.returncode == 0, proc.stderr
-    with open(run_dir / "progress.csv") as file:
-        messages = [float(row["perf/driver_msgs_per_iter"]) for row in csv.DictReader(file)]
-    assert messages[1] == messages[3] == 0, messages
-    assert messages[2] >= 3, messages  # after the checkpoint: the calls start again
-
-
 def test_a_batch_rides_in_the_gather_only_when_it_is_small():
     from mpirl.runtime.gathered import GATHER_BATCH_BYTES, fits_in_gather
 
