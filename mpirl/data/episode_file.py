@@ -3,6 +3,7 @@ episode group per episode."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import h5py
 import numpy as np
 
 from mpirl.data.dump_format import FILE_FORMAT, MAX_CHUNK_ROWS, open_hdf5
+from mpirl.data.journaled_file import JournaledFile
 
 
 class EpisodeFile:
@@ -28,9 +30,15 @@ class EpisodeFile:
     def __init__(self, path: Path, attrs: dict[str, Any], compression_level: int,
                  compression_min_bytes: int) -> None:
         self.path = path
-        # 'w-': a session's file is new; an existing one is never overwritten.
-        with open_hdf5(path, "w-", libver=FILE_FORMAT) as file:
-            file.attrs.update(attrs)
+        # Made whole under another name, then linked into place: a session's file is new (an
+        # existing one is never overwritten), and a writer killed meanwhile leaves no half file.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open_hdf5(tmp, "w", libver=FILE_FORMAT) as file:
+                file.attrs.update(attrs)
+            os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         self.level = compression_level
         self.min_bytes = compression_min_bytes
         # HDF5 property lists, datatypes and dataspaces are reused across episodes: each new one
@@ -49,7 +57,12 @@ class EpisodeFile:
         if not episodes:
             return []
         written = []
-        file = open_hdf5(self.path, "r+", libver=FILE_FORMAT)
+        handle = JournaledFile(self.path)
+        try:
+            file = h5py.File(handle, "r+", libver=FILE_FORMAT)
+        except BaseException:
+            handle.close()
+            raise
         try:
             _hold_metadata_until_flush(file)
             for k, episode in episodes:
@@ -70,8 +83,8 @@ class EpisodeFile:
                 self._write(infos, "action_logp", episode["action_logp"])
                 written.append((k, steps))
         finally:
-            # What a kill -9 after this line leaves on disk reads back in full.
             file.close()
+            handle.commit()  # what a kill -9 leaves from here on reads back in full
         return written
 
     def _write(self, parent: Any, name: str, data: Any) -> None:

@@ -19,7 +19,9 @@ leaves some), in file order. Without ``main_data.hdf5`` the per-rank files alone
 
 A per-rank file that cannot be read is left out, with its episodes: ``Dataset.damaged`` names
 it, why, and how many indexed episodes it held. Only a dump with no readable file is an error.
-Reading never changes the dump; a dumping run quarantines such files when it starts.
+Reading changes the dump in one way only: a journal that a writer killed in its last commit left
+(``mpirl.data.journaled_file``) is applied. A dumping run quarantines unreadable files when it
+starts.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from mpirl.data.dump_format import (
     open_hdf5,
     rank_files,
 )
+from mpirl.data.journaled_file import recover
 from mpirl.errors import EXIT_USAGE, MpirlError
 
 #: What every episode group holds (plus ``infos/``).
@@ -396,6 +399,7 @@ def _scan(file: Path, linked: set[int], main: Path | None) -> _FileScan:
 def _open_h5(path: Path) -> h5py.File:
     if path.is_dir():
         raise DatasetError(f"{path}: a directory, not an HDF5 file")
+    recover(path)  # the last batch of a writer killed while it applied its journal
     try:
         return open_hdf5(path, "r")
     except FileNotFoundError:
