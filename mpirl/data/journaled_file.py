@@ -3,12 +3,13 @@ any moment, inside HDF5's close included, leaves a file that reads back.
 
 HDF5 has no journal: closing a file rewrites its superblock and the root group's index in
 place, a few hundred writes, and a writer killed among them left the file corrupt (12 of 100
-random kills of a writer busy with 10-episode batches, before this). Here a batch's writes
-at offsets the file already had are held in memory, and so are writes past its old end (one
-write at commit instead of hundreds; nothing old points there). Once HDF5 has closed the file,
-the new end goes to disk, the held writes go to a journal (``<file>.journal``, complete once renamed into place), then into the file, and the
-journal is removed. A journal found later (its writer was killed while applying it) is
-applied again by ``recover``, which readers call before they open the file.
+random kills of a writer busy with 10-episode batches, before this). Here a batch's writes are
+held in memory: those at offsets the file already had, and those past its old end (one write
+at commit instead of hundreds; nothing old points there). Once HDF5 has closed the file, the
+new end goes to disk, the held writes go to a journal (``<file>.journal``, complete once
+renamed into place), then into the file, and the journal is removed. A journal found later (its
+writer was killed while applying it) is applied again by ``recover``, which readers call
+before they open the file.
 
 Nothing here crosses ranks: one writer process owns each file."""
 
@@ -46,8 +47,12 @@ class JournaledFile:
     # The file-object protocol h5py's "fileobj" driver uses.
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.position, os.SEEK_END: self.size}[whence]
-        self.position = base + offset
+        if whence == os.SEEK_SET:  # what h5py uses before every read and write
+            self.position = offset
+        elif whence == os.SEEK_CUR:
+            self.position += offset
+        else:
+            self.position = self.size + offset
         return self.position
 
     def tell(self) -> int:
@@ -81,18 +86,22 @@ class JournaledFile:
         return bytes(buffer[:self.readinto(buffer)])
 
     def write(self, data: bytes | memoryview) -> int:
-        data = bytes(data)
-        start, end = self.position, self.position + len(data)
-        split = min(max(start, self.old_size), end)
-        if split > start:  # over what the file held: kept until commit
-            self.patches.append((start, data[:split - start]))
-        if end > split:  # past the old end: nothing points there yet
-            lo, hi = split - self.old_size, end - self.old_size
+        start = self.position
+        end = start + len(data)
+        old_size = self.old_size
+        if start >= old_size:  # past the old end, nothing points there yet: the tail
+            lo = start - old_size
             if len(self.tail) < lo:
                 self.tail.extend(bytes(lo - len(self.tail)))
-            self.tail[lo:hi] = data[split - start:]
+            self.tail[lo:end - old_size] = data
+        else:  # over what the file held: kept until commit (HDF5 reuses its buffer: a copy)
+            split = min(end, old_size)
+            self.patches.append((start, bytes(data[:split - start])))
+            if end > split:
+                self.tail[0:end - old_size] = data[split - start:]
         self.position = end
-        self.size = max(self.size, end)
+        if end > self.size:
+            self.size = end
         return len(data)
 
     def truncate(self, size: int | None = None) -> int:

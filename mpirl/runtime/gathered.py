@@ -121,7 +121,8 @@ def serve_rounds(context: RankContext, weights: np.ndarray,
     then ``run_round(header)``, which answers through the round's collectives and returns the
     error of a round that failed on this rank (None if it did not). An empty header ends the
     rounds: returns ``{"rounds": n}``, or raises the first failure then. A collective that
-    fails (``TaskTimeout``, ``ProcessFailure``) ends the call at once."""
+    failed (``TaskTimeout``, ``ProcessFailure``), raised or returned by ``run_round``, ends the
+    call at once: this is the one place that tells the two kinds of failure apart."""
     failure: Exception | None = None
     rounds = 0
     while header := bcast_round(context.weights_comm, None, weights,

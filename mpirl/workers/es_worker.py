@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import ProcessFailure, TaskTimeout
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.search_rules import (
     Adam,
@@ -432,9 +431,7 @@ class PerturbationWorker(Worker):
         def one_round(header: tuple[int, int, int]) -> Exception | None:
             try:
                 self._generation_then_update(*header)
-            except (TaskTimeout, ProcessFailure):
-                raise
-            except Exception as error:  # noqa: BLE001 - raised once the rounds end
+            except Exception as error:  # noqa: BLE001 - serve_rounds raises it (see there)
                 return error
             return None
 
