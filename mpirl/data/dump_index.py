@@ -25,6 +25,7 @@ from mpirl.data.dump_format import (
     serialize_space,
 )
 from mpirl.data.dump_writer import DumpSettings, DumpTarget
+from mpirl.data.journaled_file import JournaledFile
 from mpirl.errors import ConfigError
 from mpirl.jobs.run_dir import write_atomically
 
@@ -127,14 +128,27 @@ class DumpIndex:
             self.total_steps += steps
 
     def commit(self) -> None:
-        """Link the episodes added since the last commit; rewrite metadata.json atomically."""
+        """Link the episodes added since the last commit; rewrite metadata.json atomically.
+        main_data.hdf5 is written through a journal, as the episode files are: a driver killed
+        here leaves the links of the last commit, or of this one."""
         if not self.pending:
             return
-        with open_hdf5(self.directory / MAIN_FILE, "a", warn=True) as main:
-            for file_name, k in self.pending:
-                main[f"episode_{self.total_episodes}"] = h5py.ExternalLink(file_name,
-                                                                           f"episode_{k}")
-                self.total_episodes += 1
+        path = self.directory / MAIN_FILE
+        if not path.exists():  # removed under a running job
+            with open_hdf5(path, "w", warn=True):
+                pass
+        handle = JournaledFile(path)
+        try:
+            with h5py.File(handle, "r+") as main:
+                total = self.total_episodes
+                for file_name, k in self.pending:
+                    main[f"episode_{total}"] = h5py.ExternalLink(file_name, f"episode_{k}")
+                    total += 1
+        except BaseException:
+            handle.close()
+            raise
+        handle.commit()
+        self.total_episodes = total
         self.pending.clear()
         self._write_metadata()
 
