@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -70,59 +69,32 @@ def role_cpu(directory: Path) -> None:
     print((time.process_time() - start) / ((BATCHES - 1) * BATCH) * 1e6)
 
 
-def _busy_writer(path: Path, report: int) -> None:
-    import h5py
-    import numpy as np
+def _this_trees_testing() -> Any:
+    """``mpirl/testing.py`` of the tree this script is in, whichever mpirl ``PYTHONPATH``
+    points at: an older checkout's writer is measured with this tree's kill helper."""
+    import importlib.util
 
-    from mpirl.data.episode_file import EpisodeFile
-
-    close = h5py.File.close
-
-    def announced_close(file: Any) -> None:
-        os.write(report, b"c")
-        close(file)
-
-    h5py.File.close = announced_close
-    try:
-        rng = np.random.default_rng(0)
-        file = EpisodeFile(path, _attrs(), 1, 4096)
-        k = 0
-        while True:
-            file.write(_episodes(rng, k, 10))
-            k += 10
-            os.write(report, b".")
-    finally:
-        os._exit(1)
+    spec = importlib.util.spec_from_file_location(
+        "mpirl_testing_of_this_tree", Path(__file__).resolve().parents[1] / "mpirl" / "testing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def kills(directory: Path, count: int) -> dict[str, int]:
     """Kill ``count`` busy writers; count the files that read back and those that do not."""
+    import numpy as np
+
     from mpirl.data.reader import DatasetError, open_dataset
 
-    rng = random.Random()
+    kill_a_busy_dump_writer = _this_trees_testing().kill_a_busy_dump_writer
+    rng, episodes = random.Random(), np.random.default_rng(0)
+    attrs = _attrs()
     outcome = {"readable": 0, "unreadable": 0}
     for trial in range(count):
         path = directory / f"rollout-s0-w{trial}.hdf5"
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_end)
-            _busy_writer(path, write_end)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb", buffering=0) as reports:
-            said = b""
-            try:
-                while b"." not in said:
-                    said += reports.read(1)
-                if trial % 2:
-                    time.sleep(rng.uniform(0.0, 0.05))
-                else:
-                    while not said.endswith(b"c"):
-                        said += reports.read(1)
-                    time.sleep(rng.uniform(0.0, 0.001))
-            finally:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+        kill_a_busy_dump_writer(path, attrs, lambda k: _episodes(episodes, k, 10),
+                                near_close=trial % 2 == 0, rng=rng)
         try:
             with open_dataset(path) as dataset:
                 for _ in dataset.iterate_episodes():

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -407,3 +410,63 @@ class BatchBytesProbe(Callbacks):
         result["probe/obs_itemsize"] = float(getattr(obs, "itemsize", None) or
                                              obs.element_size())
         result["probe/bytes_per_step"] = sum(nbytes(v) for v in batch.values()) / steps
+
+
+def kill_a_busy_dump_writer(path: Path, attrs: dict[str, Any],
+                            batch: Callable[[int], list[tuple[int, dict[str, Any]]]],
+                            near_close: bool, rng: random.Random) -> int:
+    """Fork a process that writes batches of episodes (``batch(k)``: those from local id k on)
+    to a new ``EpisodeFile`` at ``path`` back to back; once it confirmed its first batch, kill
+    it with SIGKILL, anywhere in a batch or, with ``near_close``, within a millisecond of HDF5's
+    close starting (the close rewrites the file's index). Returns how many episodes it
+    confirmed (``write`` returned), as the dump writer process confirms them to its rank."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        _busy_dump_writer(path, attrs, batch, write_end)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb", buffering=0) as reports:
+        said = b""
+        try:
+            while b"." not in said:
+                said += reports.read(1)
+            if near_close:
+                while not said.endswith(b"c"):
+                    said += reports.read(1)
+                time.sleep(rng.uniform(0.0, 0.001))
+            else:
+                time.sleep(rng.uniform(0.0, 0.05))
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        said += reports.read()
+    return max(int(x) for x in said.replace(b"c", b"").split(b".") if x)
+
+
+def _busy_dump_writer(path: Path, attrs: dict[str, Any],
+                      batch: Callable[[int], list[tuple[int, dict[str, Any]]]],
+                      report: int) -> None:
+    """The forked child: says "c" on ``report`` as HDF5 starts to close the file and
+    "<episodes>." once each ``write`` returned; never returns."""
+    import h5py
+
+    from mpirl.data.episode_file import EpisodeFile
+
+    close = h5py.File.close
+
+    def announced_close(file: h5py.File) -> None:
+        os.write(report, b"c")
+        close(file)
+
+    h5py.File.close = announced_close
+    try:
+        file = EpisodeFile(path, attrs, 1, 4096)
+        k = 0
+        while True:
+            episodes = batch(k)
+            file.write(episodes)
+            k += len(episodes)
+            os.write(report, f"{k}.".encode())
+    finally:
+        os._exit(1)

@@ -6,8 +6,6 @@ import fcntl
 import json
 import os
 import random
-import signal
-import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,6 +17,7 @@ from mpirl.data.dump_format import FORMAT_ATTR, serialize_space
 from mpirl.data.episode_file import EpisodeFile
 from mpirl.data.journaled_file import JOURNAL_SUFFIX, recover
 from mpirl.data.reader import open_dataset
+from mpirl.testing import kill_a_busy_dump_writer
 
 ATTRS = {FORMAT_ATTR: 1, "observation_space": serialize_space(gym.spaces.Box(-1e6, 1e6, (4,))),
          "action_space": serialize_space(gym.spaces.Discrete(2)), "env_id": "Fake-v0"}
@@ -41,62 +40,18 @@ def _read_back(path: Path) -> list[int]:
         return sorted(ids)
 
 
-def _busy_writer(path: Path, report: int) -> None:
-    """A forked child: batches of 10 CartPole-sized episodes back to back. Says "c" on
-    ``report`` as HDF5 starts to close the file (the close rewrites the file's index), and
-    "<episodes>." once ``write`` returned (as the dump writer process confirms a batch)."""
-    import h5py
-
-    close = h5py.File.close
-
-    def announced_close(file):
-        os.write(report, b"c")
-        close(file)
-
-    h5py.File.close = announced_close
-    try:
-        file = EpisodeFile(path, ATTRS, 1, 4096)
-        k = 0
-        while True:
-            file.write(_episodes(k, 10))
-            k += 10
-            os.write(report, f"{k}.".encode())
-    finally:
-        os._exit(1)
-
-
 def test_a_writer_killed_at_random_moments_leaves_every_confirmed_batch(tmp_path):
     # Before the journal, about 1 in 20 random kills, and most kills within a millisecond of
     # the close starting, left a file that HDF5 could not read.
     rng = random.Random()
     for trial in range(24):
         path = tmp_path / f"rollout-s0-w{trial}.hdf5"
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_end)
-            _busy_writer(path, write_end)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb", buffering=0) as reports:
-            said = b""
-            try:
-                while b"." not in said:  # a first batch
-                    said += reports.read(1)
-                if trial % 2:  # anywhere in a batch
-                    time.sleep(rng.uniform(0.0, 0.05))
-                else:  # within a millisecond of the next close starting
-                    while not said.endswith(b"c"):
-                        said += reports.read(1)
-                    time.sleep(rng.uniform(0.0, 0.001))
-            finally:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            said += reports.read()
-        confirmed = [int(x) for x in said.replace(b"c", b"").split(b".") if x]
+        confirmed = kill_a_busy_dump_writer(path, ATTRS, lambda k: _episodes(k, 10),
+                                            near_close=trial % 2 == 0, rng=rng)
         ids = _read_back(path)
         # Every confirmed batch is there, whole, and at most the batch in flight besides.
         assert ids == list(range(len(ids))), f"trial {trial}"
-        assert len(ids) >= confirmed[-1] and len(ids) % 10 == 0, f"trial {trial}"
+        assert len(ids) >= confirmed and len(ids) % 10 == 0, f"trial {trial}"
         assert not list(tmp_path.glob("*.journal*")), f"trial {trial}: a journal left behind"
 
 
