@@ -101,9 +101,11 @@ def role_raw(plan: Plan) -> int:
     import gymnasium as gym
     import torch
 
+    from mpirl.models.torch_model import build_torch_model
+
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
-    policy = _policy_spec().build("cpu")
+    policy = build_torch_model(_policy_spec())
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(NUM_ENVS)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs, _ = envs.reset(seed=SEED)

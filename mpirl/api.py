@@ -32,6 +32,7 @@ from mpirl.errors import EXIT_FAILURE, EXIT_OK, ConfigError, MpirlError
 from mpirl.execution.algorithm import Algorithm as AlgorithmState
 from mpirl.jobs.checkpoint import CheckpointStore, verify
 from mpirl.jobs.run_dir import RunLock, RunRecorder
+from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.driver import Driver, run
 from mpirl.runtime.world import running_on
 
@@ -257,7 +258,7 @@ class Algorithm:
                 weights = state.learners[0].call_async("get_weights").result()
             key = policy_id or ""
             if key not in self._policies:
-                self._policies[key] = spec.build("cpu")
+                self._policies[key] = build_torch_model(spec)
             policy = self._policies[key]
             policy.set_flat_weights(weights)
             batch = np.asarray(observations)

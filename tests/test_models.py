@@ -24,6 +24,7 @@ from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import PolicySpec, evaluate_batch
 from mpirl.models.q_network import QSpec, dqn_loss
 from mpirl.models.soft_q import SACSpec, sac_loss
+from mpirl.models.torch_model import build_torch_model
 from mpirl.workers.env_spec import EnvSpec
 from mpirl.workers.rollout import RolloutWorker, sequence_batch
 
@@ -46,7 +47,7 @@ def test_images_get_a_cnn_and_vectors_keep_their_old_parameters():
     # A CartPole policy has exactly the parameters it had before encoders existed (4-64-64-2
     # actor and 4-64-64-1 critic), in the same order: older checkpoints load.
     cartpole = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
-    policy = cartpole.build()
+    policy = build_torch_model(cartpole)
     assert policy.num_weights() == (4 * 64 + 64 + 64 * 64 + 64 + 64 * 2 + 2) + (
         4 * 64 + 64 + 64 * 64 + 64 + 64 + 1)
     assert not list(policy.encoder.parameters())
@@ -69,7 +70,7 @@ def test_dict_observations_are_one_vector_cut_apart_per_component():
 
 def test_multibinary_and_multidiscrete_actions_sample_in_the_space():
     for space in (gym.spaces.MultiBinary(3), gym.spaces.MultiDiscrete([[2, 3], [4, 5]])):
-        policy = PolicySpec(gym.spaces.Box(-1, 1, (2,), np.float32), space).build()
+        policy = build_torch_model(PolicySpec(gym.spaces.Box(-1, 1, (2,), np.float32), space))
         actions, logp, _ = policy.act(np.zeros((5, 2), np.float32))
         env_actions = policy.env_actions(actions)
         assert env_actions.shape == (5, *space.shape) and all(space.contains(a)
@@ -97,7 +98,7 @@ def test_q_networks_take_images_through_a_cnn_with_linear_dueling_heads():
     # DQN and Ape-X on Atari: the Nature CNN, then the dueling heads on its 512 units.
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     spec = QSpec(space, gym.spaces.Discrete(4), (256, 256), "relu", True)
-    model, target = spec.build(), spec.build()
+    model, target = build_torch_model(spec), build_torch_model(spec)
     assert model.encoder.images[0].kind == "nature_cnn" and model.advantage.in_features == 512
     obs = torch.as_tensor(np.stack([space.sample() for _ in range(5)]))
     batch = {"obs": obs, "next_obs": obs, "actions": torch.zeros(5), "rewards": torch.ones(5),
@@ -114,7 +115,7 @@ def test_sac_takes_a_custom_actor_and_critics_and_a_cnn(monkeypatch):
                          model=ModelOptions(custom_model="custom_models:ActorCritic"),
                          custom_q_model="custom_models:TwinCritic"),
                  SACSpec(gym.spaces.Box(0, 255, (8, 8, 1), np.uint8), box)):
-        model, target = spec.build(), spec.build()
+        model, target = build_torch_model(spec), build_torch_model(spec)
         obs = spec.observation_space.sample()[None].repeat(4, 0)
         batch = {"obs": torch.as_tensor(obs), "next_obs": torch.as_tensor(obs),
                  "actions": torch.zeros(4, 1), "rewards": torch.ones(4),
@@ -130,7 +131,7 @@ def test_sac_takes_a_custom_actor_and_critics_and_a_cnn(monkeypatch):
 def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_path):
     # ES: every weight vector of a population through the CNN at once, as one at a time.
     env = PixelTarget()
-    policy = DirectPolicySpec(env.observation_space, env.action_space).build()
+    policy = build_torch_model(DirectPolicySpec(env.observation_space, env.action_space))
     assert policy.functional
     theta = torch.as_tensor(policy.get_flat_weights())
     params = torch.stack([theta + 0.01 * torch.randn_like(theta) for _ in range(3)])

@@ -258,6 +258,7 @@ def test_centralized_critic_sees_the_global_state_and_learns(tmp_path):
     its actor one cart (4); it reaches a return on both carts within 80k env steps."""
     from mpirl.envs.examples import MultiAgentCartPole
     from mpirl.models.policy import PolicySpec
+    from mpirl.models.torch_model import build_torch_model
 
     run_dir = tmp_path / "run"
     _ok(_train(3, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir), "--seed", "5",
@@ -267,8 +268,8 @@ def test_centralized_critic_sees_the_global_state_and_learns(tmp_path):
     assert _f(rows[-1], "episode_return_mean/shared") >= 250, rows[-1]
     env = MultiAgentCartPole()
     spaces = env.observation_space("cart_0"), env.action_space("cart_0")
-    central = PolicySpec(*spaces, critic_inputs=8).build().num_weights()
-    assert central == PolicySpec(*spaces).build().num_weights() + 4 * 64
+    central = build_torch_model(PolicySpec(*spaces, critic_inputs=8)).num_weights()
+    assert central == build_torch_model(PolicySpec(*spaces)).num_weights() + 4 * 64
     weights = _state(run_dir, latest_checkpoint_iteration(run_dir),
                      "learner-shared_0.pkl")["weights"]
     assert len(weights) == central
@@ -279,6 +280,7 @@ def test_centralized_critic_without_a_state_concatenates_every_agents_observatio
     from gymnasium.spaces import Discrete
 
     from mpirl.models.policy import PolicySpec
+    from mpirl.models.torch_model import build_torch_model
 
     run_dir = tmp_path / "run"
     config = {"centralized_critic": True, "checkpoint_every": 2, "multiagent": RPS}
@@ -286,8 +288,8 @@ def test_centralized_critic_without_a_state_concatenates_every_agents_observatio
                str(run_dir), "--config", json.dumps(config), "--stop",
                '{"training_iteration": 2}'))
     weights = _state(run_dir, 2, "learner-learned_0.pkl")["weights"]
-    assert len(weights) == PolicySpec(Discrete(4), Discrete(3),
-                                      critic_inputs=8).build().num_weights()
+    assert len(weights) == build_torch_model(PolicySpec(Discrete(4), Discrete(3),
+                                                        critic_inputs=8)).num_weights()
 
 
 def test_self_play_against_a_pool_of_snapshots(tmp_path):

@@ -14,6 +14,7 @@ import torch
 from mpirl.models.numpy_policy import NumpyPolicy, numpy_unsupported
 from mpirl.models.policy import PolicySpec
 from mpirl.models.spaces import ModelOptions, StructuredBox
+from mpirl.models.torch_model import build_torch_model
 
 VECTOR = gym.spaces.Box(-2.0, 2.0, (5,), np.float32)
 CASES = {
@@ -33,7 +34,7 @@ def _pair(case: str, seed: int = 0) -> tuple[torch.nn.Module, NumpyPolicy, gym.S
     obs_space, act_space, activation = CASES[case]
     spec = PolicySpec(obs_space, act_space, hidden_sizes=(16, 8), activation=activation)
     torch.manual_seed(seed)
-    policy = spec.build()
+    policy = build_torch_model(spec)
     with torch.no_grad():  # the default init keeps logits near 0: make them matter
         for p in policy.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -149,7 +150,7 @@ def test_q_values_and_epsilon_greedy_actions_match_torch(case):
     obs_space, hidden, activation, dueling = Q_CASES[case]
     spec = QSpec(obs_space, gym.spaces.Discrete(4), hidden, activation, dueling)
     torch.manual_seed(0)
-    network = spec.build()
+    network = build_torch_model(spec)
     with torch.no_grad():
         for p in network.parameters():
             p.add_(0.3 * torch.randn_like(p))

@@ -15,6 +15,7 @@ from mpirl.algorithms import bc, marwil
 from mpirl.data.offline import EpisodeShard, OfflineInput
 from mpirl.data.reader import open_dataset, returns_to_go
 from mpirl.models.policy import PolicySpec
+from mpirl.models.torch_model import build_torch_model
 
 MPIRL = str(BIN / "mpirl")
 ENV = "CartPole-v1"
@@ -175,7 +176,7 @@ def test_a_shard_larger_than_memory_is_streamed(small_dump):
 
 def test_marwil_with_beta_zero_is_bc(small_dump):
     dataset = open_dataset(small_dump)
-    policy = PolicySpec(dataset.observation_space, dataset.action_space).build()
+    policy = build_torch_model(PolicySpec(dataset.observation_space, dataset.action_space))
     shard = EpisodeShard(OfflineInput(str(small_dump), 0.99, 10_000), (0, 1))
     batch = {k: torch.as_tensor(v) for k, v in shard.sample(64, np.random.default_rng(0)).items()}
     _, bc_stats = bc.loss(policy, batch, bc.Config())

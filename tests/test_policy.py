@@ -8,6 +8,7 @@ import torch
 from mpirl.data.batches import concat_batches, standardize_fields
 from mpirl.errors import ConfigError
 from mpirl.models.policy import PolicySpec, RunningMeanStd, compute_gae
+from mpirl.models.torch_model import build_torch_model
 
 BOX_OBS = gym.spaces.Box(-1, 1, shape=(3,), dtype=np.float32)
 
@@ -19,7 +20,7 @@ BOX_OBS = gym.spaces.Box(-1, 1, shape=(3,), dtype=np.float32)
 ])
 def test_every_action_space_samples_and_scores_consistently(action_space, action_shape):
     torch.manual_seed(0)
-    policy = PolicySpec(BOX_OBS, action_space).build()
+    policy = build_torch_model(PolicySpec(BOX_OBS, action_space))
     obs = np.random.default_rng(0).uniform(-1, 1, (16, 3)).astype(np.float32)
     actions, logp, values = policy.act(obs)
     assert actions.shape == (16, *action_shape) and logp.shape == values.shape == (16,)
@@ -32,29 +33,29 @@ def test_every_action_space_samples_and_scores_consistently(action_space, action
 
 def test_box_actions_are_clipped_for_the_env_only():
     space = gym.spaces.Box(-0.1, 0.1, shape=(1,), dtype=np.float32)
-    policy = PolicySpec(BOX_OBS, space).build()
+    policy = build_torch_model(PolicySpec(BOX_OBS, space))
     actions = np.array([[5.0], [-5.0], [0.05]], dtype=np.float32)
     np.testing.assert_allclose(policy.env_actions(actions), [[0.1], [-0.1], [0.05]])
 
 
 def test_discrete_observations_are_one_hot():
-    policy = PolicySpec(gym.spaces.Discrete(5), gym.spaces.Discrete(2)).build()
+    policy = build_torch_model(PolicySpec(gym.spaces.Discrete(5), gym.spaces.Discrete(2)))
     assert policy.encode(np.array([0, 4])).tolist() == [[1, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
 
 
 def test_unsupported_spaces_are_config_errors():
     with pytest.raises(ConfigError, match="action space"):
-        PolicySpec(BOX_OBS, gym.spaces.Text(5)).build()
+        build_torch_model(PolicySpec(BOX_OBS, gym.spaces.Text(5)))
     with pytest.raises(ConfigError, match="observation space"):
-        PolicySpec(gym.spaces.Text(5), gym.spaces.Discrete(2)).build()
+        build_torch_model(PolicySpec(gym.spaces.Text(5), gym.spaces.Discrete(2)))
 
 
 def test_flat_weights_round_trip_between_policies():
     spec = PolicySpec(BOX_OBS, gym.spaces.Discrete(2))
     torch.manual_seed(1)
-    a = spec.build()
+    a = build_torch_model(spec)
     torch.manual_seed(2)
-    b = spec.build()
+    b = build_torch_model(spec)
     assert not np.array_equal(a.get_flat_weights(), b.get_flat_weights())
     b.set_flat_weights(a.get_flat_weights())
     assert np.array_equal(a.get_flat_weights(), b.get_flat_weights())

@@ -15,6 +15,7 @@ from conftest import BIN, run_mpi
 
 from mpirl.models.search_rules import DirectPolicySpec, NumpyDirectPolicy, numpy_unsupported
 from mpirl.models.spaces import StructuredBox
+from mpirl.models.torch_model import build_torch_model
 
 VECTOR = gym.spaces.Box(-2.0, 2.0, (5,), np.float32)
 CASES = {
@@ -34,7 +35,7 @@ def test_population_outputs_and_actions_match_torch(case):
     obs_space, act_space, hidden, activation = CASES[case]
     spec = DirectPolicySpec(obs_space, act_space, hidden, activation)
     torch.manual_seed(0)
-    policy = spec.build()
+    policy = build_torch_model(spec)
     actor = NumpyDirectPolicy(spec)
     assert actor.num_weights() == policy.num_weights()
     rng = np.random.default_rng(0)

@@ -24,6 +24,7 @@ from mpirl.errors import CheckpointError, ConfigError
 from mpirl.execution.algorithm import load_algorithm
 from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
 from mpirl.models.policy import RunningMeanStd, act_with_state, model_spec
+from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.state_files import read_state_file
 from mpirl.workers.env_spec import EnvSpec, env_spec_for
 
@@ -178,7 +179,8 @@ def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     files = manifest["files"]
-    policy = model_spec(module, env.observation_space, env.action_space, config).build("cpu")
+    policy = build_torch_model(model_spec(module, env.observation_space, env.action_space,
+                                          config))
     policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                             files["learner_0.pkl"])["weights"])
     obs_filter = None

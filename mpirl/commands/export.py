@@ -32,6 +32,7 @@ import torch
 from mpirl.errors import CheckpointError, ConfigError
 from mpirl.models.encoders import StructuredBox
 from mpirl.models.policy import RunningMeanStd, model_spec
+from mpirl.models.torch_model import build_torch_model
 
 FORMAT = "mpirl-policy"
 FORMAT_VERSION = 1
@@ -118,7 +119,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
             raise ConfigError(f"policy {plan.policy_id!r} is scripted ({plan.policy_class}): "
                               f"it has no weights to export")
         observation_space, action_space = plan.observation_space, plan.action_space
-        model = plan.model.build("cpu")
+        model = build_torch_model(plan.model)
         rollout = read_state_file(checkpoint / "rollout_0.pkl", files["rollout_0.pkl"])
         model.set_flat_weights(rollout["weights"][plan.policy_id])  # frozen ones live there
         obs_filter = driver.get("policy_filters", {}).get(plan.policy_id)
@@ -131,7 +132,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
                               f"one policy")
         observation_space, action_space = env.spaces()
         algo, critic_inputs = manifest["algo"], 0
-        model = model_spec(module, observation_space, action_space, config).build("cpu")
+        model = build_torch_model(model_spec(module, observation_space, action_space, config))
         model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                                files["learner_0.pkl"])["weights"])
         obs_filter = driver["obs_filter"]
@@ -221,7 +222,7 @@ def load_exported(path: str | Path) -> tuple[dict[str, Any], Any, RunningMeanStd
     spec = model_spec(module, observation_space, action_space, config)
     if header.get("critic_inputs"):  # a multi-agent policy's centralized critic
         spec = dataclasses.replace(spec, critic_inputs=header["critic_inputs"])
-    model = spec.build("cpu")
+    model = build_torch_model(spec)
     expected = dict(model.named_parameters())
     stored = {key[len("weights/"):] for key in arrays if key.startswith("weights/")}
     if stored != set(expected):

@@ -27,7 +27,7 @@ from mpirl.execution.multiagent import MultiAgentAlgorithm, user_given
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
-from mpirl.models.policy import check_model
+from mpirl.models.torch_model import check_model
 from mpirl.report.loggers import check_logger_packages, make_loggers
 from mpirl.report.progress import ProgressDisplay, progress_mode
 from mpirl.runtime import startup

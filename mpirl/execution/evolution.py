@@ -27,6 +27,7 @@ from mpirl.execution.operators import (
 from mpirl.execution.standing_rounds import StandingRounds, rounds_may_stand
 from mpirl.models.encoders import model_options
 from mpirl.models.evolution import DirectPolicySpec
+from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.dispatch import call_all
 from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.es_worker import summarize_generation, update_message
@@ -53,7 +54,7 @@ def search_model_spec(observation_space: Any, action_space: Any, config: Any
 def check_search_config(config: Any, env: Any) -> None:
     """Before anything starts: the policy can be built for the env's spaces, and the noise table
     holds a perturbation of every weight."""
-    weights = search_model_spec(*env.spaces(), config).build("cpu").num_weights()
+    weights = build_torch_model(search_model_spec(*env.spaces(), config)).num_weights()
     if config.noise_size < weights:
         raise ConfigError(f"noise_size {config.noise_size} is smaller than the policy's "
                           f"{weights} weights; make it at least 10x larger "

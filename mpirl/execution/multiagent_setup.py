@@ -31,6 +31,7 @@ from mpirl.envs.parallel import agent_spaces, flat_size, with_last_action
 from mpirl.errors import ConfigError
 from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
 from mpirl.models.policy import model_spec
+from mpirl.models.torch_model import build_torch_model
 
 #: Algorithms that train policies of a multi-agent run, by the data their learners take.
 ON_POLICY = ("PPO", "A2C", "IMPALA")
@@ -331,7 +332,7 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
         spec = model_spec(module, obs_space, act_space, config)
         if getattr(config, "centralized_critic", False):
             spec = dataclasses.replace(spec, critic_inputs=critic_size)
-        spec.build("cpu")
+        build_torch_model(spec)
     except ConfigError as error:
         raise ConfigError(f"policy {pid!r} ({algo}) cannot handle its agents' spaces "
                           f"({obs_space} / {act_space}): {error}") from None

@@ -349,28 +349,3 @@ def model_spec(module: ModuleType, observation_space: gym.Space, action_space: g
     return PolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
                       config.activation, model=model_options(config))
 
-
-def check_model(module: ModuleType, config: Any, observation_space: gym.Space,
-                action_space: gym.Space) -> None:
-    """Build the model once and act on one sampled observation, on the rank that checks the
-    request before anything starts: an unknown encoder, a custom model that cannot be built or
-    returns the wrong shapes, or a space no model takes is a ConfigError here, not a traceback
-    on every rank later."""
-    if getattr(config, "use_lstm", False) and not getattr(module, "RECURRENT", False):
-        raise ConfigError(
-            f"use_lstm is for PPO, A2C, A3C and IMPALA, whose rollout ranks carry the state "
-            f"along each episode; {getattr(module, '__name__', 'it').rpartition('.')[2].upper()} "
-            f"learns from stored single steps (replay, dumps or perturbations) with no state to "
-            f"resume from. Leave use_lstm out.")
-    model = model_spec(module, observation_space, action_space, config).build("cpu")
-    if not getattr(config, "custom_model", "") and not getattr(config, "custom_q_model", ""):
-        return
-    sample = np.asarray(observation_space.sample())[None]
-    try:
-        model.act(sample)
-    except Exception as error:  # noqa: BLE001 - whatever the user's forward raised
-        names = [getattr(config, key) for key in ("custom_model", "custom_q_model")
-                 if getattr(config, key, "")]
-        raise ConfigError(f"custom model {' / '.join(map(repr, names))} failed on a sampled "
-                          f"observation: {type(error).__name__}: {error}. See the Models page "
-                          f"for what forward must return.") from None

@@ -1,12 +1,12 @@
 """What every rank needs to build the same actor-critic, without torch: ``PolicySpec``, and
 ``act_with_state``, which acts with any model that has ``act`` (and ``step`` when recurrent).
-``PolicySpec.build`` makes the torch ``Policy`` (``mpirl.models.policy``); rollout ranks that only
-act may run ``mpirl.models.numpy_policy.NumpyPolicy`` on the same spec instead.
+``mpirl.models.torch_model.build_torch_model(spec)`` makes the torch ``Policy``
+(``mpirl.models.policy``); rollout ranks that only act may run
+``mpirl.models.numpy_policy.NumpyPolicy`` on the same spec instead.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,13 +30,6 @@ class PolicySpec:
     critic_inputs: int = 0
     #: The encoder (chosen from the observation space) or the user's own model.
     model: ModelOptions = field(default_factory=ModelOptions)
-
-    def build(self, device: str = "cpu") -> Any:
-        """The torch ``mpirl.models.policy.Policy`` of this spec on ``device``."""
-        # Loaded by name on the first build: torch comes with it, and only where a torch model
-        # is built; the policy module itself imports this one.
-        policy_module = importlib.import_module("mpirl.models.policy")
-        return policy_module.Policy(self).to(device)
 
 
 def act_with_state(model: Any, obs: np.ndarray, state: np.ndarray | None,

@@ -1,7 +1,8 @@
 """The Q network's spec and its forward pass in NumPy, for rollout ranks that only act: no torch.
 
-``QSpec`` is what every rank needs to build the same Q network; ``build`` makes the torch
-``QNetwork`` (``mpirl.models.q_network``). ``NumpyQPolicy(spec)`` takes that network's flat
+``QSpec`` is what every rank needs to build the same Q network;
+``mpirl.models.torch_model.build_torch_model(spec)`` makes the torch ``QNetwork``
+(``mpirl.models.q_network``). ``NumpyQPolicy(spec)`` takes that network's flat
 float32 weights (the same parameter order) and gives the same greedy and epsilon-greedy actions,
 for vector and Discrete observations through dense layers. Images, custom models and other
 activations need torch: ``numpy_unsupported`` says why. Nothing here crosses ranks.
@@ -9,7 +10,6 @@ activations need torch: ``numpy_unsupported`` says why. Nothing here crosses ran
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +30,6 @@ class QSpec:
     activation: str = "relu"
     dueling: bool = True
     model: ModelOptions = field(default_factory=ModelOptions)
-
-    def build(self, device: str = "cpu") -> Any:
-        """The torch network (imports torch)."""
-        # By name: the torch module imports this one (no import cycle for the graph check).
-        return importlib.import_module("mpirl.models.q_network").QNetwork(self).to(device)
 
 
 def numpy_unsupported(spec: QSpec) -> str | None:

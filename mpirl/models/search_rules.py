@@ -11,9 +11,7 @@ NumPy, fixed summation order, no threads that could reorder a sum. Nothing here 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -31,11 +29,6 @@ class DirectPolicySpec:
     hidden_sizes: tuple[int, ...] = (32,)
     activation: str = "tanh"
     model: ModelOptions = field(default_factory=ModelOptions)
-
-    def build(self, device: str = "cpu") -> Any:
-        """The torch module (imports torch)."""
-        # By name: the torch module imports this one (no import cycle for the graph check).
-        return importlib.import_module("mpirl.models.evolution").DirectPolicy(self).to(device)
 
 
 def numpy_unsupported(spec: DirectPolicySpec) -> str | None:

@@ -44,9 +44,6 @@ class SACSpec:
     #: action)`` returns Q ``[B]`` of actions in [-1, 1]. "" takes mpirl's.
     custom_q_model: str = ""
 
-    def build(self, device: str = "cpu") -> SACModel:
-        return SACModel(self).to(device)
-
 
 class _EncodedCritic(nn.Module):
     """A critic's encoder and MLP as one module, built per call so that the model's own

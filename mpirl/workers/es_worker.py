@@ -216,7 +216,9 @@ class PerturbationWorker(Worker):
             import torch
 
             torch.set_num_threads(torch_threads)
-            self.policy = policy.build("cpu")
+            from mpirl.models.torch_model import build_torch_model
+
+            self.policy = build_torch_model(policy)
             self.theta = self.policy.get_flat_weights()
         # Images are scaled inside the model, never normalized.
         self.normalize_observations = normalize_observations and not has_image(
@@ -518,8 +520,10 @@ class SearchWeights(Worker):
         super().__init__(context)
         import torch
 
+        from mpirl.models.torch_model import build_torch_model
+
         torch.manual_seed(seed)
-        self.policy = policy.build("cpu")
+        self.policy = build_torch_model(policy)
         self.generation_waits, self.update_waits = gathered.RoundWaits(), gathered.RoundWaits()
         if getattr(config, "zero_init", False):
             self.policy.set_flat_weights(np.zeros(self.policy.num_weights(), np.float32))

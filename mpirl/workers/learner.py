@@ -37,6 +37,7 @@ from mpirl.data.offline import EpisodeShard, OfflineInput, load_shard, rows_per_
 from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import PolicySpec
+from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
@@ -383,7 +384,7 @@ class Learner(Worker):
         torch.set_num_threads(torch_threads)
         torch.manual_seed(seed)
         self.device = torch.device(context.device)
-        self.policy = policy.build(context.device)
+        self.policy = build_torch_model(policy, context.device)
         #: How batches reach the device (``BatchTransfer``: pageable unless measured otherwise).
         self.transfer = BatchTransfer(self.device)
         self.loss, self.loss_config = loss, loss_config

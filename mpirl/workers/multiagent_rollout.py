@@ -35,6 +35,7 @@ from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
 from mpirl.envs.parallel import flatten_value
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import RunningMeanStd, compute_gae
+from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.workers.env_guard import GuardedParallelEnv
 from mpirl.workers.env_spec import EnvSpec
@@ -104,7 +105,7 @@ class MultiAgentRolloutWorker(Worker):
                 self.models[plan.policy_id] = cls(plan.observation_space, plan.action_space,
                                                   {"seed": self.seed + plan.index})
             else:
-                self.models[plan.policy_id] = plan.model.build("cpu")
+                self.models[plan.policy_id] = build_torch_model(plan.model)
         torch.manual_seed(self.seed)
         #: self-play: each such policy's pool of frozen snapshots (flat weights), oldest first,
         #: starting with its initial weights; an opponent plays policy id "<id>@<k>"
@@ -198,7 +199,7 @@ class MultiAgentRolloutWorker(Worker):
         model = self.snapshot_models.get(pid)
         if model is None:
             base, _, k = pid.partition("@")
-            model = self.snapshot_models[pid] = self._plan(pid).model.build("cpu")
+            model = self.snapshot_models[pid] = build_torch_model(self._plan(pid).model)
             model.set_flat_weights(self.snapshots[base][int(k)])
         return model
 

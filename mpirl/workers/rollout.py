@@ -144,9 +144,11 @@ def build_actor(spec: Any, seed: int, torch_threads: int = 1) -> Any:
         return NumpyQPolicy(spec)
     import torch
 
+    from mpirl.models.torch_model import build_torch_model
+
     torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)
-    return spec.build("cpu")
+    return build_torch_model(spec)
 
 
 class RolloutWorker(Worker):
@@ -539,10 +541,12 @@ class RolloutWorker(Worker):
         if len(batch["logp"]):
             import torch
 
+            from mpirl.models.torch_model import build_torch_model
+
             policy = self.policy
             if isinstance(policy, NumpyPolicy):  # acting ran in NumPy; the gradient needs torch
                 if self._torch_policy is None:
-                    self._torch_policy = policy.spec.build("cpu")
+                    self._torch_policy = build_torch_model(policy.spec)
                 self._torch_policy.set_flat_weights(policy.get_flat_weights())
                 policy = self._torch_policy
             tensors = {k: torch.as_tensor(v) for k, v in batch.items()}

@@ -1,0 +1,72 @@
+"""The torch model of a spec, and the check that it builds and acts.
+
+The specs (``PolicySpec``, ``QSpec``, ``DirectPolicySpec``) are plain data in torch-free modules,
+so that rollout ranks acting in NumPy never import torch; the torch modules import their spec,
+never the other way round. ``build_torch_model`` is the one way from a spec to its network, for
+every rank that needs one (learners, the driver's checks, rollout ranks acting in torch). Nothing
+here crosses ranks: every rank builds the same model from the same spec.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from torch import nn
+
+from mpirl.errors import ConfigError
+from mpirl.models.evolution import DirectPolicy
+from mpirl.models.policy import Policy, model_spec
+from mpirl.models.policy_spec import PolicySpec
+from mpirl.models.q_network import QNetwork
+from mpirl.models.q_spec import QSpec
+from mpirl.models.search_rules import DirectPolicySpec
+from mpirl.models.soft_q import SACModel, SACSpec
+
+#: Each of mpirl's specs and the torch module built from it.
+NETWORKS: tuple[tuple[type, type[nn.Module]], ...] = (
+    (PolicySpec, Policy), (QSpec, QNetwork), (DirectPolicySpec, DirectPolicy),
+    (SACSpec, SACModel))
+
+
+def build_torch_model(spec: Any, device: str = "cpu") -> Any:
+    """The torch network of ``spec`` on ``device``. A plug-in's ``model_spec`` may return a
+    spec of its own: that one builds itself, with ``spec.build(device)``."""
+    for spec_type, network in NETWORKS:
+        if isinstance(spec, spec_type):
+            return network(spec).to(device)
+    build = getattr(spec, "build", None)
+    if not callable(build):
+        raise ConfigError(
+            f"model_spec returned a {type(spec).__name__}, which mpirl cannot build: return a "
+            f"PolicySpec, QSpec, DirectPolicySpec or SACSpec, or a spec of your own with "
+            f"build(device) -> torch.nn.Module")
+    return build(device)
+
+
+def check_model(module: ModuleType, config: Any, observation_space: gym.Space,
+                action_space: gym.Space) -> None:
+    """Build the model once and act on one sampled observation, on the rank that checks the
+    request before anything starts: an unknown encoder, a custom model that cannot be built or
+    returns the wrong shapes, or a space no model takes is a ConfigError here, not a traceback
+    on every rank later."""
+    if getattr(config, "use_lstm", False) and not getattr(module, "RECURRENT", False):
+        raise ConfigError(
+            f"use_lstm is for PPO, A2C, A3C and IMPALA, whose rollout ranks carry the state "
+            f"along each episode; {getattr(module, '__name__', 'it').rpartition('.')[2].upper()} "
+            f"learns from stored single steps (replay, dumps or perturbations) with no state to "
+            f"resume from. Leave use_lstm out.")
+    model = build_torch_model(model_spec(module, observation_space, action_space, config))
+    if not getattr(config, "custom_model", "") and not getattr(config, "custom_q_model", ""):
+        return
+    sample = np.asarray(observation_space.sample())[None]
+    try:
+        model.act(sample)
+    except Exception as error:  # noqa: BLE001 - whatever the user's forward raised
+        names = [getattr(config, key) for key in ("custom_model", "custom_q_model")
+                 if getattr(config, key, "")]
+        raise ConfigError(f"custom model {' / '.join(map(repr, names))} failed on a sampled "
+                          f"observation: {type(error).__name__}: {error}. See the Models page "
+                          f"for what forward must return.") from None
