@@ -323,8 +323,11 @@ class NotAModule:
 
 @pytest.mark.parametrize("algo, env, config, message", [
     ("PPO", "CartPole-v1", {"custom_model": "no_such_module:Model"},
-     "custom_model 'no_such_module:Model': cannot load Model"),
-    ("PPO", "CartPole-v1", {"custom_model": "test_models"}, 'must be "module:Class"'),
+     "custom_model 'no_such_module:Model': no module named 'no_such_module'"),
+    ("PPO", "CartPole-v1", {"custom_model": "test_models"},
+     "custom_model 'test_models': give it as 'module:Class'"),
+    ("PPO", "CartPole-v1", {"custom_model": "test_models:Missing"},
+     "custom_model 'test_models:Missing': module test_models has no class Missing"),
     ("PPO", "CartPole-v1", {"custom_model": "test_models:NotAModule"}, "not a torch.nn.Module"),
     ("PPO", "CartPole-v1", {"custom_model": "test_models:WrongShapes"},
      "failed on a sampled observation"),

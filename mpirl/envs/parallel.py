@@ -20,6 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from mpirl.config.imports import load_object
 from mpirl.errors import ConfigError
 
 
@@ -42,10 +43,9 @@ def load_factory(env_id: str) -> Callable[..., Any] | None:
     if env_id in gym.registry:
         return None
     if ":" in env_id:
-        module_name, _, name = env_id.partition(":")
         try:
-            target = getattr(importlib.import_module(module_name), name)
-        except (ImportError, AttributeError):
+            target = load_object(env_id, "environment")
+        except ConfigError:
             return None  # EnvSpec.check reports it
         if inspect.isclass(target) and issubclass(target, gym.Env):
             return None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from mpirl.config.imports import load_object
 from mpirl.config.parse import build, check_known_keys
 from mpirl.envs.parallel import agent_spaces, flat_size, with_last_action
 from mpirl.errors import ConfigError
@@ -93,7 +93,7 @@ class PolicyMapping:
     def __call__(self, agent_id: str, episode_info: dict[str, Any] | None = None) -> str:
         if isinstance(self.spec, str):
             if self._fn is None:
-                self._fn = _import_object(self.spec, "policy_mapping")
+                self._fn = load_object(self.spec, "policy_mapping", "module:function")
             return self._fn(agent_id, episode_info or {})
         if agent_id in self.spec:
             return self.spec[agent_id]
@@ -155,16 +155,6 @@ class MultiAgentSetup:
             else:
                 slices[plan.policy_id] = [0]
         return slices
-
-
-def _import_object(spec: str, key: str) -> Any:
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ConfigError(f"{key} {spec!r} must be 'module:name'")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(f"{key} {spec!r} cannot be loaded: {error}") from None
 
 
 def resolve(algo: str, given: dict[str, Any], env: Any) -> MultiAgentSetup:
@@ -295,7 +285,7 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
         if overrides:
             raise ConfigError(f"{where} is scripted (policy_class); it takes no other keys, "
                               f"got {sorted(overrides)}")
-        cls = _import_object(policy_class, f"{where}.policy_class")
+        cls = load_object(policy_class, f"{where}.policy_class", "module:Class")
         if not callable(getattr(cls, "compute_actions", None)):
             raise ConfigError(f"{where}.policy_class {policy_class!r} has no compute_actions("
                               f"obs_batch) method")

@@ -15,7 +15,6 @@ Nothing here crosses ranks by itself: every rank builds the same encoder from th
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mpirl.config.imports import load_object
 from mpirl.errors import ConfigError
 
 # The torch-free part of the catalog; imported from here too, as before it moved.
@@ -185,14 +185,7 @@ class Encoder(nn.Module):
 
 def load_model_class(path: str, key: str = "custom_model") -> type:
     """The class named by ``"module:Class"``; ConfigError if it cannot be loaded."""
-    module_name, _, class_name = path.partition(":")
-    if not module_name or not class_name:
-        raise ConfigError(f'{key} must be "module:Class", got {path!r}')
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(f"{key} {path!r}: cannot load {class_name} from module "
-                          f"{module_name}: {error}") from None
+    cls = load_object(path, key, "module:Class")
     if not callable(cls):
         raise ConfigError(f"{key} {path!r} is not a class")
     return cls

@@ -12,10 +12,10 @@ code 1; it never hangs the job.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpirl.config.imports import load_object
 from mpirl.errors import CallbackError, ConfigError
 
 
@@ -80,22 +80,9 @@ class Callbacks:
 
 def callbacks_class(spec: str) -> type[Callbacks]:
     """The class ``spec`` ("module:Class") names; ConfigError saying what is wrong if none."""
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise ConfigError(f"callbacks {spec!r}: give it as 'module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise ConfigError(f"callbacks {spec!r}: no module named {error.name!r} (it must be "
-                          f"importable on every rank: installed, or on PYTHONPATH)") from None
-    cls = module
-    for part in class_name.split("."):
-        cls = getattr(cls, part, None)
-        if cls is None:
-            raise ConfigError(f"callbacks {spec!r}: module {module_name} has no class "
-                              f"{class_name}")
+    cls = load_object(spec, "callbacks", "module:Class")
     if not (isinstance(cls, type) and issubclass(cls, Callbacks)):
-        raise ConfigError(f"callbacks {spec!r}: {class_name} is not a subclass of "
+        raise ConfigError(f"callbacks {spec!r}: {spec.partition(':')[2]} is not a subclass of "
                           f"mpirl.Callbacks")
     return cls
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from mpirl.config.imports import load_object
 from mpirl.envs.atari import (
     INSTALL_HINT,
     AtariSettings,
@@ -71,13 +72,7 @@ class EnvSpec:
         if load_factory(self.env_id) is not None:
             return None
         if ":" in self.env_id and self.env_id not in gym.registry:
-            module_name, _, class_name = self.env_id.partition(":")
-            try:
-                cls = getattr(importlib.import_module(module_name), class_name)
-            except (ImportError, AttributeError) as error:
-                raise ConfigError(f"environment {self.env_id!r}: cannot load {class_name} from "
-                                  f"module {module_name}: {error}") from None
-            return cls
+            return load_object(self.env_id, "environment", "module:ClassName")
         if self.env_id not in gym.registry:
             close = difflib.get_close_matches(self.env_id, list(gym.registry), n=3, cutoff=0.6)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""

@@ -20,7 +20,6 @@ message on the data channel (``WEIGHTS_TAG`` + the offset).
 
 from __future__ import annotations
 
-import importlib
 import pickle
 from collections import defaultdict
 from typing import Any
@@ -29,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from mpirl.config.imports import load_object
 from mpirl.data.dump_writer import DumpTarget
 from mpirl.data.episode_recorder import AgentEpisodeRecorder
 from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
@@ -100,8 +100,9 @@ class MultiAgentRolloutWorker(Worker):
             # The same seed on every rank: a policy no learner trains starts alike everywhere.
             torch.manual_seed(seed + 7919 * (plan.index + 1))
             if plan.kind == "scripted":
-                module_name, _, name = plan.policy_class.partition(":")
-                cls = getattr(importlib.import_module(module_name), name)
+                cls = load_object(plan.policy_class,
+                                  f"multiagent.policies.{plan.policy_id}.policy_class",
+                                  "module:Class")
                 self.models[plan.policy_id] = cls(plan.observation_space, plan.action_space,
                                                   {"seed": self.seed + plan.index})
             else:
