@@ -150,7 +150,7 @@ def test_a_trial_out_of_retries_fails_the_population_but_not_the_others(tmp_path
 
 def _trial_pid(tune_dir: Path, trial: str) -> int:
     log = (tune_dir / trial / "output.log").read_text()
-    return int(re.findall(r"pid (\d+) \(world rank", log)[-1])
+    return int(re.findall(r"pid (\d+) \(population rank", log)[-1])
 
 
 def _decisions(tune_dir: Path) -> int:

@@ -38,6 +38,13 @@ TASK = 1
 RESULT = 2
 #: A worker rank received a stop signal (see ``mpirl.runtime.signals``); the payload is its number.
 SIGNAL = 3
+#: A population of runs (``mpirl tune``, ``mpirl.tune.population_link``) has a control channel of
+#: its own between its controller and the drivers of its trials: TASK and RESULT carry a trial
+#: segment and its outcome there too, and these two go beside them: a trial's checkpoint from
+#: one trial's driver to another's (PBT's exploit), and the controller's request that a running
+#: trial stop at its next iteration.
+CHECKPOINT = 4
+STOP_TRIAL = 5
 #: Object id 0 is the host itself; it answers these messages.
 HOST = 0
 HOST_MESSAGES = ("spawn", "drop", "stop", "count_objects", "shrink_weights_comm")

@@ -1,36 +1,44 @@
 """``mpirl tune``: populations of ordinary runs, nested in one MPI job.
 
-World rank 0 is the population controller (``controller``); the other ranks form trial slots of
-``--ranks-per-trial`` ranks on sub-communicators (``slot``), each running trial segments as
-ordinary ``mpirl train`` runs on its communicator. Nothing in the algorithms knows it is nested.
+The population spans the communicator the runtime gives it (``run_comm()``: COMM_WORLD unless a
+caller nests it). Its rank 0 is the population controller (``controller``); the other ranks form
+trial slots of ``--ranks-per-trial`` ranks on sub-communicators (``slot``), each running trial
+segments as ordinary ``mpirl train`` runs on its communicator. They talk through
+``population_link``. Nothing in the algorithms knows it is nested.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from mpi4py import MPI
 
+from mpirl.config.parse import build
 from mpirl.errors import ConfigError, MpirlError
 from mpirl.jobs.run_dir import default_run_dir
 from mpirl.runtime import signals as stop_signals
+from mpirl.runtime.driver import RuntimeSettings
+from mpirl.runtime.heartbeat import require_thread_multiple
+from mpirl.runtime.world import run_comm
 
 
 def tune_main(args: argparse.Namespace) -> int:
-    """Every rank: check the command line alike (the trials' train commands on world rank 0
-    alone, which broadcasts their number or its error), split the world into slots, then control
-    (world rank 0) or serve a slot; the job's exit code."""
+    """Every rank of the run's communicator: check the command line alike (the trials' train
+    commands on rank 0 alone, which broadcasts their number or its error), split the ranks into
+    slots, then control (rank 0) or serve a slot; the job's exit code."""
+    from mpirl.tune.population_link import PopulationLink
     from mpirl.tune.request import STATE_FILE, check_world, make_tune_request
     from mpirl.tune.slot import serve_slot
 
-    world = MPI.COMM_WORLD
-    rank = world.Get_rank()
+    comm = run_comm()
+    rank = comm.Get_rank()
     request, state = make_tune_request(args, "")
     if not request.tune_dir:
         # Rank 0's clock names the directory, for every rank.
         name = default_run_dir(request.algo, request.env, prefix="tune-") if rank == 0 else None
-        request.tune_dir = world.bcast(name, root=0)
+        request.tune_dir = comm.bcast(name, root=0)
     state_path = Path(request.tune_dir) / STATE_FILE
     if state is None and state_path.exists():
         raise ConfigError(f"{request.tune_dir} already holds a population ({STATE_FILE}); "
@@ -50,28 +58,37 @@ def tune_main(args: argparse.Namespace) -> int:
         except MpirlError as error:
             outcome = error
         except BaseException:  # not a user's mistake: the slots must not wait for ever
-            world.bcast(MpirlError("the population controller failed; see its traceback"))
+            comm.bcast(MpirlError("the population controller failed; see its traceback"))
             raise
-    outcome = world.bcast(outcome, root=0)
+    outcome = comm.bcast(outcome, root=0)
     if isinstance(outcome, MpirlError):
         raise outcome
-    slots = check_world(request, world.Get_size(), outcome)
+    slots = check_world(request, comm.Get_size(), outcome)
     stop_signals.install()
     per = request.ranks_per_trial
-    slot_comm = world.Split(MPI.UNDEFINED if rank == 0 else (rank - 1) // per, key=rank)
+    slot_comm = comm.Split(MPI.UNDEFINED if rank == 0 else (rank - 1) // per, key=rank)
+    # The population waits and watches as its trials' runs do (the trials' config keys checked
+    # above): their heartbeat, and their task_timeout_s.
+    require_thread_multiple()  # the heartbeat's thread, and the stop watcher's
+    runtime_keys = {f.name for f in dataclasses.fields(RuntimeSettings)}
+    link = PopulationLink(comm, per, build(RuntimeSettings, {
+        k: v for k, v in request.config.items() if k in runtime_keys}))
     try:
         if rank == 0:
             from mpirl.tune.controller import Controller
 
-            return Controller(world, request, trials, slots, state).run()
-        return serve_slot(world, slot_comm)
-    except MpirlError:
-        raise  # the controller's own, after it let every slot go: one clear message
-    except BaseException:  # noqa: BLE001 - the others would wait for this rank for ever
+            return Controller(link, request, trials, slots, state).run()
+        return serve_slot(link, slot_comm)
+    except BaseException as error:
+        if rank == 0 and isinstance(error, MpirlError):
+            raise  # the controller's own, after it let every slot go: one clear message
         import sys
         import traceback
 
-        print(f"mpirl tune: world rank {rank} failed; ending the job.\n"
+        # The others would wait for this rank until its heartbeat fell silent.
+        print(f"mpirl tune: rank {rank} of the population failed; ending the job.\n"
               f"{traceback.format_exc()}", file=sys.stderr, flush=True)
-        world.Abort(1)
+        comm.Abort(1)
         raise
+    finally:
+        link.close()

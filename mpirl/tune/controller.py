@@ -1,6 +1,6 @@
-"""The population controller on world rank 0: it hands trial segments to slots, records what
-comes back, retries failed trials and, for PBT, makes and carries out the exploit/explore
-decisions at every boundary.
+"""The population controller on the population's rank 0: it hands trial segments to slots,
+records what comes back, retries failed trials and, for PBT, makes and carries out the
+exploit/explore decisions at every boundary.
 
 What the tune directory holds: ``trial_000/`` ... (each an ordinary run directory, plus the
 trial's ``output.log``), ``tune.csv`` (one row per finished segment), ``pbt.jsonl`` (one line
@@ -27,7 +27,9 @@ from mpirl.errors import EXIT_FAILURE, EXIT_RESUME, EXIT_USAGE, ConfigError
 from mpirl.execution.algorithm import stop_reached
 from mpirl.jobs.run_dir import json_default
 from mpirl.runtime import signals as stop_signals
+from mpirl.runtime.dispatch import RESULT, STOP_TRIAL, TASK
 from mpirl.tune.pbt import PBTSettings, decide
+from mpirl.tune.population_link import PopulationLink
 from mpirl.tune.request import (
     STATE_FILE,
     TuneRequest,
@@ -35,7 +37,7 @@ from mpirl.tune.request import (
     config_problem,
     trial_config,
 )
-from mpirl.tune.slot import RESULT, STOP, TASK, TRIAL_LOG, send_object, wait_message
+from mpirl.tune.slot import TRIAL_LOG
 
 PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
 #: Numbers of a trial's last row kept in the state, tune.csv and result.json.
@@ -60,12 +62,12 @@ class Trial:
 
 
 class Controller:
-    """World rank 0 of ``mpirl tune``. Slot ``s`` is led by world rank ``1 + s * ranks_per_trial``.
-    """
+    """Rank 0 of ``mpirl tune``'s population. Slot ``s`` is led by rank
+    ``1 + s * ranks_per_trial``; ``link`` reaches them."""
 
-    def __init__(self, world: MPI.Comm, request: TuneRequest, trials: list[Trial],
+    def __init__(self, link: PopulationLink, request: TuneRequest, trials: list[Trial],
                  num_slots: int, state: dict[str, Any] | None = None) -> None:
-        self.world = world
+        self.link = link
         self.request = request
         self.trials = trials
         self.leaders = [1 + s * request.ranks_per_trial for s in range(num_slots)]
@@ -174,12 +176,13 @@ class Controller:
                 "env_module": self.request.env_module, "seed": self.request.seed + trial.index,
                 "config": trial_config(self.request, trial.config), "stop": stop,
                 "varying": trial.config}
-        send_object(self.world, task, self.leaders[slot], TASK)
+        self.link.send(task, self.leaders[slot], TASK)
 
     def _wait_result(self) -> tuple[int, dict[str, Any]]:
         """The next segment outcome from any busy slot; stop requests are passed on meanwhile."""
-        source = wait_message(self.world, MPI.ANY_SOURCE, RESULT, idle=self._check_stop)
-        return self.leaders.index(source), self.world.recv(source=source, tag=RESULT)
+        outcome, source = self.link.receive(MPI.ANY_SOURCE, RESULT, "segment outcome",
+                                            waits_for_a_trial=True, idle=self._check_stop)
+        return self.leaders.index(source), outcome
 
     def _check_stop(self) -> None:
         signum = stop_signals.received()
@@ -189,7 +192,7 @@ class Controller:
             for slot in self.busy:
                 if slot not in self.stop_forwarded:
                     self.stop_forwarded.add(slot)
-                    send_object(self.world, None, self.leaders[slot], STOP)
+                    self.link.send(None, self.leaders[slot], STOP_TRIAL)
 
     def _settle(self, trial: Trial, outcome: dict[str, Any]) -> str:
         """Record a segment's outcome; "retry" if the trial is to run the segment again."""
@@ -232,19 +235,19 @@ class Controller:
             by_winner.setdefault(decision.winner, []).append(decision.loser)
         expected = 0
         for winner, losers in by_winner.items():
-            send_object(self.world, {"kind": "send_state", "run_dir": str(self.dir / self.trials[
+            self.link.send({"kind": "send_state", "run_dir": str(self.dir / self.trials[
                 winner].name), "to": [self.leaders[loser] for loser in losers]},
                 self.leaders[winner], TASK)
             expected += 1
             for loser in losers:
-                send_object(self.world, {"kind": "receive_state", "run_dir": str(
+                self.link.send({"kind": "receive_state", "run_dir": str(
                     self.dir / self.trials[loser].name), "from": self.leaders[winner]},
                     self.leaders[loser], TASK)
                 expected += 1
         received = {}
         for _ in range(expected):
-            source = wait_message(self.world, MPI.ANY_SOURCE, RESULT)
-            received[self.leaders.index(source)] = self.world.recv(source=source, tag=RESULT)
+            reply, source = self.link.receive(MPI.ANY_SOURCE, RESULT, "checkpoint copy's reply")
+            received[self.leaders.index(source)] = reply
         for decision in decisions:
             loser, winner = self.trials[decision.loser], self.trials[decision.winner]
             copied = received.get(decision.loser, {}).get("ok", False)
@@ -372,8 +375,8 @@ class Controller:
         print(line, flush=True)
 
     def _quit_slots(self, code: int) -> None:
-        for leader in self.leaders:
-            send_object(self.world, {"kind": "quit", "code": code}, leader, TASK)
+        self.link.send_many({"kind": "quit", "code": code}, self.leaders, TASK)
+        self.link.flush("the quit")
 
 
 def _short(value: Any) -> str:

@@ -1,109 +1,70 @@
 """A trial slot: ``--ranks-per-trial`` ranks on a sub-communicator that run one trial segment
 after another, each an ordinary ``mpirl train`` run on that communicator.
 
-What crosses ranks, on COMM_WORLD, between the controller (world rank 0) and each slot's
-leader (the slot's rank 0, which is the driver of every run in the slot):
-
-* controller -> leader: a task (``TASK``): run a segment, send the trial's newest checkpoint to
-  other leaders, receive one, or quit;
-* leader -> controller: the outcome (``RESULT``): exit code and the segment's last row;
-* leader -> leader: PBT's exploit, a whole checkpoint (``STATE``), point to point;
-* controller -> leader: a stop request while a segment runs (``STOP``), as if the leader had
-  received SIGUSR2 itself: the segment checkpoints and ends with exit code 75.
-
-Inside the slot the leader broadcasts each segment task to the other ranks; the segment's own
-runtime then does what every run does (the restored state reaches the workers by the usual
-broadcast from the trial's driver). Every wait polls and sleeps, so idle ranks leave the cores
-to the trials that run.
+The leader (the slot's rank 0, the driver of every run in the slot) takes its tasks from the
+controller and passes each on to the other ranks of the slot; the messages and how long each
+wait may last are ``mpirl.tune.population_link``'s. A stop request from the controller while a
+segment runs is taken as if the leader had received SIGUSR2 itself: the segment checkpoints and
+ends with exit code 75. The segment's own runtime does what every run does (the restored state
+reaches the workers by the usual broadcast from the trial's driver).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mpi4py import MPI
 
-from mpirl.errors import EXIT_FAILURE, MpirlError
+from mpirl.errors import EXIT_FAILURE, MpirlError, TaskTimeout
 from mpirl.jobs.checkpoint import MANIFEST, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE
 from mpirl.runtime import signals as stop_signals
-from mpirl.runtime.waiting import Backoff
+from mpirl.runtime.dispatch import CHECKPOINT, RESULT, STOP_TRIAL, TASK
+from mpirl.runtime.transport import Channel
+from mpirl.tune.population_link import CONTROLLER, PopulationLink, receive
 
-TASK, RESULT, STATE, STOP = 7101, 7102, 7103, 7104
 #: The file in a trial's directory that its segments' output goes to.
 TRIAL_LOG = "output.log"
 #: The environment variable that names the trial a slot's processes run.
 TRIAL_VARIABLE = "MPIRL_TUNE_TRIAL"
 
 
-def _idle_backoff() -> Backoff:
-    """Polls of an idle rank: sleeps from 0.1 ms doubling to 10 ms, no spinning (a blocking MPI
-    wait would keep a core busy on a machine with more ranks than cores)."""
-    return Backoff(spin_s=0.0, min_sleep_s=1e-4, max_sleep_s=0.01)
-
-
-def wait_request(request: MPI.Request) -> Any:
-    """Complete a non-blocking mpi4py request without spinning; its message, if it carries one."""
-    backoff = _idle_backoff()
-    while True:
-        done, message = request.test()
-        if done:
-            return message
-        backoff.sleep()
-
-
-def wait_message(comm: MPI.Comm, source: int, tag: int,
-                 idle: Callable[[], None] | None = None) -> int:
-    """Wait without spinning until a message from ``source`` (MPI.ANY_SOURCE allowed) can be
-    received; its source. ``idle()`` runs between polls."""
-    status = MPI.Status()
-    backoff = _idle_backoff()
-    while not comm.iprobe(source=source, tag=tag, status=status):
-        if idle is not None:
-            idle()
-        backoff.sleep()
-    return status.Get_source()
-
-
-def recv_object(comm: MPI.Comm, source: int, tag: int) -> Any:
-    """A pickled message from ``source`` (MPI.ANY_SOURCE allowed), waiting without spinning."""
-    return comm.recv(source=wait_message(comm, source, tag), tag=tag)
-
-
-def send_object(comm: MPI.Comm, message: Any, dest: int, tag: int) -> None:
-    wait_request(comm.isend(message, dest=dest, tag=tag))
-
-
-def serve_slot(world: MPI.Comm, slot: MPI.Comm) -> int:
+def serve_slot(link: PopulationLink, slot: MPI.Comm) -> int:
     """Every rank of a slot: run the controller's tasks until it says quit; return the job's
-    exit code it gives."""
+    exit code it gives. Collective over ``slot``."""
     leader = slot.Get_rank() == 0
+    members = list(range(1, slot.Get_size()))
+    slot_channel = Channel(slot)  # the leader's word to the rest of its slot
     while True:
         if leader:
-            task = recv_object(world, 0, TASK)
+            task, _ = link.receive(CONTROLLER, TASK, "task", waits_for_a_trial=True)
             while task["kind"] in ("send_state", "receive_state"):
-                send_object(world, _transfer(world, task), 0, RESULT)
-                task = recv_object(world, 0, TASK)
-            for member in range(1, slot.Get_size()):
-                send_object(slot, task, member, TASK)
+                link.send(_transfer(link, task), CONTROLLER, RESULT)
+                task, _ = link.receive(CONTROLLER, TASK, "task", waits_for_a_trial=True)
+            slot_channel.isend_many(task, members, TASK)
         else:
-            task = recv_object(slot, 0, TASK)
+            # The leader's next word comes when the controller's does: no deadline but the
+            # heartbeat's (a leader that dies ends the job from the controller).
+            task, _ = receive(slot_channel, 0, TASK, None, "task from the slot's leader")
         if task["kind"] == "quit":
+            if leader and not slot_channel.flush(timeout=link.timeout_s):
+                raise TaskTimeout(f"mpirl tune: the rest of the slot did not take the quit "
+                                  f"within {link.timeout_s:g} s (task_timeout_s)")
             return task["code"]
-        outcome = run_segment(world, slot, task)
+        outcome = run_segment(link, slot, task)
         if leader:
-            send_object(world, outcome, 0, RESULT)
+            link.send(outcome, CONTROLLER, RESULT)
 
 
-def run_segment(world: MPI.Comm, slot: MPI.Comm, task: dict[str, Any]) -> dict[str, Any]:
+def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> dict[str, Any]:
     """One ``mpirl train`` run of a trial on ``slot``: to the segment's stop, from the trial's
     newest checkpoint if it has run before. Its output goes to the trial's ``output.log``."""
     from mpirl.commands.train import make_request, train
@@ -114,11 +75,11 @@ def run_segment(world: MPI.Comm, slot: MPI.Comm, task: dict[str, Any]) -> dict[s
     os.environ[TRIAL_VARIABLE] = task["trial"]
     resume = (run_dir / PARAMS_FILE).is_file()
     code, row, error = EXIT_FAILURE, None, None
-    watcher = _StopWatcher(world) if slot.Get_rank() == 0 else None
+    watcher = _StopWatcher(link) if slot.Get_rank() == 0 else None
     with open(run_dir / TRIAL_LOG, "a", buffering=1, encoding="utf-8") as log, \
             contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()} (world rank "
-              f"{world.Get_rank()}): segment to {task['stop']}, config {task['varying']}"
+        print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()} (population rank "
+              f"{link.rank}): segment to {task['stop']}, config {task['varying']}"
               + (" (resuming)" if resume else ""), flush=True)
         try:
             request = make_request(task["algo"], task["env"], task["env_module"],
@@ -161,16 +122,16 @@ class _StopWatcher:
     """On a slot leader while a segment runs: a stop request from the controller is taken as a
     stop signal of this process (the trial's driver checks for one every iteration)."""
 
-    def __init__(self, world: MPI.Comm) -> None:
-        self.world = world
+    def __init__(self, link: PopulationLink) -> None:
+        # This thread alone uses the link while the segment runs on the main thread.
+        self.link = link
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="mpirl-tune-stop", daemon=True)
         self._thread.start()
 
     def _watch(self) -> None:
         while not self._done.wait(0.1):
-            if self.world.iprobe(source=0, tag=STOP):
-                self.world.recv(source=0, tag=STOP)
+            if self.link.poll(CONTROLLER, STOP_TRIAL) is not None:
                 stop_signals.request_stop()
 
     def stop(self) -> None:
@@ -178,7 +139,7 @@ class _StopWatcher:
         self._thread.join()
 
 
-def _transfer(world: MPI.Comm, task: dict[str, Any]) -> dict[str, Any]:
+def _transfer(link: PopulationLink, task: dict[str, Any]) -> dict[str, Any]:
     """PBT's exploit on a leader: send the trial's newest checkpoint to the leaders in
     ``task["to"]``, or put the one from ``task["from"]`` in place as the trial's newest."""
     store = CheckpointStore(task["run_dir"])
@@ -187,15 +148,15 @@ def _transfer(world: MPI.Comm, task: dict[str, Any]) -> dict[str, Any]:
         message = None
         if found is not None:
             path, manifest = found
-            files = {p.name: p.read_bytes() for p in path.iterdir()
+            # Out of band: each file travels as raw frames, not inside one pickle.
+            files = {p.name: pickle.PickleBuffer(p.read_bytes()) for p in path.iterdir()
                      if p.is_file() and p.name != MANIFEST}
             message = {"manifest": manifest, "files": files}
-        requests = [world.isend(message, dest=rank, tag=STATE) for rank in task["to"]]
-        for request in requests:
-            wait_request(request)
+        link.send_many(message, list(task["to"]), CHECKPOINT)
+        link.flush(f"{task['run_dir']}'s checkpoint")
         return {"ok": message is not None,
                 "iteration": None if message is None else message["manifest"]["iteration"]}
-    message = recv_object(world, task["from"], STATE)
+    message, _ = link.receive(task["from"], CHECKPOINT, "checkpoint")
     if message is None:
         return {"ok": False, "iteration": None}
     # The loser's own checkpoints go: its run continues from the winner's state alone.
