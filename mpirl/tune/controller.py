@@ -78,6 +78,8 @@ class Controller:
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
         self.round = int(state.get("round", 0))
+        #: PBT: the boundary of the last decision carried out (None: not kept by the state).
+        self.decided_at: float | None = state.get("decided_at", 0.0 if not state else None)
         self.started = time.monotonic()
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
         self.busy: dict[int, Trial] = {}  # slot -> the trial it runs
@@ -142,12 +144,18 @@ class Controller:
             live = [t for t in self.trials if t.status not in (TERMINATED, ERROR)]
             if not live:
                 return
-            boundaries = {}
+            interval = settings.perturbation_interval
+            done = {t.index: (t.last or {}).get(attr, 0) for t in live}
+            if self.decided_at is None:  # a state saved before decided_at was kept
+                self.decided_at = min(math.floor(d / interval) * interval for d in done.values())
+            # One boundary for every member: the next after the last decision. A member may
+            # have reached it already, if the job ended after its segment but before another's
+            # or before the decision: it waits, and the decision is made at the boundary.
+            boundary = self.decided_at + interval
+            boundaries = dict.fromkeys(done, boundary)
             for trial in live:  # member i keeps slot i for the whole run
-                done = (trial.last or {}).get(attr, 0)
-                boundary = (math.floor(done / settings.perturbation_interval) + 1
-                            ) * settings.perturbation_interval
-                boundaries[trial.index] = boundary
+                if done[trial.index] >= boundary:
+                    continue
                 stop = dict(self.request.stop)
                 stop[settings.time_attr] = min(boundary, stop.get(settings.time_attr, math.inf))
                 self._start(trial.index, trial, stop)
@@ -164,6 +172,7 @@ class Controller:
                                settings, self.rng, valid=lambda config: config_problem(
                                    self.request, config, self.request.seed) is None)
             self._exploit(decisions, settings, boundaries)
+            self.decided_at = boundary
             self.round += 1
             self.save()
 
@@ -279,7 +288,8 @@ class Controller:
         """tune_state.json, atomically: what ``mpirl tune --resume`` continues from."""
         state = {"format_version": 1, "request": dataclasses.asdict(self.request),
                  "trials": [dataclasses.asdict(t) for t in self.trials], "round": self.round,
-                 "rng": self.rng.bit_generator.state, "elapsed_s": self.elapsed}
+                 "decided_at": self.decided_at, "rng": self.rng.bit_generator.state,
+                 "elapsed_s": self.elapsed}
         tmp = self.dir / f".{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(state, indent=1, default=json_default) + "\n",
                        encoding="utf-8")
