@@ -11,11 +11,12 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, LiveRun, mpiexec_command, run_mpi
+from conftest import BIN, PROGRAMS, LiveRun, mpiexec_command, run_mpi
 
 from mpirl.jobs.launch import find_train, first_command, restart_command
 from mpirl.tune.pbt import PBTSettings, decide, quantiles
@@ -315,3 +316,21 @@ def test_ars_nests_in_tune_unchanged(tmp_path):
     result = json.loads((tune_dir / "result.json").read_text())
     for trial in result["trials"]:
         assert trial["last"]["episode_return_mean"] >= 475, trial
+
+
+def test_a_population_runs_on_the_communicator_the_runtime_gives_it(tmp_path):
+    """Given a sub-communicator (world rank 0 left out), the controller is its rank 0 (world
+    rank 1) and the slots its other ranks: nothing in tune reaches for COMM_WORLD."""
+    tune_dir = tmp_path / "nested"
+    proc = run_mpi(4, sys.executable, str(PROGRAMS / "nested_tune.py"), str(tune_dir),
+                   timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(re.findall(r"CODE (\d) (\d+)", proc.stdout)) == [("1", "0"), ("2", "0"),
+                                                                   ("3", "0")]
+    result = json.loads((tune_dir / "result.json").read_text())
+    assert [t["status"] for t in result["trials"]] == ["TERMINATED", "TERMINATED"]
+    # Each trial's driver is slot s's leader: population rank 1 + s (world rank 2 + s). On
+    # COMM_WORLD the population would have waited for world rank 0 until the timeout.
+    for slot in (0, 1):
+        log = (tune_dir / f"trial_00{slot}" / "output.log").read_text()
+        assert f"(population rank {1 + slot})" in log
