@@ -185,7 +185,7 @@ class Controller:
                 "env_module": self.request.env_module, "seed": self.request.seed + trial.index,
                 "config": trial_config(self.request, trial.config), "stop": stop,
                 "varying": trial.config}
-        self.link.send(task, self.leaders[slot], TASK)
+        self.link.isend(task, self.leaders[slot], TASK)
 
     def _wait_result(self) -> tuple[int, dict[str, Any]]:
         """The next segment outcome from any busy slot; stop requests are passed on meanwhile."""
@@ -201,7 +201,7 @@ class Controller:
             for slot in self.busy:
                 if slot not in self.stop_forwarded:
                     self.stop_forwarded.add(slot)
-                    self.link.send(None, self.leaders[slot], STOP_TRIAL)
+                    self.link.isend(None, self.leaders[slot], STOP_TRIAL)
 
     def _settle(self, trial: Trial, outcome: dict[str, Any]) -> str:
         """Record a segment's outcome; "retry" if the trial is to run the segment again."""
@@ -244,12 +244,12 @@ class Controller:
             by_winner.setdefault(decision.winner, []).append(decision.loser)
         expected = 0
         for winner, losers in by_winner.items():
-            self.link.send({"kind": "send_state", "run_dir": str(self.dir / self.trials[
+            self.link.isend({"kind": "send_state", "run_dir": str(self.dir / self.trials[
                 winner].name), "to": [self.leaders[loser] for loser in losers]},
                 self.leaders[winner], TASK)
             expected += 1
             for loser in losers:
-                self.link.send({"kind": "receive_state", "run_dir": str(
+                self.link.isend({"kind": "receive_state", "run_dir": str(
                     self.dir / self.trials[loser].name), "from": self.leaders[winner]},
                     self.leaders[loser], TASK)
                 expected += 1
@@ -385,7 +385,7 @@ class Controller:
         print(line, flush=True)
 
     def _quit_slots(self, code: int) -> None:
-        self.link.send_many({"kind": "quit", "code": code}, self.leaders, TASK)
+        self.link.isend_many({"kind": "quit", "code": code}, self.leaders, TASK)
         self.link.flush("the quit")
 
 

@@ -87,11 +87,12 @@ class PopulationLink:
             comm, peers, settings.heartbeat_interval_s, settings.heartbeat_timeout_s,
             lambda rank: _describe(rank, ranks_per_trial)).start()
 
-    def send(self, message: Any, dest: int, tag: int) -> None:
-        """Start sending; ``flush`` waits until what was sent has been taken."""
+    def isend(self, message: Any, dest: int, tag: int) -> None:
+        """Start sending ``message`` to ``dest``; ``flush`` waits until it has been taken."""
         self.channel.isend(message, dest, tag)
 
-    def send_many(self, message: Any, dests: list[int], tag: int) -> None:
+    def isend_many(self, message: Any, dests: list[int], tag: int) -> None:
+        """Start sending ``message`` to each of ``dests`` (pickled once)."""
         self.channel.isend_many(message, dests, tag)
 
     def receive(self, source: int, tag: int, what: str, *, waits_for_a_trial: bool = False,

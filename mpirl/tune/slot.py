@@ -47,7 +47,7 @@ def serve_slot(link: PopulationLink, slot: MPI.Comm) -> int:
         if leader:
             task, _ = link.receive(CONTROLLER, TASK, "task", waits_for_a_trial=True)
             while task["kind"] in ("send_state", "receive_state"):
-                link.send(_transfer(link, task), CONTROLLER, RESULT)
+                link.isend(_transfer(link, task), CONTROLLER, RESULT)
                 task, _ = link.receive(CONTROLLER, TASK, "task", waits_for_a_trial=True)
             slot_channel.isend_many(task, members, TASK)
         else:
@@ -61,7 +61,7 @@ def serve_slot(link: PopulationLink, slot: MPI.Comm) -> int:
             return task["code"]
         outcome = run_segment(link, slot, task)
         if leader:
-            link.send(outcome, CONTROLLER, RESULT)
+            link.isend(outcome, CONTROLLER, RESULT)
 
 
 def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def _transfer(link: PopulationLink, task: dict[str, Any]) -> dict[str, Any]:
             files = {p.name: pickle.PickleBuffer(p.read_bytes()) for p in path.iterdir()
                      if p.is_file() and p.name != MANIFEST}
             message = {"manifest": manifest, "files": files}
-        link.send_many(message, list(task["to"]), CHECKPOINT)
+        link.isend_many(message, list(task["to"]), CHECKPOINT)
         link.flush(f"{task['run_dir']}'s checkpoint")
         return {"ok": message is not None,
                 "iteration": None if message is None else message["manifest"]["iteration"]}
