@@ -14,16 +14,27 @@ from typing import ClassVar
 
 from mpirl.config.fields import Range, SearchConfig, above, at_least
 from mpirl.errors import ConfigError
+from mpirl.execution.evolution import (
+    SearchState,
+    check_same_weights,
+    count_generation,
+    evaluate_generation,
+    generation_stats,
+    search_model_spec,
+    setup_search,
+)
 from mpirl.execution.evolution import check_search_config as check_config
-from mpirl.execution.evolution import run_generation, search_model_spec, setup_search
+from mpirl.execution.trainer import Trainer
 from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
 
-__all__ = ["Config", "check_config", "loss", "model_spec", "setup", "training_step"]
+__all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
+           "model_spec", "setup", "training_step"]
 
 ROLLOUT_WORKER = PerturbationWorker
-LEARNER = SearchWeights
+LEARNER = SearchWeights  # the driver's copy of the weights
 model_spec = search_model_spec
 loss = None  # derivative-free: no loss to differentiate
+RECURRENT = False  # whole episodes of perturbed policies, no recurrent state
 
 
 @dataclass
@@ -59,13 +70,18 @@ class Config(SearchConfig):
                               f"num_rollouts ({self.num_rollouts})")
 
 
-def setup(algo) -> None:
-    c = algo.config
-    setup_search(algo, "ars", noise_stdev=c.noise_stdev, stepsize=c.sgd_stepsize,
-                 rollouts_used=c.rollouts_used, offset=c.offset)
+def setup(trainer: Trainer) -> SearchState:
+    """Every rollout rank's noise table and update rule (ARS's: the best directions' step)."""
+    c = trainer.config
+    return setup_search(trainer, "ars", noise_stdev=c.noise_stdev, stepsize=c.sgd_stepsize,
+                        rollouts_used=c.rollouts_used, offset=c.offset)
 
 
-def training_step(algo) -> dict[str, float]:
+def training_step(trainer: Trainer, search: SearchState) -> dict[str, float]:
     """One generation: evaluate directions on every rollout rank, apply the same step on each."""
-    c = algo.config
-    return run_generation(algo, c.num_rollouts, c.train_batch_size)
+    c = trainer.config
+    search.sync_workers()
+    generation = evaluate_generation(trainer, c.num_rollouts, c.train_batch_size)
+    check_same_weights(generation, trainer.iteration + 1)
+    count_generation(trainer, generation)
+    return generation_stats(generation, search)

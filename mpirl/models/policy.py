@@ -8,7 +8,7 @@ that live with their algorithm.
 
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -340,29 +340,29 @@ def evaluate_batch(policy: Policy, batch: dict[str, torch.Tensor]):
     return logp.reshape(-1)[keep], entropy.reshape(-1)[keep], values.reshape(-1)[keep], steps
 
 
-def model_spec(module: ModuleType, observation_space: gym.Space, action_space: gym.Space,
-               config: Any) -> Any:
-    """The spec of the model an algorithm trains: its own ``model_spec`` (DQN's Q network,
-    SAC's actor-critics), else the actor-critic policy."""
-    if hasattr(module, "model_spec"):
-        return module.model_spec(observation_space, action_space, config)
+def actor_critic_model(observation_space: gym.Space, action_space: gym.Space, config: Any
+                       ) -> PolicySpec:
+    """The actor-critic policy of the config's model keys (``hidden_sizes``, ``activation``,
+    the encoder and custom-model keys): the ``model_spec`` of PPO, A2C, IMPALA, A3C, BC and
+    MARWIL."""
     return PolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
                       config.activation, model=model_options(config))
 
 
-def check_model(module: ModuleType, config: Any, observation_space: gym.Space,
-                action_space: gym.Space) -> None:
-    """Build the model once and act on one sampled observation, on the rank that checks the
-    request before anything starts: an unknown encoder, a custom model that cannot be built or
-    returns the wrong shapes, or a space no model takes is a ConfigError here, not a traceback
-    on every rank later."""
-    if getattr(config, "use_lstm", False) and not getattr(module, "RECURRENT", False):
+def check_model(model_spec: Callable[[gym.Space, gym.Space, Any], Any], recurrent: bool,
+                algo: str, config: Any, observation_space: gym.Space, action_space: gym.Space
+                ) -> None:
+    """Build the model of ``model_spec`` (an algorithm's) once and act on one sampled
+    observation, on the rank that checks the request before anything starts: an unknown
+    encoder, a custom model that cannot be built or returns the wrong shapes, or a space no
+    model takes is a ConfigError here, not a traceback on every rank later. ``use_lstm`` needs
+    an algorithm whose plan is ``recurrent``."""
+    if getattr(config, "use_lstm", False) and not recurrent:
         raise ConfigError(
             f"use_lstm is for PPO, A2C, A3C and IMPALA, whose rollout ranks carry the state "
-            f"along each episode; {getattr(module, '__name__', 'it').rpartition('.')[2].upper()} "
-            f"learns from stored single steps (replay, dumps or perturbations) with no state to "
-            f"resume from. Leave use_lstm out.")
-    model = model_spec(module, observation_space, action_space, config).build("cpu")
+            f"along each episode; {algo} learns from stored single steps (replay, dumps or "
+            f"perturbations) with no state to resume from. Leave use_lstm out.")
+    model = model_spec(observation_space, action_space, config).build("cpu")
     if not getattr(config, "custom_model", "") and not getattr(config, "custom_q_model", ""):
         return
     sample = np.asarray(observation_space.sample())[None]
