@@ -23,10 +23,7 @@ from mpirl.models.policy import actor_critic_model
 from mpirl.workers.learner import Learner
 from mpirl.workers.rollout import RolloutWorker
 
-__all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
-           "model_spec", "setup", "training_step"]
-
-#: Its rollout workers compute the gradients; learner 0 applies them.
+#: Its rollout workers compute the gradients (of A2C's loss); learner 0 applies them.
 ROLLOUT_WORKER = RolloutWorker
 LEARNER = Learner
 model_spec = actor_critic_model

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+# ES's workers, model and checks: only the update rule differs.
+from mpirl.algorithms.es import LEARNER, RECURRENT, ROLLOUT_WORKER, check_config, loss, model_spec
+
 from mpirl.config.fields import Range, SearchConfig, above, at_least
 from mpirl.errors import ConfigError
 from mpirl.execution.evolution import (
@@ -20,21 +23,12 @@ from mpirl.execution.evolution import (
     count_generation,
     evaluate_generation,
     generation_stats,
-    search_model_spec,
     setup_search,
 )
-from mpirl.execution.evolution import check_search_config as check_config
 from mpirl.execution.trainer import Trainer
-from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
 
 __all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
            "model_spec", "setup", "training_step"]
-
-ROLLOUT_WORKER = PerturbationWorker
-LEARNER = SearchWeights  # the driver's copy of the weights
-model_spec = search_model_spec
-loss = None  # derivative-free: no loss to differentiate
-RECURRENT = False  # whole episodes of perturbed policies, no recurrent state
 
 
 @dataclass

@@ -50,7 +50,8 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
 
 
 def training_step(trainer: Trainer, state: PlanState) -> dict[str, float]:
-    """One BC iteration: SGD on every learner's shard, broadcast the weights, evaluate."""
+    """One iteration (BC's and MARWIL's): SGD on every learner's shard, broadcast the weights,
+    evaluate."""
     config = trainer.config
     stats = train_on_dataset(trainer.learners, offline_input(config),
                              config.num_sgd_steps_per_iteration, config.train_batch_size)

@@ -16,24 +16,21 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+# The plan is BC's, and so are its workers, model and checks: only the loss differs.
+from mpirl.algorithms.bc import (
+    LEARNER,
+    RECURRENT,
+    ROLLOUT_WORKER,
+    check_config,
+    model_spec,
+    setup,
+    training_step,
+)
+
 from mpirl.config.fields import OfflineConfig
-from mpirl.data.offline import check_config, offline_input
-from mpirl.execution.contract import PlanState, stateless
-from mpirl.execution.operators import broadcast_weights, count_and_evaluate, train_on_dataset
-from mpirl.execution.trainer import Trainer
-from mpirl.models.policy import actor_critic_model
-from mpirl.workers.learner import Learner
-from mpirl.workers.rollout import RolloutWorker
 
 __all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
            "model_spec", "setup", "training_step"]
-
-#: The rollout workers only play evaluation episodes.
-ROLLOUT_WORKER = RolloutWorker
-LEARNER = Learner
-model_spec = actor_critic_model
-setup = stateless
-RECURRENT = False  # it learns from the dump's single steps: no state to resume from
 
 
 @dataclass
@@ -106,11 +103,3 @@ class Loss:
 
 loss = Loss()
 
-
-def training_step(trainer: Trainer, state: PlanState) -> dict[str, float]:
-    """One MARWIL iteration: SGD on every learner's shard, broadcast the weights, evaluate."""
-    config = trainer.config
-    stats = train_on_dataset(trainer.learners, offline_input(config),
-                             config.num_sgd_steps_per_iteration, config.train_batch_size)
-    broadcast_weights(trainer.learners, trainer.rollouts)
-    return stats | count_and_evaluate(trainer, stats)

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpirl.config.fields import ReplayConfig
-from mpirl.execution.operators import broadcast_weights, store_to_replay, train_from_replay
+from mpirl.execution.operators import store_to_replay
 from mpirl.execution.replay_ops import (
     ReplayState,
     check_q_config,
     replay_beta,
     spawn_replay,
+    train_owed_sgd_steps,
     untrained_replay_stats,
 )
 from mpirl.execution.trainer import Trainer
@@ -93,9 +94,4 @@ def training_step(trainer: Trainer, state: ReplayState) -> dict[str, float]:
     trainer.count(samples)
     beta = replay_beta(config, trainer.timesteps_total)
     stats = untrained_replay_stats(SAC_STATS, config, beta)
-    if state.replay_ready(trainer.timesteps_total, config.learning_starts):
-        steps = state.owed_sgd_steps(samples.env_steps, config.sgd_steps_per_env_step)
-        stats |= train_from_replay(trainer.learners, state.replay, steps,
-                                   config.train_batch_size, beta)
-        broadcast_weights(trainer.learners, rollouts)
-    return stats
+    return stats | train_owed_sgd_steps(trainer, state, samples.env_steps, beta)

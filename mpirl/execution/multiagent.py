@@ -86,9 +86,7 @@ class MultiAgentTrainer(Trainer):
             self.dump_index = PolicyDumps(dump, env.env_id, self.setup, self.name)
         self.obs_filter = None
         settings = MultiAgentRolloutSettings(
-            env=env, setup=self.setup, num_envs=config.num_envs_per_worker, seed=config.seed,
-            max_env_failures=config.max_env_failures,
-            env_failure_window=config.env_failure_window, torch_threads=config.torch_threads,
+            env=env, setup=self.setup, **MultiAgentRolloutSettings.config_values(config),
             dumps=self.dump_index.targets() if self.dump_index is not None else None)
         try:
             self.rollouts = driver.spawn("rollout", MultiAgentRolloutWorker, settings,

@@ -23,7 +23,14 @@ from mpirl.data.sample_tally import SampleTally
 from mpirl.errors import ConfigError, RemoteError
 from mpirl.execution.async_ops import AsyncRequests, Done
 from mpirl.execution.contract import PlanState
-from mpirl.execution.operators import SampleResult, add_sample_metrics, mean_stats, replay_dest
+from mpirl.execution.operators import (
+    SampleResult,
+    add_sample_metrics,
+    broadcast_weights,
+    mean_stats,
+    replay_dest,
+    train_from_replay,
+)
 from mpirl.models.q_network import DQN_STATS, check_discrete
 from mpirl.runtime.dispatch import Completions, Future, WorkerGroup
 from mpirl.runtime.host import STOP_STREAM_TAG
@@ -109,6 +116,21 @@ class ReplayState(PlanState):
         debt = self.sgd_step_debt + env_steps * sgd_steps_per_env_step
         steps, self.sgd_step_debt = divmod(debt, 1.0)
         return int(steps)
+
+
+def train_owed_sgd_steps(trainer: Any, state: ReplayState, env_steps: int, beta: float
+                         ) -> dict[str, float]:
+    """Once the replay is ready (``learning_starts`` env steps stored since it was last empty):
+    the SGD steps owed for ``env_steps`` new env steps on replay minibatches, then learner 0's
+    weights to every rollout worker; the training's statistics. Nothing before."""
+    config = trainer.config
+    if not state.replay_ready(trainer.timesteps_total, config.learning_starts):
+        return {}
+    steps = state.owed_sgd_steps(env_steps, config.sgd_steps_per_env_step)
+    stats = train_from_replay(trainer.learners, state.replay, steps, config.train_batch_size,
+                              beta)
+    broadcast_weights(trainer.learners, trainer.rollouts)
+    return stats
 
 
 def untrained_replay_stats(loss_stats: tuple[str, ...], config: Any, beta: float

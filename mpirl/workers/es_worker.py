@@ -37,7 +37,7 @@ from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 
 #: Env failures one perturbation's episode may meet before its pair is left out of the update.
 MAX_PAIR_RETRIES = 2
@@ -188,32 +188,23 @@ def update_message(generation: int, summary: dict[str, Any]) -> bytes:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SearchWorkerSettings:
+class SearchWorkerSettings(EnvWorkerSettings):
     """What a perturbation worker is built from; it crosses to each rollout rank once, when the
     worker is spawned. The search's own settings (noise table, update rule) come later, from
     ``setup_search``."""
 
-    env: EnvSpec
     policy: DirectPolicySpec
     """The deterministic policy whose weights it perturbs."""
-    num_envs: int
-    seed: int
-    """The run's seed; rollout worker i seeds its envs and draws from ``seed + 1000 * i``."""
     normalize_observations: bool = False
     """Normalize vector observations by statistics summed over all ranks (ARS V2)."""
-    torch_threads: int = 1
-    max_env_failures: int = 10
-    env_failure_window: int = 1_000
 
     @classmethod
     def from_config(cls, config: Any, *, env: EnvSpec, policy: DirectPolicySpec,
                     dump: Any = None) -> SearchWorkerSettings:
         """The settings of a run with ``config``. ``dump`` is refused on the driver
         (``setup_search``), which says so once: perturbed policies' episodes are no dataset."""
-        return cls(env=env, policy=policy, num_envs=config.num_envs_per_worker, seed=config.seed,
-                   normalize_observations=config.normalize_observations,
-                   torch_threads=config.torch_threads, max_env_failures=config.max_env_failures,
-                   env_failure_window=config.env_failure_window)
+        return cls(env=env, policy=policy, **cls.config_values(config),
+                   normalize_observations=config.normalize_observations)
 
 
 class PerturbationWorker(Worker):

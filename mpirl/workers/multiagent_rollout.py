@@ -38,7 +38,7 @@ from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.policy import RunningMeanStd, compute_gae
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.workers.env_guard import GuardedParallelEnv
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvWorkerSettings
 from mpirl.workers.rollout import BATCH_TAG
 
 #: Each policy's messages use its own tags: the base tag plus ``TAG_STRIDE * (index + 1)``.
@@ -79,18 +79,12 @@ class _Stream:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MultiAgentRolloutSettings:
+class MultiAgentRolloutSettings(EnvWorkerSettings):
     """What a multi-agent rollout worker is built from; it crosses to each rollout rank once,
     when the worker is spawned."""
 
-    env: EnvSpec
     setup: Any
     """The run's policies (``MultiAgentSetup``): their plans, models and mapping."""
-    num_envs: int
-    seed: int
-    max_env_failures: int = 10
-    env_failure_window: int = 1_000
-    torch_threads: int = 1
     dumps: dict[str, DumpTarget] | None = None
     """Per policy id, where its agents' episodes go with ``--dump-trajectories``."""
 

@@ -45,7 +45,7 @@ from mpirl.runtime.ulfm import bcast_weights
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 
 #: Tag of sample batches on the data channel.
 BATCH_TAG = 21
@@ -151,21 +151,12 @@ def build_actor(spec: Any, seed: int, torch_threads: int = 1) -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RolloutSettings:
+class RolloutSettings(EnvWorkerSettings):
     """What a rollout worker (``RolloutWorker``, ``TransitionWorker``) is built from; it crosses
     to each rollout rank once, when the worker is spawned."""
 
-    env: EnvSpec
-    """The environment its ``num_envs`` sub-envs are made from."""
     policy: Any
     """The spec of the model it acts with (``PolicySpec``, ``QSpec``, ...)."""
-    num_envs: int
-    seed: int
-    """The run's seed; rollout worker i seeds its envs and actor from ``seed + 1000 * i``."""
-    torch_threads: int = 1
-    max_env_failures: int = 10
-    """Failures of one sub-env within ``env_failure_window`` of its steps that end the run."""
-    env_failure_window: int = 1_000
     dump: DumpTarget | None = None
     """Where its episodes go with ``--dump-trajectories``; None without."""
     callbacks: str = ""
@@ -183,9 +174,7 @@ class RolloutSettings:
         """The settings of a run with ``config``. Offline configs have no GAE and no observation
         filter (BC no discount either), and replay configs sample no advantages: their workers
         keep the neutral defaults."""
-        return cls(env=env, policy=policy, num_envs=config.num_envs_per_worker, seed=config.seed,
-                   torch_threads=config.torch_threads, max_env_failures=config.max_env_failures,
-                   env_failure_window=config.env_failure_window, dump=dump,
+        return cls(env=env, policy=policy, **cls.config_values(config), dump=dump,
                    callbacks=config.callbacks, gamma=getattr(config, "gamma", 1.0),
                    lam=getattr(config, "gae_lambda", 1.0),
                    normalize_observations=getattr(config, "normalize_observations", False))
