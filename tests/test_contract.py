@@ -135,6 +135,18 @@ def test_the_cli_refuses_a_plugin_lacking_a_piece_in_one_line(plugins, tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+def test_a_setup_that_returns_no_plan_state_ends_the_run_in_one_line(plugins, tmp_path):
+    name = plugin_without("setup", plugins, "def setup(trainer):\n    return {}")
+    proc = subprocess.run([sys.executable, "-m", "mpirl", "train", "--algo", name, "--env",
+                           "CartPole-v1", "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=mpi_env({"PYTHONPATH": str(plugins), "CI": "true"}))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"mpirl: algorithm module {name!r}: setup(trainer) returned {{}}, not a "
+        f"mpirl.execution.PlanState"], proc.stderr
+
+
 # Settings: each worker takes (context, settings), a frozen keyword-only dataclass of its own.
 
 

@@ -49,7 +49,8 @@ class Trainer:
 
     A plan reads ``trainer.config``, ``trainer.rollouts`` and ``trainer.learners`` (worker
     groups), ``trainer.obs_filter`` and ``trainer.timesteps_total``, and adds each round of
-    samples with ``trainer.count(samples)``."""
+    samples with ``trainer.count(samples)``; its ``setup`` may spawn groups of its own with
+    ``trainer.driver``. What the plan keeps is ``trainer.plan``, not the trainer's."""
 
     def __init__(self, driver: Driver, module: AlgorithmModule, config: Any, env: EnvSpec,
                  dump: DumpSettings | None = None) -> None:
