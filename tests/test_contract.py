@@ -121,12 +121,17 @@ def test_a_config_that_subclasses_no_base_is_refused(plugins):
         load_algorithm(name)
 
 
-def test_the_cli_refuses_a_plugin_lacking_a_piece_in_one_line(plugins, tmp_path):
-    name = plugin_without("ROLLOUT_WORKER", plugins)
-    proc = subprocess.run([sys.executable, "-m", "mpirl", "train", "--algo", name, "--env",
-                           "CartPole-v1", "--run-dir", str(tmp_path / "run")],
+def train_plugin(name: str, plugins: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    """``mpirl train --algo name`` in local mode, with ``plugins`` on PYTHONPATH."""
+    return subprocess.run([sys.executable, "-m", "mpirl", "train", "--algo", name, "--env",
+                           "CartPole-v1", "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=120, cwd=REPO,
                           env=mpi_env({"PYTHONPATH": str(plugins), "CI": "true"}))
+
+
+def test_the_cli_refuses_a_plugin_lacking_a_piece_in_one_line(plugins, tmp_path):
+    name = plugin_without("ROLLOUT_WORKER", plugins)
+    proc = train_plugin(name, plugins, tmp_path / "run")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         f"mpirl: error: algorithm module {name!r} does not define ROLLOUT_WORKER: the rollout "
@@ -137,10 +142,7 @@ def test_the_cli_refuses_a_plugin_lacking_a_piece_in_one_line(plugins, tmp_path)
 
 def test_a_setup_that_returns_no_plan_state_ends_the_run_in_one_line(plugins, tmp_path):
     name = plugin_without("setup", plugins, "def setup(trainer):\n    return {}")
-    proc = subprocess.run([sys.executable, "-m", "mpirl", "train", "--algo", name, "--env",
-                           "CartPole-v1", "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env=mpi_env({"PYTHONPATH": str(plugins), "CI": "true"}))
+    proc = train_plugin(name, plugins, tmp_path / "run")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         f"mpirl: algorithm module {name!r}: setup(trainer) returned {{}}, not a "
