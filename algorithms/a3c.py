@@ -15,12 +15,19 @@ from mpirl.algorithms.a2c import loss  # A3C's update is A2C's, applied asynchro
 
 from mpirl.config.fields import OnPolicyConfig
 from mpirl.errors import ConfigError
-from mpirl.execution.async_ops import async_apply_gradients, gradient_requests
+from mpirl.execution.async_ops import GradientRequests, async_apply_gradients
+from mpirl.execution.contract import no_config_checks
 from mpirl.execution.operators import mean_stats
+from mpirl.execution.trainer import Trainer
+from mpirl.models.policy import actor_critic_model
+from mpirl.workers.learner import Learner
+from mpirl.workers.rollout import RolloutWorker
 
-__all__ = ["Config", "loss", "training_step"]
-
-
+#: Its rollout workers compute the gradients (of A2C's loss); learner 0 applies them.
+ROLLOUT_WORKER = RolloutWorker
+LEARNER = Learner
+model_spec = actor_critic_model
+check_config = no_config_checks
 #: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
 RECURRENT = True
 
@@ -58,12 +65,18 @@ class Config(OnPolicyConfig):
                               f"0 or 1, got {self.num_learners}")
 
 
-def training_step(algo) -> dict[str, float]:
+def setup(trainer: Trainer) -> GradientRequests:
+    """The gradient calls kept running on every rollout worker, from one iteration to the next
+    (settled before each checkpoint)."""
+    config = trainer.config
+    return GradientRequests(trainer, config.rollout_fragment_length, loss,
+                            config.max_requests_in_flight_per_worker)
+
+
+def training_step(trainer: Trainer, requests: GradientRequests) -> dict[str, float]:
     """Apply gradients as they come until ``min_steps_per_iteration`` steps are behind them."""
-    config = algo.config
-    requests = gradient_requests(algo, config.rollout_fragment_length, loss,
-                                 config.max_requests_in_flight_per_worker)
-    stats, start = [], algo.timesteps_total
-    while algo.timesteps_total - start < config.min_steps_per_iteration:
-        stats += async_apply_gradients(algo, requests)
+    config = trainer.config
+    stats, start = [], trainer.timesteps_total
+    while trainer.timesteps_total - start < config.min_steps_per_iteration:
+        stats += async_apply_gradients(trainer, requests)
     return mean_stats(stats) | requests.metrics()

@@ -19,6 +19,7 @@ from mpirl.execution.replay_ops import (
     check_q_config,
     spawn_replay,
 )
+from mpirl.execution.trainer import Trainer
 from mpirl.models.q_network import dqn_loss, q_model_spec
 from mpirl.workers.q_workers import QLearner, TransitionWorker
 
@@ -26,6 +27,7 @@ ROLLOUT_WORKER = TransitionWorker
 LEARNER = QLearner
 model_spec = q_model_spec
 loss = dqn_loss
+RECURRENT = False  # it learns from stored single steps
 
 
 @dataclass
@@ -88,16 +90,28 @@ def check_config(config: Config, env) -> None:
     check_q_config(config, env, "APEX")
 
 
-def setup(algo) -> None:
-    algo.replay = spawn_replay(algo)
-    epsilons = apex_epsilons(len(algo.rollouts), algo.config.epsilon, algo.config.epsilon_alpha)
-    if algo.config.fragments_per_call:
-        algo.loop = StreamedReplayLoop(algo, epsilons, algo.config.fragments_per_call,
-                                       algo.config.batches_per_train)
-    else:
-        algo.loop = AsyncReplayLoop(algo, epsilons, algo.config.batches_per_train)
+def setup(trainer: Trainer) -> AsyncReplayLoop | StreamedReplayLoop:
+    """The replay shards and the asynchronous loop over them, which keeps the SGD steps of
+    the training calls started so far."""
+    config, replay = trainer.config, spawn_replay(trainer)
+    epsilons = apex_epsilons(len(trainer.rollouts), config.epsilon, config.epsilon_alpha)
+    if config.fragments_per_call:
+        return StreamedReplayLoop(trainer, replay, epsilons, config.fragments_per_call,
+                                  config.batches_per_train)
+    return AsyncReplayLoop(trainer, replay, epsilons, config.batches_per_train)
 
 
-def training_step(algo) -> dict[str, float]:
+def training_step(trainer: Trainer, loop: AsyncReplayLoop | StreamedReplayLoop
+                  ) -> dict[str, float]:
     """One Ape-X report: keep sampling and training until enough new env steps are stored."""
-    return algo.loop.step(algo.config.min_env_steps_per_iteration)
+    config = trainer.config
+    if config.fragments_per_call:  # the calls run from checkpoint to checkpoint
+        return loop.next_report(config.min_env_steps_per_iteration)
+    stored, trained = 0, []
+    while stored < config.min_env_steps_per_iteration:
+        loop.start_sampling()  # on the idle rollout workers, unless far ahead of training
+        loop.start_training()  # within sgd_steps_per_env_step of the env steps stored
+        env_steps, results = loop.take_finished()  # fragments sent to be stored, TD errors back
+        stored += env_steps
+        trained += results
+    return loop.finish_iteration(trained)

@@ -12,18 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+# ES's workers, model and checks: only the update rule differs.
+from mpirl.algorithms.es import LEARNER, RECURRENT, ROLLOUT_WORKER, check_config, loss, model_spec
+
 from mpirl.config.fields import Range, SearchConfig, above, at_least
 from mpirl.errors import ConfigError
-from mpirl.execution.evolution import check_search_config as check_config
-from mpirl.execution.evolution import run_generation, search_model_spec, setup_search
-from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
+from mpirl.execution.evolution import (
+    SearchState,
+    check_same_weights,
+    count_generation,
+    evaluate_generation,
+    generation_stats,
+    setup_search,
+)
+from mpirl.execution.trainer import Trainer
 
-__all__ = ["Config", "check_config", "loss", "model_spec", "setup", "training_step"]
-
-ROLLOUT_WORKER = PerturbationWorker
-LEARNER = SearchWeights
-model_spec = search_model_spec
-loss = None  # derivative-free: no loss to differentiate
+__all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
+           "model_spec", "setup", "training_step"]
 
 
 @dataclass
@@ -59,13 +64,18 @@ class Config(SearchConfig):
                               f"num_rollouts ({self.num_rollouts})")
 
 
-def setup(algo) -> None:
-    c = algo.config
-    setup_search(algo, "ars", noise_stdev=c.noise_stdev, stepsize=c.sgd_stepsize,
-                 rollouts_used=c.rollouts_used, offset=c.offset)
+def setup(trainer: Trainer) -> SearchState:
+    """Every rollout rank's noise table and update rule (ARS's: the best directions' step)."""
+    c = trainer.config
+    return setup_search(trainer, "ars", noise_stdev=c.noise_stdev, stepsize=c.sgd_stepsize,
+                        rollouts_used=c.rollouts_used, offset=c.offset)
 
 
-def training_step(algo) -> dict[str, float]:
+def training_step(trainer: Trainer, search: SearchState) -> dict[str, float]:
     """One generation: evaluate directions on every rollout rank, apply the same step on each."""
-    c = algo.config
-    return run_generation(algo, c.num_rollouts, c.train_batch_size)
+    c = trainer.config
+    search.sync_workers()
+    generation = evaluate_generation(trainer, c.num_rollouts, c.train_batch_size)
+    check_same_weights(generation, trainer.iteration + 1)
+    count_generation(trainer, generation)
+    return generation_stats(generation, search)

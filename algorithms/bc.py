@@ -14,9 +14,22 @@ import torch
 
 from mpirl.config.fields import OfflineConfig
 from mpirl.data.offline import check_config, offline_input
+from mpirl.execution.contract import PlanState, stateless
 from mpirl.execution.operators import broadcast_weights, count_and_evaluate, train_on_dataset
+from mpirl.execution.trainer import Trainer
+from mpirl.models.policy import actor_critic_model
+from mpirl.workers.learner import Learner
+from mpirl.workers.rollout import RolloutWorker
 
-__all__ = ["Config", "check_config", "loss", "training_step"]
+__all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
+           "model_spec", "setup", "training_step"]
+
+#: The rollout workers only play evaluation episodes.
+ROLLOUT_WORKER = RolloutWorker
+LEARNER = Learner
+model_spec = actor_critic_model
+setup = stateless
+RECURRENT = False  # it learns from the dump's single steps: no state to resume from
 
 
 @dataclass
@@ -36,10 +49,11 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     return policy_loss - config.ent_coef * entropy_mean, stats
 
 
-def training_step(algo) -> dict[str, float]:
-    """One BC iteration: SGD on every learner's shard, broadcast the weights, evaluate."""
-    config = algo.config
-    stats = train_on_dataset(algo.learners, offline_input(config),
+def training_step(trainer: Trainer, state: PlanState) -> dict[str, float]:
+    """One iteration (BC's and MARWIL's): SGD on every learner's shard, broadcast the weights,
+    evaluate."""
+    config = trainer.config
+    stats = train_on_dataset(trainer.learners, offline_input(config),
                              config.num_sgd_steps_per_iteration, config.train_batch_size)
-    broadcast_weights(algo.learners, algo.rollouts)
-    return stats | count_and_evaluate(algo, stats)
+    broadcast_weights(trainer.learners, trainer.rollouts)
+    return stats | count_and_evaluate(trainer, stats)

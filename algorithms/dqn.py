@@ -11,12 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpirl.config.fields import QLearningConfig
+from mpirl.execution.operators import store_to_replay
 from mpirl.execution.replay_ops import (
+    ReplayState,
     check_q_config,
     linear_epsilon,
-    sample_and_train,
+    replay_beta,
     spawn_replay,
+    train_owed_sgd_steps,
+    untrained_replay_stats,
 )
+from mpirl.execution.trainer import Trainer
 from mpirl.models.q_network import DQN_STATS, dqn_loss, q_model_spec
 from mpirl.workers.q_workers import QLearner, TransitionWorker
 
@@ -24,6 +29,7 @@ ROLLOUT_WORKER = TransitionWorker
 LEARNER = QLearner
 model_spec = q_model_spec
 loss = dqn_loss
+RECURRENT = False  # it learns from stored single steps
 
 
 @dataclass
@@ -52,13 +58,21 @@ def check_config(config: Config, env) -> None:
     check_q_config(config, env, "DQN")
 
 
-def setup(algo) -> None:
-    algo.replay = spawn_replay(algo)
+def setup(trainer: Trainer) -> ReplayState:
+    """The replay shards, and the SGD steps owed from one iteration to the next."""
+    return ReplayState(spawn_replay(trainer))
 
 
-def training_step(algo) -> dict[str, float]:
-    """One DQN iteration: sample into replay, train from replay, broadcast the weights."""
-    config = algo.config
-    epsilon = linear_epsilon(algo.timesteps_total, config.initial_epsilon, config.final_epsilon,
-                             config.exploration_steps)
-    return {"epsilon": epsilon} | sample_and_train(algo, epsilon, DQN_STATS)
+def training_step(trainer: Trainer, state: ReplayState) -> dict[str, float]:
+    """One DQN iteration: sample epsilon-greedily into replay; once ``learning_starts`` steps
+    are stored (again, in a run resumed without its replay), train ``sgd_steps_per_env_step``
+    SGD steps per new env step from replay and broadcast the weights."""
+    config, rollouts = trainer.config, trainer.rollouts
+    epsilon = linear_epsilon(trainer.timesteps_total, config.initial_epsilon,
+                             config.final_epsilon, config.exploration_steps)
+    samples = store_to_replay(rollouts, state.replay, config.rollout_fragment_length,
+                              [epsilon] * len(rollouts))
+    trainer.count(samples)
+    beta = replay_beta(config, trainer.timesteps_total)
+    stats = {"epsilon": epsilon, **untrained_replay_stats(DQN_STATS, config, beta)}
+    return stats | train_owed_sgd_steps(trainer, state, samples.env_steps, beta)

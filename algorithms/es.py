@@ -15,16 +15,27 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mpirl.config.fields import Range, SearchConfig, above, at_least
+from mpirl.execution.evolution import (
+    SearchState,
+    check_same_weights,
+    count_generation,
+    evaluate_generation,
+    generation_stats,
+    search_model_spec,
+    setup_search,
+)
 from mpirl.execution.evolution import check_search_config as check_config
-from mpirl.execution.evolution import run_generation, search_model_spec, setup_search
+from mpirl.execution.trainer import Trainer
 from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
 
-__all__ = ["Config", "check_config", "loss", "model_spec", "setup", "training_step"]
+__all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
+           "model_spec", "setup", "training_step"]
 
 ROLLOUT_WORKER = PerturbationWorker
-LEARNER = SearchWeights
+LEARNER = SearchWeights  # the driver's copy of the weights
 model_spec = search_model_spec
 loss = None  # derivative-free: no loss to differentiate
+RECURRENT = False  # whole episodes of perturbed policies, no recurrent state
 
 
 @dataclass
@@ -48,13 +59,18 @@ class Config(SearchConfig):
         "stepsize": above(0), "l2_coeff": at_least(0)}
 
 
-def setup(algo) -> None:
-    c = algo.config
-    setup_search(algo, "es", noise_stdev=c.noise_stdev, stepsize=c.stepsize,
-                 l2_coeff=c.l2_coeff)
+def setup(trainer: Trainer) -> SearchState:
+    """Every rollout rank's noise table and update rule (ES's: Adam on centered ranks)."""
+    c = trainer.config
+    return setup_search(trainer, "es", noise_stdev=c.noise_stdev, stepsize=c.stepsize,
+                        l2_coeff=c.l2_coeff)
 
 
-def training_step(algo) -> dict[str, float]:
+def training_step(trainer: Trainer, search: SearchState) -> dict[str, float]:
     """One generation: evaluate pairs on every rollout rank, apply the same update on each."""
-    c = algo.config
-    return run_generation(algo, c.episodes_per_batch // 2, c.train_batch_size)
+    c = trainer.config
+    search.sync_workers()
+    generation = evaluate_generation(trainer, c.episodes_per_batch // 2, c.train_batch_size)
+    check_same_weights(generation, trainer.iteration + 1)
+    count_generation(trainer, generation)
+    return generation_stats(generation, search)

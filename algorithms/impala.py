@@ -14,10 +14,19 @@ from dataclasses import dataclass
 import torch
 
 from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
-from mpirl.execution.async_ops import async_sample, fragment_stream, sample_requests, sync_weights
+from mpirl.execution.async_ops import FragmentStream, SampleRequests, async_sample, sync_weights
+from mpirl.execution.contract import no_config_checks
 from mpirl.execution.operators import mean_stats, train_one_step
+from mpirl.execution.trainer import Trainer
+from mpirl.models.policy import actor_critic_model
 from mpirl.models.vtrace import vtrace
+from mpirl.workers.learner import Learner
+from mpirl.workers.rollout import RolloutWorker
 
+ROLLOUT_WORKER = RolloutWorker
+LEARNER = Learner
+model_spec = actor_critic_model
+check_config = no_config_checks
 #: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
 RECURRENT = True
 
@@ -103,39 +112,47 @@ def decayed_lr(config: Config, timesteps: int) -> float:
     return config.lr * max(0.0, 1.0 - timesteps / config.lr_decay_steps)
 
 
-def training_step(algo) -> dict[str, float]:
-    """Train on fragments as they finish until ``min_steps_per_iteration`` steps are used."""
-    config = algo.config
+def setup(trainer: Trainer) -> SampleRequests | FragmentStream:
+    """The sample calls kept running on every rollout worker from one iteration to the next
+    (settled before each checkpoint); with ``fragments_per_call``, streamed to the learners."""
+    config = trainer.config
     if config.fragments_per_call:
-        return streamed_training_step(algo)
-    requests = sample_requests(algo, config.rollout_fragment_length,
-                               config.max_requests_in_flight_per_worker)
-    stats, start = [], algo.timesteps_total
-    while algo.timesteps_total - start < config.min_steps_per_iteration:
-        samples = async_sample(requests, algo.learners, algo.obs_filter,
+        return FragmentStream(trainer, config.rollout_fragment_length,
+                              config.fragments_per_call, config.max_requests_in_flight_per_worker)
+    return SampleRequests(trainer, config.rollout_fragment_length,
+                          config.max_requests_in_flight_per_worker)
+
+
+def training_step(trainer: Trainer, requests: SampleRequests | FragmentStream
+                  ) -> dict[str, float]:
+    """Train on fragments as they finish until ``min_steps_per_iteration`` steps are used."""
+    config = trainer.config
+    if config.fragments_per_call:
+        return streamed_training_step(trainer, requests)
+    stats, start = [], trainer.timesteps_total
+    while trainer.timesteps_total - start < config.min_steps_per_iteration:
+        samples = async_sample(requests, trainer.learners, trainer.obs_filter,
                                config.train_batch_size)
-        algo.count(samples)
-        stats.append(train_one_step(algo.learners, samples, num_epochs=config.num_epochs,
+        trainer.count(samples)
+        stats.append(train_one_step(trainer.learners, samples, num_epochs=config.num_epochs,
                                     num_minibatches=config.num_minibatches, standardize=(),
-                                    lr=decayed_lr(config, algo.timesteps_total)))
-        sync_weights(requests, algo.learners, samples)
+                                    lr=decayed_lr(config, trainer.timesteps_total)))
+        sync_weights(requests, trainer.learners, samples)
     return mean_stats(stats) | requests.metrics()
 
 
-def streamed_training_step(algo) -> dict[str, float]:
+def streamed_training_step(trainer: Trainer, stream: FragmentStream) -> dict[str, float]:
     """``training_step`` with ``fragments_per_call``: the learners take the fragments streamed to
     them; rank 0 starts each update and reads the calls' answers."""
-    config = algo.config
-    stream = fragment_stream(algo, config.rollout_fragment_length, config.fragments_per_call,
-                             config.max_requests_in_flight_per_worker)
-    stats, start = [], algo.timesteps_total
-    while algo.timesteps_total - start < config.min_steps_per_iteration:
+    config = trainer.config
+    stats, start = [], trainer.timesteps_total
+    while trainer.timesteps_total - start < config.min_steps_per_iteration:
         row, taken = stream.update(
             config.train_batch_size,
-            config.min_steps_per_iteration - (algo.timesteps_total - start),
+            config.min_steps_per_iteration - (trainer.timesteps_total - start),
             num_epochs=config.num_epochs,
             num_minibatches=config.num_minibatches, standardize=(),
-            lr=decayed_lr(config, algo.timesteps_total))
+            lr=decayed_lr(config, trainer.timesteps_total))
         stats.append(row)
-        algo.count(stream.take_answers(taken))
+        trainer.count(stream.take_answers(taken))
     return mean_stats(stats) | stream.metrics()

@@ -16,11 +16,21 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from mpirl.config.fields import OfflineConfig
-from mpirl.data.offline import check_config, offline_input
-from mpirl.execution.operators import broadcast_weights, count_and_evaluate, train_on_dataset
+# The plan is BC's, and so are its workers, model and checks: only the loss differs.
+from mpirl.algorithms.bc import (
+    LEARNER,
+    RECURRENT,
+    ROLLOUT_WORKER,
+    check_config,
+    model_spec,
+    setup,
+    training_step,
+)
 
-__all__ = ["Config", "check_config", "loss", "training_step"]
+from mpirl.config.fields import OfflineConfig
+
+__all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
+           "model_spec", "setup", "training_step"]
 
 
 @dataclass
@@ -93,11 +103,3 @@ class Loss:
 
 loss = Loss()
 
-
-def training_step(algo) -> dict[str, float]:
-    """One MARWIL iteration: SGD on every learner's shard, broadcast the weights, evaluate."""
-    config = algo.config
-    stats = train_on_dataset(algo.learners, offline_input(config),
-                             config.num_sgd_steps_per_iteration, config.train_batch_size)
-    broadcast_weights(algo.learners, algo.rollouts)
-    return stats | count_and_evaluate(algo, stats)

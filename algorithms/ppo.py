@@ -12,9 +12,18 @@ from dataclasses import dataclass
 import torch
 
 from mpirl.config.fields import AllreduceConfig, OnPolicyConfig
+from mpirl.execution.contract import PlanState, no_config_checks, stateless
 from mpirl.execution.operators import sample_with_new_weights, train_one_step
-from mpirl.models.policy import evaluate_batch
+from mpirl.execution.trainer import Trainer
+from mpirl.models.policy import actor_critic_model, evaluate_batch
+from mpirl.workers.learner import Learner
+from mpirl.workers.rollout import RolloutWorker
 
+ROLLOUT_WORKER = RolloutWorker
+LEARNER = Learner
+model_spec = actor_critic_model
+check_config = no_config_checks
+setup = stateless
 #: use_lstm works: the rollout ranks carry each env's state and the loss takes sequences.
 RECURRENT = True
 
@@ -61,13 +70,13 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     return total, stats
 
 
-def training_step(algo) -> dict[str, float]:
+def training_step(trainer: Trainer, state: PlanState) -> dict[str, float]:
     """One PPO iteration: broadcast the newest weights and sample everywhere (one call to
     each rollout rank), train the learners."""
-    config = algo.config
-    samples = sample_with_new_weights(algo.rollouts, algo.learners,
-                                      config.rollout_fragment_length, algo.obs_filter)
-    algo.count(samples)
-    stats = train_one_step(algo.learners, samples, num_epochs=config.num_epochs,
-                           num_minibatches=algo.num_minibatches(config.minibatch_size))
+    config = trainer.config
+    samples = sample_with_new_weights(trainer.rollouts, trainer.learners,
+                                      config.rollout_fragment_length, trainer.obs_filter)
+    trainer.count(samples)
+    stats = train_one_step(trainer.learners, samples, num_epochs=config.num_epochs,
+                           num_minibatches=trainer.num_minibatches(config.minibatch_size))
     return stats

@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpirl.config.fields import ReplayConfig
-from mpirl.execution.replay_ops import check_q_config, sample_and_train, spawn_replay
+from mpirl.execution.operators import store_to_replay
+from mpirl.execution.replay_ops import (
+    ReplayState,
+    check_q_config,
+    replay_beta,
+    spawn_replay,
+    train_owed_sgd_steps,
+    untrained_replay_stats,
+)
+from mpirl.execution.trainer import Trainer
 from mpirl.models.soft_q import SAC_STATS, sac_loss, sac_model_spec
 from mpirl.workers.q_workers import QLearner, TransitionWorker
 
@@ -19,6 +28,7 @@ ROLLOUT_WORKER = TransitionWorker
 LEARNER = QLearner
 model_spec = sac_model_spec
 loss = sac_loss
+RECURRENT = False  # it learns from stored single steps
 
 
 @dataclass
@@ -68,11 +78,20 @@ def check_config(config: Config, env) -> None:
     check_q_config(config, env, "SAC", continuous=True)
 
 
-def setup(algo) -> None:
-    algo.replay = spawn_replay(algo)
+def setup(trainer: Trainer) -> ReplayState:
+    """The replay shards, and the SGD steps owed from one iteration to the next."""
+    return ReplayState(spawn_replay(trainer))
 
 
-def training_step(algo) -> dict[str, float]:
-    """One SAC iteration: sample into replay (random actions at first), train, broadcast."""
-    random_actions = algo.timesteps_total < algo.config.learning_starts
-    return sample_and_train(algo, 1.0 if random_actions else 0.0, SAC_STATS)
+def training_step(trainer: Trainer, state: ReplayState) -> dict[str, float]:
+    """One SAC iteration: sample into replay (uniformly random actions for the first
+    ``learning_starts`` steps, the actor's after); once the replay is ready, train
+    ``sgd_steps_per_env_step`` SGD steps per new env step and broadcast the weights."""
+    config, rollouts = trainer.config, trainer.rollouts
+    random_actions = 1.0 if trainer.timesteps_total < config.learning_starts else 0.0
+    samples = store_to_replay(rollouts, state.replay, config.rollout_fragment_length,
+                              [random_actions] * len(rollouts))
+    trainer.count(samples)
+    beta = replay_beta(config, trainer.timesteps_total)
+    stats = untrained_replay_stats(SAC_STATS, config, beta)
+    return stats | train_owed_sgd_steps(trainer, state, samples.env_steps, beta)

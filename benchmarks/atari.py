@@ -211,16 +211,15 @@ def _breakout_worker(backend: str) -> Any:
     from mpirl.algorithms import impala
 
     from mpirl.config.fields import CommonConfig
-    from mpirl.models.policy import model_spec
     from mpirl.workers.env_spec import env_spec_for
-    from mpirl.workers.rollout import RolloutWorker
+    from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
     config = impala.Config(num_envs_per_worker=NUM_ENVS)
     spec = env_spec_for(ENV_ID, None, {**dataclasses.asdict(CommonConfig()),
                                        "env_backend": backend})
-    policy = model_spec(impala, *spec.spaces(), config)
-    return RolloutWorker(local_context("rollout"), spec, policy, NUM_ENVS, SEED, config.gamma,
-                         1.0, False)
+    policy = impala.model_spec(*spec.spaces(), config)
+    return RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=NUM_ENVS, seed=SEED, gamma=config.gamma))
 
 
 def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:

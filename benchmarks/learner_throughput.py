@@ -96,9 +96,8 @@ def sample_batch(case: Case, seed: int = 0) -> dict[str, Any]:
     """A batch of ``case.rows`` steps as the learner receives it (IMPALA: fragments)."""
     import numpy as np
 
-    from mpirl.models.policy import model_spec
     from mpirl.workers.env_spec import EnvSpec
-    from mpirl.workers.rollout import RolloutWorker
+    from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
     module = case.module()
     config = module.Config()
@@ -106,9 +105,10 @@ def sample_batch(case: Case, seed: int = 0) -> dict[str, Any]:
     trajectories = case.algo == "impala"
     num_envs, steps = ((case.rows // FRAGMENT, FRAGMENT) if trajectories
                        else (16, -(-case.rows // 16)))
-    policy = model_spec(module, *spec.spaces(), config)
-    worker = RolloutWorker(local_context("rollout"), spec, policy, num_envs, seed, config.gamma,
-                           getattr(config, "gae_lambda", 1.0), False)
+    policy = module.model_spec(*spec.spaces(), config)
+    worker = RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=num_envs, seed=seed, gamma=config.gamma,
+        lam=getattr(config, "gae_lambda", 1.0)))
     batch = worker.sample(steps, trajectories=trajectories)["batch"]
     if not trajectories:
         batch = {k: v[:case.rows] for k, v in batch.items()}
@@ -126,17 +126,17 @@ def make_learner(case: Case, device: str, threads: int, transfer: str) -> Any:
     import gymnasium as gym
     import numpy as np
 
-    from mpirl.models.policy import model_spec
     from mpirl.workers.batch_transfer import BatchTransfer
     from mpirl.workers.env_spec import EnvSpec
-    from mpirl.workers.learner import Learner
+    from mpirl.workers.learner import Learner, LearnerSettings
 
     module = case.module()
     config = module.Config()
     spaces = ((gym.spaces.Box(0, 255, FRAME_SHAPE, np.uint8), gym.spaces.Discrete(ATARI_ACTIONS))
               if case.image else EnvSpec("CartPole-v1").spaces())
-    learner = Learner(local_context("learner", device), model_spec(module, *spaces, config),
-                      module.loss, config, config.lr, config.grad_clip, 0, "auto", threads)
+    learner = Learner(local_context("learner", device), LearnerSettings(
+        policy=module.model_spec(*spaces, config), loss=module.loss, loss_config=config,
+        lr=config.lr, grad_clip=config.grad_clip, seed=0, torch_threads=threads))
     learner.transfer = BatchTransfer(device, transfer)
     return learner
 

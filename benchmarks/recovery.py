@@ -55,7 +55,8 @@ class Plan:
 def role_checkpoint_io(hidden: tuple[int, ...], repeats: int) -> int:
     import mpirl
     from mpirl.config.parse import build
-    from mpirl.execution.algorithm import Algorithm, load_algorithm
+    from mpirl.execution.contract import load_algorithm
+    from mpirl.execution.trainer import Trainer
     from mpirl.jobs.checkpoint import CheckpointStore, verify
     from mpirl.runtime.driver import RuntimeSettings
     from mpirl.runtime.layout import Layout
@@ -65,25 +66,25 @@ def role_checkpoint_io(hidden: tuple[int, ...], repeats: int) -> int:
     config = build(module.Config, {"hidden_sizes": list(hidden), "num_epochs": 1})
 
     def body(driver: mpirl.Driver) -> int:
-        algo = Algorithm(driver, module, config, EnvSpec("CartPole-v1"))
-        algo.train()
+        trainer = Trainer(driver, module, config, EnvSpec("CartPole-v1"))
+        trainer.train()
         with tempfile.TemporaryDirectory(dir=os.getcwd()) as run_dir:
             store = CheckpointStore(run_dir, keep=2)
             saves, verifies, restores = [], [], []
             for _ in range(repeats):
                 start = time.perf_counter()
-                path = algo.save_checkpoint(store)
+                path = trainer.save_checkpoint(store)
                 saves.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 manifest = verify(path)
                 verifies.append(time.perf_counter() - start)
                 start = time.perf_counter()
-                algo.restore(path, manifest)
+                trainer.restore(path, manifest)
                 restores.append(time.perf_counter() - start)
-                algo.iteration += 1
+                trainer.iteration += 1
             size = sum(entry["bytes"] for entry in manifest["files"].values())
         harness.emit({
-            "hidden_sizes": list(hidden), "parameters": int(algo.learners[0].call(
+            "hidden_sizes": list(hidden), "parameters": int(trainer.learners[0].call(
                 "get_weights").size), "checkpoint_bytes": size,
             "save_ms": 1e3 * statistics.median(saves),
             "verify_ms": 1e3 * statistics.median(verifies),
@@ -119,7 +120,8 @@ def role_replay_memory(buffer_mb: int) -> int:
 
     import mpirl
     from mpirl.config.parse import build
-    from mpirl.execution.algorithm import Algorithm, load_algorithm
+    from mpirl.execution.contract import load_algorithm
+    from mpirl.execution.trainer import Trainer
     from mpirl.jobs.checkpoint import CheckpointStore, verify
     from mpirl.runtime.driver import RuntimeSettings
     from mpirl.runtime.layout import Layout
@@ -131,8 +133,8 @@ def role_replay_memory(buffer_mb: int) -> int:
                                    "buffer_size": buffer_mb * 1_000_000 // row_bytes})
 
     def body(driver: mpirl.Driver) -> int:
-        algo = Algorithm(driver, module, config, EnvSpec("CartPole-v1"))
-        shard = algo.replay[0]
+        trainer = Trainer(driver, module, config, EnvSpec("CartPole-v1"))
+        shard = trainer.plan.replay[0]
         pid = driver.hosts[driver.placement.roles.index("replay")]["pid"]
         streams, steps = config.num_envs_per_worker, 65_536
         rng = np.random.default_rng(0)
@@ -150,7 +152,7 @@ def role_replay_memory(buffer_mb: int) -> int:
         _reset_peak(pid)
         with tempfile.TemporaryDirectory(dir=os.getcwd()) as run_dir:
             start = time.perf_counter()
-            path = algo.save_checkpoint(CheckpointStore(run_dir, keep=1))
+            path = trainer.save_checkpoint(CheckpointStore(run_dir, keep=1))
             save_s = time.perf_counter() - start
             peak = _memory(pid, "VmHWM")
             replay_bytes = (path / "replay_0.pkl").stat().st_size

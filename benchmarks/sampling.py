@@ -93,6 +93,15 @@ def _policy_spec():
     return PolicySpec(observation_space, action_space, HIDDEN_SIZES)
 
 
+def _rollout_settings(dump: Any = None) -> Any:
+    """The settings of the measured rollout workers: PPO's GAE, no observation filter."""
+    from mpirl.workers.env_spec import EnvSpec
+    from mpirl.workers.rollout import RolloutSettings
+
+    return RolloutSettings(env=EnvSpec(ENV_ID), policy=_policy_spec(), num_envs=NUM_ENVS,
+                           seed=SEED, gamma=0.99, lam=0.95, dump=dump)
+
+
 # The measured programs, one per --role.
 
 
@@ -124,12 +133,11 @@ def role_raw(plan: Plan) -> int:
 def role_local(plan: Plan) -> int:
     """One RolloutWorker in the driver's process (world size 1), batches returned in-process."""
     import mpirl
-    from mpirl.workers.env_spec import EnvSpec
     from mpirl.workers.rollout import RolloutWorker
 
     def body(driver: mpirl.Driver) -> int:
-        worker = driver.spawn("rollout", RolloutWorker, EnvSpec(ENV_ID), _policy_spec(),
-                              NUM_ENVS, SEED, 0.99, 0.95, False, local_if_empty=True)[0]
+        worker = driver.spawn("rollout", RolloutWorker, _rollout_settings(),
+                              local_if_empty=True)[0]
         emit(measure_rate(
             lambda: worker.call("sample", ROLLOUT_FRAGMENT_LENGTH)["env_steps"], plan))
         return 0
@@ -161,7 +169,6 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
     import mpirl
     from mpirl.execution.operators import parallel_rollouts
     from mpirl.runtime.core import Worker
-    from mpirl.workers.env_spec import EnvSpec
     from mpirl.workers.rollout import BATCH_TAG, RolloutWorker
 
     class BatchSink(Worker):
@@ -179,8 +186,7 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
         directory = tempfile.mkdtemp(prefix="mpirl-dump-bench-")
         dump = (None if dump_writer_process is None else
                 DumpTarget(directory, 0, writer_process=dump_writer_process))
-        rollouts = driver.spawn("rollout", RolloutWorker, EnvSpec(ENV_ID), _policy_spec(),
-                                NUM_ENVS, SEED, 0.99, 0.95, False, dump=dump)
+        rollouts = driver.spawn("rollout", RolloutWorker, _rollout_settings(dump))
         sink = driver.spawn("learner", BatchSink, local_if_empty=True)
         dumped = {"episodes": 0, "steps": 0}
 

@@ -52,7 +52,7 @@ from harness import (
 )
 
 from mpirl.errors import EXIT_RESUME
-from mpirl.execution.algorithm import ALGORITHMS
+from mpirl.execution.contract import ALGORITHMS
 from mpirl.runtime.layout import parse_layout_row
 from mpirl.runtime.memory import MIB, open_fd_count, process_rss_bytes
 

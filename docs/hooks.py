@@ -28,7 +28,7 @@ def config_class(name: str) -> type:
     if name in SETTINGS:
         module, cls = SETTINGS[name]
         return getattr(importlib.import_module(module), cls)
-    from mpirl.execution.algorithm import load_algorithm
+    from mpirl.execution.contract import load_algorithm
 
     return load_algorithm(name).Config
 

@@ -29,7 +29,8 @@ from mpirl.commands.train import (
 )
 from mpirl.commands.train import train as train_request
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, ConfigError, MpirlError
-from mpirl.execution.algorithm import Algorithm as AlgorithmState
+from mpirl.execution.multiagent import MultiAgentTrainer
+from mpirl.execution.trainer import Trainer
 from mpirl.jobs.checkpoint import CheckpointStore, verify
 from mpirl.jobs.run_dir import RunLock, RunRecorder
 from mpirl.models.torch_model import build_torch_model
@@ -151,11 +152,11 @@ class Algorithm:
             return getattr(error, "exit_code", EXIT_FAILURE)
         try:
             try:
-                state = request.build_algorithm(driver)
+                trainer = request.build_trainer(driver)
                 store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
-                resumed = restore_newest(state, store, request) if request.resume else None
-                recorder = open_recorder(request, run_params(request, driver, state),
-                                         resumed is not None, state)
+                resumed = restore_newest(trainer, store, request) if request.resume else None
+                recorder = open_recorder(request, run_params(request, driver, trainer),
+                                         resumed is not None, trainer)
             except BaseException as error:  # noqa: BLE001 (the caller raises it)
                 self._answers.put(error)
                 return getattr(error, "exit_code", EXIT_FAILURE)
@@ -163,15 +164,15 @@ class Algorithm:
             with recorder:
                 while (call := self._calls.get()) is not None:
                     try:
-                        self._answers.put((True, call(state, store, recorder)))
+                        self._answers.put((True, call(trainer, store, recorder)))
                     except BaseException as error:  # noqa: BLE001 (the caller raises it)
                         self._answers.put((False, error))
-                state.finish_dumps()
+                trainer.finish_dumps()
         finally:
             lock.release()
         return EXIT_OK
 
-    def _call(self, fn: Callable[[AlgorithmState, CheckpointStore, RunRecorder], Any]) -> Any:
+    def _call(self, fn: Callable[[Trainer, CheckpointStore, RunRecorder], Any]) -> Any:
         if self._exit_code is not None or not self._thread.is_alive():
             raise MpirlError("this Algorithm has been stopped; build a new one")
         self._calls.put(fn)
@@ -198,9 +199,9 @@ class Algorithm:
 
     def train(self) -> dict[str, Any]:
         """Run one iteration; return its row, which also goes to progress.csv and TensorBoard."""
-        def step(state: AlgorithmState, store: CheckpointStore, recorder: RunRecorder) -> dict:
-            row = state.train()
-            recorder.record(row, state.histograms)
+        def step(trainer: Trainer, store: CheckpointStore, recorder: RunRecorder) -> dict:
+            row = trainer.train()
+            recorder.record(row, trainer.histograms)
             return row
 
         return self._call(step)
@@ -209,16 +210,16 @@ class Algorithm:
         """Write a checkpoint into the run directory's checkpoints/; return its path."""
         replay = self.request.checkpoints.checkpoint_replay
 
-        def save(state: AlgorithmState, store: CheckpointStore, recorder: RunRecorder) -> Path:
+        def save(trainer: Trainer, store: CheckpointStore, recorder: RunRecorder) -> Path:
             recorder.sync()  # the rows a resume from this checkpoint keeps are on disk
-            return state.save_checkpoint(store, replay)
+            return trainer.save_checkpoint(store, replay)
 
         return self._call(save)
 
     def restore(self, checkpoint: str | Path | None = None) -> Path:
         """Load ``checkpoint`` (a checkpoint directory; default: the run's newest valid one)
         into the driver and every worker; return its path."""
-        def load(state: AlgorithmState, store: CheckpointStore, _: RunRecorder) -> Path:
+        def load(trainer: Trainer, store: CheckpointStore, _: RunRecorder) -> Path:
             if checkpoint is None:
                 found = store.newest_valid()
                 if found is None:
@@ -226,7 +227,7 @@ class Algorithm:
                 path, manifest = found
             else:
                 path, manifest = Path(checkpoint), verify(checkpoint)
-            state.restore(path, manifest)
+            trainer.restore(path, manifest)
             return path
 
         return self._call(load)
@@ -237,25 +238,25 @@ class Algorithm:
         the environment takes them; ``explore`` samples instead of taking the most likely. In a
         multi-agent run, ``policy_id`` says whose (it may be left out when there is one policy);
         a frozen policy's weights come from rollout worker 0."""
-        def act(state: AlgorithmState, *_: Any) -> np.ndarray:
-            state.settle()  # a learner in a call that spans iterations takes no other
-            if hasattr(state, "setup"):  # a multi-agent run
+        def act(trainer: Trainer, *_: Any) -> np.ndarray:
+            trainer.settle()  # a learner in a call that spans iterations takes no other
+            if isinstance(trainer, MultiAgentTrainer):
                 try:
-                    plan = state.setup.policy(policy_id)
+                    plan = trainer.setup.policy(policy_id)
                 except ConfigError as error:
                     raise MpirlError(f"{error}; give policy_id") from None
                 if plan.kind == "scripted":
                     raise MpirlError(f"policy {plan.policy_id!r} is scripted "
                                      f"({plan.policy_class}); call its compute_actions yourself")
-                spec, obs_filter = plan.model, state.policy_filters.get(plan.policy_id)
-                learners = state.policy_learners.get(plan.policy_id)
+                spec, obs_filter = plan.model, trainer.policy_filters.get(plan.policy_id)
+                learners = trainer.policy_learners.get(plan.policy_id)
                 weights = (learners[0].call_async("get_weights").result() if learners else
-                           state.rollouts[0].call("get_policy_weights")[plan.policy_id])
+                           trainer.rollouts[0].call("get_policy_weights")[plan.policy_id])
             else:
                 if policy_id is not None:
                     raise MpirlError("policy_id is for multi-agent runs; this run has one policy")
-                spec, obs_filter = state.policy_spec, state.obs_filter
-                weights = state.learners[0].call_async("get_weights").result()
+                spec, obs_filter = trainer.policy_spec, trainer.obs_filter
+                weights = trainer.learners[0].call_async("get_weights").result()
             key = policy_id or ""
             if key not in self._policies:
                 self._policies[key] = build_torch_model(spec)

@@ -13,7 +13,7 @@ import pytest
 from mpirl.config.fields import field_docs
 from mpirl.config.parse import build, parse_json_object
 from mpirl.errors import ConfigError
-from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
+from mpirl.execution.contract import ALGORITHMS, load_algorithm
 
 COMMON = {"callbacks", "tensorboard_histograms_every", "wandb_project", "mlflow_experiment",
           "num_rollout_workers", "num_learners", "num_envs_per_worker",

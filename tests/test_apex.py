@@ -148,10 +148,11 @@ def _loop(rollouts: int, shards: int):
     from mpirl.execution.replay_ops import AsyncReplayLoop
 
     workers = [SimpleNamespace(rank=2 + shards + i, in_process=False) for i in range(rollouts)]
-    algo = SimpleNamespace(rollouts=workers, replay=[_Shard() for _ in range(shards)],
-                           config=SimpleNamespace(metrics_max_epsilon=0.5), counted=[])
-    algo.count = algo.counted.append
-    return AsyncReplayLoop(algo, [0.1] * rollouts), algo
+    trainer = SimpleNamespace(rollouts=workers, config=SimpleNamespace(metrics_max_epsilon=0.5),
+                              counted=[])
+    trainer.count = trainer.counted.append
+    replay = [_Shard() for _ in range(shards)]
+    return AsyncReplayLoop(trainer, replay, [0.1] * rollouts), trainer, replay
 
 
 def _fragment(i):
@@ -160,14 +161,13 @@ def _fragment(i):
 
 
 def test_one_insert_call_stores_several_fragments_when_many_ranks_feed_a_shard():
-    loop, algo = _loop(rollouts=16, shards=2)  # 8 ranks per shard: 2 fragments per insert
-    loop.sgd_done = 0
+    loop, trainer, replay = _loop(rollouts=16, shards=2)  # 8 ranks per shard: 2 per insert
     for i in range(16):
         loop._stored(i, _fragment(i))
-    for k, shard in enumerate(algo.replay):
-        feeders = [algo.rollouts[i].rank for i in range(k, 16, 2)]
+    for k, shard in enumerate(replay):
+        feeders = [trainer.rollouts[i].rank for i in range(k, 16, 2)]
         assert shard.calls == [("insert", feeders[j:j + 2], None) for j in range(0, 8, 2)]
-    assert loop.stored == [400, 400] and len(algo.counted) == 16
+    assert loop.stored == [400, 400] and len(trainer.counted) == 16
     # Steps count toward a shard's training only once it was told to insert them.
     loop._stored(0, _fragment(0))
     assert loop.stored == [400, 400]
@@ -177,17 +177,16 @@ def test_one_insert_call_stores_several_fragments_when_many_ranks_feed_a_shard()
     loop._stored(0, _fragment(0))
     for k in list(loop.unsent_inserts):
         loop._insert(k)
-    assert algo.replay[0].calls[-1] == ("insert", [algo.rollouts[0].rank], None)
+    assert replay[0].calls[-1] == ("insert", [trainer.rollouts[0].rank], None)
     assert not loop.unsent_inserts
 
 
 def test_few_ranks_per_shard_insert_each_fragment_at_once_and_a_failed_insert_is_raised():
     from mpirl.errors import RemoteError
 
-    loop, algo = _loop(rollouts=2, shards=2)
-    loop.sgd_done = 0
+    loop, trainer, replay = _loop(rollouts=2, shards=2)
     loop._stored(1, _fragment(1))
-    assert algo.replay[1].calls == [("insert", [algo.rollouts[1].rank], None)]
+    assert replay[1].calls == [("insert", [trainer.rollouts[1].rank], None)]
     loop.inserts.append(_Answered(error=RemoteError(3, "replay", "insert", "MemoryError",
                                                     "no space left", "")))
     with pytest.raises(RemoteError, match="no space left"):

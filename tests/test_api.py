@@ -187,7 +187,7 @@ def test_plugin_slurm_script(tmp_path):
 
 @pytest.mark.parametrize(("module", "message"), [
     ("no_such_plugin", "no module named 'no_such_plugin'"),
-    ("json", "does not define Config, training_step, loss"),
+    ("json", "algorithm module 'json' does not define Config (nor loss, ROLLOUT_WORKER"),
 ])
 def test_plugin_errors(module, message):
     proc = run_local(MPIRL, "train", "--algo", module, "--env", "CartPole-v1", timeout=60)

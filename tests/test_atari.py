@@ -18,11 +18,11 @@ from mpirl.config.fields import CommonConfig
 from mpirl.config.parse import build
 from mpirl.envs import atari
 from mpirl.errors import ConfigError
-from mpirl.execution.replay_ops import stacked_frames
-from mpirl.models.policy import PolicySpec, model_spec
+from mpirl.models.policy import PolicySpec
 from mpirl.workers.env_spec import EnvSpec, env_spec_for
 from mpirl.workers.q_workers import TransitionWorker
-from mpirl.workers.rollout import RolloutWorker
+from mpirl.workers.replay_shard import stacked_frames
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 pytest.importorskip("ale_py")
 
@@ -140,7 +140,8 @@ if "AtariTestFives-v0" not in gym.registry:
 def test_rollouts_train_on_clipped_rewards_and_report_the_score(trajectories):
     spec = env_spec_for("AtariTestFives-v0", None, {"clip_rewards": True})
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
-    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, 0, GAMMA, 1.0, False)
+    worker = RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=2, seed=0, gamma=GAMMA))
     metrics = worker.sample(8, trajectories=trajectories)
     assert metrics["episode_returns"] == [10.0] * 4  # 5 + 5 + 5 - 5, in every episode
     batch = metrics["batch"]
@@ -154,8 +155,9 @@ def test_rollouts_train_on_clipped_rewards_and_report_the_score(trajectories):
 
 def test_replay_holds_clipped_rewards_and_reports_the_score():
     spec = env_spec_for("AtariTestFives-v0", None, {"clip_rewards": True})
-    q_spec = model_spec(dqn, *spec.spaces(), dqn.Config(hidden_sizes=(8,)))
-    worker = TransitionWorker(local_context("rollout"), spec, q_spec, 2, 0, GAMMA, 1.0, False)
+    q_spec = dqn.model_spec(*spec.spaces(), dqn.Config(hidden_sizes=(8,)))
+    worker = TransitionWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=q_spec, num_envs=2, seed=0))
     metrics = worker.sample_transitions(8, 0.5, None)
     assert metrics["episode_returns"] == [10.0] * 4
     assert metrics["chunk"]["rewards"].T.tolist() == [[1, 1, 1, -1] * 2] * 2
@@ -209,8 +211,9 @@ def test_bad_environment_settings_are_config_errors(monkeypatch):
 def test_envpool_runs_the_same_observations_with_same_step_autoreset():
     pytest.importorskip("envpool")
     spec = breakout(env_backend="envpool", env_config={"max_episode_steps": 5})
-    policy = model_spec(ppo, *breakout().spaces(), ppo.Config())
-    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, 0, GAMMA, 1.0, False)
+    policy = ppo.model_spec(*breakout().spaces(), ppo.Config())
+    worker = RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=2, seed=0, gamma=GAMMA))
     assert isinstance(worker.envs, atari.EnvPoolVectorEnv)
     assert worker.envs.single_observation_space == breakout().make().observation_space
     metrics = worker.sample(10, trajectories=True)

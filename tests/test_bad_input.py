@@ -17,7 +17,8 @@ from mpirl.config.fields import numeric_fields, range_of
 from mpirl.config.parse import build
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import ConfigError
-from mpirl.execution.algorithm import ALGORITHMS, STOP_KEYS, load_algorithm
+from mpirl.execution.contract import ALGORITHMS, load_algorithm
+from mpirl.execution.trainer import STOP_KEYS
 from mpirl.jobs.checkpoint import CheckpointSettings
 from mpirl.runtime.driver import RuntimeSettings
 from mpirl.runtime.layout import Layout

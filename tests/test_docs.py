@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mpirl.execution.algorithm import ALGORITHMS
+from mpirl.execution.contract import ALGORITHMS
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"

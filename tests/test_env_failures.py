@@ -17,13 +17,13 @@ from conftest import run_mpi
 from mpi4py import MPI
 
 from mpirl.errors import ConfigError, EnvFailureError
-from mpirl.execution.algorithm import load_algorithm
+from mpirl.execution.contract import load_algorithm
 from mpirl.models.policy import PolicySpec
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.layout import Layout
 from mpirl.workers.env_spec import EnvSpec
-from mpirl.workers.learner import Learner
-from mpirl.workers.rollout import RolloutWorker
+from mpirl.workers.learner import Learner, LearnerSettings
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 ppo = load_algorithm("PPO")
@@ -41,9 +41,15 @@ def rollout_worker(env_config, num_envs=2, max_env_failures=10, seed=0,
     spec = EnvSpec(env_id, env_config=env_config)
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
     # lambda 1: value targets of finished episodes are plain discounted returns.
-    return RolloutWorker(local_context("rollout"), spec, policy, num_envs, seed, GAMMA, 1.0,
-                         False, max_env_failures=max_env_failures,
-                         env_failure_window=env_failure_window)
+    return RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=num_envs, seed=seed, gamma=GAMMA, lam=1.0,
+        max_env_failures=max_env_failures, env_failure_window=env_failure_window))
+
+
+def ppo_learner(context, policy):
+    """A PPO learner of ``policy`` that averages over MPI (``context``'s role_comm)."""
+    return Learner(context, LearnerSettings(policy=policy, loss=ppo.loss, loss_config=ppo.Config(),
+                                            lr=1e-3, grad_clip=0.5, seed=0, backend="mpi"))
 
 
 def discounted_returns(length):
@@ -141,8 +147,7 @@ def test_rebuilt_envs_are_seeded_deterministically_and_pickle():
 def test_learner_trains_on_short_and_empty_batches():
     worker = rollout_worker({"episode_length": 5})
     policy = PolicySpec(*EnvSpec("mpirl.testing:CountingEnv").spaces(), (8,), "tanh")
-    learner = Learner(local_context("learner"), policy, ppo.loss, ppo.Config(), 1e-3, 0.5, 0,
-                      "mpi")
+    learner = ppo_learner(local_context("learner"), policy)
     batch = worker.sample(2)["batch"]
     short = {k: v[:3] for k, v in batch.items()}
     stats = learner.train([], [short], num_epochs=2, num_minibatches=8)
@@ -174,7 +179,7 @@ def test_a_learner_short_of_rows_keeps_in_step_with_its_peers():
     # empty, yet it must take all 8 (each is an allreduce) without NaNs.
     context = dataclasses.replace(local_context("learner"), role_comm=PeerWithTenRows())
     policy = PolicySpec(*EnvSpec("mpirl.testing:CountingEnv").spaces(), (8,), "tanh")
-    learner = Learner(context, policy, ppo.loss, ppo.Config(), 1e-3, 0.5, 0, "mpi")
+    learner = ppo_learner(context, policy)
     before = learner.get_weights()
     batch = rollout_worker({"episode_length": 5}).sample(2)["batch"]
     stats = learner.train([], [{k: v[:3] for k, v in batch.items()}], num_epochs=2,

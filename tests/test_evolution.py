@@ -269,7 +269,7 @@ def test_a_failed_generation_gets_no_update_and_raises_its_error():
 
 def test_a_generation_whose_answers_differ_is_settled_from_each_rank():
     """The comparison failed: each rank's answer comes from the gather, so the checksums that
-    differ are the driver's to see (``run_generation`` raises ``DivergedWeights`` on them)."""
+    differ are the driver's to see (``check_same_weights`` raises ``DivergedWeights`` on them)."""
     from mpirl.execution.evolution import _generation_update
 
     algo, workers, futures = _generation((b"update", False, [

@@ -23,7 +23,7 @@ from mpirl.testing import CountingEnv
 from mpirl.workers import learner as learner_module
 from mpirl.workers.env_spec import EnvSpec
 from mpirl.workers.learner import bootstrap_address
-from mpirl.workers.rollout import RolloutWorker
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 # CountingEnv's episodes end (terminated) after `episode_length` steps; gymnasium's TimeLimit
 # truncates them after `max_episode_steps`. When both are 5, step 5 is terminated and truncated.
@@ -35,7 +35,8 @@ def counting_worker(episode_length: int, max_episode_steps: int) -> RolloutWorke
     spec = EnvSpec("MathsCounting-v0", env_config={"episode_length": episode_length,
                                                    "max_episode_steps": max_episode_steps})
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
-    worker = RolloutWorker(local_context("rollout"), spec, policy, 1, 0, GAMMA, 1.0, False)
+    worker = RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=1, seed=0, gamma=GAMMA))
     # A critic far from 0, so that a bootstrap would show: its output bias is the last weight.
     weights = worker.get_weights()
     weights[-1] = 3.0

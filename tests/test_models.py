@@ -26,7 +26,7 @@ from mpirl.models.q_network import QSpec, dqn_loss
 from mpirl.models.soft_q import SACSpec, sac_loss
 from mpirl.models.torch_model import build_torch_model
 from mpirl.workers.env_spec import EnvSpec
-from mpirl.workers.rollout import RolloutWorker, sequence_batch
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker, sequence_batch
 
 EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 PROBES = "mpirl.envs.probes"
@@ -83,7 +83,9 @@ def test_multibinary_and_multidiscrete_actions_sample_in_the_space():
 def test_image_observations_stay_uint8_on_the_wire(trajectories):
     spec = EnvSpec(f"{PROBES}:PixelTarget")
     policy = PolicySpec(*spec.spaces(), (64, 64), "tanh")
-    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, 0, 0.99, 0.95, True)
+    worker = RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=2, seed=0, gamma=0.99, lam=0.95,
+        normalize_observations=True))
     batch = worker.sample(16, trajectories=trajectories)["batch"]
     assert batch["obs"].dtype == np.uint8
     if trajectories:
@@ -241,7 +243,8 @@ def test_lstm_carries_its_state_across_fragments_and_resets_it_at_episode_starts
     spec = EnvSpec(f"{PROBES}:RecallCue")
     policy = PolicySpec(*spec.spaces(), (16,), "tanh", model=ModelOptions(use_lstm=True,
                                                                            max_seq_len=4))
-    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, 0, 0.99, 0.95, False)
+    worker = RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=2, seed=0, gamma=0.99, lam=0.95))
     first = worker.sample(5)["batch"]
     assert first["obs"].shape == (4, 4, 3) and not first["state_in"][[0, 2]].any()
     carried = worker.state.copy()

@@ -109,11 +109,12 @@ def _cartpole_worker(seed: int):
     from test_env_failures import local_context
 
     from mpirl.workers.env_spec import EnvSpec
-    from mpirl.workers.rollout import RolloutWorker
+    from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
     spec = EnvSpec("CartPole-v1")
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
-    worker = RolloutWorker(local_context("rollout"), spec, policy, 2, seed, 0.99, 0.95, False)
+    worker = RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=policy, num_envs=2, seed=seed, gamma=0.99, lam=0.95))
     weights = np.random.default_rng(0).normal(0, 0.5, worker.get_weights().size)
     worker.set_weights(weights.astype(np.float32))  # a policy whose actions are not all equal
     return worker

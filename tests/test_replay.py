@@ -145,12 +145,15 @@ def test_a_shard_joins_a_workers_consecutive_chunks_and_cuts_at_a_lost_one():
 
     from mpirl.runtime.core import RankContext
     from mpirl.runtime.layout import Layout
-    from mpirl.workers.replay_shard import ReplayShard
+    from mpirl.workers.replay_shard import ReplayShard, ReplayShardSettings
 
     context = RankContext(0, "replay", 0, 1, Layout().resolve(1), None, MPI.COMM_SELF, None,
                           socket.gethostname(), "cpu")
-    shard = ReplayShard(context, 64, 1, COUNTER_OBS, TWO_ACTIONS,
-                        ReplaySettings(n_step=1, gamma=0.9), 1, 1, seed=0)
+    settings = ReplayShardSettings(capacity=64, num_streams=1, observation_space=COUNTER_OBS,
+                                   action_space=TWO_ACTIONS,
+                                   replay=ReplaySettings(n_step=1, gamma=0.9), num_shards=1,
+                                   num_envs=1, seed=0)
+    shard = ReplayShard(context, settings)
 
     def chunk(seq, obs):
         steps = len(obs)
@@ -161,8 +164,7 @@ def test_a_shard_joins_a_workers_consecutive_chunks_and_cuts_at_a_lost_one():
                 "final_obs": np.zeros((0, 1), np.float32), "failed": np.zeros((steps, 1), bool)}
 
     shard.insert([], [chunk(0, [0, 1]), chunk(1, [2, 3])])
-    restored = ReplayShard(context, 64, 1, COUNTER_OBS, TWO_ACTIONS,
-                           ReplaySettings(n_step=1, gamma=0.9), 1, 1, seed=0)
+    restored = ReplayShard(context, settings)
     restored.set_state(shard.get_state())
     restored.insert([], [chunk(2, [4, 5]), chunk(4, [40, 41])])  # chunk 3 never arrived
     seen = transitions_by_obs(restored.buffer)

@@ -16,7 +16,7 @@ from mpirl.data.dump_writer import DumpTarget, DumpWriterTimeout
 from mpirl.errors import RemoteError, unwrap_remote
 from mpirl.models.policy import PolicySpec
 from mpirl.workers.env_spec import EnvSpec
-from mpirl.workers.rollout import RolloutWorker
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 LOCK_ERROR = "TypeError: cannot pickle '_thread.lock' object"
@@ -24,8 +24,9 @@ LOCK_ERROR = "TypeError: cannot pickle '_thread.lock' object"
 
 def worker(env_id, num_envs=2, dump=None):
     spec = EnvSpec(env_id, "mpirl.testing")
-    return RolloutWorker(local_context("rollout"), spec, PolicySpec(*spec.spaces(), (8,), "tanh"),
-                         num_envs, 0, 0.99, 1.0, False, dump=dump)
+    return RolloutWorker(local_context("rollout"), RolloutSettings(
+        env=spec, policy=PolicySpec(*spec.spaces(), (8,), "tanh"), num_envs=num_envs, seed=0,
+        gamma=0.99, dump=dump))
 
 
 def test_a_worker_reports_why_its_envs_were_not_saved_and_that_they_were_not_restored(tmp_path):

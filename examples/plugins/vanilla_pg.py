@@ -13,11 +13,26 @@ import torch
 
 from mpirl.execution import (
     AllreduceConfig,
+    Learner,
     OnPolicyConfig,
+    PlanState,
+    RolloutWorker,
+    Trainer,
+    actor_critic_model,
     broadcast_weights,
+    no_config_checks,
     parallel_rollouts,
+    stateless,
     train_one_step,
 )
+
+# The rest of the contract (docs/plugins.md), from mpirl's defaults.
+ROLLOUT_WORKER = RolloutWorker
+LEARNER = Learner
+RECURRENT = False  # the loss takes single steps, not sequences
+model_spec = actor_critic_model
+check_config = no_config_checks
+setup = stateless  # nothing kept between iterations
 
 
 @dataclass
@@ -41,13 +56,13 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     return total, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item()}
 
 
-def training_step(algo) -> dict[str, float]:
+def training_step(trainer: Trainer, state: PlanState) -> dict[str, float]:
     """Sample on every rollout rank, train the learners, broadcast the weights."""
-    config = algo.config
-    samples = parallel_rollouts(algo.rollouts, algo.learners, config.rollout_fragment_length,
-                                algo.obs_filter)
-    algo.count(samples)
-    stats = train_one_step(algo.learners, samples, num_epochs=config.sgd_steps,
+    config = trainer.config
+    samples = parallel_rollouts(trainer.rollouts, trainer.learners,
+                                config.rollout_fragment_length, trainer.obs_filter)
+    trainer.count(samples)
+    stats = train_one_step(trainer.learners, samples, num_epochs=config.sgd_steps,
                            num_minibatches=1, standardize=("advantages",))
-    broadcast_weights(algo.learners, algo.rollouts)
+    broadcast_weights(trainer.learners, trainer.rollouts)
     return stats

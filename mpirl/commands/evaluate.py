@@ -21,9 +21,9 @@ import numpy as np
 
 from mpirl.config.parse import build
 from mpirl.errors import CheckpointError, ConfigError
-from mpirl.execution.algorithm import load_algorithm
+from mpirl.execution.contract import load_algorithm
 from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
-from mpirl.models.policy import RunningMeanStd, act_with_state, model_spec
+from mpirl.models.policy import RunningMeanStd, act_with_state
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.state_files import read_state_file
 from mpirl.workers.env_spec import EnvSpec, env_spec_for
@@ -158,13 +158,17 @@ def _evaluate_multiagent(checkpoint: Path, manifest: dict[str, Any], env: EnvSpe
     from mpirl.execution.multiagent import user_given
     from mpirl.execution.multiagent_setup import resolve
     from mpirl.runtime.core import RankContext
-    from mpirl.workers.multiagent_rollout import MultiAgentRolloutWorker
+    from mpirl.workers.multiagent_rollout import (
+        MultiAgentRolloutSettings,
+        MultiAgentRolloutWorker,
+    )
 
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     setup = resolve(manifest["algo"], user_given(config), env)
     context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
-    worker = MultiAgentRolloutWorker(context, env, setup, 1, seed)
+    worker = MultiAgentRolloutWorker(
+        context, MultiAgentRolloutSettings(env=env, setup=setup, num_envs=1, seed=seed))
     state = read_state_file(checkpoint / "rollout_0.pkl", manifest["files"]["rollout_0.pkl"])
     state["envs"] = None  # fresh envs from this seed, not the run's episodes in progress
     worker.set_state(state)
@@ -179,8 +183,8 @@ def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     files = manifest["files"]
-    policy = build_torch_model(model_spec(module, env.observation_space, env.action_space,
-                                          config))
+    policy = build_torch_model(module.model_spec(env.observation_space, env.action_space,
+                                                 config))
     policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                             files["learner_0.pkl"])["weights"])
     obs_filter = None

@@ -31,7 +31,7 @@ import torch
 
 from mpirl.errors import CheckpointError, ConfigError
 from mpirl.models.encoders import StructuredBox
-from mpirl.models.policy import RunningMeanStd, model_spec
+from mpirl.models.policy import RunningMeanStd
 from mpirl.models.torch_model import build_torch_model
 
 FORMAT = "mpirl-policy"
@@ -94,7 +94,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
 
     This reads the checkpoint's pickles and imports its environment: export only your own."""
     from mpirl.config.parse import build
-    from mpirl.execution.algorithm import load_algorithm
+    from mpirl.execution.contract import load_algorithm
     from mpirl.runtime.state_files import read_state_file
     from mpirl.workers.env_spec import env_spec_for
 
@@ -132,7 +132,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
                               f"one policy")
         observation_space, action_space = env.spaces()
         algo, critic_inputs = manifest["algo"], 0
-        model = build_torch_model(model_spec(module, observation_space, action_space, config))
+        model = build_torch_model(module.model_spec(observation_space, action_space, config))
         model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                                files["learner_0.pkl"])["weights"])
         obs_filter = driver["obs_filter"]
@@ -207,7 +207,7 @@ def load_exported(path: str | Path) -> tuple[dict[str, Any], Any, RunningMeanStd
     """The header, the model with its weights, and the observation normalizer (None if the run
     did not normalize) of an exported file, built from the file alone."""
     from mpirl.config.parse import build
-    from mpirl.execution.algorithm import load_algorithm
+    from mpirl.execution.contract import load_algorithm
 
     header, arrays = read_exported(path)
     try:
@@ -219,7 +219,7 @@ def load_exported(path: str | Path) -> tuple[dict[str, Any], Any, RunningMeanStd
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: its header or space arrays are incomplete ({error!r})"
                               ) from None
-    spec = model_spec(module, observation_space, action_space, config)
+    spec = module.model_spec(observation_space, action_space, config)
     if header.get("critic_inputs"):  # a multi-agent policy's centralized critic
         spec = dataclasses.replace(spec, critic_inputs=header["critic_inputs"])
     model = build_torch_model(spec)

@@ -16,15 +16,10 @@ from mpirl.config.fields import Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import EXIT_RESUME, CheckpointError, ConfigError
-from mpirl.execution.algorithm import (
-    STOP_KEYS,
-    Algorithm,
-    algorithm_name,
-    load_algorithm,
-    stop_reached,
-)
-from mpirl.execution.multiagent import MultiAgentAlgorithm, user_given
+from mpirl.execution.contract import algorithm_name, load_algorithm
+from mpirl.execution.multiagent import MultiAgentTrainer, user_given
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
+from mpirl.execution.trainer import STOP_KEYS, Trainer, stop_reached
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
 from mpirl.models.torch_model import check_model
@@ -63,13 +58,13 @@ class TrainRequest:
     #: A multi-agent run's policies (None for a single-agent env).
     multiagent: MultiAgentSetup | None = None
 
-    def build_algorithm(self, driver: Driver) -> Algorithm:
-        """The driver's state of this run: multi-agent or single-agent."""
+    def build_trainer(self, driver: Driver) -> Trainer:
+        """The driver side of this run: multi-agent or single-agent."""
         module = load_algorithm(self.algo)
         if self.multiagent is not None:
-            return MultiAgentAlgorithm(driver, module, self.config, self.env, self.dump,
-                                       self.multiagent)
-        return Algorithm(driver, module, self.config, self.env, self.dump)
+            return MultiAgentTrainer(driver, module, self.config, self.env, self.dump,
+                                     self.multiagent)
+        return Trainer(driver, module, self.config, self.env, self.dump)
 
     @property
     def layout(self) -> Layout:
@@ -147,10 +142,10 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     if algo_config.callbacks:
         callbacks_class(algo_config.callbacks)  # ConfigError here, before anything starts
     check_logger_packages(algo_config)
-    if setup is None and hasattr(module, "check_config"):  # checks that need the env
-        module.check_config(algo_config, env)
     if setup is None:
-        check_model(module, algo_config, *env.spaces())
+        module.check_config(algo_config, env)  # the checks that need the env
+        check_model(module.model_spec, module.RECURRENT, algorithm_name(algo), algo_config,
+                    *env.spaces())
     if run_dir is None:
         # Rank 0's clock names the directory; the other ranks never use it.
         run_dir = default_run_dir(algo, env_id)
@@ -230,7 +225,7 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
 
 
 def _train_locked(driver: Driver, request: TrainRequest) -> int:
-    algo = request.build_algorithm(driver)
+    trainer = request.build_trainer(driver)
     startup.mark("workers_built")
     if driver.dispatcher is not None:
         # This loop trains back to back: a synchronous round's calls may stand in between.
@@ -238,40 +233,41 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
     store = CheckpointStore(request.run_dir, request.checkpoints.keep_checkpoints)
     resumed_from = None
     if request.resume:
-        resumed_from = restore_newest(algo, store, request)
-    params = run_params(request, driver, algo)
+        resumed_from = restore_newest(trainer, store, request)
+    params = run_params(request, driver, trainer)
     every = request.checkpoints.checkpoint_every
-    if algo.last_row is not None and (reason := stop_reached(algo.last_row, request.stop)):
-        request.final_row = algo.last_row
-        print(f"stopped: {reason} was already reached at iteration {algo.iteration}; nothing to "
+    if trainer.last_row is not None and (reason := stop_reached(trainer.last_row, request.stop)):
+        request.final_row = trainer.last_row
+        print(f"stopped: {reason} was already reached at iteration {trainer.iteration}; nothing to "
               f"do. Give a larger --stop to train further.", flush=True)
         return 0
     title = f"{request.algo} {request.env.env_id}"
     requested = None
     first_row_written = False
-    with open_recorder(request, params, resumed_from is not None, algo) as recorder, \
+    with open_recorder(request, params, resumed_from is not None, trainer) as recorder, \
             ProgressDisplay(title, total_steps=request.stop.get("timesteps_total"),
                             mode=request.progress) as display:
         while True:
-            row = algo.train()
+            row = trainer.train()
             request.final_row = row
             if not first_row_written:
                 first_row_written = True
                 _write_startup(driver, request.run_dir)
-            recorder.record(row, algo.histograms)
+            recorder.record(row, trainer.histograms)
             display.update(row)
             reason = stop_reached(row, request.stop)
             requested = driver.stop_requested()
             if requested or (reason and request.checkpoints.checkpoint_at_end) or (
-                    every and algo.iteration % every == 0):
+                    every and trainer.iteration % every == 0):
                 recorder.sync()
-                checkpoint = algo.save_checkpoint(store, request.checkpoints.checkpoint_replay)
+                checkpoint = trainer.save_checkpoint(store, request.checkpoints.checkpoint_replay)
             if reason or requested:
                 break
-    algo.finish_dumps()
+    trainer.finish_dumps()
     if requested and not reason:
-        print(f"mpirl: {requested}: wrote {checkpoint} at iteration {algo.iteration} and stopped "
-              f"(exit code {EXIT_RESUME}). Continue with: mpirl train --resume {request.run_dir}",
+        print(f"mpirl: {requested}: wrote {checkpoint} at iteration {trainer.iteration} and "
+              f"stopped (exit code {EXIT_RESUME}). Continue with: mpirl train --resume "
+              f"{request.run_dir}",
               file=sys.stderr, flush=True)
         return EXIT_RESUME
     print(f"stopped: {reason} reached ({row[reason if reason in row else 'iteration']:g}) after "
@@ -295,7 +291,7 @@ def _write_startup(driver: Driver, run_dir: Path) -> None:
     startup.write_report(run_dir, startup.marks(), ranks)
 
 
-def run_params(request: TrainRequest, driver: Driver, algo: Algorithm) -> dict[str, Any]:
+def run_params(request: TrainRequest, driver: Driver, trainer: Trainer) -> dict[str, Any]:
     """What params.json records: everything a resume needs, and the layout it ran on."""
     return {
         "algo": request.algo, "env": request.env.env_id, "env_module": request.env.env_module,
@@ -304,21 +300,21 @@ def run_params(request: TrainRequest, driver: Driver, algo: Algorithm) -> dict[s
         "checkpoints": dataclasses.asdict(request.checkpoints),
         "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
         "layout": driver.placement.summary(), "world_size": driver.placement.world_size,
-        "train_batch_size": algo.train_batch_size, "mpirl_version": mpirl.__version__,
+        "train_batch_size": trainer.train_batch_size, "mpirl_version": mpirl.__version__,
     }
 
 
 def open_recorder(request: TrainRequest, params: dict[str, Any], resumed: bool,
-                  algo: Algorithm) -> RunRecorder:
+                  trainer: Trainer) -> RunRecorder:
     """Rank 0's writer of the run directory, with the loggers the config turns on."""
-    return RunRecorder(request.run_dir, params, resume=resumed, keep_iterations=algo.iteration,
+    return RunRecorder(request.run_dir, params, resume=resumed, keep_iterations=trainer.iteration,
                        loggers=make_loggers(request.config, request.run_dir, params),
                        in_background=True)
 
 
-def restore_newest(algo: Algorithm, store: CheckpointStore, request: TrainRequest
+def restore_newest(trainer: Trainer, store: CheckpointStore, request: TrainRequest
                    ) -> Path | None:
-    """Load the newest valid checkpoint of the run into ``algo``; None if it has none yet."""
+    """Load the newest valid checkpoint of the run into ``trainer``; None if it has none yet."""
     found = store.newest_valid(warn=_warn)
     if found is None:
         _warn(f"{request.run_dir} has no checkpoint yet; starting from the beginning")
@@ -329,7 +325,7 @@ def restore_newest(algo: Algorithm, store: CheckpointStore, request: TrainReques
             f"{path} is a checkpoint of {manifest.get('algo')} on {manifest['env']['env_id']}, "
             f"not of {request.algo} on {request.env.env_id}; it cannot continue this run"
         )
-    notes = algo.restore(path, manifest)
+    notes = trainer.restore(path, manifest)
     changed = [f"{key} {old!r} -> {new!r}" for key, (old, new) in request.changes.items()]
     print(f"resumed from {path} (iteration {manifest['iteration']}, "
           f"{manifest['timesteps_total']} env steps)"

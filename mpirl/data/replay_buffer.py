@@ -75,6 +75,14 @@ class ReplaySettings:
     only its newest frame and rebuilds the stack from the rows before it. 0 or 1: rows store
     whole observations."""
 
+    @classmethod
+    def from_config(cls, config: Any, frame_stack: int = 0) -> ReplaySettings:
+        """The replay keys of a replay-based algorithm's config; ``frame_stack``: the env's
+        stacked frames per observation (Atari's), stored once each."""
+        return cls(config.buffer_size, config.prioritized_replay, config.prioritized_replay_alpha,
+                   config.prioritized_replay_beta, config.prioritized_replay_eps,
+                   config.n_step, config.gamma, frame_stack)
+
     def check(self, batch_size: int, num_shards: int = 1) -> None:
         """ConfigError for settings no buffer can work with."""
         if self.alpha < 0:

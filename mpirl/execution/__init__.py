@@ -1,10 +1,13 @@
-"""Operators and the Algorithm loop: the dataflow that algorithms' plans are written in. Runs on
-the driver (rank 0) and calls workers.
+"""Operators, the contract and the Trainer: the dataflow that algorithms' plans are written in.
+Runs on the driver (rank 0) and calls workers.
 
 The names below are the stable public API for writing an algorithm of your own (``mpirl train
---algo my_package.my_algo``): a module that defines ``Config`` (a dataclass subclassing one of
-the config bases), ``loss(policy, batch, config) -> (loss, stats)`` and ``training_step(algo)
--> stats``, where ``algo`` is the ``Algorithm`` of the run. Everything else in mpirl may change.
+--algo my_package.my_algo``): a module that defines every piece of ``AlgorithmModule``
+(``Config``, ``loss``, ``ROLLOUT_WORKER``, ``LEARNER``, ``RECURRENT``, ``model_spec``,
+``check_config``, ``setup(trainer) -> PlanState`` and ``training_step(trainer, state) ->
+stats``), where ``trainer`` is the run's ``Trainer`` and ``state`` what ``setup`` returned.
+The defaults a module may assign (``RolloutWorker``, ``Learner``, ``actor_critic_model``,
+``no_config_checks``, ``stateless``) are here too. Everything else in mpirl may change.
 """
 
 from mpirl.config.fields import (
@@ -15,13 +18,18 @@ from mpirl.config.fields import (
     QLearningConfig,
     ReplayConfig,
 )
-from mpirl.execution.algorithm import Algorithm
 from mpirl.execution.async_ops import (
+    GradientRequests,
+    SampleRequests,
     async_apply_gradients,
     async_sample,
-    gradient_requests,
-    sample_requests,
     sync_weights,
+)
+from mpirl.execution.contract import (
+    AlgorithmModule,
+    PlanState,
+    no_config_checks,
+    stateless,
 )
 from mpirl.execution.operators import (
     SampleResult,
@@ -35,18 +43,28 @@ from mpirl.execution.operators import (
     train_on_dataset,
     train_one_step,
 )
+from mpirl.execution.trainer import Trainer
+from mpirl.models.policy import actor_critic_model
+from mpirl.workers.learner import Learner, LearnerSettings
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 __all__ = [
+    # The contract: what an algorithm module defines, and what its plan keeps.
+    "AlgorithmModule", "PlanState",
+    # Defaults a module may assign: ROLLOUT_WORKER, LEARNER, model_spec, check_config, setup.
+    "RolloutWorker", "Learner", "actor_critic_model", "no_config_checks", "stateless",
+    # The settings those workers are built from (a worker class of your own subclasses them).
+    "RolloutSettings", "LearnerSettings",
     # Config bases: a plug-in's Config subclasses one (and AllreduceConfig for an allreduce).
     "AllreduceConfig", "CommonConfig", "OfflineConfig", "OnPolicyConfig", "QLearningConfig",
     "ReplayConfig",
-    # The run's driver-side state that training_step receives.
-    "Algorithm",
+    # The run's driver side that setup and training_step receive.
+    "Trainer",
     # Synchronous operators.
     "SampleResult", "broadcast_weights", "evaluate_policy", "mean_stats", "parallel_rollouts",
     "sample_with_new_weights", "store_to_replay", "train_from_replay", "train_on_dataset",
     "train_one_step",
-    # Asynchronous operators (IMPALA, A3C).
-    "async_apply_gradients", "async_sample", "gradient_requests", "sample_requests",
+    # Asynchronous plan states and operators (IMPALA, A3C).
+    "GradientRequests", "SampleRequests", "async_apply_gradients", "async_sample",
     "sync_weights",
 ]

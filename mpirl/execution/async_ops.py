@@ -13,7 +13,9 @@ gradient) between the driver and each rollout rank; IMPALA's batches go rollout 
 the data plane, as in ``parallel_rollouts``; new weights go to the workers whose results were
 just used, one point-to-point message each, so nobody waits for a collective.
 
-Operators built on it:
+The plan states built on it (made by the plan's ``setup``, settled before each checkpoint):
+``SampleRequests`` (IMPALA), ``GradientRequests`` (A3C) and ``FragmentStream`` (IMPALA's
+streamed sampling). Operators on them:
 
 * ``async_sample``: the batches of the sample calls that have finished, routed to learners, as
   one ``SampleResult``; train on it with ``train_one_step``.
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import ConfigError, RankLost, RemoteError
+from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
     SampleResult,
     add_sample,
@@ -97,6 +100,8 @@ class AsyncRequests:
         self.weights_in_calls = weights_in_calls
         self._new_weights: dict[int, np.ndarray] = {}
         self._lags: list[int] = []
+        #: whether a call was ever sent (a plan state has nothing to settle before)
+        self.started = False
 
     def top_up(self) -> None:
         """Send calls until every live worker has ``max_in_flight`` of them running. Calls
@@ -129,6 +134,7 @@ class AsyncRequests:
         the new weights ``new`` unless None."""
         kwargs = {} if new is None else {"weights": new}
         futures = call_all(group, self.method, *self.make_args(group[0]), **kwargs)
+        self.started = True
         if self.on_send is not None:
             self.on_send(group)
         for worker, future in zip(group, futures, strict=True):
@@ -232,45 +238,36 @@ class AsyncRequests:
                 "requests_in_flight": float(len(self._in_flight))}
 
 
-def async_requests(algo: Any, method: str, max_in_flight: int,
-                   make_args: Callable[[WorkerHandle], tuple],
-                   settle: Callable[[AsyncRequests], None],
-                   weights_in_calls: bool = False,
-                   args_key: Callable[[WorkerHandle], Hashable] | None = None) -> AsyncRequests:
-    """The run's ``AsyncRequests``, made on the first call and kept in ``algo.plan_state``;
-    ``settle(requests)`` runs before every checkpoint, to finish the calls in flight."""
-    requests = algo.plan_state.get("async_requests")
-    if requests is None:
-        requests = AsyncRequests(algo.rollouts, method, max_in_flight, make_args,
-                                 weights_in_calls, args_key)
-        algo.plan_state["async_requests"] = requests
-        algo.before_checkpoint.append(lambda: settle(requests))
-    return requests
-
-
 # IMPALA: asynchronous sampling, batches straight to the learners.
 
 
-def sample_requests(algo: Any, steps_per_env: int, max_in_flight: int) -> AsyncRequests:
-    """Asynchronous ``sample`` calls returning fragments for V-trace (``trajectories=True``);
-    rollout worker i's batches go to learner i mod L. Before a checkpoint the calls in flight
-    are finished and their batches received and dropped (counted as sampled, not trained on)."""
-    learners = algo.learners
+class SampleRequests(AsyncRequests, PlanState):
+    """IMPALA's plan state: asynchronous ``sample`` calls returning fragments for V-trace
+    (``trajectories=True``); rollout worker i's batches go to learner i mod L. Before a
+    checkpoint the calls in flight are finished and their batches received and dropped (counted
+    as sampled, not trained on)."""
 
-    def make_args(worker: WorkerHandle) -> tuple:
-        send_to = None if worker.in_process else learners[worker.index % len(learners)].rank
-        state = algo.obs_filter.state() if algo.obs_filter is not None else None
-        return steps_per_env, state, send_to, True
+    def __init__(self, trainer: Any, steps_per_env: int, max_in_flight: int) -> None:
+        learners = trainer.learners
 
-    def settle(requests: AsyncRequests) -> None:
-        samples = collect_samples(requests.drain(), learners, algo.obs_filter)
-        algo.count(samples)
+        def make_args(worker: WorkerHandle) -> tuple:
+            send_to = None if worker.in_process else learners[worker.index % len(learners)].rank
+            state = trainer.obs_filter.state() if trainer.obs_filter is not None else None
+            return steps_per_env, state, send_to, True
+
+        # Workers that feed one learner are sent equal calls.
+        super().__init__(trainer.rollouts, "sample", max_in_flight, make_args,
+                         weights_in_calls=True,
+                         args_key=lambda worker: worker.index % len(learners))
+        self.trainer = trainer
+
+    def settle(self) -> None:
+        if not self.started:
+            return
+        learners = self.trainer.learners
+        samples = collect_samples(self.drain(), learners, self.trainer.obs_filter)
+        self.trainer.count(samples)
         train_one_step(learners, samples, num_epochs=0, num_minibatches=1, standardize=())
-
-    # Workers that feed one learner are sent equal calls.
-    return async_requests(algo, "sample", max_in_flight, make_args, settle,
-                          weights_in_calls=True,
-                          args_key=lambda worker: worker.index % len(learners))
 
 
 @dataclass
@@ -317,7 +314,7 @@ def sync_weights(requests: AsyncRequests, learners: WorkerGroup,
 # IMPALA, streamed: fragments go to the learners as they are sampled, weights come back from them.
 
 
-class FragmentStream:
+class FragmentStream(PlanState):
     """IMPALA's sampling with ``fragments_per_call``: each call of a rollout worker samples that
     many fragments (``RolloutWorker.sample_fragments``) and streams each to its learner (rollout
     worker i's to learner i mod L) as soon as it is done. Each update, every learner takes the
@@ -334,30 +331,30 @@ class FragmentStream:
     """Longest a learner waits for fragments before training on those it has: it waits that
     long only for a rank that died before the driver saw it lost."""
 
-    def __init__(self, algo: Any, steps_per_env: int, fragments_per_call: int,
+    def __init__(self, trainer: Any, steps_per_env: int, fragments_per_call: int,
                  max_in_flight: int) -> None:
-        learners = self.learners = algo.learners
-        if any(worker.in_process for worker in algo.rollouts):
+        learners = self.learners = trainer.learners
+        if any(worker.in_process for worker in trainer.rollouts):
             raise ConfigError("fragments_per_call streams fragments between ranks, and this run "
                               "has rollout workers in the driver's process: launch it with "
                               "rollout ranks of their own (mpiexec -n 2 or more), or set "
                               "fragments_per_call 0")
-        self.algo = algo
+        self.trainer = trainer
         self.fragments = fragments_per_call
         self.owed = [0] * len(learners)  # learner index -> fragments asked for, not taken
         self.asked: dict[int, int] = {}  # rollout rank -> fragments asked of it in all
         self.taken: dict[int, int] = {}  # rollout rank -> fragments its learner took
-        self.live = len(algo.rollouts)
+        self.live = len(trainer.rollouts)
         self.round = 0  # bumped by each settle, whose calls it cuts short
         self._lag_sum = self._lag_count = self._lag_max = 0
 
         def make_args(worker: WorkerHandle) -> tuple:
-            state = algo.obs_filter.state() if algo.obs_filter is not None else None
+            state = trainer.obs_filter.state() if trainer.obs_filter is not None else None
             return (fragments_per_call, steps_per_env, state,
                     learners[worker.index % len(learners)].rank, self.round)
 
         # Workers that feed one learner are sent equal calls, as one group.
-        self.requests = AsyncRequests(algo.rollouts, "sample_fragments", max_in_flight,
+        self.requests = AsyncRequests(trainer.rollouts, "sample_fragments", max_in_flight,
                                       make_args, args_key=lambda w: w.index % len(learners),
                                       on_send=self._asked)
 
@@ -405,7 +402,7 @@ class FragmentStream:
 
     def _answers(self, done: list[Done], env_steps: int) -> SampleResult:
         samples = SampleResult()
-        obs_filter = self.algo.obs_filter
+        obs_filter = self.trainer.obs_filter
         for item in done:
             # A call cut short (before a checkpoint) owes fewer fragments.
             short = self.fragments - item.result["fragments"]
@@ -416,15 +413,15 @@ class FragmentStream:
             if obs_filter is not None and item.result["filter_delta"] is not None:
                 obs_filter.merge(*item.result["filter_delta"])
         samples.env_steps = env_steps
-        if len(self.algo.rollouts) != self.live:
+        if len(self.trainer.rollouts) != self.live:
             self._recount_owed()
         return samples
 
     def _recount_owed(self) -> None:
         """The fragments owed, from the live workers only (a lost rank sends no more)."""
-        self.live = len(self.algo.rollouts)
+        self.live = len(self.trainer.rollouts)
         self.owed = [0] * len(self.learners)
-        for worker in self.algo.rollouts:
+        for worker in self.trainer.rollouts:
             self.owed[worker.index % len(self.learners)] += (
                 self.asked.get(worker.rank, 0) - self.taken.get(worker.rank, 0))
 
@@ -432,11 +429,14 @@ class FragmentStream:
         """Before a checkpoint: finish every call, let the learners take the fragments in flight
         (counted as sampled, not trained on), and let every worker take the weights pushed to
         it, so that nothing is left in flight."""
+        if not self.requests.started:
+            return
         # Each call stops after the fragment it is sampling: a checkpoint waits for one
         # fragment, not for fragments_per_call times max_in_flight of them.
-        self.algo.rollouts.progress()  # a rank lost by now is sent nothing
-        ranks = [worker.rank for worker in self.algo.rollouts if not worker.lost]
-        channel = self.algo.driver.context.data_channel
+        rollouts = self.trainer.rollouts
+        rollouts.progress()  # a rank lost by now is sent nothing
+        ranks = [worker.rank for worker in rollouts if not worker.lost]
+        channel = self.trainer.driver.context.data_channel
         channel.isend_many(self.round, ranks, STOP_STREAM_TAG)
         samples = self._answers(self.requests.drain(), 0)
         self.round += 1
@@ -446,13 +446,13 @@ class FragmentStream:
             if self.owed == before:
                 raise RankLost(f"the learners were owed {sum(self.owed)} fragments that never "
                                f"came within {self.WAIT_S:g} s", -1)
-        self.algo.count(samples)
+        self.trainer.count(samples)
         pushed: dict[int, int] = {}
         for learner in self.learners:
             pushed |= learner.call("pushes_sent")
         futures = [(worker, worker.call_async(
             "take_pushed_weights", self.learners[worker.index % len(self.learners)].rank,
-            pushed.get(worker.rank, 0))) for worker in self.algo.rollouts]
+            pushed.get(worker.rank, 0))) for worker in rollouts]
         for _, future in futures:
             try:
                 future.result()
@@ -469,52 +469,46 @@ class FragmentStream:
         return row
 
 
-def fragment_stream(algo: Any, steps_per_env: int, fragments_per_call: int,
-                    max_in_flight: int) -> FragmentStream:
-    """The run's ``FragmentStream``, made on the first call and kept in ``algo.plan_state``; it
-    settles before every checkpoint."""
-    stream = algo.plan_state.get("fragment_stream")
-    if stream is None:
-        stream = FragmentStream(algo, steps_per_env, fragments_per_call, max_in_flight)
-        algo.plan_state["fragment_stream"] = stream
-        algo.before_checkpoint.append(stream.settle)
-    return stream
-
-
 # A3C: gradients computed on the rollout workers, applied as they come.
 
 
-def gradient_requests(algo: Any, steps_per_env: int, loss: Callable, max_in_flight: int
-                      ) -> AsyncRequests:
-    """Asynchronous ``compute_gradients`` calls of ``loss`` with the run's config. Before a
-    checkpoint the calls in flight are finished and their gradients dropped."""
-    if len(algo.learners) != 1:
-        raise ConfigError(f"{algo.name} applies gradients on one learner (num_learners 0 or 1), "
-                          f"got {len(algo.learners)}")
+class GradientRequests(AsyncRequests, PlanState):
+    """A3C's plan state: asynchronous ``compute_gradients`` calls of ``loss`` with the run's
+    config. Before a checkpoint the calls in flight are finished and their gradients dropped
+    (their samples counted)."""
 
-    def make_args(worker: WorkerHandle) -> tuple:
-        state = algo.obs_filter.state() if algo.obs_filter is not None else None
-        return steps_per_env, loss, algo.config, state
+    def __init__(self, trainer: Any, steps_per_env: int, loss: Callable,
+                 max_in_flight: int) -> None:
+        if len(trainer.learners) != 1:
+            raise ConfigError(f"{trainer.name} applies gradients on one learner (num_learners 0 "
+                              f"or 1), got {len(trainer.learners)}")
 
-    def settle(requests: AsyncRequests) -> None:
-        for item in requests.drain():
-            _count(algo, item)
+        def make_args(worker: WorkerHandle) -> tuple:
+            state = trainer.obs_filter.state() if trainer.obs_filter is not None else None
+            return steps_per_env, loss, trainer.config, state
 
-    return async_requests(algo, "compute_gradients", max_in_flight, make_args, settle,
-                          weights_in_calls=True, args_key=lambda worker: 0)
+        super().__init__(trainer.rollouts, "compute_gradients", max_in_flight, make_args,
+                         weights_in_calls=True, args_key=lambda worker: 0)
+        self.trainer = trainer
+
+    def settle(self) -> None:
+        if not self.started:
+            return
+        for item in self.drain():
+            _count(self.trainer, item)
 
 
-def async_apply_gradients(algo: Any, requests: AsyncRequests) -> list[dict[str, float]]:
+def async_apply_gradients(trainer: Any, requests: AsyncRequests) -> list[dict[str, float]]:
     """Apply every gradient that has come, in the order they came, each as its own update of
     learner 0; the worker that sent it gets the new weights at once. Returns the workers' loss
     statistics, one dict per gradient."""
     stats = []
     for item in requests.ready():
-        _count(algo, item)
+        _count(trainer, item)
         if item.result["gradients"] is None:  # env failures left the fragment no rows
             continue
         requests.used(item)
-        weights = algo.learners[0].call("apply_gradients", item.result["gradients"])
+        weights = trainer.learners[0].call("apply_gradients", item.result["gradients"])
         requests.version += 1
         requests.set_weights([item.worker], weights)
         stats.append(item.result["stats"])
@@ -522,7 +516,7 @@ def async_apply_gradients(algo: Any, requests: AsyncRequests) -> list[dict[str, 
     return stats
 
 
-def _count(algo: Any, item: Done) -> None:
+def _count(trainer: Any, item: Done) -> None:
     samples = SampleResult()
-    add_sample(samples, 0, item.worker, item.result, algo.obs_filter)
-    algo.count(samples)
+    add_sample(samples, 0, item.worker, item.result, trainer.obs_filter)
+    trainer.count(samples)

@@ -1,24 +1,27 @@
-"""Operators of derivative-free search (ES, ARS), run on the driver.
+"""Operators of derivative-free search (ES, ARS), run on the driver, and the plans' state.
 
-One generation: every rollout worker evaluates its share of antithetic pairs; their records
-(noise indices, returns, observation statistics) are summed up (``summarize_generation``) into
-the update, which every worker applies itself. The driver then checks that every worker reports
-the same weights checksum. Where the answers gather (``mpirl.runtime.gathered``), all of it is
-one call per rank: the records gather at rollout worker 0, which makes the update and broadcasts
-it over the weights communicator, and the ranks compare their answers in an allreduce. Rank 0
-only joins those collectives and takes the update's summary: its work per generation does not
+One generation (``evaluate_generation``): every rollout worker evaluates its share of antithetic
+pairs; their records (noise indices, returns, observation statistics) are summed up
+(``summarize_generation``) into the update, which every worker applies itself. The driver then
+checks that every worker reports the same weights checksum (``check_same_weights``) and counts the
+generation's episodes (``count_generation``). Where the answers gather (``mpirl.runtime.gathered``),
+all of it is one call per rank: the records gather at rollout worker 0, which makes the update and
+broadcasts it over the weights communicator, and the ranks compare their answers in an allreduce.
+Rank 0 only joins those collectives and takes the update's summary: its work per generation does not
 grow with the ranks but for sending the call. Otherwise (under ULFM) each call answers alone, the
-driver makes the update and sends it to rollout worker 0, which broadcasts it. A rollout rank
-lost under ULFM drops its pairs for that generation and the run goes on with the others.
+driver makes the update and sends it to rollout worker 0, which broadcasts it. A rollout rank lost
+under ULFM drops its pairs for that generation and the run goes on with the others.
 """
 
 from __future__ import annotations
 
 import math
 import pickle
+from dataclasses import dataclass
 from typing import Any
 
 from mpirl.errors import ConfigError, MpirlError, RankLost
+from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
     discard_lost_rollouts,
     settle_gathered,
@@ -32,8 +35,9 @@ from mpirl.runtime.dispatch import call_all
 from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.es_worker import summarize_generation, update_message
 
-__all__ = ["SEARCH_SETTINGS", "check_search_config", "run_generation", "search_model_spec",
-           "setup_search"]
+__all__ = ["SEARCH_SETTINGS", "Generation", "SearchState", "check_search_config",
+           "check_same_weights", "count_generation", "evaluate_generation", "generation_stats",
+           "search_model_spec", "setup_search"]
 
 #: The settings of one update rule that the other's config lacks (ARS has no L2 term; ES uses
 #: every pair and no reward offset); the rest come from SearchConfig and the algorithm.
@@ -61,23 +65,43 @@ def check_search_config(config: Any, env: Any) -> None:
                           f"(--config '{{\"noise_size\": {10 * weights}}}')")
 
 
-def setup_search(algo: Any, rule: str, **settings: Any) -> None:
-    """Give every rollout worker its noise table and update rule; keep what the driver reports."""
-    if algo.dump_index is not None:
-        raise ConfigError(f"{algo.name} does not write trajectory dumps (its episodes are "
+class SearchState(PlanState):
+    """What ES's and ARS's plans keep: whether the rollout ranks were brought to one search
+    state this session, and the size of their noise table. The search state itself (weights,
+    optimizer, observation statistics) lives on the rollout ranks, which checkpoint it; before a
+    checkpoint, rollout worker 0's weights go to the driver's copy (learner 0's file, which
+    ``mpirl evaluate`` and ``export`` read)."""
+
+    def __init__(self, trainer: Any, noise_table_mb: float) -> None:
+        self.trainer = trainer
+        self.noise_table_mb = noise_table_mb
+        self.synced = False
+
+    def settle(self) -> None:
+        self.trainer.learners[0].call("set_weights", self.trainer.rollouts[0].call("get_weights"))
+
+    def sync_workers(self) -> None:
+        """Once a session: workers added on resume (or restored from different files) take
+        worker 0's weights, optimizer and statistics. Weights cross ranks only here."""
+        if self.synced:
+            return
+        rollouts = self.trainer.rollouts
+        search = rollouts[0].call("search_state")
+        _results([w.call_async("set_search_state", search) for w in list(rollouts)[1:]])
+        self.synced = True
+
+
+def setup_search(trainer: Any, rule: str, **settings: Any) -> SearchState:
+    """Give every rollout worker its noise table and update rule; the plan's state."""
+    if trainer.dump_index is not None:
+        raise ConfigError(f"{trainer.name} does not write trajectory dumps (its episodes are "
                           f"played by perturbed policies); leave --dump-trajectories off")
-    c = algo.config
+    c = trainer.config
     full = {**SEARCH_SETTINGS, "noise_size": c.noise_size, "noise_seed": c.noise_seed,
             "action_noise_std": c.action_noise_std, "eval_prob": c.eval_prob, **settings,
             "rule": rule}
-    first = [f.result() for f in algo.rollouts.call_async("setup_search", full)][0]
-    algo.plan_state["search"] = {"synced": False, **first}
-    algo.before_checkpoint.append(lambda: _copy_to_driver(algo))
-
-
-def _copy_to_driver(algo: Any) -> None:
-    """Rollout worker 0's weights into the driver's copy (learner 0's checkpoint file)."""
-    algo.learners[0].call("set_weights", algo.rollouts[0].call("get_weights"))
+    first = [f.result() for f in trainer.rollouts.call_async("setup_search", full)][0]
+    return SearchState(trainer, first["noise_table_mb"])
 
 
 def _results(futures: list) -> list[tuple[int, Any]]:
@@ -131,73 +155,91 @@ def _generation_update(futures: list, workers: list, learner: Any
     return message, applied
 
 
-def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float]:
+@dataclass
+class Generation:
+    """One generation as the driver saw it: the update every rank applied (its ``message``),
+    the ranks' answers to it (``applied``: worker index, answer), and its ``summary`` (pairs,
+    returns, observation statistics, episodes; ``summarize_generation``)."""
+
+    message: bytes
+    applied: list[tuple[int, Any]]
+    summary: dict[str, Any]
+
+
+def evaluate_generation(trainer: Any, num_pairs: int, min_steps: int) -> Generation:
     """Evaluate ``num_pairs`` antithetic pairs and at least ``min_steps`` env steps over the
-    rollout workers, apply the update on every rank, and count the episodes; its statistics."""
-    state = algo.plan_state["search"]
-    if not state["synced"]:
-        # Once a session: workers added on resume (or restored from different files) take
-        # worker 0's weights, optimizer and statistics. Weights cross ranks only here.
-        search = algo.rollouts[0].call("search_state")
-        others = [w.call_async("set_search_state", search) for w in list(algo.rollouts)[1:]]
-        _results(others)
-        state["synced"] = True
-    workers = list(algo.rollouts)
+    rollout workers, and have every rank apply the update they make."""
+    workers = list(trainer.rollouts)
+    learner, generation = trainer.learners[0], trainer.iteration + 1
     share, steps_share = math.ceil(num_pairs / len(workers)), math.ceil(min_steps / len(workers))
     # Where the answers can gather (mpirl.runtime.gathered), one call per rank takes the whole
     # generation, its update included, and none answers with a message of its own.
     gather = gathers_answers(workers)
     if gather and rounds_may_stand(workers):
-        message, applied = _standing_generation(workers, algo.learners[0],
-                                                (share, steps_share, algo.iteration + 1))
-        summary = pickle.loads(message)[1]
-    elif gather:
-        futures = call_all(workers, "run_generation", share, steps_share,
-                           generation=algo.iteration + 1)
-        message, applied = _generation_update(futures, workers, algo.learners[0])
-        summary = pickle.loads(message)[1]
+        message, applied = _standing_generation(workers, learner,
+                                                (share, steps_share, generation))
+        return Generation(message, applied, pickle.loads(message)[1])
+    if gather:
+        futures = call_all(workers, "run_generation", share, steps_share, generation=generation)
+        message, applied = _generation_update(futures, workers, learner)
+        return Generation(message, applied, pickle.loads(message)[1])
+    results = _results([w.call_async("run_generation", share, steps_share) for w in workers])
+    discard_lost_rollouts(trainer.learners, trainer.rollouts)
+    if not results:
+        raise MpirlError("every rollout rank was lost during a generation")
+    summary = summarize_generation([record for _, record in results])
+    message = update_message(generation, summary)
+    if all(w.in_process for w in trainer.rollouts):
+        applied = _results([w.call_async("apply_update", summary["indices"], summary["returns"],
+                                         summary["filter_delta"])
+                            for w in trainer.rollouts])
     else:
-        results = _results([w.call_async("run_generation", share, steps_share)
-                            for w in workers])
-        discard_lost_rollouts(algo.learners, algo.rollouts)
-        if not results:
-            raise MpirlError("every rollout rank was lost during a generation")
-        summary = summarize_generation([record for _, record in results])
-        message = update_message(algo.iteration + 1, summary)
-        if all(w.in_process for w in algo.rollouts):
-            applied = _results([w.call_async("apply_update", summary["indices"],
-                                             summary["returns"], summary["filter_delta"])
-                                for w in algo.rollouts])
-        else:
-            # Not one message per rank: the update holds every rank's pairs, so sending it to
-            # each would cost rank 0 O(W^2) bytes, and rooting the broadcast at rank 0 would
-            # cost it O(W log W) in a binomial tree. Rank 0 sends it to rollout worker 0 alone,
-            # which is the root of a broadcast over weights_comm, in which rank 0 only receives.
-            applied = weights_comm_collective(algo.learners, algo.rollouts, "take_update",
-                                              "receive_update", what="the update",
-                                              first_receive_args=(message,))
-    indices, returns = summary["indices"], summary["returns"]
-    checksums = {r["checksum"] for _, r in applied}
+        # Not one message per rank: the update holds every rank's pairs, so sending it to each
+        # would cost rank 0 O(W^2) bytes, and rooting the broadcast at rank 0 would cost it
+        # O(W log W) in a binomial tree. Rank 0 sends it to rollout worker 0 alone, which is
+        # the root of a broadcast over weights_comm, in which rank 0 only receives.
+        applied = weights_comm_collective(trainer.learners, trainer.rollouts, "take_update",
+                                          "receive_update", what="the update",
+                                          first_receive_args=(message,))
+    return Generation(message, applied, summary)
+
+
+def check_same_weights(generation: Generation, number: int) -> None:
+    """``DivergedWeights`` unless every rank that applied generation ``number``'s update
+    reports the same checksum of its new weights."""
+    checksums = {r["checksum"] for _, r in generation.applied}
     if len(checksums) > 1:
         raise DivergedWeights(
-            f"the rollout ranks' weights differ after the update of iteration "
-            f"{algo.iteration + 1} (checksums {sorted(checksums)}): they applied the same "
-            f"update and should be bit-identical. Run every rank on the same kind of CPU and "
-            f"the same NumPy build.")
+            f"the rollout ranks' weights differ after the update of iteration {number} "
+            f"(checksums {sorted(checksums)}): they applied the same update and should be "
+            f"bit-identical. Run every rank on the same kind of CPU and the same NumPy build.")
+
+
+def count_generation(trainer: Any, generation: Generation) -> None:
+    """Add a generation to the run's counters: its env steps and failures, its episodes (the
+    perturbed ones only counted, the evaluation episodes in the window), and its observation
+    statistics to the run's filter."""
+    summary = generation.summary
     mean, var, count = summary["filter_delta"]
-    if algo.obs_filter is not None and mean.size:
-        shape = algo.obs_filter.mean.shape
-        algo.obs_filter.merge(mean.reshape(shape), var.reshape(shape), count)
-    algo.timesteps_total += summary["env_steps"]
-    algo.num_env_failures += summary["env_failures"]
-    algo.episodes_total += 2 * len(indices) + len(summary["eval_returns"])
-    algo.returns.extend(summary["eval_returns"])
-    algo.lengths.extend(summary["eval_lengths"])
+    if trainer.obs_filter is not None and mean.size:
+        shape = trainer.obs_filter.mean.shape
+        trainer.obs_filter.merge(mean.reshape(shape), var.reshape(shape), count)
+    trainer.timesteps_total += summary["env_steps"]
+    trainer.num_env_failures += summary["env_failures"]
+    trainer.episodes_total += 2 * len(summary["indices"]) + len(summary["eval_returns"])
+    trainer.returns.extend(summary["eval_returns"])
+    trainer.lengths.extend(summary["eval_lengths"])
+
+
+def generation_stats(generation: Generation, search: SearchState) -> dict[str, float]:
+    """A generation's row: its perturbed episodes, its update, and what it cost."""
+    summary, applied = generation.summary, generation.applied
+    indices, returns = summary["indices"], summary["returns"]
     update_stats = applied[0][1] if applied else {}
     # What crossed between the driver and one rank this generation, both ways: its results, the
     # update message and the update's answer. None of it grows with the number of weights. The
     # first rank's stands for all (each runs the same share of pairs).
-    bytes_per_rank = (summary["record_bytes"] + len(message)
+    bytes_per_rank = (summary["record_bytes"] + len(generation.message)
                       + (len(pickle.dumps(applied[0][1], protocol=5)) if applied else 0))
     return {"perturbed_return_mean": float(returns.mean()),
             "perturbed_return_max": float(returns.max()),
@@ -207,7 +249,7 @@ def run_generation(algo: Any, num_pairs: int, min_steps: int) -> dict[str, float
             "evaluation_episodes_this_iter": len(summary["eval_returns"]),
             "grad_norm": update_stats.get("grad_norm", math.nan),
             "update_ratio": update_stats.get("update_ratio", math.nan),
-            "noise_table_mb": state["noise_table_mb"],
+            "noise_table_mb": search.noise_table_mb,
             "bytes_per_rank_per_generation": bytes_per_rank,
             # the noise table counts once per node in the sum, not once per rank
             "rollout_pss_mb_total": summary["pss_mb"]}

@@ -2,14 +2,14 @@
 
 One iteration, in the style of RLlib Flow's ``Concurrently``::
 
-    samples = sample_policies(algo)                  # every env step sampled once
-    pending = {pid: start_on_policy_training(algo, pid, samples) for pid in on-policy ids}
+    samples = sample_policies(trainer)               # every env step sampled once
+    pending = {pid: start_on_policy_training(trainer, pid, samples) for pid in on-policy ids}
     stats = {}
     for pid in off-policy ids:                       # DQN's replay-train meanwhile
-        stats |= store_and_train_from_replay(algo, pid, samples)
+        stats |= store_and_train_from_replay(trainer, pid, samples)
     for pid, futures in pending.items():             # PPO's learners have been at work
-        stats |= finish_training(pid, futures)
-    algo.sync_weights()                              # each policy's learner 0 -> rollout ranks
+        stats |= finish_training(trainer, pid, futures)
+    trainer.sync_weights()                           # each policy's learner 0 -> rollout ranks
 
 The rollout workers send each policy's data straight to that policy's learner or replay ranks;
 the driver hears counts and episodes. Each policy has its own learner group on its slice of the
@@ -28,8 +28,9 @@ import numpy as np
 
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings
+from mpirl.data.replay_buffer import ReplaySettings
 from mpirl.errors import RemoteError
-from mpirl.execution.algorithm import Algorithm
+from mpirl.execution.contract import PlanState
 from mpirl.execution.multiagent_setup import MultiAgentSetup, PolicyPlan, resolve
 from mpirl.execution.operators import (
     SampleResult,
@@ -38,14 +39,21 @@ from mpirl.execution.operators import (
     replay_dest,
     train_from_replay,
 )
-from mpirl.execution.replay_ops import linear_epsilon, replay_beta, replay_settings
+from mpirl.execution.replay_ops import linear_epsilon, replay_beta
+from mpirl.execution.trainer import Trainer
 from mpirl.models.policy import RunningMeanStd
 from mpirl.models.soft_q import SAC_STATS
 from mpirl.runtime.dispatch import Future
 from mpirl.runtime.layout import REPLAY
 from mpirl.workers.env_guard import unwrap_env_failure
-from mpirl.workers.multiagent_rollout import MultiAgentRolloutWorker
-from mpirl.workers.policy_workers import PolicyLearner, PolicyQLearner, PolicyReplayShard
+from mpirl.workers.multiagent_rollout import MultiAgentRolloutSettings, MultiAgentRolloutWorker
+from mpirl.workers.policy_workers import (
+    PolicyLearner,
+    PolicyLearnerSettings,
+    PolicyQLearner,
+    PolicyReplayShard,
+    PolicyReplayShardSettings,
+)
 
 #: The statistics each algorithm's loss reports, NaN in a row where it did not train, so that
 #: progress.csv has their columns from the first row.
@@ -63,9 +71,10 @@ def user_given(config: Any) -> dict[str, Any]:
             if getattr(config, f.name) != getattr(default, f.name)}
 
 
-class MultiAgentAlgorithm(Algorithm):
+class MultiAgentTrainer(Trainer):
     """The driver of a multi-agent run: policies, their learner and replay groups, per-policy
-    metrics, and checkpoints that hold every policy."""
+    metrics, and checkpoints that hold every policy. Its plan is this module's
+    ``training_step``; what it keeps between iterations lives on the trainer."""
 
     def __init__(self, driver: Any, module: Any, config: Any, env: Any, dump: Any = None,
                  setup: MultiAgentSetup | None = None) -> None:
@@ -76,13 +85,12 @@ class MultiAgentAlgorithm(Algorithm):
         if dump is not None and dump.dump_trajectories is not None:
             self.dump_index = PolicyDumps(dump, env.env_id, self.setup, self.name)
         self.obs_filter = None
+        settings = MultiAgentRolloutSettings(
+            env=env, setup=self.setup, **MultiAgentRolloutSettings.config_values(config),
+            dumps=self.dump_index.targets() if self.dump_index is not None else None)
         try:
-            self.rollouts = driver.spawn(
-                "rollout", MultiAgentRolloutWorker, env, self.setup,
-                config.num_envs_per_worker, config.seed, config.max_env_failures,
-                config.env_failure_window, config.torch_threads,
-                self.dump_index.targets() if self.dump_index is not None else None,
-                local_if_empty=True)
+            self.rollouts = driver.spawn("rollout", MultiAgentRolloutWorker, settings,
+                                         local_if_empty=True)
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         slices = self.setup.learner_slices(driver.placement.count("learner"))
@@ -98,6 +106,7 @@ class MultiAgentAlgorithm(Algorithm):
             and plan.observation_space.shape}
         self.sync_weights()
         self._init_run_state(config)
+        self.plan = PlanState()  # its groups are stateful_groups' own
         window = config.metrics_window
         self.policy_returns = {pid: deque(maxlen=window) for pid in self.setup.policies}
         self.policy_lengths = {pid: deque(maxlen=window) for pid in self.setup.policies}
@@ -106,15 +115,17 @@ class MultiAgentAlgorithm(Algorithm):
         self.policy_debt = dict.fromkeys(self.setup.policies, 0.0)
         #: self-play: each pool's size (the initial weights are its first snapshot)
         self.snapshot_pools = {pid: 1 for pid, p in self.setup.policies.items() if p.self_play}
-        self.extra_groups = [*self.policy_learners.values(), *self.policy_replay.values()]
 
     def _spawn_policy(self, plan: PolicyPlan, members: list[int]) -> None:
         config, pid = plan.config, plan.policy_id
         cls = PolicyQLearner if plan.kind == "off_policy" else PolicyLearner
-        learners = self.driver.spawn(
-            "learner", cls, members, plan.index, plan.model, plan.module.loss, config,
-            config.lr, config.grad_clip, self.config.seed + 31 * plan.index, "mpi",
-            self.config.torch_threads, "", local_if_empty=True, members=members)
+        settings = PolicyLearnerSettings(
+            policy=plan.model, loss=plan.module.loss, loss_config=config, lr=config.lr,
+            grad_clip=config.grad_clip, seed=self.config.seed + 31 * plan.index, backend="mpi",
+            torch_threads=self.config.torch_threads, members=tuple(members),
+            policy_index=plan.index)
+        learners = self.driver.spawn("learner", cls, settings, local_if_empty=True,
+                                     members=members)
         learners.name = f"learner-{pid}"
         self.policy_learners[pid] = learners
         if plan.kind != "off_policy":
@@ -124,10 +135,12 @@ class MultiAgentAlgorithm(Algorithm):
             len(self.setup.possible_agents)
         per_worker = self.config.num_envs_per_worker * slots
         streams = math.ceil(len(self.rollouts) / shards) * per_worker
-        replay = self.driver.spawn(
-            REPLAY, PolicyReplayShard, plan.index, config.buffer_size // shards, streams,
-            plan.observation_space, plan.action_space, replay_settings(config), shards,
-            per_worker, self.config.seed + plan.index, local_if_empty=True)
+        settings = PolicyReplayShardSettings(
+            capacity=config.buffer_size // shards, num_streams=streams,
+            observation_space=plan.observation_space, action_space=plan.action_space,
+            replay=ReplaySettings.from_config(config), num_shards=shards, num_envs=per_worker,
+            seed=self.config.seed + plan.index, policy_index=plan.index)
+        replay = self.driver.spawn(REPLAY, PolicyReplayShard, settings, local_if_empty=True)
         replay.name = f"replay-{pid}"
         self.policy_replay[pid] = replay
 
@@ -255,35 +268,35 @@ class PolicySamples(SampleResult):
     policy_payloads: dict[str, dict[int, list]] = dataclasses.field(default_factory=dict)
 
 
-def _epsilon(algo: MultiAgentAlgorithm, plan: PolicyPlan) -> float:
+def _epsilon(trainer: MultiAgentTrainer, plan: PolicyPlan) -> float:
     """An off-policy policy's exploration: DQN's epsilon, annealed over its agent steps; for
     SAC 1 (uniformly random actions) until ``learning_starts`` of its agent steps."""
     c = plan.config
     if plan.algo == "SAC":
-        return 1.0 if algo.agent_steps[plan.policy_id] < c.learning_starts else 0.0
-    return linear_epsilon(algo.agent_steps[plan.policy_id], c.initial_epsilon, c.final_epsilon,
+        return 1.0 if trainer.agent_steps[plan.policy_id] < c.learning_starts else 0.0
+    return linear_epsilon(trainer.agent_steps[plan.policy_id], c.initial_epsilon, c.final_epsilon,
                           c.exploration_steps)
 
 
-def sample_policies(algo: MultiAgentAlgorithm) -> PolicySamples:
+def sample_policies(trainer: MultiAgentTrainer) -> PolicySamples:
     """Every rollout worker steps its envs ``rollout_fragment_length`` times; rollout worker i
     sends a trained policy's data to its learner i mod L (on-policy) or its replay shard
     i mod K (off-policy)."""
-    setup, result = algo.setup, PolicySamples()
-    epsilons = {pid: _epsilon(algo, plan) for pid, plan in setup.policies.items()
+    setup, result = trainer.setup, PolicySamples()
+    epsilons = {pid: _epsilon(trainer, plan) for pid, plan in setup.policies.items()
                 if plan.kind == "off_policy"}
-    filters = {pid: f.state() for pid, f in algo.policy_filters.items()}
+    filters = {pid: f.state() for pid, f in trainer.policy_filters.items()}
     calls = []
-    for i, worker in enumerate(algo.rollouts):
+    for i, worker in enumerate(trainer.rollouts):
         routes, targets = {}, {}
-        for pid in algo.policy_learners:
+        for pid in trainer.policy_learners:
             plan = setup.policies[pid]
-            group = algo.policy_replay.get(pid) or algo.policy_learners[pid]
+            group = trainer.policy_replay.get(pid) or trainer.policy_learners[pid]
             target = i % len(group)
             targets[pid] = target
             routes[pid] = (replay_dest(worker, group[target]), plan.index)
         calls.append((worker, targets, routes,
-                      worker.call_async("sample", algo.config.rollout_fragment_length, routes,
+                      worker.call_async("sample", trainer.config.rollout_fragment_length, routes,
                                         epsilons, filters)))
     for worker, targets, routes, future in calls:
         try:
@@ -296,10 +309,10 @@ def sample_policies(algo: MultiAgentAlgorithm) -> PolicySamples:
         for pid, steps in metrics["agent_steps"].items():
             result.agent_steps[pid] = result.agent_steps.get(pid, 0) + steps
         for pid, returns in metrics["policy_returns"].items():
-            algo.policy_returns[pid].extend(returns)
-            algo.policy_lengths[pid].extend(metrics["policy_lengths"][pid])
+            trainer.policy_returns[pid].extend(returns)
+            trainer.policy_lengths[pid].extend(metrics["policy_lengths"][pid])
         for pid, (mean, var, count) in metrics["filter_deltas"].items():
-            algo.policy_filters[pid].merge(mean, var, count)
+            trainer.policy_filters[pid].merge(mean, var, count)
         for pid, target in targets.items():
             if routes[pid][0] is None:
                 result.policy_payloads.setdefault(pid, {}).setdefault(target, []).append(
@@ -308,14 +321,14 @@ def sample_policies(algo: MultiAgentAlgorithm) -> PolicySamples:
                 result.policy_sources.setdefault(pid, {}).setdefault(target, []).append(
                     worker.rank)
     for pid, steps in result.agent_steps.items():
-        algo.agent_steps[pid] += steps
+        trainer.agent_steps[pid] += steps
     return result
 
 
-def start_on_policy_training(algo: MultiAgentAlgorithm, pid: str, samples: PolicySamples
+def start_on_policy_training(trainer: MultiAgentTrainer, pid: str, samples: PolicySamples
                              ) -> list[Future]:
     """Start policy ``pid``'s learners on its batches; returns their futures at once."""
-    plan, learners = algo.setup.policies[pid], algo.policy_learners[pid]
+    plan, learners = trainer.setup.policies[pid], trainer.policy_learners[pid]
     config = plan.config
     sources = samples.policy_sources.get(pid, {})
     payloads = samples.policy_payloads.get(pid, {})
@@ -325,7 +338,7 @@ def start_on_policy_training(algo: MultiAgentAlgorithm, pid: str, samples: Polic
                 "num_minibatches": max(1, round(rows / config.minibatch_size))}
     elif plan.algo == "IMPALA":  # V-trace on this round's fragments, learning rate decayed
         args = {"num_epochs": config.num_epochs, "num_minibatches": config.num_minibatches,
-                "standardize": (), "lr": plan.module.decayed_lr(config, algo.agent_steps[pid])}
+                "standardize": (), "lr": plan.module.decayed_lr(config, trainer.agent_steps[pid])}
     else:  # A2C: one step on the whole batch
         args = {"num_epochs": 1, "num_minibatches": 1,
                 "standardize": ("advantages",) if config.standardize_advantages else ()}
@@ -333,22 +346,22 @@ def start_on_policy_training(algo: MultiAgentAlgorithm, pid: str, samples: Polic
             for i, learner in enumerate(learners)]
 
 
-def finish_training(algo: MultiAgentAlgorithm, pid: str, futures: list[Future]
+def finish_training(trainer: MultiAgentTrainer, pid: str, futures: list[Future]
                     ) -> dict[str, float]:
     """Policy ``pid``'s loss statistics, averaged over its learners, as ``<pid>/<stat>``."""
     results = [f.result() for f in futures]
-    stats = dict.fromkeys(LOSS_STATS.get(algo.setup.policies[pid].algo, ()), math.nan)
+    stats = dict.fromkeys(LOSS_STATS.get(trainer.setup.policies[pid].algo, ()), math.nan)
     stats |= mean_stats(results)
     stats["learner_samples"] = float(sum(r["learner_samples"] for r in results))
     return {f"{pid}/{k}": v for k, v in stats.items()}
 
 
-def store_and_train_from_replay(algo: MultiAgentAlgorithm, pid: str, samples: PolicySamples
+def store_and_train_from_replay(trainer: MultiAgentTrainer, pid: str, samples: PolicySamples
                                 ) -> dict[str, float]:
     """Store policy ``pid``'s new steps in its replay shards; once ``learning_starts`` of its
     agent steps are stored, take ``sgd_steps_per_env_step`` SGD steps per new agent step."""
-    plan = algo.setup.policies[pid]
-    config, replay = plan.config, algo.policy_replay[pid]
+    plan = trainer.setup.policies[pid]
+    config, replay = plan.config, trainer.policy_replay[pid]
     sources = samples.policy_sources.get(pid, {})
     payloads = samples.policy_payloads.get(pid, {})
     for future in [shard.call_async("insert", sources.get(k, []), payloads.get(k))
@@ -356,46 +369,46 @@ def store_and_train_from_replay(algo: MultiAgentAlgorithm, pid: str, samples: Po
         future.result()
     stats = dict.fromkeys((*LOSS_STATS[plan.algo], "sgd_steps", "learner_samples",
                            "num_target_updates"), math.nan)
-    stats["epsilon"] = _epsilon(algo, plan)
-    if algo.agent_steps[pid] >= config.learning_starts:
-        debt = algo.policy_debt[pid] + samples.agent_steps.get(pid, 0) * \
+    stats["epsilon"] = _epsilon(trainer, plan)
+    if trainer.agent_steps[pid] >= config.learning_starts:
+        debt = trainer.policy_debt[pid] + samples.agent_steps.get(pid, 0) * \
             config.sgd_steps_per_env_step
-        steps, algo.policy_debt[pid] = divmod(debt, 1.0)
+        steps, trainer.policy_debt[pid] = divmod(debt, 1.0)
         if steps:
-            beta = replay_beta(config, algo.agent_steps[pid])
-            stats |= train_from_replay(algo.policy_learners[pid], replay, int(steps),
+            beta = replay_beta(config, trainer.agent_steps[pid])
+            stats |= train_from_replay(trainer.policy_learners[pid], replay, int(steps),
                                        config.train_batch_size, beta)
     return {f"{pid}/{k}": v for k, v in stats.items()}
 
 
-def training_step(algo: MultiAgentAlgorithm) -> dict[str, float]:
+def training_step(trainer: MultiAgentTrainer) -> dict[str, float]:
     """One multi-agent iteration: sample once for every policy, train the on-policy and the
     off-policy policies side by side, send every trained policy's weights out."""
-    samples = sample_policies(algo)
-    algo.count(samples)
-    kinds = {pid: algo.setup.policies[pid].kind for pid in algo.policy_learners}
-    pending = {pid: start_on_policy_training(algo, pid, samples)
+    samples = sample_policies(trainer)
+    trainer.count(samples)
+    kinds = {pid: trainer.setup.policies[pid].kind for pid in trainer.policy_learners}
+    pending = {pid: start_on_policy_training(trainer, pid, samples)
                for pid, kind in kinds.items() if kind == "on_policy"}
     stats: dict[str, float] = {}
     for pid, kind in kinds.items():
         if kind == "off_policy":
-            stats |= store_and_train_from_replay(algo, pid, samples)
+            stats |= store_and_train_from_replay(trainer, pid, samples)
     for pid, futures in pending.items():
-        stats |= finish_training(algo, pid, futures)
-    algo.sync_weights()
-    return stats | take_snapshots(algo) | algo.policy_metrics()
+        stats |= finish_training(trainer, pid, futures)
+    trainer.sync_weights()
+    return stats | take_snapshots(trainer) | trainer.policy_metrics()
 
 
-def take_snapshots(algo: MultiAgentAlgorithm) -> dict[str, float]:
+def take_snapshots(trainer: MultiAgentTrainer) -> dict[str, float]:
     """Self-play: every ``snapshot_every`` iterations, each self-play policy's learner 0 weights
     join the rollout workers' pools of opponents. Returns each pool's size."""
     stats = {}
-    for pid, plan in algo.setup.policies.items():
+    for pid, plan in trainer.setup.policies.items():
         if not plan.self_play:
             continue
-        if (algo.iteration + 1) % plan.self_play["snapshot_every"] == 0:
-            weights = algo.policy_learners[pid][0].call("get_weights")
-            sizes = algo.rollouts.call("add_snapshot", pid, weights)
-            algo.snapshot_pools[pid] = max(sizes)
-        stats[f"{pid}/snapshots"] = float(algo.snapshot_pools[pid])
+        if (trainer.iteration + 1) % plan.self_play["snapshot_every"] == 0:
+            weights = trainer.policy_learners[pid][0].call("get_weights")
+            sizes = trainer.rollouts.call("add_snapshot", pid, weights)
+            trainer.snapshot_pools[pid] = max(sizes)
+        stats[f"{pid}/snapshots"] = float(trainer.snapshot_pools[pid])
     return stats

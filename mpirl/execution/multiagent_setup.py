@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
@@ -29,8 +28,7 @@ from mpirl.config.imports import load_object
 from mpirl.config.parse import build, check_known_keys
 from mpirl.envs.parallel import agent_spaces, flat_size, with_last_action
 from mpirl.errors import ConfigError
-from mpirl.execution.algorithm import ALGORITHMS, load_algorithm
-from mpirl.models.policy import model_spec
+from mpirl.execution.contract import ALGORITHMS, AlgorithmModule, load_algorithm
 from mpirl.models.torch_model import build_torch_model
 
 #: Algorithms that train policies of a multi-agent run, by the data their learners take.
@@ -77,7 +75,7 @@ class PolicyPlan:
         return "off_policy" if self.algo in OFF_POLICY else "on_policy"
 
     @property
-    def module(self) -> ModuleType | None:
+    def module(self) -> AlgorithmModule | None:
         return load_algorithm(self.algo) if self.algo else None
 
 
@@ -309,17 +307,15 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
         raise ConfigError(f"{where}: multi-agent learners average gradients over MPI "
                           f"sub-communicators; learner_backend {config.learner_backend!r} is "
                           f"not supported there yet (use 'auto' or 'mpi')")
-    if hasattr(module, "check_config"):
-        single = _SingleAgentView(obs_space, act_space)
-        try:
-            module.check_config(config, single)
-        except ConfigError as error:
-            raise ConfigError(f"policy {pid!r} ({algo}): {error}") from None
+    try:
+        module.check_config(config, _SingleAgentView(obs_space, act_space))
+    except ConfigError as error:
+        raise ConfigError(f"policy {pid!r} ({algo}): {error}") from None
     if getattr(config, "use_lstm", False):
         raise ConfigError(f"policy {pid!r} ({algo}): use_lstm is for single-agent runs so far; "
                           f"multi-agent rollouts carry no recurrent state. Leave it out.")
     try:
-        spec = model_spec(module, obs_space, act_space, config)
+        spec = module.model_spec(obs_space, act_space, config)
         if getattr(config, "centralized_critic", False):
             spec = dataclasses.replace(spec, critic_inputs=critic_size)
         build_torch_model(spec)

@@ -512,17 +512,17 @@ def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int
     return stats
 
 
-def count_and_evaluate(algo, train_stats: dict[str, float]) -> dict[str, float]:
+def count_and_evaluate(trainer: Any, train_stats: dict[str, float]) -> dict[str, float]:
     """Count the dataset rows just trained on as ``timesteps_total``; every
     ``evaluation_interval`` iterations, have the rollout workers play ``evaluation_episodes``
     with the weights they hold, into the episode metrics (``episode_return_mean``). Their env
     steps are counted apart, in ``evaluation_env_steps_total``."""
-    config = algo.config
-    algo.timesteps_total += int(train_stats["learner_samples"])
-    if (algo.iteration + 1) % config.evaluation_interval == 0:
-        played = evaluate_policy(algo.rollouts, config.evaluation_episodes,
+    config = trainer.config
+    trainer.timesteps_total += int(train_stats["learner_samples"])
+    if (trainer.iteration + 1) % config.evaluation_interval == 0:
+        played = evaluate_policy(trainer.rollouts, config.evaluation_episodes,
                                  config.evaluation_deterministic)
-        algo.evaluation_env_steps_total += played.env_steps
+        trainer.evaluation_env_steps_total += played.env_steps
         played.env_steps = 0
-        algo.count(played)
-    return {"evaluation_env_steps_total": float(algo.evaluation_env_steps_total)}
+        trainer.count(played)
+    return {"evaluation_env_steps_total": float(trainer.evaluation_env_steps_total)}

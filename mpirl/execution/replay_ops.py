@@ -1,6 +1,7 @@
 """The replay dataflow that DQN, Ape-X and SAC share, on the driver: building the replay group,
-checking Q-learning configs, the synchronous sample-store-train step (DQN, SAC) and the
-asynchronous loop (Ape-X) in which rollout, replay and learner ranks run side by side.
+checking Q-learning configs, what the synchronous plans (DQN, SAC) keep between iterations
+(``ReplayState``), and the asynchronous loops (Ape-X) in which rollout, replay and learner ranks
+run side by side, each the plan state of its run.
 
 The networks and losses are in ``mpirl.models.q_network`` and ``mpirl.models.soft_q``; the
 workers in ``mpirl.workers.q_workers`` and ``mpirl.workers.replay_shard``. An off-policy loss is
@@ -21,13 +22,13 @@ from mpirl.data.replay_buffer import REPORT_TAG, ReplaySettings
 from mpirl.data.sample_tally import SampleTally
 from mpirl.errors import ConfigError, RemoteError
 from mpirl.execution.async_ops import AsyncRequests, Done
+from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
     SampleResult,
     add_sample_metrics,
     broadcast_weights,
     mean_stats,
     replay_dest,
-    store_to_replay,
     train_from_replay,
 )
 from mpirl.models.q_network import DQN_STATS, check_discrete
@@ -36,18 +37,9 @@ from mpirl.runtime.host import STOP_STREAM_TAG
 from mpirl.runtime.layout import REPLAY
 from mpirl.runtime.ulfm import poll_any_source
 from mpirl.workers.env_guard import unwrap_env_failure
-from mpirl.workers.replay_shard import ReplayShard
+from mpirl.workers.replay_shard import ReplayShard, ReplayShardSettings
 
-# What DQN and Ape-X share: the replay group, the config checks, the sampling loops.
-
-
-def replay_settings(config: Any, frame_stack: int = 0) -> ReplaySettings:
-    """The replay keys of a DQN-family config; ``frame_stack``: the env's stacked frames per
-    observation (Atari's), stored once each."""
-    return ReplaySettings(config.buffer_size, config.prioritized_replay,
-                          config.prioritized_replay_alpha, config.prioritized_replay_beta,
-                          config.prioritized_replay_eps, config.n_step, config.gamma,
-                          frame_stack)
+# What DQN, SAC and Ape-X share: the replay group, the config checks, the plans' state.
 
 
 def replay_beta(config: Any, timesteps: int) -> float:
@@ -65,7 +57,8 @@ def replay_beta(config: Any, timesteps: int) -> float:
 def check_q_config(config: Any, env: Any, algo: str, continuous: bool = False) -> None:
     """ConfigError on every rank, before anything starts, for a config or environment that a
     replay plan cannot run: DQN-family plans need Discrete actions, SAC Box actions."""
-    replay_settings(config).check(config.train_batch_size, max(config.num_replay_shards, 1))
+    ReplaySettings.from_config(config).check(config.train_batch_size,
+                                             max(config.num_replay_shards, 1))
     action_space = env.spaces()[1]
     if not continuous:
         check_discrete(action_space, algo)
@@ -74,50 +67,80 @@ def check_q_config(config: Any, env: Any, algo: str, continuous: bool = False) -
                           f"is {action_space}. Use DQN or PPO for discrete actions.")
 
 
-def stacked_frames(env: Any) -> int:
-    """Frames per observation that the env's preprocessing stacks (Atari's), else 0."""
-    atari = getattr(env, "atari", None)
-    return atari.frame_stack if atari is not None else 0
+def spawn_replay(trainer: Any) -> WorkerGroup:
+    """The replay shards of ``trainer``'s run: one per replay rank, or one in the driver's
+    process when there are none. Rollout worker i feeds shard i mod K, each of its envs a
+    stream of its own. The plan's state names the group, so that it joins the checkpoint
+    (``checkpoint_replay``)."""
+    shards = max(1, trainer.driver.placement.count(REPLAY))
+    settings = ReplayShardSettings.from_config(trainer.config, env=trainer.env, num_shards=shards,
+                                               num_rollout_workers=len(trainer.rollouts))
+    return trainer.driver.spawn(REPLAY, ReplayShard, settings, local_if_empty=True)
 
 
-def spawn_replay(algo: Any) -> WorkerGroup:
-    """The replay shards of ``algo``: one per replay rank, or one in the driver's process when
-    there are none. Rollout worker i feeds shard i mod K, each of its envs a stream of its own.
-    The group joins the checkpoint (``checkpoint_replay``)."""
-    config = algo.config
-    shards = max(1, algo.driver.placement.count(REPLAY))
-    streams = math.ceil(len(algo.rollouts) / shards) * config.num_envs_per_worker
-    observation_space, action_space = algo.env.spaces()
-    replay = algo.driver.spawn(
-        REPLAY, ReplayShard, config.buffer_size // shards, streams, observation_space,
-        action_space, replay_settings(config, stacked_frames(algo.env)), shards,
-        config.num_envs_per_worker, config.seed, local_if_empty=True)
-    algo.extra_groups.append(replay)
-    return replay
+class ReplayState(PlanState):
+    """What DQN's and SAC's plans keep: the replay shards, the fraction of an SGD step owed, and
+    the env steps at which the replay was last empty. Both values are checkpointed, so that a
+    resumed run takes the SGD steps the uninterrupted run would have, and refills a replay that
+    was not checkpointed before training goes on."""
+
+    def __init__(self, replay: WorkerGroup) -> None:
+        self.replay = replay
+        #: the fraction of an SGD step owed to the env steps sampled so far
+        #: (``sgd_steps_per_env_step`` times a round's steps is seldom whole)
+        self.sgd_step_debt = 0.0
+        #: env steps at which the replay buffer was last empty: 0 at the start, the steps of a
+        #: run resumed without its replay (``checkpoint_replay`` false)
+        self.replay_empty_at = 0
+
+    def groups(self) -> list[WorkerGroup]:
+        return [self.replay]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"sgd_step_debt": self.sgd_step_debt, "replay_empty_at": self.replay_empty_at}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.sgd_step_debt = state.get("sgd_step_debt", 0.0)  # absent before it was saved
+        self.replay_empty_at = state.get("replay_empty_at", 0)
+
+    def restored_empty(self, group: WorkerGroup, timesteps_total: int) -> None:
+        if group is self.replay:  # refilled before training goes on
+            self.replay_empty_at = timesteps_total
+
+    def replay_ready(self, timesteps_total: int, learning_starts: int) -> bool:
+        """Whether ``learning_starts`` env steps were stored since the replay was last empty."""
+        return timesteps_total >= self.replay_empty_at + learning_starts
+
+    def owed_sgd_steps(self, env_steps: int, sgd_steps_per_env_step: float) -> int:
+        """The whole SGD steps owed for ``env_steps`` new env steps; the fraction carries over."""
+        debt = self.sgd_step_debt + env_steps * sgd_steps_per_env_step
+        steps, self.sgd_step_debt = divmod(debt, 1.0)
+        return int(steps)
 
 
-def sample_and_train(algo: Any, epsilon: float, stat_keys: tuple[str, ...]
-                     ) -> dict[str, float]:
-    """One synchronous replay iteration (DQN, SAC): every rollout worker samples into replay
-    with ``epsilon``; once ``learning_starts`` env steps are stored the learners take
-    ``sgd_steps_per_env_step`` SGD steps per new env step (fractions carry over) and learner 0
-    broadcasts the weights (a run resumed without its replay first stores ``learning_starts``
-    steps again). ``stat_keys``: the loss's statistics, NaN until training starts."""
-    config = algo.config
-    samples = store_to_replay(algo.rollouts, algo.replay, config.rollout_fragment_length,
-                              [epsilon] * len(algo.rollouts))
-    algo.count(samples)
-    stats = dict.fromkeys((*stat_keys, "sgd_steps", "learner_samples"), float("nan"))
-    beta = replay_beta(config, algo.timesteps_total)
+def train_owed_sgd_steps(trainer: Any, state: ReplayState, env_steps: int, beta: float
+                         ) -> dict[str, float]:
+    """Once the replay is ready (``learning_starts`` env steps stored since it was last empty):
+    the SGD steps owed for ``env_steps`` new env steps on replay minibatches, then learner 0's
+    weights to every rollout worker; the training's statistics. Nothing before."""
+    config = trainer.config
+    if not state.replay_ready(trainer.timesteps_total, config.learning_starts):
+        return {}
+    steps = state.owed_sgd_steps(env_steps, config.sgd_steps_per_env_step)
+    stats = train_from_replay(trainer.learners, state.replay, steps, config.train_batch_size,
+                              beta)
+    broadcast_weights(trainer.learners, trainer.rollouts)
+    return stats
+
+
+def untrained_replay_stats(loss_stats: tuple[str, ...], config: Any, beta: float
+                           ) -> dict[str, float]:
+    """A replay iteration's row before its training: the loss's statistics, ``sgd_steps`` and
+    ``learner_samples`` as NaN (so that progress.csv has their columns from the first row), and
+    prioritized replay's ``beta``."""
+    stats = dict.fromkeys((*loss_stats, "sgd_steps", "learner_samples"), math.nan)
     if config.prioritized_replay:
         stats["prioritized_replay_beta"] = beta
-    # A run resumed without its replay (checkpoint_replay false) refills it first.
-    if algo.timesteps_total >= algo.replay_empty_at + config.learning_starts:
-        debt = algo.sgd_step_debt + samples.env_steps * config.sgd_steps_per_env_step
-        steps, algo.sgd_step_debt = divmod(debt, 1.0)
-        stats |= train_from_replay(algo.learners, algo.replay, int(steps),
-                                   config.train_batch_size, beta)
-        broadcast_weights(algo.learners, algo.rollouts)
     return stats
 
 
@@ -156,36 +179,57 @@ class UnsentInserts:
         return len(self.sources) + len(self.chunks)
 
 
-def replay_row(algo: Any, learner_stats: dict[str, float], lags: list[int]) -> dict[str, float]:
+def replay_row(trainer: Any, sgd_steps_total: int, learner_stats: dict[str, float],
+               lags: list[int]) -> dict[str, float]:
     """An Ape-X iteration's row: the learner's loss statistics (NaN where it took no step), the
     SGD steps so far, beta, and how many SGD steps older than the learner's (as the driver last
     heard) the weights were that each sampling call used (``lags``): the cost of the async
     sync."""
-    config = algo.config
+    config = trainer.config
     stats = dict.fromkeys(DQN_STATS, math.nan) | learner_stats
-    stats["sgd_steps_total"] = algo.sgd_steps_total
+    stats["sgd_steps_total"] = sgd_steps_total
     if config.prioritized_replay:
-        stats["prioritized_replay_beta"] = replay_beta(config, algo.timesteps_total)
+        stats["prioritized_replay_beta"] = replay_beta(config, trainer.timesteps_total)
     stats["weights_lag_sgd_steps"] = float(np.mean(lags)) if lags else math.nan
     return stats
 
 
-def count_transitions(algo: Any, epsilon: float, least_epsilon: float,
+def count_transitions(trainer: Any, epsilon: float, least_epsilon: float,
                       metrics: dict[str, Any]) -> None:
     """Count a ``sample_transitions`` answer of a worker exploring with ``epsilon``: an
     explorer's episodes (epsilon above ``metrics_max_epsilon`` while some worker's is not) say
     little about the policy, so they are counted, not averaged."""
     sample = SampleResult()
     add_sample_metrics(sample, metrics)
-    limit = algo.config.metrics_max_epsilon
+    limit = trainer.config.metrics_max_epsilon
     if epsilon > limit and least_epsilon <= limit:
-        algo.episodes_total += len(sample.episode_returns)
+        trainer.episodes_total += len(sample.episode_returns)
         sample.episode_returns, sample.episode_lengths = [], []
         sample.custom_metrics = []
-    algo.count(sample)
+    trainer.count(sample)
 
 
-class AsyncReplayLoop:
+class ApexState(PlanState):
+    """What Ape-X's plan keeps: its replay shards, and the SGD steps of the training calls
+    started so far. The count is checkpointed, so that a resumed run paces sampling against the
+    learner from where it was rather than from 0 (which made the learner redo every SGD step
+    while sampling waited)."""
+
+    def __init__(self, replay: WorkerGroup) -> None:
+        self.replay = replay
+        self.sgd_steps_total = 0
+
+    def groups(self) -> list[WorkerGroup]:
+        return [self.replay]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"sgd_steps_total": self.sgd_steps_total}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.sgd_steps_total = state.get("sgd_steps_total", 0)
+
+
+class AsyncReplayLoop(ApexState):
     """Ape-X's asynchronous driver loop: sampling, storing and training overlap.
 
     Every rollout worker always has one ``sample_transitions`` call in flight, whose steps go to
@@ -194,49 +238,60 @@ class AsyncReplayLoop:
     each fed by one shard (round-robin) with ``batches_per_train`` minibatches; the TD errors go
     back to the shard, which applies them at its next call. Learner 0 posts its weights to every
     rollout rank every ``weight_sync_every`` SGD steps; a rollout worker takes the newest at the
-    start of its next call. Nobody waits on a collective.
+    start of its next call. Nobody waits on a collective. One iteration of the plan::
+
+        while stored < min_env_steps_per_iteration:
+            loop.start_sampling()
+            loop.start_training()
+            env_steps, results = loop.take_finished()
+        row = loop.finish_iteration(all results)
     """
 
-    def __init__(self, algo: Any, epsilons: list[float], batches_per_train: int = 16,
-                 max_trains_in_flight: int = 2) -> None:
-        self.algo, self.epsilons = algo, epsilons
-        self.config = algo.config
+    def __init__(self, trainer: Any, replay: WorkerGroup, epsilons: list[float],
+                 batches_per_train: int = 16, max_trains_in_flight: int = 2) -> None:
+        super().__init__(replay)
+        self.trainer, self.epsilons = trainer, epsilons
+        self.config = trainer.config
         self.batches_per_train = batches_per_train
         self.max_trains_in_flight = max_trains_in_flight
         self.samples: dict[int, Any] = {}  # rollout index -> future
         self.trains: list[Any] = []
         # Rollout indices with no sample call running, and the calls that finished: the loop's
         # work per answer is O(1) in the rollout ranks.
-        self.idle: list[int] = list(range(len(algo.rollouts)))
+        self.idle: list[int] = list(range(len(trainer.rollouts)))
         self.finished = Completions()
         self.inserts: list[Any] = []
         # Per shard. One insert call takes several fragments: rank 0 handles fewer messages.
         self.unsent_inserts: dict[int, UnsentInserts] = {}
-        feeding = math.ceil(len(algo.rollouts) / max(1, len(algo.replay)))
+        feeding = math.ceil(len(trainer.rollouts) / max(1, len(replay)))
         self.insert_batch = max(1, feeding // INSERT_CALLS_PER_ROUND)
         self.next_shard = 0
-        self.stored = [0] * len(algo.replay)  # env steps each shard was told to insert
-        # SGD steps of the training calls that have returned; set at the first step from the
-        # count restored with a checkpoint (the learner saved after every call started before)
-        self.sgd_done: int | None = None
+        self.stored = [0] * len(replay)  # env steps each shard was told to insert
+        # SGD steps of the training calls that have returned; from a checkpoint, the count it
+        # holds (the learner saved after every call started before)
+        self.sgd_done = 0
         self.lags: list[int] = []
-        self.weight_ranks = [w.rank for w in algo.rollouts if not w.in_process]
+        self.weight_ranks = [w.rank for w in trainer.rollouts if not w.in_process]
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.sgd_done = self.sgd_steps_total
 
     def _start_sample(self, i: int) -> None:
-        worker = self.algo.rollouts[i]
-        shard = self.algo.replay[i % len(self.algo.replay)]
+        worker = self.trainer.rollouts[i]
+        shard = self.replay[i % len(self.replay)]
         self.samples[i] = worker.call_async("sample_transitions",
                                             self.config.rollout_fragment_length,
                                             self.epsilons[i], replay_dest(worker, shard))
         self.finished.watch(self.samples[i], i)
 
     def _start_train(self, shard: Any) -> None:
-        replay, learners = self.algo.replay, self.algo.learners
+        replay, learners = self.replay, self.trainer.learners
         rows = max(1, self.config.train_batch_size // len(learners))
         for learner in learners:
             dest = replay_dest(shard, learner)
             sent = shard.call_async("sample", self.batches_per_train, rows, dest,
-                                    replay_beta(self.config, self.algo.timesteps_total))
+                                    replay_beta(self.config, self.trainer.timesteps_total))
             messages = [sent.result()] if dest is None else None
             dests = {k: replay_dest(learner, s) for k, s in enumerate(replay)}
             post = self.weight_ranks if learner.index == 0 else []
@@ -245,56 +300,69 @@ class AsyncReplayLoop:
                 self.config.weight_sync_every))
             self.trains.append(entry)
             self.finished.watch(entry[1], entry)
-        self.algo.sgd_steps_total += self.batches_per_train
+        self.sgd_steps_total += self.batches_per_train
 
-    def step(self, min_env_steps: int) -> dict[str, float]:
-        """Run until ``min_env_steps`` new env steps have been stored; return the statistics of
-        the training calls that finished meanwhile."""
-        algo, config = self.algo, self.config
+    def start_sampling(self) -> None:
+        """A sample call on every idle rollout worker, unless training calls run and
+        sampling is too far ahead of them (``throttle_sampling``)."""
+        if self.idle and (self._may_sample() or not self.trains):
+            for i in self.idle:
+                self._start_sample(i)
+            self.idle = []
+
+    def start_training(self) -> None:
+        """Training calls, up to ``max_trains_in_flight``, each fed by the next shard with rows,
+        while their SGD steps stay within ``sgd_steps_per_env_step`` of the env steps stored
+        past ``learning_starts``."""
+        config = self.config
+        budget = (self.trainer.timesteps_total - config.learning_starts) * \
+            config.sgd_steps_per_env_step
+        while (len(self.trains) < self.max_trains_in_flight
+               and self.sgd_steps_total + self.batches_per_train <= budget
+               and (shard := self._next_shard()) is not None):
+            self._start_train(shard)
+
+    def take_finished(self) -> tuple[int, list[dict[str, float]]]:
+        """Wait for the first calls to finish. Returns the env steps the sample calls among
+        them stored (their fragments are counted and sent to be inserted) and the statistics
+        of the training calls among them (their TD errors go back to their shards)."""
+        finished = self.finished.take(waiting_on=itertools.chain(
+            self.samples.values(), (f for _, f in self.trains)))
         env_steps, results = 0, []
-        if self.sgd_done is None:
-            self.sgd_done = algo.sgd_steps_total
-        while env_steps < min_env_steps:
-            if self.idle and (self._may_sample() or not self.trains):
-                for i in self.idle:
-                    self._start_sample(i)
-                self.idle = []
-            # Training is paced to at most sgd_steps_per_env_step of the env steps stored.
-            budget = (algo.timesteps_total - config.learning_starts) * \
-                config.sgd_steps_per_env_step
-            while (len(self.trains) < self.max_trains_in_flight
-                   and algo.sgd_steps_total + self.batches_per_train <= budget
-                   and (shard := self._next_shard()) is not None):
-                self._start_train(shard)
-            finished = self.finished.take(waiting_on=itertools.chain(
-                self.samples.values(), (f for _, f in self.trains)))
-            # Samples first, then training calls, each in the order they finished.
-            for i in [item for item in finished if isinstance(item, int)]:
-                env_steps += self._stored(i, self.samples.pop(i))
-                self.idle.append(i)
-            for entry in [item for item in finished if not isinstance(item, int)]:
-                self.trains.remove(entry)
-                results.append(self._trained(*entry))
+        # Samples first, then training calls, each in the order they finished.
+        for i in [item for item in finished if isinstance(item, int)]:
+            env_steps += self._stored(i, self.samples.pop(i))
+            self.idle.append(i)
+        for entry in [item for item in finished if not isinstance(item, int)]:
+            self.trains.remove(entry)
+            results.append(self._trained(*entry))
+        return env_steps, results
+
+    def finish_iteration(self, results: list[dict[str, float]]) -> dict[str, float]:
+        """Send the fragments left over to be inserted, raise the error of an insert that
+        failed, and return the iteration's row of the training calls' ``results``."""
         for k in list(self.unsent_inserts):
             self._insert(k)
         self._check_inserts()
-        stats, self.lags = replay_row(algo, mean_stats(results), self.lags), []
+        stats = replay_row(self.trainer, self.sgd_steps_total, mean_stats(results), self.lags)
+        self.lags = []
         return stats
 
     def _may_sample(self) -> bool:
         """With ``throttle_sampling``, sampling waits while it is more than one round of calls
         ahead of what the learner has trained on (at ``sgd_steps_per_env_step``)."""
-        config, algo = self.config, self.algo
+        config, trainer = self.config, self.trainer
         if not config.throttle_sampling:
             return True
-        rounds = len(algo.rollouts) * config.num_envs_per_worker * config.rollout_fragment_length
-        covered = config.learning_starts + algo.sgd_steps_total / config.sgd_steps_per_env_step
-        return algo.timesteps_total < covered + 2 * rounds
+        rounds = len(trainer.rollouts) * config.num_envs_per_worker * \
+            config.rollout_fragment_length
+        covered = config.learning_starts + self.sgd_steps_total / config.sgd_steps_per_env_step
+        return trainer.timesteps_total < covered + 2 * rounds
 
     def _next_shard(self) -> Any:
         """The next shard, round-robin, among those holding a few minibatches' worth of rows
         (a shard that no rollout worker feeds is never asked)."""
-        replay = self.algo.replay
+        replay = self.replay
         for _ in range(len(replay)):
             k = self.next_shard % len(replay)
             self.next_shard += 1
@@ -303,16 +371,15 @@ class AsyncReplayLoop:
         return None
 
     def _stored(self, i: int, future: Any) -> int:
-        algo = self.algo
         try:
             metrics = future.result()
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
-        worker = algo.rollouts[i]
+        worker = self.trainer.rollouts[i]
         if self.weight_ranks:
             self.lags.append(max(0, self.sgd_done - metrics["weights_version"]))
         chunk = metrics.get("chunk")
-        k = i % len(algo.replay)
+        k = i % len(self.replay)
         unsent = self.unsent_inserts.setdefault(k, UnsentInserts())
         if chunk:
             unsent.chunks.append(chunk)
@@ -321,14 +388,14 @@ class AsyncReplayLoop:
         unsent.env_steps += metrics["env_steps"]
         if unsent.fragments >= self.insert_batch:
             self._insert(k)
-        count_transitions(algo, self.epsilons[i], min(self.epsilons), metrics)
+        count_transitions(self.trainer, self.epsilons[i], min(self.epsilons), metrics)
         return metrics["env_steps"]
 
     def _insert(self, k: int) -> None:
         """Tell shard ``k`` to store the fragments that came for it since its last insert."""
         unsent = self.unsent_inserts.pop(k)
-        self.inserts.append(self.algo.replay[k].call_async("insert", unsent.sources,
-                                                           unsent.chunks or None))
+        self.inserts.append(self.replay[k].call_async("insert", unsent.sources,
+                                                      unsent.chunks or None))
         # Counted once asked for: a training call is never sent to a shard still empty.
         self.stored[k] += unsent.env_steps
 
@@ -349,14 +416,15 @@ class AsyncReplayLoop:
         updates = [update for _, update in result.pop("priorities")]
         if updates:
             shard.call_async("update_priorities", 0, updates).result()
-        if not self.weight_ranks and len(self.algo.rollouts):  # world size 1: no data channel
-            weights = self.algo.learners[0].call("get_weights")
-            for worker in self.algo.rollouts:
+        rollouts = self.trainer.rollouts
+        if not self.weight_ranks and len(rollouts):  # world size 1: no data channel
+            weights = self.trainer.learners[0].call("get_weights")
+            for worker in rollouts:
                 worker.call("set_weights", weights)
         return result
 
 
-class StreamedReplayLoop:
+class StreamedReplayLoop(ApexState):
     """Ape-X with ``fragments_per_call``: rank 0 reads one message per iteration, however many
     rollout ranks there are.
 
@@ -378,9 +446,10 @@ class StreamedReplayLoop:
     SETTLE_WAIT_S = 10.0
     """Longest a shard waits, before a checkpoint, for the chunks sent to it but not yet stored."""
 
-    def __init__(self, algo: Any, epsilons: list[float], fragments_per_call: int,
-                 batches_per_train: int = 16) -> None:
-        learners, replay, rollouts = algo.learners, algo.replay, algo.rollouts
+    def __init__(self, trainer: Any, replay: WorkerGroup, epsilons: list[float],
+                 fragments_per_call: int, batches_per_train: int = 16) -> None:
+        super().__init__(replay)
+        learners, rollouts = trainer.learners, trainer.rollouts
         if len(learners) != 1 or any(w.in_process for w in (*learners, *replay, *rollouts)):
             raise ConfigError(
                 "fragments_per_call streams chunks to replay ranks and minibatches to one "
@@ -388,7 +457,7 @@ class StreamedReplayLoop:
                 "driver's process or more than one learner. Give num_learners 1, "
                 "num_replay_shards >= 1 and enough ranks for them and the rollout workers, or "
                 "set fragments_per_call 0")
-        self.algo, self.epsilons, self.config = algo, epsilons, algo.config
+        self.trainer, self.epsilons, self.config = trainer, epsilons, trainer.config
         self.fragments = fragments_per_call
         self.batches_per_train = batches_per_train
         self.round = 0  # the serve and train calls' rounds: each ends at a stop word
@@ -397,7 +466,7 @@ class StreamedReplayLoop:
         self.ended = Completions()  # those of them that ended
         self.reports = 0  # the learner's reports taken from its running call
         self.sent: dict[int, int] = {}  # rollout rank -> chunks it said it sent, since settled
-        self.histograms: dict[str, np.ndarray] = {}
+        self.reported_histograms: dict[str, np.ndarray] = {}
         limit, least = self.config.metrics_max_epsilon, min(epsilons)
 
         def make_args(worker: Any) -> tuple:
@@ -407,8 +476,6 @@ class StreamedReplayLoop:
                     bool(epsilon > limit and least <= limit))
 
         self.requests = AsyncRequests(rollouts, "sample_transitions", 1, make_args)
-        algo.before_checkpoint.append(self.settle)
-        algo.histograms_from = self.take_histograms
 
     def _pace(self) -> tuple[int, float, float] | None:
         """With ``throttle_sampling``, what each rollout rank waits on before a chunk (see
@@ -419,14 +486,14 @@ class StreamedReplayLoop:
         config = self.config
         if not config.throttle_sampling:
             return None
-        workers = len(self.algo.rollouts)
+        workers = len(self.trainer.rollouts)
         round_steps = (workers * config.num_envs_per_worker * config.rollout_fragment_length
                        * self.fragments)
-        fill = 4 * config.train_batch_size * len(self.algo.replay)
+        fill = 4 * config.train_batch_size * len(self.replay)
         ahead = config.learning_starts + 2 * round_steps + fill
         return workers, float(ahead), config.sgd_steps_per_env_step
 
-    def step(self, min_env_steps: int) -> dict[str, float]:
+    def next_report(self, min_env_steps: int) -> dict[str, float]:
         """Wait for the learner's next report (``min_env_steps`` env steps stored since the
         last); return its statistics. The calls are started first where none runs."""
         try:
@@ -443,16 +510,17 @@ class StreamedReplayLoop:
         return self._take_report(report)
 
     def _start_serving(self, min_env_steps: int) -> None:
-        algo, config = self.algo, self.config
-        self.serving = [shard.call_async("serve", self.round) for shard in algo.replay]
-        self.serving.append(algo.learners[0].call_async(
-            "train_from_shards", self.round, algo.replay.ranks, self.batches_per_train,
-            max(1, config.train_batch_size), replay_beta(config, algo.timesteps_total),
-            (algo.timesteps_total, algo.sgd_steps_total, config.learning_starts,
+        trainer, config, replay = self.trainer, self.config, self.replay
+        self.serving = [shard.call_async("serve", self.round) for shard in replay]
+        self.serving.append(trainer.learners[0].call_async(
+            "train_from_shards", self.round, replay.ranks, self.batches_per_train,
+            max(1, config.train_batch_size), replay_beta(config, trainer.timesteps_total),
+            (trainer.timesteps_total, self.sgd_steps_total, config.learning_starts,
              config.sgd_steps_per_env_step),
-            4 * config.train_batch_size, [w.rank for w in algo.rollouts],
+            4 * config.train_batch_size, [w.rank for w in trainer.rollouts],
             config.weight_sync_every,
-            (max(1, min_env_steps), algo.iteration + 1, config.tensorboard_histograms_every)))
+            (max(1, min_env_steps), trainer.iteration + 1,
+             config.tensorboard_histograms_every)))
         self.ended = Completions()
         for future in self.serving:
             self.ended.watch(future, future)
@@ -461,8 +529,8 @@ class StreamedReplayLoop:
     def _next_report(self) -> dict[str, Any]:
         """The learner's next report; meanwhile, a rollout call that ended is restarted, and
         a serving call that ended (it failed, or its rank was lost) raises."""
-        algo = self.algo
-        channel = algo.driver.context.data_channel
+        driver = self.trainer.driver
+        channel = driver.context.data_channel
         found: list[dict[str, Any]] = []
 
         def arrived() -> bool:
@@ -474,7 +542,7 @@ class StreamedReplayLoop:
             return self.ended.any_finished or self.requests.any_finished
 
         while True:
-            algo.driver.dispatcher.wait_for(arrived, None, self.serving)
+            driver.dispatcher.wait_for(arrived, None, self.serving)
             if found:
                 return found[0]
             for done in self.requests.finished():  # raises for an env that failed too often
@@ -487,19 +555,19 @@ class StreamedReplayLoop:
 
     def _take_report(self, report: dict[str, Any]) -> dict[str, float]:
         self._count_report(report)
-        self.histograms = report.pop("histograms", {})
+        self.reported_histograms = report.pop("histograms", {})
         lags = report.pop("weights_lags")
-        return replay_row(self.algo, report, lags)
+        return replay_row(self.trainer, self.sgd_steps_total, report, lags)
 
     def _count_report(self, report: dict[str, Any]) -> None:
         """Count a learner's report (or its final answer): its SGD steps and samples, both
         popped."""
-        self.algo.sgd_steps_total += report.pop("sgd_steps")
-        count_tally(self.algo, report.pop("samples"))
+        self.sgd_steps_total += report.pop("sgd_steps")
+        count_tally(self.trainer, report.pop("samples"))
 
-    def take_histograms(self) -> dict[str, np.ndarray]:
+    def histograms(self, learners: WorkerGroup) -> dict[str, np.ndarray]:
         """Learner 0's histograms, as its last report carried them (its call is running)."""
-        histograms, self.histograms = self.histograms, {}
+        histograms, self.reported_histograms = self.reported_histograms, {}
         return histograms
 
     def _note_sent(self, done: Done) -> None:
@@ -510,10 +578,10 @@ class StreamedReplayLoop:
         """Before a checkpoint or the end of a run: the rollout calls stop after the chunk they
         are sampling, the learner after its step, and each shard once it stored the chunks sent
         to it, so that a checkpoint holds them; what they sampled is counted."""
-        algo = self.algo
-        channel = algo.driver.context.data_channel
+        rollouts, replay = self.trainer.rollouts, self.replay
+        channel = self.trainer.driver.context.data_channel
         if self.requests.calls_in_flight:
-            algo.rollouts.progress()  # a rank lost by now is sent nothing
+            rollouts.progress()  # a rank lost by now is sent nothing
             self._stop_rollouts()
             for done in self.requests.drain():
                 self._note_sent(done)
@@ -528,25 +596,25 @@ class StreamedReplayLoop:
                 self._count_report(channel.recv(training.rank, REPORT_TAG))
                 self.reports += 1
             self._count_report(final)
-            channel.isend_many(self.round, algo.replay.ranks, STOP_STREAM_TAG)
+            channel.isend_many(self.round, replay.ranks, STOP_STREAM_TAG)
             self._served([future.result() for future in shards], stored)
             self.round += 1
             self.serving = []
-        shard_of = {w.rank: w.index % len(algo.replay) for w in algo.rollouts}
-        owed = [0] * len(algo.replay)
+        shard_of = {w.rank: w.index % len(replay) for w in rollouts}
+        owed = [0] * len(replay)
         for rank, sent in self.sent.items():
             owed[shard_of[rank]] += max(0, sent - stored.get(rank, 0))
         self.sent = {}
         if any(owed):
             # A round of its own, ended by the chunks coming (or the wait), not by a stop word.
             futures = [shard.call_async("serve", self.round, owed[k], self.SETTLE_WAIT_S)
-                       for k, shard in enumerate(algo.replay)]
+                       for k, shard in enumerate(replay)]
             self._served([future.result() for future in futures], stored)
             self.round += 1
 
     def _served(self, results: list[dict[str, Any]], stored: dict[int, int]) -> None:
         for result in results:
-            count_tally(self.algo, result["samples"])
+            count_tally(self.trainer, result["samples"])
             for rank, chunks in result["chunks"].items():
                 stored[rank] = stored.get(rank, 0) + chunks
 
@@ -557,21 +625,22 @@ class StreamedReplayLoop:
             if self.requests.calls_in_flight:
                 self._stop_rollouts()
             if self.serving:
-                self.algo.driver.context.data_channel.isend_many(
+                self.trainer.driver.context.data_channel.isend_many(
                     self.round, [f.rank for f in self.serving], STOP_STREAM_TAG)
         except Exception:  # noqa: BLE001 - the error that ends the run is the one to report
             pass
 
     def _stop_rollouts(self) -> None:
         """The stop word to the live rollout ranks' calls of this round."""
-        self.algo.driver.context.data_channel.isend_many(
-            self.settles, [w.rank for w in self.algo.rollouts if not w.lost], STOP_STREAM_TAG)
+        self.trainer.driver.context.data_channel.isend_many(
+            self.settles, [w.rank for w in self.trainer.rollouts if not w.lost],
+            STOP_STREAM_TAG)
 
 
-def count_tally(algo: Any, tally: SampleTally) -> None:
+def count_tally(trainer: Any, tally: SampleTally) -> None:
     """Count what a streamed Ape-X learner or shard says its chunks held."""
-    algo.count(SampleResult(
+    trainer.count(SampleResult(
         env_steps=tally.env_steps, env_failures=tally.env_failures,
         episode_returns=tally.episode_returns, episode_lengths=tally.episode_lengths,
         dumped=tally.dumped, custom_metrics=tally.custom_metrics))
-    algo.episodes_total += tally.episodes_counted_only
+    trainer.episodes_total += tally.episodes_counted_only

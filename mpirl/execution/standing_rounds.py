@@ -11,7 +11,7 @@ learner 0, its own object when the learner shares its process, and sends the rol
 nothing per iteration.
 
 The calls hold their ranks (``Dispatcher.hold``): any other call to one of them, a checkpoint
-(``Algorithm.settle``) or the end of the run first ends the rounds with an empty header and
+(``Trainer.settle``) or the end of the run first ends the rounds with an empty header and
 takes the calls' answers. A round that failed on a rank ends the rounds at once, and that rank's
 error is raised. A collective over weights_comm started some other way must call the rollout
 ranks first (as ``weights_comm_collective`` does), which ends the rounds. Under ULFM each round

@@ -8,7 +8,6 @@ that live with their algorithm.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
@@ -340,12 +339,11 @@ def evaluate_batch(policy: Policy, batch: dict[str, torch.Tensor]):
     return logp.reshape(-1)[keep], entropy.reshape(-1)[keep], values.reshape(-1)[keep], steps
 
 
-def model_spec(module: ModuleType, observation_space: gym.Space, action_space: gym.Space,
-               config: Any) -> Any:
-    """The spec of the model an algorithm trains: its own ``model_spec`` (DQN's Q network,
-    SAC's actor-critics), else the actor-critic policy."""
-    if hasattr(module, "model_spec"):
-        return module.model_spec(observation_space, action_space, config)
+def actor_critic_model(observation_space: gym.Space, action_space: gym.Space, config: Any
+                       ) -> PolicySpec:
+    """The actor-critic policy of the config's model keys (``hidden_sizes``, ``activation``,
+    the encoder and custom-model keys): the ``model_spec`` of PPO, A2C, IMPALA, A3C, BC and
+    MARWIL."""
     return PolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
                       config.activation, model=model_options(config))
 

@@ -9,7 +9,7 @@ here crosses ranks: every rank builds the same model from the same spec.
 
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -18,7 +18,7 @@ from torch import nn
 
 from mpirl.errors import ConfigError
 from mpirl.models.evolution import DirectPolicy
-from mpirl.models.policy import Policy, model_spec
+from mpirl.models.policy import Policy
 from mpirl.models.policy_spec import PolicySpec
 from mpirl.models.q_network import QNetwork
 from mpirl.models.q_spec import QSpec
@@ -46,19 +46,20 @@ def build_torch_model(spec: Any, device: str = "cpu") -> Any:
     return build(device)
 
 
-def check_model(module: ModuleType, config: Any, observation_space: gym.Space,
-                action_space: gym.Space) -> None:
-    """Build the model once and act on one sampled observation, on the rank that checks the
-    request before anything starts: an unknown encoder, a custom model that cannot be built or
-    returns the wrong shapes, or a space no model takes is a ConfigError here, not a traceback
-    on every rank later."""
-    if getattr(config, "use_lstm", False) and not getattr(module, "RECURRENT", False):
+def check_model(model_spec: Callable[[gym.Space, gym.Space, Any], Any], recurrent: bool,
+                algo: str, config: Any, observation_space: gym.Space, action_space: gym.Space
+                ) -> None:
+    """Build the model of ``model_spec`` (an algorithm's) once and act on one sampled
+    observation, on the rank that checks the request before anything starts: an unknown
+    encoder, a custom model that cannot be built or returns the wrong shapes, or a space no
+    model takes is a ConfigError here, not a traceback on every rank later. ``use_lstm`` needs
+    an algorithm whose plan is ``recurrent``."""
+    if getattr(config, "use_lstm", False) and not recurrent:
         raise ConfigError(
             f"use_lstm is for PPO, A2C, A3C and IMPALA, whose rollout ranks carry the state "
-            f"along each episode; {getattr(module, '__name__', 'it').rpartition('.')[2].upper()} "
-            f"learns from stored single steps (replay, dumps or perturbations) with no state to "
-            f"resume from. Leave use_lstm out.")
-    model = build_torch_model(model_spec(module, observation_space, action_space, config))
+            f"along each episode; {algo} learns from stored single steps (replay, dumps or "
+            f"perturbations) with no state to resume from. Leave use_lstm out.")
+    model = build_torch_model(model_spec(observation_space, action_space, config))
     if not getattr(config, "custom_model", "") and not getattr(config, "custom_q_model", ""):
         return
     sample = np.asarray(observation_space.sample())[None]

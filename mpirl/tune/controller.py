@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.errors import EXIT_FAILURE, EXIT_RESUME, EXIT_USAGE, ConfigError
-from mpirl.execution.algorithm import stop_reached
+from mpirl.execution.trainer import stop_reached
 from mpirl.jobs.run_dir import json_default
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.dispatch import RESULT, STOP_TRIAL, TASK

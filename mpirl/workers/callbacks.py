@@ -54,7 +54,8 @@ class Callbacks:
     """
 
     def on_algorithm_init(self, *, algorithm: Any) -> None:
-        """The run is set up: ``algorithm`` is its driver-side state (config, worker groups)."""
+        """The run is set up: ``algorithm`` is its driver side (the ``Trainer``: config, worker
+        groups)."""
 
     def on_episode_end(self, *, episode: Episode, worker: Any) -> None:
         """A training episode ended on ``worker`` (a RolloutWorker); set

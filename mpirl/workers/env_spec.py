@@ -1,5 +1,6 @@
 """What an environment is (a gymnasium id or module:Class, with kwargs, and for Atari games the
-preprocessing); sent from the driver to every rollout rank, which builds its envs."""
+preprocessing); sent from the driver to every rollout rank, which builds its envs. And what every
+worker that steps envs there is built from (``EnvWorkerSettings``)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,27 @@ def env_spec_for(env_id: str, env_module: str | None, config: Mapping[str, Any])
     clip = config.get("clip_rewards", "auto")
     return dataclasses.replace(spec, atari=settings if atari else None,
                                clip_rewards=atari if clip == "auto" else bool(clip))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvWorkerSettings:
+    """What every worker that steps environments on a rollout rank is built from; the rollout,
+    perturbation and multi-agent rollout workers' settings add what each uses besides."""
+
+    env: EnvSpec
+    """The environment its ``num_envs`` sub-envs are made from."""
+    num_envs: int
+    seed: int
+    """The run's seed; rollout worker i seeds its envs and draws from ``seed + 1000 * i``."""
+    torch_threads: int = 1
+    max_env_failures: int = 10
+    """Failures of one sub-env within ``env_failure_window`` of its steps that end the run."""
+    env_failure_window: int = 1_000
+
+    @staticmethod
+    def config_values(config: Any) -> dict[str, Any]:
+        """The values of the fields above (but ``env``) in a run's config."""
+        return {"num_envs": config.num_envs_per_worker, "seed": config.seed,
+                "torch_threads": config.torch_threads,
+                "max_env_failures": config.max_env_failures,
+                "env_failure_window": config.env_failure_window}

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pickle
 import zlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from mpi4py import MPI
@@ -36,7 +37,7 @@ from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 
 #: Env failures one perturbation's episode may meet before its pair is left out of the update.
 MAX_PAIR_RETRIES = 2
@@ -186,6 +187,26 @@ def update_message(generation: int, summary: dict[str, Any]) -> bytes:
     return pickle.dumps((generation, summary), protocol=5)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SearchWorkerSettings(EnvWorkerSettings):
+    """What a perturbation worker is built from; it crosses to each rollout rank once, when the
+    worker is spawned. The search's own settings (noise table, update rule) come later, from
+    ``setup_search``."""
+
+    policy: DirectPolicySpec
+    """The deterministic policy whose weights it perturbs."""
+    normalize_observations: bool = False
+    """Normalize vector observations by statistics summed over all ranks (ARS V2)."""
+
+    @classmethod
+    def from_config(cls, config: Any, *, env: EnvSpec, policy: DirectPolicySpec,
+                    dump: Any = None) -> SearchWorkerSettings:
+        """The settings of a run with ``config``. ``dump`` is refused on the driver
+        (``setup_search``), which says so once: perturbed policies' episodes are no dataset."""
+        return cls(env=env, policy=policy, **cls.config_values(config),
+                   normalize_observations=config.normalize_observations)
+
+
 class PerturbationWorker(Worker):
     """Evaluates antithetic perturbations of the weights on a rollout rank; applies updates."""
 
@@ -194,17 +215,16 @@ class PerturbationWorker(Worker):
                 "set_search_state", "save_state", "load_state", "finish_dump",
                 "generation_rounds")
 
-    def __init__(self, context: RankContext, env: EnvSpec, policy: DirectPolicySpec,
-                 num_envs: int, seed: int, gamma: float, lam: float,
-                 normalize_observations: bool, torch_threads: int = 1,
-                 max_env_failures: int = 10, dump: Any = None,
-                 env_failure_window: int = 1_000, callbacks: str = "") -> None:
+    Settings: ClassVar[type[SearchWorkerSettings]] = SearchWorkerSettings
+
+    def __init__(self, context: RankContext, settings: SearchWorkerSettings) -> None:
         super().__init__(context)
-        # dump: refused on the driver (setup_search), which says so once
-        self.seed = seed + 1000 * context.role_index
+        policy = settings.policy
+        self.seed = settings.seed + 1000 * context.role_index
         self.where = f"rollout worker {context.role_index} on rank {context.rank}"
-        self.envs = [GuardedEnv(env, max_env_failures, self.seed, i, self.where,
-                                env_failure_window) for i in range(num_envs)]
+        self.envs = [GuardedEnv(settings.env, settings.max_env_failures, self.seed, i,
+                                self.where, settings.env_failure_window)
+                     for i in range(settings.num_envs)]
         for i, sub_env in enumerate(self.envs):
             sub_env.reset(seed=self.seed + i)
         # Vector observations: the population's forward pass in NumPy, and no torch in this
@@ -215,13 +235,13 @@ class PerturbationWorker(Worker):
         else:
             import torch
 
-            torch.set_num_threads(torch_threads)
+            torch.set_num_threads(settings.torch_threads)
             from mpirl.models.torch_model import build_torch_model
 
             self.policy = build_torch_model(policy)
             self.theta = self.policy.get_flat_weights()
         # Images are scaled inside the model, never normalized.
-        self.normalize_observations = normalize_observations and not has_image(
+        self.normalize_observations = settings.normalize_observations and not has_image(
             policy.observation_space)
         self.obs_shape = policy.observation_space.shape
         self.filter = RunningMeanStd(self.obs_shape)
@@ -506,6 +526,23 @@ class PerturbationWorker(Worker):
         return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SearchWeightsSettings:
+    """What the driver's copy of the weights is built from."""
+
+    policy: DirectPolicySpec
+    seed: int
+    """Torch's seed for the first weights, which every rollout rank then takes."""
+    zero_init: bool = False
+    """Start from all-zero weights (ARS)."""
+
+    @classmethod
+    def from_config(cls, config: Any, *, policy: DirectPolicySpec, loss: None = None
+                    ) -> SearchWeightsSettings:
+        """The settings of a run with ``config``; derivative-free, it takes no ``loss``."""
+        return cls(policy=policy, seed=config.seed, zero_init=getattr(config, "zero_init", False))
+
+
 class SearchWeights(Worker):
     """The driver's copy of the weights (in its process): the first weights, broadcast to the
     rollout ranks at start-up, and, before each checkpoint, rollout worker 0's current ones, so
@@ -514,18 +551,18 @@ class SearchWeights(Worker):
     MESSAGES = ("broadcast_weights", "take_update", "take_generation", "get_weights",
                 "set_weights", "save_state", "load_state", "histograms", "end_rounds")
 
-    def __init__(self, context: RankContext, policy: DirectPolicySpec, loss: Any, config: Any,
-                 lr: float, grad_clip: float, seed: int, backend: str, torch_threads: int,
-                 master_addr: str = "") -> None:
+    Settings: ClassVar[type[SearchWeightsSettings]] = SearchWeightsSettings
+
+    def __init__(self, context: RankContext, settings: SearchWeightsSettings) -> None:
         super().__init__(context)
         import torch
 
         from mpirl.models.torch_model import build_torch_model
 
-        torch.manual_seed(seed)
-        self.policy = build_torch_model(policy)
+        torch.manual_seed(settings.seed)
+        self.policy = build_torch_model(settings.policy)
         self.generation_waits, self.update_waits = gathered.RoundWaits(), gathered.RoundWaits()
-        if getattr(config, "zero_init", False):
+        if settings.zero_init:
             self.policy.set_flat_weights(np.zeros(self.policy.num_weights(), np.float32))
 
     def broadcast_weights(self) -> None:

@@ -26,7 +26,8 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,7 +37,6 @@ from mpirl.data.batches import concat_batches, standardize_fields
 from mpirl.data.offline import EpisodeShard, OfflineInput, load_shard, rows_per_learner
 from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
-from mpirl.models.policy import PolicySpec
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
@@ -364,6 +364,37 @@ def minibatch_rows(minibatch: dict[str, torch.Tensor]) -> float:
 LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[str, float]]]
 
 
+@dataclass(frozen=True, kw_only=True)
+class LearnerSettings:
+    """What a learner (``Learner``, ``QLearner``) is built from; it crosses to each learner rank
+    once, when the learner is spawned."""
+
+    policy: Any
+    """The spec of the model it trains (``PolicySpec``, ``QSpec``, ...)."""
+    loss: LossFn
+    loss_config: Any
+    """The algorithm's config, which the loss reads (and the Q learners their target update)."""
+    lr: float
+    grad_clip: float | None
+    """Global gradient-norm clip; 0 or None turns it off."""
+    seed: int
+    backend: str = "auto"
+    """The gradient allreduce: auto, mpi, gloo or nccl."""
+    torch_threads: int = 1
+    master_addr: str = ""
+    """The address learner 0's TCPStore listens on (gloo, nccl); empty picks one."""
+
+    @classmethod
+    def from_config(cls, config: Any, *, policy: Any, loss: LossFn) -> LearnerSettings:
+        """The settings of a run with ``config``. A3C's learner makes no allreduce, and its config
+        has neither allreduce key."""
+        return cls(policy=policy, loss=loss, loss_config=config, lr=config.lr,
+                   grad_clip=config.grad_clip, seed=config.seed,
+                   backend=getattr(config, "learner_backend", "auto"),
+                   torch_threads=config.torch_threads,
+                   master_addr=getattr(config, "learner_master_addr", ""))
+
+
 class Learner(Worker):
     """One data-parallel learner: receives batches, runs minibatch SGD, shares weights.
 
@@ -377,19 +408,20 @@ class Learner(Worker):
     #: The data-channel tag its batches come with (a multi-agent policy's learner has its own).
     batch_tag = BATCH_TAG
 
-    def __init__(self, context: RankContext, policy: PolicySpec, loss: LossFn, loss_config: Any,
-                 lr: float, grad_clip: float | None, seed: int, backend: str = "auto",
-                 torch_threads: int = 1, master_addr: str = "") -> None:
+    Settings: ClassVar[type[LearnerSettings]] = LearnerSettings
+
+    def __init__(self, context: RankContext, settings: LearnerSettings) -> None:
         super().__init__(context)
-        torch.set_num_threads(torch_threads)
+        loss, lr, seed = settings.loss, settings.lr, settings.seed
+        torch.set_num_threads(settings.torch_threads)
         torch.manual_seed(seed)
         self.device = torch.device(context.device)
-        self.policy = build_torch_model(policy, context.device)
+        self.policy = build_torch_model(settings.policy, context.device)
         #: How batches reach the device (``BatchTransfer``: pageable unless measured otherwise).
         self.transfer = BatchTransfer(self.device)
-        self.loss, self.loss_config = loss, loss_config
-        self.callbacks = make_callbacks(getattr(loss_config, "callbacks", ""))
-        self.allreduce = GradientAllreduce(context, backend, master_addr)
+        self.loss, self.loss_config = loss, settings.loss_config
+        self.callbacks = make_callbacks(getattr(self.loss_config, "callbacks", ""))
+        self.allreduce = GradientAllreduce(context, settings.backend, settings.master_addr)
         if hasattr(loss, "share_statistics"):  # a loss with running statistics (MARWIL's)
             loss.share_statistics(context.role_comm)
         self.params = list(self.policy.parameters())
@@ -399,7 +431,7 @@ class Learner(Worker):
         self.policy.set_flat_weights(flat)
         self.optimizer = Adam(self.params, lr=lr, eps=1e-5)
         self.lr = lr
-        self.grad_clip = grad_clip
+        self.grad_clip = settings.grad_clip
         self.rng = np.random.default_rng(seed + 7919 * context.role_index)
         #: The (shared, unclipped) gradient norm of each SGD step since ``histograms()`` last ran.
         self.grad_norms: deque[float] = deque(maxlen=100_000)

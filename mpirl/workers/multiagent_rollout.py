@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import pickle
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -38,7 +39,7 @@ from mpirl.models.policy import RunningMeanStd, compute_gae
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.workers.env_guard import GuardedParallelEnv
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvWorkerSettings
 from mpirl.workers.rollout import BATCH_TAG
 
 #: Each policy's messages use its own tags: the base tag plus ``TAG_STRIDE * (index + 1)``.
@@ -78,6 +79,17 @@ class _Stream:
         return len(self.rewards)
 
 
+@dataclass(frozen=True, kw_only=True)
+class MultiAgentRolloutSettings(EnvWorkerSettings):
+    """What a multi-agent rollout worker is built from; it crosses to each rollout rank once,
+    when the worker is spawned."""
+
+    setup: Any
+    """The run's policies (``MultiAgentSetup``): their plans, models and mapping."""
+    dumps: dict[str, DumpTarget] | None = None
+    """Per policy id, where its agents' episodes go with ``--dump-trajectories``."""
+
+
 class MultiAgentRolloutWorker(Worker):
     """Samples multi-agent envs with every policy of the run; one per rollout rank."""
 
@@ -85,11 +97,13 @@ class MultiAgentRolloutWorker(Worker):
                 "receive_policy_weights", "add_snapshot", "save_state", "load_state",
                 "finish_dump")
 
-    def __init__(self, context: RankContext, env: EnvSpec, setup: Any, num_envs: int,
-                 seed: int, max_env_failures: int = 10, env_failure_window: int = 1_000,
-                 torch_threads: int = 1, dumps: dict[str, DumpTarget] | None = None) -> None:
+    Settings: ClassVar[type[MultiAgentRolloutSettings]] = MultiAgentRolloutSettings
+
+    def __init__(self, context: RankContext, settings: MultiAgentRolloutSettings) -> None:
         super().__init__(context)
-        torch.set_num_threads(torch_threads)
+        env, setup, num_envs, seed = settings.env, settings.setup, settings.num_envs, \
+            settings.seed
+        torch.set_num_threads(settings.torch_threads)
         self.setup = setup
         self.plans = setup.policies
         self.seed = seed + 1000 * context.role_index
@@ -125,11 +139,12 @@ class MultiAgentRolloutWorker(Worker):
         #: here (its steps) until it ends, and dropped if its env fails
         self.recorders = {pid: AgentEpisodeRecorder(
             target, context.role_index, env.env_id, self.plans[pid].env_observation_space,
-            self.plans[pid].action_space, self.seed, pid) for pid, target in (dumps or {}).items()}
+            self.plans[pid].action_space, self.seed, pid)
+            for pid, target in (settings.dumps or {}).items()}
         self.recording: dict[tuple[int, str], list[tuple]] = {}
         self.record_episodes = bool(self.recorders)
-        self.envs = [GuardedParallelEnv(env, max_env_failures, self.seed, i, self.where,
-                                        env_failure_window) for i in range(num_envs)]
+        self.envs = [GuardedParallelEnv(env, settings.max_env_failures, self.seed, i, self.where,
+                                        settings.env_failure_window) for i in range(num_envs)]
         self.episodes_started = 0
         self.env_failures = 0
         self.restores = 0

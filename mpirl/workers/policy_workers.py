@@ -10,16 +10,17 @@ of a policy sends its weights to the rollout ranks by message, not by a collecti
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from mpirl.data.replay_buffer import INSERT_TAG, PRIORITY_TAG, SAMPLE_TAG, WEIGHTS_TAG
 from mpirl.runtime.core import RankContext
-from mpirl.workers.learner import Learner
+from mpirl.workers.learner import Learner, LearnerSettings
 from mpirl.workers.multiagent_rollout import policy_tag
 from mpirl.workers.q_workers import QLearner
-from mpirl.workers.replay_shard import ReplayShard
+from mpirl.workers.replay_shard import ReplayShard, ReplayShardSettings
 from mpirl.workers.rollout import BATCH_TAG
 
 
@@ -50,16 +51,27 @@ class _PostsWeights:
             channel.isend(flat, rank, policy_tag(WEIGHTS_TAG, self.policy_index))
 
 
+@dataclass(frozen=True, kw_only=True)
+class PolicyLearnerSettings(LearnerSettings):
+    """A policy's learner: ``LearnerSettings``, and where the policy's learners are."""
+
+    members: tuple[int, ...]
+    """The learner indices of the policy's slice of the learner ranks."""
+    policy_index: int
+    """The policy's index in the run: its messages' tags."""
+
+
 class PolicyLearner(_PostsWeights, Learner):
     """A learner of one on-policy policy (PPO, A2C) of a multi-agent run."""
 
     MESSAGES = (*Learner.MESSAGES, "post_weights")
 
-    def __init__(self, context: RankContext, members: list[int], policy_index: int,
-                 *args: Any, **kwargs: Any) -> None:
-        self.policy_index = policy_index
-        self.batch_tag = policy_tag(BATCH_TAG, policy_index)
-        super().__init__(policy_context(context, members), *args, **kwargs)
+    Settings: ClassVar[type[PolicyLearnerSettings]] = PolicyLearnerSettings
+
+    def __init__(self, context: RankContext, settings: PolicyLearnerSettings) -> None:
+        self.policy_index = settings.policy_index
+        self.batch_tag = policy_tag(BATCH_TAG, settings.policy_index)
+        super().__init__(policy_context(context, list(settings.members)), settings)
 
 
 class PolicyQLearner(_PostsWeights, QLearner):
@@ -67,24 +79,33 @@ class PolicyQLearner(_PostsWeights, QLearner):
 
     MESSAGES = (*QLearner.MESSAGES, "post_weights")
 
-    def __init__(self, context: RankContext, members: list[int], policy_index: int,
-                 *args: Any, **kwargs: Any) -> None:
-        self.policy_index = policy_index
-        self.sample_tag = policy_tag(SAMPLE_TAG, policy_index)
-        self.priority_tag = policy_tag(PRIORITY_TAG, policy_index)
-        super().__init__(policy_context(context, members), *args, **kwargs)
+    Settings: ClassVar[type[PolicyLearnerSettings]] = PolicyLearnerSettings
+
+    def __init__(self, context: RankContext, settings: PolicyLearnerSettings) -> None:
+        self.policy_index = settings.policy_index
+        self.sample_tag = policy_tag(SAMPLE_TAG, settings.policy_index)
+        self.priority_tag = policy_tag(PRIORITY_TAG, settings.policy_index)
+        super().__init__(policy_context(context, list(settings.members)), settings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyReplayShardSettings(ReplayShardSettings):
+    """A policy's replay shard: ``ReplayShardSettings``, and the policy's index (its tags)."""
+
+    policy_index: int
 
 
 class PolicyReplayShard(ReplayShard):
     """One replay shard of one off-policy policy. Each agent of each env of a rollout worker is
     a stream; chunks hold per-stream columns, since agents act at different steps."""
 
-    def __init__(self, context: RankContext, policy_index: int, *args: Any,
-                 **kwargs: Any) -> None:
-        self.insert_tag = policy_tag(INSERT_TAG, policy_index)
-        self.sample_tag = policy_tag(SAMPLE_TAG, policy_index)
-        self.priority_tag = policy_tag(PRIORITY_TAG, policy_index)
-        super().__init__(context, *args, **kwargs)
+    Settings: ClassVar[type[PolicyReplayShardSettings]] = PolicyReplayShardSettings
+
+    def __init__(self, context: RankContext, settings: PolicyReplayShardSettings) -> None:
+        self.insert_tag = policy_tag(INSERT_TAG, settings.policy_index)
+        self.sample_tag = policy_tag(SAMPLE_TAG, settings.policy_index)
+        self.priority_tag = policy_tag(PRIORITY_TAG, settings.policy_index)
+        super().__init__(context, settings)
 
     def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
         """Store the chunks of rollout ranks ``sources`` (or ``chunks`` given in the call)."""

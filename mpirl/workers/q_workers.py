@@ -28,7 +28,7 @@ from mpirl.runtime.core import RankContext
 from mpirl.runtime.host import DRIVER_RANK, latest_stopped_round
 from mpirl.runtime.ulfm import flush_to_survivors, isend_to_survivors
 from mpirl.runtime.waiting import Backoff
-from mpirl.workers.learner import Learner, minibatch_rows
+from mpirl.workers.learner import Learner, LearnerSettings, minibatch_rows
 from mpirl.workers.transition_worker import TransitionWorker
 
 __all__ = ["QLearner", "TransitionWorker"]
@@ -44,8 +44,8 @@ class QLearner(Learner):
     #: Data-channel tags of minibatches in and TD errors out (a multi-agent policy's differ).
     sample_tag, priority_tag = SAMPLE_TAG, PRIORITY_TAG
 
-    def __init__(self, context: RankContext, *args: Any, **kwargs: Any) -> None:
-        super().__init__(context, *args, **kwargs)
+    def __init__(self, context: RankContext, settings: LearnerSettings) -> None:
+        super().__init__(context, settings)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         # SAC has no such key: its soft update (tau) runs after every step.
         self.target_update_freq = getattr(self.loss_config, "target_network_update_freq", 1)

@@ -3,8 +3,10 @@ and send back priorities."""
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -27,6 +29,44 @@ from mpirl.runtime.ulfm import poll_any_source
 from mpirl.runtime.waiting import Backoff
 
 
+def stacked_frames(env: Any) -> int:
+    """Frames per observation that the env's preprocessing stacks (Atari's), else 0."""
+    atari = getattr(env, "atari", None)
+    return atari.frame_stack if atari is not None else 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayShardSettings:
+    """What a replay shard is built from; it crosses to each replay rank once, when the shard is
+    spawned."""
+
+    capacity: int
+    """Rows this shard holds."""
+    num_streams: int
+    """Streams of consecutive steps it keeps apart: one per env of each rollout worker that
+    feeds it."""
+    observation_space: gym.Space
+    action_space: gym.Space
+    replay: ReplaySettings
+    num_shards: int
+    """Shards in the run: rollout worker i feeds shard i mod ``num_shards``."""
+    num_envs: int
+    """Envs per rollout worker."""
+    seed: int
+
+    @classmethod
+    def from_config(cls, config: Any, *, env: Any, num_shards: int,
+                    num_rollout_workers: int) -> ReplayShardSettings:
+        """One of ``num_shards`` shards of a run with ``config``: ``buffer_size / num_shards``
+        rows, a stream per env of each rollout worker that feeds it."""
+        observation_space, action_space = env.spaces()
+        streams = math.ceil(num_rollout_workers / num_shards) * config.num_envs_per_worker
+        return cls(capacity=config.buffer_size // num_shards, num_streams=streams,
+                   observation_space=observation_space, action_space=action_space,
+                   replay=ReplaySettings.from_config(config, stacked_frames(env)),
+                   num_shards=num_shards, num_envs=config.num_envs_per_worker, seed=config.seed)
+
+
 class ReplayShard(Worker):
     """One shard of the replay buffer; one per replay rank (or in the driver's process).
 
@@ -40,13 +80,15 @@ class ReplayShard(Worker):
     #: Data-channel tags: steps in, minibatches out, TD errors in (a multi-agent policy's differ).
     insert_tag, sample_tag, priority_tag = INSERT_TAG, SAMPLE_TAG, PRIORITY_TAG
 
-    def __init__(self, context: RankContext, capacity: int, num_streams: int,
-                 observation_space: gym.Space, action_space: gym.Space,
-                 settings: ReplaySettings, num_shards: int, num_envs: int, seed: int) -> None:
+    Settings: ClassVar[type[ReplayShardSettings]] = ReplayShardSettings
+
+    def __init__(self, context: RankContext, settings: ReplayShardSettings) -> None:
         super().__init__(context)
-        self.buffer = ReplayBuffer(capacity, num_streams, observation_space, action_space,
-                                   settings, seed + 104_729 * (context.role_index + 1))
-        self.num_shards, self.num_envs = num_shards, num_envs
+        self.buffer = ReplayBuffer(settings.capacity, settings.num_streams,
+                                   settings.observation_space, settings.action_space,
+                                   settings.replay,
+                                   settings.seed + 104_729 * (context.role_index + 1))
+        self.num_shards, self.num_envs = settings.num_shards, settings.num_envs
         self.priority_messages = 0  # received since start, to match the driver's expectation
         self.priority_expected = 0
         self.last_chunk: dict[int, int] = {}  # each rollout worker's last chunk stored

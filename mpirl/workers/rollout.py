@@ -14,8 +14,9 @@ import pickle
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -44,7 +45,7 @@ from mpirl.runtime.ulfm import bcast_weights
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES, GuardedEnv
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 
 #: Tag of sample batches on the data channel.
 BATCH_TAG = 21
@@ -151,6 +152,36 @@ def build_actor(spec: Any, seed: int, torch_threads: int = 1) -> Any:
     return build_torch_model(spec)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RolloutSettings(EnvWorkerSettings):
+    """What a rollout worker (``RolloutWorker``, ``TransitionWorker``) is built from; it crosses
+    to each rollout rank once, when the worker is spawned."""
+
+    policy: Any
+    """The spec of the model it acts with (``PolicySpec``, ``QSpec``, ...)."""
+    dump: DumpTarget | None = None
+    """Where its episodes go with ``--dump-trajectories``; None without."""
+    callbacks: str = ""
+    """``"module:Class"`` of the run's callbacks, or empty."""
+    gamma: float = 1.0
+    """Discount of the returns and advantages it computes (on-policy plans)."""
+    lam: float = 1.0
+    """GAE lambda of the advantages it computes (on-policy plans)."""
+    normalize_observations: bool = False
+    """Normalize vector observations by running statistics the driver merges."""
+
+    @classmethod
+    def from_config(cls, config: Any, *, env: EnvSpec, policy: Any,
+                    dump: DumpTarget | None = None) -> RolloutSettings:
+        """The settings of a run with ``config``. Offline configs have no GAE and no observation
+        filter (BC no discount either), and replay configs sample no advantages: their workers
+        keep the neutral defaults."""
+        return cls(env=env, policy=policy, **cls.config_values(config), dump=dump,
+                   callbacks=config.callbacks, gamma=getattr(config, "gamma", 1.0),
+                   lam=getattr(config, "gae_lambda", 1.0),
+                   normalize_observations=getattr(config, "normalize_observations", False))
+
+
 class RolloutWorker(Worker):
     """Samples experience with the current policy; one per rollout rank (or in-process)."""
 
@@ -158,16 +189,15 @@ class RolloutWorker(Worker):
                 "save_state", "load_state", "finish_dump", "compute_gradients",
                 "sample_fragments", "take_pushed_weights", "sample_rounds")
 
-    def __init__(self, context: RankContext, env: EnvSpec, policy: PolicySpec,
-                 num_envs: int, seed: int, gamma: float, lam: float,
-                 normalize_observations: bool, torch_threads: int = 1,
-                 max_env_failures: int = 10, dump: DumpTarget | None = None,
-                 env_failure_window: int = 1_000, callbacks: str = "") -> None:
+    Settings: ClassVar[type[RolloutSettings]] = RolloutSettings
+
+    def __init__(self, context: RankContext, settings: RolloutSettings) -> None:
         super().__init__(context)
-        self.callbacks = make_callbacks(callbacks)
+        env, num_envs, dump = settings.env, settings.num_envs, settings.dump
+        self.callbacks = make_callbacks(settings.callbacks)
         #: The custom metrics of each training episode since the last sample() returned.
         self._custom_metrics: list[dict[str, float]] = []
-        self.seed = seed + 1000 * context.role_index
+        self.seed = settings.seed + 1000 * context.role_index
         self.env_id = env.env_id
         self.where = f"rollout worker {context.role_index} on rank {context.rank}"
         #: Train on the sign of each reward (Atari); returns are reported unclipped.
@@ -178,26 +208,26 @@ class RolloutWorker(Worker):
                                          self.seed)
         else:
             self.envs = gym.vector.SyncVectorEnv(
-                [partial(GuardedEnv, env, max_env_failures, self.seed, i, self.where,
-                         env_failure_window)
+                [partial(GuardedEnv, env, settings.max_env_failures, self.seed, i, self.where,
+                         settings.env_failure_window)
                  for i in range(num_envs)],
                 autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
             )
         self.env_failures = 0  # on this worker, since it started
         self._unreported_failures = 0  # not yet returned by sample()
         self._next_warning_at = 0.0
-        self.policy = build_actor(policy, self.seed, torch_threads)
+        self.policy = build_actor(settings.policy, self.seed, settings.torch_threads)
         self._torch_policy: Any = None  # A3C's gradients: a torch copy of the actor, made once
         # A recurrent policy's state per env, zero at each episode's first step; carried across
         # sample() calls and saved in checkpoints.
         self.state = self.policy.initial_state(num_envs) \
             if getattr(self.policy, "recurrent", False) else None
         self.episode_starts = np.ones(num_envs, dtype=bool)
-        self.gamma, self.lam = gamma, lam
+        self.gamma, self.lam = settings.gamma, settings.lam
         # Only real-valued vectors are normalized; a Discrete one is one-hot encoded, and images
         # stay as they are (uint8 on the wire, scaled inside the model).
         space = self.envs.single_observation_space
-        self.normalize_observations = normalize_observations and isinstance(
+        self.normalize_observations = settings.normalize_observations and isinstance(
             space, gym.spaces.Box) and not has_image(space)
         self.obs_shape = self.envs.single_observation_space.shape
         self.filter = RunningMeanStd(self.obs_shape)

@@ -18,7 +18,7 @@ from mpirl.runtime.core import RankContext
 from mpirl.runtime.ulfm import poll_any_source
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
-from mpirl.workers.rollout import RolloutWorker, empty_sample_metrics
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker, empty_sample_metrics
 
 PACE_WAIT_S = 10.0
 """Longest a streaming worker waits for the learner before each chunk (``sample_transitions``'s
@@ -30,8 +30,8 @@ class TransitionWorker(RolloutWorker):
 
     MESSAGES = (*RolloutWorker.MESSAGES, "sample_transitions")
 
-    def __init__(self, context: RankContext, *args: Any, **kwargs: Any) -> None:
-        super().__init__(context, *args, **kwargs)
+    def __init__(self, context: RankContext, settings: RolloutSettings) -> None:
+        super().__init__(context, settings)
         self.rng = np.random.default_rng(self.seed + 17)
         # Each chunk's number: a shard joins a chunk to this worker's streams only when it
         # stored the one numbered just before. Resetting the envs outside sampling skips a

@@ -15,7 +15,8 @@ import sys
 import time
 
 from mpirl.config.parse import build
-from mpirl.execution.algorithm import Algorithm, load_algorithm
+from mpirl.execution.contract import load_algorithm
+from mpirl.execution.trainer import Trainer
 from mpirl.runtime.driver import RuntimeSettings, run
 from mpirl.runtime.layout import WORKER_ROLES, Layout
 from mpirl.testing import RankInspector
@@ -36,15 +37,15 @@ def inspect(driver, inspectors) -> dict[str, list[int]]:
 def main(driver, args) -> int:
     module = load_algorithm(args.algo)
     config = build(module.Config, json.loads(args.config))
-    algo = Algorithm(driver, module, config, EnvSpec(args.env))
+    trainer = Trainer(driver, module, config, EnvSpec(args.env))
     inspectors = [driver.spawn(role, RankInspector) for role in WORKER_ROLES
                   if driver.placement.count(role)]
     row, iterations = {}, []
     for seconds in (args.warmup_s, args.run_s):
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            row = algo.train()
-        iterations.append(algo.iteration)
+            row = trainer.train()
+        iterations.append(trainer.iteration)
         if len(iterations) == 1:
             first = inspect(driver, inspectors)
     last = inspect(driver, inspectors)

@@ -352,12 +352,13 @@ def learners_agree(driver, args):
     from mpirl.algorithms import ppo
 
     from mpirl.models.policy import PolicySpec
-    from mpirl.workers.learner import Learner
+    from mpirl.workers.learner import Learner, LearnerSettings
 
     spec = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
     config = ppo.Config()
-    learners = driver.spawn("learner", Learner, spec, ppo.loss, config, 1e-2, 0.5, 0,
-                            args.backend)
+    learners = driver.spawn("learner", Learner, LearnerSettings(
+        policy=spec, loss=ppo.loss, loss_config=config, lr=1e-2, grad_clip=0.5, seed=0,
+        backend=args.backend))
     initial = [w.tolist() for w in learners.call("get_weights")]
     rng = np.random.default_rng(0)
 

@@ -94,16 +94,17 @@ def broadcast_while_busy(driver, args):
     from mpirl.execution.operators import broadcast_weights
     from mpirl.models.policy import PolicySpec
     from mpirl.workers.env_spec import EnvSpec
-    from mpirl.workers.learner import Learner
-    from mpirl.workers.rollout import RolloutWorker
+    from mpirl.workers.learner import Learner, LearnerSettings
+    from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
     # Large enough (about 1 MiB) that MPI cannot send it eagerly: the root waits for receivers.
     spec = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
                       hidden_sizes=(512, 512))
-    learners = driver.spawn("learner", Learner, spec, ppo.loss, ppo.Config(), 1e-2, 0.5, 0,
-                            "mpi", local_if_empty=True)
-    rollouts = driver.spawn("rollout", RolloutWorker, EnvSpec("CartPole-v1"), spec, 1, 0, 0.99,
-                            0.95, False)
+    learners = driver.spawn("learner", Learner, LearnerSettings(
+        policy=spec, loss=ppo.loss, loss_config=ppo.Config(), lr=1e-2, grad_clip=0.5, seed=0,
+        backend="mpi"), local_if_empty=True)
+    rollouts = driver.spawn("rollout", RolloutWorker, RolloutSettings(
+        env=EnvSpec("CartPole-v1"), policy=spec, num_envs=1, seed=0, gamma=0.99, lam=0.95))
     busy = driver.spawn("rollout", Blocker)
     broadcast_weights(learners, rollouts)  # works while the rank is free
     busy[0].call_async("compute", args.compute_s)

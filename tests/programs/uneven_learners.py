@@ -24,7 +24,7 @@ from mpirl.algorithms import impala, marwil, ppo
 from mpirl.models.policy import PolicySpec
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.layout import Layout
-from mpirl.workers.learner import Learner
+from mpirl.workers.learner import Learner, LearnerSettings
 
 ROWS = 10
 #: How the ROWS rows are split between learner 0 and learner 1.
@@ -60,7 +60,9 @@ def rows(algo: str) -> dict[str, np.ndarray]:
 def learner(comm: MPI.Comm, algo: str, backend: str) -> Learner:
     loss, config = {"ppo": (ppo.loss, ppo.Config()), "impala": (impala.loss, impala.Config()),
                     "marwil": (marwil.Loss(), marwil.Config())}[algo]
-    return Learner(context(comm), SPEC, loss, config, 1e-3, 0.0, 0, backend)
+    return Learner(context(comm), LearnerSettings(policy=SPEC, loss=loss, loss_config=config,
+                                                  lr=1e-3, grad_clip=0.0, seed=0,
+                                                  backend=backend))
 
 
 def step(worker: Learner, algo: str, batch: dict[str, np.ndarray]) -> np.ndarray:

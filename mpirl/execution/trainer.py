@@ -1,50 +1,36 @@
-"""Running an algorithm: its worker groups, counters, metrics and stop criteria.
+"""The driver side of a run: its worker groups, counters, metrics, checkpoints and stop criteria.
 
-An algorithm module (``mpirl.algorithms.<name>``) provides ``Config`` (a dataclass whose fields,
-its own and those inherited from ``mpirl.config.fields``, are the flat ``--config`` keys), a loss
-``(policy, batch, config) -> (loss, stats)`` and ``training_step(algo) -> stats``. ``Algorithm``
-builds the rollout and learner groups that every plan uses and turns each iteration into one
-metrics row.
+``Trainer`` builds the rollout workers and learners of an algorithm module (its
+``ROLLOUT_WORKER`` and ``LEARNER``, from their ``Settings``), has the module's ``setup`` make
+its ``PlanState``, and turns each ``training_step(trainer, state)`` into one metrics row. What
+the module defines is ``mpirl.execution.contract``'s ``AlgorithmModule``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import math
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from mpirl.config.fields import CommonConfig, Range, above
+from mpirl.config.fields import Range, above
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
 from mpirl.errors import CallbackError, ConfigError, RankLost, RemoteError, unwrap_remote
+from mpirl.execution.contract import ALGORITHMS, AlgorithmModule, PlanState
 from mpirl.execution.operators import SampleResult, broadcast_weights
 from mpirl.jobs.checkpoint import CheckpointStore, capture_rng, manifest_header, restore_rng
-from mpirl.models.policy import RunningMeanStd, model_spec
+from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.driver import Driver
 from mpirl.runtime.state_files import read_state_file, write_state_file
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.env_spec import EnvSpec
-from mpirl.workers.learner import Learner
-from mpirl.workers.rollout import RolloutWorker
-
-#: Algorithm name on the command line -> module.
-ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
-              "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
-              "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
-              "SAC": "mpirl.algorithms.sac",
-              "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
-              "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars"}
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
 #: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
@@ -53,51 +39,20 @@ STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
              # multi-agent runs only: the lowest of the policies' episode_return_mean
              "policy_return_mean_min": Range()}
 
-
-#: What an algorithm module must define (``LEARNER``, ``ROLLOUT_WORKER``, ``setup``,
-#: ``check_config`` and ``model_spec`` are optional).
-PLUGIN_NAMES = ("Config", "training_step", "loss")
-
-
-def algorithm_name(name: str) -> str:
-    """The name a run records for ``name``: PPO for ppo, a plug-in's module path as given."""
-    return name.upper() if name.upper() in ALGORITHMS else name
+#: Plan values that driver.pkl held at its top level before plans kept their own (under
+#: ``plan``): a checkpoint written then hands them to the plan's ``set_state``.
+LEGACY_PLAN_KEYS = ("sgd_step_debt", "replay_empty_at", "sgd_steps_total")
 
 
-def load_algorithm(name: str) -> ModuleType:
-    """A built-in algorithm by name (PPO), or any importable module that defines ``Config``,
-    ``training_step`` and ``loss`` (``my_package.my_algo``), as the built-in ones do."""
-    builtin = ALGORITHMS.get(name.upper())
-    if builtin is not None:
-        return importlib.import_module(builtin)
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name is None or not name.startswith(error.name):
-            raise  # the plug-in itself imports something missing: its own traceback says what
-        raise ConfigError(
-            f"unknown algorithm {name!r}: neither a built-in one ({', '.join(ALGORITHMS)}) nor "
-            f"an importable module (no module named {error.name!r}; a plug-in module must be "
-            f"importable on every rank: installed, or on PYTHONPATH)") from None
-    except ImportError as error:
-        raise ConfigError(f"algorithm module {name!r} could not be imported: {error}") from None
-    missing = [attr for attr in PLUGIN_NAMES if not hasattr(module, attr)]
-    if missing:
-        raise ConfigError(
-            f"algorithm module {name!r} does not define {', '.join(missing)}; an algorithm "
-            f"module defines Config (a dataclass of its config keys), training_step(algo) -> "
-            f"stats and loss(policy, batch, config) -> (loss, stats)")
-    if not dataclasses.is_dataclass(module.Config) or not issubclass(module.Config,
-                                                                      CommonConfig):
-        raise ConfigError(f"{name}.Config must be a dataclass that subclasses one of "
-                          f"mpirl.config.fields' configs (OnPolicyConfig, say)")
-    return module
+class Trainer:
+    """The driver side of one run; ``train()`` runs one iteration and returns its row.
 
+    A plan reads ``trainer.config``, ``trainer.rollouts`` and ``trainer.learners`` (worker
+    groups), ``trainer.obs_filter`` and ``trainer.timesteps_total``, and adds each round of
+    samples with ``trainer.count(samples)``; its ``setup`` may spawn groups of its own with
+    ``trainer.driver``. What the plan keeps is ``trainer.plan``, not the trainer's."""
 
-class Algorithm:
-    """The driver-side state of one run; ``train()`` runs one iteration and returns its row."""
-
-    def __init__(self, driver: Driver, module: ModuleType, config: Any, env: EnvSpec,
+    def __init__(self, driver: Driver, module: AlgorithmModule, config: Any, env: EnvSpec,
                  dump: DumpSettings | None = None) -> None:
         self.driver, self.module, self.config, self.env = driver, module, config, env
         #: The name a run records: PPO for mpirl.algorithms.ppo, a plug-in's module path.
@@ -109,37 +64,23 @@ class Algorithm:
         if dump is not None and dump.dump_trajectories is not None:
             self.dump_index = DumpIndex(dump, env.env_id, observation_space, action_space,
                                         self.name)
-        # A plan may bring its own model and workers (DQN: a Q network, epsilon-greedy rollout
-        # workers, replay learners); the defaults are the actor-critic ones.
-        self.policy_spec = model_spec(module, observation_space, action_space, config)
-        rollout_cls = getattr(module, "ROLLOUT_WORKER", RolloutWorker)
-        learner_cls = getattr(module, "LEARNER", Learner)
-        # Offline configs have no GAE and no observation filter (BC no discount either): their
-        # rollout workers only evaluate, on observations as the dump holds them.
-        gamma = getattr(config, "gamma", 1.0)
-        gae_lambda = getattr(config, "gae_lambda", 1.0)
-        normalize_observations = getattr(config, "normalize_observations", False)
+        # The module's model and workers (DQN's: a Q network, epsilon-greedy rollout workers,
+        # learners on replay), each worker built from the settings its class reads.
+        self.policy_spec = module.model_spec(observation_space, action_space, config)
+        rollout_settings = module.ROLLOUT_WORKER.Settings.from_config(
+            config, env=env, policy=self.policy_spec,
+            dump=self.dump_index.target if self.dump_index is not None else None)
         try:
             # Each worker resets its envs here: one that always fails ends the run right away.
-            self.rollouts = driver.spawn(
-                "rollout", rollout_cls, env, self.policy_spec, config.num_envs_per_worker,
-                config.seed, gamma, gae_lambda, normalize_observations,
-                config.torch_threads, max_env_failures=config.max_env_failures,
-                env_failure_window=config.env_failure_window,
-                dump=self.dump_index.target if self.dump_index is not None else None,
-                callbacks=config.callbacks, local_if_empty=True,
-            )
+            self.rollouts = driver.spawn("rollout", module.ROLLOUT_WORKER, rollout_settings,
+                                         local_if_empty=True)
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
-        # A3C's learner makes no allreduce, and its config has neither allreduce key.
-        backend = getattr(config, "learner_backend", "auto")
-        master_addr = getattr(config, "learner_master_addr", "")
+        learner_settings = module.LEARNER.Settings.from_config(config, policy=self.policy_spec,
+                                                                 loss=module.loss)
         try:
-            self.learners = driver.spawn(
-                "learner", learner_cls, self.policy_spec, module.loss, config, config.lr,
-                config.grad_clip, config.seed, backend, config.torch_threads, master_addr,
-                local_if_empty=True,
-            )
+            self.learners = driver.spawn("learner", module.LEARNER, learner_settings,
+                                         local_if_empty=True)
         except RemoteError as error:
             # A setting only a learner's rank can check (learner_master_addr): the user's error.
             if error.cause_type == f"{ConfigError.__module__}.{ConfigError.__qualname__}":
@@ -148,10 +89,16 @@ class Algorithm:
             raise
         broadcast_weights(self.learners, self.rollouts)
         shape = observation_space.shape
-        self.obs_filter = RunningMeanStd(shape) if normalize_observations and shape else None
+        # Offline configs have no observation filter: their rollout workers only evaluate, on
+        # observations as the dump holds them.
+        normalize = getattr(config, "normalize_observations", False)
+        self.obs_filter = RunningMeanStd(shape) if normalize and shape else None
         self._init_run_state(config)
-        if hasattr(module, "setup"):  # groups of the plan's own (replay shards, say)
-            module.setup(self)
+        #: What the plan keeps between iterations (groups of its own, calls in flight).
+        self.plan = module.setup(self)
+        if not isinstance(self.plan, PlanState):
+            raise ConfigError(f"algorithm module {module.__name__!r}: setup(trainer) returned "
+                              f"{self.plan!r}, not a mpirl.execution.PlanState")
         invoke(self.callbacks, "on_algorithm_init", "driver", algorithm=self)
 
     def _init_run_state(self, config: Any) -> None:
@@ -161,19 +108,6 @@ class Algorithm:
         self.episodes_total = 0
         self.num_env_failures = 0
         self.evaluation_env_steps_total = 0  # offline plans: steps played only to evaluate
-        #: replay plans: the fraction of an SGD step owed to the env steps sampled so far
-        #: (``sgd_steps_per_env_step`` times a round's steps is seldom whole); checkpointed, so
-        #: that a resumed run takes the SGD steps the uninterrupted run would have
-        self.sgd_step_debt = 0.0
-        #: replay plans: env steps at which the replay buffer was last empty, 0 at the start;
-        #: the steps of a run resumed without its replay (``checkpoint_replay`` false), whose
-        #: buffer refills for ``learning_starts`` steps before training goes on
-        self.replay_empty_at = 0
-        #: asynchronous replay plans (Ape-X): SGD steps of the training calls started so far;
-        #: checkpointed, so that a resumed run paces sampling against the learner from where it
-        #: was rather than from 0 (which made the learner redo every SGD step while sampling
-        #: waited)
-        self.sgd_steps_total = 0
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
         #: Callbacks: the driver's own instance, each window episode's custom metrics, and
@@ -186,14 +120,6 @@ class Algorithm:
         self.last_row: dict[str, Any] | None = None
         #: TensorBoard histograms of the last iteration (tag -> array); empty on most.
         self.histograms: dict[str, np.ndarray] = {}
-        self.extra_groups: list = []
-        #: What a plan keeps between iterations (asynchronous requests in flight, say).
-        self.plan_state: dict[str, Any] = {}
-        #: Called before a checkpoint is written, a restore and the end of a run (``settle``):
-        #: a plan with requests in flight settles them.
-        self.before_checkpoint: list[Callable[[], None]] = []
-        #: Where learner 0's histograms come from while its call runs across iterations.
-        self.histograms_from: Callable[[], dict[str, np.ndarray]] | None = None
         self._warned_unsaved_envs = False
 
     @property
@@ -273,20 +199,17 @@ class Algorithm:
 
     def training_step(self) -> dict[str, float]:
         """One iteration of the algorithm's plan; its statistics."""
-        return self.module.training_step(self)
+        return self.module.training_step(self, self.plan)
 
     def collect_histograms(self) -> dict[str, np.ndarray]:
         """What TensorBoard's histograms show this iteration: learner 0's."""
-        if self.histograms_from is not None:
-            return self.histograms_from()
-        return self.learners[0].call("histograms")
+        return self.plan.histograms(self.learners)
 
     def settle(self) -> None:
         """Bring the calls a plan keeps running across iterations to a stop, with what they
         sampled counted; the workers are then free for other calls. The next iteration starts
         them again."""
-        for settle in self.before_checkpoint:
-            settle()
+        self.plan.settle()
         if self.driver.dispatcher is not None:
             self.driver.dispatcher.release_all()  # standing rounds (execution.standing_rounds)
 
@@ -328,8 +251,7 @@ class Algorithm:
             "iteration": self.iteration, "timesteps_total": self.timesteps_total,
             "episodes_total": self.episodes_total, "num_env_failures": self.num_env_failures,
             "evaluation_env_steps_total": self.evaluation_env_steps_total,
-            "sgd_step_debt": self.sgd_step_debt, "replay_empty_at": self.replay_empty_at,
-            "sgd_steps_total": self.sgd_steps_total,
+            "plan": self.plan.get_state(),
             "returns": list(self.returns),
             "lengths": list(self.lengths),
             "custom_metrics": list(self.custom_metrics),
@@ -345,9 +267,9 @@ class Algorithm:
         self.episodes_total = state["episodes_total"]
         self.num_env_failures = state["num_env_failures"]
         self.evaluation_env_steps_total = state.get("evaluation_env_steps_total", 0)
-        self.sgd_step_debt = state.get("sgd_step_debt", 0.0)  # absent before it was saved
-        self.replay_empty_at = state.get("replay_empty_at", 0)
-        self.sgd_steps_total = state.get("sgd_steps_total", 0)
+        # Before plans kept their own values, driver.pkl held them at its top level.
+        self.plan.set_state(state["plan"] if "plan" in state else
+                            {key: state[key] for key in LEGACY_PLAN_KEYS if key in state})
         self.returns.clear()
         self.returns.extend(state["returns"])
         self.lengths.clear()
@@ -364,9 +286,9 @@ class Algorithm:
 
     @property
     def stateful_groups(self) -> list:
-        """The worker groups whose state goes into a checkpoint, in the order restored.
-        A plan that adds groups (replay shards, say) appends them here."""
-        return [self.learners, self.rollouts, *self.extra_groups]
+        """The worker groups whose state goes into a checkpoint, in the order restored: the
+        learners, the rollout workers, and the plan's own (replay shards, say)."""
+        return [self.learners, self.rollouts, *self.plan.groups()]
 
     def save_checkpoint(self, store: CheckpointStore, include_replay: bool = True) -> Path:
         """Write a checkpoint of the whole run: every worker writes its own file, in parallel."""
@@ -409,8 +331,7 @@ class Algorithm:
             if saved == 0:
                 if len(group):
                     notes.append(f"{group.name} workers start empty (none in the checkpoint)")
-                    if group.role == "replay":  # refilled before training goes on
-                        self.replay_empty_at = self.timesteps_total
+                    self.plan.restored_empty(group, self.timesteps_total)
                 continue
             if saved != len(group):
                 note = f"{group.name} workers {saved} -> {len(group)}"
