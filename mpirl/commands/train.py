@@ -123,9 +123,6 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         setup = resolve(algorithm_name(algo), user_given(algo_config), env)
         check_stop_keys(stop, setup)
         setup.learner_slices(algo_config.num_learners)  # ConfigError if they don't fit
-        # The multi-agent plan does not go on without a lost rollout rank: the job ends, and
-        # --resume continues it.
-        settings = dataclasses.replace(settings, survive_rollout_loss=False)
     elif algo_config.multiagent:
         raise ConfigError(f"config key 'multiagent' is for multi-agent envs; {env_id!r} is a "
                           f"single-agent env. Give a PettingZoo env (module:ParallelEnvClass, or "
