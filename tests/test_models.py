@@ -26,7 +26,8 @@ from mpirl.models.q_network import QSpec, dqn_loss
 from mpirl.models.soft_q import SACSpec, sac_loss
 from mpirl.models.torch_model import build_torch_model
 from mpirl.workers.env_spec import EnvSpec
-from mpirl.workers.rollout import RolloutSettings, RolloutWorker, sequence_batch
+from mpirl.workers.postprocess import sequence_batch
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 PROBES = "mpirl.envs.probes"

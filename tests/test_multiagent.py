@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import pickle
+import signal
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 from conftest import (
     BIN,
+    LiveRun,
+    assert_every_rank_ended,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
     mpi_env,
@@ -557,3 +560,119 @@ def test_a_pettingzoo_module_with_parallel_env(tmp_path):
     last = _rows(run_dir)[-1]
     assert _f(last, "episode_len_mean/shared") == 25
     assert int(last["agent_steps_total/shared"]) == 3 * int(last["timesteps_total"])
+
+
+# Composition through each policy's own plan (issue 37): any algorithm with a learner drives a
+# policy as it drives a single-agent run, beside any other.
+
+PROGRAMS = str(Path(__file__).resolve().parent / "programs")
+
+
+def test_a_plugin_algorithm_and_a3c_each_drive_a_policy(tmp_path):
+    """A plug-in (PPO's pieces under another module name, tests/programs/ppo_copy.py) drives the
+    Box steerer and A3C, whose gradients are computed on the rollout ranks and applied as they
+    come, the Discrete picker: both learn, through their own plans."""
+    run_dir = tmp_path / "run"
+    config = {"multiagent": {"policies": {"picker": {"algo": "A3C"},
+                                          "steerer": {"algo": "ppo_copy"}}}}
+    proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
+                   "--run-dir", str(run_dir), "--config", json.dumps(config), "--stop",
+                   '{"timesteps_total": 50000}', timeout=300,
+                   env={"CI": "true", "PYTHONPATH": PROGRAMS})
+    _ok(proc)
+    rows = _rows(run_dir)
+    first, last = rows[0], rows[-1]
+    assert _f(first, "episode_return_mean/picker") < 10 and _f(last,
+                                                           "episode_return_mean/picker") >= 17
+    assert _f(last, "episode_return_mean/steerer") >= _f(first, "episode_return_mean/steerer") + 2.5
+    assert "picker/policy_lag_mean" in last and "steerer/approx_kl" in last
+    params = json.loads((run_dir / "params.json").read_text())
+    assert params["config"]["multiagent"]["policies"]["steerer"]["algo"] == "ppo_copy"
+
+
+def test_apex_drives_a_policy_beside_ppo(tmp_path):
+    """Ape-X's asynchronous loop (per-worker epsilons, prioritized replay, weights posted by its
+    learner) drives the picker while PPO drives the steerer: both learn."""
+    run_dir = tmp_path / "run"
+    config = {"multiagent": {"policies": {"picker": {"algo": "APEX", "num_learners": 0},
+                                          "steerer": {}}}}
+    _ok(_train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents", "--run-dir",
+               str(run_dir), "--config", json.dumps(config), "--stop",
+               '{"timesteps_total": 12000}'))
+    rows = _rows(run_dir)
+    first, last = rows[0], rows[-1]
+    assert _f(last, "episode_return_mean/picker") >= 15, last
+    assert _f(last, "episode_return_mean/steerer") >= _f(first, "episode_return_mean/steerer") + 2
+    assert _f(last, "picker/sgd_steps_total") > 0
+
+
+def test_rollout_callbacks_see_every_agents_episodes(tmp_path):
+    """on_episode_end runs on the rollout ranks for each agent's episode (with its agent and
+    policy ids), on_sample_end for each policy's sample call, and custom metrics reach the
+    row; the driver's hooks run once for the run."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    run_dir = tmp_path / "run"
+    config = {"callbacks": "callbacks_probe:Probe",
+              "multiagent": {"policies": {"picker": {"algo": "DQN"}, "steerer": {}}}}
+    proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
+                   "--run-dir", str(run_dir), "--config", json.dumps(config), "--stop",
+                   '{"training_iteration": 2}', timeout=300,
+                   env={"CI": "true", "PYTHONPATH": PROGRAMS, "PROBE_DIR": str(probe)})
+    _ok(proc)
+    events = [json.loads(line) for path in probe.iterdir()
+              for line in path.read_text().splitlines()]
+    ends = [e for e in events if e["hook"] == "on_episode_end"]
+    assert {e["rank"] for e in ends} == {1, 2}
+    rows = _rows(run_dir)
+    finished = round(_f(rows[-1], "episodes_total"))  # env episodes: one per picker episode
+    assert len(ends) >= 2 * finished  # a picker's and a steerer's episode each
+    assert sum(e["hook"] == "on_algorithm_init" for e in events) == 1
+    assert sum(e["hook"] == "on_train_result" for e in events) == 2
+    assert any(e["hook"] == "on_sample_end" for e in events)
+    assert "custom/length_copy_mean" in rows[-1]
+    assert np.isfinite(_f(rows[-1], "custom/length_copy_mean"))
+
+
+def test_a_rollout_rank_killed_under_ulfm_is_survived(tmp_path, monkeypatch):
+    """kill -9 of a rollout rank of a multi-agent run under ULFM: every policy's plan goes on
+    with the other ranks, and the run reaches its stop criterion in the same job."""
+    monkeypatch.setenv("CI", "true")
+    run_dir = tmp_path / "run"
+    config = {"num_rollout_workers": 3, "checkpoint_every": 0, "rollout_fragment_length": 16,
+              "multiagent": {"policies": {"a": {}, "b": {"algo": "A2C"}},
+                             "policy_mapping": {"cart_0": "a", "cart_1": "b"}}}
+    run = LiveRun(4, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+                  "--config", json.dumps(config), "--stop", '{"training_iteration": 25}',
+                  ulfm=True)
+    run.wait_until(lambda: (run_dir / "progress.csv").exists() and len(_rows(run_dir)) >= 2,
+                   "two iterations")
+    pids = run.pids()
+    assert pids[2][0] == "rollout"
+    os.kill(pids[2][1], signal.SIGKILL)
+    code = run.finish(timeout=120)
+    err = run.stderr
+    assert code == 0, f"exit {code}\n{err}"
+    assert "mpirl: lost rank 2 (rollout 1)" in err and "Traceback" not in err, err
+    rows = _rows(run_dir)
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 26))
+    assert rows[0]["num_rollout_workers"] == "3" and rows[-1]["num_rollout_workers"] == "2"
+    assert rows[-1]["rollout_ranks_lost"] == "1"
+    assert_every_rank_ended([pid for _, pid in pids.values()])
+
+
+def test_gloo_learners_average_each_policys_gradients(tmp_path):
+    """learner_backend gloo per policy: each policy's two learners form a gloo group of their
+    own (over the learner ranks of its slice) and end every update with identical weights."""
+    run_dir = tmp_path / "run"
+    config = {"num_learners": 4, "checkpoint_every": 2, "learner_backend": "gloo",
+              "multiagent": {"policies": {"a": {"num_learners": 2}, "b": {"num_learners": 2}},
+                             "policy_mapping": {"cart_0": "a", "cart_1": "b"}}}
+    _ok(_train(6, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+               "--config", json.dumps(config), "--stop", '{"training_iteration": 2}'))
+    for pid in ("a", "b"):
+        first = _state(run_dir, 2, f"learner-{pid}_0.pkl")["weights"]
+        second = _state(run_dir, 2, f"learner-{pid}_1.pkl")["weights"]
+        assert np.array_equal(first, second), pid
+    assert not np.array_equal(_state(run_dir, 2, "learner-a_0.pkl")["weights"],
+                              _state(run_dir, 2, "learner-b_0.pkl")["weights"])

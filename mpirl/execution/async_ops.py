@@ -248,7 +248,7 @@ class AsyncRequests:
 
 class SampleRequests(AsyncRequests, PlanState):
     """IMPALA's plan state: asynchronous ``sample`` calls returning fragments for V-trace
-    (``trajectories=True``); rollout worker i's batches go to learner i mod L. Before a
+    (``form=FRAGMENTS``); rollout worker i's batches go to learner i mod L. Before a
     checkpoint the calls in flight are finished and their batches received and dropped (counted
     as sampled, not trained on)."""
 

@@ -224,11 +224,19 @@ class RolloutWorker(Worker):
         self._take_weights(weights)
         metrics, batch = self._collect(steps_per_env, filter_state, form)
         rank = self._rank_of(deliver.batch)
-        if deliver.rides and rank == DRIVER_RANK and fits_in_gather(
-                batch, self.context.weights_comm.Get_size()):
-            metrics["batch"] = PackedBatch(batch)
-            return metrics
+        if deliver.rides and rank == DRIVER_RANK:
+            return self._batch_in_answer(metrics, batch, rank)
         return self._deliver(metrics, batch, deliver.batch)
+
+    def _batch_in_answer(self, metrics: dict[str, Any], batch: dict[str, np.ndarray],
+                         send_to: int) -> dict[str, Any]:
+        """Keep ``batch`` in ``metrics``, packed, if it fits in the gather, else send it to
+        ``send_to``."""
+        if fits_in_gather(batch, self.context.weights_comm.Get_size()):
+            metrics["batch"] = PackedBatch(batch)
+        else:
+            self._send_batch(batch, send_to)
+        return metrics
 
     def _collect(self, steps_per_env: int, filter_state: tuple | None, form: str
                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
