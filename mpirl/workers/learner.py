@@ -736,9 +736,9 @@ class Learner(Worker):
         """Send this learner's weights to every rollout rank: the root of one ``Bcast`` (by
         message where the ranks are shared with other policies' workers: ``weights_to``). With
         ``gather_answers`` (the rollout workers' ``sample(deliver=Gathered(...))``), then the
-        root of the gather of their answers (``mpirl.runtime.gathered``), which it returns: they cross
-        to the driver as one message. With ``round_header`` the weights start a round of the
-        rollout workers' standing ``sample_rounds`` calls, the header first
+        root of the gather of their answers (``mpirl.runtime.gathered``), which it returns:
+        they cross to the driver as one message. With ``round_header`` the weights start a
+        round of the rollout workers' standing ``sample_rounds`` calls, the header first
         (``gathered.start_round``)."""
         context = self.context
         if self.weights_to:  # ranks shared with other policies' workers: by message
