@@ -142,7 +142,7 @@ def test_rollouts_train_on_clipped_rewards_and_report_the_score(trajectories):
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
     worker = RolloutWorker(local_context("rollout"), RolloutSettings(
         env=spec, policy=policy, num_envs=2, seed=0, gamma=GAMMA))
-    metrics = worker.sample(8, trajectories=trajectories)
+    metrics = worker.sample(8, form="fragments" if trajectories else "advantages")
     assert metrics["episode_returns"] == [10.0] * 4  # 5 + 5 + 5 - 5, in every episode
     batch = metrics["batch"]
     if trajectories:  # IMPALA's fragments hold the rewards themselves

@@ -47,7 +47,7 @@ def counting_worker(episode_length: int, max_episode_steps: int) -> RolloutWorke
 @pytest.mark.parametrize("trajectories", [False, True])
 def test_a_step_both_terminated_and_truncated_is_not_bootstrapped(trajectories):
     worker = counting_worker(episode_length=5, max_episode_steps=5)
-    batch = worker.sample(5, trajectories=trajectories)["batch"]
+    batch = worker.sample(5, form="fragments" if trajectories else "advantages")["batch"]
     if trajectories:  # V-trace's fragments (IMPALA): rewards as sampled
         assert batch["rewards"][0].tolist() == [1.0] * 5
         assert batch["dones"][0].tolist() == [0, 0, 0, 0, 1]

@@ -87,7 +87,7 @@ def test_image_observations_stay_uint8_on_the_wire(trajectories):
     worker = RolloutWorker(local_context("rollout"), RolloutSettings(
         env=spec, policy=policy, num_envs=2, seed=0, gamma=0.99, lam=0.95,
         normalize_observations=True))
-    batch = worker.sample(16, trajectories=trajectories)["batch"]
+    batch = worker.sample(16, form="fragments" if trajectories else "advantages")["batch"]
     assert batch["obs"].dtype == np.uint8
     if trajectories:
         assert batch["bootstrap_obs"].dtype == np.uint8

@@ -676,3 +676,52 @@ def test_gloo_learners_average_each_policys_gradients(tmp_path):
         assert np.array_equal(first, second), pid
     assert not np.array_equal(_state(run_dir, 2, "learner-a_0.pkl")["weights"],
                               _state(run_dir, 2, "learner-b_0.pkl")["weights"])
+
+
+def test_every_algorithm_with_a_learner_drives_a_policy_in_one_run(tmp_path):
+    """One run, one policy per algorithm: PPO, A2C, IMPALA, A3C, DQN, Ape-X, BC and MARWIL (from
+    a multi-agent dump), a plug-in (PPO's copy) and SAC, every pair of them side by side. Each
+    plan trains its policy, its state (replay, requests in flight, SGD debt) goes into the
+    checkpoint, and the run resumes from it."""
+    dump, first_run, run_dir = tmp_path / "dump", tmp_path / "first", tmp_path / "run"
+    env = "mpirl.testing:ManyPickers"
+    # A dataset for the offline policies: one picker's episodes, from a short PPO run.
+    _ok(_train(1, "--algo", "PPO", "--env", env, "--run-dir", str(first_run), "--config",
+               json.dumps({"env_config": {"pickers": 1, "steerers": 0},
+                           "dump_trajectories": str(dump)}),
+               "--stop", '{"training_iteration": 2}'))
+    offline = {"input": str(dump / "shared"), "num_learners": 0,
+               "num_sgd_steps_per_iteration": 5, "evaluation_episodes": 2}
+    replay = {"sgd_steps_per_env_step": 0.02, "learning_starts": 100, "hidden_sizes": [32]}
+    policies = {
+        "pick_0": {}, "pick_1": {"algo": "A2C"},
+        "pick_2": {"algo": "IMPALA", "min_steps_per_iteration": 300, "train_batch_size": 150},
+        "pick_3": {"algo": "A3C", "min_steps_per_iteration": 300},
+        "pick_4": {"algo": "DQN", **replay},
+        "pick_5": {"algo": "APEX", **replay, "num_learners": 0,
+                   "min_env_steps_per_iteration": 200},
+        "pick_6": {"algo": "BC", **offline}, "pick_7": {"algo": "MARWIL", **offline},
+        "pick_8": {"algo": "ppo_copy"}, "steer_0": {"algo": "SAC", **replay}}
+    config = {"checkpoint_every": 2, "multiagent": {"policies": policies}}
+    for stop, extra in ((2, ["--env", env, "--algo", "PPO", "--config", json.dumps(config)]),
+                        (3, ["--resume", str(run_dir)])):
+        proc = run_mpi(3, MPIRL, "train", *extra, "--run-dir", str(run_dir), "--stop",
+                       json.dumps({"training_iteration": stop}), timeout=300,
+                       env={"CI": "true", "PYTHONPATH": PROGRAMS})
+        _ok(proc)
+    assert "resumed from" in proc.stdout
+    rows = _rows(run_dir)
+    assert [int(r["iteration"]) for r in rows] == [1, 2, 3]
+    last = rows[-1]
+    for pid in policies:  # every policy took steps (the offline ones: dataset rows)
+        assert _f(last, f"agent_steps_total/{pid}") > 0, pid
+    # Each plan's own statistics, from its own plan.
+    for column in ("pick_0/approx_kl", "pick_1/policy_loss", "pick_2/policy_lag_mean",
+                   "pick_3/policy_lag_mean", "pick_4/td_loss", "pick_5/sgd_steps_total",
+                   "pick_6/evaluation_env_steps_total", "pick_7/weight_mean",
+                   "pick_8/clip_fraction", "steer_0/alpha"):
+        assert np.isfinite(_f(last, column)), column
+    checkpoint = run_dir / "checkpoints" / "checkpoint_000002"
+    for name in ("learner-pick_0_0.pkl", "replay-pick_4_0.pkl", "replay-pick_5_0.pkl",
+                 "replay-steer_0_0.pkl", "rollout-pick_4_0.pkl", "rollout_0.pkl"):
+        assert (checkpoint / name).is_file(), name

@@ -181,7 +181,7 @@ class _Columns:
 
     #: Columns written only at some steps (truncations, multi-agent slots that acted): zeros
     #: elsewhere, whatever the block.
-    SPARSE = frozenset({"final_values", "active"})
+    SPARSE = frozenset({"final_values", "active", "failed"})
 
     def put(self, name: str, t: int, rows: Any, value: np.ndarray) -> None:
         array = self.arrays.get(name)
@@ -217,6 +217,8 @@ class _Lane:
         self.recording: tuple | None = None
         self.pending: deque[Block] = deque()
         self.custom: list[dict[str, float]] = []
+        #: the weights its actor holds (as last set), and their version
+        self.weights: np.ndarray | None = None
         self.weights_version = 0
         self.after_reset = True
         self.unreported_failures = 0
@@ -316,14 +318,19 @@ class EnvRunner(Worker):
         return self.lanes[policy_id]
 
     def set_weights(self, policy_id: str, flat: np.ndarray) -> None:
-        """New weights for ``policy_id``: blocks stepped from now on are of a new version."""
+        """Weights for ``policy_id``: blocks stepped from now on are of a new version, unless
+        they are the ones it has (a policy's weights sent again, as every iteration of a
+        multi-agent run ends: its steps since are still on-policy)."""
+        lane = self.lanes.get(policy_id)
+        if lane is not None:
+            if lane.weights is not None and np.array_equal(lane.weights, flat):
+                return
+            lane.weights = np.array(flat, np.float32)
+            lane.weights_version += 1
         self.actors[policy_id].set_weights(flat)
         pool = self.snapshots.get(policy_id)
         if pool is not None and not pool:
             pool.append(np.array(flat, np.float32))
-        lane = self.lanes.get(policy_id)
-        if lane is not None:
-            lane.weights_version += 1
 
     def set_epsilon(self, policy_id: str, epsilon: float) -> None:
         self.actors[policy_id].epsilon = epsilon
@@ -729,17 +736,17 @@ class EnvRunner(Worker):
                     returns.append(ret)
                     lengths.append(length)
                     quota[e] -= 1
-        self._abandon_episodes()
+        self._start_afresh()
         self.env_failures += failures
         result = {"env_steps": env_steps, "episode_returns": returns, "episode_lengths": lengths,
                   "env_failures": failures, "policy_returns": policy_returns,
                   "policy_lengths": policy_lengths}
         return result
 
-    def _abandon_episodes(self) -> None:
-        """The envs start afresh: every lane's episodes in progress are dropped, their memory
-        cleared, and their dumps skip the episodes now in progress (never recorded)."""
-        self._note_failures(self.envs.reset(), None)
+    def _start_afresh(self, seed: int | None = None) -> None:
+        """Reset every env (from ``seed``): every lane's episodes in progress and blocks not
+        taken are dropped, its memory cleared, and its dump records from the next step on."""
+        self._note_failures(self.envs.reset(seed=seed), None)
         for lane in self.lanes.values():
             lane.returns[:] = 0.0
             lane.lengths[:] = 0
@@ -749,7 +756,7 @@ class EnvRunner(Worker):
             lane.after_reset = True
             lane.pending.clear()
             if lane.recorder is not None:
-                lane.recorder.untrack()
+                lane.recorder.begin()
 
     def play_episodes(self, start: Callable[[int], bool],
                       act: Callable[[list[int], np.ndarray], np.ndarray],
@@ -858,6 +865,8 @@ class EnvRunner(Worker):
         for pid, flat in state["weights"].items():
             if pid in self.actors:
                 self.actors[pid].set_weights(flat)
+                if pid in self.lanes:
+                    self.lanes[pid].weights = np.array(flat, np.float32)
         for pid, epsilon in state["epsilons"].items():
             if pid in self.actors:
                 self.actors[pid].epsilon = epsilon
@@ -891,17 +900,7 @@ class EnvRunner(Worker):
         else:
             # Environments start over (from a seed that differs from the first run's) when they
             # could not be saved or num_envs_per_worker changed.
-            self._note_failures(self.envs.reset(seed=self.seed + 7_777_777 * self.restores),
-                                None)
-            for lane in self.lanes.values():
-                lane.returns[:] = 0.0
-                lane.lengths[:] = 0
-                if lane.state is not None:
-                    lane.state[:] = 0.0
-                lane.starts[:] = True
-                lane.after_reset = True
-                if lane.recorder is not None:
-                    lane.recorder.begin()
+            self._start_afresh(seed=self.seed + 7_777_777 * self.restores)
         restore_rng(state["rng"])
         own_run = state.get("seed", self.seed) == self.seed
         for pid, actor in self.actors.items():

@@ -203,6 +203,21 @@ class RolloutWorker(Worker):
         self.pushes_taken = 0
         self.stopped_round = -1  # calls of this round of the stream, or earlier, stop early
 
+    @property
+    def envs(self) -> Any:
+        """A single-agent worker's vector env (its sampling core's)."""
+        return self.runner.envs.envs
+
+    @property
+    def env_failures(self) -> int:
+        """Env failures recovered on this rank since it started."""
+        return self.runner.env_failures
+
+    @property
+    def state(self) -> np.ndarray | None:
+        """A recurrent policy's state per slot, carried across calls (None without one)."""
+        return self.lane.state
+
     # Sampling.
 
     def sample(self, steps_per_env: int, filter_state: tuple | None = None,

@@ -12,12 +12,18 @@ import time
 from typing import Any
 
 from mpirl.data.sample_tally import SampleTally
+from mpirl.runtime.core import RankContext
 from mpirl.runtime.ulfm import poll_any_source
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.callbacks import invoke
-from mpirl.workers.env_runner import EXPLORE
+from mpirl.workers.env_runner import EXPLORE, EnvRunner
 from mpirl.workers.postprocess import replay_chunk
-from mpirl.workers.rollout import RolloutWorker, empty_sample_metrics, merge_sample_metrics
+from mpirl.workers.rollout import (
+    RolloutWorker,
+    SamplingSettings,
+    empty_sample_metrics,
+    merge_sample_metrics,
+)
 
 PACE_WAIT_S = 10.0
 """Longest a streaming worker waits for the learner before each chunk (``sample_transitions``'s
@@ -30,8 +36,9 @@ class TransitionWorker(RolloutWorker):
     MESSAGES = (*RolloutWorker.MESSAGES, "sample_transitions")
     ACTING = EXPLORE
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, context: RankContext, settings: SamplingSettings,
+                 beside: EnvRunner | None = None) -> None:
+        super().__init__(context, settings, beside)
         # Each chunk's number: a shard joins a chunk to this worker's streams only when it
         # stored the one numbered just before. Resetting the envs outside sampling skips a
         # number, and so does a chunk lost in flight at a checkpoint.
