@@ -296,7 +296,8 @@ def test_lstm_runs_resume_bit_identical_and_serve_a2c_a3c_and_impala(tmp_path):
     weights = [_checkpoint(runs[name], 6, "learner_0.pkl")["weights"] for name in runs]
     assert np.array_equal(*weights)
     # The rollout ranks' states went into the checkpoint and came back.
-    assert _checkpoint(runs["reference"], 5, "rollout_0.pkl")["policy_state"].any()
+    assert _checkpoint(runs["reference"], 5, "rollout_0.pkl")["runner"]["lanes"]["default"][
+        "state"].any()
     for algo in ("A2C", "A3C", "IMPALA"):
         _, run_dir, result = train(
             3, tmp_path / algo, "--algo", algo, "--env", f"{PROBES}:RecallCue",

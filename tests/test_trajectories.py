@@ -440,7 +440,7 @@ def test_killed_writer_process_is_reported(tmp_path):
     recorder.writer.proc.wait()
     obs = np.zeros((1, 2), np.float32)
     recorder.step(obs, np.array([1]), np.ones(1), np.array([True]), np.array([False]),
-                  np.zeros(1), {"final_obs": [obs[0]]}, None)
+                  np.zeros(1), {0: obs[0]}, None)
     with pytest.raises(RuntimeError, match="trajectory writer"):
         for _ in range(50):  # the reader thread notices the writer's end asynchronously
             recorder.flush()

@@ -80,8 +80,6 @@ class SamplingSettings:
     bootstrap with it."""
     lam: float = 1.0
     """GAE lambda of the advantages it computes (on-policy plans)."""
-    max_seq_len: int = 20
-    """A recurrent policy's sequence length."""
     torch_threads: int = 1
     """Threads of a torch copy of the policy (A3C's gradients)."""
     weights_from: int | None = None
@@ -95,7 +93,7 @@ class SamplingSettings:
         is ``config``."""
         return cls(policy_id=policy_id, policy_index=policy_index,
                    gamma=getattr(config, "gamma", 1.0), lam=getattr(config, "gae_lambda", 1.0),
-                   max_seq_len=config.max_seq_len, torch_threads=config.torch_threads,
+                   torch_threads=config.torch_threads,
                    weights_from=weights_from)
 
 
@@ -122,7 +120,7 @@ class RolloutSettings(EnvWorkerSettings, SamplingSettings):
         keep the neutral defaults."""
         return cls(env=env, policy=policy, **cls.config_values(config), dump=dump,
                    callbacks=config.callbacks, gamma=getattr(config, "gamma", 1.0),
-                   lam=getattr(config, "gae_lambda", 1.0), max_seq_len=config.max_seq_len,
+                   lam=getattr(config, "gae_lambda", 1.0),
                    normalize_observations=getattr(config, "normalize_observations", False))
 
     def runner(self, acting: str) -> RunnerSettings:
@@ -214,6 +212,11 @@ class RolloutWorker(Worker):
         return self.runner.env_failures
 
     @property
+    def recorder(self) -> Any:
+        """Its policy's trajectory dump's recorder (None without a dump)."""
+        return self.lane.recorder
+
+    @property
     def state(self) -> np.ndarray | None:
         """A recurrent policy's state per slot, carried across calls (None without one)."""
         return self.lane.state
@@ -278,8 +281,8 @@ class RolloutWorker(Worker):
         if form == FRAGMENTS:
             return fragment_batch(block, s.gamma)
         last_values = self.lane.actor.value(block.last_obs, block.last_state, block.last_critic)
-        return advantage_batch(block, last_values, s.gamma, s.lam,
-                               s.max_seq_len if block.states is not None else 0)
+        length = self.lane.policy.spec.model.max_seq_len if block.states is not None else 0
+        return advantage_batch(block, last_values, s.gamma, s.lam, length)
 
     def _rank_of(self, deliver: ToRank | ToLearnerOf) -> int:
         if isinstance(deliver, ToLearnerOf):
