@@ -155,14 +155,14 @@ def _evaluate_multiagent(checkpoint: Path, manifest: dict[str, Any], env: EnvSpe
     sampling core built here with rollout worker 0's weights and observation statistics."""
     from mpi4py import MPI
 
-    from mpirl.execution.multiagent import MultiAgentTrainer, runner_policy, user_given
+    from mpirl.execution.multiagent import MultiAgentTrainer, runner_policy
     from mpirl.execution.multiagent_setup import resolve
     from mpirl.runtime.core import RankContext
     from mpirl.workers.env_runner import EnvRunner, RunnerSettings
 
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
-    setup = resolve(manifest["algo"], user_given(config), env)
+    setup = resolve(manifest["algo"], config, env)
     slots = MultiAgentTrainer.slot_agents_of(setup)
     context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
     runner = EnvRunner(context, RunnerSettings(

@@ -107,10 +107,9 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
                         "env_backend": "gymnasium"})
     driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
     if env.is_multi_agent():
-        from mpirl.execution.multiagent import user_given
         from mpirl.execution.multiagent_setup import resolve
 
-        setup = resolve(manifest["algo"], user_given(config), env)
+        setup = resolve(manifest["algo"], config, env)
         if policy_id is None and len(setup.policies) > 1:
             raise ConfigError(f"{checkpoint} holds policies {sorted(setup.policies)}: name the "
                               f"one to export with --policy ID")

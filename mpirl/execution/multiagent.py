@@ -60,7 +60,7 @@ class MultiAgentTrainer(Trainer):
         self.driver, self.module, self.config, self.env = driver, module, config, env
         self.place = None
         self.name = module.__name__.rsplit(".", 1)[-1].upper()
-        self.setup = setup or resolve(self.name, user_given(config), env)
+        self.setup = setup or resolve(self.name, config, env)
         self.policy_id = self.policy_index = None
         self.dump_index: PolicyDumps | None = None
         if dump is not None and dump.dump_trajectories is not None:

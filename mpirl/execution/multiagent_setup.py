@@ -153,9 +153,15 @@ class MultiAgentSetup:
         return slices
 
 
-def resolve(algo: str, given: dict[str, Any], env: Any) -> MultiAgentSetup:
+def resolve(algo: str, config: Any, env: Any) -> MultiAgentSetup:
     """The multi-agent setup of a run of ``algo`` on the multi-agent env ``env`` (an EnvSpec)
-    with the config keys ``given`` (the top level, ``multiagent`` included)."""
+    with ``config`` (the run's, ``multiagent`` included). Each policy's config takes the keys
+    the user gave at the top level where its algorithm has them, and the run's values of the
+    keys that hold for the whole run (``RUN_WIDE_KEYS``): every policy's plan steps the envs it
+    shares with the others by the same fragments."""
+    given = user_given(config)
+    run_wide = {key: getattr(config, key) for key in RUN_WIDE_KEYS
+                if key != "multiagent" and hasattr(config, key)}
     spec = given.get("multiagent") or {}
     if not isinstance(spec, dict):
         raise ConfigError(f"config key 'multiagent' must be an object, got {spec!r}")
@@ -229,8 +235,9 @@ def resolve(algo: str, given: dict[str, Any], env: Any) -> MultiAgentSetup:
     for index, (pid, overrides) in enumerate(policies_spec.items()):
         if not isinstance(pid, str) or not pid or "/" in pid:
             raise ConfigError(f"policy id {pid!r} must be a non-empty string without '/'")
-        plans[pid] = _plan(pid, index, overrides, base, top, spaces, mapped[pid], mapping,
-                           pid in to_train, state_size or joint_size(spaces))
+        plans[pid] = _plan(pid, index, overrides, base, top, run_wide, spaces, mapped[pid],
+                           mapping, pid in to_train, state_size or joint_size(spaces),
+                           env.env_id)
     return MultiAgentSetup(possible, plans, mapping, state_size)
 
 
@@ -247,8 +254,9 @@ def joint_size(spaces: dict[str, tuple[gym.Space, gym.Space]]) -> int:
 
 
 def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
-          spaces: dict[str, tuple[gym.Space, gym.Space]], agents: list[str],
-          mapping: PolicyMapping, trainable: bool, critic_size: int) -> PolicyPlan:
+          run_values: dict[str, Any], spaces: dict[str, tuple[gym.Space, gym.Space]],
+          agents: list[str],
+          mapping: PolicyMapping, trainable: bool, critic_size: int, env_id: str) -> PolicyPlan:
     where = f"multiagent.policies.{pid}"
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where} must be an object of config overrides, got {overrides!r}")
@@ -306,12 +314,13 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
     # The run's num_learners is its layout; a policy's own is what its overrides say.
     top = {k: v for k, v in top.items() if k != "num_learners"}
     inherited = {k: v for k, v in top.items() if k in names} if algo != base else dict(top)
+    inherited |= {k: v for k, v in run_values.items() if k in names}
     try:
         config = build(module.Config, {**inherited, **overrides})
     except ConfigError as error:
         raise ConfigError(f"{where}: {error}") from None
     try:
-        module.check_config(config, PolicyEnv(pid, obs_space, act_space))
+        module.check_config(config, PolicyEnv(env_id, obs_space, act_space))
     except ConfigError as error:
         raise ConfigError(f"policy {pid!r} ({algo}): {error}") from None
     if getattr(config, "use_lstm", False):
