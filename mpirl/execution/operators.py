@@ -476,10 +476,12 @@ def add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
 
 
 def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int,
-                      batch_size: int, beta: float | None = None) -> dict[str, float]:
+                      batch_size: int, beta: float | None = None, lr: float | None = None
+                      ) -> dict[str, float]:
     """Every learner takes ``num_steps`` SGD steps on minibatches drawn from the replay shards
-    (``batch_size`` rows per step summed over learners, the steps split evenly over shards);
-    the TD errors go back to the shards as priorities. Returns averaged learner statistics."""
+    (``batch_size`` rows per step summed over learners, the steps split evenly over shards), at
+    learning rate ``lr`` if given; the TD errors go back to the shards as priorities. Returns
+    averaged learner statistics."""
     rows = max(1, batch_size // len(learners))
     # Steps split over the shards in proportion to what they hold (a shard may have no feeder).
     sizes = np.array([f.result() for f in replay.call_async("size")], np.float64)
@@ -500,7 +502,7 @@ def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int
             else:
                 sources.append(shard.rank)
         dests = {k: replay_dest(learner, shard) for k, shard in enumerate(replay)}
-        trains.append(learner.call_async("train_replay", sources, messages, dests))
+        trains.append(learner.call_async("train_replay", sources, messages, dests, lr=lr))
     results = [f.result() for f in trains]
     # Each shard applies the TD errors of its minibatches before it samples again.
     updates = [[] for _ in replay]

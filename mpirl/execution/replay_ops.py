@@ -119,17 +119,18 @@ class ReplayState(PlanState):
         return int(steps)
 
 
-def train_owed_sgd_steps(trainer: Any, state: ReplayState, env_steps: int, beta: float
-                         ) -> dict[str, float]:
+def train_owed_sgd_steps(trainer: Any, state: ReplayState, env_steps: int, beta: float,
+                         lr: float | None = None) -> dict[str, float]:
     """Once the replay is ready (``learning_starts`` env steps stored since it was last empty):
-    the SGD steps owed for ``env_steps`` new env steps on replay minibatches, then learner 0's
-    weights to every rollout worker; the training's statistics. Nothing before."""
+    the SGD steps owed for ``env_steps`` new env steps on replay minibatches (at learning rate
+    ``lr`` if given), then learner 0's weights to every rollout worker; the training's
+    statistics. Nothing before."""
     config = trainer.config
     if not state.replay_ready(trainer.timesteps_total, config.learning_starts):
         return {}
     steps = state.owed_sgd_steps(env_steps, config.sgd_steps_per_env_step)
     stats = train_from_replay(trainer.learners, state.replay, steps, config.train_batch_size,
-                              beta)
+                              beta, lr)
     broadcast_weights(trainer.learners, trainer.rollouts)
     return stats
 

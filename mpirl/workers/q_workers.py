@@ -48,12 +48,14 @@ class QLearner(Learner):
 
     def train_replay(self, sources: list[int], messages: list[dict] | None,
                      priority_dests: dict[int, int | None], post_weights_to: list[int] = (),
-                     post_every: int = 0) -> dict[str, Any]:
+                     post_every: int = 0, lr: float | None = None) -> dict[str, Any]:
         """Train on the minibatches replay ranks ``sources`` sent (or ``messages`` given in the
         call): one SGD step each, averaged over learners. The TD errors of shard k's minibatches
         go back to rank ``priority_dests[k]``, or in the result (``priorities``) where that is
         None. With ``post_weights_to``, learner 0 sends its weights to those rollout ranks every
-        ``post_every`` updates, without waiting for them to be received."""
+        ``post_every`` updates, without waiting for them to be received. ``lr``: the learning
+        rate from this call on (None keeps the one it has)."""
+        self._set_lr(lr)
         received = list(messages or [])
         if sources:
             received += self.context.data_channel.recv_each(sources, self.tags.sample)
