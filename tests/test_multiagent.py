@@ -5,7 +5,6 @@ import csv
 import json
 import os
 import pickle
-import signal
 import subprocess
 from pathlib import Path
 
@@ -651,11 +650,8 @@ def test_a_rollout_rank_killed_under_ulfm_is_survived(tmp_path, monkeypatch):
     run = LiveRun(4, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
                   "--config", json.dumps(config), "--stop", '{"training_iteration": 25}',
                   ulfm=True)
-    run.wait_until(lambda: (run_dir / "progress.csv").exists() and len(_rows(run_dir)) >= 2,
-                   "two iterations")
+    run.kill_rollout_rank(run_dir)
     pids = run.pids()
-    assert pids[2][0] == "rollout"
-    os.kill(pids[2][1], signal.SIGKILL)
     code = run.finish(timeout=120)
     err = run.stderr
     assert code == 0, f"exit {code}\n{err}"
