@@ -48,9 +48,16 @@ class Config(QLearningConfig):
     sgd_steps_per_env_step: float = 0.5
     """SGD steps per new env step (0.5: 128 steps after each 256 env steps)."""
     # On CartPole-v1, lr 1e-3 with a target copy every 128 SGD steps peaked near 340 and then
-    # collapsed (seeds 1 and 2 ended at 69 and 243 after 100k steps); these reached a 100-episode
-    # mean of 475 on 5 of 5 seeds in 94k-107k steps (benchmarks/RESULTS.md).
+    # collapsed (seeds 1 and 2 ended at 69 and 243 after 100k steps). A constant lr 5e-4 with a
+    # copy every 500 passed on the trajectories it was chosen on and failed 3 of 10 runs on
+    # others (benchmarks/RESULTS.md, 2026-11-28): near the top the two actions' Q values differ
+    # by far less than one step's TD noise, so the greedy policy collapses and relearns.
     lr: float = 5e-4
+    """Adam learning rate at the start."""
+    lr_final: float = 5e-5
+    """Learning rate reached after lr_decay_steps env steps, and kept from then on."""
+    lr_decay_steps: int = 150_000
+    """Env steps over which the learning rate falls linearly from lr to lr_final; 0 keeps lr."""
     target_network_update_freq: int = 500
 
 
@@ -74,5 +81,14 @@ def training_step(trainer: Trainer, state: ReplayState) -> dict[str, float]:
                               [epsilon] * len(rollouts))
     trainer.count(samples)
     beta = replay_beta(config, trainer.timesteps_total)
-    stats = {"epsilon": epsilon, **untrained_replay_stats(DQN_STATS, config, beta)}
-    return stats | train_owed_sgd_steps(trainer, state, samples.env_steps, beta)
+    lr = decayed_lr(config, trainer.timesteps_total)
+    stats = {"epsilon": epsilon, "lr": lr, **untrained_replay_stats(DQN_STATS, config, beta)}
+    return stats | train_owed_sgd_steps(trainer, state, samples.env_steps, beta, lr)
+
+
+def decayed_lr(config: Config, timesteps: int) -> float:
+    """The learning rate after ``timesteps`` env steps (it follows ``timesteps_total``, so a
+    resumed run continues the schedule)."""
+    if not config.lr_decay_steps:
+        return config.lr
+    return linear_epsilon(timesteps, config.lr, config.lr_final, config.lr_decay_steps)

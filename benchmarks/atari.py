@@ -248,7 +248,7 @@ def role_envs(plan: Plan, backend: str) -> int:
 
     envs_only = measure_rate(random_block, plan)
     # What an IMPALA rollout rank does per request, minus sending the fragment.
-    acting = measure_rate(lambda: worker.sample(FRAGMENT, trajectories=True)["env_steps"], plan)
+    acting = measure_rate(lambda: worker.sample(FRAGMENT, form="fragments")["env_steps"], plan)
     emit({"backend": backend, "vector_env": type(envs).__name__, "random": envs_only,
           "policy": acting})
     envs.close()

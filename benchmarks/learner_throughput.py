@@ -109,7 +109,7 @@ def sample_batch(case: Case, seed: int = 0) -> dict[str, Any]:
     worker = RolloutWorker(local_context("rollout"), RolloutSettings(
         env=spec, policy=policy, num_envs=num_envs, seed=seed, gamma=config.gamma,
         lam=getattr(config, "gae_lambda", 1.0)))
-    batch = worker.sample(steps, trajectories=trajectories)["batch"]
+    batch = worker.sample(steps, form="fragments" if trajectories else "advantages")["batch"]
     if not trajectories:
         batch = {k: v[:case.rows] for k, v in batch.items()}
     if case.image:

@@ -7,6 +7,7 @@
     python benchmarks/learning.py --async --json /tmp/async.json [--seeds N] [--peers LIST]
     python benchmarks/learning.py --thresholds --json /tmp/thresholds.json [--seeds 5]
         [--algos PPO,DQN] [--rollout-ranks 1,2] [--config JSON] [--budget STEPS] [--target R]
+        [--run-env KEY=VALUE]
 
 Each run is a whole process, timed by the orchestrator from launch to exit, so interpreter start,
 imports, cluster or MPI start-up and shutdown all count. The runs go one after another, never two
@@ -38,7 +39,11 @@ A3C any more.
 (``THRESHOLDS``), for seeds 0..N-1 and with 1 and with 2 rollout ranks; it prints, per algorithm
 and layout, how many seeds reached the threshold and the median steps and seconds, and exits 1
 when fewer than 4 of 5 did. ``--config``, ``--budget`` and ``--target`` try other settings (a
-learning test's, or candidate defaults) on the same seeds.
+learning test's, or candidate defaults) on the same seeds. ``--run-env MKL_CBWR=COMPATIBLE``
+runs the same seeds on other floating-point kernels: a seed's curve is deterministic on one
+machine but changes with the last bits of a matrix product (another CPU, another BLAS, NumPy
+acting instead of torch), so that is how to see whether settings pass on their merits or on a
+lucky trajectory.
 
 ``--pendulum`` runs mpirl PPO alone on Pendulum-v1 instead (continuous actions), with
 ``PENDULUM_CONFIG``, and reports whether it reaches a mean return of -300 within 500k steps.
@@ -355,8 +360,10 @@ ROLES: dict[str, Callable[[int, Plan], int]] = {"rllib": role_rllib, "sb3": role
 
 def run_mpirl(env_id: str, config: dict[str, Any], stop: dict[str, float], seed: int,
               target: float, timeout_s: float, algo: str = "PPO",
-              ranks: int = MPIRL_RANKS) -> dict[str, Any]:
-    """One ``mpirl train`` job under mpiexec; its wall time and what its result.json says."""
+              ranks: int = MPIRL_RANKS, run_env: dict[str, str] | None = None
+              ) -> dict[str, Any]:
+    """One ``mpirl train`` job under mpiexec; its wall time and what its result.json says.
+    ``run_env``: more environment variables for the job."""
     with tempfile.TemporaryDirectory(prefix="mpirl-learning-") as tmp:
         run_dir = Path(tmp) / "run"
         command = mpiexec_command(
@@ -364,7 +371,7 @@ def run_mpirl(env_id: str, config: dict[str, Any], stop: dict[str, float], seed:
             "--config", json.dumps(config), "--stop", json.dumps(stop), "--run-dir", str(run_dir),
             "--seed", str(seed))
         wall, out, err, _ = run_process(command, f"mpirl {env_id} seed {seed}", timeout_s,
-                                        {"CI": "true"})
+                                        {"CI": "true", **(run_env or {})})
         try:
             result = json.loads((run_dir / "result.json").read_text())
             params = json.loads((run_dir / "params.json").read_text())
@@ -643,18 +650,20 @@ THRESHOLD_MIN_REACHED = 4
 def orchestrate_thresholds(seeds: int, algos: list[str], rollout_ranks: list[int],
                            timeout_s: float, json_path: Path | None,
                            overrides: dict[str, Any] | None = None,
-                           budget: int | None = None, target: float | None = None) -> int:
+                           budget: int | None = None, target: float | None = None,
+                           run_env: dict[str, str] | None = None) -> int:
     """Each algorithm of ``algos`` with its default settings (plus ``overrides``, for trying
     other defaults), seeds 0..seeds-1, once per number of rollout ranks; how many runs reached
     the threshold, median steps and seconds. ``budget`` and ``target`` replace the documented
-    ones (to check a learning test's settings on the benchmark's seeds)."""
+    ones (to check a learning test's settings on the benchmark's seeds); ``run_env`` is set in
+    every run's environment."""
     started = time.perf_counter()
     meta = metadata_block(False, Plan(seeds, 0, timeout_s))
     meta["thresholds"] = {a: {"env": THRESHOLDS[a][0], "target": THRESHOLDS[a][1],
                               "step_budget": THRESHOLDS[a][2]} for a in algos}
     meta["metrics_window"] = "default (100 episodes)"
     meta["overrides"], meta["budget_override"] = overrides or {}, budget
-    meta["target_override"] = target
+    meta["target_override"], meta["run_env"] = target, run_env or {}
     report: dict[str, Any] = {"meta": meta}
     table = [("algorithm", "rollout ranks", "target", "budget", "reached", "median steps",
               "median s", "returns at the end")]
@@ -667,7 +676,7 @@ def orchestrate_thresholds(seeds: int, algos: list[str], rollout_ranks: list[int
             config = {**(overrides or {}), "num_rollout_workers": rollouts}
             measure = functools.partial(run_mpirl, env_id, config, stop, target=goal,
                                         timeout_s=timeout_s, algo=algo,
-                                        ranks=1 + rollouts + extra)
+                                        ranks=1 + rollouts + extra, run_env=run_env)
             runs = [attempt(f"mpirl {algo} {env_id} {rollouts} rollout rank(s) seed {seed}",
                             functools.partial(measure, seed=seed), describe_run)
                     for seed in range(seeds)]
@@ -685,8 +694,9 @@ def orchestrate_thresholds(seeds: int, algos: list[str], rollout_ranks: list[int
             write_report(report, json_path)  # after every layout: a long sweep keeps its rows
     meta["wall_s"] = time.perf_counter() - started
     write_report(report, json_path)
+    extra = "".join(f", {key}={value}" for key, value in (run_env or {}).items())
     print(f"\nthresholds on the default 100-episode mean, seeds 0-{seeds - 1}, on "
-          f"{meta['hostname']}, {meta['wall_s']:.0f} s in all")
+          f"{meta['hostname']}{extra}, {meta['wall_s']:.0f} s in all")
     print_table(table)
     if json_path is not None:
         print(f"wrote {json_path}")
@@ -746,6 +756,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --thresholds: env step budget instead of the documented one")
     parser.add_argument("--target", type=float, metavar="RETURN",
                         help="with --thresholds: return to reach instead of the documented one")
+    parser.add_argument("--run-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --thresholds: set this in every run's environment, e.g. "
+                        "MKL_CBWR=COMPATIBLE (other floating-point kernels: other trajectories "
+                        "from the same seeds, as another machine would give); repeatable")
     parser.add_argument("--async", dest="async_algos", action="store_true",
                         help="mpirl IMPALA and A3C instead, with RLlib's IMPALA beside them")
     add_peers_option(parser, PEERS)
@@ -780,10 +794,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from "
                          f"{','.join(THRESHOLDS)}")
+        bad = [item for item in args.run_env if "=" not in item]
+        if bad:
+            parser.error(f"--run-env takes KEY=VALUE, got {bad[0]!r}")
+        run_env = dict(item.split("=", 1) for item in args.run_env)
         return orchestrate_thresholds(args.seeds or 5, algos,
                                       [int(n) for n in args.rollout_ranks.split(",")],
                                       FULL.timeout_s, args.json, args.config, args.budget,
-                                      args.target)
+                                      args.target, run_env)
     if args.pendulum:
         return orchestrate_pendulum(plan, args.quick, args.json)
     if args.replay_algo:

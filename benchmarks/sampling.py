@@ -167,9 +167,10 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
     import tempfile
 
     import mpirl
+    from mpirl.data.tags import BATCH
     from mpirl.execution.operators import parallel_rollouts
     from mpirl.runtime.core import Worker
-    from mpirl.workers.rollout import BATCH_TAG, RolloutWorker
+    from mpirl.workers.rollout import RolloutWorker
 
     class BatchSink(Worker):
         """Stands in for the learner: receives the rollout ranks' batches and drops them."""
@@ -178,7 +179,7 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
 
         def drain(self, sources: list[int]) -> int:
             channel = self.context.data_channel
-            return sum(len(channel.recv(src, BATCH_TAG)["advantages"]) for src in sources)
+            return sum(len(channel.recv(src, BATCH)["advantages"]) for src in sources)
 
     def body(driver: mpirl.Driver) -> int:
         from mpirl.data.dump_writer import DumpTarget

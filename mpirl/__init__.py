@@ -49,7 +49,7 @@ def _all_ranks_on_one_node(environ: Mapping[str, str] = _os.environ) -> bool:
 if _all_ranks_on_one_node():
     _os.environ.setdefault("OMPI_MCA_btl", "^ofi")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Imported on first use: importing mpi4py.MPI initializes MPI, and `mpirl launch` (a supervisor
 # that runs outside MPI) must be able to import mpirl without becoming an MPI singleton.

@@ -245,12 +245,14 @@ class Algorithm:
                     plan = trainer.setup.policy(policy_id)
                 except ConfigError as error:
                     raise MpirlError(f"{error}; give policy_id") from None
-                if plan.kind == "scripted":
+                if plan.scripted:
                     raise MpirlError(f"policy {plan.policy_id!r} is scripted "
                                      f"({plan.policy_class}); call its compute_actions yourself")
-                spec, obs_filter = plan.model, trainer.policy_filters.get(plan.policy_id)
-                learners = trainer.policy_learners.get(plan.policy_id)
-                weights = (learners[0].call_async("get_weights").result() if learners else
+                policy_trainer = trainer.trainers.get(plan.policy_id)
+                spec = plan.model
+                obs_filter = None if policy_trainer is None else policy_trainer.obs_filter
+                weights = (policy_trainer.learners[0].call_async("get_weights").result()
+                           if policy_trainer is not None else
                            trainer.rollouts[0].call("get_policy_weights")[plan.policy_id])
             else:
                 if policy_id is not None:

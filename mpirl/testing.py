@@ -470,3 +470,73 @@ def _busy_dump_writer(path: Path, attrs: dict[str, Any],
             os.write(report, f"{k}.".encode())
     finally:
         os._exit(1)
+
+
+class ManyPickers:
+    """A multi-agent env of ``pickers`` agents ``pick_<i>`` and ``steerers`` agents
+    ``steer_<i>``, each playing its own game for ``length`` steps (an env episode): a picker sees
+    a one-hot target among 3 and earns 1 for picking it (Discrete actions), a steerer sees a
+    number and loses the distance of its action to it (a Box action). Every agent has a policy of
+    its own in the composition tests, so that one run holds one policy per algorithm."""
+
+    metadata = {"name": "many_pickers", "is_parallelizable": True}
+
+    def __init__(self, pickers: int = 9, steerers: int = 1, length: int = 10) -> None:
+        self.pickers = [f"pick_{i}" for i in range(pickers)]
+        self.steerers = [f"steer_{i}" for i in range(steerers)]
+        self.possible_agents = self.pickers + self.steerers
+        self.length = length
+        self.agents: list[str] = []
+        self.rng = np.random.default_rng()
+        self.target: dict[str, Any] = {}
+
+    def observation_space(self, agent: str) -> gym.Space:
+        if agent.startswith("pick"):
+            return gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+        return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent: str) -> gym.Space:
+        if agent.startswith("pick"):
+            return gym.spaces.Discrete(3)
+        return gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        obs = {}
+        for agent in self.agents:
+            if agent.startswith("pick"):
+                self.target[agent] = int(self.rng.integers(3))
+                obs[agent] = np.eye(3, dtype=np.float32)[self.target[agent]]
+            else:
+                self.target[agent] = float(self.rng.uniform(-0.8, 0.8))
+                obs[agent] = np.array([self.target[agent], 1.0], np.float32)
+        return obs
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions: dict[str, Any]):
+        rewards = {}
+        for agent in self.agents:
+            action = actions[agent]
+            if agent.startswith("pick"):
+                rewards[agent] = 1.0 if int(action) == self.target[agent] else 0.0
+            else:
+                rewards[agent] = -abs(float(np.asarray(action).reshape(-1)[0])
+                                      - self.target[agent])
+        self.t += 1
+        done = self.t >= self.length
+        acting = list(self.agents)
+        terminations = dict.fromkeys(acting, done)
+        truncations = dict.fromkeys(acting, False)
+        infos = {a: {} for a in acting}
+        self.agents = [] if done else acting
+        obs = self._observe() if not done else {
+            a: np.zeros(self.observation_space(a).shape, np.float32) for a in acting}
+        return obs, rewards, terminations, truncations, infos
+
+    def close(self) -> None:
+        pass

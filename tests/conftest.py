@@ -154,6 +154,25 @@ class LiveRun:
                 pytest.fail(f"no {what} within {timeout} s:\n{self.stdout}\n{self.stderr}")
             time.sleep(0.05)
 
+    def kill_rollout_rank(self, run_dir: Path, rank: int = 2, rows: int = 2) -> float:
+        """kill -9 of rollout rank ``rank`` once progress.csv has ``rows`` rows; the
+        ``time.monotonic()`` of the kill."""
+        import csv
+        import signal
+        import time
+
+        def written() -> int:
+            if not (run_dir / "progress.csv").exists():
+                return 0
+            with open(run_dir / "progress.csv") as file:
+                return len(list(csv.DictReader(file)))
+
+        self.wait_until(lambda: written() >= rows, f"{rows} iterations")
+        pids = self.pids()
+        assert pids[rank][0] == "rollout", pids
+        os.kill(pids[rank][1], signal.SIGKILL)
+        return time.monotonic()
+
     def pids(self) -> dict[int, tuple[str, int]]:
         """rank -> (role, pid), from the newest layout table rank 0 printed at start-up."""
         rows = [row for line in list(self.out) if (row := parse_layout_row(line))]

@@ -142,7 +142,7 @@ def test_rollouts_train_on_clipped_rewards_and_report_the_score(trajectories):
     policy = PolicySpec(*spec.spaces(), (8,), "tanh")
     worker = RolloutWorker(local_context("rollout"), RolloutSettings(
         env=spec, policy=policy, num_envs=2, seed=0, gamma=GAMMA))
-    metrics = worker.sample(8, trajectories=trajectories)
+    metrics = worker.sample(8, form="fragments" if trajectories else "advantages")
     assert metrics["episode_returns"] == [10.0] * 4  # 5 + 5 + 5 - 5, in every episode
     batch = metrics["batch"]
     if trajectories:  # IMPALA's fragments hold the rewards themselves
@@ -216,7 +216,7 @@ def test_envpool_runs_the_same_observations_with_same_step_autoreset():
         env=spec, policy=policy, num_envs=2, seed=0, gamma=GAMMA))
     assert isinstance(worker.envs, atari.EnvPoolVectorEnv)
     assert worker.envs.single_observation_space == breakout().make().observation_space
-    metrics = worker.sample(10, trajectories=True)
+    metrics = worker.sample(10, form="fragments")
     assert metrics["episode_lengths"] == [5] * 4  # cut by the time limit, and reset at once
     assert metrics["batch"]["obs"].dtype == np.uint8
     assert metrics["batch"]["obs"].shape == (2, 10, 4, 84, 84)

@@ -92,6 +92,16 @@ def test_peers_must_include_mpirl_and_be_known(script, peers, message):
     assert message in proc.stderr
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--algos", "DQN,PONG"], "unknown algorithm(s) PONG"),
+    (["--algos", "DQN", "--run-env", "MKL_CBWR"], "--run-env takes KEY=VALUE, got 'MKL_CBWR'"),
+])
+def test_thresholds_options_are_checked_before_any_run(args, message):
+    proc = run_benchmark("learning.py", "--thresholds", *args, timeout=60)
+    assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
+    assert message in proc.stderr
+
+
 def test_replay_benchmark_quick_writes_every_key(tmp_path):
     out = tmp_path / "replay.json"
     proc = run_benchmark("replay.py", "--quick", "--json", str(out), timeout=300)

@@ -156,7 +156,7 @@ MEMORY_PROGRAM = textwrap.dedent("""
     write_extra, entry = peak_over_steady(lambda: write_state_file(directory / "s.pkl", state))
     del state
     (directory / "manifest.json").write_text(json.dumps(
-        {"format_version": 1, "files": {"s.pkl": entry}}))
+        {"format_version": 2, "files": {"s.pkl": entry}}))
     verify_extra, _ = peak_over_steady(lambda: verify(directory))
     loaded = read_state_file(directory / "s.pkl", entry)
     assert loaded["obs"].sum() == 7 * (256 << 20) and loaded["rng"] == [1, 2, 3]
@@ -373,3 +373,18 @@ def test_lock_rules_for_holders_on_other_hosts(tmp_path, monkeypatch):
     assert lock.acquire() and lock.held is not None
     lock.release()
     assert not stale.exists()
+
+
+def test_a_checkpoint_of_an_older_format_is_refused_naming_its_writer(tmp_path):
+    """Checkpoints written before the sampling core (format 1, mpirl 0.1.0) cannot resume: the
+    refusal says which mpirl wrote them and how to go on."""
+    from mpirl.errors import CheckpointError
+    from mpirl.jobs.checkpoint import verify
+
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"format_version": 1, "mpirl_version": "0.1.0", "files": {}}))
+    with pytest.raises(CheckpointError) as raised:
+        verify(tmp_path)
+    message = str(raised.value)
+    assert "written by mpirl 0.1.0 in checkpoint format 1" in message
+    assert "reads format 2" in message and "pip install mpirl==0.1.0" in message

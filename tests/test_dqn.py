@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 from conftest import mpi_env, run_mpi
+from mpirl.algorithms.dqn import Config, decayed_lr
 from test_train import MPIRL, rows, train
 
 LEARN = ["--algo", "DQN", "--env", "CartPole-v1", "--seed", "5"]
@@ -53,6 +54,11 @@ def test_dqn_with_replay_shards_and_a_learner_rank_trains_and_resumes(tmp_path):
     assert "priority_codes" in shard
     learner = pickle.loads((checkpoint / "learner_0.pkl").read_bytes())
     assert learner["updates"] == 4 * 256
+    # The learning rate falls with the env steps, on the learner and in progress.csv alike.
+    expected_lr = decayed_lr(Config(), 4 * 512)
+    assert expected_lr < Config().lr
+    assert learner["optimizer"]["param_groups"][0]["lr"] == pytest.approx(expected_lr)
+    assert float(rows(run_dir)[-1]["lr"]) == pytest.approx(expected_lr)
     # Resume: the shards come back with their rows, the learner with its target network.
     proc = run_mpi(6, *MPIRL, "train", "--resume", str(run_dir),
                    "--stop", '{"training_iteration": 6}', timeout=180, env={"CI": "true"})

@@ -97,25 +97,26 @@ def test_a_batch_rides_in_the_gather_only_when_it_is_small():
 def test_a_batch_too_large_for_the_gather_goes_to_the_learner_as_a_message():
     from types import SimpleNamespace
 
+    from mpirl.data.tags import BATCH
     from mpirl.runtime.gathered import PackedBatch
-    from mpirl.workers.rollout import BATCH_TAG, RolloutWorker
+    from mpirl.workers.rollout import RolloutWorker
 
     sent = []
     channel = SimpleNamespace(flush=lambda: None,
                               isend=lambda obj, dest, tag: sent.append((obj, dest, tag)))
     context = SimpleNamespace(data_channel=channel,
                               weights_comm=SimpleNamespace(Get_size=lambda: 5))
-    worker = SimpleNamespace(context=context)
+    worker = SimpleNamespace(context=context, tags=SimpleNamespace(batch=BATCH))
     worker._send_batch = lambda batch, send_to: RolloutWorker._send_batch(worker, batch, send_to)
     small = {"obs": np.arange(8, dtype=np.float32)}
-    answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8, "batch": small}, 0)
+    answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8}, small, 0)
     assert not sent and isinstance(answer["batch"], PackedBatch)
     # The learner unpacks it (Learner.train), after the answer crossed as bytes.
     unpacked = pickle.loads(pickle.dumps(answer, protocol=5))["batch"].unpack()
     assert unpacked.keys() == {"obs"} and np.array_equal(unpacked["obs"], small["obs"])
     large = {"obs": np.zeros(2 << 20, np.float32)}  # 8 MiB
-    answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8, "batch": large}, 3)
-    assert answer == {"env_steps": 8} and sent == [(large, 3, BATCH_TAG)]
+    answer = RolloutWorker._batch_in_answer(worker, {"env_steps": 8}, large, 3)
+    assert answer == {"env_steps": 8} and sent == [(large, 3, BATCH)]
 
 
 def test_the_root_expects_the_shortest_of_its_last_three_rounds():

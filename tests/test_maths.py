@@ -47,7 +47,7 @@ def counting_worker(episode_length: int, max_episode_steps: int) -> RolloutWorke
 @pytest.mark.parametrize("trajectories", [False, True])
 def test_a_step_both_terminated_and_truncated_is_not_bootstrapped(trajectories):
     worker = counting_worker(episode_length=5, max_episode_steps=5)
-    batch = worker.sample(5, trajectories=trajectories)["batch"]
+    batch = worker.sample(5, form="fragments" if trajectories else "advantages")["batch"]
     if trajectories:  # V-trace's fragments (IMPALA): rewards as sampled
         assert batch["rewards"][0].tolist() == [1.0] * 5
         assert batch["dones"][0].tolist() == [0, 0, 0, 0, 1]
@@ -58,7 +58,7 @@ def test_a_step_both_terminated_and_truncated_is_not_bootstrapped(trajectories):
 
 def test_a_step_only_truncated_is_bootstrapped_from_its_final_observation():
     worker = counting_worker(episode_length=50, max_episode_steps=5)
-    rewards = worker.sample(5, trajectories=True)["batch"]["rewards"][0]
+    rewards = worker.sample(5, form="fragments")["batch"]["rewards"][0]
     final_value = float(worker.policy.value(np.array([[5.0]], np.float32))[0])
     assert abs(final_value) > 1.0
     np.testing.assert_allclose(rewards, [1, 1, 1, 1, 1 + GAMMA * final_value], rtol=1e-5)

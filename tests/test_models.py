@@ -26,7 +26,8 @@ from mpirl.models.q_network import QSpec, dqn_loss
 from mpirl.models.soft_q import SACSpec, sac_loss
 from mpirl.models.torch_model import build_torch_model
 from mpirl.workers.env_spec import EnvSpec
-from mpirl.workers.rollout import RolloutSettings, RolloutWorker, sequence_batch
+from mpirl.workers.postprocess import sequence_batch
+from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 PROBES = "mpirl.envs.probes"
@@ -86,7 +87,7 @@ def test_image_observations_stay_uint8_on_the_wire(trajectories):
     worker = RolloutWorker(local_context("rollout"), RolloutSettings(
         env=spec, policy=policy, num_envs=2, seed=0, gamma=0.99, lam=0.95,
         normalize_observations=True))
-    batch = worker.sample(16, trajectories=trajectories)["batch"]
+    batch = worker.sample(16, form="fragments" if trajectories else "advantages")["batch"]
     assert batch["obs"].dtype == np.uint8
     if trajectories:
         assert batch["bootstrap_obs"].dtype == np.uint8
@@ -295,7 +296,8 @@ def test_lstm_runs_resume_bit_identical_and_serve_a2c_a3c_and_impala(tmp_path):
     weights = [_checkpoint(runs[name], 6, "learner_0.pkl")["weights"] for name in runs]
     assert np.array_equal(*weights)
     # The rollout ranks' states went into the checkpoint and came back.
-    assert _checkpoint(runs["reference"], 5, "rollout_0.pkl")["policy_state"].any()
+    assert _checkpoint(runs["reference"], 5, "rollout_0.pkl")["runner"]["lanes"]["default"][
+        "state"].any()
     for algo in ("A2C", "A3C", "IMPALA"):
         _, run_dir, result = train(
             3, tmp_path / algo, "--algo", algo, "--env", f"{PROBES}:RecallCue",

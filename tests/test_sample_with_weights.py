@@ -12,6 +12,7 @@ from mpirl.errors import EnvFailureError, ProcessFailure, RankLost, RemoteError
 from mpirl.execution import operators
 from mpirl.execution.operators import sample_with_new_weights as sample_in_calls
 from mpirl.runtime.gathered import encode_answer
+from mpirl.workers.delivery import BROADCAST, Gathered, ToLearnerOf, ToRank
 
 
 def sample_with_new_weights(*args, **kwargs):
@@ -85,7 +86,7 @@ def test_one_call_per_worker_takes_the_weights_then_samples(repairs):
     result = sample_with_new_weights(rollouts, [learner], 5)
     assert learner.calls == [("broadcast_weights", (), {})]
     for worker in rollouts:
-        assert worker.calls == [("sample", (5, None, 0), {"take_weights": True})]
+        assert worker.calls == [("sample", (5, None, ToRank(0)), {"weights": BROADCAST})]
     assert result.env_steps == 60 and result.episode_returns == [1.0, 2.0, 3.0]
     assert result.sources == {0: [1, 2, 3]} and repairs == []
 
@@ -98,7 +99,7 @@ def test_a_broken_broadcast_is_repaired_and_only_the_unsampled_workers_sample_ag
     result = sample_with_new_weights(rollouts, [learner], 5)
     assert repairs == ["repair", "broadcast"]
     assert [len(w.calls) for w in rollouts] == [1, 2, 1]
-    assert rollouts[1].calls[1] == ("sample", (5, None, 0), {})  # the weights came already
+    assert rollouts[1].calls[1] == ("sample", (5, None, ToRank(0)), {})  # the weights came
     assert result.env_steps == 60 and sorted(result.episode_returns) == [1.0, 2.0, 3.0]
     assert sorted(result.sources[0]) == [1, 2, 3]
 
@@ -121,7 +122,7 @@ def test_batches_go_to_learner_i_mod_l(repairs):
     learners = [FakeWorker(5, [None]), FakeWorker(6, [])]
     rollouts = [FakeWorker(r, [metrics(1, 0.0)]) for r in (1, 2, 3)]
     result = sample_with_new_weights(rollouts, learners, 5)
-    assert [w.calls[0][1][2] for w in rollouts] == [5, 6, 5]
+    assert [w.calls[0][1][2] for w in rollouts] == [ToRank(5), ToRank(6), ToRank(5)]
     assert result.sources == {0: [1, 3], 1: [2]}
 
 
@@ -141,9 +142,8 @@ def test_gathered_answers_settle_every_call_in_worker_order(repairs):
     assert learner.calls == [("broadcast_weights", (), {"gather_answers": True})]
     # One call for all (rank 0 pickles it once): each worker picks its learner by its index.
     for worker in rollouts:
-        assert worker.calls == [("sample", (5, None),
-                                 {"take_weights": True, "gather_answer": True,
-                                  "batch_in_answer": True, "learner_ranks": (0,)})]
+        assert worker.calls == [("sample", (5, None, Gathered(ToLearnerOf((0,)), rides=True)),
+                                 {"weights": BROADCAST})]
     assert result.env_steps == 60 and result.episode_returns == [1.0, 2.0, 3.0]
     assert result.sources == {0: [1, 2, 3]} and repairs == []
 
@@ -156,8 +156,8 @@ def test_workers_out_of_index_order_get_their_learner_in_their_own_call(repairs)
                 FakeWorker(2, [], index=1)]
     result = sample_in_calls(rollouts, learners, 5, gather=True)
     assert [w.calls for w in rollouts] == [
-        [("sample", (5, None, rank), {"take_weights": True, "gather_answer": True,
-                                      "batch_in_answer": False})] for rank in (0, 2)]
+        [("sample", (5, None, Gathered(ToRank(rank), rides=False)), {"weights": BROADCAST})]
+        for rank in (0, 2)]
     assert result.sources == {0: [1], 1: [3]} and result.env_steps == 40
 
 
@@ -168,7 +168,7 @@ def test_batches_for_the_drivers_own_learner_come_in_the_gather(repairs):
                                       (3, metrics(30, 3.0) | {"batch": "b3"}))])
     learner.in_process = True
     result = sample_in_calls(rollouts, [learner], 5, gather=True)
-    assert all(w.calls[0][2]["batch_in_answer"] for w in rollouts)
+    assert all(w.calls[0][1][2].rides for w in rollouts)
     assert result.batches == {0: ["b1", "b3"]} and result.sources == {0: [2]}
 
 

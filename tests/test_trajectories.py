@@ -236,9 +236,12 @@ def test_kill_9_leaves_every_completed_episode_readable(tmp_path, writers_too):
     run = LiveRun(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
                   "--config", json.dumps({**SMALL, "print_layout": True}),
                   "--stop", '{"training_iteration": 100000}', "--dump-trajectories", str(dump))
-    # The index lags the writers by an iteration or more (it links what they confirmed).
-    run.wait_until(lambda: len(_progress_rows(run_dir)) >= 4 and _indexed_episodes(dump) > 0,
-                   "4 iterations and an indexed episode")
+    # The index lags the writers by an iteration or more (it links what they confirmed). A
+    # writer opens its file with its first batch, which under load can come iterations after
+    # the other's: both files must exist before the kill, or there is one file to read back.
+    run.wait_until(lambda: len(_progress_rows(run_dir)) >= 4 and _indexed_episodes(dump) > 0
+                   and len(list(dump.glob("rollout-*.hdf5"))) == 2,
+                   "4 iterations, an indexed episode and both writers' files")
     writers = [child for role, pid in run.pids().values() if role == "rollout"
                for child in _children(pid)]
     assert len(writers) == 2, "one writer process per rollout rank"
@@ -440,7 +443,7 @@ def test_killed_writer_process_is_reported(tmp_path):
     recorder.writer.proc.wait()
     obs = np.zeros((1, 2), np.float32)
     recorder.step(obs, np.array([1]), np.ones(1), np.array([True]), np.array([False]),
-                  np.zeros(1), {"final_obs": [obs[0]]}, None)
+                  np.zeros(1), {0: obs[0]}, None)
     with pytest.raises(RuntimeError, match="trajectory writer"):
         for _ in range(50):  # the reader thread notices the writer's end asynchronously
             recorder.flush()

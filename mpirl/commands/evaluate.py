@@ -152,27 +152,28 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
 def _evaluate_multiagent(checkpoint: Path, manifest: dict[str, Any], env: EnvSpec,
                          episodes: int, seed: int, stochastic: bool) -> Evaluation:
     """A multi-agent checkpoint: every policy (trained, frozen and scripted) plays, in one
-    rollout worker built here with rollout worker 0's weights and observation statistics."""
+    sampling core built here with rollout worker 0's weights and observation statistics."""
     from mpi4py import MPI
 
-    from mpirl.execution.multiagent import user_given
+    from mpirl.execution.multiagent import MultiAgentTrainer, runner_policy
     from mpirl.execution.multiagent_setup import resolve
     from mpirl.runtime.core import RankContext
-    from mpirl.workers.multiagent_rollout import (
-        MultiAgentRolloutSettings,
-        MultiAgentRolloutWorker,
-    )
+    from mpirl.workers.env_runner import EnvRunner, RunnerSettings
 
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
-    setup = resolve(manifest["algo"], user_given(config), env)
+    setup = resolve(manifest["algo"], config, env)
+    slots = MultiAgentTrainer.slot_agents_of(setup)
     context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
-    worker = MultiAgentRolloutWorker(
-        context, MultiAgentRolloutSettings(env=env, setup=setup, num_envs=1, seed=seed))
+    runner = EnvRunner(context, RunnerSettings(
+        env=env, num_envs=1, seed=seed, mapping=setup.mapping,
+        possible_agents=tuple(setup.possible_agents), state_size=setup.state_size,
+        policies=tuple(runner_policy(plan, slots[pid])
+                       for pid, plan in setup.policies.items())))
     state = read_state_file(checkpoint / "rollout_0.pkl", manifest["files"]["rollout_0.pkl"])
     state["envs"] = None  # fresh envs from this seed, not the run's episodes in progress
-    worker.set_state(state)
-    played = worker.evaluate(episodes, deterministic=not stochastic)
+    runner.set_state(state)
+    played = runner.evaluate(episodes, deterministic=not stochastic)
     return Evaluation(checkpoint, manifest, played["episode_returns"],
                       played["episode_lengths"], played["policy_returns"])
 

@@ -107,22 +107,22 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
                         "env_backend": "gymnasium"})
     driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
     if env.is_multi_agent():
-        from mpirl.execution.multiagent import user_given
         from mpirl.execution.multiagent_setup import resolve
 
-        setup = resolve(manifest["algo"], user_given(config), env)
+        setup = resolve(manifest["algo"], config, env)
         if policy_id is None and len(setup.policies) > 1:
             raise ConfigError(f"{checkpoint} holds policies {sorted(setup.policies)}: name the "
                               f"one to export with --policy ID")
         plan = setup.policy(policy_id)
-        if plan.kind == "scripted":
+        if plan.scripted:
             raise ConfigError(f"policy {plan.policy_id!r} is scripted ({plan.policy_class}): "
                               f"it has no weights to export")
         observation_space, action_space = plan.observation_space, plan.action_space
         model = build_torch_model(plan.model)
         rollout = read_state_file(checkpoint / "rollout_0.pkl", files["rollout_0.pkl"])
         model.set_flat_weights(rollout["weights"][plan.policy_id])  # frozen ones live there
-        obs_filter = driver.get("policy_filters", {}).get(plan.policy_id)
+        trained = driver.get("plan", {}).get("policies", {}).get(plan.policy_id)
+        obs_filter = None if trained is None else trained["obs_filter"]
         # The file is the policy's alone: its algorithm, its config, its model.
         config, algo, critic_inputs = plan.config, plan.algo, plan.model.critic_inputs \
             if hasattr(plan.model, "critic_inputs") else 0

@@ -17,7 +17,7 @@ from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import EXIT_RESUME, CheckpointError, ConfigError
 from mpirl.execution.contract import algorithm_name, load_algorithm
-from mpirl.execution.multiagent import MultiAgentTrainer, user_given
+from mpirl.execution.multiagent import MultiAgentTrainer
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
 from mpirl.execution.trainer import STOP_KEYS, Trainer, stop_reached
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
@@ -120,12 +120,9 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         if algo_config.clip_rewards is True:
             raise ConfigError("config key 'clip_rewards' is for single-agent runs; multi-agent "
                               "rollouts train on the rewards as the env gives them")
-        setup = resolve(algorithm_name(algo), user_given(algo_config), env)
+        setup = resolve(algorithm_name(algo), algo_config, env)
         check_stop_keys(stop, setup)
         setup.learner_slices(algo_config.num_learners)  # ConfigError if they don't fit
-        # The multi-agent plan does not go on without a lost rollout rank: the job ends, and
-        # --resume continues it.
-        settings = dataclasses.replace(settings, survive_rollout_loss=False)
     elif algo_config.multiagent:
         raise ConfigError(f"config key 'multiagent' is for multi-agent envs; {env_id!r} is a "
                           f"single-agent env. Give a PettingZoo env (module:ParallelEnvClass, or "

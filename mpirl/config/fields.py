@@ -135,6 +135,7 @@ RANGES: dict[str, Range] = {
     # Optimization
     "lr": above(0),
     "lr_decay_steps": at_least(0),
+    "lr_final": at_least(0),
     "grad_clip": at_least(0),
     "num_epochs": at_least(1),
     "minibatch_size": at_least(1),

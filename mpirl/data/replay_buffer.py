@@ -17,11 +17,10 @@ weights are normalized by the largest weight any stored row has (that of the low
 as in Schaul et al. (2016), so that a minibatch's weights do not depend on what else it drew.
 
 What crosses ranks (``mpirl.workers.replay_shard.ReplayShard``): rollout ranks send chunks of
-steps straight to a shard rank (tag ``INSERT_TAG``); a shard sends minibatches straight to a
-learner rank (``SAMPLE_TAG``); the learner sends TD errors back (``PRIORITY_TAG``). The driver
-only tells each rank when to do what; or, streamed (Ape-X's ``fragments_per_call``), a shard
-serving stores the chunks as they come and answers the learner's requests
-(``SAMPLE_REQUEST_TAG``) itself.
+steps straight to a shard rank; a shard sends minibatches straight to a learner rank; the
+learner sends TD errors back (each with its tag, ``mpirl.data.tags``). The driver only tells each
+rank when to do what; or, streamed (Ape-X's ``fragments_per_call``), a shard serving stores the
+chunks as they come and answers the learner's requests itself.
 """
 
 from __future__ import annotations
@@ -34,15 +33,6 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.errors import ConfigError
-
-#: Tags on the data channel.
-INSERT_TAG = 31
-SAMPLE_TAG = 32
-PRIORITY_TAG = 33
-WEIGHTS_TAG = 34
-SAMPLE_REQUEST_TAG = 35
-REPORT_TAG = 36
-"""A streaming learner's report of an iteration to the driver (``train_from_shards``)."""
 
 #: Row flags (one byte per row).
 TERMINATED = 1
@@ -343,7 +333,7 @@ class ReplayBuffer:
     def add(self, streams: np.ndarray, obs: np.ndarray, actions: np.ndarray,
             rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
             final_obs: np.ndarray | None = None, failed: np.ndarray | None = None,
-            cut: np.ndarray | None = None) -> int:
+            cut: np.ndarray | None = None, active: np.ndarray | None = None) -> int:
         """Append a ``[T, N]`` block: column j continues stream ``streams[j]``.
 
         ``final_obs`` holds one observation per truncated step, in row-major ``(t, j)`` order
@@ -351,8 +341,9 @@ class ReplayBuffer:
         observation to bootstrap from after its step;
         ``failed[t, j]`` marks a step at which the environment failed (not a transition);
         ``cut[j]`` says stream j's previous rows do not continue into this block (its envs were
-        reset, or rows between were lost), so its last row loses its transition. Returns the
-        rows written."""
+        reset, or rows between were lost), so its last row loses its transition; ``active[t, j]``
+        (None: all) says whether stream j's agent acted at step t (a multi-agent slot between
+        its agents' episodes did not): only those steps are rows. Returns the rows written."""
         steps, columns = rewards.shape
         failed = np.zeros_like(terminated) if failed is None else failed
         flags = np.where(terminated, TERMINATED, 0).astype(np.uint8)
@@ -367,11 +358,17 @@ class ReplayBuffer:
                 self._set_flags(stream, np.array([last]), OBS_ONLY)
             col_obs, col_act = obs[:, j], actions[:, j]
             col_rew, col_flags = rewards[:, j], flags[:, j]
-            ends = np.flatnonzero(truncated[:, j] & ~failed[:, j])
+            col_ends, col_final_at = truncated[:, j] & ~failed[:, j], final_at[:, j]
+            if active is not None and not active[:, j].all():
+                acted = active[:, j]
+                col_obs, col_act, col_rew, col_flags = (
+                    col_obs[acted], col_act[acted], col_rew[acted], col_flags[acted])
+                col_ends, col_final_at = col_ends[acted], col_final_at[acted]
+            ends = np.flatnonzero(col_ends)
             if ends.size:
                 # One observation-only row after each truncated step holds its final observation.
                 at = ends + 1
-                col_obs = np.insert(col_obs, at, final_obs[final_at[ends, j]], axis=0)
+                col_obs = np.insert(col_obs, at, final_obs[col_final_at[ends]], axis=0)
                 col_act = np.insert(col_act, at, np.zeros_like(col_act[:1]), axis=0)
                 col_rew = np.insert(col_rew, at, 0.0)
                 col_flags = np.insert(col_flags, at, OBS_ONLY)

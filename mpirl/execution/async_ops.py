@@ -43,9 +43,14 @@ from mpirl.execution.operators import (
 )
 from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.dispatch import Completions, Future, WorkerGroup, WorkerHandle, call_all
-from mpirl.runtime.host import STOP_STREAM_TAG
+from mpirl.workers.delivery import IN_ANSWER, ToRank
 from mpirl.workers.env_guard import unwrap_env_failure
+from mpirl.workers.rollout import FRAGMENTS
 
+SHARED_RANKS_REFUSED = (
+    "fragments_per_call keeps calls running on the rollout ranks from one checkpoint to the "
+    "next, and in a multi-agent run those ranks step the envs for every policy: set "
+    "fragments_per_call 0 for policy {policy!r}")
 
 def check_in_flight(value: int) -> None:
     """ConfigError unless ``max_requests_in_flight_per_worker`` is a usable bound."""
@@ -243,7 +248,7 @@ class AsyncRequests:
 
 class SampleRequests(AsyncRequests, PlanState):
     """IMPALA's plan state: asynchronous ``sample`` calls returning fragments for V-trace
-    (``trajectories=True``); rollout worker i's batches go to learner i mod L. Before a
+    (``form=FRAGMENTS``); rollout worker i's batches go to learner i mod L. Before a
     checkpoint the calls in flight are finished and their batches received and dropped (counted
     as sampled, not trained on)."""
 
@@ -251,9 +256,10 @@ class SampleRequests(AsyncRequests, PlanState):
         learners = trainer.learners
 
         def make_args(worker: WorkerHandle) -> tuple:
-            send_to = None if worker.in_process else learners[worker.index % len(learners)].rank
+            deliver = (IN_ANSWER if worker.in_process
+                       else ToRank(learners[worker.index % len(learners)].rank))
             state = trainer.obs_filter.state() if trainer.obs_filter is not None else None
-            return steps_per_env, state, send_to, True
+            return steps_per_env, state, deliver, FRAGMENTS
 
         # Workers that feed one learner are sent equal calls.
         super().__init__(trainer.rollouts, "sample", max_in_flight, make_args,
@@ -334,6 +340,8 @@ class FragmentStream(PlanState):
     def __init__(self, trainer: Any, steps_per_env: int, fragments_per_call: int,
                  max_in_flight: int) -> None:
         learners = self.learners = trainer.learners
+        if any(worker.shares_rank for worker in trainer.rollouts):
+            raise ConfigError(SHARED_RANKS_REFUSED.format(policy=trainer.policy_id))
         if any(worker.in_process for worker in trainer.rollouts):
             raise ConfigError("fragments_per_call streams fragments between ranks, and this run "
                               "has rollout workers in the driver's process: launch it with "
@@ -437,7 +445,7 @@ class FragmentStream(PlanState):
         rollouts.progress()  # a rank lost by now is sent nothing
         ranks = [worker.rank for worker in rollouts if not worker.lost]
         channel = self.trainer.driver.context.data_channel
-        channel.isend_many(self.round, ranks, STOP_STREAM_TAG)
+        channel.isend_many(self.round, ranks, self.trainer.tags.stop_stream)
         samples = self._answers(self.requests.drain(), 0)
         self.round += 1
         while any(self.owed):

@@ -29,11 +29,10 @@ from mpirl.config.parse import build, check_known_keys
 from mpirl.envs.parallel import agent_spaces, flat_size, with_last_action
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import ALGORITHMS, AlgorithmModule, load_algorithm
+from mpirl.execution.trainer import PolicyEnv
 from mpirl.models.torch_model import build_torch_model
+from mpirl.workers.rollout import RolloutWorker
 
-#: Algorithms that train policies of a multi-agent run, by the data their learners take.
-ON_POLICY = ("PPO", "A2C", "IMPALA")
-OFF_POLICY = ("DQN", "SAC")
 #: Keys that hold for the whole run (sampling, layout, bookkeeping): never a policy's override.
 RUN_WIDE_KEYS = ("num_rollout_workers", "num_envs_per_worker", "rollout_fragment_length",
                  "max_env_failures", "env_failure_window", "metrics_window", "seed",
@@ -68,14 +67,13 @@ class PolicyPlan:
     last_action_in_obs: bool = False
 
     @property
-    def kind(self) -> str:
-        """``scripted``, ``on_policy`` (a batch per iteration) or ``off_policy`` (replay)."""
-        if self.policy_class:
-            return "scripted"
-        return "off_policy" if self.algo in OFF_POLICY else "on_policy"
+    def scripted(self) -> bool:
+        """A policy of the user's ``policy_class`` that never learns."""
+        return bool(self.policy_class)
 
     @property
     def module(self) -> AlgorithmModule | None:
+        """Its algorithm's module (None for a scripted policy)."""
         return load_algorithm(self.algo) if self.algo else None
 
 
@@ -155,9 +153,15 @@ class MultiAgentSetup:
         return slices
 
 
-def resolve(algo: str, given: dict[str, Any], env: Any) -> MultiAgentSetup:
+def resolve(algo: str, config: Any, env: Any) -> MultiAgentSetup:
     """The multi-agent setup of a run of ``algo`` on the multi-agent env ``env`` (an EnvSpec)
-    with the config keys ``given`` (the top level, ``multiagent`` included)."""
+    with ``config`` (the run's, ``multiagent`` included). Each policy's config takes the keys
+    the user gave at the top level where its algorithm has them, and the run's values of the
+    keys that hold for the whole run (``RUN_WIDE_KEYS``): every policy's plan steps the envs it
+    shares with the others by the same fragments."""
+    given = user_given(config)
+    run_wide = {key: getattr(config, key) for key in RUN_WIDE_KEYS
+                if key != "multiagent" and hasattr(config, key)}
     spec = given.get("multiagent") or {}
     if not isinstance(spec, dict):
         raise ConfigError(f"config key 'multiagent' must be an object, got {spec!r}")
@@ -231,9 +235,17 @@ def resolve(algo: str, given: dict[str, Any], env: Any) -> MultiAgentSetup:
     for index, (pid, overrides) in enumerate(policies_spec.items()):
         if not isinstance(pid, str) or not pid or "/" in pid:
             raise ConfigError(f"policy id {pid!r} must be a non-empty string without '/'")
-        plans[pid] = _plan(pid, index, overrides, base, top, spaces, mapped[pid], mapping,
-                           pid in to_train, state_size or joint_size(spaces))
+        plans[pid] = _plan(pid, index, overrides, base, top, run_wide, spaces, mapped[pid],
+                           mapping, pid in to_train, state_size or joint_size(spaces),
+                           env.env_id)
     return MultiAgentSetup(possible, plans, mapping, state_size)
+
+
+def user_given(config: Any) -> dict[str, Any]:
+    """The keys of ``config`` that differ from its class's defaults: what the user set."""
+    default = type(config)()
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(default, f.name)}
 
 
 def joint_size(spaces: dict[str, tuple[gym.Space, gym.Space]]) -> int:
@@ -242,8 +254,9 @@ def joint_size(spaces: dict[str, tuple[gym.Space, gym.Space]]) -> int:
 
 
 def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
-          spaces: dict[str, tuple[gym.Space, gym.Space]], agents: list[str],
-          mapping: PolicyMapping, trainable: bool, critic_size: int) -> PolicyPlan:
+          run_values: dict[str, Any], spaces: dict[str, tuple[gym.Space, gym.Space]],
+          agents: list[str],
+          mapping: PolicyMapping, trainable: bool, critic_size: int, env_id: str) -> PolicyPlan:
     where = f"multiagent.policies.{pid}"
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where} must be an object of config overrides, got {overrides!r}")
@@ -289,26 +302,25 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
                               f"obs_batch) method")
         return PolicyPlan(pid, index, "", obs_space, act_space, policy_class=policy_class,
                           trainable=False, agents=agents, env_observation_space=env_obs_space)
-    if algo not in ON_POLICY + OFF_POLICY:
-        raise ConfigError(
-            f"policy {pid!r}: multi-agent runs train policies with "
-            f"{', '.join(ON_POLICY + OFF_POLICY)} so far, not {algo}; or make it scripted with "
-            f"\"policy_class\"")
     module = load_algorithm(algo)
+    if not issubclass(module.ROLLOUT_WORKER, RolloutWorker):
+        raise ConfigError(
+            f"policy {pid!r} ({algo}): its rollout worker, {module.ROLLOUT_WORKER.__name__}, "
+            f"plays episodes of its own (perturbed copies of the whole policy); a multi-agent "
+            f"policy's rollout worker takes its agents' steps of the envs every policy shares "
+            f"(a subclass of mpirl.workers.rollout.RolloutWorker). Train it with another "
+            f"algorithm, or make it scripted with \"policy_class\"")
     names = {f.name for f in dataclasses.fields(module.Config)}
     # The run's num_learners is its layout; a policy's own is what its overrides say.
     top = {k: v for k, v in top.items() if k != "num_learners"}
     inherited = {k: v for k, v in top.items() if k in names} if algo != base else dict(top)
+    inherited |= {k: v for k, v in run_values.items() if k in names}
     try:
         config = build(module.Config, {**inherited, **overrides})
     except ConfigError as error:
         raise ConfigError(f"{where}: {error}") from None
-    if getattr(config, "learner_backend", "auto") in ("gloo", "nccl"):
-        raise ConfigError(f"{where}: multi-agent learners average gradients over MPI "
-                          f"sub-communicators; learner_backend {config.learner_backend!r} is "
-                          f"not supported there yet (use 'auto' or 'mpi')")
     try:
-        module.check_config(config, _SingleAgentView(obs_space, act_space))
+        module.check_config(config, PolicyEnv(env_id, obs_space, act_space))
     except ConfigError as error:
         raise ConfigError(f"policy {pid!r} ({algo}): {error}") from None
     if getattr(config, "use_lstm", False):
@@ -351,17 +363,6 @@ def _self_play(spec: Any, where: str, agents: list[str], trainable: bool,
         raise ConfigError(f"{where}.self_play needs at least two agents mapped to the policy "
                           f"(one learns, the others play its snapshots); it has {agents}")
     return dict(spec)
-
-
-class _SingleAgentView:
-    """What an algorithm's ``check_config`` asks of an env: one agent's spaces."""
-
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space) -> None:
-        self._spaces = (observation_space, action_space)
-        self.env_id = "multi-agent policy"
-
-    def spaces(self) -> tuple[gym.Space, gym.Space]:
-        return self._spaces
 
 
 def _space_key(pair: tuple[gym.Space, gym.Space]) -> str:

@@ -31,6 +31,7 @@ from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.core import shrink_weights_comm
 from mpirl.runtime.dispatch import Future, WorkerGroup, WorkerHandle, call_all
 from mpirl.runtime.gathered import decode_answers, gathers_answers
+from mpirl.workers.delivery import BROADCAST, IN_ANSWER, Gathered, ToLearnerOf, ToRank
 from mpirl.workers.env_guard import unwrap_env_failure
 
 
@@ -66,9 +67,9 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
     futures = []
     for i, worker in enumerate(rollouts):
         target = i % len(learners)
-        send_to = None if worker.in_process else learners[target].rank
+        deliver = IN_ANSWER if worker.in_process else ToRank(learners[target].rank)
         futures.append((target, worker, worker.call_async("sample", steps_per_env, filter_state,
-                                                          send_to)))
+                                                          deliver)))
     add_samples(result, futures, obs_filter)
     discard_lost_rollouts(learners, rollouts)
     return result
@@ -109,7 +110,8 @@ def discard_lost_rollouts(learners: WorkerGroup, rollouts: WorkerGroup) -> bool:
     weights_comm to its live members. True if any were taken out."""
     if not rollouts.discard_lost():
         return False
-    rebuild_weights_comm(learners, rollouts)
+    if not any(worker.shares_rank for worker in rollouts):  # else weights go by message
+        rebuild_weights_comm(learners, rollouts)
     return True
 
 
@@ -289,7 +291,8 @@ def _collective_answers(futures: list[Future], source: Future, what: str
 
 def _repair_weights_comm(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
     """After a broken collective: take out the lost rollout ranks and shrink weights_comm."""
-    if not discard_lost_rollouts(learners, rollouts):
+    if not discard_lost_rollouts(learners, rollouts) and not any(
+            worker.shares_rank for worker in rollouts):
         # MPI knows which rank died before the driver may; Shrink leaves it out anyway.
         rebuild_weights_comm(learners, rollouts)
 
@@ -323,7 +326,7 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
         return _sample_gathered(workers, learners, targets, steps_per_env, filter_state,
                                 obs_filter)
     futures = [worker.call_async("sample", steps_per_env, filter_state,
-                                 learners[targets[i]].rank, take_weights=True)
+                                 ToRank(learners[targets[i]].rank), weights=BROADCAST)
                for i, worker in enumerate(workers)]
     try:
         answered, broken = _collective_answers(futures, learners[0].call_async(
@@ -338,7 +341,7 @@ def sample_with_new_weights(rollouts: WorkerGroup, learners: WorkerGroup, steps_
         broadcast_weights(learners, rollouts)
         add_samples(result, [
             (targets[index], worker, worker.call_async("sample", steps_per_env, filter_state,
-                                                       learners[targets[index]].rank))
+                                                       ToRank(learners[targets[index]].rank)))
             for index, worker in enumerate(workers)
             if index not in answered and not worker.lost], obs_filter)
     discard_lost_rollouts(learners, rollouts)
@@ -380,13 +383,14 @@ def _sample_gathered(workers: list[WorkerHandle], learners: WorkerGroup, targets
         # Every worker gets the same call, and picks its learner by its role index as
         # ``targets`` does (index i is role index i): rank 0 pickles it once (``submit_many``).
         futures = call_all(
-            workers, "sample", steps_per_env, filter_state, take_weights=True, gather_answer=True,
-            batch_in_answer=True, learner_ranks=tuple(learner.rank for learner in learners))
+            workers, "sample", steps_per_env, filter_state,
+            Gathered(ToLearnerOf(tuple(learner.rank for learner in learners)), rides=True),
+            weights=BROADCAST)
     else:
         futures = [worker.call_async("sample", steps_per_env, filter_state,
-                                     learners[targets[i]].rank, take_weights=True,
-                                     gather_answer=True,
-                                     batch_in_answer=learners[targets[i]].in_process)
+                                     Gathered(ToRank(learners[targets[i]].rank),
+                                              rides=learners[targets[i]].in_process),
+                                     weights=BROADCAST)
                    for i, worker in enumerate(workers)]
     try:
         answered = settle_gathered(workers, futures, learners[0].call_async(
@@ -472,10 +476,12 @@ def add_sample_metrics(result: SampleResult, metrics: dict[str, Any]) -> None:
 
 
 def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int,
-                      batch_size: int, beta: float | None = None) -> dict[str, float]:
+                      batch_size: int, beta: float | None = None, lr: float | None = None
+                      ) -> dict[str, float]:
     """Every learner takes ``num_steps`` SGD steps on minibatches drawn from the replay shards
-    (``batch_size`` rows per step summed over learners, the steps split evenly over shards);
-    the TD errors go back to the shards as priorities. Returns averaged learner statistics."""
+    (``batch_size`` rows per step summed over learners, the steps split evenly over shards), at
+    learning rate ``lr`` if given; the TD errors go back to the shards as priorities. Returns
+    averaged learner statistics."""
     rows = max(1, batch_size // len(learners))
     # Steps split over the shards in proportion to what they hold (a shard may have no feeder).
     sizes = np.array([f.result() for f in replay.call_async("size")], np.float64)
@@ -496,7 +502,7 @@ def train_from_replay(learners: WorkerGroup, replay: WorkerGroup, num_steps: int
             else:
                 sources.append(shard.rank)
         dests = {k: replay_dest(learner, shard) for k, shard in enumerate(replay)}
-        trains.append(learner.call_async("train_replay", sources, messages, dests))
+        trains.append(learner.call_async("train_replay", sources, messages, dests, lr=lr))
     results = [f.result() for f in trains]
     # Each shard applies the TD errors of its minibatches before it samples again.
     updates = [[] for _ in replay]

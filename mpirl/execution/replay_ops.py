@@ -18,10 +18,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from mpirl.data.replay_buffer import REPORT_TAG, ReplaySettings
+from mpirl.data.replay_buffer import ReplaySettings
 from mpirl.data.sample_tally import SampleTally
 from mpirl.errors import ConfigError, RemoteError
-from mpirl.execution.async_ops import AsyncRequests, Done
+from mpirl.execution.async_ops import SHARED_RANKS_REFUSED, AsyncRequests, Done
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
     SampleResult,
@@ -33,7 +33,6 @@ from mpirl.execution.operators import (
 )
 from mpirl.models.q_network import DQN_STATS, check_discrete
 from mpirl.runtime.dispatch import Completions, Future, WorkerGroup
-from mpirl.runtime.host import STOP_STREAM_TAG
 from mpirl.runtime.layout import REPLAY
 from mpirl.runtime.ulfm import poll_any_source
 from mpirl.workers.env_guard import unwrap_env_failure
@@ -73,9 +72,11 @@ def spawn_replay(trainer: Any) -> WorkerGroup:
     stream of its own. The plan's state names the group, so that it joins the checkpoint
     (``checkpoint_replay``)."""
     shards = max(1, trainer.driver.placement.count(REPLAY))
-    settings = ReplayShardSettings.from_config(trainer.config, env=trainer.env, num_shards=shards,
-                                               num_rollout_workers=len(trainer.rollouts))
-    return trainer.driver.spawn(REPLAY, ReplayShard, settings, local_if_empty=True)
+    settings = ReplayShardSettings.from_config(
+        trainer.config, env=trainer.spaces, num_shards=shards,
+        num_rollout_workers=len(trainer.rollouts), streams_per_worker=trainer.slots_per_worker,
+        policy_index=trainer.policy_index)
+    return trainer.spawn(REPLAY, ReplayShard, settings)
 
 
 class ReplayState(PlanState):
@@ -118,17 +119,18 @@ class ReplayState(PlanState):
         return int(steps)
 
 
-def train_owed_sgd_steps(trainer: Any, state: ReplayState, env_steps: int, beta: float
-                         ) -> dict[str, float]:
+def train_owed_sgd_steps(trainer: Any, state: ReplayState, env_steps: int, beta: float,
+                         lr: float | None = None) -> dict[str, float]:
     """Once the replay is ready (``learning_starts`` env steps stored since it was last empty):
-    the SGD steps owed for ``env_steps`` new env steps on replay minibatches, then learner 0's
-    weights to every rollout worker; the training's statistics. Nothing before."""
+    the SGD steps owed for ``env_steps`` new env steps on replay minibatches (at learning rate
+    ``lr`` if given), then learner 0's weights to every rollout worker; the training's
+    statistics. Nothing before."""
     config = trainer.config
     if not state.replay_ready(trainer.timesteps_total, config.learning_starts):
         return {}
     steps = state.owed_sgd_steps(env_steps, config.sgd_steps_per_env_step)
     stats = train_from_replay(trainer.learners, state.replay, steps, config.train_batch_size,
-                              beta)
+                              beta, lr)
     broadcast_weights(trainer.learners, trainer.rollouts)
     return stats
 
@@ -435,7 +437,7 @@ class StreamedReplayLoop(ApexState):
     the chunks stored since its last answer, and applies the TD errors. The learner's
     ``train_from_shards`` call asks the shards in turn, trains, sends the TD errors back, posts
     weights to the rollout ranks and, each time the metrics it was given hold
-    ``min_env_steps_per_iteration`` env steps, reports an iteration to rank 0 (``REPORT_TAG``).
+    ``min_env_steps_per_iteration`` env steps, reports an iteration to rank 0 (its report tag).
     The learner keeps its SGD steps within ``sgd_steps_per_env_step`` of the steps the shards
     say they stored, and with ``throttle_sampling`` each rollout rank waits, before a chunk,
     while it is too far ahead of the SGD steps its learner's posted weights say were taken
@@ -450,6 +452,8 @@ class StreamedReplayLoop(ApexState):
                  fragments_per_call: int, batches_per_train: int = 16) -> None:
         super().__init__(replay)
         learners, rollouts = trainer.learners, trainer.rollouts
+        if any(worker.shares_rank for worker in rollouts):
+            raise ConfigError(SHARED_RANKS_REFUSED.format(policy=trainer.policy_id))
         if len(learners) != 1 or any(w.in_process for w in (*learners, *replay, *rollouts)):
             raise ConfigError(
                 "fragments_per_call streams chunks to replay ranks and minibatches to one "
@@ -536,7 +540,7 @@ class StreamedReplayLoop(ApexState):
         def arrived() -> bool:
             # From any source (only the learner sends reports): under ULFM a probe of a failed
             # learner would raise here; this way the dispatcher's own probe reports the loss.
-            if (item := poll_any_source(channel, REPORT_TAG)) is not None:
+            if (item := poll_any_source(channel, self.trainer.tags.report)) is not None:
                 found.append(item[0])
                 return True
             return self.ended.any_finished or self.requests.any_finished
@@ -589,14 +593,14 @@ class StreamedReplayLoop(ApexState):
         stored: dict[int, int] = {}
         if self.serving:
             *shards, training = self.serving
-            channel.isend(self.round, training.rank, STOP_STREAM_TAG)
+            channel.isend(self.round, training.rank, self.trainer.tags.stop_stream)
             final = training.result()
             # Reports it sent before stopping and not read yet are counted, not lost.
             while self.reports < final["reports"]:
-                self._count_report(channel.recv(training.rank, REPORT_TAG))
+                self._count_report(channel.recv(training.rank, self.trainer.tags.report))
                 self.reports += 1
             self._count_report(final)
-            channel.isend_many(self.round, replay.ranks, STOP_STREAM_TAG)
+            channel.isend_many(self.round, replay.ranks, self.trainer.tags.stop_stream)
             self._served([future.result() for future in shards], stored)
             self.round += 1
             self.serving = []
@@ -626,7 +630,7 @@ class StreamedReplayLoop(ApexState):
                 self._stop_rollouts()
             if self.serving:
                 self.trainer.driver.context.data_channel.isend_many(
-                    self.round, [f.rank for f in self.serving], STOP_STREAM_TAG)
+                    self.round, [f.rank for f in self.serving], self.trainer.tags.stop_stream)
         except Exception:  # noqa: BLE001 - the error that ends the run is the one to report
             pass
 
@@ -634,7 +638,7 @@ class StreamedReplayLoop(ApexState):
         """The stop word to the live rollout ranks' calls of this round."""
         self.trainer.driver.context.data_channel.isend_many(
             self.settles, [w.rank for w in self.trainer.rollouts if not w.lost],
-            STOP_STREAM_TAG)
+            self.trainer.tags.stop_stream)
 
 
 def count_tally(trainer: Any, tally: SampleTally) -> None:

@@ -31,7 +31,7 @@ def rounds_may_stand(workers: list[WorkerHandle]) -> bool:
     the run allows standing calls (``Dispatcher.standing_calls``)."""
     dispatcher = workers[0].dispatcher
     return (dispatcher is not None and dispatcher.standing_calls
-            and all(not w.in_process for w in workers))
+            and all(not w.in_process and not w.shares_rank for w in workers))
 
 
 class StandingRounds:

@@ -12,25 +12,31 @@ import math
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from mpirl.config.fields import Range, above
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
+from mpirl.data.tags import DataTags
 from mpirl.errors import CallbackError, ConfigError, RankLost, RemoteError, unwrap_remote
 from mpirl.execution.contract import ALGORITHMS, AlgorithmModule, PlanState
 from mpirl.execution.operators import SampleResult, broadcast_weights
 from mpirl.jobs.checkpoint import CheckpointStore, capture_rng, manifest_header, restore_rng
 from mpirl.models.policy import RunningMeanStd
+from mpirl.runtime.dispatch import WorkerGroup
 from mpirl.runtime.driver import Driver
+from mpirl.runtime.host import DRIVER_RANK
 from mpirl.runtime.state_files import read_state_file, write_state_file
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.rollout import SamplingSettings
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
 #: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
@@ -44,43 +50,100 @@ STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
 LEGACY_PLAN_KEYS = ("sgd_step_debt", "replay_empty_at", "sgd_steps_total")
 
 
+@dataclass(frozen=True)
+class PolicyEnv:
+    """What a plan asks of its environment, for one policy of a multi-agent run: its agents'
+    spaces (``spaces()``); no single-agent preprocessing (Atari's) applies."""
+
+    env_id: str
+    observation_space: gym.Space
+    action_space: gym.Space
+    atari: None = None
+
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        return self.observation_space, self.action_space
+
+
+@dataclass(frozen=True)
+class PolicyPlace:
+    """Where one policy of a multi-agent run lives, for its ``Trainer``: the rollout ranks'
+    sampling cores (``runners``) that its rollout workers are spawned beside, its learners'
+    slice of the learner ranks, its spaces and model, its slots per rollout worker (its agents
+    in each env) and its dump index."""
+
+    policy_id: str
+    index: int
+    runners: WorkerGroup
+    learner_members: list[int]
+    observation_space: gym.Space
+    action_space: gym.Space
+    model_spec: Any
+    slots_per_worker: int
+    dump_index: DumpIndex | None = None
+
+
 class Trainer:
-    """The driver side of one run; ``train()`` runs one iteration and returns its row.
+    """The driver side of one algorithm's plan over its workers; ``train()`` runs one iteration
+    and returns its row. A single-agent run is one ``Trainer``; a multi-agent run composes one
+    per learning policy (``place``), each driving its own algorithm's plan over that policy's
+    workers (``mpirl.execution.multiagent``).
 
     A plan reads ``trainer.config``, ``trainer.rollouts`` and ``trainer.learners`` (worker
     groups), ``trainer.obs_filter`` and ``trainer.timesteps_total``, and adds each round of
-    samples with ``trainer.count(samples)``; its ``setup`` may spawn groups of its own with
-    ``trainer.driver``. What the plan keeps is ``trainer.plan``, not the trainer's."""
+    samples with ``trainer.count(samples)``; groups of its own it makes with
+    ``trainer.spawn``."""
 
     def __init__(self, driver: Driver, module: AlgorithmModule, config: Any, env: EnvSpec,
-                 dump: DumpSettings | None = None) -> None:
+                 dump: DumpSettings | None = None, place: PolicyPlace | None = None) -> None:
         self.driver, self.module, self.config, self.env = driver, module, config, env
+        self.place = place
         #: The name a run records: PPO for mpirl.algorithms.ppo, a plug-in's module path.
         builtin = {path: name for name, path in ALGORITHMS.items()}
         self.name = builtin.get(module.__name__, module.__name__)
-        observation_space, action_space = env.spaces()
-        # Trajectory dumps: the driver keeps the index; each rollout rank writes its own file.
-        self.dump_index: DumpIndex | None = None
-        if dump is not None and dump.dump_trajectories is not None:
-            self.dump_index = DumpIndex(dump, env.env_id, observation_space, action_space,
-                                        self.name)
-        # The module's model and workers (DQN's: a Q network, epsilon-greedy rollout workers,
-        # learners on replay), each worker built from the settings its class reads.
-        self.policy_spec = module.model_spec(observation_space, action_space, config)
-        rollout_settings = module.ROLLOUT_WORKER.Settings.from_config(
-            config, env=env, policy=self.policy_spec,
-            dump=self.dump_index.target if self.dump_index is not None else None)
+        #: A multi-agent run's policy (None: a single-agent run's one): its id, its place among
+        #: the policies, and the data-channel tags of its workers' messages.
+        self.policy_id = None if place is None else place.policy_id
+        self.policy_index = None if place is None else place.index
+        self.tags = DataTags.of_policy(self.policy_index)
+        if place is None:
+            observation_space, action_space = env.spaces()
+            # Trajectory dumps: the driver keeps the index; each rollout rank writes its file.
+            self.dump_index: DumpIndex | None = None
+            if dump is not None and dump.dump_trajectories is not None:
+                self.dump_index = DumpIndex(dump, env.env_id, observation_space, action_space,
+                                            self.name)
+            # The module's model and workers (DQN's: a Q network, epsilon-greedy rollout
+            # workers, learners on replay), each worker built from the settings its class reads.
+            self.policy_spec = module.model_spec(observation_space, action_space, config)
+            #: Streams of steps per rollout worker (replay keeps each apart): its envs.
+            self.slots_per_worker = config.num_envs_per_worker
+            rollout_settings = module.ROLLOUT_WORKER.Settings.from_config(
+                config, env=env, policy=self.policy_spec,
+                dump=self.dump_index.target if self.dump_index is not None else None)
+        else:
+            observation_space, action_space = place.observation_space, place.action_space
+            self.dump_index = place.dump_index
+            self.policy_spec = place.model_spec
+            self.slots_per_worker = place.slots_per_worker
+            rollout_settings = SamplingSettings.for_policy(
+                config, policy_id=place.policy_id, policy_index=place.index,
+                weights_from=self._learner_rank(place.learner_members[0]))
         try:
             # Each worker resets its envs here: one that always fails ends the run right away.
-            self.rollouts = driver.spawn("rollout", module.ROLLOUT_WORKER, rollout_settings,
-                                         local_if_empty=True)
+            self.rollouts = self.spawn("rollout", module.ROLLOUT_WORKER, rollout_settings,
+                                       beside=None if place is None else place.runners)
         except RemoteError as error:
             raise unwrap_env_failure(error) from None
         learner_settings = module.LEARNER.Settings.from_config(config, policy=self.policy_spec,
                                                                  loss=module.loss)
+        if place is not None:
+            learner_settings = learner_settings.for_policy(
+                members=place.learner_members, policy_index=place.index,
+                weights_to=[w.rank for w in place.runners if not w.in_process])
         try:
-            self.learners = driver.spawn("learner", module.LEARNER, learner_settings,
-                                         local_if_empty=True)
+            self.learners = self.spawn(
+                "learner", module.LEARNER, learner_settings,
+                members=None if place is None else place.learner_members)
         except RemoteError as error:
             # A setting only a learner's rank can check (learner_master_addr): the user's error.
             if error.cause_type == f"{ConfigError.__module__}.{ConfigError.__qualname__}":
@@ -94,12 +157,38 @@ class Trainer:
         normalize = getattr(config, "normalize_observations", False)
         self.obs_filter = RunningMeanStd(shape) if normalize and shape else None
         self._init_run_state(config)
+        if place is not None:
+            self.callbacks = None  # the driver's hooks run once, for the whole run
         #: What the plan keeps between iterations (groups of its own, calls in flight).
         self.plan = module.setup(self)
         if not isinstance(self.plan, PlanState):
             raise ConfigError(f"algorithm module {module.__name__!r}: setup(trainer) returned "
                               f"{self.plan!r}, not a mpirl.execution.PlanState")
         invoke(self.callbacks, "on_algorithm_init", "driver", algorithm=self)
+
+    def spawn(self, role: str, cls: type, settings: Any, *, members: list[int] | None = None,
+              beside: WorkerGroup | None = None) -> WorkerGroup:
+        """A group of this plan's workers of ``cls`` on ``role``'s ranks (one in the driver's
+        process when the role has none), named for checkpoints after the role, and after its
+        policy in a multi-agent run (``replay-runner``)."""
+        group = self.driver.spawn(role, cls, settings, local_if_empty=True, members=members,
+                                  beside=beside)
+        if self.policy_id is not None:
+            group.name = f"{role}-{self.policy_id}"
+        return group
+
+    @property
+    def spaces(self) -> Any:
+        """Its environment as its plan sees it (``spaces()``, ``atari``): the run's env, or a
+        multi-agent policy's agents' (``PolicyEnv``)."""
+        if self.place is None:
+            return self.env
+        return PolicyEnv(self.env.env_id, self.place.observation_space, self.place.action_space)
+
+    def _learner_rank(self, index: int) -> int:
+        """The rank of learner ``index`` (the driver's, 0, when the run has no learner ranks)."""
+        ranks = self.driver.placement.ranks("learner")
+        return ranks[index] if ranks else DRIVER_RANK
 
     def _init_run_state(self, config: Any) -> None:
         """Counters, metric windows and callbacks: what every run's driver keeps."""
@@ -130,13 +219,14 @@ class Trainer:
     @property
     def train_batch_size(self) -> int:
         """Environment steps per iteration, over all rollout workers (offline: dataset rows
-        trained on per iteration, over all learners)."""
+        trained on per iteration, over all learners; a multi-agent policy's: its agents' steps,
+        at most one per slot and env step)."""
         c = self.config
         if hasattr(c, "num_sgd_steps_per_iteration"):
             return c.train_batch_size * c.num_sgd_steps_per_iteration
         if not hasattr(c, "rollout_fragment_length"):  # ES, ARS: at least this many per generation
             return getattr(c, "train_batch_size", 0)
-        return len(self.rollouts) * c.num_envs_per_worker * c.rollout_fragment_length
+        return len(self.rollouts) * self.slots_per_worker * c.rollout_fragment_length
 
     def num_minibatches(self, minibatch_size: int) -> int:
         """SGD steps per epoch such that each step sees about ``minibatch_size`` rows in total,

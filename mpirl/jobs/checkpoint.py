@@ -48,8 +48,9 @@ from mpirl.errors import CheckpointError
 from mpirl.jobs.run_dir import json_default
 from mpirl.runtime.state_files import check_file
 
-#: Bumped when the layout of checkpoint files changes incompatibly.
-FORMAT_VERSION = 1
+#: Bumped when the layout of checkpoint files changes incompatibly. 2: rollout workers keep
+#: their envs in a sampling core (``mpirl.workers.env_runner``), plans their own state.
+FORMAT_VERSION = 2
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -241,8 +242,13 @@ def verify(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{manifest_path} is not valid JSON ({error})") from None
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has checkpoint format {version!r}; this mpirl reads format "
-                              f"{FORMAT_VERSION}")
+        import mpirl
+
+        writer = manifest.get("mpirl_version", "an unknown version")
+        raise CheckpointError(
+            f"{path} was written by mpirl {writer} in checkpoint format {version!r}; this mpirl "
+            f"({mpirl.__version__}) reads format {FORMAT_VERSION}. Resume it with mpirl "
+            f"{writer} (pip install mpirl=={writer}), or start a new run")
     for name, entry in manifest.get("files", {}).items():
         file = path / name
         if not file.is_file():

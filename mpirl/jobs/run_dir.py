@@ -143,8 +143,9 @@ class RunRecorder:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         params_path = self.run_dir / PARAMS_FILE
-        write_atomically(params_path, json.dumps(params, indent=2, sort_keys=True,
-                                                  default=json_default) + "\n")
+        # Not sorted: the order of the config's keys means something (a multi-agent run's
+        # policies are set up, given learner ranks and run in the order given).
+        write_atomically(params_path, json.dumps(params, indent=2, default=json_default) + "\n")
         progress_path = self.run_dir / PROGRESS_FILE
         self._columns: list[str] | None = None
         if resume and progress_path.exists():

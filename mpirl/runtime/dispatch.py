@@ -477,6 +477,10 @@ class WorkerHandle:
         self.cls = cls
         self._messages = frozenset(cls.MESSAGES)
         self._local_object = local_object
+        #: Whether its object shares its rank's sampling core with other workers (one per
+        #: policy of a multi-agent run, ``Driver.spawn(beside=...)``): its rank's collectives
+        #: (the weight broadcast, gathered answers, standing rounds) are not its own.
+        self.shares_rank = False
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
         """Start ``method(*args, **kwargs)`` on the worker; returns its future at once."""

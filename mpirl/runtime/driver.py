@@ -232,13 +232,17 @@ class Driver:
                 "perf/driver_bytes_per_iter": nbytes}
 
     def spawn(self, role: str, cls: type[Worker], *args: Any, local_if_empty: bool = False,
-              members: list[int] | None = None, **kwargs: Any) -> WorkerGroup:
+              members: list[int] | None = None, beside: WorkerGroup | None = None,
+              **kwargs: Any) -> WorkerGroup:
         """Create ``cls(context, *args, **kwargs)`` on every rank of ``role``; wait until all exist.
 
         Raises ``RemoteError`` naming the rank if a constructor raises there. An empty role gives an
         empty group, or with ``local_if_empty`` one object in the driver's process (a learner
         when ``num_learners`` is 0, say). ``members`` picks some ranks of the role by index
         (a multi-agent policy's learners); the group's handles are indexed within them.
+        ``beside`` (a group of this role) puts each new object on the rank of that group's
+        worker of the same index and gives the constructor that worker's object (``beside=``):
+        workers that share a rank's sampling core. Their handles say so (``shares_rank``).
         """
         if role not in WORKER_ROLES:
             raise ValueError(f"workers are spawned on {', '.join(WORKER_ROLES)}; got {role!r}")
@@ -248,14 +252,21 @@ class Driver:
         ranks = self.placement.ranks(role)
         if members is not None and ranks:
             ranks = [ranks[i] for i in members]
+        if beside is not None:
+            ranks = [] if all(h.in_process for h in beside) else beside.ranks
         if self.dispatcher is None or (local_if_empty and not ranks):
             if not ranks and not local_if_empty:
                 return WorkerGroup(role, cls, [])
             context = self._local_contexts.get(role) or dataclasses.replace(self.context, role=role)
+            if beside is not None:
+                kwargs = {**kwargs, "beside": beside[0].local_object}
             obj = cls(context, *args, **kwargs)
-            return WorkerGroup(role, cls, [WorkerHandle(None, 0, role, 0, object_id, cls, obj)])
+            handle = WorkerHandle(None, 0, role, 0, object_id, cls, obj)
+            handle.shares_rank = beside is not None
+            return WorkerGroup(role, cls, [handle])
+        shared = None if beside is None else beside[0].object_id
         futures = [
-            self.dispatcher.submit(rank, HOST, "spawn", (object_id, cls, args, kwargs), {})
+            self.dispatcher.submit(rank, HOST, "spawn", (object_id, cls, args, kwargs, shared), {})
             for rank in ranks
         ]
         errors = []
@@ -274,6 +285,8 @@ class Driver:
             WorkerHandle(self.dispatcher, rank, role, index, object_id, cls)
             for index, rank in enumerate(ranks)
         ]
+        for handle in handles:
+            handle.shares_rank = beside is not None
         return WorkerGroup(role, cls, handles)
 
     def _shutdown(self, exit_code: int, heartbeat: Heartbeat | None) -> bool:

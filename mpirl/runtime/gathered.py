@@ -93,9 +93,12 @@ class PackedBatch:
 
 def gathers_answers(workers: Iterable[Any]) -> bool:
     """Whether a round of calls to ``workers`` (handles) answers through the gather: they have
-    ranks of their own, and MPI does not report process failures (under ULFM each answer must
-    come on its own, to tell a lost rank apart)."""
-    return not fault_tolerant() and not all(worker.in_process for worker in workers)
+    ranks of their own, which they share with no other policy's workers (a multi-agent run's
+    weights communicator is not theirs), and MPI does not report process failures (under ULFM
+    each answer must come on its own, to tell a lost rank apart)."""
+    workers = list(workers)
+    return (not fault_tolerant() and not all(worker.in_process for worker in workers)
+            and not any(worker.shares_rank for worker in workers))
 
 
 def answer_through_gather(context: RankContext, run: Callable[[], Any]) -> Any:

@@ -26,10 +26,11 @@ DRIVER_RANK = 0
 STOP_STREAM_TAG = 24
 
 
-def latest_stopped_round(channel: Channel, known: int) -> int:
+def latest_stopped_round(channel: Channel, known: int, tag: int = STOP_STREAM_TAG) -> int:
     """The latest stream round the driver has told this rank to stop: ``known`` or a later one,
-    from the stop words that came (all are taken)."""
-    while (item := channel.poll(DRIVER_RANK, STOP_STREAM_TAG)) is not None:
+    from the stop words that came with ``tag`` (all are taken; a multi-agent policy's workers
+    have a tag of their own)."""
+    while (item := channel.poll(DRIVER_RANK, tag)) is not None:
         known = max(known, item[0])
     return known
 
@@ -96,7 +97,12 @@ class WorkerHost:
 
     # Messages the host itself answers (object id 0).
 
-    def _host_spawn(self, object_id: int, cls: type, args: tuple, kwargs: dict) -> str:
+    def _host_spawn(self, object_id: int, cls: type, args: tuple, kwargs: dict,
+                    beside: int | None = None) -> str:
+        """Create a worker object; with ``beside``, the object of that id on this rank is given
+        to its constructor (``beside=``): several workers sharing one sampling core."""
+        if beside is not None:
+            kwargs = {**kwargs, "beside": self.objects[beside]}
         self.objects[object_id] = cls(self.context, *args, **kwargs)
         return self.context.host
 

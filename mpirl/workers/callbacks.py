@@ -32,6 +32,9 @@ class Episode:
     #: Floats set here are averaged over the episodes of the metrics window (like
     #: ``episode_return_mean``) and reported as ``custom/<name>_mean``.
     custom_metrics: dict[str, float] = field(default_factory=dict)
+    #: A multi-agent run's episode of one agent: its id and its policy's (None otherwise).
+    agent_id: str | None = None
+    policy_id: str | None = None
 
 
 class Callbacks:

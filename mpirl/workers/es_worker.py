@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.search_rules import (
     Adam,
     DirectPolicySpec,
@@ -36,7 +35,7 @@ from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
-from mpirl.workers.env_guard import EPISODE_DROPPED, GuardedEnv
+from mpirl.workers.env_runner import SEARCH, EnvRunner, RunnerPolicy, RunnerSettings
 from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 
 #: Env failures one perturbation's episode may meet before its pair is left out of the update.
@@ -220,13 +219,14 @@ class PerturbationWorker(Worker):
     def __init__(self, context: RankContext, settings: SearchWorkerSettings) -> None:
         super().__init__(context)
         policy = settings.policy
-        self.seed = settings.seed + 1000 * context.role_index
-        self.where = f"rollout worker {context.role_index} on rank {context.rank}"
-        self.envs = [GuardedEnv(settings.env, settings.max_env_failures, self.seed, i,
-                                self.where, settings.env_failure_window)
-                     for i in range(settings.num_envs)]
-        for i, sub_env in enumerate(self.envs):
-            sub_env.reset(seed=self.seed + i)
+        self.runner = EnvRunner(context, RunnerSettings(
+            env=settings.env, num_envs=settings.num_envs, seed=settings.seed,
+            max_env_failures=settings.max_env_failures,
+            env_failure_window=settings.env_failure_window,
+            policies=(RunnerPolicy(acting=SEARCH, observation_space=policy.observation_space,
+                                   action_space=policy.action_space),)))
+        self.seed = self.runner.seed
+        self.where = self.runner.where
         # Vector observations: the population's forward pass in NumPy, and no torch in this
         # process (about 60 MB instead of 300). The weights arrive from the driver.
         if numpy_unsupported(policy) is None:
@@ -246,11 +246,14 @@ class PerturbationWorker(Worker):
         self.obs_shape = policy.observation_space.shape
         self.filter = RunningMeanStd(self.obs_shape)
         self.rng = np.random.default_rng(self.seed)
-        self.env_failures = 0
         self.noise: NoiseTable | None = None
         self.settings: dict[str, Any] = {}
         self.optimizer: Adam | None = None
         self.applied: tuple[int, dict[str, Any]] | None = None  # (generation, its answer)
+
+    @property
+    def env_failures(self) -> int:
+        return self.runner.env_failures
 
     def setup_search(self, settings: dict[str, Any]) -> dict[str, Any]:
         """Build the noise table (collective over the rollout ranks) and the optimizer."""
@@ -308,77 +311,68 @@ class PerturbationWorker(Worker):
 
         for _ in range(num_pairs):
             add_pair()
-        k = len(self.envs)
+        k = self.runner.settings.num_envs
         params = np.repeat(theta[None], k, 0)
-        slot_task: list[tuple[int, int] | None] = [None] * k  # (pair, sign); (-1, 0) evaluates
-        slot_obs: list[Any] = [None] * k
-        slot_return, slot_length = np.zeros(k), np.zeros(k, np.int64)
+        slot_task: list[tuple[int, int]] = [(-1, 0)] * k  # (pair, sign); (-1, 0) evaluates
         eval_returns: list[float] = []
         eval_lengths: list[int] = []
         delta = RunningMeanStd(self.filter.mean.shape)
-        steps = failures = 0
         box = self.policy.kind == "box"
         retries: dict[int, int] = {}
         abandoned: set[int] = set()
         evaluations = EvaluationDraws(s["eval_prob"], self.rng)
-        while True:
-            for i in range(k):
-                if slot_task[i] is not None:
-                    continue
-                if not tasks and steps < min_steps:
-                    add_pair()  # the pairs queued so far were too short for min_steps
-                if not tasks:
-                    continue
-                if evaluations.next_is_evaluation():
-                    slot_task[i], row = (-1, 0), theta
-                else:
-                    slot_task[i] = tasks.pop(0)
-                    pair, sign = slot_task[i]
-                    eps = noise[indices[pair]:indices[pair] + size]
-                    row = theta + (sigma if sign == 0 else -sigma) * eps
-                params[i] = row
-                slot_obs[i], _ = self.envs[i].reset()
-                slot_return[i], slot_length[i] = 0.0, 0
-            active = [i for i in range(k) if slot_task[i] is not None]
-            if not active:
-                break
-            raw = np.stack([np.asarray(slot_obs[i], np.float32) for i in active])
-            outputs = self._population_outputs(params[active], self._observe(raw))
-            training = np.array([slot_task[i][0] >= 0 for i in active])
+        played = {"steps": 0}
+
+        def start(i: int) -> bool:
+            """Slot ``i``'s next episode: the unperturbed policy now and then, else the next
+            perturbation queued (more pairs until ``min_steps`` were played)."""
+            if not tasks and played["steps"] < min_steps:
+                add_pair()  # the pairs queued so far were too short for min_steps
+            if not tasks:
+                return False
+            if evaluations.next_is_evaluation():
+                slot_task[i], row = (-1, 0), theta
+            else:
+                slot_task[i] = tasks.pop(0)
+                pair, sign = slot_task[i]
+                eps = noise[indices[pair]:indices[pair] + size]
+                row = theta + (sigma if sign == 0 else -sigma) * eps
+            params[i] = row
+            return True
+
+        def act(slots: list[int], raw: np.ndarray) -> np.ndarray:
+            raw = raw.astype(np.float32, copy=False)
+            outputs = self._population_outputs(params[slots], self._observe(raw))
+            training = np.array([slot_task[i][0] >= 0 for i in slots])
             if training.any() and self.normalize_observations:
                 delta.update(raw[training].astype(np.float64))
             if box and s["action_noise_std"] > 0:
                 outputs = outputs + training[:, None] * self.rng.normal(
                     0.0, s["action_noise_std"], outputs.shape)
-            actions = self.policy.to_actions(outputs)
-            for j, i in enumerate(active):
-                obs, reward, terminated, truncated, info = self.envs[i].step(actions[j])
-                steps += 1
-                slot_obs[i] = obs
-                pair, sign = slot_task[i]
-                slot_return[i] += float(reward) - (s["offset"] if pair >= 0 else 0.0)
-                slot_length[i] += 1
-                if info.get(EPISODE_DROPPED):
-                    failures += 1
-                    slot_task[i] = None
-                    if pair < 0 or pair in abandoned:
-                        continue
-                    retries[pair] = retries.get(pair, 0) + 1
-                    if retries[pair] <= MAX_PAIR_RETRIES:
-                        tasks.insert(0, (pair, sign))  # played again from a fresh episode
-                    else:
-                        # An env that fails every long episode would be retried forever.
-                        abandoned.add(pair)
-                        tasks[:] = [t for t in tasks if t[0] != pair]
-                elif terminated or truncated:
-                    if pair < 0:
-                        eval_returns.append(float(slot_return[i]))
-                        eval_lengths.append(int(slot_length[i]))
-                    else:
-                        returns[pair][sign] = float(slot_return[i])
-                        lengths[pair][sign] = int(slot_length[i])
-                    slot_task[i] = None
-        self.env_failures += failures
+            played["steps"] += len(slots)
+            return self.policy.to_actions(outputs)
+
+        def end(i: int, ret: float, length: int, failed: bool) -> None:
+            pair, sign = slot_task[i]
+            if failed:
+                if pair < 0 or pair in abandoned:
+                    return
+                retries[pair] = retries.get(pair, 0) + 1
+                if retries[pair] <= MAX_PAIR_RETRIES:
+                    tasks.insert(0, (pair, sign))  # played again from a fresh episode
+                else:
+                    # An env that fails every long episode would be retried forever.
+                    abandoned.add(pair)
+                    tasks[:] = [t for t in tasks if t[0] != pair]
+            elif pair < 0:
+                eval_returns.append(ret)
+                eval_lengths.append(length)
+            else:
+                # ARS's reward shift (offset) applies to training episodes only.
+                returns[pair][sign] = ret - s["offset"] * length
+                lengths[pair][sign] = length
+
+        steps, failures = self.runner.play_episodes(start, act, end)
         kept = [j for j in range(len(indices)) if j not in abandoned]
         return pack_generation([indices[j] for j in kept], [returns[j] for j in kept],
                                [lengths[j] for j in kept], eval_returns, eval_lengths, steps,
@@ -505,19 +499,12 @@ class PerturbationWorker(Worker):
 
     def get_state(self) -> dict[str, Any]:
         return {**self.search_state(), "rng": self.rng.bit_generator.state,
-                "torch_rng": capture_rng(), "envs": pickle.dumps(self.envs, protocol=5),
-                "env_failures": self.env_failures}
+                "runner": self.runner.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> bool:
         self.set_search_state(state)
         self.rng.bit_generator.state = state["rng"]
-        restore_rng(state["torch_rng"])
-        envs = pickle.loads(state["envs"])
-        if len(envs) != len(self.envs):
-            return False  # num_envs_per_worker changed: the fresh envs stay
-        self.envs = envs
-        self.env_failures = state["env_failures"]
-        return True
+        return self.runner.set_state(state["runner"])
 
     def memory(self) -> dict[str, float]:
         return {"pss_mb": proportional_memory_mb()}

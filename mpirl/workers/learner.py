@@ -18,6 +18,7 @@ connections use the interface on the route to it unless ``GLOO_SOCKET_IFNAME`` s
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import ipaddress
 import os
 import re
@@ -35,18 +36,23 @@ from mpi4py import MPI
 
 from mpirl.data.batches import concat_batches, standardize_fields
 from mpirl.data.offline import EpisodeShard, OfflineInput, load_shard, rows_per_learner
+from mpirl.data.tags import DataTags
 from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime import gathered
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
-from mpirl.runtime.ulfm import bcast_weights, isend_to_survivors, poll_any_source
+from mpirl.runtime.ulfm import (
+    bcast_weights,
+    flush_to_survivors,
+    isend_to_survivors,
+    poll_any_source,
+)
 from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
-from mpirl.workers.rollout import BATCH_TAG, PUSHED_WEIGHTS_TAG, STREAM_TAG
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -354,6 +360,17 @@ def _route_to(address: str) -> str | None:
     return None if ipaddress.ip_address(local).is_loopback else local
 
 
+def policy_context(context: RankContext, members: list[int]) -> RankContext:
+    """``context`` with ``role_comm`` narrowed to the learner indices ``members``: a policy's
+    learners average their gradients over those members only."""
+    if len(members) == context.role_comm.Get_size():
+        return context
+    comm = context.role_comm.Create_group(context.role_comm.Get_group().Incl(members))
+    return dataclasses.replace(context, role_comm=comm,
+                               role_index=members.index(context.role_index),
+                               role_size=len(members))
+
+
 def minibatch_rows(minibatch: dict[str, torch.Tensor]) -> float:
     """What a loss averages over: the steps a ``mask`` keeps, else the rows."""
     if "mask" in minibatch:
@@ -383,6 +400,24 @@ class LearnerSettings:
     torch_threads: int = 1
     master_addr: str = ""
     """The address learner 0's TCPStore listens on (gloo, nccl); empty picks one."""
+    # A multi-agent run's policy: its learners are a slice of the learner ranks, and several
+    # policies' workers may share a rank.
+    members: tuple[int, ...] | None = None
+    """The learner indices of the policy's slice of the learner ranks (None: all of them)."""
+    policy_index: int | None = None
+    """The policy's place among the run's policies: its messages' tags (None: a single-agent
+    run's)."""
+    weights_to: tuple[int, ...] = ()
+    """The rollout ranks ``broadcast_weights`` sends the weights to by message, where they
+    share their ranks with other policies' workers (a multi-agent run); empty: the broadcast
+    over the weights communicator."""
+
+    def for_policy(self, *, members: list[int], policy_index: int,
+                   weights_to: list[int]) -> LearnerSettings:
+        """These settings for one policy of a multi-agent run (``members``, its learner
+        indices; ``weights_to``, the rollout ranks)."""
+        return dataclasses.replace(self, members=tuple(members), policy_index=policy_index,
+                                   weights_to=tuple(weights_to))
 
     @classmethod
     def from_config(cls, config: Any, *, policy: Any, loss: LossFn) -> LearnerSettings:
@@ -405,13 +440,17 @@ class Learner(Worker):
     MESSAGES = ("train", "train_offline", "get_weights", "set_weights", "broadcast_weights",
                 "save_state", "load_state", "apply_gradients", "histograms", "train_streamed",
                 "pushes_sent", "end_rounds")
-    #: The data-channel tag its batches come with (a multi-agent policy's learner has its own).
-    batch_tag = BATCH_TAG
+    #: The data-channel tags of its messages (a multi-agent policy's learner has its own).
+    tags = DataTags()
 
     Settings: ClassVar[type[LearnerSettings]] = LearnerSettings
 
     def __init__(self, context: RankContext, settings: LearnerSettings) -> None:
+        if settings.members is not None:
+            context = policy_context(context, list(settings.members))
         super().__init__(context)
+        self.tags = DataTags.of_policy(settings.policy_index)
+        self.weights_to = settings.weights_to
         loss, lr, seed = settings.loss, settings.lr, settings.seed
         torch.set_num_threads(settings.torch_threads)
         torch.manual_seed(seed)
@@ -460,7 +499,7 @@ class Learner(Worker):
         no rows to it: each step's gradient is that of the rows all learners had."""
         parts = [b.unpack() if isinstance(b, gathered.PackedBatch) else b
                  for b in batches or []] + (
-            self.context.data_channel.recv_each(sources, self.batch_tag) if sources else [])
+            self.context.data_channel.recv_each(sources, self.tags.batch) if sources else [])
         batch = (concat_batches(parts) if parts
                  else {k: np.zeros(0, np.float32) for k in ("advantages", *standardize)})
         size = len(next(iter(batch.values())))  # rows; a row may be a whole fragment (V-trace)
@@ -536,7 +575,7 @@ class Learner(Worker):
         that failed, under ULFM)."""
         isend_to_survivors(self.context.data_channel,
                            (self.stream_version, self.policy.get_flat_weights()), ranks,
-                           PUSHED_WEIGHTS_TAG, self.failed_ranks)
+                           self.tags.pushed_weights, self.failed_ranks)
 
     def _take_fragments(self, min_env_steps: int, owed: int, wait_s: float, lags: list[int]
                         ) -> tuple[list[dict], int, dict[int, int]]:
@@ -552,7 +591,7 @@ class Learner(Worker):
         backoff = Backoff(spin_s=DRIVER_SPIN_S)
         while len(parts) < owed:
             turn_began = time.thread_time()
-            item = poll_any_source(channel, STREAM_TAG)
+            item = poll_any_source(channel, self.tags.stream)
             if item is None:
                 if steps >= min_env_steps or time.monotonic() > deadline:
                     break
@@ -694,14 +733,20 @@ class Learner(Worker):
 
     def broadcast_weights(self, gather_answers: bool = False,
                           round_header: Any = None) -> list[bytes] | None:
-        """Send this learner's weights to every rollout rank: the root of one ``Bcast``. With
-        ``gather_answers`` (the rollout workers' ``sample(gather_answer=True)``), then the root of
-        the gather of their answers (``mpirl.runtime.gathered``), which it returns: they cross
-        to the driver as one message. With ``round_header`` the weights start a round of the
-        rollout workers' standing ``sample_rounds`` calls, the header first
+        """Send this learner's weights to every rollout rank: the root of one ``Bcast`` (by
+        message where the ranks are shared with other policies' workers: ``weights_to``). With
+        ``gather_answers`` (the rollout workers' ``sample(deliver=Gathered(...))``), then the
+        root of the gather of their answers (``mpirl.runtime.gathered``), which it returns:
+        they cross to the driver as one message. With ``round_header`` the weights start a
+        round of the rollout workers' standing ``sample_rounds`` calls, the header first
         (``gathered.start_round``)."""
         context = self.context
-        if round_header is None:
+        if self.weights_to:  # ranks shared with other policies' workers: by message
+            flat = self.policy.get_flat_weights()
+            flush_to_survivors(context.data_channel, self.failed_ranks)  # the last round's
+            isend_to_survivors(context.data_channel, flat, list(self.weights_to),
+                               self.tags.broadcast, self.failed_ranks)
+        elif round_header is None:
             bcast_weights(context.weights_comm, self.policy.get_flat_weights(),
                           context.collective_timeout_s)
         else:

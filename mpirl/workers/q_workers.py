@@ -16,13 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from mpirl.data.replay_buffer import (
-    PRIORITY_TAG,
-    REPORT_TAG,
-    SAMPLE_REQUEST_TAG,
-    SAMPLE_TAG,
-    WEIGHTS_TAG,
-)
 from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.host import DRIVER_RANK, latest_stopped_round
@@ -41,8 +34,6 @@ class QLearner(Learner):
     """A learner on replay: minibatches from shard ranks, a target network, TD errors back."""
 
     MESSAGES = (*Learner.MESSAGES, "train_replay", "train_from_shards")
-    #: Data-channel tags of minibatches in and TD errors out (a multi-agent policy's differ).
-    sample_tag, priority_tag = SAMPLE_TAG, PRIORITY_TAG
 
     def __init__(self, context: RankContext, settings: LearnerSettings) -> None:
         super().__init__(context, settings)
@@ -57,15 +48,17 @@ class QLearner(Learner):
 
     def train_replay(self, sources: list[int], messages: list[dict] | None,
                      priority_dests: dict[int, int | None], post_weights_to: list[int] = (),
-                     post_every: int = 0) -> dict[str, Any]:
+                     post_every: int = 0, lr: float | None = None) -> dict[str, Any]:
         """Train on the minibatches replay ranks ``sources`` sent (or ``messages`` given in the
         call): one SGD step each, averaged over learners. The TD errors of shard k's minibatches
         go back to rank ``priority_dests[k]``, or in the result (``priorities``) where that is
         None. With ``post_weights_to``, learner 0 sends its weights to those rollout ranks every
-        ``post_every`` updates, without waiting for them to be received."""
+        ``post_every`` updates, without waiting for them to be received. ``lr``: the learning
+        rate from this call on (None keeps the one it has)."""
+        self._set_lr(lr)
         received = list(messages or [])
         if sources:
-            received += self.context.data_channel.recv_each(sources, self.sample_tag)
+            received += self.context.data_channel.recv_each(sources, self.tags.sample)
         totals: dict[str, float] = {}
         returned, steps = [], 0
         for message in received:
@@ -77,7 +70,7 @@ class QLearner(Learner):
             if dest is None:
                 returned.append((message["shard"], update))
             else:
-                self.context.data_channel.isend(update, dest, self.priority_tag)
+                self.context.data_channel.isend(update, dest, self.tags.priority)
         if self.context.data_channel is not None:
             self.context.data_channel.flush()
         self._post_weights(post_weights_to, post_every)
@@ -94,7 +87,7 @@ class QLearner(Learner):
                           report: tuple[int, int, int] | None = None) -> dict[str, Any]:
         """Until the driver's word to stop ``stream_round`` comes: ask the serving shard ranks
         ``shards`` in turn for ``batches_per_train`` minibatches of ``batch_size`` rows
-        (``SAMPLE_REQUEST_TAG``), take one SGD step on each and send its TD errors back to its
+        (its sample-request tag), take one SGD step on each and send its TD errors back to its
         shard; post the weights to ``post_weights_to`` every ``post_every`` steps. A shard with
         fewer than ``min_rows`` rows is asked for none (its answer says how many it has).
 
@@ -105,7 +98,7 @@ class QLearner(Learner):
 
         ``report`` is ``(env_steps, first_iteration, histograms_every)``: once the chunks whose
         metrics the shards' replies carried hold ``env_steps`` env steps, the learner sends the
-        driver (``REPORT_TAG``) what the call returns, for the SGD steps and chunks since its
+        driver (its report tag) what the call returns, for the SGD steps and chunks since its
         last report: that is an iteration (``first_iteration`` the first), with the
         histograms every ``histograms_every`` iterations. The answer then covers what no report
         did. Each chunk's weights lag is its weights' SGD steps behind the learner's when the
@@ -119,7 +112,8 @@ class QLearner(Learner):
         tally, lags = SampleTally(), []
         idle = Backoff(spin_s=0.0, min_sleep_s=2e-4, max_sleep_s=0.01)
         while True:
-            self.stopped_round = latest_stopped_round(channel, self.stopped_round)
+            self.stopped_round = latest_stopped_round(channel, self.stopped_round,
+                                                     self.tags.stop_stream)
             if stream_round <= self.stopped_round:
                 break
             shard = shards[turn % len(shards)]
@@ -130,7 +124,7 @@ class QLearner(Learner):
                 sizes.get(shard, 0) >= min_rows else 0
             # Every send of this loop survives a rollout rank's death (ULFM): a weight post to
             # it still pending fails the test of each later send on the channel.
-            isend_to_survivors(channel, (ask, batch_size, beta), [shard], SAMPLE_REQUEST_TAG,
+            isend_to_survivors(channel, (ask, batch_size, beta), [shard], self.tags.sample_request,
                                self.failed_ranks)
             message = self._shard_reply(shard, stream_round)
             if message is None:  # stopped while waiting: the shard may have failed
@@ -148,7 +142,7 @@ class QLearner(Learner):
                     update = self._report(totals, steps - reported_steps, tally, lags)
                     if every and (first + reports) % every == 0:
                         update["histograms"] = self.histograms()
-                    isend_to_survivors(channel, update, [DRIVER_RANK], REPORT_TAG,
+                    isend_to_survivors(channel, update, [DRIVER_RANK], self.tags.report,
                                        self.failed_ranks)
                     reports, reported_steps = reports + 1, steps
                     totals, tally, lags = {}, SampleTally(), []
@@ -158,7 +152,7 @@ class QLearner(Learner):
                 continue
             idle.reset()
             isend_to_survivors(channel, self._train_on_minibatches(message, totals), [shard],
-                               self.priority_tag, self.failed_ranks)
+                               self.tags.priority, self.failed_ranks)
             steps += len(message["batches"])
             self._post_weights(post_weights_to, post_every)
         flush_to_survivors(channel, self.failed_ranks)
@@ -189,7 +183,7 @@ class QLearner(Learner):
             live = sum(rank not in self.failed_ranks for rank in ranks)
             isend_to_survivors(self.context.data_channel,
                                (self.updates, self.policy.get_flat_weights(), live),
-                               list(ranks), WEIGHTS_TAG, self.failed_ranks)
+                               list(ranks), self.tags.weights, self.failed_ranks)
             self.posted = self.updates
 
     def _shard_reply(self, shard: int, stream_round: int) -> dict | None:
@@ -202,14 +196,15 @@ class QLearner(Learner):
         backoff = Backoff()
         give_up_at = None
         while True:
-            item = channel.poll(shard, self.sample_tag)
+            item = channel.poll(shard, self.tags.sample)
             if item is not None:
                 if self.unanswered.get(shard):
                     self.unanswered[shard] -= 1
                     continue
                 return item[0]
             if give_up_at is None:
-                self.stopped_round = latest_stopped_round(channel, self.stopped_round)
+                self.stopped_round = latest_stopped_round(channel, self.stopped_round,
+                                                     self.tags.stop_stream)
                 if stream_round <= self.stopped_round:
                     give_up_at = time.monotonic() + REPLY_GRACE_S
             elif time.monotonic() > give_up_at:

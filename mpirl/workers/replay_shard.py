@@ -12,16 +12,9 @@ import gymnasium as gym
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.data.replay_buffer import (
-    INSERT_TAG,
-    PRIORITY_TAG,
-    SAMPLE_REQUEST_TAG,
-    SAMPLE_TAG,
-    ReplayBuffer,
-    ReplaySettings,
-    stream_of,
-)
+from mpirl.data.replay_buffer import ReplayBuffer, ReplaySettings, stream_of
 from mpirl.data.sample_tally import SampleTally
+from mpirl.data.tags import DataTags
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
 from mpirl.runtime.host import latest_stopped_round
@@ -51,20 +44,27 @@ class ReplayShardSettings:
     num_shards: int
     """Shards in the run: rollout worker i feeds shard i mod ``num_shards``."""
     num_envs: int
-    """Envs per rollout worker."""
+    """Streams per rollout worker: its envs (a multi-agent policy's: its slots, an env's agents
+    it may drive in each env)."""
     seed: int
+    policy_index: int | None = None
+    """A multi-agent run's policy: its place among the policies (its messages' tags)."""
 
     @classmethod
     def from_config(cls, config: Any, *, env: Any, num_shards: int,
-                    num_rollout_workers: int) -> ReplayShardSettings:
+                    num_rollout_workers: int, streams_per_worker: int | None = None,
+                    policy_index: int | None = None) -> ReplayShardSettings:
         """One of ``num_shards`` shards of a run with ``config``: ``buffer_size / num_shards``
-        rows, a stream per env of each rollout worker that feeds it."""
+        rows, a stream per env (``streams_per_worker``: per slot) of each rollout worker that
+        feeds it. ``env`` gives the spaces (``spaces()``)."""
         observation_space, action_space = env.spaces()
-        streams = math.ceil(num_rollout_workers / num_shards) * config.num_envs_per_worker
+        per_worker = streams_per_worker or config.num_envs_per_worker
+        streams = math.ceil(num_rollout_workers / num_shards) * per_worker
         return cls(capacity=config.buffer_size // num_shards, num_streams=streams,
                    observation_space=observation_space, action_space=action_space,
                    replay=ReplaySettings.from_config(config, stacked_frames(env)),
-                   num_shards=num_shards, num_envs=config.num_envs_per_worker, seed=config.seed)
+                   num_shards=num_shards, num_envs=per_worker, seed=config.seed,
+                   policy_index=policy_index)
 
 
 class ReplayShard(Worker):
@@ -78,12 +78,13 @@ class ReplayShard(Worker):
     MESSAGES = ("insert", "sample", "update_priorities", "size", "save_state", "load_state",
                 "serve")
     #: Data-channel tags: steps in, minibatches out, TD errors in (a multi-agent policy's differ).
-    insert_tag, sample_tag, priority_tag = INSERT_TAG, SAMPLE_TAG, PRIORITY_TAG
+    tags = DataTags()
 
     Settings: ClassVar[type[ReplayShardSettings]] = ReplayShardSettings
 
     def __init__(self, context: RankContext, settings: ReplayShardSettings) -> None:
         super().__init__(context)
+        self.tags = DataTags.of_policy(settings.policy_index)
         self.buffer = ReplayBuffer(settings.capacity, settings.num_streams,
                                    settings.observation_space, settings.action_space,
                                    settings.replay,
@@ -101,7 +102,7 @@ class ReplayShard(Worker):
         channel = self.context.data_channel
         if channel is None:
             return
-        while (item := channel.poll(tag=self.priority_tag)) is not None:
+        while (item := channel.poll(tag=self.tags.priority)) is not None:
             self._apply(item[0])
 
     def _apply(self, update: dict[str, np.ndarray]) -> None:
@@ -114,7 +115,7 @@ class ReplayShard(Worker):
         self._drain_priorities()
         received = list(chunks or [])
         if sources:
-            received += self.context.data_channel.recv_each(sources, self.insert_tag)
+            received += self.context.data_channel.recv_each(sources, self.tags.insert)
         return received
 
     def insert(self, sources: list[int], chunks: list[dict] | None = None) -> int:
@@ -124,10 +125,10 @@ class ReplayShard(Worker):
 
     def serve(self, stream_round: int, until_chunks: int | None = None, wait_s: float = 0.0
               ) -> dict[str, Any]:
-        """Until the driver's word to stop ``stream_round`` comes (``STOP_STREAM_TAG``), or,
+        """Until the driver's word to stop ``stream_round`` comes (its stop tag), or,
         with ``until_chunks``, until that many chunks were stored or ``wait_s`` passed: store
         the chunks rollout ranks send, from any of them, as they come; answer each learner's
-        request for minibatches (``SAMPLE_REQUEST_TAG``: ``(num_batches, batch_size, beta)``)
+        request for minibatches (its sample-request tag: ``(num_batches, batch_size, beta)``)
         as ``sample`` does, the message saying how many env steps this call has stored so far
         (``env_steps_served``) and the buffer's size, and carrying the metrics of the chunks
         stored since the last reply (``samples``, a ``SampleTally``, when there are any); apply
@@ -140,20 +141,21 @@ class ReplayShard(Worker):
         deadline = time.monotonic() + wait_s
         while True:
             busy = False
-            while (item := poll_any_source(channel, self.insert_tag)) is not None:
+            while (item := poll_any_source(channel, self.tags.insert)) is not None:
                 chunk, source = item
                 self._store(chunk)
                 chunks[source] = chunks.get(source, 0) + 1
-                self.env_steps_served += chunk["rewards"].size
+                self.env_steps_served += _env_steps(chunk)
                 busy = True
-            while (item := poll_any_source(channel, self.priority_tag)) is not None:
+            while (item := poll_any_source(channel, self.tags.priority)) is not None:
                 self._apply(item[0])
                 busy = True
-            while (item := poll_any_source(channel, SAMPLE_REQUEST_TAG)) is not None:
+            while (item := poll_any_source(channel, self.tags.sample_request)) is not None:
                 (num_batches, batch_size, beta), source = item
                 self.sample(num_batches, batch_size, source, beta)
                 busy = True
-            self.stopped_round = latest_stopped_round(channel, self.stopped_round)
+            self.stopped_round = latest_stopped_round(channel, self.stopped_round,
+                                                      self.tags.stop_stream)
             if stream_round <= self.stopped_round or until_chunks is not None and (
                     sum(chunks.values()) >= until_chunks or time.monotonic() > deadline):
                 return {"chunks": chunks, "size": len(self.buffer),
@@ -164,7 +166,12 @@ class ReplayShard(Worker):
                 backoff.sleep()
 
     def _store(self, chunk: dict) -> int:
-        """Add one chunk of a rollout worker's steps; returns the rows stored."""
+        """Add one chunk of a rollout worker's steps (or several in a row, ``chunks``: the
+        blocks a multi-agent policy's worker took at once); returns the rows stored."""
+        if "chunks" in chunk:
+            if (metrics := chunk.get("metrics")) is not None:
+                self.tally.add(metrics)
+            return sum(self._store(part) for part in chunk["chunks"])
         worker, seq = chunk["worker"], chunk["seq"]
         streams = stream_of(worker, self.num_shards, self.num_envs)
         # A chunk that does not follow the last one stored (the envs were reset, or one was
@@ -176,7 +183,7 @@ class ReplayShard(Worker):
             self.tally.add(metrics)
         return self.buffer.add(streams, chunk["obs"], chunk["actions"], chunk["rewards"],
                                chunk["terminated"], chunk["truncated"], chunk["final_obs"],
-                               chunk["failed"], cut)
+                               chunk["failed"], cut, chunk.get("active"))
 
     def sample(self, num_batches: int, batch_size: int, dest: int | None,
                beta: float | None = None) -> dict | None:
@@ -195,7 +202,7 @@ class ReplayShard(Worker):
             message["error"] = f"replay shard {self.context.role_index}: {error}"
         if dest is None:
             return message
-        self.context.data_channel.isend(message, dest, self.sample_tag)
+        self.context.data_channel.isend(message, dest, self.tags.sample)
         self.context.data_channel.flush()
         return None
 
@@ -209,7 +216,7 @@ class ReplayShard(Worker):
         self.priority_expected += expect
         channel = self.context.data_channel
         while self.priority_messages < self.priority_expected:
-            self._apply(channel.recv(MPI.ANY_SOURCE, self.priority_tag, timeout))
+            self._apply(channel.recv(MPI.ANY_SOURCE, self.tags.priority, timeout))
         return len(self.buffer)
 
     def size(self) -> int:
@@ -223,3 +230,11 @@ class ReplayShard(Worker):
     def set_state(self, state: dict[str, Any]) -> None:
         self.buffer.set_state(state)
         self.last_chunk = dict(state.get("last_chunk", {}))
+
+
+def _env_steps(chunk: dict) -> int:
+    """The steps an agent took in ``chunk`` (of every chunk, for several in a row)."""
+    if "chunks" in chunk:
+        return sum(_env_steps(part) for part in chunk["chunks"])
+    active = chunk.get("active")
+    return chunk["rewards"].size if active is None else int(active.sum())

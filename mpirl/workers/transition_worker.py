@@ -1,8 +1,9 @@
 """The epsilon-greedy rollout worker of the Q-learning algorithms (DQN, Ape-X; SAC acts with it
-too). It sends its steps (observations, actions, rewards, terminations, truncations with final
-observations) straight to a replay shard rank, not to a learner, and takes new weights either
-from the synchronous broadcast or, asynchronously, from the newest weights message learner 0
-posted to it. With a Q network ``NumpyQPolicy`` can run, its rank never imports torch.
+too). It takes its policy's blocks of steps from the rank's sampling core like any rollout
+worker, and sends them as chunks (observations, actions, rewards, terminations, truncations with
+final observations) straight to a replay shard rank, not to a learner. New weights come from the
+synchronous broadcast or, asynchronously, from the newest weights message learner 0 posted to
+it. With a Q network ``NumpyQPolicy`` can run, its rank never imports torch.
 """
 
 from __future__ import annotations
@@ -10,15 +11,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
-from mpirl.data.replay_buffer import INSERT_TAG, WEIGHTS_TAG
 from mpirl.data.sample_tally import SampleTally
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.ulfm import poll_any_source
 from mpirl.runtime.waiting import Backoff
-from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
-from mpirl.workers.rollout import RolloutSettings, RolloutWorker, empty_sample_metrics
+from mpirl.workers.callbacks import invoke
+from mpirl.workers.env_runner import EXPLORE, EnvRunner
+from mpirl.workers.postprocess import replay_chunk
+from mpirl.workers.rollout import (
+    RolloutWorker,
+    SamplingSettings,
+    empty_sample_metrics,
+    merge_sample_metrics,
+)
 
 PACE_WAIT_S = 10.0
 """Longest a streaming worker waits for the learner before each chunk (``sample_transitions``'s
@@ -29,10 +34,11 @@ class TransitionWorker(RolloutWorker):
     """An epsilon-greedy rollout worker whose steps go to a replay shard."""
 
     MESSAGES = (*RolloutWorker.MESSAGES, "sample_transitions")
+    ACTING = EXPLORE
 
-    def __init__(self, context: RankContext, settings: RolloutSettings) -> None:
-        super().__init__(context, settings)
-        self.rng = np.random.default_rng(self.seed + 17)
+    def __init__(self, context: RankContext, settings: SamplingSettings,
+                 beside: EnvRunner | None = None) -> None:
+        super().__init__(context, settings, beside)
         # Each chunk's number: a shard joins a chunk to this worker's streams only when it
         # stored the one numbered just before. Resetting the envs outside sampling skips a
         # number, and so does a chunk lost in flight at a checkpoint.
@@ -48,11 +54,11 @@ class TransitionWorker(RolloutWorker):
         newest = None
         # From any source: under ULFM, a failed rank anywhere must not raise here.
         while channel is not None and (
-                item := poll_any_source(channel, WEIGHTS_TAG)) is not None:
+                item := poll_any_source(channel, self.tags.weights)) is not None:
             newest = item[0]
         if newest is not None:
             self.weights_version, flat, self.ranks_sampling = newest
-            self.policy.set_flat_weights(flat)
+            self.runner.set_weights(self.policy_id, flat)
             self.weights_taken += 1
 
     def sample_transitions(self, steps_per_env: int, epsilon: float, dest: int | None,
@@ -66,8 +72,8 @@ class TransitionWorker(RolloutWorker):
         With ``fragments`` > 1 (``dest`` a rank), up to that many chunks in a row, each sent as
         soon as it is done and each sampled with the newest weights posted by then; the answer
         sums their metrics (``RolloutWorker.stream_calls``) and says how many went (``fragments``).
-        Once the driver's word to stop round ``stream_round`` came (``STOP_STREAM_TAG``), no
-        more are sampled. ``fragments`` None: until then.
+        Once the driver's word to stop round ``stream_round`` came, no more are sampled.
+        ``fragments`` None: until then.
 
         ``counted_only`` not None: each chunk carries its own metrics to the shard, as a
         ``SampleTally`` (its episodes only counted if ``counted_only``, an explorer's), and the
@@ -83,7 +89,7 @@ class TransitionWorker(RolloutWorker):
 
         def one_chunk() -> dict[str, Any]:
             if pace is not None:
-                self._wait_for_learner(pace, steps_per_env * self.envs.num_envs, stream_round)
+                self._wait_for_learner(pace, steps_per_env * self.lane.slots, stream_round)
             return self._sample_chunk(steps_per_env, epsilon, dest, counted_only)
 
         total = self.stream_calls(fragments, stream_round, one_chunk)
@@ -111,56 +117,24 @@ class TransitionWorker(RolloutWorker):
     def _sample_chunk(self, steps_per_env: int, epsilon: float, dest: int | None,
                       counted_only: bool | None = None) -> dict[str, Any]:
         self._take_posted_weights()
-        num_envs = self.envs.num_envs
-        shape = (steps_per_env, num_envs)
-        obs = np.empty((*shape, *self.obs_shape), self.envs.single_observation_space.dtype)
-        space = self.envs.single_action_space
-        actions = np.empty((*shape, *space.shape), space.dtype)
-        rewards = np.empty(shape, np.float32)
-        terminated = np.empty(shape, bool)
-        truncated = np.empty(shape, bool)
-        failed = np.zeros(shape, bool)
-        final_obs = []  # only truncated steps have one: sent compactly, not as a [T, N] block
-        returns, lengths = [], []
-        for t in range(steps_per_env):
-            action = self.policy.explore(self.obs, epsilon, self.rng)
-            next_obs, reward, term, trunc, infos = self.envs.step(action)
-            # Replay holds what training sees; episode returns stay the env's.
-            obs[t], actions[t], rewards[t] = self.obs, action, self.trained_rewards(reward)
-            terminated[t], truncated[t] = term, trunc
-            for i in np.flatnonzero(trunc):
-                final_obs.append(infos["final_obs"][i])
-            self.episode_return += reward
-            self.episode_length += 1
-            done = term | trunc
-            if FAILURES in infos:
-                self._note_failures(infos)
-                dropped = infos.get(EPISODE_DROPPED, np.zeros(num_envs, bool))
-                failed[t] = dropped
-                done = done & ~dropped
-                self.episode_return[dropped] = 0.0
-                self.episode_length[dropped] = 0
-            for i in np.flatnonzero(done):
-                self.episode_ended(i, returns, lengths)
-            self.episode_return[done] = 0.0
-            self.episode_length[done] = 0
-            if self.recorder is not None:
-                self.recorder.step(self.obs, action, reward, term, trunc,
-                                   np.zeros(num_envs, np.float32), infos,
-                                   infos.get(EPISODE_DROPPED))
-            self.obs = next_obs
-        chunk = {"worker": self.context.role_index, "obs": obs, "actions": actions,
-                 "rewards": rewards, "terminated": terminated, "truncated": truncated,
-                 "final_obs": np.array(final_obs, obs.dtype).reshape(-1, *self.obs_shape),
-                 "failed": failed, "seq": self.chunks_sent}
-        self.chunks_sent += 1
-        failures, self._unreported_failures = self._unreported_failures, 0
-        metrics = {"env_steps": steps_per_env * num_envs, "episode_returns": returns,
-                   "episode_lengths": lengths, "env_failures": failures,
-                   "weights_taken": self.weights_taken, "weights_version": self.weights_version}
-        if self.recorder is not None:
-            metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
-        self.report_custom_metrics(metrics, None)
+        self.runner.set_epsilon(self.policy_id, epsilon)
+        chunks, metrics = [], None
+        for block in self.runner.collect(self.policy_id, steps_per_env):
+            if block.after_reset:
+                self.chunks_sent += 1  # the envs were reset: the streams start again
+            chunks.append(replay_chunk(block, self.context.role_index, self.chunks_sent))
+            self.chunks_sent += 1
+            metrics = (block.metrics() if metrics is None
+                       else merge_sample_metrics(metrics, block.metrics()))
+        chunk = chunks[0] if len(chunks) == 1 else {"chunks": chunks}
+        metrics["weights_taken"] = self.weights_taken
+        metrics["weights_version"] = self.weights_version
+        dumped = self.runner.take_dumped(self.policy_id)
+        if dumped is not None:
+            metrics["dumped"] = dumped
+        if self.callbacks is not None:
+            invoke(self.callbacks, "on_sample_end", self.where, worker=self, batch=None,
+                   metrics=metrics)
         if counted_only is not None:
             chunk["metrics"] = SampleTally.of_chunk(metrics, counted_only)
             metrics = empty_sample_metrics()
@@ -168,20 +142,14 @@ class TransitionWorker(RolloutWorker):
             metrics["chunk"] = chunk
         else:
             self.context.data_channel.flush()
-            self.context.data_channel.isend(chunk, dest, INSERT_TAG)
+            self.context.data_channel.isend(chunk, dest, self.tags.insert)
         return metrics
 
-    def evaluate(self, episodes: int, deterministic: bool = True) -> dict[str, Any]:
-        self.chunks_sent += 1  # evaluation resets the envs: the streams start again
-        return super().evaluate(episodes, deterministic)
-
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "epsilon_rng": self.rng.bit_generator.state,
-                "chunks_sent": self.chunks_sent}
+        return {**super().get_state(), "chunks_sent": self.chunks_sent}
 
     def set_state(self, state: dict[str, Any]) -> bool:
         continued = super().set_state(state)
-        self.rng.bit_generator.state = state["epsilon_rng"]
         # Environments restored with their episodes in progress continue their streams, so a
         # resumed run stores what one never stopped would; reset ones start new streams.
         self.chunks_sent = state.get("chunks_sent", 0) + (0 if continued else 1)

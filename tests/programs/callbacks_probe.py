@@ -30,7 +30,8 @@ class Probe(mpirl.Callbacks):
         self._log("on_episode_end", _rank(worker), worker_index=episode.worker_index)
 
     def on_sample_end(self, *, worker, batch, metrics):
-        self._log("on_sample_end", _rank(worker), rows=len(batch["obs"]),
+        # Replay algorithms' steps go to replay: no batch.
+        self._log("on_sample_end", _rank(worker), rows=0 if batch is None else len(batch["obs"]),
                   torch_loaded="torch" in sys.modules, actor=type(worker.policy).__name__)
 
     def on_learn_on_batch(self, *, learner, batch, result):
