@@ -189,3 +189,18 @@ def test_doctor_refuses_zero_pings_before_starting():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines()[0] == "mpirl: error: --pings must be >= 1, got 0"
     assert proc.stdout == ""
+
+
+def test_a_run_directory_that_is_a_file_is_refused_and_kept(tmp_path):
+    # It ended in a FileExistsError traceback from deep in the run lock (exit 1).
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    proc = run_mpi(2, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
+                   "--run-dir", str(taken), "--stop", '{"training_iteration": 1}', timeout=90,
+                   env={"CI": "true"})
+    assert proc.returncode == 2, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.stderr.splitlines()[0] == (
+        f"mpirl: error: --run-dir {taken} is a file, not a directory; nothing was written. Give "
+        f"a directory (it is made if missing), or leave --run-dir out for a fresh timestamped "
+        f"one."), proc.stderr
+    assert "Traceback" not in proc.stderr and taken.read_text() == "mine"

@@ -169,3 +169,19 @@ def test_slurm_refuses_abbreviations_before_rendering(tmp_path, args, message):
 def test_subcommand_names_are_not_abbreviated_either(tmp_path):
     proc = mpirl("tra", "--help", cwd=tmp_path)
     assert proc.returncode == 2 and "invalid choice: 'tra'" in proc.stderr
+
+
+def test_version_and_the_algorithms_train_help_names(tmp_path):
+    """``mpirl --version`` prints the package's version; ``train --help`` names every built-in
+    algorithm (a new one must be added to the help too)."""
+    import mpirl
+    from mpirl.execution.contract import ALGORITHMS
+
+    proc = subprocess.run([MPIRL, "--version"], capture_output=True, text=True, timeout=60,
+                          env=mpi_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"mpirl {mpirl.__version__}", proc.stdout
+    help_text = " ".join(_parser()._subparsers._group_actions[0].choices["train"].format_help()
+                         .split())
+    missing = [name for name in ALGORITHMS if name not in help_text]
+    assert not missing, f"train --help does not name {missing}"

@@ -148,6 +148,10 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         run_dir = default_run_dir(algo, env_id)
     changes = {}
     if resume is None:
+        if Path(run_dir).exists() and not Path(run_dir).is_dir():
+            raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; nothing was "
+                              f"written. Give a directory (it is made if missing), or leave "
+                              f"--run-dir out for a fresh timestamped one.")
         existing = [name for name in ("progress.csv", "result.json")
                     if (Path(run_dir) / name).exists()]
         if existing:

@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from mpirl import __version__
 from mpirl.report.progress import PROGRESS_MODES
 
 SCHEDULERS = ("fifo", "pbt")
@@ -31,6 +32,7 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                     "rank 0 drives, the other ranks are rollout, replay and learner workers.",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"mpirl {__version__}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND",
         parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False),
@@ -53,8 +55,9 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                     "on any rank writes a checkpoint and exits with code 75: resume with "
                     "--resume RUN_DIR.",
     )
-    train.add_argument("--algo", help="PPO, A2C, IMPALA, A3C, DQN, APEX, SAC, BC or MARWIL, or "
-                                      "the module of your own algorithm (my_package.my_algo)")
+    train.add_argument("--algo", help="PPO, A2C, IMPALA, A3C, DQN, APEX, SAC, BC, MARWIL, ES or "
+                                      "ARS, or the module of your own algorithm "
+                                      "(my_package.my_algo)")
     train.add_argument("--env", help="a gymnasium id such as CartPole-v1, or module:ClassName")
     train.add_argument("--env-module", help="import this module first (it registers the env id)")
     train.add_argument("--config", default="{}", metavar="JSON",
