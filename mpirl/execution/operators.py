@@ -110,15 +110,17 @@ def discard_lost_rollouts(learners: WorkerGroup, rollouts: WorkerGroup) -> bool:
     weights_comm to its live members. True if any were taken out."""
     if not rollouts.discard_lost():
         return False
-    if not any(worker.shares_rank for worker in rollouts):  # else weights go by message
-        rebuild_weights_comm(learners, rollouts)
+    rebuild_weights_comm(learners, rollouts)
     return True
 
 
 def rebuild_weights_comm(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
     """Shrink weights_comm to its live members (learner 0 and the rollout ranks of
     ``rollouts``), without the ranks MPI reports failed; under ULFM only. Every live member takes
-    part, so ``rollouts`` must hold every live rollout rank."""
+    part, so ``rollouts`` must hold every live rollout rank. Nothing to do where the rollout
+    workers share their ranks' sampling core (multi-agent): their weights go by message."""
+    if any(worker.shares_rank for worker in rollouts):
+        return
     source = learners[0]
     members = [w for w in rollouts if not w.in_process]
     if not source.in_process:
@@ -291,8 +293,7 @@ def _collective_answers(futures: list[Future], source: Future, what: str
 
 def _repair_weights_comm(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
     """After a broken collective: take out the lost rollout ranks and shrink weights_comm."""
-    if not discard_lost_rollouts(learners, rollouts) and not any(
-            worker.shares_rank for worker in rollouts):
+    if not discard_lost_rollouts(learners, rollouts):
         # MPI knows which rank died before the driver may; Shrink leaves it out anyway.
         rebuild_weights_comm(learners, rollouts)
 

@@ -404,16 +404,8 @@ class EnvRunner(Worker):
     def _act(self, group: ActingGroup, t: int) -> np.ndarray:
         """One forward pass for ``group``; the learning policy's columns get its step."""
         lane = self.lanes.get(group.policy_id) if group.policy_id is not None else None
-        if lane is None:  # a snapshot, a scripted policy, or one that does not learn
-            actor = self._actor(group.key)
-            obs = group.obs
-            base = self.lanes.get(group.key.partition("@")[0])
-            if base is not None:
-                obs = base.normalize(obs)
-            state = None
-            if getattr(actor, "recurrent", False):
-                state = actor.initial_state(len(obs))  # opponents act without memory
-            return actor.act(obs, state, group.critic).env_actions
+        if lane is None:
+            return self._act_without_lane(group)
         rows = group.slots
         obs = group.obs
         if lane.delta is not None:
@@ -446,6 +438,19 @@ class EnvRunner(Worker):
         if lane.recorder is not None:
             lane.recording = (group.raw, acted.env_actions, acted.logp, rows)
         return acted.env_actions
+
+    def _act_without_lane(self, group: ActingGroup, deterministic: bool = False) -> np.ndarray:
+        """The env actions of a group no learning policy owns: a snapshot (on its policy's
+        normalized observations), a scripted policy, or one that does not learn."""
+        actor = self._actor(group.key)
+        obs = group.obs
+        base = self.lanes.get(group.key.partition("@")[0])
+        if base is not None:
+            obs = base.normalize(obs)
+        state = None
+        if getattr(actor, "recurrent", False):
+            state = actor.initial_state(len(obs))  # opponents act without memory
+        return actor.act(obs, state, group.critic, deterministic).env_actions
 
     def _record_outcome(self, lane: _Lane, t: int, result: Any) -> None:
         """Book one env step's outcome for ``lane``: rewards, episode ends (returns, callbacks,
@@ -685,9 +690,7 @@ class EnvRunner(Worker):
             for group in envs.acting_groups():
                 lane = lanes.get(group.policy_id) if group.policy_id is not None else None
                 if lane is None:
-                    actor = self._actor(group.key)
-                    acted[group.key] = actor.act(group.obs, None, group.critic,
-                                                 deterministic).env_actions
+                    acted[group.key] = self._act_without_lane(group, deterministic)
                     continue
                 rows = group.slots
                 state = states[lane.policy_id]
