@@ -40,6 +40,7 @@ from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import RankLost, RemoteError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.multiagent_setup import MultiAgentSetup, PolicyPlan, resolve, user_given
+from mpirl.execution.operators import SampleResult
 from mpirl.execution.trainer import PolicyPlace, Trainer
 from mpirl.runtime.dispatch import WorkerGroup
 from mpirl.workers.callbacks import invoke
@@ -144,11 +145,8 @@ class MultiAgentTrainer(Trainer):
                 tally = future.result()
             except RankLost:
                 continue  # survived (ULFM): its steps since the last look are not counted
-            self.timesteps_total += tally["env_steps"]
-            self.episodes_total += len(tally["episode_returns"])
-            self.num_env_failures += tally["env_failures"]
-            self.returns.extend(tally["episode_returns"])
-            self.lengths.extend(tally["episode_lengths"])
+            self.count(SampleResult(tally["env_steps"], tally["env_failures"],
+                                    tally["episode_returns"], tally["episode_lengths"]))
             for pid, count in tally["other_steps"].items():
                 self.other_steps[pid] += count
             for pid, ret, length in tally["other_episodes"]:
