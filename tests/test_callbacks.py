@@ -112,6 +112,24 @@ def test_a_bad_spec_is_one_clear_error(tmp_path, spec, message):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("ranks", "raising", "where"), [
+    (1, None, ""),
+    (3, None, "rollout on rank 1: "),  # rollout ranks build theirs first
+    (3, "2", "learner on rank 2: "),
+    (3, "0", ""),  # the driver's own instance
+])
+def test_a_raising_constructor_is_one_clear_error(tmp_path, ranks, raising, where):
+    env = {} if raising is None else {"CALLBACK_INIT_RAISE": raising}
+    proc = train(ranks, train_args(tmp_path / "run", spec="callbacks_probe:Boom",
+                                   num_learners=1 if ranks == 3 else 0), env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert (f"mpirl: {where}callbacks 'callbacks_probe:Boom': Boom() raised RuntimeError: no "
+            f"licence server. mpirl calls Boom() with no arguments on every rank that runs a "
+            f"hook") in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("mpirl: ") == 1, proc.stderr
+
+
 def test_python_api_takes_a_class(tmp_path):
     program = ("import sys, mpirl\n"
                "from callbacks_probe import Probe\n"

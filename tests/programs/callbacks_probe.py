@@ -48,3 +48,12 @@ class Probe(mpirl.Callbacks):
 
 class NotCallbacks:
     pass
+
+
+class Boom(Probe):
+    """Its constructor raises on the world rank CALLBACK_INIT_RAISE names (every rank if unset)."""
+
+    def __init__(self):
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+        if os.environ.get("CALLBACK_INIT_RAISE", rank) == rank:
+            raise RuntimeError("no licence server")
