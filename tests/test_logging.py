@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import struct
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -124,3 +127,41 @@ def test_a_logger_that_is_not_installed_is_one_clear_error(monkeypatch, key, ext
     setattr(config, key, "p")
     with pytest.raises(ConfigError, match=rf"{key} is set, but .* pip install 'mpirl\[{extra}\]'"):
         loggers.check_logger_packages(config)
+
+
+#: wandb.init keyword values and the wandb release that first took each (wandb's CHANGELOG.md).
+WANDB_INIT_SINCE = {("reinit", "create_new"): (0, 19, 10)}
+
+
+def extras_floor(package: str) -> dict[str, tuple[int, ...]]:
+    """setup.py's lower bound on ``package`` in each extra that names it."""
+    tree = ast.parse((Path(__file__).parents[1] / "setup.py").read_text())
+    extras = next(k.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  for k in node.keywords if k.arg == "extras_require")
+    floors = {}
+    for extra, requirements in ast.literal_eval(extras).items():
+        for requirement in requirements:
+            name, _, version = requirement.partition(">=")
+            if name == package:
+                floors[extra] = tuple(int(part) for part in version.split("."))
+    return floors
+
+
+def test_the_wandb_floor_takes_what_the_logger_passes(tmp_path, monkeypatch):
+    # What WandbLogger passes to wandb.init, caught by a stand-in module.
+    calls = []
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
+        init=lambda **kwargs: calls.append(kwargs)))
+    loggers.WandbLogger("p", tmp_path, {})
+    (passed,) = calls
+    floors = extras_floor("wandb")
+    assert set(floors) == {"wandb", "dev"}
+    # reinit's string values came one release at a time: each one passed must be in the table.
+    reinit = passed.get("reinit")
+    assert not isinstance(reinit, str) or ("reinit", reinit) in WANDB_INIT_SINCE, \
+        f"add reinit={reinit!r} and the wandb release that added it to WANDB_INIT_SINCE"
+    for (key, value), since in WANDB_INIT_SINCE.items():
+        if passed.get(key) == value:
+            for extra, floor in floors.items():
+                assert floor >= since, (f"WandbLogger passes {key}={value!r}, new in wandb "
+                                        f"{since}, but the {extra!r} extra allows {floor}")
