@@ -7,12 +7,13 @@ from __future__ import annotations
 import ast
 import json
 import struct
+import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
-from conftest import BIN, run_mpi
+from conftest import BIN, mpi_env, run_mpi
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mpirl.errors import ConfigError
@@ -165,3 +166,46 @@ def test_the_wandb_floor_takes_what_the_logger_passes(tmp_path, monkeypatch):
             for extra, floor in floors.items():
                 assert floor >= since, (f"WandbLogger passes {key}={value!r}, new in wandb "
                                         f"{since}, but the {extra!r} extra allows {floor}")
+
+
+#: A script that trains through the Python API inside its own active MLflow run.
+CALLER = """
+import json, sys
+import mlflow, mpirl
+mlflow.set_tracking_uri(sys.argv[1])
+mlflow.set_experiment("caller")
+with mlflow.start_run(run_name="mine") as mine:
+    mlflow.log_param("mine", "yes")
+    mpirl.train("PPO", "CartPole-v1", config={"mlflow_experiment": "mpirl-tests",
+                "num_envs_per_worker": 2, "rollout_fragment_length": 64},
+                stop={"training_iteration": 2}, run_dir=sys.argv[2], progress="off")
+    active = mlflow.active_run()
+    mlflow.log_metric("after", 1.0)  # still the caller's run
+with mlflow.start_run() as later:  # still the caller's experiment
+    pass
+print("RESULT " + json.dumps({"mine": mine.info.run_id, "active": active and active.info.run_id,
+                              "later_experiment": later.info.experiment_id}))
+"""
+
+
+def test_mlflow_leaves_the_callers_active_run_alone(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    # A store in a local SQLite file (MLflow 3 refuses a plain directory unless told to).
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-c", CALLER, store, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=180, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["active"] == result["mine"]
+    client = mlflow.tracking.MlflowClient(store)
+    caller = client.get_experiment_by_name("caller")
+    assert result["later_experiment"] == caller.experiment_id
+    mine = client.get_run(result["mine"])
+    # The caller's run holds what the caller logged, and none of mpirl's rows or parameters.
+    assert mine.info.status == "FINISHED" and mine.info.experiment_id == caller.experiment_id
+    assert mine.data.params == {"mine": "yes"} and set(mine.data.metrics) == {"after"}
+    (ours,) = client.search_runs([client.get_experiment_by_name("mpirl-tests").experiment_id])
+    assert ours.info.run_id != result["mine"] and ours.info.status == "FINISHED"
+    assert ours.info.run_name == "run" and ours.data.params["algo"] == "PPO"
+    assert [m.value for m in client.get_metric_history(ours.info.run_id, "iteration")] == [1, 2]
