@@ -77,7 +77,8 @@ class Callbacks:
 
     def on_train_result(self, *, algorithm: Any, result: dict[str, Any]) -> None:
         """An iteration ended with ``result``, the progress row; keys added to it go to
-        progress.csv (if present from the first row on), result.json and TensorBoard."""
+        progress.csv (a key first added later gets a column from then on), result.json and
+        TensorBoard."""
 
     def on_checkpoint(self, *, algorithm: Any, checkpoint: str) -> None:
         """A checkpoint of the whole run was written to the directory ``checkpoint``."""
