@@ -47,7 +47,8 @@ setup(
         # classic-control environments draw their frames with pygame.
         "video": ["moviepy>=1.0", "pygame>=2.1"],
         # Loggers besides TensorBoard, each off unless its config key is set.
-        "wandb": ["wandb>=0.17"],
+        # 0.19.10: the first with wandb.init(reinit="create_new"), a run beside the caller's.
+        "wandb": ["wandb>=0.19.10"],
         "mlflow": ["mlflow>=2.10"],
         # TensorBoard itself: to view the event files (tests read them with it).
         "tensorboard": ["tensorboard>=2.15"],
@@ -57,7 +58,7 @@ setup(
         # TensorBoard, W&B and MLflow output, build the docs and run PettingZoo, MPE and Atari
         # envs.
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1",
-                "minari==0.5.3", "tensorboard>=2.15", "wandb>=0.17", "mlflow>=2.10",
+                "minari==0.5.3", "tensorboard>=2.15", "wandb>=0.19.10", "mlflow>=2.10",
                 "mkdocs>=1.6", "pettingzoo>=1.25", "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8"],
         # Atari games (ALE/ ids): ale-py ships the ROMs.
         "atari": ["ale-py>=0.9"],

@@ -112,6 +112,44 @@ def test_a_bad_spec_is_one_clear_error(tmp_path, spec, message):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("ranks", "raising", "where"), [
+    (1, None, ""),
+    (3, None, "rollout on rank 1: "),  # rollout ranks build theirs first
+    (3, "2", "learner on rank 2: "),
+    (3, "0", ""),  # the driver's own instance
+])
+def test_a_raising_constructor_is_one_clear_error(tmp_path, ranks, raising, where):
+    env = {} if raising is None else {"CALLBACK_INIT_RAISE": raising}
+    proc = train(ranks, train_args(tmp_path / "run", spec="callbacks_probe:Boom",
+                                   num_learners=1 if ranks == 3 else 0), env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert (f"mpirl: {where}callbacks 'callbacks_probe:Boom': Boom() raised RuntimeError: no "
+            f"licence server. mpirl calls Boom() with no arguments on every rank that runs a "
+            f"hook") in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("mpirl: ") == 1, proc.stderr
+
+
+def test_a_metric_first_reported_later_gains_its_column_and_keeps_it_on_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    # -n 2: the driver and one rollout rank, whose third sample call (iteration 3) is the first
+    # to report custom/late_mean.
+    proc = train(2, train_args(run_dir, spec="callbacks_probe:LateMetric",
+                               num_envs_per_worker=4))  # episodes end in every iteration
+    assert proc.returncode == 0, proc.stderr
+    first = rows(run_dir)
+    assert [row["custom/late_mean"] for row in first] == ["", "", "1.0"]
+    assert not list(run_dir.glob(".progress.csv*"))  # no temporary file left behind
+    # The resumed rank counts its sample calls from 0: the window's episodes keep the mean.
+    resumed = train(2, ["train", "--resume", str(run_dir), "--progress", "off",
+                        "--stop", '{"training_iteration": 5}'])
+    assert resumed.returncode == 0, resumed.stderr
+    table = rows(run_dir)
+    assert [int(row["iteration"]) for row in table] == [1, 2, 3, 4, 5]
+    assert [row["custom/late_mean"] for row in table] == ["", "", "1.0", "1.0", "1.0"]
+    assert list(table[0]) == list(first[0])  # the same columns, in the same order
+
+
 def test_python_api_takes_a_class(tmp_path):
     program = ("import sys, mpirl\n"
                "from callbacks_probe import Probe\n"

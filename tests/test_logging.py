@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import struct
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
-from conftest import BIN, run_mpi
+from conftest import BIN, mpi_env, run_mpi
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mpirl.errors import ConfigError
@@ -124,3 +128,84 @@ def test_a_logger_that_is_not_installed_is_one_clear_error(monkeypatch, key, ext
     setattr(config, key, "p")
     with pytest.raises(ConfigError, match=rf"{key} is set, but .* pip install 'mpirl\[{extra}\]'"):
         loggers.check_logger_packages(config)
+
+
+#: wandb.init keyword values and the wandb release that first took each (wandb's CHANGELOG.md).
+WANDB_INIT_SINCE = {("reinit", "create_new"): (0, 19, 10)}
+
+
+def extras_floor(package: str) -> dict[str, tuple[int, ...]]:
+    """setup.py's lower bound on ``package`` in each extra that names it."""
+    tree = ast.parse((Path(__file__).parents[1] / "setup.py").read_text())
+    extras = next(k.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  for k in node.keywords if k.arg == "extras_require")
+    floors = {}
+    for extra, requirements in ast.literal_eval(extras).items():
+        for requirement in requirements:
+            name, _, version = requirement.partition(">=")
+            if name == package:
+                floors[extra] = tuple(int(part) for part in version.split("."))
+    return floors
+
+
+def test_the_wandb_floor_takes_what_the_logger_passes(tmp_path, monkeypatch):
+    # What WandbLogger passes to wandb.init, caught by a stand-in module.
+    calls = []
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
+        init=lambda **kwargs: calls.append(kwargs)))
+    loggers.WandbLogger("p", tmp_path, {})
+    (passed,) = calls
+    floors = extras_floor("wandb")
+    assert set(floors) == {"wandb", "dev"}
+    # reinit's string values came one release at a time: each one passed must be in the table.
+    reinit = passed.get("reinit")
+    assert not isinstance(reinit, str) or ("reinit", reinit) in WANDB_INIT_SINCE, \
+        f"add reinit={reinit!r} and the wandb release that added it to WANDB_INIT_SINCE"
+    for (key, value), since in WANDB_INIT_SINCE.items():
+        if passed.get(key) == value:
+            for extra, floor in floors.items():
+                assert floor >= since, (f"WandbLogger passes {key}={value!r}, new in wandb "
+                                        f"{since}, but the {extra!r} extra allows {floor}")
+
+
+#: A script that trains through the Python API inside its own active MLflow run.
+CALLER = """
+import json, sys
+import mlflow, mpirl
+mlflow.set_tracking_uri(sys.argv[1])
+mlflow.set_experiment("caller")
+with mlflow.start_run(run_name="mine") as mine:
+    mlflow.log_param("mine", "yes")
+    mpirl.train("PPO", "CartPole-v1", config={"mlflow_experiment": "mpirl-tests",
+                "num_envs_per_worker": 2, "rollout_fragment_length": 64},
+                stop={"training_iteration": 2}, run_dir=sys.argv[2], progress="off")
+    active = mlflow.active_run()
+    mlflow.log_metric("after", 1.0)  # still the caller's run
+with mlflow.start_run() as later:  # still the caller's experiment
+    pass
+print("RESULT " + json.dumps({"mine": mine.info.run_id, "active": active and active.info.run_id,
+                              "later_experiment": later.info.experiment_id}))
+"""
+
+
+def test_mlflow_leaves_the_callers_active_run_alone(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    # A store in a local SQLite file (MLflow 3 refuses a plain directory unless told to).
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-c", CALLER, store, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=180, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["active"] == result["mine"]
+    client = mlflow.tracking.MlflowClient(store)
+    caller = client.get_experiment_by_name("caller")
+    assert result["later_experiment"] == caller.experiment_id
+    mine = client.get_run(result["mine"])
+    # The caller's run holds what the caller logged, and none of mpirl's rows or parameters.
+    assert mine.info.status == "FINISHED" and mine.info.experiment_id == caller.experiment_id
+    assert mine.data.params == {"mine": "yes"} and set(mine.data.metrics) == {"after"}
+    (ours,) = client.search_runs([client.get_experiment_by_name("mpirl-tests").experiment_id])
+    assert ours.info.run_id != result["mine"] and ours.info.status == "FINISHED"
+    assert ours.info.run_name == "run" and ours.data.params["algo"] == "PPO"
+    assert [m.value for m in client.get_metric_history(ours.info.run_id, "iteration")] == [1, 2]

@@ -160,7 +160,7 @@ def test_run_recorder_writes_params_progress_result_and_events(tmp_path, monkeyp
         {"iteration": 1, "timesteps_total": 2048, "episode_return_mean": math.nan,
          "loss": 0.1 + 0.2, "note": "warm, up"},
         {"iteration": 2, "timesteps_total": 4096, "episode_return_mean": 21.5, "loss": 0.25,
-         "note": None, "kl": 0.01},  # "kl" comes late: result.json and TensorBoard only
+         "note": None, "kl": 0.01},  # "kl" comes late: a column at the end, empty before
         {"iteration": 3, "timesteps_total": 6144, "loss": 1 / 3},  # two keys missing
     ]
     with RunRecorder(run_dir, params) as recorder:
@@ -177,11 +177,12 @@ def test_run_recorder_writes_params_progress_result_and_events(tmp_path, monkeyp
     # In the order given: a multi-agent run's policies are set up in theirs.
     assert (run_dir / "params.json").read_text() == json.dumps(params, indent=2) + "\n"
     assert read_csv(run_dir / "progress.csv") == [
-        ["iteration", "timesteps_total", "episode_return_mean", "loss", "note"],
-        ["1", "2048", "nan", "0.30000000000000004", "warm, up"],
-        ["2", "4096", "21.5", "0.25", ""],
-        ["3", "6144", "", repr(1 / 3), ""],
+        ["iteration", "timesteps_total", "episode_return_mean", "loss", "note", "kl"],
+        ["1", "2048", "nan", "0.30000000000000004", "warm, up", ""],
+        ["2", "4096", "21.5", "0.25", "", "0.01"],
+        ["3", "6144", "", repr(1 / 3), "", ""],
     ]
+    assert not list(run_dir.glob(".progress.csv*"))  # the widened copy was renamed into place
     assert float(read_csv(run_dir / "progress.csv")[3][3]) == 1 / 3  # floats round-trip exactly
 
     got = scalars(event_file(run_dir))
@@ -245,17 +246,35 @@ def test_resume_appends_under_the_existing_header(tmp_path):
 
     with RunRecorder(tmp_path, {"lr": 2}, resume=True) as recorder:
         assert recorder.columns == ["iteration", "timesteps_total", "loss"]
-        # A different key order and a new key: the existing header wins.
+        # A different key order: the existing header's wins; a new key goes at its end.
         recorder.record({"loss": 0.25, "new": 1.0, "timesteps_total": 20, "iteration": 2})
+        assert recorder.columns == ["iteration", "timesteps_total", "loss", "new"]
 
     # params.json holds what the run goes on with, so that the next --resume keeps it.
     assert json.loads((tmp_path / "params.json").read_text()) == {"lr": 2}
     assert read_csv(tmp_path / "progress.csv") == [
-        ["iteration", "timesteps_total", "loss"],
-        ["1", "10", "0.5"],
-        ["2", "20", "0.25"],
+        ["iteration", "timesteps_total", "loss", "new"],
+        ["1", "10", "0.5", ""],
+        ["2", "20", "0.25", "1.0"],
     ]
     assert json.loads((tmp_path / "result.json").read_text())["new"] == 1.0
+
+
+def test_a_late_column_survives_a_resume_that_drops_rows_and_a_kill_mid_rewrite(tmp_path):
+    with RunRecorder(tmp_path, {}, in_background=True) as recorder:
+        for i in range(1, 5):
+            recorder.record({"iteration": i, **({"late": i / 2} if i >= 3 else {})})
+    # A kill while a widened copy was being written leaves its temporary file, not a torn CSV.
+    (tmp_path / ".progress.csv.tmp").write_text("iteration,late,la")
+    # The checkpoint was at iteration 3: the resumed run does iteration 4 again.
+    with RunRecorder(tmp_path, {}, resume=True, keep_iterations=3) as recorder:
+        assert recorder.columns == ["iteration", "late"]
+        recorder.record({"iteration": 4, "late": 2.0})
+        recorder.record({"iteration": 5, "late": 2.5, "later": 1})
+    assert read_csv(tmp_path / "progress.csv") == [
+        ["iteration", "late", "later"], ["1", "", ""], ["2", "", ""], ["3", "1.5", ""],
+        ["4", "2.0", ""], ["5", "2.5", "1"]]
+    assert not (tmp_path / ".progress.csv.tmp").exists()
 
 
 def test_resume_without_existing_files_starts_fresh(tmp_path):

@@ -41,10 +41,9 @@ from mpirl.errors import RankLost, RemoteError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.multiagent_setup import MultiAgentSetup, PolicyPlan, resolve, user_given
 from mpirl.execution.operators import SampleResult
-from mpirl.execution.trainer import PolicyPlace, Trainer
+from mpirl.execution.trainer import PolicyPlace, Trainer, spawn_error
 from mpirl.runtime.dispatch import WorkerGroup
 from mpirl.workers.callbacks import invoke
-from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.env_runner import SCRIPTED, EnvRunner, RunnerPolicy, RunnerSettings
 from mpirl.workers.env_spec import EnvSpec
 
@@ -70,7 +69,7 @@ class MultiAgentTrainer(Trainer):
             self.rollouts = driver.spawn("rollout", EnvRunner, self._runner_settings(),
                                          local_if_empty=True)
         except RemoteError as error:
-            raise unwrap_env_failure(error) from None
+            raise spawn_error(error) from None
         slices = self.setup.learner_slices(driver.placement.count("learner"))
         #: Each learning policy's own trainer, in the order the policies were given.
         self.trainers: dict[str, Trainer] = {}

@@ -82,6 +82,16 @@ class PolicyPlace:
     dump_index: DumpIndex | None = None
 
 
+def spawn_error(error: RemoteError) -> Exception:
+    """The error to report for a worker whose constructor raised on its rank: a ConfigError
+    there (a setting only that rank can check, such as learner_master_addr, or a callbacks class
+    whose constructor raises) as the user's error naming the rank, an env that always fails by
+    its message alone, anything else as is."""
+    if error.cause_type == f"{ConfigError.__module__}.{ConfigError.__qualname__}":
+        return ConfigError(f"{error.role} on rank {error.rank}: {error.cause_message}")
+    return unwrap_env_failure(error)
+
+
 class Trainer:
     """The driver side of one algorithm's plan over its workers; ``train()`` runs one iteration
     and returns its row. A single-agent run is one ``Trainer``; a multi-agent run composes one
@@ -133,7 +143,7 @@ class Trainer:
             self.rollouts = self.spawn("rollout", module.ROLLOUT_WORKER, rollout_settings,
                                        beside=None if place is None else place.runners)
         except RemoteError as error:
-            raise unwrap_env_failure(error) from None
+            raise spawn_error(error) from None
         learner_settings = module.LEARNER.Settings.from_config(config, policy=self.policy_spec,
                                                                  loss=module.loss)
         if place is not None:
@@ -145,11 +155,7 @@ class Trainer:
                 "learner", module.LEARNER, learner_settings,
                 members=None if place is None else place.learner_members)
         except RemoteError as error:
-            # A setting only a learner's rank can check (learner_master_addr): the user's error.
-            if error.cause_type == f"{ConfigError.__module__}.{ConfigError.__qualname__}":
-                raise ConfigError(f"learner on rank {error.rank}: {error.cause_message}") \
-                    from None
-            raise
+            raise spawn_error(error) from None
         broadcast_weights(self.learners, self.rollouts)
         shape = observation_space.shape
         # Offline configs have no observation filter: their rollout workers only evaluate, on

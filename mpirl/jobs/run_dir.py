@@ -122,11 +122,14 @@ class RunRecorder:
     (the last row, rewritten atomically every ``RESULT_WRITE_S`` seconds or so), TensorBoard
     event files.
 
-    The CSV's columns are fixed by its first row (or, on resume, by the existing header): a key
-    that first appears later goes to result.json and TensorBoard but not to the CSV, and a
-    missing key is an empty cell. params.json is written every time: on resume it holds the
-    values the run goes on with (config keys changed on the resuming command line included), so
-    that the next --resume keeps them. ``resume=True`` appends to an existing progress.csv, after
+    The CSV's columns are its first row's keys (or, on resume, the existing header's), and a
+    missing key is an empty cell. A key that first appears later (a custom metric reported from
+    some iteration on) adds a column at the end: the file is rewritten with it, empty in the
+    earlier rows (``_widen``), which costs a copy of the file each time.
+
+    params.json is written every time: on resume it holds the values the run goes on with
+    (config keys changed on the resuming command line included), so that the next --resume
+    keeps them. ``resume=True`` appends to an existing progress.csv, after
     dropping its rows past iteration ``keep_iterations`` (the resumed run does those iterations
     again); ``resume=False`` writes it afresh.
 
@@ -150,6 +153,8 @@ class RunRecorder:
         self._columns: list[str] | None = None
         if resume and progress_path.exists():
             self._columns = _read_header_and_trim(progress_path, keep_iterations)
+        self._column_set = set(self._columns or ())
+        self._closed = False
         self._csv_file = open(progress_path, "a" if resume else "w", encoding="utf-8",
                               newline="")
         self._csv = csv.writer(self._csv_file, lineterminator="\n")
@@ -186,7 +191,8 @@ class RunRecorder:
         With ``in_background`` the caller only hands the row over: the recorder's thread writes
         it (``sync`` waits until it has).
         """
-        if self._csv_file.closed:
+        # A flag, not the file's state: the writer thread swaps the file when it widens it.
+        if self._closed:
             raise ValueError(f"RunRecorder for {self.run_dir} is closed")
         self._raise_write_failure()
         if self._rows_to_write is not None:
@@ -223,7 +229,10 @@ class RunRecorder:
         row = {key: _plain(value) for key, value in row.items()}
         if self._columns is None:
             self._columns = list(row)
+            self._column_set = set(row)
             self._csv.writerow(self._columns)
+        elif not self._column_set.issuperset(row):
+            self._widen([key for key in row if key not in self._column_set])
         self._csv.writerow([_cell(row.get(column)) for column in self._columns])
         self._csv_file.flush()
 
@@ -242,6 +251,37 @@ class RunRecorder:
             self._flush_events()
         for logger in self._loggers:
             logger.log(row, step)
+
+    def _widen(self, new: list[str]) -> None:
+        """Give progress.csv the columns ``new`` at the end, empty in the rows written so far.
+
+        The widened copy is written to a temporary file, fsynced and renamed over progress.csv,
+        so that a kill at any moment leaves one whole file, the old or the new, for --resume
+        (which reads its header); a temporary file a kill left behind is overwritten next time.
+        """
+        path = self.run_dir / PROGRESS_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        columns = [*self._columns, *new]
+        self._csv_file.flush()
+        with (open(path, encoding="utf-8", newline="") as old,
+              open(tmp, "w", encoding="utf-8", newline="") as file):
+            rows = csv.reader(old)
+            next(rows, None)  # the old header
+            writer = csv.writer(file, lineterminator="\n")
+            writer.writerow(columns)
+            for cells in rows:
+                writer.writerow(cells + [""] * (len(columns) - len(cells)))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+        _fsync_directory(self.run_dir)  # the rename itself, before rows go to the new file
+        # The new file is open before the old one closes: record() may look at it meanwhile.
+        widened = open(path, "a", encoding="utf-8", newline="")
+        self._csv_file, old_file = widened, self._csv_file
+        old_file.close()
+        self._csv = csv.writer(self._csv_file, lineterminator="\n")
+        self._columns = columns
+        self._column_set.update(new)
 
     def sync(self) -> None:
         """Put every row recorded so far on disk: progress.csv fsynced, the TensorBoard file
@@ -271,6 +311,7 @@ class RunRecorder:
     def close(self) -> None:
         """Sync progress.csv and close it, then the event file (closing flushes it); closing
         twice is harmless."""
+        self._closed = True
         if self._writer is not None and self._writer.is_alive():
             self._rows_to_write.put(None)
             self._writer.join()
@@ -291,6 +332,14 @@ class RunRecorder:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _read_header_and_trim(path: Path, keep_iterations: int | None = None) -> list[str] | None:

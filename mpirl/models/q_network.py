@@ -97,7 +97,7 @@ class QNetwork(FlatParameters):
 
 
 #: The statistics dqn_loss reports. Every iteration reports them (NaN before training starts),
-#: since progress.csv takes its columns from the first row.
+#: so that progress.csv has their columns from its first row (a later one rewrites the file).
 DQN_STATS = ("td_loss", "q_mean", "td_error_abs")
 
 

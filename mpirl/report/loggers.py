@@ -54,30 +54,53 @@ class WandbLogger:
 
 class MlflowLogger:
     """An MLflow run in ``experiment`` (tracking server from ``MLFLOW_TRACKING_URI``), named
-    after the run directory, with the config's keys as its parameters."""
+    after the run directory, with the config's keys as its parameters. Everything goes through
+    a client by the run's id, never MLflow's active run or experiment: a script that calls
+    mpirl inside its own ``mlflow.start_run()`` keeps its run, and the recorder may log from a
+    thread of its own (RunRecorder's in_background), where no run is active anyway."""
 
     def __init__(self, experiment: str, run_dir: Path, params: dict[str, Any]) -> None:
-        import mlflow
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+        from mlflow.tracking.context.registry import resolve_tags
 
-        self.mlflow, self.metric = mlflow, Metric
-        mlflow.set_experiment(experiment)
-        self.run = mlflow.start_run(run_name=run_dir.name)
-        self.client = mlflow.tracking.MlflowClient()
+        self.metric = Metric
+        self.client = MlflowClient()
+        # The tags mlflow.start_run would set (user, source script, git commit).
+        run = self.client.create_run(self._experiment_id(experiment), run_name=run_dir.name,
+                                     tags=resolve_tags())
+        self.run_id = run.info.run_id
         flat = {"algo": params.get("algo"), "env": params.get("env"),
                 **{f"config.{k}": v for k, v in params.get("config", {}).items()}}
         # MLflow caps a parameter's value at 6000 characters.
-        mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000])
+                                                   for k, v in flat.items()])
+
+    def _experiment_id(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        found = self.client.get_experiment_by_name(name)
+        if found is None:
+            try:
+                return self.client.create_experiment(name)
+            except MlflowException:
+                # Another run (a trial beside this one) created it first.
+                found = self.client.get_experiment_by_name(name)
+                if found is None:
+                    raise
+        if found.lifecycle_stage == "deleted":
+            raise ConfigError(f"mlflow_experiment {name!r} is a deleted experiment of the "
+                              f"tracking store; restore it (mlflow experiments restore) or "
+                              f"name another")
+        return found.experiment_id
 
     def log(self, row: dict[str, Any], step: int) -> None:
-        # By the run's id: MLflow's active run is per thread, and the run recorder logs from
-        # a thread of its own (RunRecorder's in_background), where none is active.
         stamp = int(time.time() * 1000)
-        self.client.log_batch(self.run.info.run_id, metrics=[
+        self.client.log_batch(self.run_id, metrics=[
             self.metric(key, value, stamp, step) for key, value in _numbers(row).items()])
 
     def close(self) -> None:
-        self.mlflow.end_run()
+        self.client.set_terminated(self.run_id)
 
 
 def make_loggers(config: Any, run_dir: Path, params: dict[str, Any]) -> list[Any]:

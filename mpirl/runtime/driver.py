@@ -190,8 +190,8 @@ class Driver:
         for rank, rss in self.heartbeat.peer_rss_bytes().items():
             role = self.placement.roles[rank]
             by_role[role] = max(by_role.get(role, 0.0), round(rss / MIB, 1))
-        # The same keys every iteration (NaN until a rank is heard from): progress.csv's
-        # columns are fixed by its first row.
+        # The same keys every iteration (NaN until a rank is heard from): progress.csv gets
+        # its columns from its first row, and a later one costs a rewrite of the file.
         report["perf/max_worker_rss_mb"] = max(by_role.values(), default=math.nan)
         for role in WORKER_ROLES:
             if self.placement.count(role):

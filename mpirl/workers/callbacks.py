@@ -7,7 +7,8 @@ rank: what crosses ranks is only an episode's ``custom_metrics`` (floats), avera
 progress row as ``custom/<name>_mean``.
 
 A hook that raises ends the run with one line naming the hook and the rank, and the run's exit
-code 1; it never hangs the job.
+code 1; a constructor that raises, with one line naming the class and the rank, and exit code 2.
+Neither hangs the job.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class Callbacks:
 
     def on_train_result(self, *, algorithm: Any, result: dict[str, Any]) -> None:
         """An iteration ended with ``result``, the progress row; keys added to it go to
-        progress.csv (if present from the first row on), result.json and TensorBoard."""
+        progress.csv (a key first added later gets a column from then on), result.json and
+        TensorBoard."""
 
     def on_checkpoint(self, *, algorithm: Any, checkpoint: str) -> None:
         """A checkpoint of the whole run was written to the directory ``checkpoint``."""
@@ -92,8 +94,20 @@ def callbacks_class(spec: str) -> type[Callbacks]:
 
 
 def make_callbacks(spec: str) -> Callbacks | None:
-    """An instance of the class ``spec`` names, for this rank; None when ``spec`` is empty."""
-    return callbacks_class(spec)() if spec else None
+    """An instance of the class ``spec`` names, for this rank; None when ``spec`` is empty. A
+    constructor that raises is the user's to fix: a ConfigError saying so (on a worker rank the
+    driver reports it naming the rank, see ``mpirl.execution.trainer.spawn_error``)."""
+    if not spec:
+        return None
+    cls = callbacks_class(spec)
+    try:
+        return cls()
+    except Exception as error:  # noqa: BLE001 - any user error, reported by name
+        raise ConfigError(
+            f"callbacks {spec!r}: {cls.__name__}() raised {type(error).__name__}: {error}. "
+            f"mpirl calls {cls.__name__}() with no arguments on every rank that runs a hook "
+            f"(the driver, rollout and learner ranks): make its __init__ succeed there"
+        ) from None
 
 
 def invoke(callbacks: Callbacks | None, hook: str, where: str, **kwargs: Any) -> None:

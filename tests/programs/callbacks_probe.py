@@ -48,3 +48,27 @@ class Probe(mpirl.Callbacks):
 
 class NotCallbacks:
     pass
+
+
+class Boom(Probe):
+    """Its constructor raises on the world rank CALLBACK_INIT_RAISE names (every rank if unset)."""
+
+    def __init__(self):
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+        if os.environ.get("CALLBACK_INIT_RAISE", rank) == rank:
+            raise RuntimeError("no licence server")
+
+
+class LateMetric(mpirl.Callbacks):
+    """Reports custom metric ``late`` (1.0) from its rank's third sample call on: a column that
+    progress.csv does not have in its first rows."""
+
+    def __init__(self):
+        self.samples = 0
+
+    def on_episode_end(self, *, episode, worker):
+        if self.samples >= 2:
+            episode.custom_metrics["late"] = 1.0
+
+    def on_sample_end(self, *, worker, batch, metrics):
+        self.samples += 1
