@@ -17,8 +17,10 @@ RUN_STAMP := $(VENV)/.mpirl-run
 TEST_STAMP := $(VENV)/.mpirl-test
 DOCS_STAMP := $(VENV)/.mpirl-docs
 BENCH_STAMP := $(VENV)/.mpirl-bench
-# pip's own output is a wall of lines; each stage prints one line of its own instead.
-PIP := $(BIN)/python -m pip --quiet
+# pip's own output is a wall of lines; each stage prints one line of its own instead. setuptools
+# warns at every editable install that a folder named mpirl in the working directory may shadow
+# the package: the .pth written below is what makes that harmless, so the warning is left out.
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip --quiet
 # The Open MPI wheel's configuration, inside the venv (its mpiexec finds its prefix from its path).
 PRTE_PARAMS := $(VENV)/etc/prte-mca-params.conf
 
