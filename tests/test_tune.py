@@ -43,20 +43,20 @@ def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
     """Four PPO members all start at lr 1e-5, with which PPO does not learn CartPole in this
     budget (the best of 4 seeds reached 104 after 200k steps, benchmarks/RESULTS.md). PBT's
     exploit and explore move the population to larger rates, and a member reaches 450 within
-    250k steps (seed 0 took 175k with this interval; seeds 0-6 and 9 reached 450 within 200k,
-    7 and 8 did not, benchmarks/RESULTS.md). Each
-    member is one rank (local mode), so the job is 5 ranks on 2 cores."""
+    350k steps: over seeds 0-19 every population reached 450, the slowest at 264k (seed 7) and
+    17 of 20 within 200k (benchmarks/RESULTS.md). Each member is one rank (local mode), so the
+    job is 5 ranks on 2 cores."""
     tune_dir = tmp_path / "pbt"
     proc = tune(5, "--scheduler", "pbt", "--population", "4", "--ranks-per-trial", "1",
                 "--perturbation-interval", "10",
                 "--mutations", '{"lr": [1e-5, 1e-4, 3e-4, 1e-3]}', "--run-dir", str(tune_dir),
                 "--", *CARTPOLE, "--config", '{"lr": 1e-5}',
-                "--stop", '{"episode_return_mean": 450, "timesteps_total": 250000}',
+                "--stop", '{"episode_return_mean": 450, "timesteps_total": 350000}',
                 timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tune_dir / "result.json").read_text())
     best = result["best_result"]
-    assert best["episode_return_mean"] >= 450 and best["timesteps_total"] <= 250_000, result
+    assert best["episode_return_mean"] >= 450 and best["timesteps_total"] <= 350_000, result
     decisions = [json.loads(line) for line in (tune_dir / "pbt.jsonl").read_text().splitlines()]
     assert decisions, "no PBT decision was logged"
     for decision in decisions:
