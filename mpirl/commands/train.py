@@ -28,7 +28,7 @@ from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_di
 from mpirl.models.torch_model import check_model
 from mpirl.report.loggers import check_logger_packages, make_loggers
 from mpirl.report.output_log import OutputLog
-from mpirl.report.progress import ProgressDisplay, progress_mode
+from mpirl.report.progress import ProgressDisplay, launcher_process, progress_mode
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime import startup
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
@@ -319,12 +319,14 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
 
 def resume_command(run_dir: Path, world_size: int) -> str:
     """The command line that continues ``run_dir`` on ``world_size`` ranks, under the launcher
-    this run seems to have (srun inside a Slurm job, else mpiexec; none for one rank)."""
+    that started this one (srun when Slurm's step daemon did, else mpiexec; none for one
+    rank)."""
     command = f"mpirl train --resume {shlex.quote(str(run_dir))}"
     if world_size == 1:
         return command
-    launcher = "srun" if "SLURM_STEP_ID" in os.environ else "mpiexec"
-    return f"{launcher} -n {world_size} {command}"
+    launcher = launcher_process()
+    srun = launcher is not None and launcher[0] in ("srun", "slurmstepd")
+    return f"{'srun' if srun else 'mpiexec'} -n {world_size} {command}"
 
 
 def _write_startup(driver: Driver, run_dir: Path) -> None:

@@ -41,23 +41,35 @@ def progress_mode(flag: str | None) -> str:
     return value
 
 
-def launcher_stdout_is_terminal(proc: Path = Path("/proc")) -> bool | None:
-    """Whether the MPI launcher that started this process writes to a terminal; None when no
-    launcher started it. Under a launcher whose process cannot be found (no /proc, another
-    host), False: plain lines are the safe guess for output that may go to a file."""
+def launcher_process(proc: Path = Path("/proc")) -> tuple[str, int] | None:
+    """The process name and pid of the nearest MPI launcher (LAUNCHERS) among this process's
+    ancestors on this host; None when there is none or /proc cannot tell."""
     pid = os.getppid()
     for _ in range(16):
         try:
             name = (proc / str(pid) / "comm").read_text().strip()
             if name in LAUNCHERS:
-                target = os.readlink(proc / str(pid) / "fd" / "1")
-                return target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console"
+                return name, pid
             stat = (proc / str(pid) / "stat").read_text()
             pid = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
         except (OSError, ValueError, IndexError):
-            break
+            return None
         if pid <= 1:
-            break
+            return None
+    return None
+
+
+def launcher_stdout_is_terminal(proc: Path = Path("/proc")) -> bool | None:
+    """Whether the MPI launcher that started this process writes to a terminal; None when no
+    launcher started it. Under a launcher whose process cannot be found (no /proc, another
+    host), False: plain lines are the safe guess for output that may go to a file."""
+    launcher = launcher_process(proc)
+    if launcher is not None:
+        try:
+            target = os.readlink(proc / str(launcher[1]) / "fd" / "1")
+        except OSError:
+            return False
+        return target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console"
     return False if any(v in os.environ for v in LAUNCHER_VARIABLES) else None
 
 
