@@ -73,9 +73,9 @@ def train(algo: str, env: str, config: dict[str, Any] | None = None,
     directory to continue. Returns the last row (what result.json holds) on rank 0 and None on
     every other rank. Raises ``ConfigError`` on every rank for bad input, before anything
     starts, and ``RunFailed`` on every rank if the run fails or a stop signal ends it early (its
-    ``exit_code`` is 75 then: resume it with ``resume=run_dir``). ``comm`` is the run's world
-    (default: COMM_WORLD): call it on every rank of ``comm``, whose rank 0 drives and returns
-    the row.
+    ``exit_code`` is 75 then, 130 after Ctrl-C: resume it with ``resume=run_dir``). ``comm`` is
+    the run's world (default: COMM_WORLD): call it on every rank of ``comm``, whose rank 0 drives
+    and returns the row.
     """
     with running_on(comm):
         request = _request(algo, env, config, stop, seed, run_dir, callbacks, env_module,

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             def prepare():
                 # Rank 0 alone: the request's checks, and the imports they need (torch).
                 from mpirl.commands.train import make_request, prepared
+                from mpirl.execution.trainer import max_iterations_from_env
 
                 startup.mark("imports_done")
                 config = parse_json_object(args.config, "--config")
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.algo, args.env, args.env_module, config,
                     parse_json_object(args.stop, "--stop"),
                     args.seed, args.run_dir, args.resume, args.progress,
+                    max_iterations_from_env(),
                 ))
 
             if run_rank() != 0:
@@ -108,13 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "export":
             from mpirl.commands.evaluate import find_checkpoint
-            from mpirl.commands.export import export_checkpoint
+            from mpirl.commands.export import default_output, export_checkpoint
 
             checkpoint, manifest = find_checkpoint(
                 args.checkpoint, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
-            policy = f"-{args.policy}" if args.policy else ""
-            output = args.output or (f"{manifest['algo']}-{manifest['env']['env_id']}{policy}-"
-                                     f"{manifest['iteration']:06d}.npz").replace(":", "_")
+            output = args.output or default_output(checkpoint, manifest, args.policy)
             written = export_checkpoint(checkpoint, manifest, output, args.policy)
             _print_on_rank0(f"wrote {written} (from {checkpoint})")
             return 0

@@ -17,6 +17,10 @@ EXIT_RANK_LOST = 70
 #: The run stopped on request (SIGUSR1, SIGUSR2 or SIGTERM) after writing a checkpoint; run it
 #: again with ``--resume`` to continue. 75 is EX_TEMPFAIL of sysexits.h: "try again later".
 EXIT_RESUME = 75
+#: The run stopped on Ctrl-C (SIGINT) after writing a checkpoint; ``--resume`` continues it.
+#: 130 is what a shell reports for a command that SIGINT ended (128 + 2), so nothing that
+#: requeues on 75 runs it again.
+EXIT_INTERRUPTED = 130
 
 
 class MpirlError(Exception):

@@ -18,7 +18,7 @@ from mpirl.config.parse import build
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import ALGORITHMS, load_algorithm
-from mpirl.execution.trainer import STOP_KEYS
+from mpirl.execution.trainer import MAX_ITERATIONS_ENV, STOP_KEYS, max_iterations_from_env
 from mpirl.jobs.checkpoint import CheckpointSettings
 from mpirl.runtime.driver import RuntimeSettings
 from mpirl.runtime.layout import Layout
@@ -204,3 +204,31 @@ def test_a_run_directory_that_is_a_file_is_refused_and_kept(tmp_path):
         f"a directory (it is made if missing), or leave --run-dir out for a fresh timestamped "
         f"one."), proc.stderr
     assert "Traceback" not in proc.stderr and taken.read_text() == "mine"
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "2.5", "ten", "1e3"])
+def test_an_iteration_cap_that_is_not_a_positive_integer_is_refused(text):
+    with pytest.raises(ConfigError) as caught:
+        max_iterations_from_env({MAX_ITERATIONS_ENV: text})
+    assert str(caught.value) == (f"$MPIRL_MAX_ITERATIONS must be a positive integer (the most "
+                                 f"training iterations a run may take), got {text!r}")
+    assert max_iterations_from_env({MAX_ITERATIONS_ENV: " 7 "}) == 7
+    assert max_iterations_from_env({MAX_ITERATIONS_ENV: ""}) is None
+    assert max_iterations_from_env({}) is None
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--run-dir", "RUN", "--algo", "PPO", "--env", "CartPole-v1"],
+    ["tune", "--run-dir", "RUN", "--ranks-per-trial", "1", "--search", "random",
+     "--num-samples", "1", "--", "--algo", "PPO", "--env", "CartPole-v1"],
+], ids=["train", "tune"])
+def test_the_cli_refuses_a_bad_iteration_cap_before_starting(tmp_path, command):
+    command = [str(tmp_path / "run") if arg == "RUN" else arg for arg in command]
+    proc = run_mpi(2, *MPIRL, *command, timeout=90,
+                   env={"CI": "true", MAX_ITERATIONS_ENV: "ten"})
+    assert proc.returncode == 2, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.stderr.splitlines()[0] == (
+        "mpirl: error: $MPIRL_MAX_ITERATIONS must be a positive integer (the most training "
+        "iterations a run may take), got 'ten'"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

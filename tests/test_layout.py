@@ -50,6 +50,26 @@ def test_local_mode_puts_every_requested_role_in_process():
     assert Layout().resolve(1).local_roles == ("rollout",)
 
 
+def test_local_mode_says_what_it_folded_and_records_what_ran():
+    placement = Layout(num_rollout_workers=4, num_learners=2).resolve(1)
+    assert placement.fold_note() == (
+        "local mode (world size 1) runs one in-process worker per role: num_rollout_workers 4 "
+        "-> 1, num_learners 2 -> 1; launch 7 ranks (mpiexec -n 7) to run the layout as "
+        "configured")
+    assert placement.record() == {
+        "summary": "driver 1, rollout 1, replay 0, learner 1 (local mode, all roles in-process)",
+        "world_size": 1, "local_mode": True,
+        "ranks": {"driver": [0], "rollout": [0], "replay": [], "learner": [0]},
+        "folded": {"rollout": 4, "learner": 2}}
+    # Nothing folded: no note, and no "folded" entry.
+    assert Layout(num_rollout_workers=-1, num_learners=1).resolve(1).fold_note() is None
+    assert Layout(num_learners=1).resolve(1).record()["ranks"]["learner"] == [0]
+    distributed = Layout(num_rollout_workers=2, num_learners=2).resolve(5).record()
+    assert distributed["ranks"] == {"driver": [0], "rollout": [1, 2], "replay": [],
+                                    "learner": [3, 4]}
+    assert "folded" not in distributed and not distributed["local_mode"]
+
+
 @pytest.mark.parametrize("kwargs", [
     {"num_rollout_workers": -2}, {"num_learners": -1}, {"num_replay_shards": 1.5},
     {"num_learners": True},

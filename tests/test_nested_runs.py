@@ -78,7 +78,7 @@ def test_two_slots_train_ppo_concurrently_twice(tmp_path):
             assert [row["iteration"] for row in rows] == ["1", "2"]
             params = json.loads((run_dir / "params.json").read_text())
             assert params["world_size"] == 2
-            assert params["layout"].startswith("driver 1, rollout 1,")
+            assert params["layout"]["summary"].startswith("driver 1, rollout 1,")
             assert json.loads((run_dir / "result.json").read_text())["iteration"] == 2
         assert records[driver_rank]["restored"] and records[worker_rank]["restored"]
     # Each slot's driver said where its results are, once per trial.

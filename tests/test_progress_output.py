@@ -39,7 +39,8 @@ def test_output_sent_to_a_file_has_plain_lines_and_no_escape_codes(tmp_path):
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert ESC not in data, data[-2000:]
     lines = data.decode().splitlines()
-    assert [line.split()[1] for line in lines if line.startswith("iter ")] == ["1", "2", "3"]
+    assert [line.split()[1] for line in lines if line.startswith("iter ")] == [
+        "1/3", "2/3", "3/3"]  # --stop training_iteration 3: its target shown
     assert lines[-1].startswith("stopped: training_iteration reached")
 
 

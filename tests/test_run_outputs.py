@@ -13,8 +13,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from mpirl.errors import ConfigError
 from mpirl.jobs import run_dir as run_dir_module
-from mpirl.jobs.run_dir import RunRecorder
-from mpirl.report.plot import plot_runs
+from mpirl.jobs.run_dir import RunRecorder, default_run_dir
+from mpirl.report.output_log import OutputLog
+from mpirl.report.plot import find_runs, plot_runs
 from mpirl.report.progress import ProgressDisplay
 from mpirl.report.tensorboard import EventWriter
 
@@ -345,6 +346,70 @@ def test_live_mode_is_chosen_on_a_terminal_but_not_in_ci(monkeypatch):
     assert not ProgressDisplay("ppo", stream=Terminal()).live
 
 
+def test_the_line_shows_what_the_run_stops_on_and_labels_memory():
+    stream = io.StringIO()
+    # --stop values arrive as floats; a multi-agent run stops on its weakest policy's return.
+    stop = {"timesteps_total": 20000.0, "policy_return_mean_min": 50.0,
+            "training_iteration": 30.0, "time_total_s": 90.5}
+    display = ProgressDisplay("ppo", stream=stream, mode="plain", stop=stop)
+    display.update({**ROW, "policy_return_mean_min": 12.25, "perf/driver_rss_mb": 371.4,
+                    "perf/max_worker_rss_mb": 76.2})
+    display.update({**ROW, "perf/driver_rss_mb": 371.4, "perf/max_worker_rss_mb": math.nan})
+    first, second = stream.getvalue().splitlines()
+    assert first == ("iter 12/30  steps 24,576/20,000  2,340 steps/s  return 187.2  "
+                     "policy_return_mean_min 12.2/50  len 187.3  "
+                     "mem driver 371 MB, workers \u2264 76 MB  time 10.5s/90.5s")
+    assert "policy_return_mean_min -/50" in second and "mem driver 371 MB  " in second
+    stream = io.StringIO()
+    ProgressDisplay("ppo", stream=stream, mode="plain",
+                    stop={"episode_return_mean": 475.0}).update(ROW)
+    assert "return 187.2/475  " in stream.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["plain", "live", "off"])
+def test_the_log_gets_plain_lines_whatever_is_shown(mode, monkeypatch):
+    import sys
+
+    stream, log = io.StringIO(), io.StringIO()
+    before = sys.stdout, sys.stderr
+    with ProgressDisplay("ppo", mode=mode, stream=stream, log=log) as display:
+        display.update(ROW)
+        print("a line printed meanwhile")
+        display.update({**ROW, "iteration": 13})
+    assert "\x1b" not in log.getvalue()
+    lines = log.getvalue().splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("iter")] == ["12", "13"]
+    # While the live display runs, what is printed goes to the log too (above the bar).
+    assert ("a line printed meanwhile" in lines) == (mode == "live")
+    assert (sys.stdout, sys.stderr) == before
+
+
+def test_output_log_copies_what_is_printed_and_is_shared_by_a_nested_run(tmp_path, capsys):
+    import sys
+
+    with OutputLog(tmp_path, header="mpirl train, pid 1") as output:
+        print("to both")
+        print("an error", file=sys.stderr)
+        output.write("to the file alone\n")
+        with OutputLog(tmp_path) as nested:  # a run inside: the same file, no second header
+            assert nested.file is output.file
+            nested.write("never written: the outer log had it\n")
+            print("nested")
+        assert output.terminal is not None
+    print("after")
+    shown = capsys.readouterr()
+    assert shown.out == "to both\nnested\nafter\n" and shown.err == "an error\n"
+    lines = (tmp_path / "output.log").read_text().splitlines()
+    assert lines[0].startswith("--- ") and lines[0].endswith(" mpirl train, pid 1")
+    assert lines[1:] == ["to both", "an error", "to the file alone", "nested"]
+    # echo=False (a tune trial's segment): the file only.
+    with OutputLog(tmp_path, echo=False) as output:
+        print("quiet")
+        assert output.terminal is None
+    assert capsys.readouterr().out == ""
+    assert (tmp_path / "output.log").read_text().endswith("nested\nquiet\n")
+
+
 @pytest.mark.parametrize("total_steps", [150_000, None])
 def test_live_progress_renders(total_steps):
     stream = io.StringIO()
@@ -409,3 +474,37 @@ def test_plot_runs_errors_name_the_path(tmp_path):
     with pytest.raises(ConfigError, match=r"lacks the column\(s\) x needed"):
         plot_runs([good], tmp_path / "out.png", x="x")
     assert not (tmp_path / "out.png").exists()
+
+
+def test_a_folder_of_runs_or_a_tune_directory_plots_every_run_below_it(tmp_path):
+    # What `mpirl tune` leaves: trial run directories beside the population's own files.
+    tune_dir = tmp_path / "runs" / "tune-PPO-CartPole-v1-1"
+    trials = [fake_run(tune_dir / f"trial_{i:03d}", 1.0 + i) for i in range(3)]
+    (tune_dir / "tune.csv").write_text("trial\n")
+    (tune_dir / "result.json").write_text("{}\n")
+    lone = fake_run(tmp_path / "runs" / "PPO-CartPole-v1-2", 0.5)
+    assert find_runs([tune_dir]) == trials
+    assert find_runs([tmp_path / "runs"]) == [lone, *trials]
+    assert find_runs([tmp_path / "runs", lone]) == [lone, *trials]  # each run once
+    # Without an output: curve.png in the folder given, or in the one holding all given.
+    assert plot_runs([tune_dir]) == tune_dir / "curve.png"
+    assert (tune_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_runs([lone, trials[0]]) == tmp_path / "runs" / "curve.png"
+    assert plot_runs([lone]) == lone / "curve.png"
+    with pytest.raises(ConfigError, match=r"curve\.png is a file, not a run directory"):
+        plot_runs([tune_dir / "curve.png"])
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(ConfigError, match=r"nothing has no progress\.csv, nor any run directory "
+                                          r"below it"):
+        plot_runs([tmp_path / "nothing"])
+
+
+@pytest.mark.parametrize("algo, env, name", [
+    ("IMPALA", "ALE/Breakout-v5", "IMPALA-ALE-Breakout-v5-"),
+    ("ppo", "my_envs.grid:GridEnv", "PPO-my_envs.grid_GridEnv-"),
+    ("my_package.my_algo", "CartPole-v1", "my_package.my_algo-CartPole-v1-"),
+])
+def test_default_run_directories_are_one_folder_under_runs(algo, env, name):
+    path = Path(default_run_dir(algo, env))
+    assert path.parent == Path("runs") and path.name.startswith(name), path
+    assert Path(default_run_dir(algo, env, prefix="tune-")).name.startswith(f"tune-{name}")

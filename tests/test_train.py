@@ -45,7 +45,9 @@ def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
     assert REQUIRED_COLUMNS <= set(progress[0]) and len(progress) == result["iteration"]
     params = json.loads((run_dir / "params.json").read_text())
     assert params["algo"] == "PPO" and params["config"]["seed"] == 5
-    assert params["layout"].startswith("driver 1, rollout 2, replay 0, learner 0")
+    assert params["layout"]["summary"].startswith("driver 1, rollout 2, replay 0, learner 0")
+    assert params["layout"]["ranks"] == {"driver": [0], "rollout": [1, 2], "replay": [],
+                                         "learner": []}
     assert list(run_dir.glob("events.out.tfevents.*"))
     assert "stopped: episode_return_mean reached" in proc.stdout
     assert proc.stdout.count("mpirl layout:") == 1
@@ -58,7 +60,7 @@ def test_ppo_with_two_learners_and_two_rollout_workers_learns_as_well(tmp_path):
         "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}')
     assert result["episode_return_mean"] >= 475, result
     assert result["timesteps_total"] <= 150000
-    assert json.loads((run_dir / "params.json").read_text())["layout"].startswith(
+    assert json.loads((run_dir / "params.json").read_text())["layout"]["summary"].startswith(
         "driver 1, rollout 2, replay 0, learner 2")
 
 

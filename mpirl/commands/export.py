@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from mpirl.errors import CheckpointError, ConfigError
+from mpirl.jobs.checkpoint import CHECKPOINTS
+from mpirl.jobs.run_dir import flat_name
 from mpirl.models.encoders import StructuredBox
 from mpirl.models.policy import RunningMeanStd
 from mpirl.models.torch_model import build_torch_model
@@ -85,6 +87,18 @@ def _space_from_json(entry: dict[str, Any], prefix: str, arrays: dict[str, np.nd
     if kind == "MultiDiscrete":
         return gym.spaces.MultiDiscrete(entry["nvec"], start=entry.get("start"))
     raise CheckpointError(f"unknown space type {kind!r} in the exported file")
+
+
+def default_output(checkpoint: Path, manifest: dict[str, Any], policy: str | None = None
+                   ) -> Path:
+    """Where ``mpirl export`` writes without ``-o``: ``ALGO-ENV[-POLICY]-ITERATION.npz`` in the
+    checkpoint's run directory (beside a checkpoint that is not in one)."""
+    folder = checkpoint.parent
+    if folder.name == CHECKPOINTS:
+        folder = folder.parent
+    name = "-".join([manifest["algo"], manifest["env"]["env_id"], *([policy] if policy else []),
+                     f"{manifest['iteration']:06d}"])
+    return folder / f"{flat_name(name)}.npz"
 
 
 def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | Path,

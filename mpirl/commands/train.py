@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shlex
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,16 +18,18 @@ import mpirl
 from mpirl.config.fields import Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
-from mpirl.errors import EXIT_RESUME, CheckpointError, ConfigError
+from mpirl.errors import CheckpointError, ConfigError, MpirlError
 from mpirl.execution.contract import algorithm_name, load_algorithm
 from mpirl.execution.multiagent import MultiAgentTrainer
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
-from mpirl.execution.trainer import STOP_KEYS, Trainer, stop_reached
+from mpirl.execution.trainer import MAX_ITERATIONS_ENV, STOP_KEYS, Trainer, stop_reached
 from mpirl.jobs.checkpoint import CheckpointSettings, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_dir
 from mpirl.models.torch_model import check_model
 from mpirl.report.loggers import check_logger_packages, make_loggers
-from mpirl.report.progress import ProgressDisplay, progress_mode
+from mpirl.report.output_log import OutputLog
+from mpirl.report.progress import ProgressDisplay, launcher_process, progress_mode
+from mpirl.runtime import signals as stop_signals
 from mpirl.runtime import startup
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
@@ -57,6 +62,9 @@ class TrainRequest:
     final_row: dict[str, Any] | None = None
     #: A multi-agent run's policies (None for a single-agent env).
     multiagent: MultiAgentSetup | None = None
+    #: The cap on training iterations from outside (``$MPIRL_MAX_ITERATIONS``), on top of
+    #: ``stop``; None: no cap.
+    max_iterations: int | None = None
 
     def build_trainer(self, driver: Driver) -> Trainer:
         """The driver side of this run: multi-agent or single-agent."""
@@ -76,12 +84,15 @@ class TrainRequest:
 def make_request(algo: str | None, env_id: str | None, env_module: str | None,
                  config: dict[str, Any], stop: dict[str, Any], seed: int | None,
                  run_dir: str | None, resume: str | None = None,
-                 progress: str | None = None) -> TrainRequest:
+                 progress: str | None = None, max_iterations: int | None = None
+                 ) -> TrainRequest:
     """Validate everything that can be checked without starting anything; ConfigError if not.
 
     With ``resume`` the run's own params.json supplies every value the command line leaves out;
     values that are given must agree with it (algorithm, environment) or override it (config keys,
-    --stop).
+    --stop). ``max_iterations`` caps the run's training iterations on top of its stop criteria
+    (the CLI's ``$MPIRL_MAX_ITERATIONS``: ``max_iterations_from_env``); it is not kept for a
+    resume.
     """
     saved: dict[str, Any] = {}
     if resume is not None:
@@ -171,7 +182,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
                    if _comparable(before.get(key)) != _comparable(value)}
     return TrainRequest(algorithm_name(algo), env, algo_config, settings, checkpoints, dump,
                         stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes,
-                        progress_mode(progress), multiagent=setup)
+                        progress_mode(progress), multiagent=setup, max_iterations=max_iterations)
 
 
 def _comparable(value: Any) -> Any:
@@ -196,7 +207,8 @@ def _saved_params(run_dir: Path) -> dict[str, Any]:
 
 def train(request: TrainRequest, comm: MPI.Comm | None = None) -> int:
     """Run on every rank; rank 0 trains until a stop criterion is met (exit code 0), or until a
-    stop signal, after which it checkpoints and returns ``EXIT_RESUME``. ``comm`` is the run's
+    stop signal, after which it checkpoints and returns ``EXIT_RESUME`` (``EXIT_INTERRUPTED``
+    after a SIGINT). ``comm`` is the run's
     world, as for ``mpirl.run`` (default: the current one, normally COMM_WORLD)."""
     return run(lambda driver: _drive(driver, request), request.layout, request.settings,
                stop_signals_enabled=True, comm=comm)
@@ -214,18 +226,30 @@ def _warn(message: str) -> None:
 
 def _drive(driver: Driver, request: TrainRequest) -> int:
     """Rank 0: hold the run directory's lock for the whole run (exit 2 if a live job has it),
-    and put back what a job killed inside a checkpoint commit left, before anything is read."""
+    copy what is printed into its output.log, and put back what a job killed inside a
+    checkpoint commit left, before anything is read."""
     lock = RunLock(request.run_dir)
     notes = lock.acquire()
     try:
-        for note in notes + CheckpointStore(request.run_dir).recover():
-            _warn(note)
-        return _train_locked(driver, request)
+        with OutputLog(request.run_dir, header=f"mpirl train, pid {os.getpid()}"
+                       + (" (resuming)" if request.resume else "")) as output:
+            output.write(driver.layout_report)  # printed before the run directory was known
+            try:
+                for note in notes + CheckpointStore(request.run_dir).recover():
+                    _warn(note)
+                return _train_locked(driver, request, output)
+            except MpirlError as error:
+                # The runtime prints it once this returns, after the log is closed.
+                output.write(f"mpirl: {error}\n")
+                raise
+            except Exception:
+                output.write(f"mpirl: the driver failed:\n{traceback.format_exc()}")
+                raise
     finally:
         lock.release()
 
 
-def _train_locked(driver: Driver, request: TrainRequest) -> int:
+def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> int:
     trainer = request.build_trainer(driver)
     startup.mark("workers_built")
     if driver.dispatcher is not None:
@@ -237,17 +261,27 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
         resumed_from = restore_newest(trainer, store, request)
     params = run_params(request, driver, trainer)
     every = request.checkpoints.checkpoint_every
-    if trainer.last_row is not None and (reason := stop_reached(trainer.last_row, request.stop)):
+    cap = request.max_iterations
+    if cap is not None:
+        print(f"mpirl: {MAX_ITERATIONS_ENV}={cap}: this run stops after at most {cap} training "
+              f"iteration{'s' if cap > 1 else ''}, whatever --stop says", file=sys.stderr,
+              flush=True)
+    if trainer.last_row is not None and (
+            reason := stop_reached(trainer.last_row, request.stop, cap)):
         request.final_row = trainer.last_row
+        further = (f"Unset {MAX_ITERATIONS_ENV}, or raise it" if reason == MAX_ITERATIONS_ENV
+                   else "Give a larger --stop")
         print(f"stopped: {reason} was already reached at iteration {trainer.iteration}; nothing to "
-              f"do. Give a larger --stop to train further.", flush=True)
+              f"do. {further} to train further.", flush=True)
         return 0
     title = f"{request.algo} {request.env.env_id}"
     requested = None
     first_row_written = False
+    # A tune trial's log is its only output: nothing is shown, every line is logged.
+    mode = request.progress if output.terminal is not None else "off"
     with open_recorder(request, params, resumed_from is not None, trainer) as recorder, \
-            ProgressDisplay(title, total_steps=request.stop.get("timesteps_total"),
-                            mode=request.progress) as display:
+            ProgressDisplay(title, mode=mode, stream=output.terminal, stop=request.stop,
+                            log=output.file) as display:
         while True:
             row = trainer.train()
             request.final_row = row
@@ -256,7 +290,7 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
                 _write_startup(driver, request.run_dir)
             recorder.record(row, trainer.histograms)
             display.update(row)
-            reason = stop_reached(row, request.stop)
+            reason = stop_reached(row, request.stop, cap)
             requested = driver.stop_requested()
             if requested or (reason and request.checkpoints.checkpoint_at_end) or (
                     every and trainer.iteration % every == 0):
@@ -266,11 +300,12 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
                 break
     trainer.finish_dumps()
     if requested and not reason:
+        code = stop_signals.exit_code(driver.stop_signal)
         print(f"mpirl: {requested}: wrote {checkpoint} at iteration {trainer.iteration} and "
-              f"stopped (exit code {EXIT_RESUME}). Continue with: mpirl train --resume "
-              f"{request.run_dir}",
+              f"stopped (exit code {code}). Continue with: "
+              f"{resume_command(request.run_dir, driver.placement.world_size)}",
               file=sys.stderr, flush=True)
-        return EXIT_RESUME
+        return code
     print(f"stopped: {reason} reached ({row[reason if reason in row else 'iteration']:g}) after "
           f"{row['timesteps_total']} env steps, {row['time_total_s']:.1f} s; "
           f"episode_return_mean {row['episode_return_mean']:.1f}. Results in {request.run_dir}",
@@ -280,6 +315,18 @@ def _train_locked(driver: Driver, request: TrainRequest) -> int:
         print(f"mpirl: {requested} arrived as the run finished; exit code 0", file=sys.stderr,
               flush=True)
     return 0
+
+
+def resume_command(run_dir: Path, world_size: int) -> str:
+    """The command line that continues ``run_dir`` on ``world_size`` ranks, under the launcher
+    that started this one (srun when Slurm's step daemon did, else mpiexec; none for one
+    rank)."""
+    command = f"mpirl train --resume {shlex.quote(str(run_dir))}"
+    if world_size == 1:
+        return command
+    launcher = launcher_process()
+    srun = launcher is not None and launcher[0] in ("srun", "slurmstepd")
+    return f"{'srun' if srun else 'mpiexec'} -n {world_size} {command}"
 
 
 def _write_startup(driver: Driver, run_dir: Path) -> None:
@@ -300,7 +347,8 @@ def run_params(request: TrainRequest, driver: Driver, trainer: Trainer) -> dict[
         "runtime": dataclasses.asdict(request.settings),
         "checkpoints": dataclasses.asdict(request.checkpoints),
         "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
-        "layout": driver.placement.summary(), "world_size": driver.placement.world_size,
+        "layout": driver.placement.record(), "world_size": driver.placement.world_size,
+        "max_iterations": request.max_iterations,
         "train_batch_size": trainer.train_batch_size, "mpirl_version": mpirl.__version__,
     }
 

@@ -9,9 +9,11 @@ the module defines is ``mpirl.execution.contract``'s ``AlgorithmModule``.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -44,6 +46,10 @@ STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
              "training_iteration": above(0), "time_total_s": above(0),
              # multi-agent runs only: the lowest of the policies' episode_return_mean
              "policy_return_mean_min": Range()}
+
+#: The environment variable that caps every run the CLI starts at this many training
+#: iterations, on top of its own stop criteria (a test that runs every documented command).
+MAX_ITERATIONS_ENV = "MPIRL_MAX_ITERATIONS"
 
 #: Plan values that driver.pkl held at its top level before plans kept their own (under
 #: ``plan``): a checkpoint written then hands them to the plan's ``set_state``.
@@ -462,11 +468,31 @@ def _warn(message: str) -> None:
     print(f"mpirl: warning: {message}", file=sys.stderr, flush=True)
 
 
-def stop_reached(row: dict[str, Any], stop: dict[str, float]) -> str | None:
-    """The first criterion of ``stop`` that ``row`` meets, or None."""
+def stop_reached(row: dict[str, Any], stop: dict[str, float],
+                 max_iterations: int | None = None) -> str | None:
+    """The first criterion of ``stop`` that ``row`` meets, else ``MAX_ITERATIONS_ENV`` when the
+    row's iteration has reached ``max_iterations``, else None."""
     values = {**row, "training_iteration": row["iteration"]}
     for key, threshold in stop.items():
         value = values.get(key)
         if value is not None and not math.isnan(value) and value >= threshold:
             return key
+    if max_iterations is not None and row["iteration"] >= max_iterations:
+        return MAX_ITERATIONS_ENV
     return None
+
+
+def max_iterations_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+    """``$MPIRL_MAX_ITERATIONS`` as a number of iterations, None when unset or empty;
+    ConfigError when it is not a positive integer."""
+    text = environ.get(MAX_ITERATIONS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"${MAX_ITERATIONS_ENV} must be a positive integer (the most training "
+                          f"iterations a run may take), got {environ[MAX_ITERATIONS_ENV]!r}")
+    return value

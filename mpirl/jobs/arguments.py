@@ -116,7 +116,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     )
     export.add_argument("checkpoint", metavar="CHECKPOINT")
     export.add_argument("-o", "--output", metavar="FILE",
-                        help="where to write (default: ALGO-ENV-ITERATION.npz here)")
+                        help="where to write (default: ALGO-ENV-ITERATION.npz in the run "
+                             "directory)")
     export.add_argument("--format", choices=["npz"], default="npz",
                         help="npz: NumPy arrays, read with allow_pickle=False (the only format)")
     export.add_argument("--policy", metavar="ID",
@@ -136,9 +137,14 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     if add_job_commands is not None:
         add_job_commands(commands)
 
-    plot = commands.add_parser("plot", help="plot return curves of one or more run directories")
+    plot = commands.add_parser(
+        "plot", help="plot return curves of one or more run directories",
+        description="RUN_DIR is a run directory, or a folder that holds run directories (runs/, "
+                    "a tune directory): every run below it is plotted.")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    plot.add_argument("-o", "--output", default="curve.png", help="PNG file to write")
+    plot.add_argument("-o", "--output",
+                      help="PNG file to write (default: curve.png in RUN_DIR, or in the folder "
+                           "that holds every RUN_DIR given)")
     return parser
 
 

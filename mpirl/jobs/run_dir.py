@@ -52,12 +52,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def flat_name(text: str) -> str:
+    """``text`` (an env id, an algorithm's module path) as one path component: namespaced ids
+    such as ``ALE/Breakout-v5`` become ``ALE-Breakout-v5``, ``module:Class`` ``module_Class``."""
+    return text.replace(":", "_").replace("/", "-").replace("\\", "-")
+
+
 def default_run_dir(algo: str, env: str, prefix: str = "") -> str:
     """The run directory ``mpirl train`` uses when --run-dir is left out (``mpirl launch``
-    names it the same way; ``mpirl tune``'s is the same with ``prefix`` "tune-")."""
+    names it the same way; ``mpirl tune``'s is the same with ``prefix`` "tune-"): one folder
+    under ``runs/``, whatever the env id holds."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (f"runs/{prefix}{algo.upper() if '.' not in algo else algo}-"
-            f"{env.replace(':', '_')}-{stamp}")
+    return (f"runs/{prefix}{flat_name(algo.upper() if '.' not in algo else algo)}-"
+            f"{flat_name(env)}-{stamp}")
 
 
 def json_default(value: Any) -> Any:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from pathlib import Path
 
 from mpirl.errors import ConfigError
 
+PROGRESS = "progress.csv"
 RETURN = "episode_return_mean"
 WALL_TIME = "time_total_s"
 
@@ -23,12 +25,42 @@ def _number(text: str, path: Path, line: int, column: str) -> float:
         ) from None
 
 
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """The run directories ``paths`` name: each path that holds a progress.csv, and for a folder
+    without one (``runs/``, a tune directory) every run directory below it, in name order.
+    ConfigError naming the path when it does not exist, is a file, or holds no run."""
+    runs = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ConfigError(f"run directory {path} does not exist")
+        if not path.is_dir():
+            raise ConfigError(f"{path} is a file, not a run directory; give run directories, or "
+                              f"a folder that holds them (mpirl plot runs)")
+        if (path / PROGRESS).is_file():
+            runs.append(path)
+            continue
+        below = sorted(csv_path.parent for csv_path in path.rglob(PROGRESS) if csv_path.is_file())
+        if not below:
+            raise ConfigError(f"run directory {path} has no {PROGRESS}, nor any run directory "
+                              f"below it")
+        runs.extend(below)
+    return list(dict.fromkeys(runs))  # runs/ and runs/a given together: runs/a once
+
+
+def default_output(paths: list[str | Path]) -> Path:
+    """Where ``mpirl plot`` writes without ``-o``: ``curve.png`` in the one folder given, or in
+    the folder that holds every one given."""
+    try:
+        folder = os.path.commonpath([os.path.normpath(p) for p in paths])
+    except ValueError:  # relative and absolute paths mixed
+        folder = os.path.commonpath([os.path.abspath(p) for p in paths])
+    return Path(folder) / "curve.png"
+
+
 def _read_run(run_dir: Path, columns: list[str]) -> dict[str, list[float]]:
-    if not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} does not exist")
-    path = run_dir / "progress.csv"
+    path = run_dir / PROGRESS
     if not path.is_file():
-        raise ConfigError(f"run directory {run_dir} has no progress.csv")
+        raise ConfigError(f"run directory {run_dir} has no {PROGRESS}")
     with open(path, encoding="utf-8", newline="") as file:
         reader = csv.DictReader(file)
         header = reader.fieldnames or []
@@ -56,18 +88,19 @@ def _labels(run_dirs: list[Path]) -> list[str]:
     ]
 
 
-def plot_runs(run_dirs: list[str | Path], out_png: str | Path,
+def plot_runs(run_dirs: list[str | Path], out_png: str | Path | None = None,
               x: str = "timesteps_total") -> Path:
     """Mean return vs env steps, and vs wall time (time_total_s), as a PNG with two panels,
     several runs overlaid, one line per run, labelled by run dir name. Reads each run's
-    progress.csv.
+    progress.csv; a folder without one stands for every run directory below it (``find_runs``).
+    ``out_png`` None: ``default_output(run_dirs)``.
 
     Raises ConfigError naming the path if a run dir or its progress.csv is missing or empty or
     lacks the needed columns. Returns the PNG's path.
     """
     if not run_dirs:
         raise ConfigError("plot_runs needs at least one run directory")
-    dirs = [Path(run_dir) for run_dir in run_dirs]
+    dirs = find_runs(run_dirs)
     columns = list(dict.fromkeys([x, WALL_TIME, RETURN]))
     runs = [_read_run(run_dir, columns) for run_dir in dirs]
 
@@ -88,7 +121,7 @@ def plot_runs(run_dirs: list[str | Path], out_png: str | Path,
         axes.grid(True, alpha=0.3)
     by_x.legend(loc="best", fontsize="small")
 
-    out = Path(out_png)
+    out = Path(out_png) if out_png is not None else default_output(run_dirs)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, format="png", dpi=100)
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mpirl.errors import ConfigError
+from mpirl.report.output_log import Tee
 
 #: ``--progress`` values: auto (live only on the user's own terminal), live (a redrawn bar, even
 #: into a file), plain (one line per iteration), off (no per-iteration output).
@@ -40,23 +41,35 @@ def progress_mode(flag: str | None) -> str:
     return value
 
 
-def launcher_stdout_is_terminal(proc: Path = Path("/proc")) -> bool | None:
-    """Whether the MPI launcher that started this process writes to a terminal; None when no
-    launcher started it. Under a launcher whose process cannot be found (no /proc, another
-    host), False: plain lines are the safe guess for output that may go to a file."""
+def launcher_process(proc: Path = Path("/proc")) -> tuple[str, int] | None:
+    """The process name and pid of the nearest MPI launcher (LAUNCHERS) among this process's
+    ancestors on this host; None when there is none or /proc cannot tell."""
     pid = os.getppid()
     for _ in range(16):
         try:
             name = (proc / str(pid) / "comm").read_text().strip()
             if name in LAUNCHERS:
-                target = os.readlink(proc / str(pid) / "fd" / "1")
-                return target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console"
+                return name, pid
             stat = (proc / str(pid) / "stat").read_text()
             pid = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
         except (OSError, ValueError, IndexError):
-            break
+            return None
         if pid <= 1:
-            break
+            return None
+    return None
+
+
+def launcher_stdout_is_terminal(proc: Path = Path("/proc")) -> bool | None:
+    """Whether the MPI launcher that started this process writes to a terminal; None when no
+    launcher started it. Under a launcher whose process cannot be found (no /proc, another
+    host), False: plain lines are the safe guess for output that may go to a file."""
+    launcher = launcher_process(proc)
+    if launcher is not None:
+        try:
+            target = os.readlink(proc / str(launcher[1]) / "fd" / "1")
+        except OSError:
+            return False
+        return target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console"
     return False if any(v in os.environ for v in LAUNCHER_VARIABLES) else None
 
 
@@ -79,25 +92,43 @@ def _decimal(value: Any) -> str:
     return "-" if _is_missing(value) else f"{float(value):,.1f}"
 
 
+def _target(value: float) -> str:
+    """A stop criterion's value: ``20,000`` for a whole number (``--stop`` gives floats)."""
+    value = float(value)
+    return f"{int(value):,}" if value.is_integer() else f"{value:,}"
+
+
+#: Stop criteria the line shows in a place of their own; any other is shown after the return.
+_SHOWN = ("training_iteration", "timesteps_total", "episode_return_mean", "time_total_s")
+
+
 class ProgressDisplay:
-    """Rank 0's view of a run: env steps, steps/s, mean return, iteration, elapsed time.
+    """Rank 0's view of a run: env steps, steps/s, mean return, iteration, elapsed time, and each
+    stop criterion against its target (``iter 7/10``; a multi-agent run's
+    ``policy_return_mean_min 12.5/50``).
 
     ``mode`` is one of PROGRESS_MODES: a rich live display (live), one line per iteration
     (plain: CI, Slurm logs, ``> file``), nothing (off), or auto, which is live only on a terminal
     the user sees (``live_by_default``). A return that is None or NaN (no episode has ended yet)
-    shows as ``-``.
+    shows as ``-``. ``log`` gets the plain line of every iteration whatever the mode, and while
+    the live display runs, what is printed (``output.log``).
     """
 
-    def __init__(self, title: str, total_steps: int | None = None, mode: str = "auto",
-                 stream: TextIO | None = None) -> None:
+    def __init__(self, title: str, total_steps: float | None = None, mode: str = "auto",
+                 stream: TextIO | None = None, stop: dict[str, float] | None = None,
+                 log: TextIO | None = None) -> None:
         self.title = title
-        self.total_steps = total_steps
+        self.stop = dict(stop or {})
+        self.total_steps = total_steps if total_steps is not None else self.stop.get(
+            "timesteps_total")
         self.stream = sys.stdout if stream is None else stream
+        self.log = log
         self.off = mode == "off"
         is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.live = live_by_default(self.stream) if mode == "auto" else mode == "live"
         self._progress = None
         self._task = None
+        self._unwrapped: tuple[Any, Any] | None = None
         if self.live:
             self._start_live(force_terminal=not is_tty)
 
@@ -123,12 +154,21 @@ class ProgressDisplay:
         self._live = Live(Group(self._progress, self._stats_text), console=console,
                           auto_refresh=False)
         self._live.start(refresh=True)
+        if self.log is not None:
+            # Live sent sys.stdout and sys.stderr to its console (lines printed meanwhile go
+            # above the bar); they go to the log too.
+            self._unwrapped = (sys.stdout, sys.stderr)
+            sys.stdout, sys.stderr = Tee(sys.stdout, self.log), Tee(sys.stderr, self.log)
+
+    def _of(self, key: str, text: str, unit: str = "") -> str:
+        """``text``, and ``/target`` when ``key`` is a stop criterion."""
+        return text if key not in self.stop else f"{text}/{_target(self.stop[key])}{unit}"
 
     def _steps(self, row: dict) -> str:
         steps = _count(row.get("timesteps_total"))
         if self.total_steps is None:
             return f"steps {steps}"
-        return f"steps {steps}/{self.total_steps:,}"
+        return f"steps {steps}/{_target(self.total_steps)}"
 
     def _stats(self, row: dict) -> str:
         sps = row.get("env_steps_per_s")
@@ -136,26 +176,35 @@ class ProgressDisplay:
         time_s = row.get("time_total_s")
         time_text = "-" if _is_missing(time_s) else f"{float(time_s):.1f}s"
         parts = [
-            f"iter {_count(row.get('iteration'))}",
+            self._of("training_iteration", f"iter {_count(row.get('iteration'))}"),
             self._steps(row),
             f"{sps_text} steps/s",
-            f"return {_decimal(row.get('episode_return_mean'))}",
+            self._of("episode_return_mean", f"return {_decimal(row.get('episode_return_mean'))}"),
         ]
+        # What else the run stops on (a multi-agent run's policy_return_mean_min, a policy's
+        # own return): the summed return above is not what decides.
+        parts += [self._of(key, f"{key} {_decimal(row.get(key))}") for key in self.stop
+                  if key not in _SHOWN]
         if "episode_len_mean" in row:
             parts.append(f"len {_decimal(row['episode_len_mean'])}")
         if row.get("num_env_failures"):
             parts.append(f"env failures {_count(row['num_env_failures'])}")
         if not _is_missing(row.get("perf/driver_rss_mb")):
             # Resident memory: the driver's, then the largest worker rank's (docs: Metrics).
-            memory = f"mem {float(row['perf/driver_rss_mb']):,.0f}"
+            memory = f"mem driver {float(row['perf/driver_rss_mb']):,.0f} MB"
             if not _is_missing(row.get("perf/max_worker_rss_mb")):
-                memory += f"/{float(row['perf/max_worker_rss_mb']):,.0f}"
-            parts.append(memory + " MB")
-        parts.append(f"time {time_text}")
+                memory += f", workers \u2264 {float(row['perf/max_worker_rss_mb']):,.0f} MB"
+            parts.append(memory)
+        parts.append(self._of("time_total_s", f"time {time_text}", "s"))
         return "  ".join(parts)
 
     def update(self, row: dict) -> None:
         """Show the state after one iteration; ``row`` is a progress row (see RunRecorder)."""
+        if self.log is not None:
+            try:
+                self.log.write(self._stats(row) + "\n")
+            except (OSError, ValueError):  # a full disk must not end the run
+                pass
         if self.off:
             return
         if self._progress is not None:
@@ -169,6 +218,9 @@ class ProgressDisplay:
     def close(self) -> None:
         """Stop the live display, leaving its last state on screen; closing twice is harmless."""
         if self._progress is not None:
+            if self._unwrapped is not None:
+                sys.stdout, sys.stderr = self._unwrapped
+                self._unwrapped = None
             self._live.stop()
             self._progress = None
 

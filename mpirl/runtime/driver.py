@@ -145,6 +145,10 @@ class Driver:
         self._local_contexts = contexts or {}
         self._object_ids = itertools.count(HOST + 1)
         self._stop_request: str | None = None
+        #: The signal behind ``stop_requested`` (None until one came): its exit code differs.
+        self.stop_signal: int | None = None
+        #: What start-up printed (the layout table): a run's output.log begins with it.
+        self.layout_report = ""
         self._perf_mark = self._perf_counters()
         self._memory: dict[str, float] = {}  # the last memory report, and when it was made
         self._memory_at = -math.inf
@@ -162,6 +166,7 @@ class Driver:
                 role = self.placement.roles[rank]
                 where = f"rank {rank} ({role} {self.placement.role_index(rank)})"
                 self._stop_request = f"{stop_signals.signal_name(signum)} on {where}"
+                self.stop_signal = signum
         return self._stop_request
 
     @property
@@ -324,8 +329,8 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
     than the MPI world holds. If ``main`` raises, the error is printed on rank 0 and
     every rank returns a non-zero code (the error's ``exit_code`` for an ``MpirlError``).
 
-    With ``stop_signals_enabled``, SIGUSR1/SIGUSR2/SIGTERM on any rank no longer end the
-    process; ``main`` must poll ``driver.stop_requested()`` and end the run itself.
+    With ``stop_signals_enabled``, SIGUSR1/SIGUSR2/SIGTERM and SIGINT on any rank no longer end
+    the process; ``main`` must poll ``driver.stop_requested()`` and end the run itself.
 
     ``comm`` is the run's world: its rank 0 is the driver and the layout is resolved against
     its size (default: the current run communicator of ``mpirl.runtime.world``, which is
@@ -407,15 +412,22 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
     driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
     if settings.print_layout:
         rss_mb = round(rss_bytes() / MIB)
-        _print_layout(placement, [(0, role, 0, host, os.getpid(), ctx.device, rss_mb)
-                                  for role, ctx in contexts.items()])
+        driver.layout_report = _print_layout(
+            placement, [(0, role, 0, host, os.getpid(), ctx.device, rss_mb)
+                        for role, ctx in contexts.items()])
+    if (note := placement.fold_note()) is not None:
+        # Whatever print_layout says: the run differs from its config.
+        print(f"mpirl: {note}", file=sys.stderr, flush=True)
+        driver.layout_report += f"mpirl: {note}\n"
     return _call_main(main, driver)
 
 
-def _print_layout(placement: Placement, rows: list[tuple]) -> None:
-    """The start-up report: where each rank runs, and its resident memory once started."""
-    print(f"mpirl layout: {placement.summary()}")
-    print(format_table(LAYOUT_TABLE_COLUMNS, rows), flush=True)
+def _print_layout(placement: Placement, rows: list[tuple]) -> str:
+    """Print the start-up report: where each rank runs, and its resident memory once started;
+    return what was printed."""
+    text = f"mpirl layout: {placement.summary()}\n{format_table(LAYOUT_TABLE_COLUMNS, rows)}\n"
+    print(text, end="", flush=True)
+    return text
 
 
 def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
@@ -494,15 +506,15 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm)
         return exit_code
 
-    if settings.print_layout:
-        _print_layout(placement, [(r, placement.roles[r], placement.role_index(r), h["host"],
-                                   h["pid"], h["device"], h["rss_mb"])
-                                  for r, h in enumerate(hosts)])
+    layout_report = "" if not settings.print_layout else _print_layout(
+        placement, [(r, placement.roles[r], placement.role_index(r), h["host"], h["pid"],
+                     h["device"], h["rss_mb"]) for r, h in enumerate(hosts)])
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
                             settings.task_timeout_s, losses.on_rank_failure,
                             poll_backoff=(settings.poll_max_sleep_s, settings.poll_sleep_share))
     losses.dispatcher = dispatcher
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts, heartbeat=heartbeat)
+    driver.layout_report = layout_report
     exit_code = _call_main(main, driver, losses.end_job_for_process_failure)
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"

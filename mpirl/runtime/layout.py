@@ -161,7 +161,10 @@ class Layout:
             local_roles = tuple(
                 role for role, count in zip(WORKER_ROLES, counts, strict=True) if count
             )
-            return Placement(world_size=1, roles=(DRIVER,), local_roles=local_roles)
+            folded = tuple((role, count) for role, count in zip(WORKER_ROLES, counts, strict=True)
+                           if count > 1)
+            return Placement(world_size=1, roles=(DRIVER,), local_roles=local_roles,
+                             folded=folded, configured_world_size=1 + sum(counts))
         fixed = self.num_replay_shards + self.num_learners
         if self.num_rollout_workers == AUTO:
             if 1 + fixed > world_size:
@@ -208,6 +211,11 @@ class Placement:
     world_size: int
     roles: tuple[str, ...]
     local_roles: tuple[str, ...]
+    #: Local mode: each role the layout gives several workers, with that number; it runs as one
+    #: in-process worker all the same.
+    folded: tuple[tuple[str, int], ...] = ()
+    #: Local mode: the world size that would run the layout as configured.
+    configured_world_size: int = 1
 
     @property
     def local(self) -> bool:
@@ -235,6 +243,29 @@ class Placement:
         parts = [f"{role} {self.count(role)}" for role in (DRIVER, *WORKER_ROLES)]
         mode = "local mode, all roles in-process" if self.local else f"world size {self.world_size}"
         return ", ".join(parts) + f" ({mode})"
+
+    def fold_note(self) -> str | None:
+        """Local mode's one line on the roles it ran as one worker though the layout asks for
+        more (None when it asks for no more): what ran differs from the config."""
+        if not self.folded:
+            return None
+        keys = {ROLLOUT: "num_rollout_workers", REPLAY: "num_replay_shards",
+                LEARNER: "num_learners"}
+        folded = ", ".join(f"{keys[role]} {count} -> 1" for role, count in self.folded)
+        return (f"local mode (world size 1) runs one in-process worker per role: {folded}; "
+                f"launch {self.configured_world_size} ranks (mpiexec -n "
+                f"{self.configured_world_size}) to run the layout as configured")
+
+    def record(self) -> dict[str, Any]:
+        """The layout that ran, as params.json keeps it: the world ranks of each role (in local
+        mode an in-process role is on rank 0), the world size, and what local mode folded."""
+        record: dict[str, Any] = {
+            "summary": self.summary(), "world_size": self.world_size, "local_mode": self.local,
+            "ranks": {role: self.ranks(role) for role in (DRIVER, *WORKER_ROLES)},
+        }
+        if self.folded:
+            record["folded"] = {role: count for role, count in self.folded}
+        return record
 
 
 def _check_role(role: str) -> None:

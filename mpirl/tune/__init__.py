@@ -47,11 +47,14 @@ def tune_main(args: argparse.Namespace) -> int:
     # Checking each trial's train command imports torch and the algorithm; only the controller
     # needs the trials, so only it does that. The slots learn their number, or its error, and
     # import torch when they run their first trial: a bad command line is answered sooner.
-    trials, outcome = [], None
+    trials, outcome, max_iterations = [], None, None
     if rank == 0:
         try:
+            from mpirl.execution.trainer import max_iterations_from_env
             from mpirl.tune.controller import new_trials, resumed_trials
 
+            # Read where the trials are set: each trial's task carries it to its slot.
+            max_iterations = max_iterations_from_env()
             trials = (resumed_trials(state) if state is not None
                       else new_trials(request, request.trial_configs()))
             outcome = len(trials)
@@ -77,7 +80,7 @@ def tune_main(args: argparse.Namespace) -> int:
         if rank == 0:
             from mpirl.tune.controller import Controller
 
-            return Controller(link, request, trials, slots, state).run()
+            return Controller(link, request, trials, slots, state, max_iterations).run()
         return serve_slot(link, slot_comm)
     except BaseException as error:
         if rank == 0 and isinstance(error, MpirlError):

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import EXIT_FAILURE, EXIT_RESUME, EXIT_USAGE, ConfigError
-from mpirl.execution.trainer import stop_reached
+from mpirl.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_RESUME, EXIT_USAGE, ConfigError
+from mpirl.execution.trainer import MAX_ITERATIONS_ENV, stop_reached
 from mpirl.jobs.run_dir import json_default
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.dispatch import RESULT, STOP_TRIAL, TASK
@@ -66,9 +66,12 @@ class Controller:
     ``1 + s * ranks_per_trial``; ``link`` reaches them."""
 
     def __init__(self, link: PopulationLink, request: TuneRequest, trials: list[Trial],
-                 num_slots: int, state: dict[str, Any] | None = None) -> None:
+                 num_slots: int, state: dict[str, Any] | None = None,
+                 max_iterations: int | None = None) -> None:
         self.link = link
         self.request = request
+        #: ``$MPIRL_MAX_ITERATIONS``: every trial ends by this iteration (not kept by the state).
+        self.max_iterations = max_iterations
         self.trials = trials
         self.leaders = [1 + s * request.ranks_per_trial for s in range(num_slots)]
         self.dir = Path(request.tune_dir)
@@ -84,6 +87,8 @@ class Controller:
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
         self.busy: dict[int, Trial] = {}  # slot -> the trial it runs
         self.stopping: str | None = None
+        #: The population's exit code once stopping: 130 after a SIGINT, else 75.
+        self.stop_code = EXIT_RESUME
         self.stop_forwarded: set[int] = set()
         #: A mistake in the command line found only once trials report (exit code 2).
         self.fatal: str | None = None
@@ -112,11 +117,12 @@ class Controller:
             self._quit_slots(EXIT_USAGE)
             raise ConfigError(self.fatal)
         if self.stopping:
+            code = self.stop_code
             print(f"mpirl tune: {self.stopping}: every running trial checkpointed; stopped "
-                  f"(exit code {EXIT_RESUME}). Continue with: mpirl tune --resume {self.dir}",
+                  f"(exit code {code}). Continue with: mpirl tune --resume {self.dir}",
                   file=sys.stderr, flush=True)
-            self._quit_slots(EXIT_RESUME)
-            return EXIT_RESUME
+            self._quit_slots(code)
+            return code
         code = self._finish()
         self._quit_slots(code)
         return code
@@ -184,7 +190,7 @@ class Controller:
                 "algo": self.request.algo, "env": self.request.env,
                 "env_module": self.request.env_module, "seed": self.request.seed + trial.index,
                 "config": trial_config(self.request, trial.config), "stop": stop,
-                "varying": trial.config}
+                "max_iterations": self.max_iterations, "varying": trial.config}
         self.link.isend(task, self.leaders[slot], TASK)
 
     def _wait_result(self) -> tuple[int, dict[str, Any]]:
@@ -197,6 +203,7 @@ class Controller:
         signum = stop_signals.received()
         if signum is not None and not self.stopping:
             self.stopping = f"{stop_signals.signal_name(signum)} on the controller"
+            self.stop_code = stop_signals.exit_code(signum)
         if self.stopping:
             for slot in self.busy:
                 if slot not in self.stop_forwarded:
@@ -218,11 +225,12 @@ class Controller:
                 self._report(trial)
                 return ERROR
         if code == 0:
-            done = row is None or stop_reached(row, self.request.stop)
+            done = row is None or stop_reached(row, self.request.stop, self.max_iterations)
             trial.status = TERMINATED if done or self.request.scheduler == "fifo" else PAUSED
-        elif code == EXIT_RESUME:
+        elif code in (EXIT_RESUME, EXIT_INTERRUPTED):
             trial.status = PAUSED
-            self.stopping = self.stopping or f"a stop signal reached {trial.name}"
+            if not self.stopping:
+                self.stopping, self.stop_code = f"a stop signal reached {trial.name}", code
         else:
             trial.failures += 1
             trial.error = outcome.get("error") or f"exit code {code}"
@@ -379,6 +387,11 @@ class Controller:
         self._print(f"mpirl tune: {what} of {request.algo} on {request.env}, "
                     f"{len(self.leaders)} slots of {request.ranks_per_trial} ranks; results in "
                     f"{self.dir}")
+        if self.max_iterations is not None:
+            print(f"mpirl tune: {MAX_ITERATIONS_ENV}={self.max_iterations}: every trial stops "
+                  f"after at most {self.max_iterations} training iteration"
+                  f"{'s' if self.max_iterations > 1 else ''}, whatever --stop says",
+                  file=sys.stderr, flush=True)
 
     @staticmethod
     def _print(line: str) -> None:

@@ -11,7 +11,6 @@ reaches the workers by the usual broadcast from the trial's driver).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import shutil
@@ -26,13 +25,14 @@ from mpi4py import MPI
 from mpirl.errors import EXIT_FAILURE, MpirlError, TaskTimeout
 from mpirl.jobs.checkpoint import MANIFEST, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE
+from mpirl.report.output_log import OUTPUT_LOG, OutputLog
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.dispatch import CHECKPOINT, RESULT, STOP_TRIAL, TASK
 from mpirl.runtime.transport import Channel
 from mpirl.tune.population_link import CONTROLLER, PopulationLink, receive
 
-#: The file in a trial's directory that its segments' output goes to.
-TRIAL_LOG = "output.log"
+#: The file in a trial's directory that its segments' output goes to: a run's own.
+TRIAL_LOG = OUTPUT_LOG
 #: The environment variable that names the trial a slot's processes run.
 TRIAL_VARIABLE = "MPIRL_TUNE_TRIAL"
 
@@ -76,8 +76,7 @@ def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> d
     resume = (run_dir / PARAMS_FILE).is_file()
     code, row, error = EXIT_FAILURE, None, None
     watcher = _StopWatcher(link) if slot.Get_rank() == 0 else None
-    with open(run_dir / TRIAL_LOG, "a", buffering=1, encoding="utf-8") as log, \
-            contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    with OutputLog(run_dir, echo=False):
         print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()} (population rank "
               f"{link.rank}): segment to {task['stop']}, config {task['varying']}"
               + (" (resuming)" if resume else ""), flush=True)
@@ -85,7 +84,8 @@ def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> d
             request = make_request(task["algo"], task["env"], task["env_module"],
                                    dict(task["config"]), dict(task["stop"]), task["seed"],
                                    None if resume else str(run_dir),
-                                   str(run_dir) if resume else None, "off")
+                                   str(run_dir) if resume else None, "off",
+                                   task.get("max_iterations"))
             code = train(request, comm=slot)
             row = request.final_row
         except MpirlError as error_:

@@ -1,0 +1,192 @@
+"""What a newcomer's runs leave and say, through the real CLI: Ctrl-C checkpoints and names the
+command that continues, every run keeps its output in output.log, run directories of namespaced
+env ids are one folder, plot and export write into the run directory, local mode says what it
+folded, and $MPIRL_MAX_ITERATIONS caps train and every tune member."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, mpi_env, mpiexec_command, run_mpi
+
+from mpirl.errors import EXIT_INTERRUPTED
+
+MPIRL = str(BIN / "mpirl")
+CARTPOLE = ["--algo", "PPO", "--env", "CartPole-v1"]
+
+
+def iterations(run_dir: Path) -> list[int]:
+    with open(run_dir / "progress.csv") as file:
+        return [int(row["iteration"]) for row in csv.DictReader(file)]
+
+
+def interrupt_when_training(command: list[str], run_dir: Path, send) -> subprocess.Popen:
+    """Start ``command`` in a session of its own; once ``run_dir`` has a result, ``send(proc)``
+    the interrupt; return the process, ended (its output in ``proc.out`` and ``proc.err``)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpi_env({"CI": ""}), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "result.json").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no first iteration within 120 s"
+            time.sleep(0.1)
+        send(proc)
+        proc.out, proc.err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc
+
+
+def resume_command(stderr: str, run_dir: Path) -> list[str]:
+    """The checkpoint and the command that rank 0's one line names."""
+    line, = [line for line in stderr.splitlines() if "Continue with: " in line]
+    assert re.search(rf"SIGINT on rank 0 \(driver 0\): wrote {run_dir}/checkpoints/checkpoint_"
+                     rf"\d{{6}} at iteration \d+ and stopped \(exit code 130\)", line), line
+    return shlex.split(line.split("Continue with: ")[1])
+
+
+def test_ctrl_c_checkpoints_and_names_the_command_that_continues(tmp_path):
+    # No launcher: Ctrl-C reaches the process group of the run itself, as a terminal sends it.
+    run_dir = tmp_path / "run"
+    proc = interrupt_when_training(
+        [MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir), "--progress", "live",
+         "--stop", '{"training_iteration": 100000}'],
+        run_dir, lambda p: os.killpg(p.pid, signal.SIGINT))
+    assert proc.returncode == EXIT_INTERRUPTED, proc.err
+    assert "Traceback" not in proc.err
+    command = resume_command(proc.err, run_dir)
+    assert command == ["mpirl", "train", "--resume", str(run_dir)]
+    # The live display's last line was finished (then the cursor shown again).
+    assert proc.out.removesuffix("\x1b[?25h").endswith("\n"), proc.out[-300:]
+    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == \
+        f"checkpoint_{stopped_at:06d}"
+    # output.log: plain lines, the iterations up to the interrupt, and the line that continues.
+    log = (run_dir / "output.log").read_text()
+    assert "\x1b" not in log and "mpirl layout:" in log
+    assert [int(line.split()[1].split("/")[0]) for line in log.splitlines()
+            if line.startswith("iter ")] == list(range(1, stopped_at + 1))
+    assert log.splitlines()[-1].endswith(f"Continue with: mpirl train --resume {run_dir}")
+
+    resumed = subprocess.run([MPIRL, *command[1:], "--stop",
+                              json.dumps({"training_iteration": stopped_at + 2})],
+                             capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert resumed.returncode == 0, resumed.stderr
+    assert iterations(run_dir) == list(range(1, stopped_at + 3))
+    log = (run_dir / "output.log").read_text()
+    assert " (resuming)" in log and f"resumed from {run_dir}/checkpoints" in log
+
+
+def test_ctrl_c_on_the_ranks_of_an_mpiexec_job_ends_it_with_130(tmp_path):
+    """A SIGINT that reaches the ranks (srun's Ctrl-C, kill -INT): here to rank 0 alone, which
+    stops every rank. (Open MPI's mpiexec, sent a SIGINT itself, kills the ranks within 0.5 s and
+    exits 1: see mpirl.jobs.launch.)"""
+    run_dir = tmp_path / "run"
+
+    def interrupt_rank_0(_):
+        holder = json.loads((run_dir / "run.lock").read_text())
+        os.kill(holder["pid"], signal.SIGINT)
+
+    proc = interrupt_when_training(
+        mpiexec_command(3, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir),
+                        "--progress", "plain", "--stop", '{"training_iteration": 100000}'),
+        run_dir, interrupt_rank_0)
+    assert proc.returncode == EXIT_INTERRUPTED, proc.err
+    assert resume_command(proc.err, run_dir) == ["mpiexec", "-n", "3", "mpirl", "train",
+                                                 "--resume", str(run_dir)]
+
+
+def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_path):
+    """An ALE/ id, local mode with a layout of several workers, the iteration cap: one run
+    directory under runs/, output.log, the folded roles said and recorded; then plot and export
+    without -o write into it."""
+    config = {"num_rollout_workers": 2, "num_learners": 2, "num_envs_per_worker": 1,
+              "rollout_fragment_length": 8, "minibatch_size": 8}
+    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", "ALE/Pong-v5",
+                           "--config", json.dumps(config), "--progress", "plain"],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                          env=mpi_env({"MPIRL_MAX_ITERATIONS": "2"}))
+    assert proc.returncode == 0, proc.stderr
+    run_dir, = (tmp_path / "runs").iterdir()
+    assert run_dir.is_dir() and run_dir.name.startswith("PPO-ALE-Pong-v5-"), run_dir
+    assert iterations(run_dir) == [1, 2]
+    folded = ("mpirl: local mode (world size 1) runs one in-process worker per role: "
+              "num_rollout_workers 2 -> 1, num_learners 2 -> 1; launch 5 ranks (mpiexec -n 5) "
+              "to run the layout as configured")
+    capped = ("mpirl: MPIRL_MAX_ITERATIONS=2: this run stops after at most 2 training "
+              "iterations, whatever --stop says")
+    assert proc.stderr.count(folded) == 1 and proc.stderr.count(capped) == 1, proc.stderr
+    params = json.loads((run_dir / "params.json").read_text())
+    assert params["config"]["num_learners"] == 2  # what was asked for, and what ran:
+    assert params["layout"]["folded"] == {"rollout": 2, "learner": 2}
+    assert params["layout"]["ranks"]["learner"] == [0] and params["max_iterations"] == 2
+    log = (run_dir / "output.log").read_text()
+    for expected in (folded, capped, "iter 1  steps 8/1,000,000", "iter 2  steps 16/1,000,000",
+                     "stopped: MPIRL_MAX_ITERATIONS reached (2)"):
+        assert expected in log, log
+
+    plotted = subprocess.run([MPIRL, "plot", "runs"], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path, env=mpi_env())
+    assert plotted.returncode == 0, plotted.stderr
+    assert (tmp_path / "runs" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    exported = subprocess.run([MPIRL, "export", str(run_dir)], capture_output=True, text=True,
+                              timeout=120, env=mpi_env())
+    assert exported.returncode == 0, exported.stderr
+    assert (run_dir / "PPO-ALE-Pong-v5-000002.npz").is_file(), exported.stderr
+
+
+def test_the_iteration_cap_ends_every_pbt_member_and_the_tune_directory_plots(tmp_path):
+    """PBT to a --stop far away: the members end at the cap (the controller counts them done,
+    rather than giving them segments that end at once for ever), each with its output.log;
+    mpirl plot of the tune directory draws every member."""
+    tune_dir = tmp_path / "pbt"
+    proc = run_mpi(3, MPIRL, "tune", "--scheduler", "pbt", "--population", "2",
+                   "--ranks-per-trial", "1", "--perturbation-interval", "2",
+                   "--mutations", '{"lr": [1e-4, 1e-3]}', "--run-dir", str(tune_dir), "--",
+                   *CARTPOLE, "--config", '{"num_envs_per_worker": 1}',
+                   "--stop", '{"training_iteration": 50}', timeout=240,
+                   env={"MPIRL_MAX_ITERATIONS": "3"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.count("mpirl tune: MPIRL_MAX_ITERATIONS=3: every trial stops after at "
+                             "most 3 training iterations") == 1, proc.stderr
+    result = json.loads((tune_dir / "result.json").read_text())
+    assert [(t["status"], t["last"]["iteration"]) for t in result["trials"]] == [
+        ("TERMINATED", 3), ("TERMINATED", 3)], result
+    for trial in ("trial_000", "trial_001"):
+        assert iterations(tune_dir / trial) == [1, 2, 3]
+        assert json.loads((tune_dir / trial / "params.json").read_text())["max_iterations"] == 3
+        log = (tune_dir / trial / "output.log").read_text()
+        assert "iter 3/4" in log and "stopped: MPIRL_MAX_ITERATIONS reached (3)" in log, log
+
+    plotted = subprocess.run([MPIRL, "plot", str(tune_dir)], capture_output=True, text=True,
+                             timeout=120, env=mpi_env())
+    assert plotted.returncode == 0, plotted.stderr
+    assert (tune_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("progress", ["plain", "off"])
+def test_every_run_keeps_rank_0s_output_in_output_log(tmp_path, progress):
+    run_dir = tmp_path / "run"
+    proc = run_mpi(2, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir), "--progress",
+                   progress, "--stop", '{"training_iteration": 3}', timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    log = (run_dir / "output.log").read_text().splitlines()
+    assert log[0].startswith("--- ") and " mpirl train, pid " in log[0]
+    assert log[1].startswith("mpirl layout: driver 1, rollout 1")
+    assert [line.split()[1] for line in log if line.startswith("iter ")] == ["1/3", "2/3", "3/3"]
+    assert log[-1].startswith("stopped: training_iteration reached (3)")
+    # What the terminal got is in it, and the log is plain text either way.
+    for line in proc.stdout.splitlines():
+        assert line in log
