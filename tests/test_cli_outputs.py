@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -106,6 +107,40 @@ def test_ctrl_c_on_the_ranks_of_an_mpiexec_job_ends_it_with_130(tmp_path):
     assert proc.returncode == EXIT_INTERRUPTED, proc.err
     assert resume_command(proc.err, run_dir) == ["mpiexec", "-n", "3", "mpirl", "train",
                                                  "--resume", str(run_dir)]
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux's script for a pty")
+def test_ctrl_c_in_a_terminal_running_mpiexec_names_the_checkpoint_there(tmp_path):
+    """A real Ctrl-C: ^C typed into the pseudo-terminal that mpiexec runs in (util-linux's
+    script). mpiexec kills the job and drops the ranks' later output, so rank 0 writes the
+    checkpoint and the command that continues to the terminal itself."""
+    run_dir = tmp_path / "run"
+    typescript = tmp_path / "terminal.txt"
+    command = shlex.join(mpiexec_command(3, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir),
+                                         "--stop", '{"training_iteration": 100000}'))
+    proc = subprocess.Popen(["script", "-qfec", command, str(typescript)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=mpi_env({"CI": ""}), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "result.json").exists():
+            assert proc.poll() is None, typescript.read_text()
+            assert time.monotonic() < deadline, "no first iteration within 120 s"
+            time.sleep(0.1)
+        proc.stdin.write(b"\x03")
+        proc.stdin.flush()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    shown = typescript.read_text()
+    match = re.search(r"mpiexec ended the job \(Ctrl-C or SIGTERM\): wrote (\S+) at iteration "
+                      r"\d+\. Continue with: (.+)", shown)
+    assert match, shown[-2000:]
+    assert Path(match.group(1)).is_dir(), match.group(1)
+    assert shlex.split(match.group(2).strip()) == ["mpiexec", "-n", "3", "mpirl", "train",
+                                                   "--resume", str(run_dir)]
 
 
 def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_path):

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -301,10 +302,13 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
     trainer.finish_dumps()
     if requested and not reason:
         code = stop_signals.exit_code(driver.stop_signal)
+        resume = resume_command(request.run_dir, driver.placement.world_size)
         print(f"mpirl: {requested}: wrote {checkpoint} at iteration {trainer.iteration} and "
-              f"stopped (exit code {code}). Continue with: "
-              f"{resume_command(request.run_dir, driver.placement.world_size)}",
-              file=sys.stderr, flush=True)
+              f"stopped (exit code {code}). Continue with: {resume}", file=sys.stderr, flush=True)
+        if driver.stop_signal == signal.SIGTERM:
+            tell_terminal_past_mpiexec(f"mpirl: mpiexec ended the job (Ctrl-C or SIGTERM): wrote "
+                                       f"{checkpoint} at iteration {trainer.iteration}. Continue "
+                                       f"with: {resume}")
         return code
     print(f"stopped: {reason} reached ({row[reason if reason in row else 'iteration']:g}) after "
           f"{row['timesteps_total']} env steps, {row['time_total_s']:.1f} s; "
@@ -315,6 +319,23 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
         print(f"mpirl: {requested} arrived as the run finished; exit code 0", file=sys.stderr,
               flush=True)
     return 0
+
+
+def tell_terminal_past_mpiexec(message: str) -> None:
+    """Also write ``message`` to the terminal when Open MPI's mpiexec ends the job.
+
+    Ctrl-C (or SIGTERM) to mpiexec is not forwarded: mpiexec sends the ranks SIGTERM, stops
+    forwarding their output and exits 1, so the checkpoint's message would reach only
+    output.log. The rank's own controlling terminal is mpiexec's, so it writes there."""
+    launcher = launcher_process()
+    if launcher is None or launcher[0] not in ("mpiexec", "mpirun", "prterun"):
+        return
+    try:
+        with open("/dev/tty", "w") as terminal:
+            terminal.write(f"\n{message}\n(mpiexec exits 1 on Ctrl-C; kill -USR1 <mpiexec "
+                           "pid> stops a run with exit code 75 instead)\n")
+    except OSError:
+        pass  # no terminal (a batch job or a pipe): output.log has the message
 
 
 def resume_command(run_dir: Path, world_size: int) -> str:
