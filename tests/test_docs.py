@@ -90,3 +90,18 @@ def test_the_site_builds_strict_with_every_key(tmp_path):
     for name in [*ALGORITHMS, *hooks.SETTINGS]:
         for field in dataclasses.fields(hooks.config_class(name)):
             assert f"<code>{field.name}</code>" in html, f"{name}.{field.name} not in the site"
+
+
+#: How the prose writes an algorithm whose registry key is not its usual name.
+PROSE_NAMES = {"APEX": "Ape-X"}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md", "docs/python-api.md",
+                                  "docs/algorithms.md"])
+def test_every_built_in_algorithm_is_named_where_newcomers_look(page):
+    """The pages that list the algorithms name every one in the registry, so a new algorithm
+    cannot be left out of them (train --help is checked in test_cli_abbrev)."""
+    text = " ".join((REPO / page).read_text().split())
+    missing = [name for name in ALGORITHMS if name not in text and
+               PROSE_NAMES.get(name, name) not in text]
+    assert not missing, f"{page} does not name {missing}"
