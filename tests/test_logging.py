@@ -137,10 +137,11 @@ WANDB_INIT_SINCE = {("reinit", "create_new"): (0, 19, 10)}
 def extras_floor(package: str) -> dict[str, tuple[int, ...]]:
     """setup.py's lower bound on ``package`` in each extra that names it."""
     tree = ast.parse((Path(__file__).parents[1] / "setup.py").read_text())
-    extras = next(k.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-                  for k in node.keywords if k.arg == "extras_require")
+    # setup.py's EXTRAS literal: {extra: (what it is for, requirements)}.
+    extras = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(getattr(target, "id", None) == "EXTRAS" for target in node.targets))
     floors = {}
-    for extra, requirements in ast.literal_eval(extras).items():
+    for extra, (_, requirements) in ast.literal_eval(extras).items():
         for requirement in requirements:
             name, _, version = requirement.partition(">=")
             if name == package:
