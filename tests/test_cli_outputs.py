@@ -30,19 +30,25 @@ def iterations(run_dir: Path) -> list[int]:
         return [int(row["iteration"]) for row in csv.DictReader(file)]
 
 
-def interrupt_when_training(command: list[str], run_dir: Path, send) -> subprocess.Popen:
+def interrupt_when_training(command: list[str], run_dir: Path, send,
+                            capture: bool = True) -> subprocess.Popen:
     """Start ``command`` in a session of its own; once ``run_dir`` has a result, ``send(proc)``
-    the interrupt; return the process, ended (its output in ``proc.out`` and ``proc.err``)."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=mpi_env({"CI": ""}), start_new_session=True)
+    the interrupt; return the process, ended (with ``capture``, its output in ``proc.out`` and
+    ``proc.err``; without, its stdin is left open, as a terminal's would be)."""
+    output = subprocess.PIPE if capture else subprocess.DEVNULL
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=output, stderr=output,
+                            text=True, env=mpi_env({"CI": ""}), start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "result.json").exists():
-            assert proc.poll() is None, proc.communicate()
+            assert proc.poll() is None, proc.communicate() if capture else proc.returncode
             assert time.monotonic() < deadline, "no first iteration within 120 s"
             time.sleep(0.1)
         send(proc)
-        proc.out, proc.err = proc.communicate(timeout=120)
+        if capture:
+            proc.out, proc.err = proc.communicate(timeout=120)
+        else:
+            proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -118,22 +124,13 @@ def test_ctrl_c_in_a_terminal_running_mpiexec_names_the_checkpoint_there(tmp_pat
     typescript = tmp_path / "terminal.txt"
     command = shlex.join(mpiexec_command(3, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir),
                                          "--stop", '{"training_iteration": 100000}'))
-    proc = subprocess.Popen(["script", "-qfec", command, str(typescript)], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=mpi_env({"CI": ""}), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "result.json").exists():
-            assert proc.poll() is None, typescript.read_text()
-            assert time.monotonic() < deadline, "no first iteration within 120 s"
-            time.sleep(0.1)
-        proc.stdin.write(b"\x03")
+
+    def type_ctrl_c(proc):
+        proc.stdin.write("\x03")
         proc.stdin.flush()
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+
+    interrupt_when_training(["script", "-qfec", command, str(typescript)], run_dir, type_ctrl_c,
+                            capture=False)
     shown = typescript.read_text()
     match = re.search(r"mpiexec ended the job \(Ctrl-C or SIGTERM\): wrote (\S+) at iteration "
                       r"\d+\. Continue with: (.+)", shown)

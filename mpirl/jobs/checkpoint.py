@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.errors import CheckpointError
-from mpirl.jobs.run_dir import json_default
+from mpirl.jobs.run_dir import fsync_directory, json_default
 from mpirl.runtime.state_files import check_file
 
 #: Bumped when the layout of checkpoint files changes incompatibly. 2: rollout workers keep
@@ -113,14 +113,6 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(file.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def checkpoint_name(iteration: int) -> str:
     return f"checkpoint_{iteration:06d}"
 
@@ -146,7 +138,7 @@ class CheckpointStore:
         manifest = {"format_version": FORMAT_VERSION, **manifest}
         text = json.dumps(manifest, indent=2, sort_keys=True, default=json_default) + "\n"
         _write_synced(tmp / MANIFEST, text.encode("utf-8"))
-        _fsync_dir(tmp)
+        fsync_directory(tmp)
         final = self.root / checkpoint_name(manifest["iteration"])
         trash = self.root / f"{TRASH}{final.name}"
         if final.exists():  # a resumed run redoing an iteration it had checkpointed before
@@ -155,11 +147,11 @@ class CheckpointStore:
                 shutil.rmtree(trash)
             os.rename(final, trash)
         os.rename(tmp, final)
-        _fsync_dir(self.root)
+        fsync_directory(self.root)
         pointer = self.root / f".{LATEST}.tmp"
         _write_synced(pointer, f"{final.name}\n".encode())
         os.replace(pointer, self.root / LATEST)
-        _fsync_dir(self.root)
+        fsync_directory(self.root)
         if trash.exists():
             shutil.rmtree(trash)
         self.prune(keep_name=final.name)
@@ -183,7 +175,7 @@ class CheckpointStore:
                 notes.append(f"put back {final.name}, which a killed job had moved aside")
         for stale in self.root.glob(".tmp-checkpoint_*"):
             shutil.rmtree(stale, ignore_errors=True)
-        _fsync_dir(self.root)
+        fsync_directory(self.root)
         return notes
 
     def prune(self, keep_name: str | None = None) -> None:

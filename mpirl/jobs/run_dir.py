@@ -281,7 +281,7 @@ class RunRecorder:
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)
-        _fsync_directory(self.run_dir)  # the rename itself, before rows go to the new file
+        fsync_directory(self.run_dir)  # the rename itself, before rows go to the new file
         # The new file is open before the old one closes: record() may look at it meanwhile.
         widened = open(path, "a", encoding="utf-8", newline="")
         self._csv_file, old_file = widened, self._csv_file
@@ -341,7 +341,8 @@ class RunRecorder:
         self.close()
 
 
-def _fsync_directory(path: Path) -> None:
+def fsync_directory(path: Path) -> None:
+    """Make the renames and creations inside ``path`` durable (a file's fsync does not)."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
