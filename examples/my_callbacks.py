@@ -1,5 +1,6 @@
 """docs/callbacks.md's example: a long-episode metric per rollout rank and a steps-per-episode
-column on the driver (``PYTHONPATH=examples ... --config '{"callbacks": "my_callbacks:EpisodeStats"}'``)."""
+column on the driver. Run it with ``PYTHONPATH=examples`` and
+``--config '{"callbacks": "my_callbacks:EpisodeStats"}'``."""
 
 import mpirl
 

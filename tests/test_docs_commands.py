@@ -121,9 +121,11 @@ def copy_of_the_repository(destination: Path) -> None:
     (destination / ".venv").symlink_to(Path(sys.prefix))
 
 
-def block_environment(activate: Path) -> dict[str, str]:
+def block_environment(activate: Path, home: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key != "CI"}
-    env.update(MPIRL_MAX_ITERATIONS=MAX_ITERATIONS, PYTHONUNBUFFERED="1")
+    # HOME in the copy: what the blocks write there (MLflow's database, W&B's settings) goes away
+    # with it.
+    env.update(MPIRL_MAX_ITERATIONS=MAX_ITERATIONS, PYTHONUNBUFFERED="1", HOME=str(home))
     if "OMPI_ALLOW_RUN_AS_ROOT" in activate.read_text():
         # make ran as root and activate says what Open MPI needs: rely on it, as the docs do.
         env.pop("OMPI_ALLOW_RUN_AS_ROOT", None)
@@ -159,7 +161,9 @@ def test_the_page_s_shell_blocks_run_in_order(page: Path, tmp_path: Path):
     for block in blocks:
         block.skip_reason  # noqa: B018  (a mark without a reason fails the page too)
     copy_of_the_repository(tmp_path)
-    env = block_environment(tmp_path / ".venv" / "bin" / "activate")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = block_environment(tmp_path / ".venv" / "bin" / "activate", home)
     for block in blocks:
         if block.skip_reason is None:
             run_block(block, tmp_path, env)
