@@ -73,7 +73,7 @@ mpi-defaults: $(RUN_STAMP)
 	@# As root, Open MPI refuses to start unless these two variables (or --allow-run-as-root)
 	@# say so, and its parameter files cannot; activate sets them, so that the docs' bare
 	@# `mpiexec -n 3 mpirl ...` runs as written in a root container too. Only for root.
-	@if [ "$$(id -u)" = 0 ] && ! grep -q 'OMPI_ALLOW_RUN_AS_ROOT' $(BIN)/activate; then \
+	@if [ "$$(id -u)" = 0 ] && [ -f $(BIN)/activate ] && ! grep -q 'OMPI_ALLOW_RUN_AS_ROOT' $(BIN)/activate; then \
 	    echo "==> running as root: $(BIN)/activate lets Open MPI run as root"; \
 	    printf '%s\n' '' '# Written by mpirl'"'"'s Makefile (make ran as root): Open MPI refuses to run' \
 	        '# as root unless told, and only these variables or a flag can tell it.' \
