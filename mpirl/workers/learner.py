@@ -656,9 +656,6 @@ class Learner(Worker):
             loss, stats = self.loss(self.policy, minibatch, self.loss_config)
             self.optimizer.zero_grad(set_to_none=False)
             loss.backward()
-            for p in self.params:
-                if p.grad is None:  # a loss may leave a part unused (BC: the critic)
-                    p.grad = torch.zeros_like(p)
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         self._apply_shared_gradient(0.0 if minibatch is None else minibatch_rows(minibatch))
@@ -668,6 +665,11 @@ class Learner(Worker):
         """Replace this learner's gradient (of a mean over ``rows`` rows) by the gradient of all
         learners' rows (one allreduce), clip it and take the optimizer step; no step when no
         learner had rows, since Adam would still move on its momentum."""
+        for p in self.params:
+            # A loss may leave a part unused (BC: the critic; SAC: the value head of a custom
+            # actor-critic module): zeros, so that the flat gradient keeps its layout.
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
         flat, total = self.allreduce(flat, rows)
         if not total:

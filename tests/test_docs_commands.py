@@ -1,0 +1,188 @@
+"""The docs run as written: every fenced shell block (```bash, ```sh, ```shell, ```console) in
+README.md and docs/*.md is run, the blocks of a page in order, or is marked just before it with
+``<!-- docs-test: skip: REASON -->`` (the reason is required; each mark is a skipped case here, so
+pytest's summary lists the marks and their reasons).
+
+Each page runs in a fresh copy of the repository (the files git tracks or would track, so a clean
+clone works as well as a working tree), with ``.venv`` a link to this venv, under
+``bash -euo pipefail`` after ``source .venv/bin/activate``, as a reader would type them. Every
+training run stops after MPIRL_MAX_ITERATIONS iterations, whatever its --stop says, so a page of
+long examples takes seconds; CI is unset, as it is in a reader's shell."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpirl.jobs.launch import remove_dead_launchers_session_dirs
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
+MARK = re.compile(r"^\s*<!--\s*docs-test:(.*?)-->\s*$")
+#: One block's limit. The slowest block (a 9-rank tune, or Atari's CNN) takes well under it here.
+BLOCK_TIMEOUT_S = 180
+#: Training iterations per run: enough for a checkpoint, a progress row and a curve to plot.
+MAX_ITERATIONS = "2"
+
+
+@dataclasses.dataclass
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    language: str
+    text: str
+    mark: str | None  # what the docs-test comment just before it says, if any
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+    @property
+    def first_line(self) -> str:
+        return next((line.strip() for line in self.text.splitlines() if line.strip()), "")
+
+    @property
+    def skip_reason(self) -> str | None:
+        """The reason of a ``skip: REASON`` mark; ValueError for a mark that is not one."""
+        if self.mark is None:
+            return None
+        match = re.fullmatch(r"\s*skip:\s*(\S.*?)\s*", self.mark)
+        if not match:
+            raise ValueError(f"{self.where}: the mark <!-- docs-test:{self.mark}--> is not "
+                             "'<!-- docs-test: skip: REASON -->' with a reason")
+        return match.group(1)
+
+    def script(self) -> str:
+        """What bash runs: the block itself, or a console block's ``$ `` commands (with their
+        continuation lines), its output lines left out."""
+        if self.language != "console":
+            return self.text
+        commands: list[str] = []
+        continued = False
+        for line in self.text.splitlines():
+            if continued or line.startswith("$ "):
+                commands.append(line if continued else line[2:])
+                continued = line.rstrip().endswith("\\")
+        return "\n".join(commands)
+
+
+def shell_blocks(page: Path) -> list[Block]:
+    """The page's shell blocks, in order, each with the docs-test mark on the last non-blank
+    line before its fence."""
+    lines = page.read_text().splitlines()
+    blocks: list[Block] = []
+    index = 0
+    while index < len(lines):
+        fence = FENCE.match(lines[index])
+        if not fence:
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and not lines[end].strip().startswith(fence.group(2)):
+            end += 1
+        if fence.group(3) in SHELL_LANGUAGES:
+            before = next((line for line in reversed(lines[:index]) if line.strip()), "")
+            mark = MARK.match(before)
+            indent = len(fence.group(1))
+            text = "\n".join(line[indent:] for line in lines[index + 1:end])
+            blocks.append(Block(page, index + 1, fence.group(3), text,
+                                mark.group(1) if mark else None))
+        index = end + 1
+    return blocks
+
+
+ALL_BLOCKS = [block for page in PAGES for block in shell_blocks(page)]
+PAGES_WITH_BLOCKS = [page for page in PAGES if shell_blocks(page)]
+
+
+def copy_of_the_repository(destination: Path) -> None:
+    """The files git tracks or would track (not the ignored ones: .venv, runs/, builds), as a
+    clean clone has them, and .venv as a link to the venv running this test."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if not source.exists() and not source.is_symlink():
+            continue  # tracked but deleted in this working tree
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target, follow_symlinks=False)
+    (destination / ".venv").symlink_to(Path(sys.prefix))
+
+
+def block_environment(activate: Path, home: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key != "CI"}
+    # HOME in the copy: what the blocks write there (MLflow's database, W&B's settings) goes away
+    # with it.
+    env.update(MPIRL_MAX_ITERATIONS=MAX_ITERATIONS, PYTHONUNBUFFERED="1", HOME=str(home))
+    if "OMPI_ALLOW_RUN_AS_ROOT" in activate.read_text():
+        # make ran as root and activate says what Open MPI needs: rely on it, as the docs do.
+        env.pop("OMPI_ALLOW_RUN_AS_ROOT", None)
+        env.pop("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", None)
+    return env
+
+
+def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
+    remove_dead_launchers_session_dirs()  # what killed launchers left could fail a launch
+    script = "source .venv/bin/activate\n" + block.script() + "\n"
+    started = time.monotonic()
+    # A session of its own, so that a timeout ends mpiexec and every rank it started.
+    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{block.where}: the block `{block.first_line}` ran past {BLOCK_TIMEOUT_S} s;"
+                    f" its output ended:\n{output[-3000:]}")
+    print(f"{block.where}: `{block.first_line}` exit {proc.returncode}, "
+          f"{time.monotonic() - started:.1f} s")
+    if proc.returncode != 0:
+        pytest.fail(f"{block.where}: the block `{block.first_line}` exited with "
+                    f"{proc.returncode}; its output ended:\n{output[-3000:]}")
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_BLOCKS, ids=lambda page: page.relative_to(REPO).name)
+def test_the_page_s_shell_blocks_run_in_order(page: Path, tmp_path: Path):
+    blocks = shell_blocks(page)
+    for block in blocks:
+        block.skip_reason  # noqa: B018  (a mark without a reason fails the page too)
+    copy_of_the_repository(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = block_environment(tmp_path / ".venv" / "bin" / "activate", home)
+    for block in blocks:
+        if block.skip_reason is None:
+            run_block(block, tmp_path, env)
+
+
+@pytest.mark.parametrize("block", [block for block in ALL_BLOCKS if block.mark is not None],
+                         ids=lambda block: block.where)
+def test_a_block_left_out_says_why(block: Block):
+    """One skipped case per mark, so that the summary (-ra) lists every block not run and why."""
+    reason = block.skip_reason  # ValueError, failing this case, for a mark without a reason
+    pytest.skip(f"{block.where} `{block.first_line}` not run: {reason}")
+
+
+def test_the_marks_are_read():
+    """A mark with a reason is read as one; one without, or a typo, is an error naming it."""
+    page = REPO / "README.md"
+    assert Block(page, 1, "bash", "x", " skip: needs a GPU ").skip_reason == "needs a GPU"
+    for mark in (" skip ", " skip: ", " skipp: a GPU "):
+        with pytest.raises(ValueError, match="README.md:1: the mark"):
+            _ = Block(page, 1, "bash", "x", mark).skip_reason
+    console = Block(page, 1, "console", "$ mpirl a \\\n    --b\noutput\n$ ls", None)
+    assert console.script() == "mpirl a \\\n    --b\nls"
