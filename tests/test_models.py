@@ -1,6 +1,7 @@
 """The model catalog (issue 17): CNNs on images with uint8 kept to the learner, Dict and Tuple
 observations, MultiDiscrete and MultiBinary actions, custom models, and their bad input."""
 
+import csv
 import json
 import pickle
 import subprocess
@@ -129,6 +130,24 @@ def test_sac_takes_a_custom_actor_and_critics_and_a_cnn(monkeypatch):
         # Every part learns (an actor-critic's value head has no use in SAC).
         assert all(p.grad is not None for name, p in model.named_parameters()
                    if not name.startswith("custom_actor.vf")), spec
+
+
+def test_sac_trains_a_custom_actor_critic_whose_value_head_it_leaves_unused(tmp_path):
+    """Through the learner: the actor-critic's value head gets no gradient from SAC's loss, and
+    the replay learner's allreduce must still see one for every parameter (it failed at its
+    first SGD step; docs/models.md's command)."""
+    run_dir = tmp_path / "run"
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "SAC", "--env", "Pendulum-v1", "--run-dir",
+                   str(run_dir), "--config",
+                   json.dumps({"custom_model": "custom_models:ActorCritic", "learning_starts": 64,
+                               "custom_q_model": "custom_models:TwinCritic",
+                               "num_learners": 1}),
+                   "--stop", '{"timesteps_total": 1500}',
+                   env={"PYTHONPATH": EXAMPLES, "CI": "true"}, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(run_dir / "progress.csv") as file:
+        last = list(csv.DictReader(file))[-1]
+    assert np.isfinite(float(last["critic_loss"])), last
 
 
 def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_path):
