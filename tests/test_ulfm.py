@@ -99,7 +99,7 @@ def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config):
     table = run.pids()
     victim = 2
     assert table[victim][0] == "rollout"
-    run.wait_for_line(r"^iter 5 ")
+    run.wait_for_line(r"^iter 5[ /]")
     killed_at = time.monotonic()
     os.kill(table[victim][1], signal.SIGKILL)
     lost_at, _ = run.wait_for_line(r"^mpirl: lost rank 2 ")
@@ -137,7 +137,7 @@ def test_es_drops_a_lost_ranks_perturbations_and_goes_on(tmp_path):
     run = LiveRun(4, run_dir, {}, algo="ES", stop=stop)
     table = run.pids()
     assert table[3][0] == "rollout"
-    run.wait_for_line(r"^iter 4 ")
+    run.wait_for_line(r"^iter 4[ /]")
     os.kill(table[3][1], signal.SIGKILL)
     run.wait_for_line(r"^mpirl: lost rank 3 ")
     run.finish()
