@@ -7,7 +7,7 @@ from setuptools import setup
 
 HERE = Path(__file__).parent
 # mpirl's layers, lowest first (tests/test_import_graph.py checks that none imports a higher one).
-SUBPACKAGES = ("config", "runtime", "report", "jobs", "envs", "models", "data", "workers",
+SUBPACKAGES = ("config", "runtime", "report", "jobs", "envs", "search", "models", "data", "workers",
                "execution", "commands", "tune")
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "mpirl/__init__.py").read_text()).group(1)
 
