@@ -136,8 +136,9 @@ class OpenSpielGame(Game):
         except ImportError:
             raise ConfigError(f"game {OPENSPIEL_PREFIX}{spec} needs OpenSpiel: "
                               f"pip install 'mpirl[openspiel]'") from None
-        self.name = OPENSPIEL_PREFIX + spec
         base = spec.partition("(")[0]
+        self.name = OPENSPIEL_PREFIX + (spec if not parameters else base + "(" + ",".join(
+            f"{key}={value}" for key, value in sorted(parameters.items())) + ")")
         if base not in pyspiel.registered_names():
             close = difflib.get_close_matches(base, pyspiel.registered_names(), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -177,17 +178,19 @@ class OpenSpielGame(Game):
                               f"two-player, zero-sum, perfect-information, turn-based games")
 
     def new_initial_state(self) -> OpenSpielState:
-        return OpenSpielState(self._game.new_initial_state(), self.num_actions)
+        return OpenSpielState(self._game.new_initial_state(), self.num_actions,
+                              self.observation_shape)
 
 
 class OpenSpielState(GameState):
     """A pyspiel state; its own ``clone()`` copies it in C++."""
 
-    __slots__ = ("_state", "_num_actions")
+    __slots__ = ("_state", "_num_actions", "_shape")
 
-    def __init__(self, state: Any, num_actions: int) -> None:
+    def __init__(self, state: Any, num_actions: int, shape: tuple[int, ...]) -> None:
         self._state = state
         self._num_actions = num_actions
+        self._shape = shape
 
     def current_player(self) -> int:
         return self._state.current_player()
@@ -196,7 +199,7 @@ class OpenSpielState(GameState):
         return np.asarray(self._state.legal_actions_mask(), dtype=bool)[:self._num_actions]
 
     def observation(self) -> np.ndarray:
-        return np.asarray(self._state.observation_tensor(), np.float32)
+        return np.asarray(self._state.observation_tensor(), np.float32).reshape(self._shape)
 
     def apply(self, action: int) -> None:
         action = int(action)
@@ -211,7 +214,7 @@ class OpenSpielState(GameState):
         return np.asarray(self._state.returns(), np.float32)
 
     def clone(self) -> OpenSpielState:
-        return OpenSpielState(self._state.clone(), self._num_actions)
+        return OpenSpielState(self._state.clone(), self._num_actions, self._shape)
 
     def key(self) -> str:
         # OpenSpiel's string of a perfect-information state is the whole position.
