@@ -94,7 +94,12 @@ def test_pettingzoo_clone_keeps_the_position():
     state = load_game(PZ_C4).new_initial_state()
     for action in (3, 3, 4):
         state.apply(action)
-    assert state.clone().observation().sum() == 3
+    copy = state.clone()
+    assert copy.observation().sum() == 3
+    # What the env shares inside itself, the copy shares inside itself (and not with it).
+    env, copied = state._env, copy._env
+    assert copied._agent_selector.agent_order is copied.agents
+    assert env._agent_selector.agent_order is env.agents and copied.agents is not env.agents
 
 
 @pytest.mark.parametrize("game_id, reason", [

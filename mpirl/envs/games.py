@@ -285,6 +285,18 @@ class PettingZooGame(Game):
         return PettingZooState(self._make(), self.num_actions)
 
 
+_PLAIN = (int, float, bool, str, bytes, type(None), np.integer, np.floating, np.bool_)
+
+
+def _is_flat(value: Any) -> bool:
+    """A list or dict of plain values, or a numeric array: ``.copy()`` copies it fully."""
+    if type(value) is list:
+        return all(isinstance(item, _PLAIN) for item in value)
+    if type(value) is dict:
+        return all(isinstance(item, _PLAIN) for item in value.values())
+    return type(value) is np.ndarray and value.dtype != object
+
+
 class PettingZooState(GameState):
     """A PettingZoo AEC env at some position.
 
@@ -334,10 +346,22 @@ class PettingZooState(GameState):
     def clone(self) -> PettingZooState:
         env = self._env
         attributes = vars(env)
-        memo = {id(attributes[name]): attributes[name] for name in _SHARED_ATTRIBUTES
-                if name in attributes}
+        memo: dict[int, Any] = {id(attributes[name]): attributes[name]
+                                for name in _SHARED_ATTRIBUTES if name in attributes}
         copied = object.__new__(type(env))
-        copied.__dict__.update(copy.deepcopy(attributes, memo))
+        # Flat containers of plain values (the board, rewards, terminations) are copied in one
+        # call and entered in the memo first, so that a deep copy of anything else that refers
+        # to them (an agent selector holding the agents list) still shares the copy.
+        deep = {}
+        for name, value in attributes.items():
+            if id(value) in memo:
+                copied.__dict__[name] = memo[id(value)]
+            elif _is_flat(value):
+                copied.__dict__[name] = memo[id(value)] = value.copy()
+            else:
+                deep[name] = value
+        for name, value in deep.items():
+            copied.__dict__[name] = copy.deepcopy(value, memo)
         return PettingZooState(copied, self._num_actions)
 
     def key(self) -> bytes:

@@ -374,6 +374,8 @@ class _RootSearch:
         target = np.array([_considered_visits(int(m), self.mcts.config.simulations)[step]
                            for m in self.considered])
         eligible = self.sampled & (self.visits_here == target[:, None])
+        # The schedule always leaves a survivor eligible; the fallback only guards the legality.
+        eligible = np.where(eligible.any(axis=1, keepdims=True), eligible, self.sampled)
         return np.where(eligible, self._gumbel_scores(), -np.inf).argmax(axis=1)
 
     def count(self, actions: np.ndarray) -> None:
