@@ -4,6 +4,11 @@ with messages that say why, and symmetries map observations, masks and moves con
 
 from __future__ import annotations
 
+import sys
+import threading
+import types
+
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -147,25 +152,85 @@ class _MaskFreeEnv:
         pass
 
     def observation_space(self, agent):
-        import gymnasium as gym
-
         return gym.spaces.Box(0, 1, (3,))
 
     def action_space(self, agent):
-        import gymnasium as gym
-
         return gym.spaces.Discrete(3)
 
 
-def test_game_without_action_mask_is_refused(monkeypatch):
-    import sys
-    import types
+def _install(monkeypatch, name, factory):
+    module = types.ModuleType(name)
+    module.env = factory
+    monkeypatch.setitem(sys.modules, name, module)
 
-    module = types.ModuleType("mask_free_game")
-    module.env = _MaskFreeEnv
-    monkeypatch.setitem(sys.modules, "mask_free_game", module)
+
+def test_game_without_action_mask_is_refused(monkeypatch):
+    _install(monkeypatch, "mask_free_game", _MaskFreeEnv)
     with pytest.raises(ConfigError, match="no action mask"):
         load_game("mask_free_game")
+
+
+class _TwoMoveGame:
+    """A PettingZoo-like AEC game of two moves whose outcome and flaws a test chooses."""
+
+    metadata = {"is_parallelizable": False}
+
+    def __init__(self, agents=("a", "b"), outcome=(1.0, -1.0), lock=False):
+        self.possible_agents = list(agents)
+        self._outcome = outcome
+        if lock:
+            self.lock = threading.Lock()  # cannot be copied
+
+    @property
+    def unwrapped(self):
+        return self
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self.agent_selection = self.agents[0]
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self.moves = 0
+
+    def observation_space(self, agent):
+        return gym.spaces.Dict({"observation": gym.spaces.Box(0, 2, (1,)),
+                                "action_mask": gym.spaces.Box(0, 1, (2,), np.int8)})
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+    def observe(self, agent):
+        return {"observation": np.array([self.moves]), "action_mask": np.ones(2, np.int8)}
+
+    def step(self, action):
+        self.moves += 1
+        index = (self.agents.index(self.agent_selection) + 1) % len(self.agents)
+        self.agent_selection = self.agents[index]
+        if self.moves == 2:
+            self.terminations = dict.fromkeys(self.agents, True)
+            self.rewards = dict(zip(self.agents, self._outcome, strict=False))
+
+
+@pytest.mark.parametrize("flaw, message", [
+    ({"agents": ("solo",)}, "1 agent"),
+    ({"agents": ("a", "b", "c")}, "3 agent"),
+    ({"outcome": (1.0, 1.0)}, "not zero-sum"),
+    ({"lock": True}, "cannot be cloned"),
+])
+def test_flawed_pettingzoo_games_are_refused(monkeypatch, flaw, message):
+    _install(monkeypatch, "flawed_game", lambda: _TwoMoveGame(**flaw))
+    with pytest.raises(ConfigError, match=message):
+        load_game("flawed_game")
+
+
+def test_a_sound_pettingzoo_like_game_loads(monkeypatch):
+    _install(monkeypatch, "sound_game", _TwoMoveGame)
+    game = load_game("sound_game")
+    state = game.new_initial_state()
+    state.apply(1)
+    state.apply(0)
+    assert state.is_terminal() and state.returns().tolist() == [1.0, -1.0]
 
 
 # --- symmetries --------------------------------------------------------------------------------
