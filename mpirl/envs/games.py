@@ -306,11 +306,19 @@ class PettingZooState(GameState):
     move history on a fresh env was measured 3-5x slower and grows with the game.
     """
 
-    __slots__ = ("_env", "_num_actions")
+    __slots__ = ("_env", "_num_actions", "_observed")
 
     def __init__(self, env: Any, num_actions: int) -> None:
         self._env = env
         self._num_actions = num_actions
+        self._observed: dict[str, Any] | None = None
+
+    def _observe(self) -> dict[str, Any]:
+        # Search asks for the mask and the observation of each new node; observe() builds both,
+        # so one call per position serves them (apply() forgets it).
+        if self._observed is None:
+            self._observed = self._env.observe(self._env.agent_selection)
+        return self._observed
 
     def current_player(self) -> int:
         return self._env.possible_agents.index(self._env.agent_selection)
@@ -318,16 +326,17 @@ class PettingZooState(GameState):
     def legal_action_mask(self) -> np.ndarray:
         if self.is_terminal():
             return np.zeros(self._num_actions, bool)
-        return np.asarray(self._env.observe(self._env.agent_selection)["action_mask"], bool)
+        return np.array(self._observe()["action_mask"], bool)
 
     def observation(self) -> np.ndarray:
-        return np.asarray(self._env.observe(self._env.agent_selection)["observation"], np.float32)
+        return np.array(self._observe()["observation"], np.float32)
 
     def apply(self, action: int) -> None:
         action = int(action)
         mask = self.legal_action_mask()
         if not (0 <= action < self._num_actions and mask[action]):
             raise ValueError(f"illegal move {action} (legal: {np.flatnonzero(mask).tolist()})")
+        self._observed = None
         self._env.step(action)
 
     def is_terminal(self) -> bool:
@@ -365,6 +374,6 @@ class PettingZooState(GameState):
         return PettingZooState(copied, self._num_actions)
 
     def key(self) -> bytes:
-        observation = self._env.observe(self._env.agent_selection)
+        observation = self._observe()
         return (bytes([self.current_player()]) + np.asarray(observation["observation"]).tobytes()
                 + np.asarray(observation["action_mask"]).tobytes())
