@@ -348,6 +348,9 @@ class _RootSearch:
             rank = np.empty_like(ranked)
             np.put_along_axis(rank, ranked, np.arange(ranked.shape[1])[None], axis=1)
             self.sampled = rank < self.considered[:, None]
+            # [S, simulations]: the visit count the root action of each simulation must have.
+            self.targets = np.array([_considered_visits(int(m), config.simulations)
+                                     for m in self.considered])
         elif config.root_noise and config.dirichlet_epsilon > 0:
             alpha = config.dirichlet_alpha_scale / self.legal.sum(axis=1, keepdims=True)
             draws = np.where(self.legal, rng.standard_gamma(np.broadcast_to(alpha,
@@ -371,9 +374,7 @@ class _RootSearch:
             visits, value_sum = self._stats()
             score = _puct(visits, value_sum, self.prior, self.mcts.config.c_puct)
             return np.where(self.legal, score, -np.inf).argmax(axis=1)
-        target = np.array([_considered_visits(int(m), self.mcts.config.simulations)[step]
-                           for m in self.considered])
-        eligible = self.sampled & (self.visits_here == target[:, None])
+        eligible = self.sampled & (self.visits_here == self.targets[:, step, None])
         # The schedule always leaves a survivor eligible; the fallback only guards the legality.
         eligible = np.where(eligible.any(axis=1, keepdims=True), eligible, self.sampled)
         return np.where(eligible, self._gumbel_scores(), -np.inf).argmax(axis=1)
