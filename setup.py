@@ -7,7 +7,7 @@ from setuptools import setup
 
 HERE = Path(__file__).parent
 # mpirl's layers, lowest first (tests/test_import_graph.py checks that none imports a higher one).
-SUBPACKAGES = ("config", "runtime", "report", "jobs", "envs", "models", "data", "workers",
+SUBPACKAGES = ("config", "runtime", "report", "jobs", "envs", "search", "models", "data", "workers",
                "execution", "commands", "tune")
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "mpirl/__init__.py").read_text()).group(1)
 
@@ -29,15 +29,22 @@ EXTRAS = {
                 "`mpirl evaluate`)", ["ale-py>=0.9", "envpool>=0.8"]),
     "multiagent": ("multi-agent envs: PettingZoo's own (rps_v2, AEC conversion) and MPE's",
                    ["pettingzoo>=1.25", "mpe2>=1.0"]),
+    # PettingZoo's "classic" extra also pulls chess, rlcard, shimmy and OpenSpiel; its
+    # tic-tac-toe and Connect Four import only pygame beyond PettingZoo itself.
+    "games": ("two-player board games for AlphaZero from PettingZoo classic "
+              "(`pettingzoo.classic.tictactoe_v3`, `connect_four_v3`)",
+              ["pettingzoo>=1.25", "pygame>=2.1"]),
+    "openspiel": ("OpenSpiel's games for AlphaZero, named `openspiel/<game>`",
+                  ["open-spiel>=1.6"]),
     "docs": ("MkDocs, for `make docs` and `make docs-serve`", ["mkdocs>=1.6"]),
     # The tests read trajectory dumps back with Minari itself, and TensorBoard, W&B and MLflow
     # output with their own readers; they build the docs and a wheel, and run Atari, EnvPool,
-    # PettingZoo and MPE envs.
+    # PettingZoo, MPE and OpenSpiel envs.
     "dev": ("what `make test` adds: pytest, ruff, build, Minari and every extra above but the "
             "MPI ones", ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "build>=1.0",
                          "minari==0.5.3", "moviepy>=1.0", "pygame>=2.1", "tensorboard>=2.15",
                          "wandb>=0.19.10", "mlflow>=2.10", "mkdocs>=1.6", "pettingzoo>=1.25",
-                         "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8"]),
+                         "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8", "open-spiel>=1.6"]),
     # opencv: RLlib's Atari wrapper (benchmarks/atari.py).
     "bench": ("peers for side-by-side benchmarks (`make bench`): Ray RLlib 2.60, "
               "Stable-Baselines3, OpenCV",

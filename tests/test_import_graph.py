@@ -19,8 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 #: Lowest first. A module may import its own layer and the ones below it, never one above.
-LAYERS = ("errors", "config", "runtime", "report", "jobs", "envs", "models", "data", "workers",
-          "execution", "algorithms", "top")
+LAYERS = ("errors", "config", "runtime", "report", "jobs", "envs", "search", "models", "data",
+          "workers", "execution", "algorithms", "top")
 #: The modules on top: the commands and the public entry points.
 TOP = {"commands", "cli", "api", "io", "testing", "__main__", "callbacks", "tune"}
 
