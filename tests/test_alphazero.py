@@ -216,3 +216,26 @@ def test_self_play_checks_its_arguments_and_concatenates_nothing():
     empty = SelfPlayBatch.concatenate([], game)
     assert len(empty) == 0 and empty.observations.shape == (0, 3, 3, 3)
     assert empty.stats() == {"games": 0}
+
+
+@pytest.mark.parametrize("game_id", [PZ_TTT, OS_C4])
+def test_self_play_with_the_network_and_a_training_step(game_id):
+    """End to end on a channels-last game and a bigger board: self-play with the network's
+    evaluator, then one SGD step of the loss on augmented positions."""
+    game = load_game(game_id)
+    torch.manual_seed(0)
+    net = build_torch_model(alphazero_spec(game, channels=8, blocks=1))
+    play = SelfPlay(game, TorchEvaluator(net), SearchConfig(simulations=4), num_games=4,
+                    rng=np.random.default_rng(0), max_moves=12)
+    rng = np.random.default_rng(1)
+    batch = play.play(4)
+    obs, masks, policies = augment(symmetries(game), batch.observations, batch.masks,
+                                   batch.policies, rng)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, weight_decay=1e-4)
+    loss, stats = alphazero_loss(net, {"observations": obs, "masks": masks,
+                                       "policies": policies, "outcomes": batch.outcomes})
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert all(np.isfinite(value) for value in stats.values())
+    assert stats["policy_entropy"] > 0

@@ -2,7 +2,7 @@
 on OpenSpiel's tic-tac-toe. After 40 rounds of 32 self-play games (16 simulations a move), the
 network's raw policy (no search) nearly never loses to random play and mostly draws perfect
 minimax, where the untrained network lost most games to minimax. Measured when written (seeds
-1-6, about 10 s each on one core): after training 0-2 losses of 50 to random and 0-1 of 20 to
+0-6, about 10 s each on one core): after training 0-2 losses of 50 to random and 0-1 of 20 to
 minimax, against 12-20 of 20 before; the value loss fell from about 0.45-0.57 to 0.06-0.09."""
 
 from __future__ import annotations
