@@ -17,6 +17,8 @@ import numpy as np
 from torch import nn
 
 from mpirl.errors import ConfigError
+from mpirl.models.alphazero import AlphaZeroNet
+from mpirl.models.alphazero_spec import AlphaZeroSpec
 from mpirl.models.evolution import DirectPolicy
 from mpirl.models.policy import Policy
 from mpirl.models.policy_spec import PolicySpec
@@ -28,7 +30,7 @@ from mpirl.models.soft_q import SACModel, SACSpec
 #: Each of mpirl's specs and the torch module built from it.
 NETWORKS: tuple[tuple[type, type[nn.Module]], ...] = (
     (PolicySpec, Policy), (QSpec, QNetwork), (DirectPolicySpec, DirectPolicy),
-    (SACSpec, SACModel))
+    (SACSpec, SACModel), (AlphaZeroSpec, AlphaZeroNet))
 
 
 def build_torch_model(spec: Any, device: str = "cpu") -> Any:
@@ -41,8 +43,8 @@ def build_torch_model(spec: Any, device: str = "cpu") -> Any:
     if not callable(build):
         raise ConfigError(
             f"model_spec returned a {type(spec).__name__}, which mpirl cannot build: return a "
-            f"PolicySpec, QSpec, DirectPolicySpec or SACSpec, or a spec of your own with "
-            f"build(device) -> torch.nn.Module")
+            f"PolicySpec, QSpec, DirectPolicySpec, SACSpec or AlphaZeroSpec, or a spec of your "
+            f"own with build(device) -> torch.nn.Module")
     return build(device)
 
 

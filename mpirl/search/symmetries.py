@@ -8,7 +8,7 @@ how its actions index the board. A game not in the table has the identity only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,3 +92,24 @@ def symmetries(game: Game) -> list[Symmetry]:
     """The game's symmetries, identity first (only the identity for a game not in the table)."""
     make = _TABLE.get(game.name.partition("(")[0])
     return make(game) if make else [_identity(game.num_actions)]
+
+
+def augment(table: Sequence[Symmetry], observations: np.ndarray, masks: np.ndarray,
+            policies: np.ndarray, rng: np.random.Generator
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch of training samples, each under its own symmetry drawn uniformly from
+    ``table`` (``symmetries(game)``): observation, mask and policy target of a sample move
+    together; outcomes are unchanged by any symmetry, so they are not taken."""
+    observations, masks, policies = (np.asarray(observations), np.asarray(masks),
+                                     np.asarray(policies))
+    if len(table) == 1:
+        return table[0].apply(observations, masks, policies)
+    choice = rng.integers(0, len(table), len(observations))
+    out_obs, out_masks, out_policies = (np.empty_like(observations), np.empty_like(masks),
+                                        np.empty_like(policies))
+    # One call per symmetry over its samples, not one per sample.
+    for index in np.unique(choice).tolist():
+        rows = np.flatnonzero(choice == index)
+        out_obs[rows], out_masks[rows], out_policies[rows] = table[index].apply(
+            observations[rows], masks[rows], policies[rows])
+    return out_obs, out_masks, out_policies

@@ -1,0 +1,167 @@
+"""Self-play for AlphaZero: many games at once, searched together, yielding finished positions.
+
+``SelfPlay(game, evaluate, search_config, num_games, rng)`` keeps ``num_games`` games in play in
+one ``BatchedMCTS``. Each ``step()`` searches every game once (one evaluation per simulation for
+all of them), plays each game's chosen move, and returns the positions of the games that just
+ended; an ended game's slot starts a new game at once, so the batch stays full.
+
+A position is (observation, legal mask, policy target, outcome z): the observation and mask of
+the state searched, the search's policy target (visit distribution under PUCT, the improved
+policy under Gumbel), and z = that game's final return for the player who moved there (+1, 0 or
+-1 in win/draw/loss games). Positions leave only when their game is over, since z is unknown
+before.
+
+Checkpointing: the games in play are not worth saving (a few moves each). A checkpoint at an
+iteration boundary needs only what already left (the positions, in replay), the counters
+(``games_finished``, ``positions_finished``), the evaluator's weights and the rng's state; on
+resume the slots start new games.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mpirl.envs.games import Game
+from mpirl.errors import ConfigError
+from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
+
+
+@dataclass
+class SelfPlayBatch:
+    """Positions of finished games, concatenated game after game."""
+
+    observations: np.ndarray
+    """[N, *observation_shape] float32."""
+    masks: np.ndarray
+    """[N, A] bool: legal moves."""
+    policies: np.ndarray
+    """[N, A] float32: the search's policy target."""
+    outcomes: np.ndarray
+    """[N] float32: the game's result for the player to move at that position."""
+    game_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """[G] int: moves in each finished game (its positions, in order, are the batch's)."""
+    first_player_returns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    """[G] float32: each finished game's return for the player who moved first."""
+
+    def __len__(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def games(self) -> int:
+        return len(self.game_lengths)
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        """The training fields, as ``alphazero_loss`` takes them."""
+        return {"observations": self.observations, "masks": self.masks,
+                "policies": self.policies, "outcomes": self.outcomes}
+
+    def stats(self) -> dict[str, float]:
+        """Game length and result statistics, for the metrics."""
+        if not self.games:
+            return {"games": 0}
+        lengths, returns = self.game_lengths, self.first_player_returns
+        return {"games": self.games, "positions": len(self),
+                "game_length_mean": float(lengths.mean()),
+                "game_length_min": int(lengths.min()), "game_length_max": int(lengths.max()),
+                "first_player_wins": float((returns > 0).mean()),
+                "draws": float((returns == 0).mean())}
+
+    @staticmethod
+    def concatenate(batches: list[SelfPlayBatch], game: Game) -> SelfPlayBatch:
+        """One batch of several (an empty one, shaped for ``game``, from none)."""
+        if not batches:
+            return _empty(game)
+        return SelfPlayBatch(*(np.concatenate([getattr(b, name) for b in batches])
+                               for name in ("observations", "masks", "policies", "outcomes",
+                                            "game_lengths", "first_player_returns")))
+
+
+def _empty(game: Game) -> SelfPlayBatch:
+    actions = game.num_actions
+    return SelfPlayBatch(np.zeros((0, *game.observation_shape), np.float32),
+                         np.zeros((0, actions), bool), np.zeros((0, actions), np.float32),
+                         np.zeros(0, np.float32))
+
+
+@dataclass
+class _InPlay:
+    """One slot's game so far."""
+
+    observations: list[np.ndarray] = field(default_factory=list)
+    masks: list[np.ndarray] = field(default_factory=list)
+    policies: list[np.ndarray] = field(default_factory=list)
+    movers: list[int] = field(default_factory=list)
+
+
+class SelfPlay:
+    """``num_games`` games of ``game`` played against themselves with ``BatchedMCTS``."""
+
+    def __init__(self, game: Game, evaluate: Evaluator, search_config: SearchConfig,
+                 num_games: int, rng: np.random.Generator, max_moves: int | None = None) -> None:
+        if num_games < 1:
+            raise ConfigError(f"num_games must be at least 1, not {num_games}")
+        if max_moves is not None and max_moves < 1:
+            raise ConfigError(f"max_moves must be at least 1, not {max_moves}")
+        self.game = game
+        self.num_games = num_games
+        self.max_moves = max_moves
+        """A game this long ends as a draw for training (None: games end by their rules)."""
+        self.games_finished = 0
+        self.positions_finished = 0
+        self._mcts = BatchedMCTS(game, evaluate, search_config, num_games, rng)
+        self._in_play = [_InPlay() for _ in range(num_games)]
+        for slot in range(num_games):
+            self._mcts.reset(slot, game.new_initial_state())
+
+    def step(self) -> SelfPlayBatch:
+        """One move in every game; the positions of the games that ended (often none)."""
+        slots = np.arange(self.num_games)
+        for slot in slots.tolist():
+            state = self._mcts.root_state(slot)
+            record = self._in_play[slot]
+            record.observations.append(np.asarray(state.observation(), np.float32))
+            record.masks.append(np.asarray(state.legal_action_mask(), bool))
+            record.movers.append(state.current_player())
+        result = self._mcts.search(slots)
+        finished = []
+        for slot, action, policy in zip(slots.tolist(), result.actions.tolist(),
+                                        result.policies, strict=True):
+            record = self._in_play[slot]
+            record.policies.append(policy)
+            self._mcts.advance(slot, action)
+            state = self._mcts.root_state(slot)
+            if state.is_terminal():
+                finished.append(self._finish(slot, np.asarray(state.returns(), np.float32)))
+            elif self.max_moves is not None and len(record.movers) >= self.max_moves:
+                finished.append(self._finish(slot, np.zeros(2, np.float32)))
+        return SelfPlayBatch.concatenate(finished, self.game)
+
+    def play(self, games: int) -> SelfPlayBatch:
+        """Step until at least ``games`` games have ended; their positions (every game that
+        ended in the last step is kept, so there may be a few more)."""
+        batches: list[SelfPlayBatch] = []
+        done = 0
+        while done < games:
+            batch = self.step()
+            if batch.games:
+                batches.append(batch)
+                done += batch.games
+        return SelfPlayBatch.concatenate(batches, self.game)
+
+    def _finish(self, slot: int, returns: np.ndarray) -> SelfPlayBatch:
+        """Score the slot's positions by the game's returns and start a new game there."""
+        record = self._in_play[slot]
+        movers = np.asarray(record.movers)
+        batch = SelfPlayBatch(observations=np.stack(record.observations),
+                              masks=np.stack(record.masks),
+                              policies=np.stack(record.policies).astype(np.float32),
+                              outcomes=returns[movers].astype(np.float32),
+                              game_lengths=np.array([len(movers)], np.int64),
+                              first_player_returns=returns[:1].copy())
+        self._in_play[slot] = _InPlay()
+        self._mcts.reset(slot, self.game.new_initial_state())
+        self.games_finished += 1
+        self.positions_finished += len(movers)
+        return batch
