@@ -252,3 +252,10 @@ def doctor_learner_rows(stdout: str) -> list[list[str]]:
             break
         rows.append(cells)
     return rows
+
+
+#: Board games by their --env ids, from both sources (tests/test_games.py and the search tests).
+PZ_TTT = "pettingzoo.classic.tictactoe_v3"
+PZ_C4 = "pettingzoo.classic.connect_four_v3"
+OS_TTT = "openspiel/tic_tac_toe"
+OS_C4 = "openspiel/connect_four"

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import OS_C4, OS_TTT, PZ_TTT
 
 from mpirl.envs.games import load_game
 from mpirl.errors import ConfigError
@@ -21,9 +22,6 @@ from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
 
-OS_TTT = "openspiel/tic_tac_toe"
-PZ_TTT = "pettingzoo.classic.tictactoe_v3"
-OS_C4 = "openspiel/connect_four"
 
 
 def positions(game, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

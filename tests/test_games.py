@@ -11,6 +11,7 @@ import types
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import OS_C4, OS_TTT, PZ_C4, PZ_TTT
 
 from mpirl.envs.games import load_game
 from mpirl.errors import EXIT_USAGE, ConfigError
@@ -20,10 +21,6 @@ from mpirl.search.symmetries import symmetries
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
 
-PZ_TTT = "pettingzoo.classic.tictactoe_v3"
-PZ_C4 = "pettingzoo.classic.connect_four_v3"
-OS_TTT = "openspiel/tic_tac_toe"
-OS_C4 = "openspiel/connect_four"
 ALL = (PZ_TTT, PZ_C4, OS_TTT, OS_C4)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import OS_C4, OS_TTT, PZ_C4, PZ_TTT
 
 from mpirl.envs.games import load_game
 from mpirl.errors import ConfigError
@@ -15,10 +16,6 @@ from mpirl.search.symmetries import symmetries
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
 
-PZ_TTT = "pettingzoo.classic.tictactoe_v3"
-PZ_C4 = "pettingzoo.classic.connect_four_v3"
-OS_TTT = "openspiel/tic_tac_toe"
-OS_C4 = "openspiel/connect_four"
 
 
 def uniform(observations, masks):

@@ -9,6 +9,7 @@ import types
 
 import numpy as np
 import pytest
+from conftest import OS_C4, OS_TTT, PZ_TTT
 
 from mpirl.envs.games import load_game
 from mpirl.errors import ConfigError
@@ -27,9 +28,6 @@ from mpirl.search.players import (
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
 
-OS_TTT = "openspiel/tic_tac_toe"
-PZ_TTT = "pettingzoo.classic.tictactoe_v3"
-OS_C4 = "openspiel/connect_four"
 
 
 @pytest.mark.parametrize("game_id, games", [(OS_TTT, 300), (PZ_TTT, 60)])
