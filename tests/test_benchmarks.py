@@ -235,3 +235,14 @@ def test_learner_throughput_quick_measures_every_case(tmp_path):
             assert entry["gpu_over_cpu"] > 0 and entry["copy"]["pageable"]["gb_per_s"] > 0
     if report["gpu"] is None:
         assert "GPU: none, no CUDA device" in proc.stdout
+
+
+def test_search_benchmark_quick_writes_every_case(tmp_path):
+    pytest.importorskip("pyspiel")
+    out = tmp_path / "search.json"
+    proc = run_benchmark("search.py", "--quick", "--json", str(out), timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) == 6
+    for case in cases:
+        assert case["simulations_per_s"] > 0 and case["moves_per_s"] > 0, case
