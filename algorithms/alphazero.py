@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mpirl.config.fields import GameConfig, Range, above, at_least, within
+from mpirl.envs.games import GameObservationSpace
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import SampleResult, broadcast_weights
@@ -113,6 +114,10 @@ class Config(GameConfig):
 def model_spec(observation_space: Any, action_space: Any, config: Config) -> AlphaZeroSpec:
     """The network for the game's positions; board planes' order from where the game comes
     from (``GameObservationSpace.channels_last``)."""
+    if not isinstance(observation_space, GameObservationSpace):
+        raise ConfigError(f"AlphaZero's network is for board games' positions, not "
+                          f"{observation_space}: give --env openspiel/<name> or a PettingZoo "
+                          f"classic module")
     return AlphaZeroSpec(observation_shape=tuple(observation_space.shape),
                          num_actions=int(action_space.n),
                          channels_last=observation_space.channels_last,
