@@ -1,10 +1,12 @@
 """AlphaZero through the real CLI (issue 38): self-play on rollout ranks, the learner's replay
 and SGD in the driver's process, evaluation columns, checkpoint and resume, and bad input.
 
-Measured when written (2026-11-28, 2 cores, -n 3, defaults, 40 iterations, about 20 s of
-training and 25 s of wall time each): seeds 0, 1 and 2 lost none of the 50 evaluation games
-to minimax and none to random at iteration 40, and won 86-96% of those against random (a raw
-policy that plays perfectly still draws some games as second player against random moves)."""
+Measured when written (2026-11-28, 2 cores, -n 3, defaults, 40 iterations, evaluated every 10
+with search of 32 simulations, 50 games per opponent; 30-32 s of training, 35-37 s of wall time):
+at iteration 40 seeds 0, 1 and 2 lost none of the games to minimax or to random and won 94%, 92%
+and 98% against random. Earlier evaluations were not all clean (seed 1 lost 2 of 50 to minimax at
+iteration 30), and the raw policy (``evaluation_simulations`` 0) did the same at iteration 40
+but won only 86-94% against random. A run is the same for the same seed on one machine."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ QUICK = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size"
 
 
 def test_alphazero_learns_tic_tac_toe_and_never_loses_to_minimax(tmp_path):
-    config = {"evaluation_interval": 10, "evaluation_games": 50}
+    config = {"evaluation_interval": 10, "evaluation_games": 50, "evaluation_simulations": 32}
     _, run_dir, result = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT,
                                "--seed", "0", "--config", json.dumps(config),
                                "--stop", '{"training_iteration": 40}', timeout=150)
@@ -36,7 +38,7 @@ def test_alphazero_learns_tic_tac_toe_and_never_loses_to_minimax(tmp_path):
     assert int(last["iteration"]) == 40 and int(last["games_this_iter"]) >= 64
     assert float(last["eval_minimax_loss"]) == 0.0, last
     assert float(last["eval_random_loss"]) == 0.0, last
-    assert float(last["eval_random_win"]) >= 0.8, last
+    assert float(last["eval_random_win"]) >= 0.9, last
     # The value head learned the outcomes: its loss fell well below the first iteration's.
     assert float(last["value_loss"]) < 0.5 * float(progress[0]["value_loss"])
     assert result["timesteps_total"] == int(last["timesteps_total"])
