@@ -144,7 +144,11 @@ def check_config(config: Config, env: Any) -> None:
     game = env.game()
     rng = np.random.default_rng(0)
     for name in config.opponents():
-        make_player(name, game, rng)  # ConfigError for a bad name or a game too big for minimax
+        try:  # a bad name, or a game too big for minimax
+            make_player(name, game, rng)
+        except ConfigError as error:
+            raise ConfigError(f'config key "evaluation_opponents" = '
+                              f'"{config.evaluation_opponents}": {error}') from None
 
 
 class RawPolicyPlayer:
