@@ -78,6 +78,7 @@ PLANS = {
     "PPO": Plan(3), "A2C": Plan(3), "IMPALA": Plan(3), "A3C": Plan(3), "DQN": Plan(2),
     "APEX": Plan(7), "SAC": Plan(2, "Pendulum-v1"), "BC": Plan(3, offline=True),
     "MARWIL": Plan(3, offline=True),
+    "ALPHAZERO": Plan(3, "openspiel/tic_tac_toe", algo="AlphaZero"),
     # docs/multiagent.md's composed run: PPO and DQN policies, each on a learner rank.
     "MULTIAGENT": Plan(4, "mpirl.envs.examples:FourAgentCartPole", {
         "num_learners": 2, "multiagent": {
@@ -342,7 +343,8 @@ def make_dump(directory: Path) -> Path:
 
 def parse_algos(text: str | None) -> list[tuple[str, str, Plan]]:
     """``ALGO`` or ``ALGO:N`` entries -> (name, algo, plan); default: every algorithm."""
-    known = [*ALGORITHMS, *(name for name in PLANS if name not in ALGORITHMS)]
+    builtin = [name.upper() for name in ALGORITHMS]
+    known = [*builtin, *(name for name in PLANS if name not in builtin)]
     entries = text.split(",") if text else known
     parsed = []
     for entry in entries:

@@ -64,6 +64,12 @@ KEYS = {
     "ARS": COMMON | {"zero_init", "num_rollouts", "rollouts_used", "train_batch_size",
                      "noise_stdev", "sgd_stepsize", "offset", "action_noise_std", "eval_prob",
                      "noise_size", "noise_seed", "normalize_observations"},
+    "AlphaZero": COMMON | {"games_per_worker", "simulations", "c_puct", "gumbel",
+                           "temperature_moves", "dirichlet_epsilon", "channels", "blocks",
+                           "value_hidden", "weight_decay", "train_batch_size",
+                           "sgd_steps_per_iteration", "replay_capacity", "evaluation_interval",
+                           "evaluation_games", "evaluation_opponents",
+                           "evaluation_simulations"},
 }
 
 # The defaults that differ most between algorithms (and that a slip in a base class would change).
@@ -95,6 +101,9 @@ DEFAULTS = {
            "normalize_observations": True},
     "ARS": {"num_learners": 0, "hidden_sizes": (), "zero_init": True, "num_rollouts": 16,
             "rollouts_used": 8, "noise_stdev": 0.03, "sgd_stepsize": 0.02},
+    "AlphaZero": {"num_learners": 0, "games_per_worker": 32, "simulations": 16, "lr": 3e-3,
+                  "weight_decay": 1e-4, "grad_clip": 0.0, "train_batch_size": 128,
+                  "replay_capacity": 20_000, "evaluation_opponents": "random,minimax"},
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from mpi4py import MPI
 
 import mpirl
-from mpirl.config.fields import Range, check_key
+from mpirl.config.fields import GameConfig, Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import CheckpointError, ConfigError, MpirlError
@@ -36,7 +36,7 @@ from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
 from mpirl.runtime.world import nested
 from mpirl.workers.callbacks import callbacks_class
-from mpirl.workers.env_spec import EnvSpec, env_spec_for
+from mpirl.workers.env_spec import EnvSpec, env_spec_for, game_env_spec
 
 #: Used when --stop is not given.
 DEFAULT_STOP = {"timesteps_total": 1_000_000}
@@ -126,7 +126,14 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     settings = build(RuntimeSettings, runtime_keys)
     checkpoints = build(CheckpointSettings, checkpoint_keys)
     dump = build(DumpSettings, dump_keys)
-    env = env_spec_for(env_id, env_module, dataclasses.asdict(algo_config))
+    if issubclass(module.Config, GameConfig):  # AlphaZero: a board game, not a gymnasium env
+        env: EnvSpec = game_env_spec(env_id, env_module, dataclasses.asdict(algo_config),
+                                     algorithm_name(algo))
+        if algo_config.multiagent:
+            raise ConfigError(f"config key 'multiagent' is not for {algorithm_name(algo)}: "
+                              f"both players of its self-play are the one network")
+    else:
+        env = env_spec_for(env_id, env_module, dataclasses.asdict(algo_config))
     setup = None
     if env.is_multi_agent():
         if algo_config.clip_rewards is True:

@@ -21,6 +21,7 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from mpirl.errors import ConfigError
@@ -78,6 +79,27 @@ class Game(ABC):
     @abstractmethod
     def new_initial_state(self) -> GameState:
         """A fresh game, first player to move."""
+
+
+class GameObservationSpace(gym.spaces.Box):
+    """The observation space of a game's positions (float32 of ``observation_shape``), which
+    also names the game (``game_id``): a model spec tells from it whether board planes come
+    channels last (PettingZoo) or first (OpenSpiel)."""
+
+    def __init__(self, game_id: str, shape: tuple[int, ...]) -> None:
+        super().__init__(-np.inf, np.inf, shape, np.float32)
+        self.game_id = game_id
+
+    @property
+    def channels_last(self) -> bool:
+        return not self.game_id.startswith(OPENSPIEL_PREFIX)
+
+
+def game_spaces(game: Game) -> tuple[GameObservationSpace, gym.spaces.Discrete]:
+    """What a plan's ``model_spec`` is given for ``game``: its positions' observation space and
+    its actions (legal or not)."""
+    return (GameObservationSpace(game.name, tuple(game.observation_shape)),
+            gym.spaces.Discrete(game.num_actions))
 
 
 def is_game_id(env_id: str) -> bool:

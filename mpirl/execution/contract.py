@@ -36,7 +36,10 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
-              "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars"}
+              "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars",
+              "AlphaZero": "mpirl.algorithms.alphazero"}
+#: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works).
+_BY_UPPER = {name.upper(): name for name in ALGORITHMS}
 
 
 class PlanState:
@@ -178,13 +181,13 @@ _ABSENT = object()
 
 def algorithm_name(name: str) -> str:
     """The name a run records for ``name``: PPO for ppo, a plug-in's module path as given."""
-    return name.upper() if name.upper() in ALGORITHMS else name
+    return _BY_UPPER.get(name.upper(), name)
 
 
 def load_algorithm(name: str) -> AlgorithmModule:
     """A built-in algorithm by name (PPO), or any importable module that defines every piece of
     ``AlgorithmModule`` (``my_package.my_algo``), as the built-in ones do; ConfigError if not."""
-    builtin = ALGORITHMS.get(name.upper())
+    builtin = ALGORITHMS.get(_BY_UPPER.get(name.upper(), ""))
     if builtin is not None:
         return check_contract(importlib.import_module(builtin), builtin)
     try:

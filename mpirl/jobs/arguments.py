@@ -55,10 +55,12 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                     "on any rank writes a checkpoint and exits with code 75: resume with "
                     "--resume RUN_DIR.",
     )
-    train.add_argument("--algo", help="PPO, A2C, IMPALA, A3C, DQN, APEX, SAC, BC, MARWIL, ES or "
-                                      "ARS, or the module of your own algorithm "
+    train.add_argument("--algo", help="PPO, A2C, IMPALA, A3C, DQN, APEX, SAC, BC, MARWIL, ES, "
+                                      "ARS or AlphaZero, or the module of your own algorithm "
                                       "(my_package.my_algo)")
-    train.add_argument("--env", help="a gymnasium id such as CartPole-v1, or module:ClassName")
+    train.add_argument("--env", help="a gymnasium id such as CartPole-v1, or module:ClassName; "
+                                     "for AlphaZero a board game: openspiel/<name> or a "
+                                     "PettingZoo classic module")
     train.add_argument("--env-module", help="import this module first (it registers the env id)")
     train.add_argument("--config", default="{}", metavar="JSON",
                        help='algorithm, layout and runtime keys, e.g. \'{"num_learners": 2}\', '

@@ -73,6 +73,31 @@ class AlphaZeroNet(nn.Module):
             self.value_head = nn.Sequential(nn.Linear(width, spec.value_hidden), nn.ReLU(),
                                             nn.Linear(spec.value_hidden, 1))
 
+    def _tensors(self) -> list[torch.Tensor]:
+        """What crosses ranks: the parameters, then batch norm's running means and variances
+        (search evaluates in eval mode, on those statistics); not its batch counters."""
+        return [*self.parameters(),
+                *(b for b in self.buffers() if b.dtype.is_floating_point)]
+
+    def num_weights(self) -> int:
+        return sum(t.numel() for t in self._tensors())
+
+    def get_flat_weights(self) -> np.ndarray:
+        """Parameters and batch norm statistics as one float32 vector (a copy, on the CPU)."""
+        return torch.cat([t.detach().reshape(-1).float() for t in self._tensors()]).cpu().numpy()
+
+    @torch.no_grad()
+    def set_flat_weights(self, flat: np.ndarray) -> None:
+        flat_t = torch.as_tensor(np.asarray(flat, np.float32))
+        if flat_t.numel() != self.num_weights():
+            raise ValueError(f"weight vector has {flat_t.numel()} values, the network has "
+                             f"{self.num_weights()}")
+        offset = 0
+        for t in self._tensors():
+            n = t.numel()
+            t.copy_(flat_t[offset:offset + n].view_as(t))
+            offset += n
+
     def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits [B, A], values [B] in [-1, 1])`` of observations as the game gives them."""
         x = observations.float()
