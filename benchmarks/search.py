@@ -53,7 +53,7 @@ def measure(env_id: str, games: int, simulations: int, gumbel: bool, plan: Plan)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per case")
     parser.add_argument("--json", type=str, default=None)
     parser.add_argument("--quick", action="store_true", help="0.3 s per case, OpenSpiel only")
