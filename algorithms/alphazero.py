@@ -33,7 +33,7 @@ from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss
 from mpirl.models.alphazero_spec import AlphaZeroSpec
 from mpirl.models.torch_model import build_torch_model
 from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import Player, SearchPlayer, make_player, play_match
+from mpirl.search.players import Player, RawPolicyPlayer, SearchPlayer, make_player, play_match
 from mpirl.workers.alphazero_workers import AlphaZeroLearner, SelfPlayWorker
 from mpirl.workers.env_spec import GameEnvSpec
 
@@ -149,19 +149,6 @@ def check_config(config: Config, env: Any) -> None:
         except ConfigError as error:
             raise ConfigError(f'config key "evaluation_opponents" = '
                               f'"{config.evaluation_opponents}": {error}') from None
-
-
-class RawPolicyPlayer:
-    """The network's most probable legal move, without search."""
-
-    name = "raw policy"
-
-    def __init__(self, evaluate: TorchEvaluator) -> None:
-        self._evaluate = evaluate
-
-    def act(self, state: Any) -> int:
-        priors, _ = self._evaluate(state.observation()[None], state.legal_action_mask()[None])
-        return int(priors[0].argmax())
 
 
 def column(opponent: str) -> str:

@@ -11,29 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.envs.games import GameState, load_game
+from mpirl.envs.games import load_game
 from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss
 from mpirl.models.alphazero_spec import alphazero_spec
 from mpirl.models.torch_model import build_torch_model
 from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import MinimaxPlayer, RandomPlayer, play_match
+from mpirl.search.players import MinimaxPlayer, RandomPlayer, RawPolicyPlayer, play_match
 from mpirl.search.symmetries import augment, symmetries
 from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 
 pytest.importorskip("pyspiel")
-
-
-class RawPolicyPlayer:
-    """The network's most probable legal move: what it learned, without search."""
-
-    name = "raw policy"
-
-    def __init__(self, evaluate: TorchEvaluator) -> None:
-        self._evaluate = evaluate
-
-    def act(self, state: GameState) -> int:
-        priors, _ = self._evaluate(state.observation()[None], state.legal_action_mask()[None])
-        return int(priors[0].argmax())
 
 
 def strength(game, net: AlphaZeroNet) -> dict[str, int]:

@@ -344,3 +344,16 @@ def _is_legal(action: Any, state: GameState) -> bool:
         return False
     mask = state.legal_action_mask()
     return index == action and 0 <= index < mask.size and bool(mask[index])
+
+
+class RawPolicyPlayer:
+    """The network's most probable legal move, without search: what it learned by itself."""
+
+    name = "raw policy"
+
+    def __init__(self, evaluate: Evaluator) -> None:
+        self._evaluate = evaluate
+
+    def act(self, state: GameState) -> int:
+        priors, _ = self._evaluate(state.observation()[None], state.legal_action_mask()[None])
+        return int(priors[0].argmax())
