@@ -179,7 +179,7 @@ class AlphaZeroState(PlanState):
             return SearchPlayer(self.game, evaluate, search, self.rng)
         return RawPolicyPlayer(evaluate)
 
-    def evaluate(self, trainer: Trainer) -> dict[str, float]:
+    def evaluate(self, trainer: Trainer) -> None:
         config = trainer.config
         self.model.set_flat_weights(trainer.learners[0].call("get_weights"))
         player = self.player(config)
@@ -189,7 +189,6 @@ class AlphaZeroState(PlanState):
             for outcome, count in (("win", result.wins), ("draw", result.draws),
                                    ("loss", result.losses)):
                 self.latest[f"eval_{column(name)}_{outcome}"] = count / result.games
-        return dict(self.latest)
 
     def get_state(self) -> dict[str, Any]:
         return {"latest": dict(self.latest), "rng": self.rng.bit_generator.state}
@@ -210,8 +209,7 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
     SGD, the new weights to every rollout rank; an evaluation every ``evaluation_interval``."""
     config = trainer.config
     start = time.perf_counter()
-    played = [f.result() for f in [w.call_async("play", config.games_per_worker)
-                                   for w in trainer.rollouts]]
+    played = trainer.rollouts.call("play", config.games_per_worker)
     play_s = time.perf_counter() - start
     batches = [batch for batch, _ in played]
     samples = SampleResult(
