@@ -237,3 +237,47 @@ def test_self_play_with_the_network_and_a_training_step(game_id):
     optimizer.step()
     assert all(np.isfinite(value) for value in stats.values())
     assert stats["policy_entropy"] > 0
+
+
+@pytest.mark.parametrize("game_id", [OS_C4, PZ_TTT])
+@pytest.mark.parametrize("gumbel", [False, True])
+def test_self_play_restored_from_its_state_plays_on_identically(game_id, gumbel):
+    import pickle
+
+    game = load_game(game_id)
+    net = build_torch_model(alphazero_spec(game, channels=4, blocks=1, value_hidden=8))
+    config = SearchConfig(simulations=8, gumbel=gumbel, temperature_moves=3)
+
+    def run(rng):
+        return SelfPlay(game, TorchEvaluator(net), config, num_games=5, rng=rng)
+
+    rng = np.random.default_rng(3)
+    original = run(rng)
+    for _ in range(4):  # games mid-way, trees kept from earlier moves
+        original.step()
+    saved = pickle.loads(pickle.dumps((original.get_state(), rng.bit_generator.state)))
+    expected = original.play(6)
+
+    rng2 = np.random.default_rng(99)
+    restored = run(rng2)
+    restored.set_state(saved[0])
+    rng2.bit_generator.state = saved[1]
+    got = restored.play(6)
+    for name in ("observations", "masks", "policies", "outcomes", "game_lengths"):
+        assert np.array_equal(getattr(expected, name), getattr(got, name)), name
+    assert restored.games_finished == original.games_finished
+
+    with pytest.raises(ValueError, match="5 games in play cannot restore 4"):
+        SelfPlay(game, TorchEvaluator(net), config, num_games=4, rng=rng2).set_state(saved[0])
+
+
+@pytest.mark.parametrize("game_id", [OS_TTT, PZ_TTT])
+def test_state_from_history_is_the_same_position(game_id):
+    game = load_game(game_id)
+    rng = np.random.default_rng(0)
+    state = game.new_initial_state()
+    for _ in range(5):
+        state.apply(int(rng.choice(np.flatnonzero(state.legal_action_mask()))))
+    again = game.state_from_history(state.history())
+    assert again.key() == state.key() and again.history() == state.history()
+    assert state.clone().history() == state.history()

@@ -11,10 +11,14 @@ but won only 86-94% against random. A run is the same for the same seed on one m
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import signal
 import subprocess
 
+import numpy as np
 import pytest
-from conftest import OS_TTT, PZ_TTT, mpi_env, run_mpi
+from conftest import OS_TTT, PZ_TTT, LiveRun, latest_checkpoint_iteration, mpi_env, run_mpi
 from test_train import MPIRL, rows, train
 
 pytest.importorskip("pyspiel")
@@ -62,6 +66,53 @@ def test_a_resumed_run_keeps_its_replay_and_counters(tmp_path):
     assert int(fifth["timesteps_total"]) > int(fourth["timesteps_total"])
     # The evaluation of iteration 4 is carried until iteration 6's.
     assert fifth["eval_random_win"] == fourth["eval_random_win"] != "nan"
+
+
+#: Columns that follow from the games and the training alone (not from wall time).
+DETERMINISTIC = ("iteration", "timesteps_total", "episodes_total", "policy_loss", "value_loss",
+                 "replay_size", "first_player_win_rate", "eval_random_win", "eval_minimax_loss")
+
+
+def _deterministic(run_dir):
+    return [{k: row[k] for k in DETERMINISTIC} for row in rows(run_dir)]
+
+
+def _checkpointed(run_dir, iteration, name):
+    path = run_dir / "checkpoints" / f"checkpoint_{iteration:06d}" / name
+    with open(path, "rb") as file:
+        return pickle.load(file)
+
+
+def test_resume_after_kill_9_is_bit_identical(tmp_path):
+    """Games in play and their trees, the replay, the optimizer and every rng are checkpointed:
+    the resumed run's rows and weights are the uninterrupted run's, bit for bit."""
+    total = 8
+    config = json.dumps({**QUICK, "checkpoint_every": 2, "keep_checkpoints": 10,
+                         "print_layout": True})
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", PZ_TTT, "--config",
+                   config, "--run-dir", str(reference), "--stop",
+                   json.dumps({"training_iteration": total}), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+    run = LiveRun(3, "--algo", "AlphaZero", "--env", PZ_TTT, "--config", config, "--run-dir",
+                  str(interrupted), "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: latest_checkpoint_iteration(interrupted) >= 4, "a checkpoint at 4")
+    driver = next(pid for role, pid in run.pids().values() if role == "driver")
+    os.kill(driver, signal.SIGKILL)
+    assert run.finish() != 0
+    assert latest_checkpoint_iteration(interrupted) < total, "the kill came too late"
+
+    proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
+                   json.dumps({"training_iteration": total}), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert _deterministic(interrupted) == _deterministic(reference)
+    for name in ("learner_0.pkl", "rollout_0.pkl", "rollout_1.pkl"):
+        a, b = _checkpointed(reference, total, name), _checkpointed(interrupted, total, name)
+        assert np.array_equal(a["weights"], b["weights"]), name
+    replay_a = _checkpointed(reference, total, "learner_0.pkl")["replay"]["arrays"]
+    replay_b = _checkpointed(interrupted, total, "learner_0.pkl")["replay"]["arrays"]
+    assert all(np.array_equal(replay_a[k], replay_b[k]) for k in replay_a)
 
 
 def run_cli(tmp_path, *args):

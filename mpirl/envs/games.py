@@ -65,6 +65,11 @@ class GameState(ABC):
     def key(self) -> bytes | str:
         """A hashable summary that tells positions apart (for transposition tables)."""
 
+    @abstractmethod
+    def history(self) -> list[int]:
+        """The moves played from the initial state to here: ``Game.state_from_history`` of
+        them is this position (how checkpoints store a game in play)."""
+
 
 class Game(ABC):
     """A two-player, zero-sum, perfect-information, turn-based game with action masks."""
@@ -79,6 +84,13 @@ class Game(ABC):
     @abstractmethod
     def new_initial_state(self) -> GameState:
         """A fresh game, first player to move."""
+
+    def state_from_history(self, moves: list[int]) -> GameState:
+        """The position after ``moves`` from the initial state (ValueError on an illegal one)."""
+        state = self.new_initial_state()
+        for move in moves:
+            state.apply(int(move))
+        return state
 
 
 class GameObservationSpace(gym.spaces.Box):
@@ -238,6 +250,9 @@ class OpenSpielState(GameState):
     def clone(self) -> OpenSpielState:
         return OpenSpielState(self._state.clone(), self._num_actions, self._shape)
 
+    def history(self) -> list[int]:
+        return list(self._state.history())
+
     def key(self) -> str:
         # OpenSpiel's string of a perfect-information state is the whole position.
         return f"{self._state.current_player()}|{self._state}"
@@ -328,12 +343,13 @@ class PettingZooState(GameState):
     move history on a fresh env was measured 3-5x slower and grows with the game.
     """
 
-    __slots__ = ("_env", "_num_actions", "_observed")
+    __slots__ = ("_env", "_num_actions", "_observed", "_history")
 
-    def __init__(self, env: Any, num_actions: int) -> None:
+    def __init__(self, env: Any, num_actions: int, history: list[int] | None = None) -> None:
         self._env = env
         self._num_actions = num_actions
         self._observed: dict[str, Any] | None = None
+        self._history = history if history is not None else []
 
     def _observe(self) -> dict[str, Any]:
         # Search asks for the mask and the observation of each new node; observe() builds both,
@@ -360,6 +376,7 @@ class PettingZooState(GameState):
             raise ValueError(f"illegal move {action} (legal: {np.flatnonzero(mask).tolist()})")
         self._observed = None
         self._env.step(action)
+        self._history.append(action)
 
     def is_terminal(self) -> bool:
         env = self._env
@@ -393,7 +410,10 @@ class PettingZooState(GameState):
                 deep[name] = value
         for name, value in deep.items():
             copied.__dict__[name] = copy.deepcopy(value, memo)
-        return PettingZooState(copied, self._num_actions)
+        return PettingZooState(copied, self._num_actions, list(self._history))
+
+    def history(self) -> list[int]:
+        return list(self._history)
 
     def key(self) -> bytes:
         observation = self._observe()

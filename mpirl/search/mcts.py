@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -228,6 +229,53 @@ class BatchedMCTS:
         states = self._states[slot]
         self._states[slot] = [states[i] for i in old.tolist()]
         self._count[slot] = old.size
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """Every slot's tree: the node arrays, and each root position as its move history. The
+        other nodes' positions follow from their root and the edges, so the restored trees search
+        exactly as these would (the rng is the caller's)."""
+        used = max(1, int(self._count.max()))
+        return {"arrays": {name: getattr(self, name)[:, :used].copy()
+                           for name in self._NODE_ARRAYS},
+                "count": self._count.copy(), "ply": self._ply.copy(),
+                "roots": [states[0].history() if states else None for states in self._states]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore ``get_state()``'s trees (the same number of slots and the same game)."""
+        count = np.asarray(state["count"], np.int64)
+        if count.shape != self._count.shape:
+            raise ValueError(f"a checkpoint of {count.size} game slots cannot restore "
+                             f"{self._count.size}")
+        used = state["arrays"]["_children"].shape[1]
+        self._allocate(len(count), max(self._children.shape[1], used))
+        for name in self._NODE_ARRAYS:
+            getattr(self, name)[:, :used] = state["arrays"][name]
+        self._count[:] = count
+        self._ply[:] = state["ply"]
+        self._states = [self._rebuild(slot, moves) for slot, moves in enumerate(state["roots"])]
+
+    def _rebuild(self, slot: int, root_moves: list[int] | None) -> list[GameState | None]:
+        """The slot's node positions: the root's from its moves, each child's from its parent's
+        by the edge's move."""
+        if root_moves is None:
+            return []
+        states: list[GameState | None] = [None] * int(self._count[slot])
+        states[0] = self.game.state_from_history(root_moves)
+        frontier = [0]
+        while frontier:
+            below = []
+            for node in frontier:
+                children = self._children[slot, node]
+                for action in np.flatnonzero(children >= 0).tolist():
+                    child = int(children[action])
+                    position = states[node].clone()
+                    position.apply(action)
+                    states[child] = position
+                    below.append(child)
+            frontier = below
+        return states
 
     # --- search ---------------------------------------------------------------------------------
 

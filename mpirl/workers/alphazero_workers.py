@@ -112,11 +112,12 @@ class SelfPlayWorker(Worker):
         return self.weights.copy()
 
     def get_state(self) -> dict[str, Any]:
-        """The weights, the rng and the counters. The games in play are not saved (a few moves
-        each): a restored worker starts new ones."""
+        """The weights, the rng, the counters and the games in play with their search trees:
+        a resumed rank plays on as this one would have."""
         return {"weights": self.weights.copy(), "rng": self.rng.bit_generator.state,
                 "games_finished": self.games_finished,
-                "positions_finished": self.positions_finished, "torch_rng": capture_rng()}
+                "positions_finished": self.positions_finished, "torch_rng": capture_rng(),
+                "games_in_play": self.self_play.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> bool:
         self.set_weights(state["weights"])
@@ -125,6 +126,9 @@ class SelfPlayWorker(Worker):
         self.positions_finished = state["positions_finished"]
         restore_rng(state["torch_rng"])
         self._start_games()
+        if self.settings.games_per_worker == len(state["games_in_play"]["in_play"]):
+            self.self_play.set_state(state["games_in_play"])
+        # else: a changed games_per_worker starts new games (the finished positions are kept)
         return True
 
     def finish_dump(self) -> None:

@@ -11,15 +11,15 @@ policy under Gumbel), and z = that game's final return for the player who moved 
 -1 in win/draw/loss games). Positions leave only when their game is over, since z is unknown
 before.
 
-Checkpointing: the games in play are not worth saving (a few moves each). A checkpoint at an
-iteration boundary needs only what already left (the positions, in replay), the counters
-(``games_finished``, ``positions_finished``), the evaluator's weights and the rng's state; on
-resume the slots start new games.
+Checkpointing (``get_state``/``set_state``): the games in play, their positions so far and
+their search trees (``BatchedMCTS.get_state``) with the counters, so that a resumed run plays on
+exactly as the interrupted one would have; the rng and the evaluator's weights are the caller's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -149,6 +149,22 @@ class SelfPlay:
                 batches.append(batch)
                 done += batch.games
         return SelfPlayBatch.concatenate(batches, self.game)
+
+    def get_state(self) -> dict[str, Any]:
+        """The games in play (positions so far and search trees) and the counters."""
+        return {"in_play": [vars(record) for record in self._in_play],
+                "mcts": self._mcts.get_state(), "games_finished": self.games_finished,
+                "positions_finished": self.positions_finished}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue ``get_state()``'s games (the same number of games, the same game)."""
+        if len(state["in_play"]) != self.num_games:
+            raise ValueError(f"a checkpoint of {len(state['in_play'])} games in play cannot "
+                             f"restore {self.num_games}")
+        self._mcts.set_state(state["mcts"])
+        self._in_play = [_InPlay(**record) for record in state["in_play"]]
+        self.games_finished = state["games_finished"]
+        self.positions_finished = state["positions_finished"]
 
     def _finish(self, slot: int, returns: np.ndarray) -> SelfPlayBatch:
         """Score the slot's positions by the game's returns and start a new game there."""
