@@ -102,12 +102,24 @@ def main(argv: list[str] | None = None) -> int:
             return tune_main(args)
         if args.command == "evaluate":
             from mpirl.commands.evaluate import evaluate, report
+            from mpirl.commands.match import evaluate_match, match_report, wants_match
 
+            warn = lambda m: _print_on_rank0(f"mpirl: {m}")  # noqa: E731
+            if wants_match(args.checkpoint, args.opponent, warn):
+                summary = evaluate_match(args.checkpoint, args.opponent or "random", args.games,
+                                         args.simulations, args.seed, warn)
+                print(match_report(summary, args.json), flush=True)
+                return 0
             result = evaluate(args.checkpoint, args.episodes, args.seed, args.stochastic,
                               args.render_video, warn=lambda m: _print_on_rank0(f"mpirl: {m}"),
                               env_id=args.env, env_module=args.env_module)
             print(report(result, args.json), flush=True)
             return 0
+        if args.command == "play":
+            from mpirl.commands.match import play_in_terminal
+
+            return play_in_terminal(args.checkpoint, args.simulations, not args.second,
+                                    args.seed, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
         if args.command == "export":
             from mpirl.commands.evaluate import find_checkpoint
             from mpirl.commands.export import default_output, export_checkpoint

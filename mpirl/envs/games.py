@@ -65,6 +65,11 @@ class GameState(ABC):
     def key(self) -> bytes | str:
         """A hashable summary that tells positions apart (for transposition tables)."""
 
+    def move_name(self, action: int) -> str:
+        """How a person reads ``action`` for the player to move (its number unless the game
+        names its moves)."""
+        return str(action)
+
     @abstractmethod
     def history(self) -> list[int]:
         """The moves played from the initial state to here: ``Game.state_from_history`` of
@@ -252,6 +257,9 @@ class OpenSpielState(GameState):
 
     def history(self) -> list[int]:
         return list(self._state.history())
+
+    def move_name(self, action: int) -> str:
+        return self._state.action_to_string(self._state.current_player(), int(action))
 
     def key(self) -> str:
         # OpenSpiel's string of a perfect-information state is the whole position.

@@ -108,6 +108,30 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     evaluate.add_argument("--json", action="store_true", help="print the statistics as JSON")
     evaluate.add_argument("--env", help="run on this environment instead of the one trained on")
     evaluate.add_argument("--env-module", help="import this module first (it registers --env)")
+    games = evaluate.add_argument_group(
+        "board games (AlphaZero's checkpoints)",
+        "Play GAMES games against a reference player, half of them moving first, and print "
+        "wins, draws and losses from the agent's side.")
+    games.add_argument("--opponent", metavar="SPEC",
+                       help="random (the default for a game checkpoint), mcts:N (UCT with random "
+                            "rollouts, N simulations), minimax (small games), or module:Class "
+                            "(act(observation, action_mask) -> move)")
+    games.add_argument("--games", type=int, default=100, help="games to play (100)")
+    games.add_argument("--simulations", type=int,
+                       help="the agent's search simulations a move; 0 plays its raw policy "
+                            "(default: the run's self-play simulations)")
+
+    play = commands.add_parser(
+        "play", help="play a board game against an AlphaZero checkpoint in the terminal",
+        description="Run without mpiexec. CHECKPOINT is a checkpoint directory, or a run "
+                    "directory (its newest valid checkpoint is used). Type move numbers; q "
+                    "quits.")
+    play.add_argument("checkpoint", metavar="CHECKPOINT")
+    play.add_argument("--second", action="store_true", help="let the agent move first")
+    play.add_argument("--simulations", type=int,
+                      help="the agent's search simulations a move; 0 plays its raw policy "
+                           "(default: the run's self-play simulations)")
+    play.add_argument("--seed", type=int, default=0, help="seed of the agent's search")
 
     export = commands.add_parser(
         "export", help="write a checkpoint's policy as plain arrays (.npz), safe to share",
