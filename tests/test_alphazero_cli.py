@@ -21,6 +21,8 @@ import pytest
 from conftest import OS_TTT, PZ_TTT, LiveRun, latest_checkpoint_iteration, mpi_env, run_mpi
 from test_train import MPIRL, rows, train
 
+from mpirl.errors import EXIT_RESUME
+
 pytest.importorskip("pyspiel")
 
 COLUMNS = {"positions_per_s", "games_this_iter", "game_length_mean", "policy_loss",
@@ -113,6 +115,42 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
     replay_a = _checkpointed(reference, total, "learner_0.pkl")["replay"]["arrays"]
     replay_b = _checkpointed(interrupted, total, "learner_0.pkl")["replay"]["arrays"]
     assert all(np.array_equal(replay_a[k], replay_b[k]) for k in replay_a)
+
+
+def test_a_stop_signal_on_a_self_play_rank_checkpoints_and_exits_resume_me(tmp_path):
+    run_dir = tmp_path / "run"
+    run = LiveRun(3, "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir", str(run_dir),
+                  "--config", json.dumps({**QUICK, "checkpoint_every": 0, "print_layout": True}),
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
+    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
+    os.kill(pid, signal.SIGUSR1)
+    assert run.finish() == EXIT_RESUME, run.stderr
+    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
+    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
+    assert latest_checkpoint_iteration(run_dir) == stopped_at
+    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir), "--stop",
+                   json.dumps({"training_iteration": stopped_at + 2}), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [int(r["iteration"]) for r in rows(run_dir)] == list(range(1, stopped_at + 3))
+
+
+def test_tune_searches_c_puct_lr_and_simulations(tmp_path):
+    space = {"c_puct": {"uniform": [0.5, 3.0]}, "lr": {"loguniform": [1e-3, 1e-2]},
+             "simulations": {"randint": [4, 12]}}
+    proc = run_mpi(3, *MPIRL, "tune", "--search", "random", "--num-samples", "2", "--space",
+                   json.dumps(space), "--ranks-per-trial", "1", "--metric", "eval_random_win",
+                   "--mode", "max", "--run-dir", str(tmp_path / "tune"), "--",
+                   "--algo", "AlphaZero", "--env", OS_TTT, "--config", json.dumps(QUICK),
+                   "--stop", '{"training_iteration": 2}', timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "tune" / "result.json").read_text())
+    assert set(result["best_config"]) == set(space), result
+    for trial in ("trial_000", "trial_001"):
+        params = json.loads((tmp_path / "tune" / trial / "params.json").read_text())
+        config = params["config"]
+        assert 0.5 <= config["c_puct"] <= 3.0 and 4 <= config["simulations"] < 12, config
+        assert len(rows(tmp_path / "tune" / trial)) == 2
 
 
 def run_cli(tmp_path, *args):
