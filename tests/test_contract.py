@@ -18,9 +18,14 @@ import numpy as np
 import pytest
 from conftest import mpi_env
 
-from mpirl.config.fields import GameConfig
 from mpirl.errors import ConfigError
-from mpirl.execution.contract import ALGORITHMS, PIECES, AlgorithmModule, load_algorithm
+from mpirl.execution.contract import (
+    ALGORITHMS,
+    PIECES,
+    AlgorithmModule,
+    load_algorithm,
+    plays_games,
+)
 from mpirl.workers.env_spec import game_env_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,14 +193,14 @@ def cartpole():
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithms_workers_take_settings_from_its_config(name):
     module = load_algorithm(name)
-    plays_games = issubclass(module.Config, GameConfig)  # AlphaZero: a board game
+    games = plays_games(module)  # AlphaZero: a board game
     config = module.Config()
-    env = game_env_spec("openspiel/tic_tac_toe", None, {}, name) if plays_games else cartpole()
+    env = game_env_spec("openspiel/tic_tac_toe", None, {}, name) if games else cartpole()
     spec = module.model_spec(*env.spaces(), config)
     rollout = module.ROLLOUT_WORKER.Settings.from_config(config, env=env, policy=spec)
     learner = module.LEARNER.Settings.from_config(config, policy=spec, loss=module.loss)
     assert rollout.seed == config.seed
-    if plays_games:
+    if games:
         assert rollout.games_per_worker == config.games_per_worker
     else:
         assert rollout.num_envs == config.num_envs_per_worker

@@ -17,11 +17,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from mpirl.commands.evaluate import find_checkpoint
-from mpirl.config.fields import GameConfig
 from mpirl.config.parse import build
 from mpirl.envs.games import Game, GameState, OpenSpielState, game_spaces, load_game
 from mpirl.errors import ConfigError
-from mpirl.execution.contract import load_algorithm
+from mpirl.execution.contract import load_algorithm, plays_games
 from mpirl.models.alphazero import TorchEvaluator
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.state_files import read_state_file
@@ -53,8 +52,8 @@ class GameAgent:
 
 
 def is_game_checkpoint(manifest: dict[str, Any]) -> bool:
-    """Whether the checkpoint's algorithm plays board games (its config is a ``GameConfig``)."""
-    return issubclass(load_algorithm(manifest["algo"]).Config, GameConfig)
+    """Whether the checkpoint's algorithm plays board games."""
+    return plays_games(load_algorithm(manifest["algo"]))
 
 
 def wants_match(path: str | Path, opponent: str | None, warn=None) -> bool:

@@ -16,11 +16,11 @@ from typing import Any
 from mpi4py import MPI
 
 import mpirl
-from mpirl.config.fields import GameConfig, Range, check_key
+from mpirl.config.fields import Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import CheckpointError, ConfigError, MpirlError
-from mpirl.execution.contract import algorithm_name, load_algorithm
+from mpirl.execution.contract import algorithm_name, env_spec_of, load_algorithm, plays_games
 from mpirl.execution.multiagent import MultiAgentTrainer
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
 from mpirl.execution.trainer import MAX_ITERATIONS_ENV, STOP_KEYS, Trainer, stop_reached
@@ -36,7 +36,7 @@ from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
 from mpirl.runtime.world import nested
 from mpirl.workers.callbacks import callbacks_class
-from mpirl.workers.env_spec import EnvSpec, env_spec_for, game_env_spec
+from mpirl.workers.env_spec import EnvSpec
 
 #: Used when --stop is not given.
 DEFAULT_STOP = {"timesteps_total": 1_000_000}
@@ -126,14 +126,10 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     settings = build(RuntimeSettings, runtime_keys)
     checkpoints = build(CheckpointSettings, checkpoint_keys)
     dump = build(DumpSettings, dump_keys)
-    if issubclass(module.Config, GameConfig):  # AlphaZero: a board game, not a gymnasium env
-        env: EnvSpec = game_env_spec(env_id, env_module, dataclasses.asdict(algo_config),
-                                     algorithm_name(algo))
-        if algo_config.multiagent:
-            raise ConfigError(f"config key 'multiagent' is not for {algorithm_name(algo)}: "
-                              f"both players of its self-play are the one network")
-    else:
-        env = env_spec_for(env_id, env_module, dataclasses.asdict(algo_config))
+    env = env_spec_of(module, algo, env_id, env_module, algo_config)
+    if plays_games(module) and algo_config.multiagent:
+        raise ConfigError(f"config key 'multiagent' is not for {algorithm_name(algo)}: "
+                          f"both players of its self-play are the one network")
     setup = None
     if env.is_multi_agent():
         if algo_config.clip_rewards is True:

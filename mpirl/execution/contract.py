@@ -7,6 +7,10 @@ names the piece (exit code 2). Nothing reads a module's names any other way. Def
 may import and assign: ``RolloutWorker``, ``Learner``, ``actor_critic_model``,
 ``no_config_checks`` and ``stateless`` (all in ``mpirl.execution``).
 
+What ``--env`` names follows from the base of a module's ``Config``: a ``GameConfig`` plays
+two-player board games (``env_spec_of`` reads a game), any other base a gymnasium or PettingZoo
+env.
+
 What a plan keeps between iterations is its ``PlanState``, made by the module's ``setup``, given
 to every ``training_step`` and checkpointed with the run.
 """
@@ -23,11 +27,11 @@ from typing import Any, Protocol, cast
 import gymnasium as gym
 import numpy as np
 
-from mpirl.config.fields import CommonConfig
+from mpirl.config.fields import CommonConfig, GameConfig
 from mpirl.errors import ConfigError
 from mpirl.runtime.core import Worker
 from mpirl.runtime.dispatch import WorkerGroup
-from mpirl.workers.env_spec import EnvSpec
+from mpirl.workers.env_spec import EnvSpec, env_spec_for, game_env_spec
 from mpirl.workers.learner import LossFn
 
 #: Algorithm name on the command line -> module.
@@ -202,6 +206,22 @@ def load_algorithm(name: str) -> AlgorithmModule:
     except ImportError as error:
         raise ConfigError(f"algorithm module {name!r} could not be imported: {error}") from None
     return check_contract(module, name)
+
+
+def plays_games(module: AlgorithmModule) -> bool:
+    """Whether ``module``'s ``--env`` is a board game (its ``Config`` is a ``GameConfig``)."""
+    return issubclass(module.Config, GameConfig)
+
+
+def env_spec_of(module: AlgorithmModule, name: str, env_id: str, env_module: str | None,
+                config: Any) -> EnvSpec:
+    """What ``--env env_id`` is for a run of ``module`` (named ``name``) with ``config``: a game
+    for a board-game algorithm, a gymnasium or PettingZoo env for the others; ConfigError,
+    naming what would be right, for an id it cannot run."""
+    keys = dataclasses.asdict(config)
+    if plays_games(module):
+        return game_env_spec(env_id, env_module, keys, algorithm_name(name))
+    return env_spec_for(env_id, env_module, keys)
 
 
 def check_contract(module: ModuleType, name: str) -> AlgorithmModule:
