@@ -46,6 +46,11 @@ class GameState(ABC):
         """Float32 array of ``observation_shape``, from the perspective of the player to move."""
 
     @abstractmethod
+    def observation_for(self, player: int) -> np.ndarray:
+        """``observation()`` as ``player`` sees the position, whoever is to move (the end of a
+        game included, where nobody is)."""
+
+    @abstractmethod
     def apply(self, action: int) -> None:
         """Play ``action`` for the player to move (ValueError if it is illegal)."""
 
@@ -240,6 +245,10 @@ class OpenSpielState(GameState):
     def observation(self) -> np.ndarray:
         return np.asarray(self._state.observation_tensor(), np.float32).reshape(self._shape)
 
+    def observation_for(self, player: int) -> np.ndarray:
+        return np.asarray(self._state.observation_tensor(int(player)),
+                          np.float32).reshape(self._shape)
+
     def apply(self, action: int) -> None:
         action = int(action)
         if not (0 <= action < self._num_actions and self.legal_action_mask()[action]):
@@ -376,6 +385,10 @@ class PettingZooState(GameState):
 
     def observation(self) -> np.ndarray:
         return np.array(self._observe()["observation"], np.float32)
+
+    def observation_for(self, player: int) -> np.ndarray:
+        agent = self._env.possible_agents[int(player)]
+        return np.array(self._env.observe(agent)["observation"], np.float32)
 
     def apply(self, action: int) -> None:
         action = int(action)

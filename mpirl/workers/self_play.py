@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mpirl.data.episode_recorder import EpisodeRecorder
 from mpirl.envs.games import Game
 from mpirl.errors import ConfigError
 from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
@@ -44,6 +45,8 @@ class SelfPlayBatch:
     """[G] int: moves in each finished game (its positions, in order, are the batch's)."""
     first_player_returns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     """[G] float32: each finished game's return for the player who moved first."""
+    game_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """[G] int: the slot (of the games in play at once) that played each finished game."""
 
     def __len__(self) -> int:
         return len(self.outcomes)
@@ -75,7 +78,8 @@ class SelfPlayBatch:
             return _empty(game)
         return SelfPlayBatch(*(np.concatenate([getattr(b, name) for b in batches])
                                for name in ("observations", "masks", "policies", "outcomes",
-                                            "game_lengths", "first_player_returns")))
+                                            "game_lengths", "first_player_returns",
+                                            "game_slots")))
 
 
 def _empty(game: Game) -> SelfPlayBatch:
@@ -99,7 +103,8 @@ class SelfPlay:
     """``num_games`` games of ``game`` played against themselves with ``BatchedMCTS``."""
 
     def __init__(self, game: Game, evaluate: Evaluator, search_config: SearchConfig,
-                 num_games: int, rng: np.random.Generator, max_moves: int | None = None) -> None:
+                 num_games: int, rng: np.random.Generator, max_moves: int | None = None,
+                 recorder: EpisodeRecorder | None = None) -> None:
         if num_games < 1:
             raise ConfigError(f"num_games must be at least 1, not {num_games}")
         if max_moves is not None and max_moves < 1:
@@ -110,6 +115,12 @@ class SelfPlay:
         """A game this long ends as a draw for training (None: games end by their rules)."""
         self.games_finished = 0
         self.positions_finished = 0
+        self.recorder = recorder
+        """Where every move of every game goes, as one slot's episode per game (HDF5 dumps):
+        the mover's observation, the move, the mover's reward (the outcome on the last move),
+        and log pi of the search's policy target at the move."""
+        if recorder is not None:
+            recorder.begin()
         self._mcts = BatchedMCTS(game, evaluate, search_config, num_games, rng)
         self._in_play = [_InPlay() for _ in range(num_games)]
         for slot in range(num_games):
@@ -125,6 +136,13 @@ class SelfPlay:
             record.masks.append(np.asarray(state.legal_action_mask(), bool))
             record.movers.append(state.current_player())
         result = self._mcts.search(slots)
+        if self.recorder is not None:
+            observations = np.stack([record.observations[-1] for record in self._in_play])
+            movers = np.array([record.movers[-1] for record in self._in_play])
+        rewards = np.zeros(self.num_games, np.float32)
+        terminated = np.zeros(self.num_games, bool)
+        truncated = np.zeros(self.num_games, bool)
+        finals: dict[int, np.ndarray] = {}
         finished = []
         for slot, action, policy in zip(slots.tolist(), result.actions.tolist(),
                                         result.policies, strict=True):
@@ -132,10 +150,20 @@ class SelfPlay:
             record.policies.append(policy)
             self._mcts.advance(slot, action)
             state = self._mcts.root_state(slot)
-            if state.is_terminal():
-                finished.append(self._finish(slot, np.asarray(state.returns(), np.float32)))
-            elif self.max_moves is not None and len(record.movers) >= self.max_moves:
-                finished.append(self._finish(slot, np.zeros(2, np.float32)))
+            ended = state.is_terminal()
+            if ended or (self.max_moves is not None and len(record.movers) >= self.max_moves):
+                returns = (np.asarray(state.returns(), np.float32) if ended
+                           else np.zeros(2, np.float32))
+                if self.recorder is not None:
+                    rewards[slot] = returns[movers[slot]]
+                    terminated[slot], truncated[slot] = ended, not ended
+                    finals[slot] = state.observation_for(movers[slot])
+                finished.append(self._finish(slot, returns))
+        if self.recorder is not None:
+            chosen = result.policies[slots, result.actions]
+            logp = np.log(np.maximum(chosen, 1e-30)).astype(np.float32)
+            self.recorder.step(observations, result.actions.astype(np.int64), rewards,
+                               terminated, truncated, logp, finals, None)
         return SelfPlayBatch.concatenate(finished, self.game)
 
     def play(self, games: int) -> SelfPlayBatch:
@@ -162,6 +190,8 @@ class SelfPlay:
             raise ValueError(f"a checkpoint of {len(state['in_play'])} games in play cannot "
                              f"restore {self.num_games}")
         self._mcts.set_state(state["mcts"])
+        if self.recorder is not None:
+            self.recorder.untrack()  # their first moves are in the interrupted run's file
         self._in_play = [_InPlay(**record) for record in state["in_play"]]
         self.games_finished = state["games_finished"]
         self.positions_finished = state["positions_finished"]
@@ -175,7 +205,8 @@ class SelfPlay:
                               policies=np.stack(record.policies).astype(np.float32),
                               outcomes=returns[movers].astype(np.float32),
                               game_lengths=np.array([len(movers)], np.int64),
-                              first_player_returns=returns[:1].copy())
+                              first_player_returns=returns[:1].copy(),
+                              game_slots=np.array([slot], np.int64))
         self._in_play[slot] = _InPlay()
         self._mcts.reset(slot, self.game.new_initial_state())
         self.games_finished += 1
