@@ -244,8 +244,9 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
            "draw_rate": float((returns == 0).mean()) if games else math.nan,
            **{k: stats.get(k, math.nan) for k in ("policy_loss", "value_loss",
                                                    "policy_entropy", "loss")},
-           **{k: stats[k] for k in ("sgd_steps", "sgd_steps_total", "replay_size",
-                                    "weights_version", "policy_lag_mean")}}
+           **{k: int(stats[k]) for k in ("sgd_steps", "sgd_steps_total", "replay_size",
+                                         "weights_version")},
+           "policy_lag_mean": stats["policy_lag_mean"]}
     if (trainer.iteration + 1) % config.evaluation_interval == 0:
         state.evaluate(trainer)
     return row | state.latest
