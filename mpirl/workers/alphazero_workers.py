@@ -81,14 +81,16 @@ def search_config(config: Any) -> SearchConfig:
 @dataclass
 class VersionedPositions:
     """A self-play batch on its way to a learner, with the version of the weights that played
-    it (the driver's count of the learners' updates, ``AlphaZeroLearner.version``)."""
+    it (the driver's count of the learners' updates, ``AlphaZeroLearner.version``). A game
+    still in play when new weights came is stamped with the newer version: its first moves'
+    lag is counted one short."""
 
     batch: SelfPlayBatch
     version: int
 
 
 class SelfPlayWorker(Worker):
-    """Plays games against itself on a rollout rank; returns finished positions."""
+    """Plays games against itself on a rollout rank; delivers finished positions."""
 
     MESSAGES = ("play", "receive_weights", "set_weights", "get_weights", "save_state",
                 "load_state", "finish_dump")
