@@ -4,11 +4,16 @@ PettingZoo classic module such as ``pettingzoo.classic.tictactoe_v3``).
 
 Each iteration every rollout rank plays its ``games_per_worker`` games in parallel, batching the
 leaf evaluations of all their trees into one torch forward (torch runs on the rollout ranks for
-this algorithm), until that many games have ended; their positions go to the learner, which
-keeps the newest ``replay_capacity`` in a FIFO window (in the driver's process with
-``num_learners`` 0; positions cross through the driver in this first version), takes
-``sgd_steps_per_iteration`` AdamW steps on symmetry-augmented minibatches of
-``alphazero_loss``, and broadcasts the new weights. Every ``evaluation_interval`` iterations the
+this algorithm), until that many games have ended. Rollout rank i sends their positions, stamped
+with the weights version that played them, straight to learner i mod L over the data plane
+(``rollouts_to_learners``; in the answer only where the learner is in the driver's process:
+``num_learners`` 0, or local mode); the driver gets counts and game results. Each learner keeps
+the newest positions it got in a FIFO shard of its own (``replay_capacity`` split over the
+learners), takes ``sgd_steps_per_iteration`` AdamW steps on symmetry-augmented minibatches of
+``alphazero_loss`` from its shard (``train_batch_size`` split over them), with the gradient
+averaged over the learners each step, so all hold the same weights, and learner 0 broadcasts the
+new weights version (``weights_version``; ``policy_lag_mean`` is the mean age in versions of the
+positions trained on). Every ``evaluation_interval`` iterations the
 driver plays ``evaluation_games`` against each of ``evaluation_opponents`` (``eval_<opponent>_
 win``/``draw``/``loss`` rates), with the raw policy or, with ``evaluation_simulations``, search.
 """
@@ -23,11 +28,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mpirl.config.fields import GameConfig, Range, above, at_least, within
+from mpirl.config.fields import AllreduceConfig, GameConfig, Range, above, at_least, within
 from mpirl.envs.games import GameObservationSpace
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import PlanState
-from mpirl.execution.operators import SampleResult, broadcast_weights
+from mpirl.execution.operators import broadcast_weights, rollouts_to_learners, train_one_step
 from mpirl.execution.trainer import Trainer
 from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss
 from mpirl.models.alphazero_spec import AlphaZeroSpec
@@ -43,7 +48,7 @@ RECURRENT = False  # positions are stored one by one
 
 
 @dataclass
-class Config(GameConfig):
+class Config(GameConfig, AllreduceConfig):
     """AlphaZero's settings. Defaults suit tic-tac-toe; every field is a ``--config`` key."""
 
     # Self-play and search
@@ -81,11 +86,13 @@ class Config(GameConfig):
     grad_clip: float = 0.0
     """Global gradient-norm clip; 0 turns it off."""
     train_batch_size: int = 128
-    """Positions per SGD step (each under a random symmetry of the game)."""
+    """Positions per SGD step (each under a random symmetry of the game), over all learners:
+    each draws its equal share from its own replay shard."""
     sgd_steps_per_iteration: int = 40
     """SGD steps after each iteration's self-play."""
     replay_capacity: int = 20_000
-    """Positions kept for training: the newest (a FIFO window on the learner)."""
+    """Positions kept for training: the newest (a FIFO window on each learner, which keeps its
+    share of this many)."""
 
     # Evaluation
     evaluation_interval: int = 5
@@ -135,9 +142,13 @@ def check_config(config: Config, env: Any) -> None:
     if not isinstance(env, GameEnvSpec):
         raise ConfigError("AlphaZero plays two-player board games: give --env "
                           "openspiel/<name> or a PettingZoo classic module")
-    if config.num_learners > 1:
-        raise ConfigError(f"AlphaZero trains on one learner for now (its replay is that "
-                          f"learner's): num_learners must be 0 or 1, got {config.num_learners}")
+    learners = max(config.num_learners, 1)
+    if config.train_batch_size % learners:
+        below = config.train_batch_size // learners * learners
+        raise ConfigError(
+            f'config key "train_batch_size" = {config.train_batch_size} does not split evenly '
+            f'over {learners} learners (each takes an equal share of every SGD step): give a '
+            f'multiple of {learners}, such as {below or learners} or {below + learners}')
     if not config.opponents():
         raise ConfigError('config key "evaluation_opponents" names no player; give e.g. '
                           '"random" or "random,minimax"')
@@ -168,6 +179,8 @@ class AlphaZeroState(PlanState):
         self.opponents = config.opponents()
         self.latest = {f"eval_{column(name)}_{outcome}": math.nan
                        for name in self.opponents for outcome in ("win", "draw", "loss")}
+        #: The weights version the rollout ranks hold: the learners' after the last update.
+        self.weights_version = 0
         for learner in trainer.learners:
             learner.call("use_symmetries", trainer.env)
 
@@ -191,9 +204,11 @@ class AlphaZeroState(PlanState):
                 self.latest[f"eval_{column(name)}_{outcome}"] = count / result.games
 
     def get_state(self) -> dict[str, Any]:
-        return {"latest": dict(self.latest), "rng": self.rng.bit_generator.state}
+        return {"latest": dict(self.latest), "rng": self.rng.bit_generator.state,
+                "weights_version": self.weights_version}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        self.weights_version = state.get("weights_version", 0)
         if "latest" in state:
             self.latest.update({k: v for k, v in state["latest"].items() if k in self.latest})
             self.rng.bit_generator.state = state["rng"]
@@ -205,20 +220,20 @@ def setup(trainer: Trainer) -> AlphaZeroState:
 
 
 def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
-    """One iteration: self-play on every rollout rank, the positions into the learner's replay,
-    SGD, the new weights to every rollout rank; an evaluation every ``evaluation_interval``."""
+    """One iteration: self-play on every rollout rank, its positions straight into the
+    learners' replay shards, data-parallel SGD, the new weights to every rollout rank; an
+    evaluation every ``evaluation_interval`` iterations."""
     config = trainer.config
     start = time.perf_counter()
-    played = trainer.rollouts.call("play", config.games_per_worker)
+    samples = rollouts_to_learners(trainer.rollouts, trainer.learners, "play",
+                                   config.games_per_worker, state.weights_version)
     play_s = time.perf_counter() - start
-    batches = [batch for batch, _ in played]
-    samples = SampleResult(
-        env_steps=sum(len(b) for b in batches),
-        episode_returns=[float(r) for b in batches for r in b.first_player_returns],
-        episode_lengths=[int(n) for b in batches for n in b.game_lengths])
     trainer.count(samples)
-    stats = trainer.learners[0].call("train", batches, config.sgd_steps_per_iteration,
-                                     config.train_batch_size, config.train_batch_size)
+    stats = train_one_step(trainer.learners, samples,
+                           sgd_steps=config.sgd_steps_per_iteration,
+                           batch_size=config.train_batch_size // len(trainer.learners),
+                           min_replay=config.train_batch_size)
+    state.weights_version = int(stats["weights_version"])
     broadcast_weights(trainer.learners, trainer.rollouts)
     games = len(samples.episode_lengths)
     returns = np.asarray(samples.episode_returns)
@@ -229,7 +244,9 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
            "draw_rate": float((returns == 0).mean()) if games else math.nan,
            **{k: stats.get(k, math.nan) for k in ("policy_loss", "value_loss",
                                                    "policy_entropy", "loss")},
-           **{k: stats[k] for k in ("sgd_steps", "sgd_steps_total", "replay_size")}}
+           **{k: int(stats[k]) for k in ("sgd_steps", "sgd_steps_total", "replay_size",
+                                         "weights_version")},
+           "policy_lag_mean": stats["policy_lag_mean"]}
     if (trainer.iteration + 1) % config.evaluation_interval == 0:
         state.evaluate(trainer)
     return row | state.latest

@@ -64,7 +64,7 @@ KEYS = {
     "ARS": COMMON | {"zero_init", "num_rollouts", "rollouts_used", "train_batch_size",
                      "noise_stdev", "sgd_stepsize", "offset", "action_noise_std", "eval_prob",
                      "noise_size", "noise_seed", "normalize_observations"},
-    "AlphaZero": COMMON | {"games_per_worker", "simulations", "c_puct", "gumbel",
+    "AlphaZero": COMMON | ALLREDUCE | {"games_per_worker", "simulations", "c_puct", "gumbel",
                            "temperature_moves", "dirichlet_epsilon", "channels", "blocks",
                            "value_hidden", "weight_decay", "train_batch_size",
                            "sgd_steps_per_iteration", "replay_capacity", "evaluation_interval",

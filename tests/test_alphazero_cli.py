@@ -1,5 +1,6 @@
 """AlphaZero through the real CLI (issue 38): self-play on rollout ranks, the learner's replay
-and SGD in the driver's process, evaluation columns, checkpoint and resume, and bad input.
+and SGD in the driver's process (several learner ranks: test_alphazero_learners.py), evaluation
+columns, checkpoint and resume, and bad input.
 
 Measured when written (2026-11-28, 2 cores, -n 3, defaults, 40 iterations, evaluated every 10
 with search of 32 simulations, 50 games per opponent; 30-32 s of training, 35-37 s of wall time):
@@ -26,8 +27,9 @@ from mpirl.errors import EXIT_RESUME
 pytest.importorskip("pyspiel")
 
 COLUMNS = {"positions_per_s", "games_this_iter", "game_length_mean", "policy_loss",
-           "value_loss", "replay_size", "eval_random_win", "eval_random_draw",
-           "eval_random_loss", "eval_minimax_win", "eval_minimax_draw", "eval_minimax_loss"}
+           "value_loss", "replay_size", "weights_version", "policy_lag_mean",
+           "eval_random_win", "eval_random_draw", "eval_random_loss", "eval_minimax_win",
+           "eval_minimax_draw", "eval_minimax_loss"}
 #: A quick run's settings: few games and steps per iteration.
 QUICK = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size": 16,
          "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4}
@@ -171,12 +173,14 @@ def test_local_mode_plays_and_trains(tmp_path):
     (["--env", OS_TTT, "--config", '{"simulations": 0}'], '"simulations" = 0 is out of range'),
     (["--env", "CartPole-v1"], "AlphaZero plays two-player board games"),
     (["--env", OS_TTT, "--config", '{"evaluation_opponents": "nobody"}'], "not a player"),
-    (["--env", OS_TTT, "--config", '{"num_learners": 2}'], "num_learners must be 0 or 1"),
+    (["--env", OS_TTT, "--config", '{"num_learners": 3}'],
+     '"train_batch_size" = 128 does not split evenly over 3 learners'),
 ])
 def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
     proc = run_cli(tmp_path, "--algo", "AlphaZero", *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_other_algorithms_still_refuse_a_game_id(tmp_path):

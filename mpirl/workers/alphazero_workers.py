@@ -1,16 +1,25 @@
-"""AlphaZero's workers: self-play on the rollout ranks, and a learner with a FIFO replay of
-positions.
+"""AlphaZero's workers: self-play on the rollout ranks, and data-parallel learners, each with a
+FIFO replay shard of positions.
 
 ``SelfPlayWorker`` (rollout ranks) keeps ``games_per_worker`` games in play in one
 ``SelfPlay`` with a ``TorchEvaluator``: the network runs in torch on these ranks (AlphaZero's
 residual tower has no NumPy forward), one batched forward per simulation for all its games. It
-takes the weights by the run's weight broadcast and returns the positions of finished games.
+takes the weights by the run's weight broadcast and delivers the positions of finished games,
+stamped with the version of the weights that played them (``VersionedPositions``), where the
+operator says (``mpirl.workers.delivery``): rollout worker i's to learner i mod L over the data
+channel, or in its answer where the learner is in the driver's process (local mode,
+``num_learners`` 0). The driver gets counts and game results only.
 
-``AlphaZeroLearner`` (a learner rank, or the driver's process) keeps the newest
-``replay_capacity`` positions in a FIFO window of its own, draws uniform minibatches, applies a
-random symmetry of the game to each sample (``mpirl.search.symmetries``) and takes AdamW steps
-on ``alphazero_loss``; weight decay is AdamW's. One learner only: the positions reach it through
-the driver (no data-parallel SGD, no replay shards yet).
+``AlphaZeroLearner`` (a learner rank, or the driver's process) keeps the newest positions that
+reach it in a FIFO shard of its own (``replay_capacity`` split over the learners), draws uniform
+minibatches from it (``train_batch_size`` split over the learners), applies a random symmetry
+of the game to each sample (``mpirl.search.symmetries``) and takes AdamW steps on
+``alphazero_loss``; weight decay is AdamW's. With several learners every step's gradient is
+averaged over them by the ``Learner``'s allreduce (``GradientAllreduce``, weighted by rows, so a
+learner whose shard is still empty adds nothing), and batch norm's running statistics are
+averaged after each call, so all learners hold identical weights. Each call that changes the
+weights makes a new weights version; the positions trained on report their policy lag (that
+version minus the one that played them).
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
+from mpirl.data.tags import DataTags
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.alphazero import TorchEvaluator
 from mpirl.models.alphazero_spec import AlphaZeroSpec
@@ -30,8 +41,9 @@ from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.search.mcts import SearchConfig
 from mpirl.search.symmetries import augment, symmetries
+from mpirl.workers.delivery import IN_ANSWER, Delivery, ToLearnerOf, ToRank
 from mpirl.workers.env_spec import GameEnvSpec
-from mpirl.workers.learner import LossFn
+from mpirl.workers.learner import GradientAllreduce, LossFn
 from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 
 
@@ -66,8 +78,19 @@ def search_config(config: Any) -> SearchConfig:
                         dirichlet_epsilon=config.dirichlet_epsilon)
 
 
+@dataclass
+class VersionedPositions:
+    """A self-play batch on its way to a learner, with the version of the weights that played
+    it (the driver's count of the learners' updates, ``AlphaZeroLearner.version``). A game
+    still in play when new weights came is stamped with the newer version: its first moves'
+    lag is counted one short."""
+
+    batch: SelfPlayBatch
+    version: int
+
+
 class SelfPlayWorker(Worker):
-    """Plays games against itself on a rollout rank; returns finished positions."""
+    """Plays games against itself on a rollout rank; delivers finished positions."""
 
     MESSAGES = ("play", "receive_weights", "set_weights", "get_weights", "save_state",
                 "load_state", "finish_dump")
@@ -90,14 +113,31 @@ class SelfPlayWorker(Worker):
         self.self_play = SelfPlay(self.game, TorchEvaluator(self.model), self.settings.search,
                                   self.settings.games_per_worker, self.rng)
 
-    def play(self, games: int) -> tuple[SelfPlayBatch, float]:
-        """Play until at least ``games`` games have ended; their positions and the seconds it
-        took."""
+    def play(self, games: int, version: int = 0, deliver: Delivery = IN_ANSWER
+             ) -> dict[str, Any]:
+        """Play until at least ``games`` games have ended, with the weights of ``version``;
+        deliver their positions as ``deliver`` says (in the answer, as ``batch``, or to a
+        learner rank over the data channel). Returns the counts and each game's length and
+        first player's return (``add_sample_metrics``'s keys), and ``play_s``."""
         start = time.perf_counter()
         batch = self.self_play.play(games)
         self.games_finished += batch.games
         self.positions_finished += len(batch)
-        return batch, time.perf_counter() - start
+        metrics: dict[str, Any] = {
+            "env_steps": len(batch), "env_failures": 0,
+            "episode_returns": [float(r) for r in batch.first_player_returns],
+            "episode_lengths": [int(n) for n in batch.game_lengths],
+            "play_s": time.perf_counter() - start}
+        positions = VersionedPositions(batch, version)
+        if deliver is IN_ANSWER:
+            metrics["batch"] = positions
+        else:
+            assert isinstance(deliver, ToRank | ToLearnerOf), deliver
+            channel = self.context.data_channel
+            channel.flush()
+            channel.isend(positions, deliver.rank_for(self.context.role_index),
+                          DataTags().batch)
+        return metrics
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from learner 0 (a collective)."""
@@ -146,9 +186,13 @@ class AlphaZeroLearnerSettings:
     weight_decay: float
     grad_clip: float
     replay_capacity: int
-    """Positions kept (the newest)."""
+    """Positions kept (the newest) by all learners together: each shard keeps its share."""
     seed: int
     torch_threads: int = 1
+    backend: str = "auto"
+    """The gradient allreduce over several learners: auto, mpi, gloo or nccl."""
+    master_addr: str = ""
+    """The address learner 0's TCPStore listens on (gloo, nccl); empty picks one."""
 
     @classmethod
     def from_config(cls, config: Any, *, policy: AlphaZeroSpec, loss: LossFn
@@ -156,13 +200,15 @@ class AlphaZeroLearnerSettings:
         return cls(policy=policy, loss=loss, loss_config=config, lr=config.lr,
                    weight_decay=config.weight_decay, grad_clip=config.grad_clip,
                    replay_capacity=config.replay_capacity, seed=config.seed,
-                   torch_threads=config.torch_threads)
+                   torch_threads=config.torch_threads, backend=config.learner_backend,
+                   master_addr=config.learner_master_addr)
 
 
 class PositionReplay:
-    """The newest ``capacity`` positions (a FIFO ring), sampled uniformly."""
+    """The newest ``capacity`` positions (a FIFO ring), sampled uniformly; each with the
+    version of the weights that played it (``versions``)."""
 
-    FIELDS = ("observations", "masks", "policies", "outcomes")
+    FIELDS = ("observations", "masks", "policies", "outcomes", "versions")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -170,11 +216,12 @@ class PositionReplay:
         self.size = self.next = 0
         self.added = 0
 
-    def add(self, batch: SelfPlayBatch) -> None:
-        rows = batch.as_dict()
+    def add(self, batch: SelfPlayBatch, version: int = 0) -> None:
+        """Add ``batch``'s positions, played by the weights of ``version``."""
         n = len(batch)
         if not n:
             return
+        rows = batch.as_dict() | {"versions": np.full(n, version, np.int64)}
         if not self.arrays:
             self.arrays = {k: np.zeros((self.capacity, *v.shape[1:]), v.dtype)
                            for k, v in rows.items()}
@@ -189,6 +236,7 @@ class PositionReplay:
         self.added += n
 
     def sample(self, count: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """``count`` positions drawn uniformly (``FIELDS``, ``versions`` among them)."""
         rows = rng.integers(0, self.size, count)
         return {k: v[rows] for k, v in self.arrays.items()}
 
@@ -203,13 +251,16 @@ class PositionReplay:
             kept = min(len(value), self.capacity)
             full[:kept] = value[:kept]
             self.arrays[key] = full
+        if self.arrays and "versions" not in self.arrays:  # saved before versions were kept
+            self.arrays["versions"] = np.zeros(self.capacity, np.int64)
         self.size = min(self.size, self.capacity)
         self.next = state["next"] % self.capacity
         self.added = state["added"]
 
 
 class AlphaZeroLearner(Worker):
-    """Replay of positions, AdamW on ``alphazero_loss``, and the weight broadcast's source."""
+    """A replay shard of positions, AdamW on ``alphazero_loss`` with the gradient averaged over
+    the learners, and (learner 0) the weight broadcast's source."""
 
     MESSAGES = ("train", "use_symmetries", "get_weights", "set_weights", "broadcast_weights",
                 "save_state", "load_state", "histograms", "replay_size")
@@ -223,12 +274,22 @@ class AlphaZeroLearner(Worker):
         self.settings = settings
         self.device = torch.device(context.device)
         self.model = build_torch_model(settings.policy, context.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr,
+        self.comm = context.role_comm
+        learners = self.comm.Get_size()
+        self.allreduce = GradientAllreduce(context, settings.backend, settings.master_addr)
+        if learners > 1:  # every learner starts from learner 0's weights
+            flat = self.model.get_flat_weights()
+            self.comm.Bcast(flat, root=0)
+            self.model.set_flat_weights(flat)
+        self.params = list(self.model.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=settings.lr,
                                            weight_decay=settings.weight_decay)
-        self.replay = PositionReplay(settings.replay_capacity)
+        self.replay = PositionReplay(-(-settings.replay_capacity // learners))
         self.rng = np.random.default_rng(settings.seed + 7919 * (1 + context.role_index))
         self.table: list = []
         self.sgd_steps_total = 0
+        #: Weights versions made: calls of ``train`` that changed the weights.
+        self.version = 0
 
     def use_symmetries(self, env: GameEnvSpec) -> int:
         """Augment minibatches with the symmetries of ``env``'s game; how many it has."""
@@ -238,38 +299,99 @@ class AlphaZeroLearner(Worker):
     def replay_size(self) -> int:
         return self.replay.size
 
-    def train(self, batches: list[SelfPlayBatch], sgd_steps: int, batch_size: int,
-              min_replay: int) -> dict[str, float]:
-        """Add ``batches`` to replay; then, once it holds ``min_replay`` positions,
-        ``sgd_steps`` AdamW steps on minibatches of ``batch_size``. Mean loss statistics."""
-        for batch in batches:
-            self.replay.add(batch)
+    def train(self, sources: list[int], batches: list[VersionedPositions] | None,
+              sgd_steps: int, batch_size: int, min_replay: int) -> dict[str, float]:
+        """Add the positions of rollout ranks ``sources`` (received over the data channel) and
+        of ``batches`` (given in the call) to this learner's shard; then, once the shards of all
+        learners hold ``min_replay`` positions together, take ``sgd_steps`` AdamW steps, each on
+        ``batch_size`` positions of this shard, with the gradient averaged over the learners
+        (every learner must be called: each step is an allreduce). Mean loss statistics of this
+        learner's minibatches; counts summed over the learners' shards (``replay_size``,
+        ``positions_added``); ``weights_version`` after the call; ``policy_lag_mean``, the mean
+        over the positions trained on of the version trained minus the one that played it."""
+        received = (self.context.data_channel.recv_each(sources, DataTags().batch)
+                    if sources else [])
+        for positions in [*(batches or []), *received]:
+            self.replay.add(positions.batch, positions.version)
+        several = self.comm.Get_size() > 1
+        total = sum(self.comm.allgather(self.replay.size)) if several else self.replay.size
         stats: dict[str, float] = {}
-        steps = 0
-        if self.replay.size >= max(min_replay, 1):
+        steps = losses = 0
+        lag = np.zeros(2)  # sum, positions
+        if total >= max(min_replay, 1):
             self.model.train()
             for _ in range(sgd_steps):
-                rows = self.replay.sample(batch_size, self.rng)
-                if self.table:
-                    rows["observations"], rows["masks"], rows["policies"] = augment(
-                        self.table, rows["observations"], rows["masks"], rows["policies"],
-                        self.rng)
-                loss, step_stats = self.settings.loss(self.model, rows,
-                                                      self.settings.loss_config)
-                self.optimizer.zero_grad()
-                loss.backward()
-                if self.settings.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   self.settings.grad_clip)
-                self.optimizer.step()
-                for key, value in step_stats.items():
-                    stats[key] = stats.get(key, 0.0) + float(value)
+                if self.replay.size:
+                    rows = self.replay.sample(batch_size, self.rng)
+                    versions = rows.pop("versions")
+                    lag += (float((self.version - versions).sum()), len(versions))
+                    losses += self._sgd_step(rows, stats)
+                else:
+                    self._sgd_step(None, stats)
                 steps += 1
             self.model.eval()
+            if several:
+                self._share_buffers()
+        if steps:
+            self.version += 1
         self.sgd_steps_total += steps
-        means = {key: value / steps for key, value in stats.items()} if steps else {}
+        counts = np.array([self.replay.size, self.replay.added, *lag], np.float64)
+        if several:
+            self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
+        means = {key: value / losses for key, value in stats.items()} if losses else {}
         return {**means, "sgd_steps": steps, "sgd_steps_total": self.sgd_steps_total,
-                "replay_size": self.replay.size, "positions_added": self.replay.added}
+                "replay_size": int(counts[0]), "positions_added": int(counts[1]),
+                "weights_version": self.version,
+                "policy_lag_mean": counts[2] / counts[3] if counts[3] else float("nan"),
+                "learner_samples": batch_size * losses}
+
+    def _sgd_step(self, rows: dict[str, np.ndarray] | None, stats: dict[str, float]) -> bool:
+        """One AdamW step on ``rows`` (None: this shard is empty, its learner adds no rows to
+        the step the others take); the loss statistics added to ``stats``."""
+        if rows is not None:
+            if self.table:
+                rows["observations"], rows["masks"], rows["policies"] = augment(
+                    self.table, rows["observations"], rows["masks"], rows["policies"], self.rng)
+            loss, step_stats = self.settings.loss(self.model, rows, self.settings.loss_config)
+            self.optimizer.zero_grad()
+            loss.backward()
+            for key, value in step_stats.items():
+                stats[key] = stats.get(key, 0.0) + float(value)
+        if self.comm.Get_size() > 1 and not self._average_gradient(
+                0 if rows is None else len(rows["outcomes"])):
+            return False
+        if self.settings.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip)
+        self.optimizer.step()
+        return rows is not None
+
+    def _average_gradient(self, rows: int) -> bool:
+        """Replace this learner's gradient (of a mean over ``rows`` positions) by that of all
+        learners' rows: the ``Learner``'s allreduce. False when no learner had rows."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat, total = self.allreduce(flat, float(rows))
+        if not total:
+            return False
+        offset = 0
+        for p in self.params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return True
+
+    def _share_buffers(self) -> None:
+        """Average batch norm's running statistics over the learners (each updated them on its
+        own minibatches), so that every learner's weights are the same."""
+        buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
+        if not buffers:
+            return
+        flat, _ = self.allreduce(torch.cat([b.reshape(-1) for b in buffers]), 1.0)
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
 
     def get_weights(self) -> np.ndarray:
         return self.model.get_flat_weights()
@@ -287,15 +409,16 @@ class AlphaZeroLearner(Worker):
                 for name, p in self.model.named_parameters()}
 
     def get_state(self) -> dict[str, Any]:
-        """Weights (with batch norm's statistics), AdamW's state, the replay window, the
-        minibatch rng and the SGD step count."""
+        """Weights (with batch norm's statistics), AdamW's state, this learner's replay shard,
+        the minibatch rng, the SGD step count and the weights version."""
         optimizer = {k: v for k, v in self.optimizer.state_dict().items()}
         optimizer["state"] = {k: {n: (t.cpu() if torch.is_tensor(t) else t)
                                   for n, t in s.items()}
                               for k, s in optimizer["state"].items()}
         return {"weights": self.model.get_flat_weights(), "optimizer": optimizer,
                 "replay": self.replay.get_state(), "rng": self.rng.bit_generator.state,
-                "sgd_steps_total": self.sgd_steps_total, "torch_rng": capture_rng()}
+                "sgd_steps_total": self.sgd_steps_total, "torch_rng": capture_rng(),
+                "version": self.version}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.model.set_flat_weights(state["weights"])
@@ -306,4 +429,5 @@ class AlphaZeroLearner(Worker):
         self.replay.set_state(state["replay"])
         self.rng.bit_generator.state = state["rng"]
         self.sgd_steps_total = state["sgd_steps_total"]
+        self.version = state.get("version", 0)  # absent before weights were versioned
         restore_rng(state["torch_rng"])

@@ -43,12 +43,20 @@ class ToRank:
 
     rank: int
 
+    def rank_for(self, role_index: int) -> int:
+        """Where rollout worker ``role_index`` sends its batch: ``rank``."""
+        return self.rank
+
 
 @dataclass(frozen=True)
 class ToLearnerOf:
     """Rollout worker i's batch goes to ``ranks[i % len(ranks)]`` (one call for all)."""
 
     ranks: tuple[int, ...]
+
+    def rank_for(self, role_index: int) -> int:
+        """Where rollout worker ``role_index`` sends its batch: learner i mod L's rank."""
+        return self.ranks[role_index % len(self.ranks)]
 
 
 @dataclass(frozen=True)

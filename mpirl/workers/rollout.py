@@ -285,9 +285,7 @@ class RolloutWorker(Worker):
         return advantage_batch(block, last_values, s.gamma, s.lam, length)
 
     def _rank_of(self, deliver: ToRank | ToLearnerOf) -> int:
-        if isinstance(deliver, ToLearnerOf):
-            return deliver.ranks[self.context.role_index % len(deliver.ranks)]
-        return deliver.rank
+        return deliver.rank_for(self.context.role_index)
 
     def _deliver(self, metrics: dict[str, Any], batch: dict[str, np.ndarray],
                  deliver: Delivery) -> dict[str, Any]:
