@@ -19,7 +19,15 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import OS_TTT, PZ_TTT, LiveRun, latest_checkpoint_iteration, mpi_env, run_mpi
+from conftest import (
+    OS_TTT,
+    PROGRAMS,
+    PZ_TTT,
+    LiveRun,
+    latest_checkpoint_iteration,
+    mpi_env,
+    run_mpi,
+)
 from test_train import MPIRL, rows, train
 
 from mpirl.errors import EXIT_RESUME
@@ -153,6 +161,58 @@ def test_tune_searches_c_puct_lr_and_simulations(tmp_path):
         config = params["config"]
         assert 0.5 <= config["c_puct"] <= 3.0 and 4 <= config["simulations"] < 12, config
         assert len(rows(tmp_path / "tune" / trial)) == 2
+
+
+def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(tmp_path):
+    probe, run_dir = tmp_path / "probe", tmp_path / "run"
+    probe.mkdir()
+    config = {**QUICK, "callbacks": "callbacks_probe:Probe", "num_learners": 1,
+              "checkpoint_every": 2}
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir",
+                   str(run_dir), "--config", json.dumps(config), "--stop",
+                   '{"training_iteration": 2}', timeout=120,
+                   env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
+    assert proc.returncode == 0, proc.stderr
+    log = [json.loads(line) for path in probe.glob("*.jsonl")
+           for line in path.read_text().splitlines()]
+    ranks_of: dict[str, set] = {}
+    for entry in log:
+        ranks_of.setdefault(entry["hook"], set()).add(entry["rank"])
+    # The driver (rank 0), one self-play rank (1) and one learner rank (2).
+    assert ranks_of == {"on_algorithm_init": {0}, "on_train_result": {0}, "on_checkpoint": {0},
+                        "on_episode_end": {1}, "on_sample_end": {1}, "on_learn_on_batch": {2}}
+    table = rows(run_dir)
+    games = sum(e["hook"] == "on_episode_end" for e in log)
+    assert games == int(table[-1]["episodes_total"])
+    samples = [e for e in log if e["hook"] == "on_sample_end"]
+    assert len(samples) == 2 and {e["actor"] for e in samples} == {"AlphaZeroNet"}
+    assert sum(e["rows"] for e in samples) == int(table[-1]["timesteps_total"])
+    for row in table:  # the metric set per game is the game's length
+        assert float(row["custom/length_copy_mean"]) == pytest.approx(
+            float(row["episode_len_mean"]))
+        assert int(float(row["iteration_twice"])) == 2 * int(row["iteration"])
+
+
+def test_self_play_games_are_dumped_to_hdf5(tmp_path):
+    from mpirl.data.reader import open_dataset
+
+    run_dir, dump = tmp_path / "run", tmp_path / "games"
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir",
+                   str(run_dir), "--config", json.dumps(QUICK), "--dump-trajectories",
+                   str(dump), "--stop", '{"training_iteration": 2}', timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    last = rows(run_dir)[-1]
+    dataset = open_dataset(dump)
+    # Every game that ended is in the dump, with each of its moves; games still in play at the
+    # end are not.
+    assert dataset.num_episodes == int(last["episodes_total"])
+    assert dataset.total_steps == int(last["timesteps_total"])
+    for episode in dataset.iterate_episodes():
+        moves = len(episode.actions)
+        assert 5 <= moves <= 9 and episode.observations.shape[1:] == (3, 3, 3)
+        assert np.all(episode.rewards[:-1] == 0)  # only the last move is rewarded
+        assert episode.rewards[-1] in (1.0, 0.0)  # the winner moves last, or a draw
+        assert np.all(episode.infos["action_logp"] <= 0)
 
 
 def run_cli(tmp_path, *args):

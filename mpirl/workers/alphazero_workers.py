@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from mpirl.data.dump_writer import DumpTarget
+from mpirl.data.episode_recorder import EpisodeRecorder
 from mpirl.data.tags import DataTags
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.alphazero import TorchEvaluator
@@ -41,6 +43,7 @@ from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.search.mcts import SearchConfig
 from mpirl.search.symmetries import augment, symmetries
+from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.delivery import IN_ANSWER, Delivery, ToLearnerOf, ToRank
 from mpirl.workers.env_spec import GameEnvSpec
 from mpirl.workers.learner import GradientAllreduce, LossFn
@@ -60,15 +63,20 @@ class SelfPlaySettings:
     seed: int
     """The run's seed; rollout worker i draws from ``seed + 1000 * i``."""
     torch_threads: int = 1
+    dump: DumpTarget | None = None
+    """Where the rank writes its self-play games (HDF5, one episode per game); None: nowhere."""
+    callbacks: str = ""
+    """The run's ``Callbacks`` class ("module:Class"): ``on_episode_end`` for each finished
+    game, ``on_sample_end`` after each ``play``."""
 
     @classmethod
     def from_config(cls, config: Any, *, env: GameEnvSpec, policy: AlphaZeroSpec,
-                    dump: Any = None) -> SelfPlaySettings:
-        """The settings of a run with ``config`` (an AlphaZero config); ``dump`` is not used:
-        self-play positions are no trajectory dataset."""
+                    dump: DumpTarget | None = None) -> SelfPlaySettings:
+        """The settings of a run with ``config`` (an AlphaZero config)."""
         return cls(env=env, policy=policy, search=search_config(config),
                    games_per_worker=config.games_per_worker, seed=config.seed,
-                   torch_threads=config.torch_threads)
+                   torch_threads=config.torch_threads, dump=dump,
+                   callbacks=config.callbacks)
 
 
 def search_config(config: Any) -> SearchConfig:
@@ -104,14 +112,25 @@ class SelfPlayWorker(Worker):
         self.game = settings.env.game()
         self.model = build_torch_model(settings.policy)
         self.model.eval()
+        #: the network it searches with (``on_sample_end`` callbacks see it)
+        self.policy = self.model
         self.weights = self.model.get_flat_weights()
         self.rng = np.random.default_rng(settings.seed + 1000 * context.role_index)
         self.games_finished = self.positions_finished = 0
+        self.where = f"self-play worker {context.role_index} on rank {context.rank}"
+        self.callbacks = make_callbacks(settings.callbacks)
+        self.recorder: EpisodeRecorder | None = None
+        if settings.dump is not None:
+            observation_space, action_space = settings.env.spaces()
+            self.recorder = EpisodeRecorder(
+                settings.dump, context.role_index, settings.games_per_worker,
+                settings.env.env_id, observation_space, action_space, settings.seed)
         self._start_games()
 
     def _start_games(self) -> None:
         self.self_play = SelfPlay(self.game, TorchEvaluator(self.model), self.settings.search,
-                                  self.settings.games_per_worker, self.rng)
+                                  self.settings.games_per_worker, self.rng,
+                                  recorder=self.recorder)
 
     def play(self, games: int, version: int = 0, deliver: Delivery = IN_ANSWER
              ) -> dict[str, Any]:
@@ -128,6 +147,15 @@ class SelfPlayWorker(Worker):
             "episode_returns": [float(r) for r in batch.first_player_returns],
             "episode_lengths": [int(n) for n in batch.game_lengths],
             "play_s": time.perf_counter() - start}
+        if self.callbacks is not None:
+            metrics["custom_metrics"] = self._games_ended(batch)
+        if self.recorder is not None:
+            # Written and flushed before the driver hears of them: an indexed game is on disk.
+            metrics["dumped"] = (self.recorder.path.name, self.recorder.flush())
+        if self.callbacks is not None:
+            rows = batch.as_dict()
+            invoke(self.callbacks, "on_sample_end", self.where, worker=self,
+                   batch={"obs": rows.pop("observations"), **rows}, metrics=metrics)
         positions = VersionedPositions(batch, version)
         if deliver is IN_ANSWER:
             metrics["batch"] = positions
@@ -138,6 +166,18 @@ class SelfPlayWorker(Worker):
             channel.isend(positions, deliver.rank_for(self.context.role_index),
                           DataTags().batch)
         return metrics
+
+    def _games_ended(self, batch: SelfPlayBatch) -> list[dict[str, float]]:
+        """``on_episode_end`` for each game of ``batch`` (its return for the first player);
+        the custom metrics each set."""
+        custom = []
+        for ret, length, slot in zip(batch.first_player_returns.tolist(),
+                                     batch.game_lengths.tolist(), batch.game_slots.tolist(),
+                                     strict=True):
+            episode = Episode(float(ret), int(length), self.context.role_index, int(slot))
+            invoke(self.callbacks, "on_episode_end", self.where, episode=episode, worker=self)
+            custom.append({k: float(v) for k, v in episode.custom_metrics.items()})
+        return custom
 
     def receive_weights(self) -> None:
         """Take part in the weight broadcast from learner 0 (a collective)."""
@@ -171,8 +211,12 @@ class SelfPlayWorker(Worker):
         # else: a changed games_per_worker starts new games (the finished positions are kept)
         return True
 
-    def finish_dump(self) -> None:
-        return None
+    def finish_dump(self) -> tuple[str, list[tuple[int, int]]] | None:
+        """At the end of a run: (file name, [(episode id, steps)]) of the games written but not
+        reported yet, once all are on disk; None without a dump."""
+        if self.recorder is None:
+            return None
+        return self.recorder.path.name, self.recorder.close()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +334,7 @@ class AlphaZeroLearner(Worker):
         self.sgd_steps_total = 0
         #: Weights versions made: calls of ``train`` that changed the weights.
         self.version = 0
+        self.callbacks = make_callbacks(getattr(settings.loss_config, "callbacks", ""))
 
     def use_symmetries(self, env: GameEnvSpec) -> int:
         """Augment minibatches with the symmetries of ``env``'s game; how many it has."""
@@ -318,6 +363,7 @@ class AlphaZeroLearner(Worker):
         stats: dict[str, float] = {}
         steps = losses = 0
         lag = np.zeros(2)  # sum, positions
+        rows: dict[str, np.ndarray] = {}
         if total >= max(min_replay, 1):
             self.model.train()
             for _ in range(sgd_steps):
@@ -339,11 +385,16 @@ class AlphaZeroLearner(Worker):
         if several:
             self.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
         means = {key: value / losses for key, value in stats.items()} if losses else {}
-        return {**means, "sgd_steps": steps, "sgd_steps_total": self.sgd_steps_total,
-                "replay_size": int(counts[0]), "positions_added": int(counts[1]),
-                "weights_version": self.version,
-                "policy_lag_mean": counts[2] / counts[3] if counts[3] else float("nan"),
-                "learner_samples": batch_size * losses}
+        result = {**means, "sgd_steps": steps, "sgd_steps_total": self.sgd_steps_total,
+                  "replay_size": int(counts[0]), "positions_added": int(counts[1]),
+                  "weights_version": self.version,
+                  "policy_lag_mean": counts[2] / counts[3] if counts[3] else float("nan"),
+                  "learner_samples": batch_size * losses}
+        if self.callbacks is not None:  # with the call's last minibatch, as Learner's hook
+            invoke(self.callbacks, "on_learn_on_batch",
+                   f"learner {self.context.role_index} on rank {self.context.rank}",
+                   learner=self, batch=rows, result=result)
+        return result
 
     def _sgd_step(self, rows: dict[str, np.ndarray] | None, stats: dict[str, float]) -> bool:
         """One AdamW step on ``rows`` (None: this shard is empty, its learner adds no rows to
