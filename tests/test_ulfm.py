@@ -28,9 +28,9 @@ STOP = {"episode_return_mean": 450, "timesteps_total": 300_000}
 class LiveRun:
     """``mpiexec ... mpirl train`` with its output read line by line as it comes."""
 
-    def __init__(self, n, run_dir, config, algo="PPO", stop=STOP):
+    def __init__(self, n, run_dir, config, algo="PPO", stop=STOP, env="CartPole-v1"):
         command = mpiexec_command(
-            n, sys.executable, "-m", "mpirl", "train", "--algo", algo, "--env", "CartPole-v1",
+            n, sys.executable, "-m", "mpirl", "train", "--algo", algo, "--env", env,
             "--seed", "1", "--config", json.dumps(config), "--stop", json.dumps(stop),
             "--run-dir", str(run_dir), ulfm=True)
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -152,4 +152,33 @@ def test_es_drops_a_lost_ranks_perturbations_and_goes_on(tmp_path):
     # Generations went on after the loss, with updates the survivors agreed on (a checksum
     # mismatch would have ended the run) and that still improve the policy.
     assert float(rows[-1]["perturbed_return_mean"]) > float(rows[0]["perturbed_return_mean"])
+    assert_every_rank_ended([pid for _, pid in table.values()])
+
+
+def test_alphazero_goes_on_without_a_lost_self_play_rank(tmp_path):
+    """Self-play positions go rollout -> learner: the lost rank's are not waited for, and
+    its weights broadcast and evaluation share move to the ranks left."""
+    pytest.importorskip("pyspiel")
+    run_dir = tmp_path / "run"
+    config = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size": 16,
+              "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4}
+    run = LiveRun(4, run_dir, config, algo="AlphaZero", env="openspiel/tic_tac_toe",
+                  stop={"training_iteration": 8})
+    table = run.pids()
+    assert table[2][0] == "rollout"
+    run.wait_for_line(r"^iter 3[ /]")
+    os.kill(table[2][1], signal.SIGKILL)
+    run.wait_for_line(r"^mpirl: lost rank 2 ")
+    run.finish()
+    out, err = run.text("out"), run.text("err")
+    assert run.proc.returncode == 0, (run.proc.returncode, err)
+    assert "continuing with 2 rollout workers" in err and "Traceback" not in err, err
+    assert re.search(r"^stopped: training_iteration reached", out, re.MULTILINE), out[-2000:]
+    with open(run_dir / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    assert int(rows[0]["num_rollout_workers"]) == 3 and int(rows[-1]["num_rollout_workers"]) == 2
+    # The ranks left keep playing and training: games and SGD steps after the loss.
+    assert int(rows[-1]["games_this_iter"]) >= 8 and int(rows[-1]["sgd_steps"]) == 4
+    assert rows[-1]["eval_random_win"] != "nan"
     assert_every_rank_ended([pid for _, pid in table.values()])
