@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+import torch
 
 from mpirl.commands.evaluate import find_checkpoint
 from mpirl.config.parse import build
@@ -75,6 +76,9 @@ def load_agent(path: str | Path, warn=None) -> GameAgent:
                           f"{manifest['env']['env_id']}, not of a board game: --opponent and "
                           f"mpirl play are for AlphaZero's checkpoints; evaluate it with "
                           f"--episodes")
+    # Search evaluates one position at a time: torch's default threads only contend (a forward
+    # took 100x longer beside other work on 2 cores).
+    torch.set_num_threads(1)
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     saved = manifest["env"]
