@@ -108,6 +108,55 @@ class Plan:
     batch_seconds: float
 
 
+# --- watching a run ------------------------------------------------------------------------------
+
+
+def session_cpu_s(session: int) -> float:
+    """CPU seconds (user + system) of the live processes of ``session`` (a launched program,
+    its ranks, its spawned actors), from /proc."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def watch(proc: subprocess.Popen, positions: Any, until: float | None = None,
+          interval: float = 1.0) -> list[tuple[float, float, int]]:
+    """(wall, CPU seconds of the session, positions so far) every ``interval`` s until the
+    program exits, or until ``until`` (a ``time.perf_counter()``)."""
+    samples = []
+    while proc.poll() is None and (until is None or time.perf_counter() < until):
+        samples.append((time.perf_counter(), session_cpu_s(proc.pid), positions()))
+        time.sleep(interval)
+    return samples
+
+
+def steady_rates(samples: list[tuple[float, float, int]]) -> dict[str, Any]:
+    """Positions per wall second and per CPU second (all the run's processes) from the first
+    sample with positions to the last: start-up and shutdown left out, on both sides alike.
+    ``cores_used`` is the CPU seconds per wall second the run got."""
+    for i in range(1, len(samples)):  # a process has ended: its CPU time left the sum
+        if samples[i][1] < samples[i - 1][1]:
+            samples = samples[:i]
+            break
+    played = [s for s in samples if s[2] > 0]
+    if played:  # up to the first sample with the final count
+        played = played[:next(i for i, s in enumerate(played) if s[2] == played[-1][2]) + 1]
+    if len(played) < 2 or played[-1][2] == played[0][2]:
+        return {"steady_positions_per_s": None, "positions_per_cpu_s": None, "cores_used": None}
+    (t0, c0, p0), (t1, c1, p1) = played[0], played[-1]
+    return {"steady_positions_per_s": (p1 - p0) / (t1 - t0),
+            "positions_per_cpu_s": (p1 - p0) / (c1 - c0) if c1 > c0 else None,
+            "cores_used": (c1 - c0) / (t1 - t0), "steady_window_s": t1 - t0}
+
+
 # --- mpirl --------------------------------------------------------------------------------------
 
 
@@ -128,24 +177,49 @@ def train_mpirl(game: str, seconds: float, ranks: int, run_dir: Path) -> dict[st
         "--config", json.dumps(mpirl_config(game)), "--stop",
         json.dumps({"time_total_s": seconds}), "--seed", "0", "--run-dir", str(run_dir),
         "--progress", "off")
-    finished = run_process(command, f"mpirl train {game} ({ranks} rollout ranks)",
-                           timeout_s=seconds + 240)
+    name = f"mpirl train {game} ({ranks} rollout ranks)"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    progress = run_dir / "progress.csv"
+
+    def positions() -> int:
+        try:
+            return int(progress.read_text().strip().splitlines()[-1].split(",")[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    load = os.getloadavg()[0]
+    launch = time.perf_counter()
+    with open(run_dir.parent / f"{run_dir.name}.out", "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **MPI_ENV, **THREAD_ENV},
+                                start_new_session=True)
+    try:
+        samples = watch(proc, positions, until=launch + seconds + 240)
+        if proc.poll() is None:
+            raise BenchError(f"{name}: not finished within {seconds + 240:g} s; killed")
+    finally:
+        end_session(proc)
+    if proc.returncode:
+        raise BenchError(f"{name}: exited with code {proc.returncode}:\n"
+                         f"{tail((run_dir.parent / f'{run_dir.name}.out').read_text())}")
+    wall = time.perf_counter() - launch
     with open(run_dir / "progress.csv") as stream:
         rows = list(csv.DictReader(stream))
     if not rows:
         raise BenchError(f"mpirl {game}: no progress rows")
     last = rows[-1]
-    positions = int(last["timesteps_total"])
     seconds_total = float(last["time_total_s"])
     totals = [int(row["timesteps_total"]) for row in rows]
     steps = list(zip([b - a for a, b in zip([0, *totals[:-1]], totals, strict=True)], rows,
                      strict=True))
     steady = steps[1:] or steps  # the first iteration's self-play includes torch's warm-up
     play_s = sum(n / float(row["positions_per_s"]) for n, row in steady)
-    return {"command": " ".join(command), "rollout_ranks": ranks, "positions": positions,
+    return {"command": " ".join(command), "rollout_ranks": ranks,
+            "positions": int(last["timesteps_total"]),
             "games": int(last["episodes_total"]), "iterations": len(rows),
-            "train_seconds": seconds_total, "launch_to_exit_s": finished.wall_s,
-            "positions_per_s": positions / seconds_total,
+            "train_seconds": seconds_total, "launch_to_exit_s": wall,
+            "positions_per_s": int(last["timesteps_total"]) / seconds_total,
+            **steady_rates(samples), "loadavg_1min_at_start": load,
             "self_play_positions_per_s": sum(n for n, _ in steady) / play_s if play_s else None,
             "game_length_mean": float(last["game_length_mean"]),
             "sgd_steps": int(float(last["sgd_steps_total"])), "run_dir": str(run_dir)}
@@ -189,6 +263,18 @@ def stamp(line: str) -> datetime | None:
     return datetime.fromisoformat(found.group(1)) if found else None
 
 
+def actor_positions(path: Path, end: datetime | None = None) -> tuple[int, int]:
+    """Positions (moves) and games in the games OpenSpiel's actors logged (by ``end``)."""
+    positions = games = 0
+    for log in sorted(path.glob("log-actor-*.txt")):
+        for line in log.read_text().splitlines():
+            found = GAME_LINE.match(line)
+            if found and (end is None or datetime.fromisoformat(found.group(1)) <= end):
+                positions += len(found.group(2).split())
+                games += 1
+    return positions, games
+
+
 def train_openspiel(game: str, seconds: float, actors: int, path: Path) -> dict[str, Any]:
     """OpenSpiel's AlphaZero for ``seconds`` after its learner's first checkpoint; positions
     counted from its actors' logs."""
@@ -196,6 +282,7 @@ def train_openspiel(game: str, seconds: float, actors: int, path: Path) -> dict[
     command = [sys.executable, str(SCRIPT), "--role", "openspiel", "--spec",
                json.dumps(openspiel_spec(game, actors, path))]
     output = path / "stdout.txt"
+    load = os.getloadavg()[0]
     launch = time.perf_counter()
     with open(output, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
@@ -215,8 +302,9 @@ def train_openspiel(game: str, seconds: float, actors: int, path: Path) -> dict[
                 start = next((stamp(line) for line in learner_log.read_text().splitlines()
                               if "Initial checkpoint" in line), None)
         startup_s = time.perf_counter() - launch
-        time.sleep(max(0.0, (start + timedelta(seconds=seconds) - datetime.now())
-                       .total_seconds()))
+        left = (start + timedelta(seconds=seconds) - datetime.now()).total_seconds()
+        samples = watch(proc, lambda: actor_positions(path)[0],
+                        until=time.perf_counter() + max(0.0, left))
         proc.send_signal(signal.SIGINT)  # alpha_zero's own stop: actors end their game, exit
         try:
             proc.wait(timeout=120)
@@ -224,21 +312,15 @@ def train_openspiel(game: str, seconds: float, actors: int, path: Path) -> dict[
             pass
     finally:
         end_session(proc)
-    end = start + timedelta(seconds=seconds)
-    positions = games = 0
-    for log in sorted(path.glob("log-actor-*.txt")):
-        for line in log.read_text().splitlines():
-            found = GAME_LINE.match(line)
-            if found and datetime.fromisoformat(found.group(1)) <= end:
-                positions += len(found.group(2).split())
-                games += 1
+    positions, games = actor_positions(path, start + timedelta(seconds=seconds))
     steps = [json.loads(line) for line in (path / "learner.jsonl").read_text().splitlines()
              ] if (path / "learner.jsonl").exists() else []
     return {"command": " ".join(command[:4]) + " '<spec>'", "spec": openspiel_spec(
                 game, actors, path), "actors": actors, "positions": positions, "games": games,
             "train_seconds": seconds, "startup_s": startup_s,
             "launch_to_exit_s": time.perf_counter() - launch,
-            "positions_per_s": positions / seconds,
+            "positions_per_s": positions / seconds, **steady_rates(samples),
+            "loadavg_1min_at_start": load,
             "game_length_mean": positions / games if games else None,
             "learn_steps": len(steps), "path": str(path)}
 
@@ -415,8 +497,8 @@ def compare_game(game: str, plan: Plan, peers: tuple[str, ...], tmp: Path) -> di
         lambda: train_openspiel(game, seconds, plan.rollout_ranks, tmp / f"openspiel-{game}"),
         lambda r: f"{r['positions']} positions, {r['positions_per_s']:,.1f}/s"
     ) if "openspiel" in peers else skipped()
-    entry["speedup_positions_per_s"] = ratio(entry["mpirl"].get("positions_per_s"),
-                                             entry["openspiel"].get("positions_per_s"))
+    for key in ("positions_per_s", "steady_positions_per_s", "positions_per_cpu_s"):
+        entry[f"speedup_{key}"] = ratio(entry["mpirl"].get(key), entry["openspiel"].get(key))
     paths = {side: Path(entry[side]["run_dir" if side == "mpirl" else "path"])
              for side in peers if "positions" in entry[side]}
     if paths and plan.ladder:
@@ -439,6 +521,8 @@ def scaling(plan: Plan, tmp: Path) -> dict[str, Any]:
         rate = run.get("self_play_positions_per_s")
         run["per_rank"] = rate / int(ranks) if rate else None
         run["efficiency"] = ratio(run["per_rank"], base)
+        run["cpu_efficiency"] = ratio(run.get("positions_per_cpu_s"),
+                                      runs.get("1", {}).get("positions_per_cpu_s"))
     batch = attempt("mean inference batch", lambda: run_process(
         [sys.executable, str(SCRIPT), "--role", "batch", "--spec",
          json.dumps({"game": plan.scaling_game, "seconds": plan.batch_seconds})],
@@ -450,14 +534,18 @@ def scaling(plan: Plan, tmp: Path) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    rows = [["game", "mpirl pos/s", "(self-play only)", "OpenSpiel pos/s", "ratio",
-             "mpirl positions", "OpenSpiel positions"]]
+    rows = [["game", "side", "positions", "pos/s", "steady pos/s", "pos/CPU-s", "cores used",
+             "self-play-only pos/s"]]
     for game, entry in report["games"].items():
-        m, o = entry["mpirl"], entry["openspiel"]
-        rows.append([game, fmt(m.get("positions_per_s"), 1),
-                     fmt(m.get("self_play_positions_per_s"), 1),
-                     fmt(o.get("positions_per_s"), 1), fmt(entry["speedup_positions_per_s"], 1),
-                     fmt(m.get("positions"), 0), fmt(o.get("positions"), 0)])
+        for side in PEERS:
+            r = entry[side]
+            rows.append([game, side, fmt(r.get("positions"), 0), fmt(r.get("positions_per_s"), 1),
+                         fmt(r.get("steady_positions_per_s"), 1),
+                         fmt(r.get("positions_per_cpu_s"), 1), fmt(r.get("cores_used"), 2),
+                         fmt(r.get("self_play_positions_per_s"), 1)])
+        rows.append([game, "mpirl/OpenSpiel", "", fmt(entry["speedup_positions_per_s"], 1),
+                     fmt(entry["speedup_steady_positions_per_s"], 1),
+                     fmt(entry["speedup_positions_per_cpu_s"], 1), "", ""])
     print_table(rows)
     rows = [["game", "agent", "opponent", "W/D/L", "score"]]
     for game, entry in report["games"].items():
@@ -468,11 +556,13 @@ def print_report(report: dict[str, Any]) -> None:
     if len(rows) > 1:
         print_table(rows)
     scale = report["scaling"]
-    rows = [["rollout ranks", "self-play pos/s", "per rank", "efficiency", "end-to-end pos/s"]]
+    rows = [["rollout ranks", "self-play pos/s", "per rank", "efficiency", "end-to-end pos/s",
+             "cores used", "pos/CPU-s", "CPU efficiency"]]
     for ranks, run in scale["runs"].items():
         rows.append([ranks, fmt(run.get("self_play_positions_per_s"), 1),
                      fmt(run.get("per_rank"), 1), fmt(run.get("efficiency"), 2),
-                     fmt(run.get("positions_per_s"), 1)])
+                     fmt(run.get("positions_per_s"), 1), fmt(run.get("cores_used"), 2),
+                     fmt(run.get("positions_per_cpu_s"), 1), fmt(run.get("cpu_efficiency"), 2)])
     print_table(rows)
     batch = scale["inference_batch"]
     print(f"mean inference batch: {fmt(batch.get('mean_batch'), 1)} of "
