@@ -620,12 +620,12 @@ def main() -> int:
                     ladder=args.ladder, ladder_games=args.ladder_games,
                     scaling_game=args.scaling_game, scaling_ranks=args.scaling_ranks,
                     scaling_seconds=args.scaling_seconds, batch_seconds=10.0)
+    metadata = run_metadata(args.quick, plan, ["torch", "numpy", "open-spiel", "jax", "jaxlib",
+                                               "flax"])
     with tempfile.TemporaryDirectory(prefix="az-bench-") as name:
         tmp = Path(name)
         games = {game: compare_game(game, plan, args.peers, tmp) for game in plan.games}
-        report = {"metadata": run_metadata(args.quick, plan, [
-                      "torch", "numpy", "open-spiel", "jax", "jaxlib", "flax"]),
-                  "games": games, "scaling": scaling(plan, tmp)}
+        report = {"metadata": metadata, "games": games, "scaling": scaling(plan, tmp)}
     print_report(report)
     write_report(report, None if args.json is None else Path(args.json))
     return 0
