@@ -45,10 +45,13 @@ EXTRAS = {
                          "minari==0.5.3", "moviepy>=1.0", "pygame>=2.1", "tensorboard>=2.15",
                          "wandb>=0.19.10", "mlflow>=2.10", "mkdocs>=1.6", "pettingzoo>=1.25",
                          "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8", "open-spiel>=1.6"]),
-    # opencv: RLlib's Atari wrapper (benchmarks/atari.py).
+    # opencv: RLlib's Atari wrapper (benchmarks/atari.py). jax, flax and chex: OpenSpiel's
+    # Python AlphaZero (benchmarks/alphazero.py), which its wheel does not require; open-spiel
+    # 2.0.2 runs on these (flax 0.12.8 pulls optax and orbax-checkpoint).
     "bench": ("peers for side-by-side benchmarks (`make bench`): Ray RLlib 2.60, "
-              "Stable-Baselines3, OpenCV",
-              ["ray[rllib]==2.60.0", "stable-baselines3>=2.4", "opencv-python-headless>=4.8"]),
+              "Stable-Baselines3, OpenCV, and JAX/Flax for OpenSpiel's AlphaZero",
+              ["ray[rllib]==2.60.0", "stable-baselines3>=2.4", "opencv-python-headless>=4.8",
+               "jax==0.10.2", "flax==0.12.8", "chex>=0.1.92"]),
 }
 
 setup(

@@ -246,3 +246,29 @@ def test_search_benchmark_quick_writes_every_case(tmp_path):
     assert len(cases) == 6
     for case in cases:
         assert case["simulations_per_s"] > 0 and case["moves_per_s"] > 0, case
+
+
+def test_alphazero_benchmark_quick_writes_every_key(tmp_path):
+    pytest.importorskip("pyspiel")
+    out = tmp_path / "alphazero.json"
+    # OpenSpiel's AlphaZero needs jax and flax (the bench extra); without them it is an error
+    # entry and mpirl is still measured.
+    proc = run_benchmark("alphazero.py", "--quick", "--json", str(out), timeout=400)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert report["metadata"]["quick"] is True
+    entry = report["games"]["tic_tac_toe"]
+    mpirl, openspiel = entry["mpirl"], entry["openspiel"]
+    assert mpirl["positions"] > 0 and mpirl["positions_per_s"] > 0
+    assert mpirl["self_play_positions_per_s"] > 0
+    assert set(mpirl["ladder"]["results"]) == {"mcts:10"}
+    assert mpirl["ladder"]["results"]["mcts:10"]["games"] == 2
+    assert "error" in openspiel or ("positions_per_s" in openspiel and "ladder" in openspiel)
+    if "error" not in openspiel:
+        assert entry["speedup_positions_per_s"] is not None
+    runs = report["scaling"]["runs"]
+    assert set(runs) == {"1", "2"}
+    assert runs["1"]["efficiency"] == 1.0 and runs["2"]["efficiency"] > 0
+    batch = report["scaling"]["inference_batch"]
+    assert 1 <= batch["mean_batch"] <= batch["games_per_worker"]
+    assert report["scaling"]["policy_lag"]["column"] is None
