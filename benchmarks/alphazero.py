@@ -35,9 +35,9 @@ each.
 Weak scaling: mpirl alone on ``--scaling-game``, 1, 2, 4 rollout ranks of ``games_per_worker``
 games each; the self-play rate per rank relative to one rank. The mean inference batch (leaf
 evaluations per network call) is measured in-process on one SelfPlay of ``games_per_worker``
-games, by counting the evaluator's calls (mpirl has no column for it). Policy lag: the iteration
-is synchronous (new weights reach every rollout rank before its next self-play), so every
-position is played by the newest weights; there is no lag column.
+games, by counting the evaluator's calls (mpirl has no column for it). Policy lag: the mean of the
+run's ``policy_lag_mean`` column (the age, in weights versions, of the positions trained on: the
+replay window's age, since each iteration's self-play uses the newest weights).
 """
 
 from __future__ import annotations
@@ -222,7 +222,14 @@ def train_mpirl(game: str, seconds: float, ranks: int, run_dir: Path) -> dict[st
             **steady_rates(samples), "loadavg_1min_at_start": load,
             "self_play_positions_per_s": sum(n for n, _ in steady) / play_s if play_s else None,
             "game_length_mean": float(last["game_length_mean"]),
+            "policy_lag_mean": mean_of_numbers(row["policy_lag_mean"] for row in rows),
             "sgd_steps": int(float(last["sgd_steps_total"])), "run_dir": str(run_dir)}
+
+
+def mean_of_numbers(values) -> float | None:
+    """The mean of the values that are numbers (a column is nan before its first value)."""
+    numbers = [float(v) for v in values if v not in ("", "nan") and float(v) == float(v)]
+    return sum(numbers) / len(numbers) if numbers else None
 
 
 # --- OpenSpiel ----------------------------------------------------------------------------------
@@ -529,8 +536,11 @@ def scaling(plan: Plan, tmp: Path) -> dict[str, Any]:
         "batch", timeout_s=plan.batch_seconds + 120, want_result=True).result)
     return {"game": plan.scaling_game, "seconds": plan.scaling_seconds, "cores": os.cpu_count(),
             "runs": runs, "inference_batch": batch,
-            "policy_lag": {"column": None, "note": "synchronous iterations: every position is "
-                           "played by the newest weights (lag 0); no column"}}
+            "policy_lag": {"column": "policy_lag_mean",
+                           "mean": {ranks: run.get("policy_lag_mean")
+                                    for ranks, run in runs.items()},
+                           "note": "the mean over iterations of policy_lag_mean: the age, in "
+                                   "weights versions, of the positions trained on"}}
 
 
 def print_report(report: dict[str, Any]) -> None:
