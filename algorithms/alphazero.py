@@ -29,12 +29,10 @@ from mpirl.errors import ConfigError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import SampleResult, broadcast_weights
 from mpirl.execution.trainer import Trainer
-from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss
+from mpirl.models.alphazero import AlphaZeroNet, alphazero_loss
 from mpirl.models.alphazero_spec import AlphaZeroSpec
-from mpirl.models.torch_model import build_torch_model
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import Player, RawPolicyPlayer, SearchPlayer, make_player, play_match
-from mpirl.workers.alphazero_workers import AlphaZeroLearner, SelfPlayWorker
+from mpirl.search.players import make_player
+from mpirl.workers.alphazero_workers import AlphaZeroLearner, MatchShare, SelfPlayWorker
 from mpirl.workers.env_spec import GameEnvSpec
 
 ROLLOUT_WORKER = SelfPlayWorker
@@ -99,13 +97,29 @@ class Config(GameConfig):
     """0 evaluates the raw policy (its most probable legal move); more searches with the
     network this many simulations a move, without noise."""
 
+    # Gating
+    gating: bool = False
+    """Keep a best network apart from the learner's newest: self-play uses the best one's
+    weights, and every ``evaluation_interval`` iterations the newest (the candidate) plays
+    ``gating_games`` against it on the rollout ranks; it becomes the best only if it scores at
+    least ``gating_threshold`` (AlphaGo Zero's rule)."""
+    gating_threshold: float = 0.55
+    """The candidate's score needed to replace the best network: wins plus half the draws,
+    over the games (AlphaGo Zero's 55%)."""
+    gating_games: int = 40
+    """Games of each gating match (half with the candidate moving first)."""
+    gating_opening_moves: int = 2
+    """Uniformly random plies at the start of each gating game: two networks without search
+    noise play deterministically, and would otherwise repeat the same two games."""
+
     ranges: ClassVar[dict[str, Range]] = {
         "games_per_worker": at_least(1), "simulations": at_least(1), "c_puct": above(0),
         "temperature_moves": at_least(0), "dirichlet_epsilon": within(0, 1),
         "channels": at_least(1), "blocks": at_least(0), "value_hidden": at_least(1),
         "weight_decay": at_least(0), "sgd_steps_per_iteration": at_least(0),
         "replay_capacity": at_least(1), "evaluation_games": at_least(1),
-        "evaluation_simulations": at_least(0)}
+        "evaluation_simulations": at_least(0), "gating_threshold": within(0, 1),
+        "gating_games": at_least(1), "gating_opening_moves": at_least(0)}
 
     def opponents(self) -> list[str]:
         return [name.strip() for name in self.evaluation_opponents.split(",") if name.strip()]
@@ -156,47 +170,103 @@ def column(opponent: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", opponent).strip("_")
 
 
+def split_match(games: int, workers: int) -> list[tuple[int, int]]:
+    """``games`` games over ``workers`` workers as (games, games moving first) per worker: game
+    j goes to worker j mod ``workers``, and the first half of them (the extra one when odd) are
+    those the network moves first in, so that the whole match is half and half."""
+    first = (games + 1) // 2
+    return [(len(range(i, games, workers)), len(range(i, first, workers)))
+            for i in range(workers)]
+
+
 class AlphaZeroState(PlanState):
-    """The driver's evaluation: its copy of the network, opponents and latest results."""
+    """The driver's evaluation and gating: the matches it hands to the rollout ranks, the
+    latest results, and with ``gating`` the best network (its weights and version)."""
 
     def __init__(self, trainer: Trainer) -> None:
         config = trainer.config
-        self.game = trainer.env.game()
-        self.model = build_torch_model(trainer.policy_spec)
-        self.model.eval()
         self.rng = np.random.default_rng(config.seed + 99_991)
         self.opponents = config.opponents()
         self.latest = {f"eval_{column(name)}_{outcome}": math.nan
                        for name in self.opponents for outcome in ("win", "draw", "loss")}
+        if config.gating:
+            self.latest |= {"gating_score": math.nan, "gating_accepted": math.nan,
+                            "best_version": 0}
+        #: The best network's weights (with gating): the learner's first ones to begin with.
+        self.best = trainer.learners[0].call("get_weights") if config.gating else None
+        #: Whether the rollout ranks must be given ``best`` before they next play (after a
+        #: restore, the trainer gives them the learner's weights).
+        self.deliver_best = config.gating
         for learner in trainer.learners:
             learner.call("use_symmetries", trainer.env)
 
-    def player(self, config: Config) -> Player:
-        evaluate = TorchEvaluator(self.model)
-        if config.evaluation_simulations:
-            search = SearchConfig(simulations=config.evaluation_simulations,
-                                  c_puct=config.c_puct, gumbel=config.gumbel)
-            return SearchPlayer(self.game, evaluate, search, self.rng)
-        return RawPolicyPlayer(evaluate)
+    def play(self, trainer: Trainer, matches: list[tuple[Any, int, dict[str, Any]]]
+             ) -> list[dict[str, int]]:
+        """Play ``matches`` (opponent, games, MatchShare's other fields) on the rollout ranks,
+        each split over all of them; the summed counts of each match, from the network's side.
+        Each share's seed comes from the driver's rng, so a seed's run is reproducible."""
+        workers = list(trainer.rollouts)
+        shares: list[list[tuple[int, MatchShare]]] = [[] for _ in workers]
+        for m, (opponent, games, fields) in enumerate(matches):
+            for i, (count, first) in enumerate(split_match(games, len(workers))):
+                seed = int(self.rng.integers(2**63))
+                if count:
+                    shares[i].append((m, MatchShare(opponent=opponent, games=count,
+                                                    first=first, seed=seed, **fields)))
+        futures = [(i, worker.call_async("play_matches", [share for _, share in shares[i]]))
+                   for i, worker in enumerate(workers) if shares[i]]
+        totals = [dict.fromkeys(("games", "wins", "draws", "losses"), 0) for _ in matches]
+        for i, future in futures:
+            for (m, _), result in zip(shares[i], future.result(), strict=True):
+                for key in totals[m]:
+                    totals[m][key] += result[key]
+        return totals
 
     def evaluate(self, trainer: Trainer) -> None:
+        """Play ``evaluation_games`` against each opponent with the rollout ranks' network
+        (the learner's newest, or with gating the best); the win/draw/loss rates."""
         config = trainer.config
-        self.model.set_flat_weights(trainer.learners[0].call("get_weights"))
-        player = self.player(config)
-        for name in self.opponents:
-            result = play_match(self.game, player, make_player(name, self.game, self.rng),
-                                config.evaluation_games, self.rng)
-            for outcome, count in (("win", result.wins), ("draw", result.draws),
-                                   ("loss", result.losses)):
-                self.latest[f"eval_{column(name)}_{outcome}"] = count / result.games
+        matches = [(name, config.evaluation_games,
+                    {"simulations": config.evaluation_simulations}) for name in self.opponents]
+        for name, result in zip(self.opponents, self.play(trainer, matches), strict=True):
+            for outcome, count in (("win", result["wins"]), ("draw", result["draws"]),
+                                   ("loss", result["losses"])):
+                self.latest[f"eval_{column(name)}_{outcome}"] = count / result["games"]
+
+    def gate(self, trainer: Trainer) -> None:
+        """The learner's newest weights (the candidate) against the best network; the
+        candidate becomes the best, and the rollout ranks' self-play network, if it scores
+        (wins plus half the draws, over the games) at least ``gating_threshold``."""
+        config = trainer.config
+        candidate = trainer.learners[0].call("get_weights")
+        fields = {"simulations": config.evaluation_simulations, "weights": candidate,
+                  "opening_moves": config.gating_opening_moves}
+        result, = self.play(trainer, [(self.best, config.gating_games, fields)])
+        score = (result["wins"] + 0.5 * result["draws"]) / result["games"]
+        accepted = score >= config.gating_threshold
+        if accepted:
+            self.best = candidate
+            self.latest["best_version"] = trainer.iteration + 1
+            self.deliver(trainer)
+        self.latest["gating_score"] = score
+        self.latest["gating_accepted"] = int(accepted)
+
+    def deliver(self, trainer: Trainer) -> None:
+        """Give every rollout rank the best network's weights for self-play."""
+        trainer.rollouts.call("set_weights", self.best)
+        self.deliver_best = False
 
     def get_state(self) -> dict[str, Any]:
-        return {"latest": dict(self.latest), "rng": self.rng.bit_generator.state}
+        return {"latest": dict(self.latest), "rng": self.rng.bit_generator.state,
+                "best": self.best}
 
     def set_state(self, state: dict[str, Any]) -> None:
         if "latest" in state:
             self.latest.update({k: v for k, v in state["latest"].items() if k in self.latest})
             self.rng.bit_generator.state = state["rng"]
+        if self.best is not None and state.get("best") is not None:
+            self.best = state["best"]
+            self.deliver_best = True
 
 
 def setup(trainer: Trainer) -> AlphaZeroState:
@@ -209,6 +279,8 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
     SGD, the new weights to every rollout rank; an evaluation every ``evaluation_interval``."""
     config = trainer.config
     start = time.perf_counter()
+    if state.deliver_best:
+        state.deliver(trainer)
     played = trainer.rollouts.call("play", config.games_per_worker)
     play_s = time.perf_counter() - start
     batches = [batch for batch, _ in played]
@@ -219,7 +291,8 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
     trainer.count(samples)
     stats = trainer.learners[0].call("train", batches, config.sgd_steps_per_iteration,
                                      config.train_batch_size, config.train_batch_size)
-    broadcast_weights(trainer.learners, trainer.rollouts)
+    if not config.gating:  # with gating, self-play keeps the best network (state.gate)
+        broadcast_weights(trainer.learners, trainer.rollouts)
     games = len(samples.episode_lengths)
     returns = np.asarray(samples.episode_returns)
     row = {"positions_per_s": samples.env_steps / max(play_s, 1e-9),
@@ -231,5 +304,7 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
                                                    "policy_entropy", "loss")},
            **{k: stats[k] for k in ("sgd_steps", "sgd_steps_total", "replay_size")}}
     if (trainer.iteration + 1) % config.evaluation_interval == 0:
+        if config.gating:
+            state.gate(trainer)
         state.evaluate(trainer)
     return row | state.latest

@@ -16,7 +16,7 @@ the driver (no data-parallel SGD, no replay shards yet).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -29,10 +29,30 @@ from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.search.mcts import SearchConfig
+from mpirl.search.players import Player, RawPolicyPlayer, SearchPlayer, make_player, play_match
 from mpirl.search.symmetries import augment, symmetries
 from mpirl.workers.env_spec import GameEnvSpec
 from mpirl.workers.learner import LossFn
 from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatchShare:
+    """One rollout rank's share of an evaluation or gating match (``play_matches``)."""
+
+    opponent: str | np.ndarray
+    """A player spec (``make_player``) or the flat weights of a network to play against."""
+    games: int
+    first: int
+    """Of ``games``, how many the network moves first in."""
+    seed: int
+    """Seeds the share's rng: the opponent's, the search's and the order of the games."""
+    simulations: int = 0
+    """Search simulations a move for each network; 0 plays the raw policy."""
+    weights: np.ndarray | None = None
+    """The network's flat weights; None: the rank's current (self-play) ones."""
+    opening_moves: int = 0
+    """Uniformly random plies at the start of each game."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +90,7 @@ class SelfPlayWorker(Worker):
     """Plays games against itself on a rollout rank; returns finished positions."""
 
     MESSAGES = ("play", "receive_weights", "set_weights", "get_weights", "save_state",
-                "load_state", "finish_dump")
+                "load_state", "finish_dump", "play_matches")
 
     Settings: ClassVar[type[SelfPlaySettings]] = SelfPlaySettings
 
@@ -84,6 +104,7 @@ class SelfPlayWorker(Worker):
         self.weights = self.model.get_flat_weights()
         self.rng = np.random.default_rng(settings.seed + 1000 * context.role_index)
         self.games_finished = self.positions_finished = 0
+        self._match_models: list = []  # built when a match is first played
         self._start_games()
 
     def _start_games(self) -> None:
@@ -129,6 +150,41 @@ class SelfPlayWorker(Worker):
 
     def finish_dump(self) -> None:
         return None
+
+    def play_matches(self, shares: list[MatchShare]) -> list[dict[str, int]]:
+        """Play each share of a match (one after the other) with the network, from its side;
+        each one's ``MatchResult.as_dict()``. Self-play's games in progress, its model and its
+        rng are left as they were: the match has models and an rng of its own."""
+        return [self._play_share(share) for share in shares]
+
+    def _play_share(self, share: MatchShare) -> dict[str, int]:
+        rng = np.random.default_rng(share.seed)
+        agent = self._network_player(share.weights, share.simulations, rng, 0, "network")
+        if isinstance(share.opponent, str):
+            opponent = make_player(share.opponent, self.game, rng)
+        else:
+            opponent = self._network_player(share.opponent, share.simulations, rng, 1,
+                                            "best network")
+        return play_match(self.game, agent, opponent, share.games, rng, first=share.first,
+                          opening_moves=share.opening_moves).as_dict()
+
+    def _network_player(self, weights: np.ndarray | None, simulations: int,
+                        rng: np.random.Generator, slot: int, name: str) -> Player:
+        """A player with ``weights`` (None: this worker's current ones) in a match model of its
+        own (``slot`` 0 or 1), searching ``simulations`` a move or, with 0, the raw policy."""
+        if weights is None:
+            weights = self.weights
+        while len(self._match_models) <= slot:
+            model = build_torch_model(self.settings.policy)
+            model.eval()
+            self._match_models.append(model)
+        model = self._match_models[slot]
+        model.set_flat_weights(np.asarray(weights, np.float32))
+        evaluate = TorchEvaluator(model)
+        if simulations:
+            search = replace(self.settings.search, simulations=simulations)
+            return SearchPlayer(self.game, evaluate, search, rng, name=name)
+        return RawPolicyPlayer(evaluate)
 
 
 @dataclass(frozen=True, kw_only=True)
