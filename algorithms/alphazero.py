@@ -8,9 +8,20 @@ this algorithm), until that many games have ended; their positions go to the lea
 keeps the newest ``replay_capacity`` in a FIFO window (in the driver's process with
 ``num_learners`` 0; positions cross through the driver in this first version), takes
 ``sgd_steps_per_iteration`` AdamW steps on symmetry-augmented minibatches of
-``alphazero_loss``, and broadcasts the new weights. Every ``evaluation_interval`` iterations the
-driver plays ``evaluation_games`` against each of ``evaluation_opponents`` (``eval_<opponent>_
+``alphazero_loss``, and broadcasts the new weights. Every ``evaluation_interval`` iterations
+``evaluation_games`` are played against each of ``evaluation_opponents`` (``eval_<opponent>_
 win``/``draw``/``loss`` rates), with the raw policy or, with ``evaluation_simulations``, search.
+The driver only splits the matches: the rollout ranks play them (``SelfPlayWorker.
+play_matches``), each its share, half of the games moving first, with rngs the driver seeds.
+
+With ``gating`` (AlphaGo Zero's evaluator) the driver keeps a best network apart from the
+learner's newest: self-play uses the best one's weights (the learner's are not broadcast), and
+every ``evaluation_interval`` iterations the learner's newest, the candidate, plays
+``gating_games`` against the best on the rollout ranks. It becomes the best, and self-play's
+network, only if it scores at least ``gating_threshold`` (55%), a draw counting as half a win
+(``gating_score``, ``gating_accepted`` and ``best_version``: the iteration whose candidate is
+the best, 0 for the first network). The evaluation then measures the best network. The best
+weights are in the driver's checkpoint.
 """
 
 from __future__ import annotations

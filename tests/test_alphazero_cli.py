@@ -13,9 +13,19 @@ from __future__ import annotations
 import json
 import subprocess
 
+import numpy as np
 import pytest
 from conftest import OS_TTT, PZ_TTT, mpi_env, run_mpi
 from test_train import MPIRL, rows, train
+
+from mpirl.commands.evaluate import find_checkpoint
+from mpirl.config.parse import build
+from mpirl.execution.contract import load_algorithm
+from mpirl.models.alphazero import TorchEvaluator
+from mpirl.models.torch_model import build_torch_model
+from mpirl.runtime.state_files import read_state_file
+from mpirl.search.players import MinimaxPlayer
+from mpirl.workers.env_spec import GameEnvSpec
 
 pytest.importorskip("pyspiel")
 
@@ -25,6 +35,40 @@ COLUMNS = {"positions_per_s", "games_this_iter", "game_length_mean", "policy_los
 #: A quick run's settings: few games and steps per iteration.
 QUICK = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size": 16,
          "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4}
+
+
+def raw_policy_optimal_share(run_dir) -> tuple[float, int]:
+    """The share of tic-tac-toe's reachable non-terminal positions where the newest
+    checkpoint's raw policy (learner 0's network, its most probable legal move) picks one of
+    minimax's optimal moves; and the number of positions."""
+    checkpoint, manifest = find_checkpoint(run_dir)
+    module = load_algorithm(manifest["algo"])
+    config = build(module.Config, manifest["config"])
+    env = GameEnvSpec(manifest["env"]["env_id"], None, manifest["env"]["env_config"])
+    game = env.game()
+    model = build_torch_model(module.model_spec(*env.spaces(), config))
+    model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
+                                           manifest["files"]["learner_0.pkl"])["weights"])
+    minimax = MinimaxPlayer(game, np.random.default_rng(0))
+    positions, seen, stack = [], set(), [game.new_initial_state()]
+    while stack:
+        state = stack.pop()
+        if state.is_terminal() or state.key() in seen:
+            continue
+        seen.add(state.key())
+        positions.append(state)
+        for action in np.flatnonzero(state.legal_action_mask()).tolist():
+            child = state.clone()
+            child.apply(action)
+            stack.append(child)
+    priors, _ = TorchEvaluator(model)(np.stack([s.observation() for s in positions]),
+                                      np.stack([s.legal_action_mask() for s in positions]))
+    optimal = 0
+    for state, prior in zip(positions, priors, strict=True):
+        values = minimax.move_values(state)
+        best = max(values.values())
+        optimal += values[int(prior.argmax())] == best
+    return optimal / len(positions), len(positions)
 
 
 def test_alphazero_learns_tic_tac_toe_and_never_loses_to_minimax(tmp_path):

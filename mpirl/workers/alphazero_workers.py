@@ -5,6 +5,8 @@ positions.
 ``SelfPlay`` with a ``TorchEvaluator``: the network runs in torch on these ranks (AlphaZero's
 residual tower has no NumPy forward), one batched forward per simulation for all its games. It
 takes the weights by the run's weight broadcast and returns the positions of finished games.
+It also plays its share of the driver's evaluation and gating matches (``play_matches``), in
+models of their own, so that self-play's games in progress go on untouched.
 
 ``AlphaZeroLearner`` (a learner rank, or the driver's process) keeps the newest
 ``replay_capacity`` positions in a FIFO window of its own, draws uniform minibatches, applies a
