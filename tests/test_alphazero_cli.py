@@ -113,13 +113,18 @@ def run_cli(tmp_path, *args):
                           capture_output=True, text=True, timeout=120, env=mpi_env())
 
 
-def test_local_mode_plays_and_trains(tmp_path):
+@pytest.mark.parametrize("gating", [False, True])
+def test_local_mode_plays_and_trains(tmp_path, gating):
+    config = {**QUICK, "gating": gating, "gating_games": 4}
     proc = run_cli(tmp_path, "--algo", "alphazero", "--env", OS_TTT, "--config",
-                   json.dumps(QUICK), "--stop", '{"training_iteration": 2}')
+                   json.dumps(config), "--stop", '{"training_iteration": 2}')
     assert proc.returncode == 0, proc.stderr
     progress = rows(tmp_path / "run")
     assert int(progress[-1]["sgd_steps_total"]) == 8
     assert progress[-1]["eval_minimax_loss"] != "nan"
+    assert ("gating_score" in progress[-1]) == gating
+    if gating:
+        assert progress[-1]["gating_accepted"] in ("0", "1")
 
 
 @pytest.mark.parametrize("args, message", [
