@@ -51,6 +51,8 @@ class MatchShare:
     """Seeds the share's rng: the opponent's, the search's and the order of the games."""
     simulations: int = 0
     """Search simulations a move for each network; 0 plays the raw policy."""
+    gumbel: bool = False
+    """Search with Gumbel's root search rather than PUCT."""
     weights: np.ndarray | None = None
     """The network's flat weights; None: the rank's current (self-play) ones."""
     opening_moves: int = 0
@@ -161,19 +163,19 @@ class SelfPlayWorker(Worker):
 
     def _play_share(self, share: MatchShare) -> dict[str, int]:
         rng = np.random.default_rng(share.seed)
-        agent = self._network_player(share.weights, share.simulations, rng, 0, "network")
+        agent = self._network_player(share.weights, share, rng, 0, "network")
         if isinstance(share.opponent, str):
             opponent = make_player(share.opponent, self.game, rng)
         else:
-            opponent = self._network_player(share.opponent, share.simulations, rng, 1,
-                                            "best network")
+            opponent = self._network_player(share.opponent, share, rng, 1, "best network")
         return play_match(self.game, agent, opponent, share.games, rng, first=share.first,
                           opening_moves=share.opening_moves).as_dict()
 
-    def _network_player(self, weights: np.ndarray | None, simulations: int,
+    def _network_player(self, weights: np.ndarray | None, share: MatchShare,
                         rng: np.random.Generator, slot: int, name: str) -> Player:
         """A player with ``weights`` (None: this worker's current ones) in a match model of its
-        own (``slot`` 0 or 1), searching ``simulations`` a move or, with 0, the raw policy."""
+        own (``slot`` 0 or 1), searching as ``share`` says or, with 0 simulations, the raw
+        policy."""
         if weights is None:
             weights = self.weights
         while len(self._match_models) <= slot:
@@ -183,8 +185,9 @@ class SelfPlayWorker(Worker):
         model = self._match_models[slot]
         model.set_flat_weights(np.asarray(weights, np.float32))
         evaluate = TorchEvaluator(model)
-        if simulations:
-            search = replace(self.settings.search, simulations=simulations)
+        if share.simulations:
+            search = replace(self.settings.search, simulations=share.simulations,
+                             gumbel=share.gumbel)
             return SearchPlayer(self.game, evaluate, search, rng, name=name)
         return RawPolicyPlayer(evaluate)
 
