@@ -189,3 +189,27 @@ def test_gating_through_the_cli_on_tic_tac_toe(tmp_path):
     for name in ("rollout_0.pkl", "rollout_1.pkl"):
         assert np.array_equal(read_state_file(checkpoint / name, files[name])["weights"], best)
     assert np.array_equal(learner, best) == (int(progress[-1]["gating_accepted"]) == 1)
+
+
+class FirstLegal:
+    name = "first legal"
+
+    def act(self, state):
+        return int(np.flatnonzero(state.legal_action_mask())[0])
+
+
+def test_play_match_moves_first_as_often_as_told():
+    """Two players taking the first legal square: the one moving first wins (on the 2-4-6
+    diagonal), so A's wins count the games A moved first in."""
+    from mpirl.envs.games import load_game
+    from mpirl.search.players import play_match
+    game = load_game(OS_TTT)
+    rng = np.random.default_rng(0)
+    for first in (0, 3, 7):
+        result = play_match(game, FirstLegal(), FirstLegal(), 7, rng, first=first)
+        assert (result.wins, result.losses) == (first, 7 - first)
+    assert play_match(game, FirstLegal(), FirstLegal(), 7, rng).wins == 4
+    opened = play_match(game, FirstLegal(), FirstLegal(), 20, rng, opening_moves=3)
+    assert opened.wins + opened.draws + opened.losses == 20 and opened.wins < 20
+    with pytest.raises(Exception, match="first must be between"):
+        play_match(game, FirstLegal(), FirstLegal(), 4, rng, first=5)
