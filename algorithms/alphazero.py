@@ -218,7 +218,7 @@ class AlphaZeroState(PlanState):
         self.best = trainer.learners[0].call("get_weights") if config.gating else None
         #: Whether the rollout ranks must be given ``best`` before they next play (after a
         #: restore, the trainer gives them the learner's weights).
-        self.deliver_best = config.gating
+        self.deliver_best = self.gating = config.gating
         for learner in trainer.learners:
             learner.call("use_symmetries", trainer.env)
 
@@ -274,7 +274,10 @@ class AlphaZeroState(PlanState):
         self.latest["gating_accepted"] = int(accepted)
 
     def deliver(self, trainer: Trainer) -> None:
-        """Give every rollout rank the best network's weights for self-play."""
+        """Give every rollout rank the best network's weights for self-play (the learner's,
+        for a run resumed with gating from a checkpoint without it)."""
+        if self.best is None:
+            self.best = trainer.learners[0].call("get_weights")
         trainer.rollouts.call("set_weights", self.best)
         self.deliver_best = False
 
@@ -286,8 +289,8 @@ class AlphaZeroState(PlanState):
         if "latest" in state:
             self.latest.update({k: v for k, v in state["latest"].items() if k in self.latest})
             self.rng.bit_generator.state = state["rng"]
-        if self.best is not None and state.get("best") is not None:
-            self.best = state["best"]
+        if self.gating:
+            self.best = state.get("best")  # None: the restored learner's, when delivered
             self.deliver_best = True
 
 

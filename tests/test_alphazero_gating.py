@@ -148,6 +148,16 @@ def test_a_candidate_needs_55_percent_with_draws_as_half(wins, draws, accepted):
     assert restored.latest == state.latest
 
 
+def test_a_run_resumed_with_gating_from_a_checkpoint_without_it_starts_from_the_learner():
+    trainer, learner = fake_trainer(counts(0, 0))
+    state = AlphaZeroState(trainer)
+    state.set_state({"latest": {}, "rng": state.rng.bit_generator.state})
+    learner["w"] = np.full(3, 5.0, np.float32)  # the restored learner's weights
+    state.deliver(trainer)
+    assert np.array_equal(state.best, learner["w"])
+    assert all(np.array_equal(w.weights, learner["w"]) for w in trainer.rollouts)
+
+
 def test_self_play_gets_the_best_weights_after_a_restore():
     trainer, _ = fake_trainer(counts(0, 0))
     state = AlphaZeroState(trainer)
