@@ -301,11 +301,12 @@ def setup(trainer: Trainer) -> AlphaZeroState:
 
 def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
     """One iteration: self-play on every rollout rank, the positions into the learner's replay,
-    SGD, the new weights to every rollout rank; an evaluation every ``evaluation_interval``."""
+    SGD, the new weights to every rollout rank (with gating, the best network's instead, when it
+    changes); gating and an evaluation every ``evaluation_interval``."""
     config = trainer.config
-    start = time.perf_counter()
     if state.deliver_best:
         state.deliver(trainer)
+    start = time.perf_counter()
     played = trainer.rollouts.call("play", config.games_per_worker)
     play_s = time.perf_counter() - start
     batches = [batch for batch, _ in played]
