@@ -122,20 +122,20 @@ def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
 
 
 C4_CONFIG = {"channels": 32, "blocks": 2, "simulations": 32, "games_per_worker": 32,
-             "temperature_moves": 8, "evaluation_interval": 40, "evaluation_games": 40,
+             "temperature_moves": 8, "evaluation_interval": 50, "evaluation_games": 40,
              "evaluation_opponents": "random,mcts:100", "evaluation_simulations": 32}
 
 
 def test_alphazero_learns_connect_four(tmp_path):
-    """Connect Four: 40 iterations of 64+ self-play games (32 simulations a move, a tower of 2
+    """Connect Four: 50 iterations of 64+ self-play games (32 simulations a move, a tower of 2
     blocks of 32 channels), then 40 games against random and 40 against mcts:100 (plain UCT,
     100 random-rollout simulations), the network searching 32 simulations a move. C4_MEASURED"""
     _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_C4, "--seed", "0",
                           "--config", json.dumps(C4_CONFIG),
-                          "--stop", '{"training_iteration": 40}', timeout=900)
+                          "--stop", '{"training_iteration": 50}', timeout=900)
     last = rows(run_dir)[-1]
     assert float(last["eval_random_win"]) >= 0.95, last
-    assert float(last["eval_mcts_100_win"]) >= 0.1, last
+    assert float(last["eval_mcts_100_win"]) >= 0.15, last
 
 
 def test_a_resumed_run_keeps_its_replay_and_counters(tmp_path):
