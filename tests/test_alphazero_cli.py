@@ -139,8 +139,8 @@ def test_alphazero_learns_connect_four(tmp_path):
     15% bar. The value loss falls slowly (0.90-0.94 to 0.77-0.94 by iteration 50). Wall time
     depends on the load: a run stopped at 40 took 98-132 s when the machine was calmer, 206 s
     (seed 0, this test at 40 iterations) with the other jobs running, and runs to 50 with two
-    evaluations 273-671 s; about 2.2-2.5 s an iteration on a quiet machine, so 50 iterations
-    and the evaluation take about 2.5-3 minutes there."""
+    evaluations 273-671 s. This test took 126 s (121 s of training) in a calm moment, seed 0
+    winning 97.5% against random and 57.5% against mcts:100."""
     _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_C4, "--seed", "0",
                           "--config", json.dumps(C4_CONFIG),
                           "--stop", '{"training_iteration": 50}', timeout=900)
