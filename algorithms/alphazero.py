@@ -13,9 +13,20 @@ learners), takes ``sgd_steps_per_iteration`` AdamW steps on symmetry-augmented m
 ``alphazero_loss`` from its shard (``train_batch_size`` split over them), with the gradient
 averaged over the learners each step, so all hold the same weights, and learner 0 broadcasts the
 new weights version (``weights_version``; ``policy_lag_mean`` is the mean age in versions of the
-positions trained on). Every ``evaluation_interval`` iterations the
-driver plays ``evaluation_games`` against each of ``evaluation_opponents`` (``eval_<opponent>_
+positions trained on). Every ``evaluation_interval`` iterations ``evaluation_games`` are
+played against each of ``evaluation_opponents`` (``eval_<opponent>_
 win``/``draw``/``loss`` rates), with the raw policy or, with ``evaluation_simulations``, search.
+The driver only splits the matches: the rollout ranks play them (``SelfPlayWorker.
+play_matches``), each its share, half of the games moving first, with rngs the driver seeds.
+
+With ``gating`` (AlphaGo Zero's evaluator) the driver keeps a best network apart from the
+learner's newest: self-play uses the best one's weights (the learner's are not broadcast), and
+every ``evaluation_interval`` iterations the learner's newest, the candidate, plays
+``gating_games`` against the best on the rollout ranks. It becomes the best, and self-play's
+network, only if it scores at least ``gating_threshold`` (55%), a draw counting as half a win
+(``gating_score``, ``gating_accepted`` and ``best_version``: the iteration whose candidate is
+the best, 0 for the first network). The evaluation then measures the best network. The best
+weights are in the driver's checkpoint.
 """
 
 from __future__ import annotations
@@ -34,12 +45,10 @@ from mpirl.errors import ConfigError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import broadcast_weights, rollouts_to_learners, train_one_step
 from mpirl.execution.trainer import Trainer
-from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss
+from mpirl.models.alphazero import AlphaZeroNet, alphazero_loss
 from mpirl.models.alphazero_spec import AlphaZeroSpec
-from mpirl.models.torch_model import build_torch_model
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import Player, RawPolicyPlayer, SearchPlayer, make_player, play_match
-from mpirl.workers.alphazero_workers import AlphaZeroLearner, SelfPlayWorker
+from mpirl.search.players import make_player
+from mpirl.workers.alphazero_workers import AlphaZeroLearner, MatchShare, SelfPlayWorker
 from mpirl.workers.env_spec import GameEnvSpec
 
 ROLLOUT_WORKER = SelfPlayWorker
@@ -105,6 +114,26 @@ class Config(GameConfig, AllreduceConfig):
     evaluation_simulations: int = 0
     """0 evaluates the raw policy (its most probable legal move); more searches with the
     network this many simulations a move, without noise."""
+    evaluation_gumbel: bool = False
+    """With ``gumbel``, search evaluation and gating games with Gumbel's root search too; by
+    default they search with PUCT (the most visited move), which measured stronger at 32
+    simulations: on a Gumbel run's tic-tac-toe network (seed 2, 40 iterations), 4 losses in 20
+    games to minimax with Gumbel's search, none with PUCT's (nor with the raw policy)."""
+
+    # Gating
+    gating: bool = False
+    """Keep a best network apart from the learner's newest: self-play uses the best one's
+    weights, and every ``evaluation_interval`` iterations the newest (the candidate) plays
+    ``gating_games`` against it on the rollout ranks; it becomes the best only if it scores at
+    least ``gating_threshold`` (AlphaGo Zero's rule)."""
+    gating_threshold: float = 0.55
+    """The candidate's score needed to replace the best network: wins plus half the draws,
+    over the games (AlphaGo Zero's 55%)."""
+    gating_games: int = 40
+    """Games of each gating match (half with the candidate moving first)."""
+    gating_opening_moves: int = 2
+    """Uniformly random plies at the start of each gating game: two networks without search
+    noise play deterministically, and would otherwise repeat the same two games."""
 
     ranges: ClassVar[dict[str, Range]] = {
         "games_per_worker": at_least(1), "simulations": at_least(1), "c_puct": above(0),
@@ -112,7 +141,8 @@ class Config(GameConfig, AllreduceConfig):
         "channels": at_least(1), "blocks": at_least(0), "value_hidden": at_least(1),
         "weight_decay": at_least(0), "sgd_steps_per_iteration": at_least(0),
         "replay_capacity": at_least(1), "evaluation_games": at_least(1),
-        "evaluation_simulations": at_least(0)}
+        "evaluation_simulations": at_least(0), "gating_threshold": within(0, 1),
+        "gating_games": at_least(1), "gating_opening_moves": at_least(0)}
 
     def opponents(self) -> list[str]:
         return [name.strip() for name in self.evaluation_opponents.split(",") if name.strip()]
@@ -167,51 +197,121 @@ def column(opponent: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", opponent).strip("_")
 
 
+def search_fields(config: Config) -> dict[str, Any]:
+    """How the networks of evaluation and gating games choose moves (``MatchShare``)."""
+    return {"simulations": config.evaluation_simulations,
+            "gumbel": config.gumbel and config.evaluation_gumbel}
+
+
+def split_match(games: int, workers: int) -> list[tuple[int, int]]:
+    """``games`` games over ``workers`` workers as (games, games moving first) per worker: game
+    j goes to worker j mod ``workers``, and the first half of them (the extra one when odd) are
+    those the network moves first in, so that the whole match is half and half."""
+    first = (games + 1) // 2
+    return [(len(range(i, games, workers)), len(range(i, first, workers)))
+            for i in range(workers)]
+
+
 class AlphaZeroState(PlanState):
-    """The driver's evaluation: its copy of the network, opponents and latest results."""
+    """The driver's evaluation and gating: the matches it hands to the rollout ranks, the
+    latest results, and with ``gating`` the best network (its weights and version)."""
 
     def __init__(self, trainer: Trainer) -> None:
         config = trainer.config
-        self.game = trainer.env.game()
-        self.model = build_torch_model(trainer.policy_spec)
-        self.model.eval()
         self.rng = np.random.default_rng(config.seed + 99_991)
         self.opponents = config.opponents()
         self.latest = {f"eval_{column(name)}_{outcome}": math.nan
                        for name in self.opponents for outcome in ("win", "draw", "loss")}
-        #: The weights version the rollout ranks hold: the learners' after the last update.
+        #: The weights version the rollout ranks hold: the learners' after the last update,
+        #: or with gating the best network's.
         self.weights_version = 0
+        #: The learners' weights version after the last update.
+        self.learner_version = 0
+        if config.gating:
+            self.latest |= {"gating_score": math.nan, "gating_accepted": math.nan,
+                            "best_version": 0}
+        #: The best network's weights (with gating): the learner's first ones to begin with.
+        self.best = trainer.learners[0].call("get_weights") if config.gating else None
+        #: Whether the rollout ranks must be given ``best`` before they next play (after a
+        #: restore, the trainer gives them the learner's weights).
+        self.deliver_best = self.gating = config.gating
         for learner in trainer.learners:
             learner.call("use_symmetries", trainer.env)
 
-    def player(self, config: Config) -> Player:
-        evaluate = TorchEvaluator(self.model)
-        if config.evaluation_simulations:
-            search = SearchConfig(simulations=config.evaluation_simulations,
-                                  c_puct=config.c_puct, gumbel=config.gumbel)
-            return SearchPlayer(self.game, evaluate, search, self.rng)
-        return RawPolicyPlayer(evaluate)
+    def play(self, trainer: Trainer, matches: list[tuple[Any, int, dict[str, Any]]]
+             ) -> list[dict[str, int]]:
+        """Play ``matches`` (opponent, games, MatchShare's other fields) on the rollout ranks,
+        each split over all of them; the summed counts of each match, from the network's side.
+        Each share's seed comes from the driver's rng, so a seed's run is reproducible."""
+        workers = list(trainer.rollouts)
+        shares: list[list[tuple[int, MatchShare]]] = [[] for _ in workers]
+        for m, (opponent, games, fields) in enumerate(matches):
+            for i, (count, first) in enumerate(split_match(games, len(workers))):
+                seed = int(self.rng.integers(2**63))
+                if count:
+                    shares[i].append((m, MatchShare(opponent=opponent, games=count,
+                                                    first=first, seed=seed, **fields)))
+        futures = [(i, worker.call_async("play_matches", [share for _, share in shares[i]]))
+                   for i, worker in enumerate(workers) if shares[i]]
+        totals = [dict.fromkeys(("games", "wins", "draws", "losses"), 0) for _ in matches]
+        for i, future in futures:
+            for (m, _), result in zip(shares[i], future.result(), strict=True):
+                for key in totals[m]:
+                    totals[m][key] += result[key]
+        return totals
 
     def evaluate(self, trainer: Trainer) -> None:
+        """Play ``evaluation_games`` against each opponent with the rollout ranks' network
+        (the learner's newest, or with gating the best); the win/draw/loss rates."""
         config = trainer.config
-        self.model.set_flat_weights(trainer.learners[0].call("get_weights"))
-        player = self.player(config)
-        for name in self.opponents:
-            result = play_match(self.game, player, make_player(name, self.game, self.rng),
-                                config.evaluation_games, self.rng)
-            for outcome, count in (("win", result.wins), ("draw", result.draws),
-                                   ("loss", result.losses)):
-                self.latest[f"eval_{column(name)}_{outcome}"] = count / result.games
+        matches = [(name, config.evaluation_games, search_fields(config))
+                   for name in self.opponents]
+        for name, result in zip(self.opponents, self.play(trainer, matches), strict=True):
+            for outcome, count in (("win", result["wins"]), ("draw", result["draws"]),
+                                   ("loss", result["losses"])):
+                self.latest[f"eval_{column(name)}_{outcome}"] = count / result["games"]
+
+    def gate(self, trainer: Trainer) -> None:
+        """The learner's newest weights (the candidate) against the best network; the
+        candidate becomes the best, and the rollout ranks' self-play network, if it scores
+        (wins plus half the draws, over the games) at least ``gating_threshold``."""
+        config = trainer.config
+        candidate = trainer.learners[0].call("get_weights")
+        fields = {**search_fields(config), "weights": candidate,
+                  "opening_moves": config.gating_opening_moves}
+        result, = self.play(trainer, [(self.best, config.gating_games, fields)])
+        score = (result["wins"] + 0.5 * result["draws"]) / result["games"]
+        accepted = score >= config.gating_threshold
+        if accepted:
+            self.best = candidate
+            self.weights_version = self.learner_version
+            self.latest["best_version"] = trainer.iteration + 1
+            self.deliver(trainer)
+        self.latest["gating_score"] = score
+        self.latest["gating_accepted"] = int(accepted)
+
+    def deliver(self, trainer: Trainer) -> None:
+        """Give every rollout rank the best network's weights for self-play (the learner's,
+        for a run resumed with gating from a checkpoint without it)."""
+        if self.best is None:
+            self.best = trainer.learners[0].call("get_weights")
+        trainer.rollouts.call("set_weights", self.best)
+        self.deliver_best = False
 
     def get_state(self) -> dict[str, Any]:
         return {"latest": dict(self.latest), "rng": self.rng.bit_generator.state,
-                "weights_version": self.weights_version}
+                "weights_version": self.weights_version,
+                "learner_version": self.learner_version, "best": self.best}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.weights_version = state.get("weights_version", 0)
+        self.learner_version = state.get("learner_version", self.weights_version)
         if "latest" in state:
             self.latest.update({k: v for k, v in state["latest"].items() if k in self.latest})
             self.rng.bit_generator.state = state["rng"]
+        if self.gating:
+            self.best = state.get("best")  # None: the restored learner's, when delivered
+            self.deliver_best = True
 
 
 def setup(trainer: Trainer) -> AlphaZeroState:
@@ -221,9 +321,12 @@ def setup(trainer: Trainer) -> AlphaZeroState:
 
 def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
     """One iteration: self-play on every rollout rank, its positions straight into the
-    learners' replay shards, data-parallel SGD, the new weights to every rollout rank; an
-    evaluation every ``evaluation_interval`` iterations."""
+    learners' replay shards, data-parallel SGD, the new weights to every rollout rank (with
+    gating, the best network's instead, when it changes); gating and an evaluation every
+    ``evaluation_interval`` iterations."""
     config = trainer.config
+    if state.deliver_best:
+        state.deliver(trainer)
     start = time.perf_counter()
     samples = rollouts_to_learners(trainer.rollouts, trainer.learners, "play",
                                    config.games_per_worker, state.weights_version)
@@ -233,8 +336,10 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
                            sgd_steps=config.sgd_steps_per_iteration,
                            batch_size=config.train_batch_size // len(trainer.learners),
                            min_replay=config.train_batch_size)
-    state.weights_version = int(stats["weights_version"])
-    broadcast_weights(trainer.learners, trainer.rollouts)
+    state.learner_version = int(stats["weights_version"])
+    if not config.gating:  # with gating, self-play keeps the best network (state.gate)
+        state.weights_version = state.learner_version
+        broadcast_weights(trainer.learners, trainer.rollouts)
     games = len(samples.episode_lengths)
     returns = np.asarray(samples.episode_returns)
     row = {"positions_per_s": samples.env_steps / max(play_s, 1e-9),
@@ -248,5 +353,7 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
                                          "weights_version")},
            "policy_lag_mean": stats["policy_lag_mean"]}
     if (trainer.iteration + 1) % config.evaluation_interval == 0:
+        if config.gating:
+            state.gate(trainer)
         state.evaluate(trainer)
     return row | state.latest

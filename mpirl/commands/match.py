@@ -40,15 +40,15 @@ class GameAgent:
     config: Any
 
     def player(self, simulations: int, rng: np.random.Generator) -> Player:
-        """Search with ``simulations`` a move (the run's ``c_puct`` and root rule, no noise),
-        or the raw policy for 0."""
+        """Search with ``simulations`` a move (the run's ``c_puct``, and its evaluation's root
+        rule: PUCT unless ``evaluation_gumbel``; no noise), or the raw policy for 0."""
         if simulations < 0:
             raise ConfigError(f"--simulations must be 0 (the raw policy) or more, not "
                               f"{simulations}")
         if simulations == 0:
             return RawPolicyPlayer(self.evaluate)
         search = SearchConfig(simulations=simulations, c_puct=self.config.c_puct,
-                              gumbel=self.config.gumbel, root_noise=False)
+                              gumbel=self.config.evaluation_gumbel, root_noise=False)
         return SearchPlayer(self.game, self.evaluate, search, rng, name="agent")
 
 

@@ -299,13 +299,19 @@ class MatchResult:
 
 
 def play_match(game: Game, player_a: Player, player_b: Player, games: int,
-               rng: np.random.Generator) -> MatchResult:
-    """Play ``games`` games, A moving first in half of them (the extra one when odd), in an
-    order ``rng`` shuffles so that no player can count on the alternation. A player whose move
-    is illegal forfeits that game, with an ``IllegalMoveWarning`` naming it."""
+               rng: np.random.Generator, first: int | None = None,
+               opening_moves: int = 0) -> MatchResult:
+    """Play ``games`` games, A moving first in ``first`` of them (default half, the extra one
+    when odd), in an order ``rng`` shuffles so that no player can count on the alternation. The
+    first ``opening_moves`` plies of each game are uniformly random legal moves (drawn from
+    ``rng``), so that two deterministic players do not repeat the same two games. A player whose
+    move is illegal forfeits that game, with an ``IllegalMoveWarning`` naming it."""
     if games < 1:
         raise ConfigError(f"games must be at least 1, not {games}")
-    a_first = np.arange(games) < (games + 1) // 2
+    first = (games + 1) // 2 if first is None else first
+    if not 0 <= first <= games:
+        raise ConfigError(f"first must be between 0 and games ({games}), not {first}")
+    a_first = np.arange(games) < first
     rng.shuffle(a_first)
     wins = draws = losses = forfeits = opponent_forfeits = 0
     for number, first in enumerate(a_first.tolist()):
@@ -313,6 +319,10 @@ def play_match(game: Game, player_a: Player, player_b: Player, games: int,
         a_seat = 0 if first else 1
         state = game.new_initial_state()
         forfeited_seat = None
+        for _ in range(opening_moves):
+            if state.is_terminal():
+                break
+            state.apply(int(rng.choice(np.flatnonzero(state.legal_action_mask()))))
         while not state.is_terminal():
             mover = state.current_player()
             action = seats[mover].act(state.clone())

@@ -8,7 +8,9 @@ takes the weights by the run's weight broadcast and delivers the positions of fi
 stamped with the version of the weights that played them (``VersionedPositions``), where the
 operator says (``mpirl.workers.delivery``): rollout worker i's to learner i mod L over the data
 channel, or in its answer where the learner is in the driver's process (local mode,
-``num_learners`` 0). The driver gets counts and game results only.
+``num_learners`` 0). The driver gets counts and game results only. It also plays its share of
+the driver's evaluation and gating matches (``play_matches``), in models of their own, so that
+self-play's games in progress go on untouched.
 
 ``AlphaZeroLearner`` (a learner rank, or the driver's process) keeps the newest positions that
 reach it in a FIFO shard of its own (``replay_capacity`` split over the learners), draws uniform
@@ -25,7 +27,7 @@ version minus the one that played them).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -42,12 +44,34 @@ from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.search.mcts import SearchConfig
+from mpirl.search.players import Player, RawPolicyPlayer, SearchPlayer, make_player, play_match
 from mpirl.search.symmetries import augment, symmetries
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.delivery import IN_ANSWER, Delivery, ToLearnerOf, ToRank
 from mpirl.workers.env_spec import GameEnvSpec
 from mpirl.workers.learner import GradientAllreduce, LossFn
 from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatchShare:
+    """One rollout rank's share of an evaluation or gating match (``play_matches``)."""
+
+    opponent: str | np.ndarray
+    """A player spec (``make_player``) or the flat weights of a network to play against."""
+    games: int
+    first: int
+    """Of ``games``, how many the network moves first in."""
+    seed: int
+    """Seeds the share's rng: the opponent's, the search's and the order of the games."""
+    simulations: int = 0
+    """Search simulations a move for each network; 0 plays the raw policy."""
+    gumbel: bool = False
+    """Search with Gumbel's root search rather than PUCT."""
+    weights: np.ndarray | None = None
+    """The network's flat weights; None: the rank's current (self-play) ones."""
+    opening_moves: int = 0
+    """Uniformly random plies at the start of each game."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +125,7 @@ class SelfPlayWorker(Worker):
     """Plays games against itself on a rollout rank; delivers finished positions."""
 
     MESSAGES = ("play", "receive_weights", "set_weights", "get_weights", "save_state",
-                "load_state", "finish_dump")
+                "load_state", "finish_dump", "play_matches")
 
     Settings: ClassVar[type[SelfPlaySettings]] = SelfPlaySettings
 
@@ -125,6 +149,7 @@ class SelfPlayWorker(Worker):
             self.recorder = EpisodeRecorder(
                 settings.dump, context.role_index, settings.games_per_worker,
                 settings.env.env_id, observation_space, action_space, settings.seed)
+        self._match_models: list = []  # built when a match is first played
         self._start_games()
 
     def _start_games(self) -> None:
@@ -217,6 +242,42 @@ class SelfPlayWorker(Worker):
         if self.recorder is None:
             return None
         return self.recorder.path.name, self.recorder.close()
+
+    def play_matches(self, shares: list[MatchShare]) -> list[dict[str, int]]:
+        """Play each share of a match (one after the other) with the network, from its side;
+        each one's ``MatchResult.as_dict()``. Self-play's games in progress, its model and its
+        rng are left as they were: the match has models and an rng of its own."""
+        return [self._play_share(share) for share in shares]
+
+    def _play_share(self, share: MatchShare) -> dict[str, int]:
+        rng = np.random.default_rng(share.seed)
+        agent = self._network_player(share.weights, share, rng, 0, "network")
+        if isinstance(share.opponent, str):
+            opponent = make_player(share.opponent, self.game, rng)
+        else:
+            opponent = self._network_player(share.opponent, share, rng, 1, "best network")
+        return play_match(self.game, agent, opponent, share.games, rng, first=share.first,
+                          opening_moves=share.opening_moves).as_dict()
+
+    def _network_player(self, weights: np.ndarray | None, share: MatchShare,
+                        rng: np.random.Generator, slot: int, name: str) -> Player:
+        """A player with ``weights`` (None: this worker's current ones) in a match model of its
+        own (``slot`` 0 or 1), searching as ``share`` says or, with 0 simulations, the raw
+        policy."""
+        if weights is None:
+            weights = self.weights
+        while len(self._match_models) <= slot:
+            model = build_torch_model(self.settings.policy)
+            model.eval()
+            self._match_models.append(model)
+        model = self._match_models[slot]
+        model.set_flat_weights(np.asarray(weights, np.float32))
+        evaluate = TorchEvaluator(model)
+        if share.simulations:
+            search = replace(self.settings.search, simulations=share.simulations,
+                             gumbel=share.gumbel)
+            return SearchPlayer(self.game, evaluate, search, rng, name=name)
+        return RawPolicyPlayer(evaluate)
 
 
 @dataclass(frozen=True, kw_only=True)
