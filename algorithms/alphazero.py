@@ -41,7 +41,7 @@ import numpy as np
 
 from mpirl.config.fields import AllreduceConfig, GameConfig, Range, above, at_least, within
 from mpirl.envs.games import GameObservationSpace
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, RankLost
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import broadcast_weights, rollouts_to_learners, train_one_step
 from mpirl.execution.trainer import Trainer
@@ -255,7 +255,11 @@ class AlphaZeroState(PlanState):
                    for i, worker in enumerate(workers) if shares[i]]
         totals = [dict.fromkeys(("games", "wins", "draws", "losses"), 0) for _ in matches]
         for i, future in futures:
-            for (m, _), result in zip(shares[i], future.result(), strict=True):
+            try:
+                results = future.result()
+            except RankLost:  # survived under ULFM: its share of the games is not counted
+                continue
+            for (m, _), result in zip(shares[i], results, strict=True):
                 for key in totals[m]:
                     totals[m][key] += result[key]
         return totals
@@ -269,7 +273,8 @@ class AlphaZeroState(PlanState):
         for name, result in zip(self.opponents, self.play(trainer, matches), strict=True):
             for outcome, count in (("win", result["wins"]), ("draw", result["draws"]),
                                    ("loss", result["losses"])):
-                self.latest[f"eval_{column(name)}_{outcome}"] = count / result["games"]
+                self.latest[f"eval_{column(name)}_{outcome}"] = (
+                    count / result["games"] if result["games"] else math.nan)
 
     def gate(self, trainer: Trainer) -> None:
         """The learner's newest weights (the candidate) against the best network; the
@@ -280,6 +285,8 @@ class AlphaZeroState(PlanState):
         fields = {**search_fields(config), "weights": candidate,
                   "opening_moves": config.gating_opening_moves}
         result, = self.play(trainer, [(self.best, config.gating_games, fields)])
+        if not result["games"]:  # every share's rank was lost: no decision
+            return
         score = (result["wins"] + 0.5 * result["draws"]) / result["games"]
         accepted = score >= config.gating_threshold
         if accepted:
