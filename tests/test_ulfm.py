@@ -129,24 +129,31 @@ def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config):
           f"{len(rows)} iterations, {result['time_total_s']:.1f} s of training")
 
 
-def test_es_drops_a_lost_ranks_perturbations_and_goes_on(tmp_path):
-    """ES under ULFM: kill -9 one of 3 rollout ranks mid-run; the generation in flight drops its
-    pairs, the others keep applying identical updates (checksums agree) until the stop."""
-    run_dir = tmp_path / "run"
-    stop = {"training_iteration": 14}
-    run = LiveRun(4, run_dir, {}, algo="ES", stop=stop)
+def lose_a_rollout_rank(run: LiveRun, run_dir, victim: int, after_iteration: int):
+    """kill -9 rollout rank ``victim`` of a 3-rollout-rank run once ``after_iteration`` is
+    printed; check the run said so, went on with 2 and reached its iteration stop. The layout
+    table and the progress rows."""
     table = run.pids()
-    assert table[3][0] == "rollout"
-    run.wait_for_line(r"^iter 4[ /]")
-    os.kill(table[3][1], signal.SIGKILL)
-    run.wait_for_line(r"^mpirl: lost rank 3 ")
+    assert table[victim][0] == "rollout"
+    run.wait_for_line(rf"^iter {after_iteration}[ /]")
+    os.kill(table[victim][1], signal.SIGKILL)
+    run.wait_for_line(rf"^mpirl: lost rank {victim} ")
     run.finish()
     out, err = run.text("out"), run.text("err")
     assert run.proc.returncode == 0, (run.proc.returncode, err)
     assert "continuing with 2 rollout workers" in err and "Traceback" not in err, err
     assert re.search(r"^stopped: training_iteration reached", out, re.MULTILINE), out[-2000:]
     with open(run_dir / "progress.csv") as f:
-        rows = list(csv.DictReader(f))
+        return table, list(csv.DictReader(f))
+
+
+def test_es_drops_a_lost_ranks_perturbations_and_goes_on(tmp_path):
+    """ES under ULFM: kill -9 one of 3 rollout ranks mid-run; the generation in flight drops its
+    pairs, the others keep applying identical updates (checksums agree) until the stop."""
+    run_dir = tmp_path / "run"
+    stop = {"training_iteration": 14}
+    run = LiveRun(4, run_dir, {}, algo="ES", stop=stop)
+    table, rows = lose_a_rollout_rank(run, run_dir, victim=3, after_iteration=4)
     assert len(rows) == 14 and int(rows[-1]["num_rollout_workers"]) == 2
     assert int(rows[0]["num_rollout_workers"]) == 3
     # Generations went on after the loss, with updates the survivors agreed on (a checksum
@@ -164,18 +171,7 @@ def test_alphazero_goes_on_without_a_lost_self_play_rank(tmp_path):
               "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4}
     run = LiveRun(4, run_dir, config, algo="AlphaZero", env="openspiel/tic_tac_toe",
                   stop={"training_iteration": 8})
-    table = run.pids()
-    assert table[2][0] == "rollout"
-    run.wait_for_line(r"^iter 3[ /]")
-    os.kill(table[2][1], signal.SIGKILL)
-    run.wait_for_line(r"^mpirl: lost rank 2 ")
-    run.finish()
-    out, err = run.text("out"), run.text("err")
-    assert run.proc.returncode == 0, (run.proc.returncode, err)
-    assert "continuing with 2 rollout workers" in err and "Traceback" not in err, err
-    assert re.search(r"^stopped: training_iteration reached", out, re.MULTILINE), out[-2000:]
-    with open(run_dir / "progress.csv") as f:
-        rows = list(csv.DictReader(f))
+    table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
     assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
     assert int(rows[0]["num_rollout_workers"]) == 3 and int(rows[-1]["num_rollout_workers"]) == 2
     # The ranks left keep playing and training: games and SGD steps after the loss.
