@@ -69,7 +69,8 @@ KEYS = {
                            "value_hidden", "weight_decay", "train_batch_size",
                            "sgd_steps_per_iteration", "replay_capacity", "evaluation_interval",
                            "evaluation_games", "evaluation_opponents",
-                           "evaluation_simulations"},
+                           "evaluation_simulations", "evaluation_gumbel", "gating",
+                           "gating_threshold", "gating_games", "gating_opening_moves"},
 }
 
 # The defaults that differ most between algorithms (and that a slip in a base class would change).
