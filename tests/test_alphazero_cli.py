@@ -347,6 +347,9 @@ def test_local_mode_plays_and_trains(tmp_path, gating):
 @pytest.mark.parametrize("args, message", [
     (["--env", OS_TTT, "--config", '{"simulations": 0}'], '"simulations" = 0 is out of range'),
     (["--env", "CartPole-v1"], "AlphaZero plays two-player board games"),
+    (["--env", "openspiel/catch"], "1 player"),
+    (["--env", "openspiel/matrix_rps"], "move simultaneously"),
+    (["--env", "pettingzoo.classic.rps_v2"], "act simultaneously"),
     (["--env", OS_TTT, "--config", '{"evaluation_opponents": "nobody"}'], "not a player"),
     (["--env", OS_TTT, "--config", '{"num_learners": 3}'],
      '"train_batch_size" = 128 does not split evenly over 3 learners'),

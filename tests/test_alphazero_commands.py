@@ -68,6 +68,7 @@ def test_a_user_player_that_moves_illegally_forfeits_with_a_warning(run_dir, tmp
 
 @pytest.mark.parametrize("args, message", [
     (["--opponent", "nobody"], "is not a player"),
+    (["--opponent", "mcts:-3"], "mcts needs a positive whole number"),
     (["--opponent", "mcts:0"], "mcts needs a positive whole number"),
     (["--games", "0"], "--games must be at least 1"),
     (["--simulations", "-1"], "--simulations must be 0"),
@@ -101,3 +102,28 @@ def test_play_in_the_terminal(run_dir):
     proc = mpirl("play", str(run_dir), "--second", stdin="q\n")
     assert proc.returncode == 1 and "game abandoned" in proc.stdout
     assert proc.stdout.count("agent plays") == 1  # the agent opened
+
+
+def test_a_gating_runs_checkpoint_plays_its_best_network(tmp_path):
+    import pickle
+
+    import numpy as np
+
+    from mpirl.commands.match import load_agent
+
+    run = tmp_path / "gated"
+    config = {**QUICK, "gating": True, "gating_games": 4, "evaluation_interval": 2,
+              "evaluation_games": 2}
+    proc = mpirl("train", "--algo", "AlphaZero", "--env", OS_TTT, "--config",
+                 json.dumps(config), "--stop", '{"training_iteration": 3}', "--run-dir",
+                 str(run))
+    assert proc.returncode == 0, proc.stderr
+    checkpoint = run / "checkpoints" / "checkpoint_000003"
+    with open(checkpoint / "driver.pkl", "rb") as file:
+        best = pickle.load(file)["plan"]["best"]
+    with open(checkpoint / "learner_0.pkl", "rb") as file:
+        newest = pickle.load(file)["weights"]
+    assert not np.array_equal(best, newest)  # iteration 3 trained after the gating at 2
+    agent = load_agent(run)
+    played = agent.evaluate.model.get_flat_weights()
+    assert np.array_equal(played, best)

@@ -85,10 +85,20 @@ def load_agent(path: str | Path, warn=None) -> GameAgent:
     game = load_game(saved["env_id"], saved.get("env_config"))
     observation_space, action_space = game_spaces(game)
     model = build_torch_model(module.model_spec(observation_space, action_space, config))
-    model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
-                                           manifest["files"]["learner_0.pkl"])["weights"])
+    model.set_flat_weights(checkpoint_network(checkpoint, manifest, config))
     model.eval()
     return GameAgent(checkpoint, manifest, game, TorchEvaluator(model), config)
+
+
+def checkpoint_network(checkpoint: Path, manifest: dict[str, Any], config: Any) -> np.ndarray:
+    """The flat weights the checkpoint's run plays with: with ``gating``, the best network
+    (the driver's), else learner 0's newest."""
+    files = manifest["files"]
+    if getattr(config, "gating", False):
+        best = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])["plan"].get("best")
+        if best is not None:
+            return np.asarray(best, np.float32)
+    return read_state_file(checkpoint / "learner_0.pkl", files["learner_0.pkl"])["weights"]
 
 
 def evaluate_match(path: str | Path, opponent: str, games: int, simulations: int | None = None,
