@@ -367,7 +367,7 @@ class EnsembleTrainer:
             member = int(bad[0])
             raise ModelDivergedError(
                 f"dynamics ensemble member {member} diverged at epoch "
-                f"{self.trained_epochs + epoch}: its {what} is {float(values[member])} "
+                f"{self.trained_epochs + epoch}: its {what} is {float(values[member].detach())} "
                 f"(lower the dynamics learning_rate, or check the transitions for NaN or "
                 f"huge values)", member=member)
 
