@@ -282,3 +282,22 @@ def test_state_round_trip_is_bit_identical():
     for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a, b)
     assert trainer.get_state()["rng"] == copy_trainer.get_state()["rng"]
+
+
+def test_without_reward_and_without_holdout():
+    """``learn_reward=False`` predicts observations only; ``holdout_ratio=0`` stops and picks
+    elites on the training split; NaN transitions are refused before they reach the model."""
+    data = collect(200, 0)
+    torch.manual_seed(0)
+    model = DynamicsEnsemble(DynamicsSpec(3, 1, ensemble_size=3, elites=2, hidden_sizes=(16,),
+                                          learn_reward=False))
+    stats = EnsembleTrainer(model, EnsembleTrainerSpec(holdout_ratio=0.0, max_epochs=4)).train(
+        data)
+    assert model.target_size == 3 and stats["holdout_size"] == 0 and stats["train_size"] == 200
+    assert len(stats["elites"]) == 2 and stats["epochs"] == 4
+    next_obs, rewards, terminated = model.predict(data["obs"][:7], data["actions"][:7],
+                                                  np.random.default_rng(0), "sample")
+    assert next_obs.shape == (7, 3) and rewards is None and terminated.shape == (7,)
+    data["rewards"][5] = np.nan
+    with pytest.raises(ValueError, match="dynamics dataset rewards holds NaN"):
+        EnsembleTrainer(model).train(data)
