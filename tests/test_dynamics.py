@@ -106,6 +106,10 @@ def test_batched_members_equal_separate_passes():
         torch.testing.assert_close(mean[k], h[:, :t], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(logvar[k], lv, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(logits[k], h[:, 2 * t], rtol=1e-5, atol=1e-6)
+    # Through a subset of the members (predict's path when only the elites are in use).
+    subset = torch.tensor([1, 3])
+    for full, part in zip((mean, logvar, logits), model(x[subset], subset), strict=True):
+        torch.testing.assert_close(part, full[subset], rtol=1e-5, atol=1e-6)
     assert isinstance(build_torch_model(spec), DynamicsEnsemble)
 
 

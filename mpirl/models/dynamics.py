@@ -16,7 +16,7 @@ held-out MSE are the ones ``predict`` uses. A NaN or infinite loss or prediction
 
 ``predict`` samples one step for planning and model rollouts: TS-inf trajectory sampling, where
 particle i always goes through member ``members[i]``, batched over all particles in one forward
-pass (particles grouped by member and padded to ``[K, M, in]``).
+pass (particles grouped by member and padded to ``[U, M, in]``, through the U members in use).
 """
 
 from __future__ import annotations
@@ -53,8 +53,11 @@ class EnsembleLinear(nn.Module):
             torch.empty(members, in_size, out_size), std=std, a=-2 * std, b=2 * std))
         self.bias = nn.Parameter(torch.zeros(members, 1, out_size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias, x, self.weight)
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [K, B, in]``, or ``[len(members), B, in]`` through those members only."""
+        if members is None:
+            return torch.baddbmm(self.bias, x, self.weight)
+        return torch.baddbmm(self.bias[members], x, self.weight[members])
 
 
 class DynamicsEnsemble(FlatParameters):
@@ -88,17 +91,21 @@ class DynamicsEnsemble(FlatParameters):
 
     # -- the batched network -------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                 torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Normalized inputs ``[K, B, in]`` -> (mean ``[K, B, T]``, bounded log-variance
-        ``[K, B, T]``, termination logits ``[K, B]`` or None), all in normalized units."""
+        ``[K, B, T]``, termination logits ``[K, B]`` or None), all in normalized units. With
+        ``members`` (indices ``[U]``), ``x`` is ``[U, B, in]`` and goes through those only."""
         for layer in self.layers[:-1]:
-            x = self.activation(layer(x))
-        out = self.layers[-1](x)
+            x = self.activation(layer(x, members))
+        out = self.layers[-1](x, members)
         t = self.target_size
         mean, logvar = out[..., :t], out[..., t:2 * t]
-        logvar = self.max_logvar - F.softplus(self.max_logvar - logvar)
-        logvar = self.min_logvar + F.softplus(logvar - self.min_logvar)
+        max_logvar, min_logvar = self.max_logvar, self.min_logvar
+        if members is not None:
+            max_logvar, min_logvar = max_logvar[members], min_logvar[members]
+        logvar = max_logvar - F.softplus(max_logvar - logvar)
+        logvar = min_logvar + F.softplus(logvar - min_logvar)
         logits = out[..., 2 * t] if self.spec.learn_termination else None
         return mean, logvar, logits
 
@@ -166,18 +173,20 @@ class DynamicsEnsemble(FlatParameters):
                 raise ValueError(f"members has {members_t.shape[0]} entries for {n} particles")
             if n and (members_t.min() < 0 or members_t.max() >= self.spec.ensemble_size):
                 raise ValueError(f"members must index the {self.spec.ensemble_size} members")
-        # Group the particles by member, padded to [K, M, in]: one batched forward pass.
-        order = torch.argsort(members_t, stable=True)
-        counts = torch.bincount(members_t, minlength=self.spec.ensemble_size)
+        # Group the particles by member, padded to [U, M, in] for the U members in use (the
+        # elites, typically): one batched forward pass through those members only.
+        used, group = torch.unique(members_t, sorted=True, return_inverse=True)
+        order = torch.argsort(group, stable=True)
+        counts = torch.bincount(group, minlength=len(used))
         starts = torch.cumsum(counts, 0) - counts
-        sorted_members = members_t[order]
-        slot = torch.empty_like(members_t)
-        slot[order] = torch.arange(n, device=device) - starts[sorted_members]
+        slot = torch.empty_like(group)
+        slot[order] = torch.arange(n, device=device) - starts[group[order]]
         width = int(counts.max()) if n else 0
-        x = torch.zeros(self.spec.ensemble_size, width, self.in_size, device=device)
-        x[members_t, slot] = self.normalize_inputs(obs_t, act_t)
-        mean, logvar, logits = self(x)
-        mean, logvar = mean[members_t, slot], logvar[members_t, slot]
+        x = torch.zeros(len(used), width, self.in_size, device=device)
+        x[group, slot] = self.normalize_inputs(obs_t, act_t)
+        everyone = len(used) == self.spec.ensemble_size
+        mean, logvar, logits = self(x, None if everyone else used)
+        mean, logvar = mean[group, slot], logvar[group, slot]
         if mode == "sample":
             if isinstance(rng, torch.Generator):
                 noise = torch.randn(mean.shape, generator=rng, device=rng.device).to(device)
@@ -194,7 +203,7 @@ class DynamicsEnsemble(FlatParameters):
                 obs_t.cpu().numpy(), act_t.cpu().numpy(), next_obs.cpu().numpy()), bool)
             terminated = torch.as_tensor(done.reshape(n), device=device)
         elif logits is not None:
-            terminated = logits[members_t, slot] > 0
+            terminated = logits[group, slot] > 0
         else:
             terminated = torch.zeros(n, dtype=torch.bool, device=device)
         if as_numpy:
