@@ -145,3 +145,18 @@ class CheckpointError(MpirlError):
     """A checkpoint cannot be used: missing, corrupt, or of another run."""
 
     exit_code = 2
+
+
+class ModelDivergedError(MpirlError):
+    """A learned model's loss or prediction became NaN or infinite (a dynamics ensemble member
+    in model-based RL). The message names the member and the epoch or iteration; the run stops
+    and the last good checkpoint is kept. ``member`` is the member's index (None when unknown)."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, member: int | None = None) -> None:
+        super().__init__(message)
+        self.member = member
+
+    def __reduce__(self):
+        return (ModelDivergedError, (str(self), self.member))

@@ -1,2 +1,3 @@
-"""Models and losses: policies, Q networks, soft Q (SAC), V-trace.
+"""Models and losses: policies, Q networks, soft Q (SAC), V-trace, and the dynamics ensemble of
+model-based RL.
 """

@@ -19,6 +19,8 @@ from torch import nn
 from mpirl.errors import ConfigError
 from mpirl.models.alphazero import AlphaZeroNet
 from mpirl.models.alphazero_spec import AlphaZeroSpec
+from mpirl.models.dynamics import DynamicsEnsemble
+from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.evolution import DirectPolicy
 from mpirl.models.policy import Policy
 from mpirl.models.policy_spec import PolicySpec
@@ -30,7 +32,7 @@ from mpirl.models.soft_q import SACModel, SACSpec
 #: Each of mpirl's specs and the torch module built from it.
 NETWORKS: tuple[tuple[type, type[nn.Module]], ...] = (
     (PolicySpec, Policy), (QSpec, QNetwork), (DirectPolicySpec, DirectPolicy),
-    (SACSpec, SACModel), (AlphaZeroSpec, AlphaZeroNet))
+    (SACSpec, SACModel), (AlphaZeroSpec, AlphaZeroNet), (DynamicsSpec, DynamicsEnsemble))
 
 
 def build_torch_model(spec: Any, device: str = "cpu") -> Any:
@@ -43,8 +45,8 @@ def build_torch_model(spec: Any, device: str = "cpu") -> Any:
     if not callable(build):
         raise ConfigError(
             f"model_spec returned a {type(spec).__name__}, which mpirl cannot build: return a "
-            f"PolicySpec, QSpec, DirectPolicySpec, SACSpec or AlphaZeroSpec, or a spec of your "
-            f"own with build(device) -> torch.nn.Module")
+            f"PolicySpec, QSpec, DirectPolicySpec, SACSpec, AlphaZeroSpec or DynamicsSpec, or a "
+            f"spec of your own with build(device) -> torch.nn.Module")
     return build(device)
 
 

@@ -1,0 +1,395 @@
+"""A probabilistic dynamics ensemble (PETS, MBPO) and its trainer.
+
+``DynamicsEnsemble`` holds all K members in one batched module: every layer is an
+``EnsembleLinear`` with weights ``[K, in, out]``, and one forward pass maps ``[K, B, in]`` to
+``[K, B, out]`` with ``torch.baddbmm``. Member k predicts a diagonal Gaussian over the
+normalized (observation change, reward); its log-variance is soft-bounded between learned
+``min_logvar`` and ``max_logvar`` (PETS's softplus bounds). Inputs (observation, action) and
+targets are normalized with statistics fitted on the training split at every ``train`` call
+(``RunningMeanStd``). An optional head gives one termination logit per member.
+
+``EnsembleTrainer`` fits it: Gaussian NLL plus the bound regularizer, each member on its own
+bootstrap of the training split, Adam with weight decay, early stopping on a held-out split
+(each member keeps its best epoch's weights), then the ``elites`` members with the lowest
+held-out MSE are the ones ``predict`` uses. A NaN or infinite loss or prediction stops it with
+``ModelDivergedError`` naming the member and the epoch.
+
+``predict`` samples one step for planning and model rollouts: TS-inf trajectory sampling, where
+particle i always goes through member ``members[i]``, batched over all particles in one forward
+pass (particles grouped by member and padded to ``[U, M, in]``, through the U members in use).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpirl.errors import ModelDivergedError
+from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
+from mpirl.models.policy import FlatParameters
+from mpirl.models.statistics import RunningMeanStd
+
+_ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+#: The fields of a transitions dataset that ``EnsembleTrainer.train`` reads.
+DATASET_KEYS = ("obs", "actions", "rewards", "next_obs", "terminated")
+PREDICT_MODES = ("mean", "sample")
+
+
+class EnsembleLinear(nn.Module):
+    """K independent linear layers applied at once: ``x [K, B, in] -> [K, B, out]``."""
+
+    def __init__(self, members: int, in_size: int, out_size: int) -> None:
+        super().__init__()
+        # MBPO's initialization: truncated normal weights of std 1 / (2 sqrt(in)), zero biases.
+        std = 1.0 / (2.0 * math.sqrt(in_size))
+        self.weight = nn.Parameter(nn.init.trunc_normal_(
+            torch.empty(members, in_size, out_size), std=std, a=-2 * std, b=2 * std))
+        self.bias = nn.Parameter(torch.zeros(members, 1, out_size))
+
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [K, B, in]``, or ``[len(members), B, in]`` through those members only."""
+        if members is None:
+            return torch.baddbmm(self.bias, x, self.weight)
+        return torch.baddbmm(self.bias[members], x, self.weight[members])
+
+
+class DynamicsEnsemble(FlatParameters):
+    """K probabilistic dynamics members in one module (see the module's docstring).
+
+    Every parameter has the member index as its first dimension, so one member's weights are
+    the slices ``[k]`` of all of them (``member_state``). ``elites`` lists the members
+    ``predict`` samples from (all of them until a trainer has chosen)."""
+
+    def __init__(self, spec: DynamicsSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        k, obs, act = spec.ensemble_size, spec.observation_size, spec.action_size
+        self.in_size, self.target_size = obs + act, spec.target_size
+        self.out_size = 2 * self.target_size + int(spec.learn_termination)
+        sizes = [self.in_size, *spec.hidden_sizes, self.out_size]
+        self.layers = nn.ModuleList(EnsembleLinear(k, sizes[i], sizes[i + 1])
+                                    for i in range(len(sizes) - 1))
+        self.activation = _ACTIVATIONS[spec.activation]()
+        self.max_logvar = nn.Parameter(torch.full((k, 1, self.target_size), spec.max_logvar))
+        self.min_logvar = nn.Parameter(torch.full((k, 1, self.target_size), spec.min_logvar))
+        # Normalizers, as buffers (they travel with state_dict and .to(device)).
+        self.register_buffer("input_mean", torch.zeros(self.in_size))
+        self.register_buffer("input_std", torch.ones(self.in_size))
+        self.register_buffer("target_mean", torch.zeros(self.target_size))
+        self.register_buffer("target_std", torch.ones(self.target_size))
+        self.input_stats = RunningMeanStd((self.in_size,))
+        self.target_stats = RunningMeanStd((self.target_size,))
+        self.elites: list[int] = list(range(k))
+        self.termination_fn = spec.load_termination_fn()
+
+    # -- the batched network -------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Normalized inputs ``[K, B, in]`` -> (mean ``[K, B, T]``, bounded log-variance
+        ``[K, B, T]``, termination logits ``[K, B]`` or None), all in normalized units. With
+        ``members`` (indices ``[U]``), ``x`` is ``[U, B, in]`` and goes through those only."""
+        for layer in self.layers[:-1]:
+            x = self.activation(layer(x, members))
+        out = self.layers[-1](x, members)
+        t = self.target_size
+        mean, logvar = out[..., :t], out[..., t:2 * t]
+        max_logvar, min_logvar = self.max_logvar, self.min_logvar
+        if members is not None:
+            max_logvar, min_logvar = max_logvar[members], min_logvar[members]
+        logvar = max_logvar - F.softplus(max_logvar - logvar)
+        logvar = min_logvar + F.softplus(logvar - min_logvar)
+        logits = out[..., 2 * t] if self.spec.learn_termination else None
+        return mean, logvar, logits
+
+    def normalize_inputs(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return (torch.cat([obs, actions], -1) - self.input_mean) / self.input_std
+
+    def fit_normalizers(self, obs: np.ndarray, actions: np.ndarray, targets: np.ndarray) -> None:
+        """Statistics of the inputs and the (unnormalized) targets of the training split,
+        replacing the previous ones (the dataset grows between calls: merging would count the
+        old transitions twice)."""
+        self.input_stats = RunningMeanStd((self.in_size,))
+        self.input_stats.update(np.concatenate([obs, actions], -1).astype(np.float64))
+        self.target_stats = RunningMeanStd((self.target_size,))
+        self.target_stats.update(targets.astype(np.float64))
+        self._sync_normalizers()
+
+    def _sync_normalizers(self) -> None:
+        """The torch buffers from the NumPy statistics (an std of 0, a constant column, is 1)."""
+        for stats, mean, std in ((self.input_stats, self.input_mean, self.input_std),
+                                 (self.target_stats, self.target_mean, self.target_std)):
+            sd = np.sqrt(stats.var)
+            sd = np.where(sd < 1e-8, 1.0, sd)
+            mean.copy_(torch.as_tensor(stats.mean, dtype=torch.float32))
+            std.copy_(torch.as_tensor(sd, dtype=torch.float32))
+
+    def targets(self, obs: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+        """Unnormalized targets ``[N, T]``: the observation change, then the reward if learned."""
+        delta = (np.asarray(next_obs, np.float32) - np.asarray(obs, np.float32))
+        if not self.spec.learn_reward:
+            return delta
+        return np.concatenate([delta, np.asarray(rewards, np.float32).reshape(-1, 1)], -1)
+
+    # -- prediction ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def predict(self, obs: Any, actions: Any, rng: np.random.Generator | torch.Generator,
+                mode: str = "sample", members: Any = None
+                ) -> tuple[Any, Any | None, Any]:
+        """One model step for N particles: ``(next_obs [N, obs], rewards [N] or None,
+        terminated [N] bool)``, NumPy for NumPy inputs and torch (on the model's device) for
+        torch ones.
+
+        ``members [N]`` fixes each particle's member (TS-inf: pass the same array at every step
+        of a trajectory); None draws one elite per particle from ``rng`` (TS-1).
+        ``mode="mean"`` returns each member's mean; ``"sample"`` draws from its Gaussian with
+        ``rng`` (a NumPy Generator, or a torch Generator on the model's device). Terminations
+        come from ``termination_fn``, else the classifier (logit > 0), else are all False.
+        Rewards are None when the spec does not learn them."""
+        if mode not in PREDICT_MODES:
+            raise ValueError(f"predict mode {mode!r}: use 'mean' or 'sample'")
+        as_numpy = not isinstance(obs, torch.Tensor)
+        device = self.input_mean.device
+        obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device)
+        act_t = torch.as_tensor(actions, dtype=torch.float32, device=device)
+        n = obs_t.shape[0]
+        if members is None:
+            if isinstance(rng, torch.Generator):
+                pick = torch.randint(len(self.elites), (n,), generator=rng, device=rng.device)
+            else:
+                pick = torch.as_tensor(rng.integers(len(self.elites), size=n))
+            members_t = torch.as_tensor(self.elites, device=device)[pick.to(device)]
+        else:
+            members_t = torch.as_tensor(members, dtype=torch.long, device=device).reshape(-1)
+            if members_t.shape[0] != n:
+                raise ValueError(f"members has {members_t.shape[0]} entries for {n} particles")
+            if n and (members_t.min() < 0 or members_t.max() >= self.spec.ensemble_size):
+                raise ValueError(f"members must index the {self.spec.ensemble_size} members")
+        # Group the particles by member, padded to [U, M, in] for the U members in use (the
+        # elites, typically): one batched forward pass through those members only.
+        used, group = torch.unique(members_t, sorted=True, return_inverse=True)
+        order = torch.argsort(group, stable=True)
+        counts = torch.bincount(group, minlength=len(used))
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.empty_like(group)
+        slot[order] = torch.arange(n, device=device) - starts[group[order]]
+        width = int(counts.max()) if n else 0
+        x = torch.zeros(len(used), width, self.in_size, device=device)
+        x[group, slot] = self.normalize_inputs(obs_t, act_t)
+        everyone = len(used) == self.spec.ensemble_size
+        mean, logvar, logits = self(x, None if everyone else used)
+        mean, logvar = mean[group, slot], logvar[group, slot]
+        if mode == "sample":
+            if isinstance(rng, torch.Generator):
+                noise = torch.randn(mean.shape, generator=rng, device=rng.device).to(device)
+            else:
+                noise = torch.as_tensor(rng.standard_normal(tuple(mean.shape), np.float32),
+                                        device=device)
+            mean = mean + torch.exp(0.5 * logvar) * noise
+        out = mean * self.target_std + self.target_mean
+        obs_size = self.spec.observation_size
+        next_obs = obs_t + out[:, :obs_size]
+        rewards = out[:, obs_size] if self.spec.learn_reward else None
+        if self.termination_fn is not None:
+            done = np.asarray(self.termination_fn(
+                obs_t.cpu().numpy(), act_t.cpu().numpy(), next_obs.cpu().numpy()), bool)
+            terminated = torch.as_tensor(done.reshape(n), device=device)
+        elif logits is not None:
+            terminated = logits[group, slot] > 0
+        else:
+            terminated = torch.zeros(n, dtype=torch.bool, device=device)
+        if as_numpy:
+            return (next_obs.cpu().numpy(), None if rewards is None else rewards.cpu().numpy(),
+                    terminated.cpu().numpy())
+        return next_obs, rewards, terminated
+
+    # -- members and state ---------------------------------------------------------------------
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's slices of every parameter (copies)."""
+        return {name: p.detach()[k].clone() for name, p in self.named_parameters()}
+
+    @torch.no_grad()
+    def load_member_state(self, k: int, state: Mapping[str, torch.Tensor]) -> None:
+        for name, p in self.named_parameters():
+            p[k].copy_(state[name])
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights, normalizers and elites: ``set_state`` of this restores the module
+        bit-identically."""
+        return {"weights": {name: t.detach().cpu().clone()
+                            for name, t in self.state_dict().items()},
+                "input_stats": self.input_stats.state(),
+                "target_stats": self.target_stats.state(),
+                "elites": list(self.elites)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.load_state_dict(state["weights"])
+        for name in ("input_stats", "target_stats"):
+            mean, var, count = state[name]
+            stats = RunningMeanStd(np.shape(mean), count)
+            stats.mean, stats.var = np.array(mean, np.float64), np.array(var, np.float64)
+            setattr(self, name, stats)
+        self.elites = [int(k) for k in state["elites"]]
+
+
+def _as_dataset(data: Mapping[str, Any], spec: DynamicsSpec) -> dict[str, np.ndarray]:
+    """The transitions of ``data`` as float32 arrays of the shapes the spec says."""
+    missing = [key for key in DATASET_KEYS if key not in data]
+    if missing:
+        raise ValueError(f"dynamics dataset lacks {', '.join(missing)} (needs "
+                         f"{', '.join(DATASET_KEYS)})")
+    n = len(data["obs"])
+    out = {key: np.asarray(data[key], np.float32).reshape(n, -1) for key in DATASET_KEYS}
+    for key, size in (("obs", spec.observation_size), ("actions", spec.action_size),
+                      ("next_obs", spec.observation_size), ("rewards", 1), ("terminated", 1)):
+        if out[key].shape[1] != size:
+            raise ValueError(f"dynamics dataset {key} has {out[key].shape[1]} values per "
+                             f"transition, the spec {size}")
+        if not np.all(np.isfinite(out[key])):
+            raise ValueError(f"dynamics dataset {key} holds NaN or infinite values")
+    return out
+
+
+class EnsembleTrainer:
+    """Fits a ``DynamicsEnsemble`` to real transitions (see the module's docstring).
+
+    The optimizer and the generator (bootstraps, held-out split, minibatch order) persist across
+    ``train`` calls; ``get_state``/``set_state`` hold them with the ensemble's state, so a
+    resumed trainer continues bit-identically on the CPU."""
+
+    def __init__(self, model: DynamicsEnsemble, spec: EnsembleTrainerSpec | None = None,
+                 seed: int = 0) -> None:
+        self.model = model
+        self.spec = spec or EnsembleTrainerSpec()
+        decayed = [layer.weight for layer in model.layers]
+        rest = [p for name, p in model.named_parameters() if not name.endswith(".weight")]
+        self.optimizer = torch.optim.Adam(
+            [{"params": decayed, "weight_decay": self.spec.weight_decay},
+             {"params": rest, "weight_decay": 0.0}], lr=self.spec.learning_rate)
+        self.rng = np.random.default_rng(seed)
+        self.trained_epochs = 0
+        #: Training rows of each member's bootstrap in the last call ([K, n_train]), for tests.
+        self.last_bootstrap: np.ndarray | None = None
+
+    def train(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Train on ``data`` (``obs [N, o]``, ``actions [N, a]``, ``rewards [N]``,
+        ``next_obs [N, o]``, ``terminated [N]``) until early stopping, and choose the elites.
+
+        Returns ``member_mse`` (each member's held-out MSE, normalized units), ``elites``,
+        ``epochs``, ``train_nll`` (the last epoch's mean over members) and ``model_error``
+        (the elites' mean held-out one-step MSE, normalized units)."""
+        model, spec, k = self.model, self.spec, self.model.spec.ensemble_size
+        data = _as_dataset(data, model.spec)
+        n = len(data["obs"])
+        if n < 2:
+            raise ValueError(f"the dynamics ensemble needs at least 2 transitions, got {n}")
+        order = self.rng.permutation(n)
+        n_hold = min(int(n * spec.holdout_ratio), spec.max_holdout, n - 1)
+        hold_idx, train_idx = order[:n_hold], order[n_hold:]
+        targets = model.targets(data["obs"], data["rewards"], data["next_obs"])
+        model.fit_normalizers(data["obs"][train_idx], data["actions"][train_idx],
+                              targets[train_idx])
+        device = model.input_mean.device
+        with torch.no_grad():
+            inputs = model.normalize_inputs(torch.as_tensor(data["obs"], device=device),
+                                            torch.as_tensor(data["actions"], device=device))
+            norm_targets = (torch.as_tensor(targets, device=device) - model.target_mean
+                            ) / model.target_std
+        dones = torch.as_tensor(data["terminated"][:, 0], device=device)
+        # No held-out split (holdout_ratio 0): stop and choose elites on the training split.
+        eval_idx = torch.as_tensor(hold_idx if n_hold else train_idx, device=device)
+        n_train = len(train_idx)
+        bootstrap = train_idx[self.rng.integers(0, n_train, size=(k, n_train))]
+        self.last_bootstrap = bootstrap
+        best = np.full(k, np.inf)
+        best_states = [model.member_state(m) for m in range(k)]
+        stale, epoch, train_nll = 0, 0, float("nan")
+        batch = spec.batch_size
+        while epoch < spec.max_epochs and stale < spec.patience:
+            epoch += 1
+            shuffled = torch.as_tensor(self.rng.permuted(bootstrap, axis=1), device=device)
+            losses = []
+            model.train()
+            for start in range(0, n_train, batch):
+                idx = shuffled[:, start:start + batch]
+                nll = self._member_losses(inputs[idx], norm_targets[idx], dones[idx])
+                self._check(nll, epoch, "training loss")
+                loss = nll.sum() + spec.logvar_bound_coef * (
+                    model.max_logvar.sum() - model.min_logvar.sum())
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                losses.append(nll.detach())
+            train_nll = float(torch.stack(losses).mean())
+            mse = self._evaluate(inputs, norm_targets, eval_idx, epoch)
+            improved = (best - mse) / np.where(np.isfinite(best), best, 1.0) > spec.improvement
+            improved |= ~np.isfinite(best)
+            for m in np.flatnonzero(improved):
+                best[m] = mse[m]
+                best_states[m] = model.member_state(int(m))
+            stale = 0 if improved.any() else stale + 1
+        for m in range(k):
+            model.load_member_state(m, best_states[m])
+        model.eval()
+        mse = self._evaluate(inputs, norm_targets, eval_idx, epoch)
+        elites = sorted(int(m) for m in np.argsort(mse, kind="stable")[:model.spec.elites])
+        model.elites = elites
+        self.trained_epochs += epoch
+        return {"member_mse": mse.tolist(), "elites": elites, "epochs": epoch,
+                "train_nll": train_nll, "model_error": float(mse[elites].mean()),
+                "holdout_size": int(n_hold), "train_size": int(n_train)}
+
+    def _member_losses(self, x: torch.Tensor, y: torch.Tensor, done: torch.Tensor
+                       ) -> torch.Tensor:
+        """Each member's Gaussian NLL (up to constants), plus its termination cross-entropy:
+        ``[K]``."""
+        mean, logvar, logits = self.model(x)
+        nll = (((mean - y) ** 2) * torch.exp(-logvar) + logvar).mean((1, 2))
+        if logits is not None:
+            nll = nll + F.binary_cross_entropy_with_logits(
+                logits, done, reduction="none").mean(1)
+        return nll
+
+    @torch.no_grad()
+    def _evaluate(self, inputs: torch.Tensor, targets: torch.Tensor, idx: torch.Tensor,
+                  epoch: int) -> np.ndarray:
+        """Each member's MSE of its mean on ``idx`` (normalized units), ``[K]``."""
+        k = self.model.spec.ensemble_size
+        x = inputs[idx].unsqueeze(0).expand(k, -1, -1)
+        mean, _, _ = self.model(x)
+        mse = ((mean - targets[idx]) ** 2).mean((1, 2))
+        self._check(mse, epoch, "held-out prediction")
+        return mse.cpu().double().numpy()
+
+    def _check(self, values: torch.Tensor, epoch: int, what: str) -> None:
+        bad = torch.nonzero(~torch.isfinite(values.detach())).flatten()
+        if len(bad):
+            member = int(bad[0])
+            raise ModelDivergedError(
+                f"dynamics ensemble member {member} diverged at epoch "
+                f"{self.trained_epochs + epoch}: its {what} is {float(values[member].detach())} "
+                f"(lower the dynamics learning_rate, or check the transitions for NaN or "
+                f"huge values)", member=member)
+
+    def get_state(self) -> dict[str, Any]:
+        """The ensemble's state, the optimizer's, the generator's and the epoch count."""
+        return {"model": self.model.get_state(),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "rng": copy.deepcopy(self.rng.bit_generator.state),
+                "trained_epochs": self.trained_epochs}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.model.set_state(state["model"])
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        self.rng.bit_generator.state = copy.deepcopy(state["rng"])
+        self.trained_epochs = int(state["trained_epochs"])
+
