@@ -86,8 +86,10 @@ class Config(CommonConfig):
     """Probabilistic members of the ensemble (PETS: 5)."""
     elites: int = 5
     """Members the planner samples from: those with the lowest held-out error."""
-    hidden_sizes: tuple[int, ...] = (200, 200)
-    """Hidden widths of every member (PETS: 3-4 x 200; 2 x 200 suffices for Pendulum)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden widths of every member (PETS: 3-4 x 200). Planning runs the ensemble
+    horizon x CEM rounds times per action on a rollout rank's CPU: 2 x 64 plans 5 envs about
+    6x faster than 2 x 200 here, and models Pendulum well enough."""
     activation: str = "silu"
     """The members' activation: silu (PETS's swish), relu, tanh or elu."""
     termination_fn: str = ""

@@ -110,7 +110,10 @@ class PlanningModel(nn.Module):
 
     def set_flat_weights(self, flat: np.ndarray) -> None:
         unpack_ensemble(self.ensemble, flat)
+        # A new model: plans start afresh, and evaluation's noise from its seed (a resumed run,
+        # whose rollout ranks get the weights again, plans as one that never stopped).
         self._previous.clear()
+        self._eval_rng = np.random.default_rng(12345)
 
     # -- acting (ExploringActor's interface) ---------------------------------------------------
 
