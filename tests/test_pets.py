@@ -43,9 +43,10 @@ def test_pets_learns_pendulum_within_2000_env_steps(tmp_path):
     assert float(last["time_total_s"]) <= 150, last
 
 
-def test_a_quick_run_reports_the_model_columns(tmp_path):
+def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(tmp_path):
+    config = {**QUICK, "checkpoint_every": 4}
     _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
-                          "--config", json.dumps(QUICK), "--stop",
+                          "--config", json.dumps(config), "--stop",
                           '{"training_iteration": 4}', timeout=120)
     progress = rows(run_dir)
     assert COLUMNS <= set(progress[0])
@@ -54,6 +55,12 @@ def test_a_quick_run_reports_the_model_columns(tmp_path):
     assert [r["random_actions"] for r in progress] == ["1.0", "0.0", "0.0", "0.0"]
     assert all(math.isfinite(float(r["model_error"])) for r in progress)
     assert progress[1]["eval_return_mean"] != "nan"
+    # mpirl evaluate plans with the learner's ensemble from the checkpoint.
+    proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "1", "--json"],
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["episodes"] == 1 and math.isfinite(summary["return_mean"])
 
 
 def test_local_mode_plans_and_trains(tmp_path):

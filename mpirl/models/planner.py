@@ -130,8 +130,10 @@ class PlanningModel(nn.Module):
             return self.random_actions(len(obs), rng)
         return self.plan(obs, rng, deterministic=False)
 
-    def act(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray]:
-        return (self.plan(obs, self._eval_rng, deterministic=True),)
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray, None, None]:
+        """The plan's mean action, as a model acts for evaluation: (actions, no log-probs, no
+        values)."""
+        return self.plan(obs, self._eval_rng, deterministic=True), None, None
 
     @torch.no_grad()
     def plan(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool

@@ -175,8 +175,9 @@ class DynamicsLearner(Worker):
 
     def get_state(self) -> dict[str, Any]:
         """The transitions, the ensemble with its trainer (optimizer, generator) and the torch
-        rng."""
-        return {"data": {k: v.copy() for k, v in self.data.items()}, "added": self.added,
+        rng; ``weights`` is the broadcast vector, which ``mpirl evaluate`` plans with."""
+        return {"weights": pack_ensemble(self.model),
+                "data": {k: v.copy() for k, v in self.data.items()}, "added": self.added,
                 "trainer": self.trainer.get_state(), "iterations": self.iterations,
                 "torch_rng": capture_rng()}
 
