@@ -66,8 +66,10 @@ class Config(CommonConfig):
     """Real transitions kept for training the ensemble (the newest)."""
 
     # Planning (CEM with TS-inf)
-    planning_horizon: int = 15
-    """Steps each candidate action sequence looks ahead (PETS: task horizon T, 15-30)."""
+    planning_horizon: int = 30
+    """Steps each candidate action sequence looks ahead (PETS: 15-30). Pendulum needs 30: with
+    the true dynamics and the other defaults, 15 never swung up from near the bottom (mean
+    -619 over 10 starts) where 30 did (-181)."""
     cem_population: int = 200
     """Candidate action sequences per CEM round and env (PETS: popsize 400-500)."""
     cem_elites: int = 20
@@ -77,9 +79,9 @@ class Config(CommonConfig):
     cem_alpha: float = 0.1
     """Smoothing of CEM's mean and variance: new = alpha x old + (1 - alpha) x elites' (PETS:
     0.1)."""
-    particles: int = 5
+    particles: int = 3
     """TS-inf particles per candidate: each follows one elite member for the whole horizon
-    (PETS: npart 20)."""
+    (PETS: npart 20; 3 plans 5 envs about 2.5x faster than 5 here)."""
 
     # The dynamics ensemble
     ensemble_size: int = 5

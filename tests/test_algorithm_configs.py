@@ -112,8 +112,8 @@ DEFAULTS = {
                   "weight_decay": 1e-4, "grad_clip": 0.0, "train_batch_size": 128,
                   "replay_capacity": 20_000, "evaluation_opponents": "random,minimax"},
     "PETS": {"num_learners": 0, "num_envs_per_worker": 5, "rollout_fragment_length": 20,
-             "initial_random_steps": 200, "planning_horizon": 15, "cem_population": 200,
-             "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 5,
+             "initial_random_steps": 200, "planning_horizon": 30, "cem_population": 200,
+             "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 3,
              "ensemble_size": 5, "elites": 5, "activation": "silu"},
 }
 

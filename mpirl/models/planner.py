@@ -74,12 +74,12 @@ class PETSSpec:
     dynamics: DynamicsSpec
     action_low: tuple[float, ...]
     action_high: tuple[float, ...]
-    planning_horizon: int = 15
+    planning_horizon: int = 30
     cem_population: int = 200
     cem_elites: int = 20
     cem_iterations: int = 5
     cem_alpha: float = 0.1
-    particles: int = 5
+    particles: int = 3
 
     def build(self, device: Any = "cpu") -> PlanningModel:
         return PlanningModel(self).to(device)
