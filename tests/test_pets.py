@@ -63,6 +63,19 @@ def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(tmp_
     assert summary["episodes"] == 1 and math.isfinite(summary["return_mean"])
 
 
+def test_a_learner_rank_keeps_the_transitions_and_broadcasts_the_ensemble(tmp_path):
+    """num_learners 1: driver, learner rank, one rollout rank; the transitions travel from the
+    rollout rank to the learner's over the data plane."""
+    config = {**QUICK, "num_learners": 1}
+    _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
+                          "--config", json.dumps(config), "--stop",
+                          '{"training_iteration": 3}', timeout=120)
+    progress = rows(run_dir)
+    assert [int(r["transitions"]) for r in progress] == [20, 40, 60]
+    assert all(math.isfinite(float(r["model_error"])) for r in progress)
+    assert progress[1]["eval_return_mean"] != "nan"
+
+
 def test_local_mode_plans_and_trains(tmp_path):
     _, run_dir, _ = train(1, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
                           "--config", json.dumps(QUICK), "--stop",
