@@ -79,9 +79,9 @@ class Config(CommonConfig):
     cem_alpha: float = 0.1
     """Smoothing of CEM's mean and variance: new = alpha x old + (1 - alpha) x elites' (PETS:
     0.1)."""
-    particles: int = 3
+    particles: int = 2
     """TS-inf particles per candidate: each follows one elite member for the whole horizon
-    (PETS: npart 20; 3 plans 5 envs about 2.5x faster than 5 here)."""
+    (PETS: npart 20). Here 5 envs plan in 0.13 s a step with 2, 0.4 s with 3."""
 
     # The dynamics ensemble
     ensemble_size: int = 5

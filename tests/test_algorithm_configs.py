@@ -113,7 +113,7 @@ DEFAULTS = {
                   "replay_capacity": 20_000, "evaluation_opponents": "random,minimax"},
     "PETS": {"num_learners": 0, "num_envs_per_worker": 5, "rollout_fragment_length": 20,
              "initial_random_steps": 200, "planning_horizon": 30, "cem_population": 200,
-             "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 3,
+             "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 2,
              "ensemble_size": 5, "elites": 5, "activation": "silu"},
 }
 

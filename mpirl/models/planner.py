@@ -79,7 +79,7 @@ class PETSSpec:
     cem_elites: int = 20
     cem_iterations: int = 5
     cem_alpha: float = 0.1
-    particles: int = 3
+    particles: int = 2
 
     def build(self, device: Any = "cpu") -> PlanningModel:
         return PlanningModel(self).to(device)
