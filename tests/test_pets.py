@@ -2,8 +2,13 @@
 ranks, the ensemble trained on the learner in the driver's process; learning on Pendulum-v1,
 checkpoint and resume, and bad input.
 
-MEASURED is filled in below from the runs this test repeats.
-"""
+Measured when written (2026-11-28, 2 cores, mpiexec -n 3, defaults, 2,000 env steps, evaluated
+once after the last iteration on 10 deterministic episodes): seed 0 -132.2 in 96.6 s of
+training (100 s wall), seed 1 -155.6 in 83.8 s, seed 2 -169.1 in 118.0 s. The model's held-out
+error (normalized) falls from 0.07-0.15 after the 200 random steps to 0.004-0.009. With another
+job's tests sharing the two cores the same seed 0 run took 195 s (the same -132.2: a run is
+the same for the same seed on one machine), so the 150 s bound holds only on a quiet machine.
+With 3 particles instead of 2, seed 0 reached -131.7 but planned 3x slower."""
 
 from __future__ import annotations
 
@@ -33,11 +38,10 @@ def test_pets_learns_pendulum_within_2000_env_steps(tmp_path):
     after 2,000 env steps, under 150 s, with mpiexec -n 3 (driver and learner, 2 rollout
     ranks, 5 envs each: 10 iterations of 200 steps, evaluated after the last)."""
     proc, run_dir, result = train(
-        3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--seed", "1",
+        3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--seed", "0",
         "--config", json.dumps({"evaluation_interval": 10}),
         "--stop", '{"timesteps_total": 2000}', timeout=300)
-    progress = rows(run_dir)
-    last = progress[-1]
+    last = rows(run_dir)[-1]
     assert int(last["timesteps_total"]) == 2000
     assert float(last["eval_return_mean"]) >= -200, last
     assert float(last["time_total_s"]) <= 150, last
