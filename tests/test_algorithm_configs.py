@@ -71,6 +71,12 @@ KEYS = {
                            "evaluation_games", "evaluation_opponents",
                            "evaluation_simulations", "evaluation_gumbel", "gating",
                            "gating_threshold", "gating_games", "gating_opening_moves"},
+    "PETS": COMMON | {"rollout_fragment_length", "initial_random_steps", "buffer_size",
+                      "planning_horizon", "cem_population", "cem_elites", "cem_iterations",
+                      "cem_alpha", "particles", "ensemble_size", "elites", "termination_fn",
+                      "model_weight_decay", "model_batch_size", "model_holdout_ratio",
+                      "model_patience", "model_max_epochs", "evaluation_interval",
+                      "evaluation_episodes"},
 }
 
 # The defaults that differ most between algorithms (and that a slip in a base class would change).
@@ -105,6 +111,10 @@ DEFAULTS = {
     "AlphaZero": {"num_learners": 0, "games_per_worker": 32, "simulations": 16, "lr": 3e-3,
                   "weight_decay": 1e-4, "grad_clip": 0.0, "train_batch_size": 128,
                   "replay_capacity": 20_000, "evaluation_opponents": "random,minimax"},
+    "PETS": {"num_learners": 0, "num_envs_per_worker": 5, "rollout_fragment_length": 20,
+             "initial_random_steps": 200, "planning_horizon": 30, "cem_population": 200,
+             "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 2,
+             "ensemble_size": 5, "elites": 5, "activation": "silu"},
 }
 
 

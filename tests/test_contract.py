@@ -163,12 +163,13 @@ def worker_classes() -> list[type]:
     from mpirl.workers.env_runner import EnvRunner
     from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
     from mpirl.workers.learner import Learner
+    from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
     from mpirl.workers.q_workers import QLearner, TransitionWorker
     from mpirl.workers.replay_shard import ReplayShard
     from mpirl.workers.rollout import RolloutWorker
 
     return [RolloutWorker, TransitionWorker, Learner, QLearner, ReplayShard, PerturbationWorker,
-            SearchWeights, EnvRunner]
+            SearchWeights, EnvRunner, PlanningWorker, DynamicsLearner]
 
 
 @pytest.mark.parametrize("cls", worker_classes(), ids=lambda cls: cls.__name__)
@@ -190,12 +191,20 @@ def cartpole():
     return EnvSpec("CartPole-v1")
 
 
+def pendulum():
+    from mpirl.workers.env_spec import EnvSpec
+
+    return EnvSpec("Pendulum-v1")
+
+
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithms_workers_take_settings_from_its_config(name):
     module = load_algorithm(name)
     games = plays_games(module)  # AlphaZero: a board game
     config = module.Config()
-    env = game_env_spec("openspiel/tic_tac_toe", None, {}, name) if games else cartpole()
+    continuous = name == "PETS"  # it plans Box actions only
+    env = (game_env_spec("openspiel/tic_tac_toe", None, {}, name) if games
+           else pendulum() if continuous else cartpole())
     spec = module.model_spec(*env.spaces(), config)
     rollout = module.ROLLOUT_WORKER.Settings.from_config(config, env=env, policy=spec)
     learner = module.LEARNER.Settings.from_config(config, policy=spec, loss=module.loss)
