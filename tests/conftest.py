@@ -239,6 +239,22 @@ def kill_9_after_checkpoint(n: int, run_dir: Path, role: str, iteration: int,
     assert run.finish() != 0
 
 
+def local_train(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``mpirl train ARGS --run-dir TMP_PATH/run`` in local mode (one process, no mpiexec)."""
+    return subprocess.run([str(BIN / "mpirl"), "train", *args, "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=timeout, env=mpi_env())
+
+
+def train_refused(tmp_path: Path, *args: str) -> str:
+    """Check that ``mpirl train ARGS`` (local mode) refuses its input: exit 2, one line on
+    stderr, no traceback. That line."""
+    proc = local_train(tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    return proc.stderr
+
+
 def doctor_learner_rows(stdout: str) -> list[list[str]]:
     """The rows of the doctor's learner table (rank, host, device, gpu, backend, torch, cuda,
     nccl). Cells are split on runs of two or more spaces: a GPU's name has single spaces."""

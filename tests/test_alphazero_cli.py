@@ -30,9 +30,12 @@ from conftest import (
     PROGRAMS,
     PZ_TTT,
     LiveRun,
+    kill_9_after_checkpoint,
     latest_checkpoint_iteration,
+    local_train,
     mpi_env,
     run_mpi,
+    train_refused,
 )
 from test_train import MPIRL, rows, train
 
@@ -217,12 +220,8 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
                    json.dumps({"training_iteration": total}), timeout=120)
     assert proc.returncode == 0, proc.stderr
 
-    run = LiveRun(3, "--algo", "AlphaZero", "--env", PZ_TTT, "--config", config, "--run-dir",
-                  str(interrupted), "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: latest_checkpoint_iteration(interrupted) >= 4, "a checkpoint at 4")
-    driver = next(pid for role, pid in run.pids().values() if role == "driver")
-    os.kill(driver, signal.SIGKILL)
-    assert run.finish() != 0
+    kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", "AlphaZero", "--env", PZ_TTT,
+                            "--config", config)
     assert latest_checkpoint_iteration(interrupted) < total, "the kill came too late"
 
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
@@ -325,15 +324,12 @@ def test_self_play_games_are_dumped_to_hdf5(tmp_path):
         assert np.all(episode.infos["action_logp"] <= 0)
 
 
-def run_cli(tmp_path, *args):
-    return subprocess.run([*MPIRL, "train", *args, "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
 
 
 @pytest.mark.parametrize("gating", [False, True])
 def test_local_mode_plays_and_trains(tmp_path, gating):
     config = {**QUICK, "gating": gating, "gating_games": 4}
-    proc = run_cli(tmp_path, "--algo", "alphazero", "--env", OS_TTT, "--config",
+    proc = local_train(tmp_path, "--algo", "alphazero", "--env", OS_TTT, "--config",
                    json.dumps(config), "--stop", '{"training_iteration": 2}')
     assert proc.returncode == 0, proc.stderr
     progress = rows(tmp_path / "run")
@@ -355,12 +351,9 @@ def test_local_mode_plays_and_trains(tmp_path, gating):
      '"train_batch_size" = 128 does not split evenly over 3 learners'),
 ])
 def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
-    proc = run_cli(tmp_path, "--algo", "AlphaZero", *args)
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert message in train_refused(tmp_path, "--algo", "AlphaZero", *args)
 
 
 def test_other_algorithms_still_refuse_a_game_id(tmp_path):
-    proc = run_cli(tmp_path, "--algo", "PPO", "--env", OS_TTT)
+    proc = local_train(tmp_path, "--algo", "PPO", "--env", OS_TTT)
     assert proc.returncode == 2 and "unknown environment id" in proc.stderr, proc.stderr
