@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,8 +25,8 @@ from mpirl.execution.contract import load_algorithm, plays_games
 from mpirl.models.alphazero import TorchEvaluator
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.state_files import read_state_file
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import Player, RawPolicyPlayer, SearchPlayer, make_player, play_match
+from mpirl.search.players import Player, make_player, network_player, play_match
+from mpirl.workers.alphazero_workers import search_config
 
 
 @dataclass
@@ -40,16 +40,15 @@ class GameAgent:
     config: Any
 
     def player(self, simulations: int, rng: np.random.Generator) -> Player:
-        """Search with ``simulations`` a move (the run's ``c_puct``, and its evaluation's root
-        rule: PUCT unless ``evaluation_gumbel``; no noise), or the raw policy for 0."""
+        """Search with ``simulations`` a move as the run's evaluation searches (its self-play
+        search, PUCT unless ``gumbel`` and ``evaluation_gumbel``; no noise), or the raw policy
+        for 0."""
         if simulations < 0:
             raise ConfigError(f"--simulations must be 0 (the raw policy) or more, not "
                               f"{simulations}")
-        if simulations == 0:
-            return RawPolicyPlayer(self.evaluate)
-        search = SearchConfig(simulations=simulations, c_puct=self.config.c_puct,
-                              gumbel=self.config.evaluation_gumbel, root_noise=False)
-        return SearchPlayer(self.game, self.evaluate, search, rng, name="agent")
+        config = self.config
+        search = replace(search_config(config), gumbel=config.gumbel and config.evaluation_gumbel)
+        return network_player(self.game, self.evaluate, search, simulations, rng, name="agent")
 
 
 def is_game_checkpoint(manifest: dict[str, Any]) -> bool:

@@ -356,6 +356,15 @@ def _is_legal(action: Any, state: GameState) -> bool:
     return index == action and 0 <= index < mask.size and bool(mask[index])
 
 
+def network_player(game: Game, evaluate: Evaluator, search: SearchConfig, simulations: int,
+                   rng: np.random.Generator, name: str = "search") -> Player:
+    """A network as a player: ``search`` with ``simulations`` a move and no root noise, or its
+    raw policy for 0 simulations."""
+    if not simulations:
+        return RawPolicyPlayer(evaluate)
+    return SearchPlayer(game, evaluate, replace(search, simulations=simulations), rng, name=name)
+
+
 class RawPolicyPlayer:
     """The network's most probable legal move, without search: what it learned by itself."""
 

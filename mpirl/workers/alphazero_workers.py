@@ -44,7 +44,7 @@ from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import Player, RawPolicyPlayer, SearchPlayer, make_player, play_match
+from mpirl.search.players import Player, make_player, network_player, play_match
 from mpirl.search.symmetries import augment, symmetries
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.delivery import IN_ANSWER, Delivery, ToLearnerOf, ToRank
@@ -272,12 +272,9 @@ class SelfPlayWorker(Worker):
             self._match_models.append(model)
         model = self._match_models[slot]
         model.set_flat_weights(np.asarray(weights, np.float32))
-        evaluate = TorchEvaluator(model)
-        if share.simulations:
-            search = replace(self.settings.search, simulations=share.simulations,
-                             gumbel=share.gumbel)
-            return SearchPlayer(self.game, evaluate, search, rng, name=name)
-        return RawPolicyPlayer(evaluate)
+        return network_player(self.game, TorchEvaluator(model),
+                              replace(self.settings.search, gumbel=share.gumbel),
+                              share.simulations, rng, name=name)
 
 
 @dataclass(frozen=True, kw_only=True)
