@@ -96,7 +96,7 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                 + (f" (module {saved['env_module']})" if saved.get("env_module") else "")
                 + "; an exported file imports no module it names: pass --env (and --env-module) "
                   "to say which environment to run")
-        spaces = (policy.spec.observation_space, policy.spec.action_space)
+        spaces = manifest["gym_spaces"]
     else:
         checkpoint, manifest = find_checkpoint(path, warn)
         saved = manifest["env"]

@@ -7,6 +7,8 @@ named float arrays, read back with ``np.load(..., allow_pickle=False)``. It hold
 * ``weights/<name>``: learner 0's parameters, one array per named tensor of the model (the
   policy of PPO, A2C, IMPALA, A3C, BC and MARWIL; the Q network of DQN and Ape-X; SAC's actor
   and critics);
+* ``flat_weights``: the model's whole weight vector, only where it holds more than its
+  parameters (PETS's planner: the ensemble's normalizers and elites too);
 * ``obs_filter/mean``, ``obs_filter/var``, ``obs_filter/count``: the observation normalizer's
   statistics, when the run normalized observations;
 * ``spaces/<observation|action>/<low|high>``: the bounds of Box spaces;
@@ -39,6 +41,7 @@ from mpirl.models.torch_model import build_torch_model
 FORMAT = "mpirl-policy"
 FORMAT_VERSION = 1
 HEADER = "header"
+FLAT_WEIGHTS = "flat_weights"
 
 
 def _space_to_json(space: gym.Space, prefix: str, arrays: dict[str, np.ndarray]
@@ -152,6 +155,11 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
         obs_filter = driver["obs_filter"]
     arrays = {f"weights/{name}": tensor.detach().numpy().copy()
               for name, tensor in model.named_parameters()}
+    flat = model.get_flat_weights()
+    if flat.size != sum(array.size for array in arrays.values()):
+        # The model acts on more than its parameters (PETS's planner: the ensemble's
+        # normalizers and elites), so the file keeps its whole broadcast vector too.
+        arrays[FLAT_WEIGHTS] = np.asarray(flat, np.float32)
     normalized = False
     if getattr(config, "normalize_observations", False):
         if obs_filter is not None:
@@ -219,7 +227,8 @@ def read_exported(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarra
 
 def load_exported(path: str | Path) -> tuple[dict[str, Any], Any, RunningMeanStd | None]:
     """The header, the model with its weights, and the observation normalizer (None if the run
-    did not normalize) of an exported file, built from the file alone."""
+    did not normalize) of an exported file, built from the file alone. The header's
+    ``gym_spaces`` is the (observation, action) spaces the file was trained on."""
     from mpirl.config.parse import build
     from mpirl.execution.contract import load_algorithm
 
@@ -249,6 +258,13 @@ def load_exported(path: str | Path) -> tuple[dict[str, Any], Any, RunningMeanStd
                 raise CheckpointError(f"{path}: weights/{name} has shape {value.shape}, the "
                                       f"model's is {tuple(tensor.shape)}")
             tensor.copy_(torch.from_numpy(np.asarray(value, np.float32)))
+    if FLAT_WEIGHTS in arrays:
+        if arrays[FLAT_WEIGHTS].size != model.num_weights():
+            raise CheckpointError(f"{path}: {FLAT_WEIGHTS} has {arrays[FLAT_WEIGHTS].size} "
+                                  f"values, the {header['algo']} model's vector "
+                                  f"{model.num_weights()}")
+        model.set_flat_weights(arrays[FLAT_WEIGHTS])
+    header["gym_spaces"] = (observation_space, action_space)
     obs_filter = None
     if header.get("normalize_observations"):
         obs_filter = RunningMeanStd(arrays["obs_filter/mean"].shape)

@@ -187,6 +187,12 @@ class ProgressDisplay:
                   if key not in _SHOWN]
         if "episode_len_mean" in row:
             parts.append(f"len {_decimal(row['episode_len_mean'])}")
+        if not _is_missing(row.get("eval_return_mean")):
+            parts.append(f"eval {_decimal(row['eval_return_mean'])}")
+        if not _is_missing(row.get("model_error")):
+            # A learned dynamics model's held-out one-step error (PETS, MBPO): 1 is no better
+            # than predicting the mean change, so a rise says the planner is misled.
+            parts.append(f"model err {float(row['model_error']):.3g}")
         if row.get("num_env_failures"):
             parts.append(f"env failures {_count(row['num_env_failures'])}")
         if not _is_missing(row.get("perf/driver_rss_mb")):
