@@ -29,12 +29,13 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config.fields import CommonConfig, Range, at_least, within
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, RankLost
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
     SampleResult,
     add_sample_metrics,
     broadcast_weights,
+    discard_lost_rollouts,
     evaluate_policy,
     replay_dest,
 )
@@ -201,20 +202,26 @@ def setup(trainer: Trainer) -> PETSState:
 
 def sample_to_learner(trainer: Trainer, epsilon: float) -> SampleResult:
     """Every rollout worker steps its envs (``epsilon`` 1: random actions, else planned) and
-    sends its transitions straight to learner 0, which keeps them."""
+    sends its transitions straight to learner 0, which keeps them. A rank lost meanwhile
+    (survived, under ULFM) is left out, and the weight broadcast shrinks to the ranks left."""
     learner = trainer.learners[0]
+    discard_lost_rollouts(trainer.learners, trainer.rollouts)
     futures = [(worker, worker.call_async("sample_steps", trainer.config.rollout_fragment_length,
                                           epsilon, replay_dest(worker, learner)))
                for worker in trainer.rollouts]
     result, sources, batches = SampleResult(), [], []
     for worker, future in futures:
-        metrics = future.result()
+        try:
+            metrics = future.result()
+        except RankLost:  # its transitions are not waited for
+            continue
         if "transitions" in metrics:
             batches.append(metrics.pop("transitions"))
         else:
             sources.append(worker.rank)
         add_sample_metrics(result, metrics)
     learner.call("add", sources, batches)
+    discard_lost_rollouts(trainer.learners, trainer.rollouts)
     return result
 
 

@@ -178,3 +178,22 @@ def test_alphazero_goes_on_without_a_lost_self_play_rank(tmp_path):
     assert int(rows[-1]["games_this_iter"]) >= 8 and int(rows[-1]["sgd_steps"]) == 4
     assert rows[-1]["eval_random_win"] != "nan"
     assert_every_rank_ended([pid for _, pid in table.values()])
+
+
+def test_pets_goes_on_without_a_lost_planning_rank(tmp_path):
+    """PETS's transitions go rollout -> learner: the lost rank's are not waited for, the
+    ensemble reaches the ranks left, and their evaluation episodes make up the whole count."""
+    import numpy as np
+    from test_pets import QUICK
+
+    run_dir = tmp_path / "run"
+    run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 1, "evaluation_episodes": 3},
+                  algo="PETS", env="Pendulum-v1", stop={"training_iteration": 8})
+    table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    assert int(rows[0]["num_rollout_workers"]) == 3 and int(rows[-1]["num_rollout_workers"]) == 2
+    # 3 ranks x 2 envs x 10 steps an iteration, then 2 ranks' 40 once the loss is seen.
+    grown = np.diff([int(r["transitions"]) for r in rows]).tolist()
+    assert grown[0] == 60 and grown[-1] == 40, grown
+    assert all(r["eval_return_mean"] != "nan" for r in rows[-3:])
+    assert_every_rank_ended([pid for _, pid in table.values()])
