@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config.fields import CommonConfig, Range, at_least, within
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, RemoteError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
     SampleResult,
@@ -137,9 +137,10 @@ class Config(CommonConfig):
         if self.cem_elites > self.cem_population:
             raise ConfigError(f"PETS: cem_elites ({self.cem_elites}) cannot exceed "
                               f"cem_population ({self.cem_population})")
-        if self.num_learners > 1:
-            raise ConfigError(f"PETS trains its ensemble on one learner: num_learners "
-                              f"{self.num_learners} must be 0 or 1")
+        if self.num_learners > self.ensemble_size:
+            raise ConfigError(f"PETS trains at least one ensemble member per learner rank: "
+                              f"num_learners ({self.num_learners}) cannot exceed ensemble_size "
+                              f"({self.ensemble_size})")
 
     def trainer_spec(self) -> EnsembleTrainerSpec:
         return EnsembleTrainerSpec(
@@ -201,7 +202,8 @@ def setup(trainer: Trainer) -> PETSState:
 
 def sample_to_learner(trainer: Trainer, epsilon: float) -> SampleResult:
     """Every rollout worker steps its envs (``epsilon`` 1: random actions, else planned) and
-    sends its transitions straight to learner 0, which keeps them."""
+    sends its transitions straight to learner 0, which keeps them and, with several learner
+    ranks, broadcasts them to the others (one send per rollout rank whatever their number)."""
     learner = trainer.learners[0]
     futures = [(worker, worker.call_async("sample_steps", trainer.config.rollout_fragment_length,
                                           epsilon, replay_dest(worker, learner)))
@@ -214,18 +216,35 @@ def sample_to_learner(trainer: Trainer, epsilon: float) -> SampleResult:
         else:
             sources.append(worker.rank)
         add_sample_metrics(result, metrics)
-    learner.call("add", sources, batches)
+    all_learners(trainer, "add", lambda i: (sources, batches) if i == 0 else ([], None))
     return result
+
+
+def all_learners(trainer: Trainer, method: str, args: Any = lambda i: ()) -> Any:
+    """``method(*args(i))`` on every learner i at once (a collective over them with several);
+    learner 0's answer. When some raise, learner 0's error (they raise alike) is raised after
+    every answer is in, so no call is left running."""
+    futures = [learner.call_async(method, *args(i)) for i, learner in enumerate(trainer.learners)]
+    answers, errors = [], []
+    for future in futures:
+        try:
+            answers.append(future.result())
+        except RemoteError as error:
+            errors.append(error)
+    if errors:
+        raise errors[0]
+    return answers[0]
 
 
 def training_step(trainer: Trainer, state: PETSState) -> dict[str, float]:
     """Sample (random actions until ``initial_random_steps``, planned ones after), fit the
-    ensemble to every real transition, broadcast it; evaluate every ``evaluation_interval``."""
+    ensemble to every real transition (each learner rank its members), broadcast it from
+    learner 0; evaluate every ``evaluation_interval``."""
     config = trainer.config
     random_actions = trainer.timesteps_total < config.initial_random_steps
     samples = sample_to_learner(trainer, 1.0 if random_actions else 0.0)
     trainer.count(samples)
-    stats = trainer.learners[0].call("train")
+    stats = all_learners(trainer, "train")
     broadcast_weights(trainer.learners, trainer.rollouts)
     if config.evaluation_interval and (trainer.iteration + 1) % config.evaluation_interval == 0:
         played = evaluate_policy(trainer.rollouts, config.evaluation_episodes,
