@@ -313,9 +313,11 @@ class EnsembleTrainer:
         order = self.rng.permutation(n)
         n_hold = min(int(n * spec.holdout_ratio), spec.max_holdout, n - 1)
         hold_idx, train_idx = order[:n_hold], order[n_hold:]
-        targets = model.targets(data["obs"], data["rewards"], data["next_obs"])
-        model.fit_normalizers(data["obs"][train_idx], data["actions"][train_idx],
-                              targets[train_idx])
+        # Overflowing values are the members' to report (as a diverged loss), not NumPy's.
+        with np.errstate(over="ignore", invalid="ignore"):
+            targets = model.targets(data["obs"], data["rewards"], data["next_obs"])
+            model.fit_normalizers(data["obs"][train_idx], data["actions"][train_idx],
+                                  targets[train_idx])
         device = model.input_mean.device
         with torch.no_grad():
             inputs = model.normalize_inputs(torch.as_tensor(data["obs"], device=device),
