@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from mpirl.config.fields import CommonConfig, Range, at_least, within
+from mpirl.config.fields import CommonConfig, Range, above, at_least, within
 from mpirl.errors import ConfigError, RemoteError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
@@ -40,7 +40,7 @@ from mpirl.execution.operators import (
 )
 from mpirl.execution.trainer import Trainer
 from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
-from mpirl.models.planner import PETSSpec
+from mpirl.models.planner import PLANNERS, PETSSpec
 from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
 
 ROLLOUT_WORKER = PlanningWorker
@@ -65,7 +65,7 @@ class Config(CommonConfig):
     buffer_size: int = 100_000
     """Real transitions kept for training the ensemble (the newest)."""
 
-    # Planning (CEM with TS-inf)
+    # Planning (CEM or MPPI, with TS-inf)
     planning_horizon: int = 30
     """Steps each candidate action sequence looks ahead (PETS: 15-30). Pendulum needs 30: with
     the true dynamics and the other defaults, 15 never swung up from near the bottom (mean
@@ -82,6 +82,19 @@ class Config(CommonConfig):
     particles: int = 2
     """TS-inf particles per candidate: each follows one elite member for the whole horizon
     (PETS: npart 20). Here 5 envs plan in 0.13 s a step with 2, 0.4 s with 3."""
+    planner: str = "cem"
+    """How actions are planned over the ensemble: "cem" (the cem_* keys) or "mppi" (the mppi_*
+    keys); both score candidates with the same TS-inf particles over planning_horizon."""
+    mppi_population: int = 200
+    """MPPI's perturbed action sequences per round and env (the first is the mean itself)."""
+    mppi_iterations: int = 3
+    """MPPI's rounds per action: each reweights a fresh population around the last mean."""
+    mppi_temperature: float = 1.0
+    """MPPI's lambda, in units of the predicted return over the horizon: candidates are weighted
+    by exp((return - best return) / lambda); smaller follows the best candidates more
+    greedily."""
+    mppi_noise_std: float = 0.5
+    """Standard deviation of MPPI's perturbations, as a fraction of half the action range."""
 
     # The dynamics ensemble
     ensemble_size: int = 5
@@ -123,6 +136,8 @@ class Config(CommonConfig):
         "buffer_size": at_least(2), "planning_horizon": at_least(1),
         "cem_population": at_least(1), "cem_elites": at_least(1), "cem_iterations": at_least(1),
         "cem_alpha": within(0, 1, ), "particles": at_least(1), "ensemble_size": at_least(1),
+        "mppi_population": at_least(1), "mppi_iterations": at_least(1),
+        "mppi_temperature": above(0), "mppi_noise_std": above(0),
         "elites": at_least(1), "model_weight_decay": at_least(0),
         "model_batch_size": at_least(1), "model_holdout_ratio": Range(0, 1, high_open=True),
         "model_patience": at_least(1), "model_max_epochs": at_least(1),
@@ -134,6 +149,9 @@ class Config(CommonConfig):
             raise ConfigError(f"PETS: elites ({self.elites}) cannot exceed ensemble_size "
                               f"({self.ensemble_size}): the elites are chosen among the "
                               f"members")
+        if self.planner not in PLANNERS:
+            raise ConfigError(f"PETS: planner {self.planner!r}: use one of "
+                              f"{', '.join(repr(p) for p in PLANNERS)}")
         if self.cem_elites > self.cem_population:
             raise ConfigError(f"PETS: cem_elites ({self.cem_elites}) cannot exceed "
                               f"cem_population ({self.cem_population})")
@@ -172,7 +190,11 @@ def model_spec(observation_space: gym.Space, action_space: gym.Space, config: Co
                     planning_horizon=config.planning_horizon,
                     cem_population=config.cem_population, cem_elites=config.cem_elites,
                     cem_iterations=config.cem_iterations, cem_alpha=config.cem_alpha,
-                    particles=config.particles)
+                    particles=config.particles, planner=config.planner,
+                    mppi_population=config.mppi_population,
+                    mppi_iterations=config.mppi_iterations,
+                    mppi_temperature=config.mppi_temperature,
+                    mppi_noise_std=config.mppi_noise_std)
 
 
 def check_config(config: Config, env: Any) -> None:
