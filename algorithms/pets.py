@@ -1,19 +1,24 @@
 """PETS: probabilistic ensembles with trajectory sampling (Chua et al. 2018), for continuous
 actions.
 
-The learner (in the driver's process with ``num_learners`` 0, or one learner rank) keeps the
-real transitions and, every iteration, fits the dynamics ensemble to all of them
+The learner (in the driver's process with ``num_learners`` 0, or learner ranks) keeps the real
+transitions and, every iteration, fits the dynamics ensemble to all of them
 (``EnsembleTrainer``: bootstraps, early stopping on held-out transitions, elites); its held-out
 one-step error is the ``model_error`` column (the elites' mean squared error in normalized
-units: 1 is no better than predicting the mean change). It then broadcasts the whole ensemble
-(parameters, normalizers, elites) to the rollout ranks.
+units: 1 is no better than predicting the mean change). Learner 0 then broadcasts the whole
+ensemble (parameters, normalizers, elites) to the rollout ranks. With several learner ranks
+each trains its own block of the members on the same transitions (learner 0 broadcasts them to
+the others), and learner 0 gathers the blocks (``DynamicsLearner``).
 
 Each rollout rank (``PlanningWorker``) steps its own real envs, planning every action with CEM
 over the ensemble: ``cem_iterations`` rounds of ``cem_population`` action sequences of
 ``planning_horizon`` steps, each scored by ``particles`` TS-inf particles through the elites,
 batched over envs x candidates x particles in one ``predict`` per horizon step
-(``mpirl.models.planner``). The first ``initial_random_steps`` env steps take uniformly random
+(``mpirl.models.planner``); ``planner`` "mppi" plans with MPPI over the same particles. The first ``initial_random_steps`` env steps take uniformly random
 actions, to seed the data. The reward is learned with the dynamics.
+
+A member whose loss becomes NaN, or transitions that are not finite, stop the run with one line
+naming the training iteration (exit 2; the last checkpoint stays the newest).
 
 Every ``evaluation_interval`` iterations the rollout ranks play ``evaluation_episodes`` with the
 CEM mean's first action (``eval_return_mean``); the episodes in progress are abandoned.

@@ -12,7 +12,8 @@ driver's process).
 
 ``DynamicsLearner`` keeps every transition it got (``buffer_size`` newest), trains the ensemble
 with ``EnsembleTrainer`` on all of them at each ``train`` call, and is the root of the weight
-broadcast: the whole ensemble (``pack_ensemble``), not only its parameters.
+broadcast: the whole ensemble (``pack_ensemble``), not only its parameters. With several learner
+ranks each trains a block of the members (see the class).
 """
 
 from __future__ import annotations
