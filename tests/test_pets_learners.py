@@ -67,7 +67,8 @@ def _fit_alone_and_in_blocks(blocks: list[list[int]]) -> tuple[dict, list[dict],
     obs = rng.normal(size=(n, 2)).astype(np.float32)
     actions = rng.uniform(-1, 1, (n, 1)).astype(np.float32)
     data = {"obs": obs, "actions": actions, "rewards": -np.square(obs).sum(1),
-            "next_obs": obs + 0.1 * actions + 0.1 * rng.normal(size=(n, 2)), "terminated": np.zeros(n, np.float32)}
+            "next_obs": obs + 0.1 * actions + 0.1 * rng.normal(size=(n, 2)),
+            "terminated": np.zeros(n, np.float32)}
     spec = DynamicsSpec(2, 1, ensemble_size=4, elites=2, hidden_sizes=(16,))
     trainer_spec = EnsembleTrainerSpec(max_epochs=30, patience=1, batch_size=32)
     torch.manual_seed(0)
