@@ -15,8 +15,8 @@ over the ensemble: ``cem_iterations`` rounds of ``cem_population`` action sequen
 ``planning_horizon`` steps, each scored by ``particles`` TS-inf particles through the elites,
 batched over envs x candidates x particles in one ``predict`` per horizon step
 (``mpirl.models.planner``); ``planner`` "mppi" plans with MPPI over the same particles. The
-first ``initial_random_steps`` env steps take uniformly random
-actions, to seed the data. The reward is learned with the dynamics.
+first ``initial_random_steps`` env steps take uniformly random actions, to seed the data. The
+reward is learned with the dynamics.
 
 A member whose loss becomes NaN, or transitions that are not finite, stop the run with one line
 naming the training iteration (exit 2; the last checkpoint stays the newest).
