@@ -55,6 +55,13 @@ def test_two_learner_ranks_train_the_same_ensemble_as_one(tmp_path):
     for want, have in zip(expected, got, strict=True):
         for column in MODEL_COLUMNS:
             assert have[column] == pytest.approx(want[column], rel=1e-4, nan_ok=True), column
+    # Its checkpoint resumes only on two learner ranks.
+    proc = run_mpi(3, *MPIRL, "train", "--resume", str(sharded), "--stop",
+                   '{"training_iteration": 6}', "--config", '{"num_learners": 1}', timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert ("mpirl: this checkpoint's ensemble was trained on 2 learner ranks (this one's "
+            "members 0..2), this run has 1 (members 0..4): resume with num_learners 2"
+            in proc.stderr), proc.stderr
 
 
 def _fit_alone_and_in_blocks(blocks: list[list[int]]) -> tuple[dict, list[dict],

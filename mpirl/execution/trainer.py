@@ -29,6 +29,7 @@ from mpirl.data.tags import DataTags
 from mpirl.errors import (
     LEARNER_STOPS,
     CallbackError,
+    CheckpointError,
     ConfigError,
     RankLost,
     RemoteError,
@@ -463,7 +464,11 @@ class Trainer:
                 futures.append((group.name, i, name,
                                 worker.call_async("load_state", str(path / name), files[name])))
         for role, i, name, future in futures:
-            if future.result() is False:
+            try:
+                restored = future.result()
+            except RemoteError as error:  # a worker that cannot take its file: its message
+                raise unwrap_remote(error, CheckpointError) from None
+            if restored is False:
                 reason = files[name].get("envs_error") or (
                     "num_envs_per_worker differs from the checkpoint's, or the environments "
                     "were not saved")

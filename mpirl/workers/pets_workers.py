@@ -259,15 +259,18 @@ class DynamicsLearner(Worker):
         return {"weights": pack_ensemble(self.model),
                 "data": {k: v.copy() for k, v in self.data.items()}, "added": self.added,
                 "trainer": self.trainer.get_state(), "iterations": self.iterations,
-                "torch_rng": capture_rng(), "block": list(self.block),
+                "torch_rng": capture_rng(), "block": list(self.block), "learners": self.learners,
                 "ensemble": self.model.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         block = state.get("block", list(range(self.model.spec.ensemble_size)))
         if list(block) != list(self.block):
+            written = state.get("learners", 1)
             raise CheckpointError(
-                f"this checkpoint's learner trained ensemble members {_span(block)}, this "
-                f"learner {_span(self.block)}: resume with the num_learners it was written with")
+                f"this checkpoint's ensemble was trained on {written} learner rank"
+                f"{'s' if written > 1 else ''} (this one's members {_span(block)}), this run has "
+                f"{self.learners} (members {_span(self.block)}): resume with num_learners "
+                f"{written}")
         self.data = dict(state["data"])
         self.added = state["added"]
         self.trainer.set_state(state["trainer"])
