@@ -8,7 +8,10 @@ training (100 s wall), seed 1 -155.6 in 83.8 s, seed 2 -169.1 in 118.0 s. The mo
 error (normalized) falls from 0.07-0.15 after the 200 random steps to 0.004-0.009. With another
 job's tests sharing the two cores the same seed 0 run took 195 s (the same -132.2: a run is
 the same for the same seed on one machine), so the 150 s bound holds only on a quiet machine.
-With 3 particles instead of 2, seed 0 reached -131.7 but planned 3x slower."""
+With 3 particles instead of 2, seed 0 reached -131.7 but planned 3x slower. Since each member
+draws its bootstraps from a generator of its own (sharding over learner ranks), seed 0 reaches
+-132.7 (380 s of training with 3 other agents' jobs on the 2 cores). With "planner": "mppi"
+seeds 0, 1, 2 reached -130.4, -153.7, -167.0 (673, 633, 636 s, as contended)."""
 
 from __future__ import annotations
 
