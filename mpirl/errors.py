@@ -160,3 +160,15 @@ class ModelDivergedError(MpirlError):
 
     def __reduce__(self):
         return (ModelDivergedError, (str(self), self.member))
+
+
+class NonFiniteDataError(MpirlError):
+    """Data a learner was given holds NaN or infinite values (an environment's observations or
+    rewards): the run stops before a model learns from them, like ``ModelDivergedError``."""
+
+    exit_code = EXIT_USAGE
+
+
+#: The errors a learner raises that stop a run cleanly: the driver names the training iteration
+#: and exits with the error's code, writing no checkpoint of the state that failed.
+LEARNER_STOPS: tuple[type[MpirlError], ...] = (ModelDivergedError, NonFiniteDataError)

@@ -315,6 +315,41 @@ class CountingEnv(gym.Env):
         return self._obs(), 1.0, self.episode_steps >= self.episode_length, False, {}
 
 
+class OverflowingEnv(gym.Env):
+    """A continuous 1-D walk (the action moves the position, reward minus its distance from 0)
+    whose observations, from its ``explode_after``-th step of each instance, go wrong for
+    good: with ``value="huge"`` they alternate between +-3e38, finite but at float32's edge (a
+    model's targets, the changes, overflow to infinity: its training diverges); with
+    ``value="nan"`` they are NaN."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, explode_after: int = 50, value: str = "huge") -> None:
+        if value not in ("huge", "nan"):
+            raise ValueError(f"value {value!r}: use 'huge' or 'nan'")
+        self.explode_after, self.value = explode_after, value
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.position, self.instance_steps = 0.0, 0
+
+    def _obs(self) -> np.ndarray:
+        if self.instance_steps < self.explode_after:
+            return np.array([self.position], np.float32)
+        if self.value == "nan":
+            return np.array([np.nan], np.float32)
+        return np.array([3e38 if self.instance_steps % 2 else -3e38], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.position = float(self.np_random.uniform(-1, 1))
+        return self._obs(), {}
+
+    def step(self, action):
+        self.instance_steps += 1
+        self.position = float(np.clip(self.position + 0.1 * float(np.ravel(action)[0]), -2, 2))
+        return self._obs(), -abs(self.position), False, False, {}
+
+
 # Importing this module registers these envs under ids, as third-party env packages do
 # (what `mpirl train --env-module mpirl.testing --env MpirlCorridor-v0` relies on).
 _IDS = {
@@ -340,6 +375,8 @@ _IDS = {
     # CartPole-v1 that fails in one trial of mpirl tune (see TrialFailureCartPole).
     "MpirlTrialFailureCartPole-v0": dict(entry_point=TrialFailureCartPole,
                                          max_episode_steps=500),
+    # A continuous walk whose observations overflow (or are NaN) after some steps.
+    "MpirlOverflowing-v0": dict(entry_point=OverflowingEnv, max_episode_steps=100),
 }
 for _id, _registration in _IDS.items():
     if _id not in gym.registry:

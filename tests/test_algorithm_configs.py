@@ -73,7 +73,9 @@ KEYS = {
                            "gating_threshold", "gating_games", "gating_opening_moves"},
     "PETS": COMMON | {"rollout_fragment_length", "initial_random_steps", "buffer_size",
                       "planning_horizon", "cem_population", "cem_elites", "cem_iterations",
-                      "cem_alpha", "particles", "ensemble_size", "elites", "termination_fn",
+                      "cem_alpha", "particles", "planner", "mppi_population",
+                      "mppi_iterations", "mppi_temperature", "mppi_noise_std",
+                      "ensemble_size", "elites", "termination_fn",
                       "model_weight_decay", "model_batch_size", "model_holdout_ratio",
                       "model_patience", "model_max_epochs", "evaluation_interval",
                       "evaluation_episodes"},
@@ -114,7 +116,7 @@ DEFAULTS = {
     "PETS": {"num_learners": 0, "num_envs_per_worker": 5, "rollout_fragment_length": 20,
              "initial_random_steps": 200, "planning_horizon": 30, "cem_population": 200,
              "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 2,
-             "ensemble_size": 5, "elites": 5, "activation": "silu"},
+             "planner": "cem", "ensemble_size": 5, "elites": 5, "activation": "silu"},
 }
 
 

@@ -26,7 +26,15 @@ from mpirl.config.fields import Range, above
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
 from mpirl.data.tags import DataTags
-from mpirl.errors import CallbackError, ConfigError, RankLost, RemoteError, unwrap_remote
+from mpirl.errors import (
+    LEARNER_STOPS,
+    CallbackError,
+    CheckpointError,
+    ConfigError,
+    RankLost,
+    RemoteError,
+    unwrap_remote,
+)
 from mpirl.execution.contract import ALGORITHMS, AlgorithmModule, PlanState
 from mpirl.execution.operators import SampleResult, broadcast_weights
 from mpirl.jobs.checkpoint import CheckpointStore, capture_rng, manifest_header, restore_rng
@@ -262,9 +270,15 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         start, steps_before = time.monotonic(), self.timesteps_total
         try:
-            stats = self.training_step()
-        except RemoteError as error:  # a callback on a worker: its message alone
-            raise unwrap_remote(error, CallbackError) from None
+            try:
+                stats = self.training_step()
+            except RemoteError as error:  # a callback or a learner's stop: its message alone
+                raise unwrap_remote(error, CallbackError, *LEARNER_STOPS) from None
+        except LEARNER_STOPS as error:
+            # Raised before this iteration is counted: no checkpoint holds what failed, and the
+            # last one written stays the newest.
+            raise type(error)(f"training iteration {self.iteration + 1}: {error}; the run "
+                              f"stopped, its last checkpoint is kept") from None
         self.iteration += 1
         if self.dump_index is not None:
             self.dump_index.commit()  # a run killed later still leaves an indexed dataset
@@ -450,7 +464,11 @@ class Trainer:
                 futures.append((group.name, i, name,
                                 worker.call_async("load_state", str(path / name), files[name])))
         for role, i, name, future in futures:
-            if future.result() is False:
+            try:
+                restored = future.result()
+            except RemoteError as error:  # a worker that cannot take its file: its message
+                raise unwrap_remote(error, CheckpointError) from None
+            if restored is False:
                 reason = files[name].get("envs_error") or (
                     "num_envs_per_worker differs from the checkpoint's, or the environments "
                     "were not saved")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -267,7 +267,16 @@ class EnsembleTrainer:
     resumed trainer continues bit-identically on the CPU."""
 
     def __init__(self, model: DynamicsEnsemble, spec: EnsembleTrainerSpec | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, *, member_ids: Sequence[int] | None = None,
+                 agree: Callable[[bool, str | None], tuple[bool, str | None]] | None = None
+                 ) -> None:
+        """``member_ids``: which members of a larger ensemble ``model``'s members are (a shard
+        trained on one of several learner ranks); their bootstraps and minibatch orders come
+        from generators seeded by (``seed``, member id), so a member trains the same whether
+        alone, in a shard or in the whole ensemble. ``agree(improved, divergence)`` combines, at
+        the end of every epoch, whether some member of this shard improved and this shard's
+        divergence message (or None) with the other shards' (an allreduce over the learners):
+        every shard stops at the same epoch, and all raise when one diverged."""
         self.model = model
         self.spec = spec or EnsembleTrainerSpec()
         decayed = [layer.weight for layer in model.layers]
@@ -275,7 +284,15 @@ class EnsembleTrainer:
         self.optimizer = torch.optim.Adam(
             [{"params": decayed, "weight_decay": self.spec.weight_decay},
              {"params": rest, "weight_decay": 0.0}], lr=self.spec.learning_rate)
+        self.member_ids = (list(range(model.spec.ensemble_size)) if member_ids is None
+                           else [int(m) for m in member_ids])
+        if len(self.member_ids) != model.spec.ensemble_size:
+            raise ValueError(f"member_ids names {len(self.member_ids)} members for an ensemble "
+                             f"of {model.spec.ensemble_size}")
+        self.agree = agree
+        #: The held-out split's generator: the same draws whatever members this trainer holds.
         self.rng = np.random.default_rng(seed)
+        self.member_rngs = [np.random.default_rng([seed, m]) for m in self.member_ids]
         self.trained_epochs = 0
         #: Training rows of each member's bootstrap in the last call ([K, n_train]), for tests.
         self.last_bootstrap: np.ndarray | None = None
@@ -285,8 +302,9 @@ class EnsembleTrainer:
         ``next_obs [N, o]``, ``terminated [N]``) until early stopping, and choose the elites.
 
         Returns ``member_mse`` (each member's held-out MSE, normalized units), ``elites``,
-        ``epochs``, ``train_nll`` (the last epoch's mean over members) and ``model_error``
-        (the elites' mean held-out one-step MSE, normalized units)."""
+        ``epochs``, ``train_nll`` (the last epoch's mean over members; ``member_train_nll``
+        each member's) and ``model_error`` (the elites' mean held-out one-step MSE, normalized
+        units)."""
         model, spec, k = self.model, self.spec, self.model.spec.ensemble_size
         data = _as_dataset(data, model.spec)
         n = len(data["obs"])
@@ -295,9 +313,11 @@ class EnsembleTrainer:
         order = self.rng.permutation(n)
         n_hold = min(int(n * spec.holdout_ratio), spec.max_holdout, n - 1)
         hold_idx, train_idx = order[:n_hold], order[n_hold:]
-        targets = model.targets(data["obs"], data["rewards"], data["next_obs"])
-        model.fit_normalizers(data["obs"][train_idx], data["actions"][train_idx],
-                              targets[train_idx])
+        # Overflowing values are the members' to report (as a diverged loss), not NumPy's.
+        with np.errstate(over="ignore", invalid="ignore"):
+            targets = model.targets(data["obs"], data["rewards"], data["next_obs"])
+            model.fit_normalizers(data["obs"][train_idx], data["actions"][train_idx],
+                                  targets[train_idx])
         device = model.input_mean.device
         with torch.no_grad():
             inputs = model.normalize_inputs(torch.as_tensor(data["obs"], device=device),
@@ -308,35 +328,38 @@ class EnsembleTrainer:
         # No held-out split (holdout_ratio 0): stop and choose elites on the training split.
         eval_idx = torch.as_tensor(hold_idx if n_hold else train_idx, device=device)
         n_train = len(train_idx)
-        bootstrap = train_idx[self.rng.integers(0, n_train, size=(k, n_train))]
+        bootstrap = np.stack([train_idx[rng.integers(0, n_train, size=n_train)]
+                              for rng in self.member_rngs])
         self.last_bootstrap = bootstrap
         best = np.full(k, np.inf)
         best_states = [model.member_state(m) for m in range(k)]
-        stale, epoch, train_nll = 0, 0, float("nan")
-        batch = spec.batch_size
+        stale, epoch = 0, 0
+        member_nll = np.full(k, np.nan)
         while epoch < spec.max_epochs and stale < spec.patience:
             epoch += 1
-            shuffled = torch.as_tensor(self.rng.permuted(bootstrap, axis=1), device=device)
-            losses = []
-            model.train()
-            for start in range(0, n_train, batch):
-                idx = shuffled[:, start:start + batch]
-                nll = self._member_losses(inputs[idx], norm_targets[idx], dones[idx])
-                self._check(nll, epoch, "training loss")
-                loss = nll.sum() + spec.logvar_bound_coef * (
-                    model.max_logvar.sum() - model.min_logvar.sum())
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.optimizer.step()
-                losses.append(nll.detach())
-            train_nll = float(torch.stack(losses).mean())
-            mse = self._evaluate(inputs, norm_targets, eval_idx, epoch)
-            improved = (best - mse) / np.where(np.isfinite(best), best, 1.0) > spec.improvement
-            improved |= ~np.isfinite(best)
+            try:
+                member_nll, mse = self._epoch(inputs, norm_targets, dones, bootstrap, eval_idx,
+                                              epoch)
+                diverged = None
+            except ModelDivergedError as error:
+                diverged, mse = error, None
+            improved = np.zeros(k, bool)
+            if mse is not None:
+                improved = (best - mse) / np.where(np.isfinite(best), best, 1.0) > spec.improvement
+                improved |= ~np.isfinite(best)
+            any_improved = bool(improved.any())
+            if self.agree is not None:
+                any_improved, message = self.agree(any_improved, None if diverged is None
+                                                   else str(diverged))
+                if diverged is None and message is not None:
+                    diverged = ModelDivergedError(message)
+            if diverged is not None:
+                raise diverged
             for m in np.flatnonzero(improved):
                 best[m] = mse[m]
                 best_states[m] = model.member_state(int(m))
-            stale = 0 if improved.any() else stale + 1
+            stale = 0 if any_improved else stale + 1
+        train_nll = float(np.mean(member_nll))
         for m in range(k):
             model.load_member_state(m, best_states[m])
         model.eval()
@@ -345,8 +368,34 @@ class EnsembleTrainer:
         model.elites = elites
         self.trained_epochs += epoch
         return {"member_mse": mse.tolist(), "elites": elites, "epochs": epoch,
-                "train_nll": train_nll, "model_error": float(mse[elites].mean()),
+                "train_nll": train_nll, "member_train_nll": member_nll.tolist(),
+                "model_error": float(mse[elites].mean()),
                 "holdout_size": int(n_hold), "train_size": int(n_train)}
+
+    def _epoch(self, inputs: torch.Tensor, norm_targets: torch.Tensor, dones: torch.Tensor,
+               bootstrap: np.ndarray, eval_idx: torch.Tensor, epoch: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """One pass of every member over its bootstrap, in its own order: each member's mean
+        training NLL over the minibatches ``[K]`` and its held-out MSE after ``[K]``."""
+        model, spec = self.model, self.spec
+        device = inputs.device
+        orders = [rng.permutation(row) for rng, row in zip(self.member_rngs, bootstrap,
+                                                            strict=True)]
+        shuffled = torch.as_tensor(np.stack(orders), device=device)
+        losses = []
+        model.train()
+        for start in range(0, bootstrap.shape[1], spec.batch_size):
+            idx = shuffled[:, start:start + spec.batch_size]
+            nll = self._member_losses(inputs[idx], norm_targets[idx], dones[idx])
+            self._check(nll, epoch, "training loss")
+            loss = nll.sum() + spec.logvar_bound_coef * (
+                model.max_logvar.sum() - model.min_logvar.sum())
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            losses.append(nll.detach())
+        member_nll = torch.stack(losses).mean(0).cpu().double().numpy()
+        return member_nll, self._evaluate(inputs, norm_targets, eval_idx, epoch)
 
     def _member_losses(self, x: torch.Tensor, y: torch.Tensor, done: torch.Tensor
                        ) -> torch.Tensor:
@@ -373,10 +422,11 @@ class EnsembleTrainer:
     def _check(self, values: torch.Tensor, epoch: int, what: str) -> None:
         bad = torch.nonzero(~torch.isfinite(values.detach())).flatten()
         if len(bad):
-            member = int(bad[0])
+            member = self.member_ids[int(bad[0])]
             raise ModelDivergedError(
                 f"dynamics ensemble member {member} diverged at epoch "
-                f"{self.trained_epochs + epoch}: its {what} is {float(values[member].detach())} "
+                f"{self.trained_epochs + epoch}: its {what} is "
+                f"{float(values[int(bad[0])].detach())} "
                 f"(lower the dynamics learning_rate, or check the transitions for NaN or "
                 f"huge values)", member=member)
 
@@ -385,11 +435,14 @@ class EnsembleTrainer:
         return {"model": self.model.get_state(),
                 "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                 "rng": copy.deepcopy(self.rng.bit_generator.state),
+                "member_rngs": [copy.deepcopy(r.bit_generator.state) for r in self.member_rngs],
                 "trained_epochs": self.trained_epochs}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.model.set_state(state["model"])
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.rng.bit_generator.state = copy.deepcopy(state["rng"])
+        for rng, saved in zip(self.member_rngs, state.get("member_rngs", []), strict=False):
+            rng.bit_generator.state = copy.deepcopy(saved)
         self.trained_epochs = int(state["trained_epochs"])
 

@@ -14,6 +14,12 @@ termination). The ``cem_elites`` best sequences refit a Gaussian, smoothed by ``
 the first action of the final mean is taken, and the mean, shifted by one step, warm-starts the
 next step's search.
 
+``planner="mppi"`` plans with MPPI instead (model predictive path integral control, Williams et
+al. 2017, as PDDM uses it with an ensemble): ``mppi_iterations`` rounds of ``mppi_population``
+Gaussian perturbations (std ``mppi_noise_std`` x half the action range) of the warm-started
+mean, scored by the same TS-inf particles; the new mean is the average of the candidates
+weighted by exp((return - best return) / ``mppi_temperature``).
+
 The weight vector a rollout rank receives carries the whole ensemble, not only its parameters:
 parameters, then the input and target normalizers (mean, std), then a mask of the elites
 (``pack_ensemble``/``unpack_ensemble``).
@@ -67,9 +73,14 @@ def unpack_ensemble(model: DynamicsEnsemble, flat: np.ndarray) -> None:
     model.elites = [int(k) for k in np.flatnonzero(flat[offset:] > 0.5)]
 
 
+#: The planners ``PETSSpec.planner`` names.
+PLANNERS = ("cem", "mppi")
+
+
 @dataclass(frozen=True)
 class PETSSpec:
-    """What every rank needs to build the same planner: the ensemble and CEM's settings."""
+    """What every rank needs to build the same planner: the ensemble and the planner's (CEM's
+    or MPPI's) settings."""
 
     dynamics: DynamicsSpec
     action_low: tuple[float, ...]
@@ -80,6 +91,11 @@ class PETSSpec:
     cem_iterations: int = 5
     cem_alpha: float = 0.1
     particles: int = 2
+    planner: str = "cem"
+    mppi_population: int = 200
+    mppi_iterations: int = 3
+    mppi_temperature: float = 1.0
+    mppi_noise_std: float = 0.5
 
     def build(self, device: Any = "cpu") -> PlanningModel:
         return PlanningModel(self).to(device)
@@ -138,11 +154,12 @@ class PlanningModel(nn.Module):
     @torch.no_grad()
     def plan(self, obs: np.ndarray, rng: np.random.Generator, deterministic: bool
              ) -> np.ndarray:
-        """CEM's first action for each of ``obs``'s envs ``[B, A]``."""
+        """The planner's (CEM's or MPPI's) first action for each of ``obs``'s envs ``[B, A]``."""
         spec = self.spec
         obs_t = torch.as_tensor(np.asarray(obs, np.float32).reshape(len(obs), -1))
         b, h, a = obs_t.shape[0], spec.planning_horizon, self.low.numel()
-        n, p = spec.cem_population, spec.particles
+        n = spec.mppi_population if spec.planner == "mppi" else spec.cem_population
+        p = spec.particles
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         low, high = self.low, self.high
         key = (b, deterministic)
@@ -150,13 +167,25 @@ class PlanningModel(nn.Module):
         previous = self._previous.get(key)
         if previous is not None:
             mean[:, :-1] = previous[:, 1:]
-        var = ((high - low) ** 2 / 16).expand(b, h, a).clone()
         elites = torch.as_tensor(self.ensemble.elites)
         # TS-inf: each particle keeps one elite member over the horizon (the same draws for
-        # every CEM round, so that candidates are compared on the same model samples).
+        # every round, so that candidates are compared on the same model samples).
         members = elites[torch.randint(len(elites), (b, 1, p), generator=generator)
                          ].expand(b, n, p).reshape(-1)
         start = obs_t[:, None, None, :].expand(b, n, p, obs_t.shape[1]).reshape(-1, obs_t.shape[1])
+        if spec.planner == "mppi":
+            mean = self._mppi(mean, start, members, generator, b, n, p)
+        else:
+            mean = self._cem(mean, start, members, generator, b, n, p)
+        self._previous[key] = mean
+        return mean[:, 0].numpy().astype(np.float32)
+
+    def _cem(self, mean: torch.Tensor, start: torch.Tensor, members: torch.Tensor,
+             generator: torch.Generator, b: int, n: int, p: int) -> torch.Tensor:
+        """CEM's final mean action sequences ``[B, H, A]`` from the warm start ``mean``."""
+        spec, low, high = self.spec, self.low, self.high
+        h, a = mean.shape[1], mean.shape[2]
+        var = ((high - low) ** 2 / 16).expand(b, h, a).clone()
         for _ in range(spec.cem_iterations):
             # Truncated at two standard deviations and at the action bounds, as PETS's CEM.
             lb, ub = mean - low, high - mean
@@ -168,8 +197,25 @@ class PlanningModel(nn.Module):
             best = torch.gather(candidates, 1, top[:, :, None, None].expand(-1, -1, h, a))
             mean = spec.cem_alpha * mean + (1 - spec.cem_alpha) * best.mean(1)
             var = spec.cem_alpha * var + (1 - spec.cem_alpha) * best.var(1, unbiased=False)
-        self._previous[key] = mean
-        return mean[:, 0].numpy().astype(np.float32)
+        return mean
+
+    def _mppi(self, mean: torch.Tensor, start: torch.Tensor, members: torch.Tensor,
+              generator: torch.Generator, b: int, n: int, p: int) -> torch.Tensor:
+        """MPPI's mean action sequences ``[B, H, A]`` after ``mppi_iterations`` rounds: Gaussian
+        perturbations of the mean (the first candidate is the mean itself), each weighted by
+        exp((return - best return) / temperature), the weighted average the new mean."""
+        spec, low, high = self.spec, self.low, self.high
+        h, a = mean.shape[1], mean.shape[2]
+        std = spec.mppi_noise_std * (high - low) / 2
+        for _ in range(spec.mppi_iterations):
+            noise = torch.randn(b, n, h, a, generator=generator) * std
+            noise[:, 0] = 0.0
+            candidates = (mean[:, None] + noise).clamp(low, high)
+            returns = self._score(start, candidates, members, generator, b, n, p)
+            weights = torch.softmax((returns - returns.max(1, keepdim=True).values)
+                                    / spec.mppi_temperature, dim=1)
+            mean = (weights[:, :, None, None] * candidates).sum(1)
+        return mean
 
     def _score(self, start: torch.Tensor, candidates: torch.Tensor, members: torch.Tensor,
                generator: torch.Generator, b: int, n: int, p: int) -> torch.Tensor:
