@@ -160,3 +160,35 @@ def test_tune_searches_the_planner_and_the_model(tmp_path):
         assert 3 <= config["planning_horizon"] < 6 and config["cem_population"] in (16, 24)
         progress = rows(tmp_path / "tune" / trial)
         assert len(progress) == 2 and progress[-1]["eval_return_mean"] != "nan"
+
+
+def test_pets_callbacks_run_on_every_role(tmp_path):
+    """The driver's hooks, the planning ranks' episodes and samples, and each learner rank's
+    training of its members (two learner ranks)."""
+    from conftest import PROGRAMS
+
+    probe, run_dir = tmp_path / "probe", tmp_path / "run"
+    probe.mkdir()
+    config = {**QUICK, "callbacks": "callbacks_probe:Probe", "num_learners": 2,
+              "rollout_fragment_length": 100, "checkpoint_every": 2}
+    proc = run_mpi(4, *MPIRL, "train", "--algo", "PETS", *PENDULUM, "--run-dir", str(run_dir),
+                   "--config", json.dumps(config), "--stop", '{"training_iteration": 2}',
+                   timeout=120, env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
+    assert proc.returncode == 0, proc.stderr
+    log = [json.loads(line) for path in probe.glob("*.jsonl")
+           for line in path.read_text().splitlines()]
+    ranks_of: dict[str, set] = {}
+    for entry in log:
+        ranks_of.setdefault(entry["hook"], set()).add(entry["rank"])
+    # The driver (rank 0), one planning rank (1) with 2 envs: one 200-step episode each in 2
+    # iterations of 100 steps; learner ranks 2 and 3.
+    assert ranks_of == {"on_algorithm_init": {0}, "on_train_result": {0}, "on_checkpoint": {0},
+                        "on_episode_end": {1}, "on_sample_end": {1},
+                        "on_learn_on_batch": {2, 3}}
+    assert sum(e["hook"] == "on_episode_end" for e in log) == 2
+    samples = [e for e in log if e["hook"] == "on_sample_end"]
+    assert [e["rows"] for e in samples] == [200, 200]
+    assert {e["actor"] for e in samples} == {"PlanningModel"}
+    learned = [e for e in log if e["hook"] == "on_learn_on_batch"]
+    assert len(learned) == 4 and all(e["epochs"] >= 1 for e in learned)
+    assert [int(float(r["iteration_twice"])) for r in rows(run_dir)] == [2, 4]

@@ -33,7 +33,7 @@ from mpirl.models.dynamics_spec import EnsembleTrainerSpec
 from mpirl.models.planner import PETSSpec, pack_ensemble, unpack_ensemble
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
-from mpirl.workers.callbacks import invoke
+from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.learner import LossFn
 from mpirl.workers.rollout import merge_sample_metrics
 from mpirl.workers.transition_worker import TransitionWorker
@@ -133,6 +133,8 @@ class DynamicsLearner(Worker):
         torch.set_num_threads(settings.torch_threads)
         torch.manual_seed(settings.seed)
         self.settings = settings
+        self.callbacks = make_callbacks(settings.callbacks)
+        self.where = f"learner {context.role_index} on rank {context.rank}"
         # The whole ensemble on every learner, initialized alike (the same seed): a learner's
         # block starts as the same members that one learner would train.
         self.model = DynamicsEnsemble(settings.policy.dynamics)
@@ -200,6 +202,9 @@ class DynamicsLearner(Worker):
         if self.size() < 2:
             return {}
         stats = self.trainer.train(self.data)
+        if self.callbacks is not None:  # this rank's members' training, before any gather
+            invoke(self.callbacks, "on_learn_on_batch", self.where, learner=self,
+                   batch=self.data, result=stats)
         if self.learners > 1:
             stats = self._gather(stats)
             if stats is None:

@@ -35,7 +35,9 @@ class Probe(mpirl.Callbacks):
                   torch_loaded="torch" in sys.modules, actor=type(worker.policy).__name__)
 
     def on_learn_on_batch(self, *, learner, batch, result):
-        self._log("on_learn_on_batch", _rank(learner), sgd_steps=result["sgd_steps"])
+        # A model-based learner's result is its ensemble's training: epochs, not SGD steps.
+        self._log("on_learn_on_batch", _rank(learner), sgd_steps=result.get("sgd_steps"),
+                  epochs=result.get("epochs"))
 
     def on_train_result(self, *, algorithm, result):
         result["iteration_twice"] = 2 * result["iteration"]
