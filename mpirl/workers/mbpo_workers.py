@@ -129,10 +129,9 @@ class ModelRolloutWorker(PlanningWorker):
 
 @dataclass(frozen=True, kw_only=True)
 class MBPOLearnerSettings(LearnerSettings):
-    """What MBPO's learner is built from: SAC's learner settings (``policy`` is the SAC spec),
-    the whole model's spec and the ensemble trainer's."""
+    """What MBPO's learner is built from: SAC's learner settings with ``policy`` the whole
+    model's spec (``MBPOSpec``), and the ensemble trainer's."""
 
-    model: MBPOSpec
     trainer: EnsembleTrainerSpec
     buffer_size: int
     """Real transitions kept (the newest)."""
@@ -144,9 +143,9 @@ class MBPOLearnerSettings(LearnerSettings):
     @classmethod
     def from_config(cls, config: Any, *, policy: MBPOSpec, loss: LossFn
                     ) -> MBPOLearnerSettings:
-        base = LearnerSettings.from_config(config, policy=policy.sac, loss=loss)
+        base = LearnerSettings.from_config(config, policy=policy, loss=loss)
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(LearnerSettings)}
-        return cls(**values, model=policy, trainer=config.trainer_spec(),
+        return cls(**values, trainer=config.trainer_spec(),
                    buffer_size=config.buffer_size, real_ratio=config.real_ratio,
                    train_batch_size=config.train_batch_size, gamma=config.gamma)
 
@@ -175,9 +174,10 @@ class MBPOLearner(QLearner):
     Settings: ClassVar[type[MBPOLearnerSettings]] = MBPOLearnerSettings
 
     def __init__(self, context: RankContext, settings: MBPOLearnerSettings) -> None:
-        super().__init__(context, settings)
+        # The SGD steps, the optimizer and the target critics are SAC's alone.
+        super().__init__(context, dataclasses.replace(settings, policy=settings.policy.sac))
         self.settings = settings
-        self.ensemble = DynamicsEnsemble(settings.model.dynamics)
+        self.ensemble = DynamicsEnsemble(settings.policy.dynamics)
         self.model_trainer = EnsembleTrainer(self.ensemble, settings.trainer,
                                              seed=settings.seed + 31)
         self.real: dict[str, np.ndarray] = {}
