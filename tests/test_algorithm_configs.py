@@ -125,7 +125,7 @@ DEFAULTS = {
              "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 2,
              "ensemble_size": 5, "elites": 5, "activation": "silu"},
     "MBPO": {"num_learners": 0, "num_envs_per_worker": 1, "rollout_fragment_length": 25,
-             "model_train_freq": 250, "rollout_batch_size": 1000, "real_ratio": 0.05,
+             "model_train_freq": 250, "rollout_batch_size": 2500, "real_ratio": 0.05,
              "sgd_steps_per_env_step": 10.0, "train_batch_size": 256, "ensemble_size": 7,
              "elites": 5, "hidden_sizes": (64, 64), "activation": "relu",
              "model_activation": "silu"},
