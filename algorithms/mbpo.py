@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 from mpirl.algorithms.pets import sample_to_learner
 
-from mpirl.config.fields import CommonConfig, Range, at_least, within
+from mpirl.config.fields import CommonConfig, Range, above, at_least, within
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import broadcast_weights, evaluate_policy, replay_dest
@@ -68,7 +68,7 @@ class Config(CommonConfig):
     """Model rollouts started at each retrain, from states drawn from the real buffer, shared
     over the rollout ranks (MBPO: 100,000 on a GPU). More rollouts cost the rollout ranks
     little and keep SAC from reusing each model row hundreds of times."""
-    rollout_schedule: tuple[float, ...] = (0, 2, 1, 5)
+    rollout_schedule: tuple[int, ...] = (0, 2, 1, 5)
     """[min_epoch, max_epoch, min_length, max_length]: the model rollouts' length k is
     min_length up to min_epoch, then grows linearly to max_length at max_epoch (epochs of
     ``epoch_length`` env steps; MBPO on Hopper: [20, 100, 1, 15]). Pendulum's model is
@@ -153,7 +153,8 @@ class Config(CommonConfig):
     ranges: ClassVar[dict[str, Range]] = {
         "rollout_fragment_length": at_least(1), "initial_random_steps": at_least(0),
         "buffer_size": at_least(2), "model_train_freq": at_least(1),
-        "rollout_batch_size": at_least(1), "epoch_length": at_least(1),
+        "rollout_batch_size": at_least(1), "rollout_schedule": at_least(0),
+        "epoch_length": at_least(1), "model_hidden_sizes": at_least(1), "model_lr": above(0),
         "model_retain_epochs": at_least(1), "real_ratio": within(0, 1),
         "sgd_steps_per_env_step": at_least(0), "train_batch_size": at_least(1),
         "gamma": within(0, 1), "tau": within(0, 1, low_open=True),

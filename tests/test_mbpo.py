@@ -178,6 +178,8 @@ def test_model_rollouts_stop_where_the_termination_function_says():
      '"real_ratio" = 1.5 is out of range'),
     (["--env", "Pendulum-v1", "--config", '{"num_learners": 2}'],
      "num_learners 2 must be 0 or 1"),
+    (["--env", "Pendulum-v1", "--stop", '{"eval_return_mean": -200}'],
+     "--stop eval_return_mean needs evaluations: set the config key evaluation_interval"),
 ])
 def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
     assert message in train_refused(tmp_path, "--algo", "MBPO", *args)
