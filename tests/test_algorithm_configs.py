@@ -79,6 +79,15 @@ KEYS = {
                       "model_weight_decay", "model_batch_size", "model_holdout_ratio",
                       "model_patience", "model_max_epochs", "evaluation_interval",
                       "evaluation_episodes"},
+    "MBPO": COMMON | {"rollout_fragment_length", "initial_random_steps", "buffer_size",
+                      "model_train_freq", "rollout_batch_size", "rollout_schedule",
+                      "epoch_length", "model_retain_epochs", "trajectory_sampling",
+                      "real_ratio", "sgd_steps_per_env_step", "train_batch_size", "gamma",
+                      "tau", "initial_alpha", "target_entropy", "ensemble_size", "elites",
+                      "model_hidden_sizes", "model_activation", "termination_fn", "model_lr",
+                      "model_weight_decay", "model_batch_size", "model_holdout_ratio",
+                      "model_patience", "model_max_epochs", "evaluation_interval",
+                      "evaluation_episodes"},
 }
 
 # The defaults that differ most between algorithms (and that a slip in a base class would change).
@@ -117,6 +126,11 @@ DEFAULTS = {
              "initial_random_steps": 200, "planning_horizon": 30, "cem_population": 200,
              "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 2,
              "planner": "cem", "ensemble_size": 5, "elites": 5, "activation": "silu"},
+    "MBPO": {"num_learners": 0, "num_envs_per_worker": 1, "rollout_fragment_length": 25,
+             "model_train_freq": 250, "rollout_batch_size": 2500, "real_ratio": 0.05,
+             "sgd_steps_per_env_step": 10.0, "train_batch_size": 256, "ensemble_size": 7,
+             "elites": 5, "hidden_sizes": (64, 64), "activation": "relu",
+             "model_activation": "silu"},
 }
 
 

@@ -202,7 +202,7 @@ def test_every_algorithms_workers_take_settings_from_its_config(name):
     module = load_algorithm(name)
     games = plays_games(module)  # AlphaZero: a board game
     config = module.Config()
-    continuous = name == "PETS"  # it plans Box actions only
+    continuous = name in ("PETS", "MBPO")  # Box actions only
     env = (game_env_spec("openspiel/tic_tac_toe", None, {}, name) if games
            else pendulum() if continuous else cartpole())
     spec = module.model_spec(*env.spaces(), config)

@@ -151,6 +151,9 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     if setup is None and "policy_return_mean_min" in stop:
         raise ConfigError("--stop policy_return_mean_min is for multi-agent runs; this env has "
                           "one agent: stop on episode_return_mean")
+    if "eval_return_mean" in stop and not getattr(algo_config, "evaluation_interval", 0):
+        raise ConfigError("--stop eval_return_mean needs evaluations: set the config key "
+                          "evaluation_interval (PETS, MBPO)")
     if algo_config.callbacks:
         callbacks_class(algo_config.callbacks)  # ConfigError here, before anything starts
     check_logger_packages(algo_config)

@@ -56,8 +56,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                     "--resume RUN_DIR.",
     )
     train.add_argument("--algo", help="PPO, A2C, IMPALA, A3C, DQN, APEX, SAC, BC, MARWIL, ES, "
-                                      "ARS, AlphaZero or PETS, or the module of your own algorithm "
-                                      "(my_package.my_algo)")
+                                      "ARS, AlphaZero, PETS or MBPO, or the module of your own "
+                                      "algorithm (my_package.my_algo)")
     train.add_argument("--env", help="a gymnasium id such as CartPole-v1, or module:ClassName; "
                                      "for AlphaZero a board game: openspiel/<name> or a "
                                      "PettingZoo classic module")

@@ -1,0 +1,302 @@
+"""MBPO's workers: rollout ranks that step their real envs with SAC's actor and run the branched
+model rollouts, and a learner that keeps both buffers and trains the ensemble and SAC.
+
+``ModelRolloutWorker`` steps its envs like PETS's ``PlanningWorker`` (``sample_steps``) but keeps
+terminated steps: SAC needs them (with a discount of 0), though the ensemble does not (their next
+observation is unknown). Its ``model_rollouts`` takes start states (real ones, sampled by the
+learner and passed on by the driver: ``rollout_batch_size x obs`` floats, far less than the
+transitions they become), rolls the actor through the ensemble it was last sent for k steps
+(``MBPOActor.branched_rollouts``) and sends the model transitions straight to the learner's rank
+over the data channel (or in the answer when both are in the driver's process).
+
+``MBPOLearner`` is SAC's ``QLearner`` (its ``sac_loss`` steps and soft target updates) with the
+real buffer (``buffer_size`` newest), the model buffer (FIFO, its capacity set by the driver at
+each retrain), the dynamics ensemble and its ``EnsembleTrainer``. Its minibatches mix
+``real_ratio`` real rows with model rows. It is the root of the weight broadcast: SAC's weights
+and the whole ensemble in one vector (``MBPOActor``'s layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from mpirl.data.tags import DataTags
+from mpirl.models.dynamics import DynamicsEnsemble, EnsembleTrainer
+from mpirl.models.dynamics_spec import EnsembleTrainerSpec
+from mpirl.models.model_rollouts import MBPOSpec
+from mpirl.models.planner import pack_ensemble, unpack_ensemble
+from mpirl.models.soft_q import SAC_STATS
+from mpirl.runtime.core import RankContext
+from mpirl.runtime.ulfm import bcast_weights
+from mpirl.workers.callbacks import invoke
+from mpirl.workers.learner import LearnerSettings, LossFn
+from mpirl.workers.pets_workers import PlanningWorker, concat_transitions
+from mpirl.workers.q_workers import QLearner
+from mpirl.workers.rollout import merge_sample_metrics
+
+#: The stats of a model fit, NaN until the first one.
+MODEL_STATS = ("model_error", "model_error_max", "model_train_nll", "model_epochs",
+               "model_epochs_total")
+
+
+def real_transitions(block: Any) -> dict[str, np.ndarray]:
+    """A block's steps as transitions, terminated ones included (their ``next_obs`` is the
+    step's own observation, a placeholder that a discount of 0 never reads)."""
+    obs, steps, slots = block.obs, block.steps, block.slots
+    next_obs = np.empty_like(obs)
+    next_obs[:-1] = obs[1:]
+    next_obs[-1] = block.last_obs
+    truncated = block.truncated & ~block.terminated & ~block.failed
+    t_idx, s_idx = np.nonzero(truncated)  # row-major (t, slot): final_obs's order
+    if len(t_idx):
+        next_obs[t_idx, s_idx] = np.asarray(block.final_obs).reshape(len(t_idx), *obs.shape[2:])
+    terminated = np.asarray(block.terminated, bool)
+    next_obs[terminated] = obs[terminated]
+    keep = ~block.failed & np.asarray(block.keep, bool)
+    if block.active is not None:
+        keep &= block.active
+    rows = keep.reshape(-1)
+    flat = (steps * slots,)
+    return {"obs": obs.reshape(*flat, -1)[rows].astype(np.float32),
+            "actions": np.asarray(block.actions, np.float32).reshape(*flat, -1)[rows],
+            "rewards": np.asarray(block.rewards, np.float32).reshape(-1)[rows],
+            "next_obs": next_obs.reshape(*flat, -1)[rows].astype(np.float32),
+            "terminated": terminated.astype(np.float32).reshape(-1)[rows]}
+
+
+class ModelRolloutWorker(PlanningWorker):
+    """A rollout rank of MBPO: real steps with SAC's actor, and branched model rollouts."""
+
+    MESSAGES = (*PlanningWorker.MESSAGES, "model_rollouts")
+
+    def __init__(self, context: RankContext, settings: Any, beside: Any = None) -> None:
+        super().__init__(context, settings, beside)
+        seed = getattr(settings, "seed", 0)
+        #: The model rollouts' draws (actions, members, model noise): checkpointed, so a
+        #: resumed run rolls out what one never stopped would.
+        self.model_rng = torch.Generator().manual_seed(seed * 1009 + 7 * context.role_index + 3)
+
+    def sample_steps(self, steps_per_env: int, epsilon: float, dest: int | None
+                     ) -> dict[str, Any]:
+        """``PlanningWorker.sample_steps`` with SAC's actor (``epsilon`` 1: uniformly random
+        actions), terminated steps kept."""
+        self.runner.set_epsilon(self.policy_id, epsilon)
+        parts, metrics = [], None
+        for block in self.runner.collect(self.policy_id, steps_per_env):
+            parts.append(real_transitions(block))
+            metrics = (block.metrics() if metrics is None
+                       else merge_sample_metrics(metrics, block.metrics()))
+        transitions = concat_transitions(parts)
+        if self.callbacks is not None:
+            invoke(self.callbacks, "on_sample_end", self.where, worker=self, batch=transitions,
+                   metrics=metrics)
+        if dest is None:
+            metrics["transitions"] = transitions
+        else:
+            self.context.data_channel.flush()
+            self.context.data_channel.isend(transitions, dest, DataTags().batch)
+        return metrics
+
+    def model_rollouts(self, start_obs: np.ndarray, length: int, dest: int | None
+                       ) -> dict[str, Any]:
+        """Roll the actor through the ensemble for ``length`` steps from each of ``start_obs``
+        and send the model transitions to rank ``dest`` (None: in the answer,
+        ``transitions``); returns their count."""
+        model = self.runner.actors[self.policy_id].model
+        transitions = model.branched_rollouts(start_obs, length, self.model_rng)
+        answer: dict[str, Any] = {"model_steps": len(transitions["obs"])}
+        if dest is None:
+            answer["transitions"] = transitions
+        else:
+            self.context.data_channel.flush()
+            self.context.data_channel.isend(transitions, dest, DataTags().batch)
+        return answer
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "model_rng": self.model_rng.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> bool:
+        continued = super().set_state(state)
+        if "model_rng" in state:
+            self.model_rng.set_state(state["model_rng"])
+        return continued
+
+
+@dataclass(frozen=True, kw_only=True)
+class MBPOLearnerSettings(LearnerSettings):
+    """What MBPO's learner is built from: SAC's learner settings with ``policy`` the whole
+    model's spec (``MBPOSpec``), and the ensemble trainer's."""
+
+    trainer: EnsembleTrainerSpec
+    buffer_size: int
+    """Real transitions kept (the newest)."""
+    real_ratio: float
+    """Share of each SAC minibatch drawn from the real buffer."""
+    train_batch_size: int
+    gamma: float
+
+    @classmethod
+    def from_config(cls, config: Any, *, policy: MBPOSpec, loss: LossFn
+                    ) -> MBPOLearnerSettings:
+        base = LearnerSettings.from_config(config, policy=policy, loss=loss)
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(LearnerSettings)}
+        return cls(**values, trainer=config.trainer_spec(),
+                   buffer_size=config.buffer_size, real_ratio=config.real_ratio,
+                   train_batch_size=config.train_batch_size, gamma=config.gamma)
+
+
+def _append(buffer: dict[str, np.ndarray], parts: list[dict[str, np.ndarray]],
+            capacity: int) -> dict[str, np.ndarray]:
+    """``buffer`` with ``parts`` appended, the newest ``capacity`` rows kept (FIFO)."""
+    parts = [part for part in ([buffer] if buffer else []) + parts if len(part["obs"])]
+    if not parts:
+        return buffer
+    joined = concat_transitions(parts)
+    return {key: value[-capacity:] for key, value in joined.items()}
+
+
+def _size(buffer: dict[str, np.ndarray]) -> int:
+    return len(buffer["obs"]) if buffer else 0
+
+
+class MBPOLearner(QLearner):
+    """SAC on real and model transitions, the ensemble and its trainer, both buffers; the
+    weight broadcast's root (see the module's docstring)."""
+
+    MESSAGES = (*QLearner.MESSAGES, "add", "add_model", "train_model", "start_states",
+                "train_sac", "sizes")
+
+    Settings: ClassVar[type[MBPOLearnerSettings]] = MBPOLearnerSettings
+
+    def __init__(self, context: RankContext, settings: MBPOLearnerSettings) -> None:
+        # The SGD steps, the optimizer and the target critics are SAC's alone.
+        super().__init__(context, dataclasses.replace(settings, policy=settings.policy.sac))
+        self.settings = settings
+        self.ensemble = DynamicsEnsemble(settings.policy.dynamics)
+        self.model_trainer = EnsembleTrainer(self.ensemble, settings.trainer,
+                                             seed=settings.seed + 31)
+        self.real: dict[str, np.ndarray] = {}
+        self.model_data: dict[str, np.ndarray] = {}
+        self.model_capacity = 1
+        self.model_stats = dict.fromkeys(MODEL_STATS, float("nan"))
+
+    def sizes(self) -> dict[str, int]:
+        return {"real_buffer_size": _size(self.real), "model_buffer_size": _size(self.model_data)}
+
+    def _received(self, sources: list[int], batches: list[dict] | None) -> list[dict]:
+        received = (self.context.data_channel.recv_each(sources, DataTags().batch)
+                    if sources else [])
+        return [*(batches or []), *received]
+
+    def add(self, sources: list[int], batches: list[dict[str, np.ndarray]] | None
+            ) -> dict[str, int]:
+        """Keep the real transitions of rollout ranks ``sources`` (over the data channel) and
+        of ``batches`` (in the call)."""
+        self.real = _append(self.real, self._received(sources, batches),
+                            self.settings.buffer_size)
+        return self.sizes()
+
+    def add_model(self, sources: list[int], batches: list[dict[str, np.ndarray]] | None,
+                  capacity: int) -> dict[str, int]:
+        """Keep the model transitions of ``sources`` and ``batches`` in the model buffer, whose
+        capacity is now ``capacity`` (it follows the rollout length)."""
+        self.model_capacity = max(1, int(capacity))
+        self.model_data = _append(self.model_data, self._received(sources, batches),
+                                  self.model_capacity)
+        return self.sizes()
+
+    def train_model(self) -> dict[str, float]:
+        """Fit the ensemble to the real transitions with an observed next state (a ``Model
+        DivergedError`` from the trainer goes up as it is)."""
+        seen = self.real["terminated"] < 0.5
+        data = {key: value[seen] for key, value in self.real.items()}
+        if len(data["obs"]) < 2:
+            return dict(self.model_stats)
+        stats = self.model_trainer.train(data)
+        self.model_stats = {
+            "model_error": stats["model_error"], "model_error_max": float(np.max(
+                stats["member_mse"])), "model_train_nll": stats["train_nll"],
+            "model_epochs": float(stats["epochs"]),
+            "model_epochs_total": float(self.model_trainer.trained_epochs)}
+        return dict(self.model_stats)
+
+    def start_states(self, count: int) -> np.ndarray:
+        """``count`` observations drawn uniformly from the real buffer (the branch points)."""
+        rows = self.rng.integers(_size(self.real), size=count)
+        return self.real["obs"][rows]
+
+    def _minibatch(self) -> dict[str, np.ndarray]:
+        size = self.settings.train_batch_size
+        n_model = _size(self.model_data)
+        n_real = size if not n_model else int(round(size * self.settings.real_ratio))
+        picks = []
+        for buffer, count in ((self.real, n_real), (self.model_data, size - n_real)):
+            if count:
+                rows = self.rng.integers(_size(buffer), size=count)
+                picks.append({key: value[rows] for key, value in buffer.items()})
+        batch = concat_transitions(picks)
+        return {"obs": batch["obs"], "actions": batch["actions"], "rewards": batch["rewards"],
+                "next_obs": batch["next_obs"],
+                "discounts": (self.settings.gamma * (1.0 - batch["terminated"])
+                              ).astype(np.float32),
+                "weights": np.ones(len(batch["obs"]), np.float32)}
+
+    def train_sac(self, num_steps: int) -> dict[str, float]:
+        """``num_steps`` SAC SGD steps on minibatches mixing real and model rows; the mean
+        loss statistics and ``sgd_steps``."""
+        totals: dict[str, float] = {}
+        steps = num_steps if _size(self.real) else 0
+        for _ in range(steps):
+            self._replay_step(self._minibatch(), totals)
+        stats = {key: totals.get(key, float("nan")) / steps if steps else float("nan")
+                 for key in SAC_STATS}
+        return stats | {"sgd_steps": float(steps)}
+
+    # -- the weight vector: SAC's, then the ensemble's (MBPOActor's layout) --------------------
+
+    def _vector(self) -> np.ndarray:
+        return np.concatenate([self.policy.get_flat_weights(), pack_ensemble(self.ensemble)])
+
+    def get_weights(self) -> np.ndarray:
+        return self._vector()
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        n = self.policy.num_weights()
+        self.policy.set_flat_weights(flat[:n])
+        unpack_ensemble(self.ensemble, flat[n:])
+
+    def broadcast_weights(self, gather_answers: bool = False,
+                          round_header: Any = None) -> None:
+        """The root of the weight broadcast to every rollout rank (a collective)."""
+        bcast_weights(self.context.weights_comm, self._vector(),
+                      self.context.collective_timeout_s)
+
+    def histograms(self) -> dict[str, np.ndarray]:
+        values = super().histograms()
+        values.update({f"model/{name}": p.detach().cpu().numpy().reshape(-1)
+                       for name, p in self.ensemble.named_parameters()})
+        return values
+
+    def get_state(self) -> dict[str, Any]:
+        """SAC's learner state with ``weights`` the broadcast vector (``mpirl evaluate`` acts
+        with its SAC part), both buffers, the ensemble and its trainer."""
+        state = super().get_state()
+        return {**state, "weights": self._vector(),
+                "real": {k: v.copy() for k, v in self.real.items()},
+                "model_data": {k: v.copy() for k, v in self.model_data.items()},
+                "model_capacity": self.model_capacity, "model_stats": dict(self.model_stats),
+                "model_trainer": self.model_trainer.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        n = self.policy.num_weights()
+        super().set_state({**state, "weights": state["weights"][:n]})
+        self.model_trainer.set_state(state["model_trainer"])
+        self.real = dict(state["real"])
+        self.model_data = dict(state["model_data"])
+        self.model_capacity = state["model_capacity"]
+        self.model_stats = dict(state["model_stats"])
