@@ -127,6 +127,11 @@ class Config(CommonConfig):
     """Your termination function as "module:function", fn(obs, action, next_obs) -> bool
     array [N] on NumPy batches; a model rollout stops after a step it says True for. "": model
     transitions never terminate (Pendulum's)."""
+    learn_termination: bool = False
+    """Learn when model transitions terminate: a classifier head on every member, trained on
+    the real steps' terminations (terminated steps are kept for it, their unknown next state
+    left out of the dynamics loss). Exclusive with termination_fn; neither: model transitions
+    never terminate."""
     model_lr: float = 1e-3
     """Adam learning rate of the ensemble (MBPO: 1e-3)."""
     model_weight_decay: float = 5e-5
@@ -226,7 +231,8 @@ def model_spec(observation_space: gym.Space, action_space: gym.Space, config: Co
         observation_size=int(np.prod(observation_space.shape)),
         action_size=int(np.prod(action_space.shape)), ensemble_size=config.ensemble_size,
         elites=config.elites, hidden_sizes=tuple(config.model_hidden_sizes),
-        activation=config.model_activation, termination_fn=config.termination_fn)
+        activation=config.model_activation, termination_fn=config.termination_fn,
+        learn_termination=config.learn_termination)
     return MBPOSpec(sac=sac_model_spec(observation_space, action_space, config),
                     dynamics=dynamics, trajectory_sampling=config.trajectory_sampling)
 

@@ -118,6 +118,11 @@ class Config(CommonConfig):
     """Your termination function as "module:function", fn(obs, action, next_obs) -> bool
     array [N] on NumPy batches; planned particles stop collecting reward after it says True.
     "": model transitions never terminate."""
+    learn_termination: bool = False
+    """Learn when model transitions terminate: a classifier head on every member, trained on
+    the real steps' terminations (terminated steps are kept for it, their unknown next state
+    left out of the dynamics loss). Exclusive with termination_fn; neither: model transitions
+    never terminate."""
     lr: float = 1e-3
     """Adam learning rate of the ensemble."""
     model_weight_decay: float = 5e-5
@@ -190,7 +195,8 @@ def model_spec(observation_space: gym.Space, action_space: gym.Space, config: Co
         observation_size=int(np.prod(observation_space.shape)),
         action_size=int(np.prod(action_space.shape)), ensemble_size=config.ensemble_size,
         elites=config.elites, hidden_sizes=tuple(config.hidden_sizes),
-        activation=config.activation, termination_fn=config.termination_fn)
+        activation=config.activation, termination_fn=config.termination_fn,
+        learn_termination=config.learn_termination)
     return PETSSpec(dynamics=dynamics,
                     action_low=tuple(float(v) for v in np.ravel(action_space.low)),
                     action_high=tuple(float(v) for v in np.ravel(action_space.high)),

@@ -350,6 +350,36 @@ class OverflowingEnv(gym.Env):
         return self._obs(), -abs(self.position), False, False, {}
 
 
+class CliffWalkEnv(gym.Env):
+    """A continuous 1-D walk (the action moves the position by up to 0.25) that pays 1 plus
+    the position a step and ends by termination once the position leaves [-0.8, 0.8]: the
+    reward pulls right, over the cliff, so a planner does well only if its model knows where
+    the walk ends (a learned termination, or a termination_fn)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-2.0, 2.0, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.position = 0.0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.position = float(self.np_random.uniform(-0.5, 0.5))
+        return np.array([self.position], np.float32), {}
+
+    def step(self, action):
+        self.position += 0.25 * float(np.clip(np.ravel(action)[0], -1, 1))
+        terminated = abs(self.position) > 0.8
+        return (np.array([self.position], np.float32), 1.0 + self.position, terminated, False,
+                {})
+
+
+def cliff_walk_ended(obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+    """CliffWalkEnv's termination, as a ``termination_fn``."""
+    return np.abs(np.asarray(next_obs)[:, 0]) > 0.8
+
+
 # Importing this module registers these envs under ids, as third-party env packages do
 # (what `mpirl train --env-module mpirl.testing --env MpirlCorridor-v0` relies on).
 _IDS = {
@@ -377,6 +407,8 @@ _IDS = {
                                          max_episode_steps=500),
     # A continuous walk whose observations overflow (or are NaN) after some steps.
     "MpirlOverflowing-v0": dict(entry_point=OverflowingEnv, max_episode_steps=100),
+    # A continuous walk that ends off a cliff on either side (see CliffWalkEnv).
+    "MpirlCliffWalk-v0": dict(entry_point=CliffWalkEnv, max_episode_steps=40),
 }
 for _id, _registration in _IDS.items():
     if _id not in gym.registry:

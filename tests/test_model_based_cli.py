@@ -192,3 +192,35 @@ def test_pets_callbacks_run_on_every_role(tmp_path):
     learned = [e for e in log if e["hook"] == "on_learn_on_batch"]
     assert len(learned) == 4 and all(e["epochs"] >= 1 for e in learned)
     assert [int(float(r["iteration_twice"])) for r in rows(run_dir)] == [2, 4]
+
+
+#: PETS on the cliff walk: small plans, 2 ranks x 2 envs x 40 steps an iteration.
+CLIFF = {**QUICK, "rollout_fragment_length": 40, "initial_random_steps": 80,
+         "model_max_epochs": 10, "evaluation_interval": 1, "evaluation_episodes": 4,
+         "checkpoint_every": 5}
+
+
+def _cliff_run(tmp_path, name, **config):
+    run_dir = tmp_path / name
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "PETS", "--env", "MpirlCliffWalk-v0",
+                   "--env-module", "mpirl.testing", "--run-dir", str(run_dir), "--config",
+                   json.dumps({**CLIFF, **config}), "--stop", '{"training_iteration": 5}',
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return rows(run_dir), _checkpointed(run_dir, 5, "learner_0.pkl")["data"]
+
+
+def test_a_termination_fn_keeps_the_plans_off_the_cliff(tmp_path):
+    """The cliff walk pays more the further right, and ends past 0.8: told where it ends
+    (termination_fn), the planner stays near the edge (the last evaluations returned 62-65
+    when written, of at most 40 x 1.8); not told, it walks off within a few steps (7.5). The
+    learner keeps only the steps with an observed next state, unless a classifier learns
+    terminations: then the terminated steps too, their next state marked unknown."""
+    told, data = _cliff_run(tmp_path, "told", termination_fn="mpirl.testing:cliff_walk_ended")
+    blind, _ = _cliff_run(tmp_path, "blind")
+    assert float(told[-1]["eval_return_mean"]) > 40 > 20 > float(blind[-1]["eval_return_mean"])
+    assert not data["terminated"].any() and "next_obs_observed" not in data
+    _, learned = _cliff_run(tmp_path, "learned", learn_termination=True)
+    ended = learned["terminated"] > 0.5
+    assert ended.any() and np.array_equal(learned["next_obs_observed"], ~ended)
+    assert np.array_equal(learned["next_obs"][ended], learned["obs"][ended])

@@ -147,6 +147,10 @@ def test_the_broadcast_vector_carries_normalizers_and_elites():
      "PETS: elites (6) cannot exceed ensemble_size (5)"),
     (["--env", "Pendulum-v1", "--config", '{"termination_fn": "nowhere_mod:fn"}'],
      "termination_fn 'nowhere_mod:fn': no module named 'nowhere_mod'"),
+    (["--env", "Pendulum-v1", "--config",
+      '{"termination_fn": "mpirl.testing:cliff_walk_ended", "learn_termination": true}'],
+     "termination_fn 'mpirl.testing:cliff_walk_ended' and learn_termination both give model "
+     "terminations: set one of them"),
     (["--env", "Pendulum-v1", "--config", '{"cem_elites": 300}'],
      "cem_elites (300) cannot exceed cem_population (200)"),
     (["--env", "Pendulum-v1", "--config", '{"planner": "ilqr"}'],

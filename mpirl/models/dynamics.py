@@ -113,9 +113,9 @@ class DynamicsEnsemble(FlatParameters):
         return (torch.cat([obs, actions], -1) - self.input_mean) / self.input_std
 
     def fit_normalizers(self, obs: np.ndarray, actions: np.ndarray, targets: np.ndarray) -> None:
-        """Statistics of the inputs and the (unnormalized) targets of the training split,
-        replacing the previous ones (the dataset grows between calls: merging would count the
-        old transitions twice)."""
+        """Statistics of the inputs and the (unnormalized) targets of the training split (the
+        targets of its rows with a known next observation), replacing the previous ones (the
+        dataset grows between calls: merging would count the old transitions twice)."""
         self.input_stats = RunningMeanStd((self.in_size,))
         self.input_stats.update(np.concatenate([obs, actions], -1).astype(np.float64))
         self.target_stats = RunningMeanStd((self.target_size,))
@@ -249,6 +249,9 @@ def _as_dataset(data: Mapping[str, Any], spec: DynamicsSpec) -> dict[str, np.nda
                          f"{', '.join(DATASET_KEYS)})")
     n = len(data["obs"])
     out = {key: np.asarray(data[key], np.float32).reshape(n, -1) for key in DATASET_KEYS}
+    # Optional: False where next_obs is not the real next observation (a terminated step's).
+    out["next_obs_observed"] = (np.asarray(data["next_obs_observed"], bool).reshape(n)
+                                if "next_obs_observed" in data else np.ones(n, bool))
     for key, size in (("obs", spec.observation_size), ("actions", spec.action_size),
                       ("next_obs", spec.observation_size), ("rewards", 1), ("terminated", 1)):
         if out[key].shape[1] != size:
@@ -296,6 +299,8 @@ class EnsembleTrainer:
         self.trained_epochs = 0
         #: Training rows of each member's bootstrap in the last call ([K, n_train]), for tests.
         self.last_bootstrap: np.ndarray | None = None
+        #: Per-target weights [N, T] of the current call (None: every target counts).
+        self._target_weights: torch.Tensor | None = None
 
     def train(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """Train on ``data`` (``obs [N, o]``, ``actions [N, a]``, ``rewards [N]``,
@@ -313,11 +318,13 @@ class EnsembleTrainer:
         order = self.rng.permutation(n)
         n_hold = min(int(n * spec.holdout_ratio), spec.max_holdout, n - 1)
         hold_idx, train_idx = order[:n_hold], order[n_hold:]
+        observed = data["next_obs_observed"]
         # Overflowing values are the members' to report (as a diverged loss), not NumPy's.
         with np.errstate(over="ignore", invalid="ignore"):
             targets = model.targets(data["obs"], data["rewards"], data["next_obs"])
+            fit_idx = train_idx[observed[train_idx]] if observed[train_idx].any() else train_idx
             model.fit_normalizers(data["obs"][train_idx], data["actions"][train_idx],
-                                  targets[train_idx])
+                                  targets[fit_idx])
         device = model.input_mean.device
         with torch.no_grad():
             inputs = model.normalize_inputs(torch.as_tensor(data["obs"], device=device),
@@ -325,8 +332,18 @@ class EnsembleTrainer:
             norm_targets = (torch.as_tensor(targets, device=device) - model.target_mean
                             ) / model.target_std
         dones = torch.as_tensor(data["terminated"][:, 0], device=device)
+        # Where the next observation is unknown (a step that ended its episode by termination,
+        # kept for the termination classifier), only the reward is a target.
+        self._target_weights = None
+        if not observed.all():
+            weights = np.ones(targets.shape, np.float32)
+            weights[~observed, :model.spec.observation_size] = 0.0
+            self._target_weights = torch.as_tensor(weights, device=device)
         # No held-out split (holdout_ratio 0): stop and choose elites on the training split.
-        eval_idx = torch.as_tensor(hold_idx if n_hold else train_idx, device=device)
+        eval_rows = hold_idx if n_hold else train_idx
+        if observed[eval_rows].any():  # the one-step error is of known next observations
+            eval_rows = eval_rows[observed[eval_rows]]
+        eval_idx = torch.as_tensor(eval_rows, device=device)
         n_train = len(train_idx)
         bootstrap = np.stack([train_idx[rng.integers(0, n_train, size=n_train)]
                               for rng in self.member_rngs])
@@ -386,7 +403,9 @@ class EnsembleTrainer:
         model.train()
         for start in range(0, bootstrap.shape[1], spec.batch_size):
             idx = shuffled[:, start:start + spec.batch_size]
-            nll = self._member_losses(inputs[idx], norm_targets[idx], dones[idx])
+            nll = self._member_losses(inputs[idx], norm_targets[idx], dones[idx],
+                                      None if self._target_weights is None
+                                      else self._target_weights[idx])
             self._check(nll, epoch, "training loss")
             loss = nll.sum() + spec.logvar_bound_coef * (
                 model.max_logvar.sum() - model.min_logvar.sum())
@@ -397,12 +416,16 @@ class EnsembleTrainer:
         member_nll = torch.stack(losses).mean(0).cpu().double().numpy()
         return member_nll, self._evaluate(inputs, norm_targets, eval_idx, epoch)
 
-    def _member_losses(self, x: torch.Tensor, y: torch.Tensor, done: torch.Tensor
-                       ) -> torch.Tensor:
-        """Each member's Gaussian NLL (up to constants), plus its termination cross-entropy:
-        ``[K]``."""
+    def _member_losses(self, x: torch.Tensor, y: torch.Tensor, done: torch.Tensor,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Each member's Gaussian NLL (up to constants; over the targets ``weights`` keeps, all
+        without), plus its termination cross-entropy: ``[K]``."""
         mean, logvar, logits = self.model(x)
-        nll = (((mean - y) ** 2) * torch.exp(-logvar) + logvar).mean((1, 2))
+        terms = ((mean - y) ** 2) * torch.exp(-logvar) + logvar
+        if weights is None:
+            nll = terms.mean((1, 2))
+        else:
+            nll = (terms * weights).sum((1, 2)) / weights.sum((1, 2)).clamp_min(1.0)
         if logits is not None:
             nll = nll + F.binary_cross_entropy_with_logits(
                 logits, done, reduction="none").mean(1)

@@ -33,46 +33,21 @@ from mpirl.models.planner import pack_ensemble, unpack_ensemble
 from mpirl.models.soft_q import SAC_STATS
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.ulfm import bcast_weights
-from mpirl.workers.callbacks import invoke
 from mpirl.workers.learner import LearnerSettings, LossFn
 from mpirl.workers.pets_workers import PlanningWorker, concat_transitions
 from mpirl.workers.q_workers import QLearner
-from mpirl.workers.rollout import merge_sample_metrics
 
 #: The stats of a model fit, NaN until the first one.
 MODEL_STATS = ("model_error", "model_error_max", "model_train_nll", "model_epochs",
                "model_epochs_total")
 
 
-def real_transitions(block: Any) -> dict[str, np.ndarray]:
-    """A block's steps as transitions, terminated ones included (their ``next_obs`` is the
-    step's own observation, a placeholder that a discount of 0 never reads)."""
-    obs, steps, slots = block.obs, block.steps, block.slots
-    next_obs = np.empty_like(obs)
-    next_obs[:-1] = obs[1:]
-    next_obs[-1] = block.last_obs
-    truncated = block.truncated & ~block.terminated & ~block.failed
-    t_idx, s_idx = np.nonzero(truncated)  # row-major (t, slot): final_obs's order
-    if len(t_idx):
-        next_obs[t_idx, s_idx] = np.asarray(block.final_obs).reshape(len(t_idx), *obs.shape[2:])
-    terminated = np.asarray(block.terminated, bool)
-    next_obs[terminated] = obs[terminated]
-    keep = ~block.failed & np.asarray(block.keep, bool)
-    if block.active is not None:
-        keep &= block.active
-    rows = keep.reshape(-1)
-    flat = (steps * slots,)
-    return {"obs": obs.reshape(*flat, -1)[rows].astype(np.float32),
-            "actions": np.asarray(block.actions, np.float32).reshape(*flat, -1)[rows],
-            "rewards": np.asarray(block.rewards, np.float32).reshape(-1)[rows],
-            "next_obs": next_obs.reshape(*flat, -1)[rows].astype(np.float32),
-            "terminated": terminated.astype(np.float32).reshape(-1)[rows]}
-
-
 class ModelRolloutWorker(PlanningWorker):
     """A rollout rank of MBPO: real steps with SAC's actor, and branched model rollouts."""
 
     MESSAGES = (*PlanningWorker.MESSAGES, "model_rollouts")
+    #: SAC learns from terminated steps too (with a discount of 0).
+    keep_terminated = True
 
     def __init__(self, context: RankContext, settings: Any, beside: Any = None) -> None:
         super().__init__(context, settings, beside)
@@ -80,27 +55,6 @@ class ModelRolloutWorker(PlanningWorker):
         #: The model rollouts' draws (actions, members, model noise): checkpointed, so a
         #: resumed run rolls out what one never stopped would.
         self.model_rng = torch.Generator().manual_seed(seed * 1009 + 7 * context.role_index + 3)
-
-    def sample_steps(self, steps_per_env: int, epsilon: float, dest: int | None
-                     ) -> dict[str, Any]:
-        """``PlanningWorker.sample_steps`` with SAC's actor (``epsilon`` 1: uniformly random
-        actions), terminated steps kept."""
-        self.runner.set_epsilon(self.policy_id, epsilon)
-        parts, metrics = [], None
-        for block in self.runner.collect(self.policy_id, steps_per_env):
-            parts.append(real_transitions(block))
-            metrics = (block.metrics() if metrics is None
-                       else merge_sample_metrics(metrics, block.metrics()))
-        transitions = concat_transitions(parts)
-        if self.callbacks is not None:
-            invoke(self.callbacks, "on_sample_end", self.where, worker=self, batch=transitions,
-                   metrics=metrics)
-        if dest is None:
-            metrics["transitions"] = transitions
-        else:
-            self.context.data_channel.flush()
-            self.context.data_channel.isend(transitions, dest, DataTags().batch)
-        return metrics
 
     def model_rollouts(self, start_obs: np.ndarray, length: int, dest: int | None
                        ) -> dict[str, Any]:
@@ -211,10 +165,15 @@ class MBPOLearner(QLearner):
         return self.sizes()
 
     def train_model(self) -> dict[str, float]:
-        """Fit the ensemble to the real transitions with an observed next state (a ``Model
-        DivergedError`` from the trainer goes up as it is)."""
+        """Fit the ensemble to the real transitions with an observed next state, and with
+        ``learn_termination`` to the terminated ones too, for the classifier (their next state
+        unknown: only their reward and termination are targets). A ``ModelDivergedError``
+        from the trainer goes up as it is."""
         seen = self.real["terminated"] < 0.5
-        data = {key: value[seen] for key, value in self.real.items()}
+        if self.ensemble.spec.learn_termination:
+            data = self.real
+        else:
+            data = {key: value[seen] for key, value in self.real.items()}
         if len(data["obs"]) < 2:
             return dict(self.model_stats)
         stats = self.model_trainer.train(data)

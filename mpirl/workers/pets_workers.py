@@ -39,8 +39,11 @@ from mpirl.workers.rollout import merge_sample_metrics
 from mpirl.workers.transition_worker import TransitionWorker
 
 
-def block_transitions(block: Any) -> dict[str, np.ndarray]:
-    """A block's steps as transitions (see the module's docstring)."""
+def block_transitions(block: Any, keep_terminated: bool = False) -> dict[str, np.ndarray]:
+    """A block's steps as transitions (see the module's docstring). With ``keep_terminated``
+    the steps that ended their episode by termination are kept too, their ``next_obs`` the
+    step's own observation (a placeholder: the next state is not observed), and
+    ``next_obs_observed`` says which rows have a real one."""
     obs, steps, slots = block.obs, block.steps, block.slots
     next_obs = np.empty_like(obs)
     next_obs[:-1] = obs[1:]
@@ -49,26 +52,46 @@ def block_transitions(block: Any) -> dict[str, np.ndarray]:
     t_idx, s_idx = np.nonzero(truncated)  # row-major (t, slot): final_obs's order
     if len(t_idx):
         next_obs[t_idx, s_idx] = np.asarray(block.final_obs).reshape(len(t_idx), *obs.shape[2:])
-    keep = ~block.failed & ~block.terminated & np.asarray(block.keep, bool)
+    terminated = np.asarray(block.terminated, bool)
+    next_obs[terminated] = obs[terminated]
+    keep = ~block.failed & np.asarray(block.keep, bool)
+    if not keep_terminated:
+        keep &= ~terminated
     if block.active is not None:
         keep &= block.active
     rows = keep.reshape(-1)
     flat = (steps * slots,)
-    return {"obs": obs.reshape(*flat, -1)[rows].astype(np.float32),
-            "actions": np.asarray(block.actions, np.float32).reshape(*flat, -1)[rows],
-            "rewards": np.asarray(block.rewards, np.float32).reshape(-1)[rows],
-            "next_obs": next_obs.reshape(*flat, -1)[rows].astype(np.float32),
-            "terminated": np.asarray(block.terminated, np.float32).reshape(-1)[rows]}
+    transitions = {
+        "obs": obs.reshape(*flat, -1)[rows].astype(np.float32),
+        "actions": np.asarray(block.actions, np.float32).reshape(*flat, -1)[rows],
+        "rewards": np.asarray(block.rewards, np.float32).reshape(-1)[rows],
+        "next_obs": next_obs.reshape(*flat, -1)[rows].astype(np.float32),
+        "terminated": terminated.astype(np.float32).reshape(-1)[rows]}
+    if keep_terminated:
+        transitions["next_obs_observed"] = ~terminated.reshape(-1)[rows]
+    return transitions
+
+
+#: What a transition may carry: the dataset's arrays, and where some next states are unknown,
+#: which are known.
+TRANSITION_KEYS = (*DATASET_KEYS, "next_obs_observed")
 
 
 def concat_transitions(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {key: np.concatenate([part[key] for part in parts]) for key in DATASET_KEYS}
+    """``parts`` joined, with the keys every part has."""
+    return {key: np.concatenate([part[key] for part in parts]) for key in TRANSITION_KEYS
+            if all(key in part for part in parts)}
 
 
 class PlanningWorker(TransitionWorker):
     """A rollout rank of PETS: its envs act on CEM plans over the ensemble it was sent."""
 
     MESSAGES = (*TransitionWorker.MESSAGES, "sample_steps")
+
+    @property
+    def keep_terminated(self) -> bool:
+        """Whether terminated steps are sent too: for a learned termination classifier."""
+        return bool(self.policy.spec.dynamics.learn_termination)
 
     def sample_steps(self, steps_per_env: int, epsilon: float, dest: int | None
                      ) -> dict[str, Any]:
@@ -78,7 +101,7 @@ class PlanningWorker(TransitionWorker):
         self.runner.set_epsilon(self.policy_id, epsilon)
         parts, metrics = [], None
         for block in self.runner.collect(self.policy_id, steps_per_env):
-            parts.append(block_transitions(block))
+            parts.append(block_transitions(block, self.keep_terminated))
             metrics = (block.metrics() if metrics is None
                        else merge_sample_metrics(metrics, block.metrics()))
         transitions = concat_transitions(parts)
