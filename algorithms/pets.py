@@ -120,9 +120,10 @@ class Config(CommonConfig):
     "": model transitions never terminate."""
     learn_termination: bool = False
     """Learn when model transitions terminate: a classifier head on every member, trained on
-    the real steps' terminations (terminated steps are kept for it, their unknown next state
-    left out of the dynamics loss). Exclusive with termination_fn; neither: model transitions
-    never terminate."""
+    the real steps' terminations, weighted to balance the steps that go on (terminated steps
+    are kept for it, their unknown next state left out of the dynamics loss; its held-out
+    cross-entropy joins early stopping). Exclusive with termination_fn; neither: model
+    transitions never terminate."""
     lr: float = 1e-3
     """Adam learning rate of the ensemble."""
     model_weight_decay: float = 5e-5

@@ -234,8 +234,9 @@ def test_terminated_steps_teach_the_classifier_but_not_the_dynamics(seed):
     placeholder next_obs is left out of the dynamics loss, the normalizers and the held-out
     error, so the model predicts x + a near the cliff too. Trained on the placeholders as
     targets, it predicts changes too small there (error 0.17 on seed 0), and fails.
-    Measured when written (seeds 0-2): termination accuracy 0.941-0.949, change error
-    0.007-0.010, model_error 0.12-0.22 (the reward's kink at 0 is the hard part)."""
+    Measured when written (seeds 0-2): terminations caught 0.967-0.983, other steps kept
+    0.894-0.898, change error 0.010-0.012, model_error 0.10-0.13 (the reward's kink at 0 is
+    the hard part)."""
     torch.manual_seed(seed)
     model = DynamicsEnsemble(DynamicsSpec(1, 1, hidden_sizes=(32, 32), learn_termination=True))
     trainer = EnsembleTrainer(model, EnsembleTrainerSpec(max_epochs=40), seed=seed)
@@ -245,13 +246,13 @@ def test_terminated_steps_teach_the_classifier_but_not_the_dynamics(seed):
     next_obs, rewards, terminated = model.predict(test["obs"], test["actions"], rng, "mean",
                                                   members=elite_members(model, 1000))
     truth = test["obs"] + test["actions"]
-    accuracy = float((terminated == test["terminated"]).mean())
     cliff = test["terminated"]
+    caught, kept = float(terminated[cliff].mean()), float((~terminated[~cliff]).mean())
     change_error = float(np.abs(next_obs[cliff] - truth[cliff]).mean())
-    print(f"seed {seed}: accuracy {accuracy:.3f}, change error at the cliff "
-          f"{change_error:.4f}, model_error {stats['model_error']:.4f}")
+    print(f"seed {seed}: terminations caught {caught:.3f}, others kept {kept:.3f}, change "
+          f"error at the cliff {change_error:.4f}, model_error {stats['model_error']:.4f}")
     assert 0.15 < cliff.mean() < 0.4
-    assert accuracy > 0.93
+    assert caught > 0.85 and kept > 0.85
     assert change_error < 0.1
     assert stats["model_error"] < 0.4
 

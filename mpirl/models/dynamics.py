@@ -301,6 +301,8 @@ class EnsembleTrainer:
         self.last_bootstrap: np.ndarray | None = None
         #: Per-target weights [N, T] of the current call (None: every target counts).
         self._target_weights: torch.Tensor | None = None
+        #: Weight of a terminated step in the classifier's loss (None: 1).
+        self._pos_weight: torch.Tensor | None = None
 
     def train(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """Train on ``data`` (``obs [N, o]``, ``actions [N, a]``, ``rewards [N]``,
@@ -332,6 +334,11 @@ class EnsembleTrainer:
             norm_targets = (torch.as_tensor(targets, device=device) - model.target_mean
                             ) / model.target_std
         dones = torch.as_tensor(data["terminated"][:, 0], device=device)
+        # Terminations are rare (an episode ends once): weighed as much as the steps that go
+        # on, so that the classifier says "ends" where it is more likely than not to.
+        ended = float(data["terminated"].sum())
+        self._pos_weight = (torch.tensor(min((n - ended) / ended, 100.0), device=device)
+                            if ended else None)
         # Where the next observation is unknown (a step that ended its episode by termination,
         # kept for the termination classifier), only the reward is a target.
         self._target_weights = None
@@ -344,6 +351,8 @@ class EnsembleTrainer:
         if observed[eval_rows].any():  # the one-step error is of known next observations
             eval_rows = eval_rows[observed[eval_rows]]
         eval_idx = torch.as_tensor(eval_rows, device=device)
+        # The classifier is judged on every held-out row: the terminated ones are its positives.
+        termination_idx = torch.as_tensor(hold_idx if n_hold else train_idx, device=device)
         n_train = len(train_idx)
         bootstrap = np.stack([train_idx[rng.integers(0, n_train, size=n_train)]
                               for rng in self.member_rngs])
@@ -362,7 +371,11 @@ class EnsembleTrainer:
                 diverged, mse = error, None
             improved = np.zeros(k, bool)
             if mse is not None:
-                improved = (best - mse) / np.where(np.isfinite(best), best, 1.0) > spec.improvement
+                # A member improves when its held-out error does, plus its classifier's
+                # held-out cross-entropy: the dynamics alone may settle before the classifier.
+                score = mse + self._termination_loss(inputs, dones, termination_idx)
+                improved = ((best - score) / np.where(np.isfinite(best), best, 1.0)
+                            > spec.improvement)
                 improved |= ~np.isfinite(best)
             any_improved = bool(improved.any())
             if self.agree is not None:
@@ -373,7 +386,7 @@ class EnsembleTrainer:
             if diverged is not None:
                 raise diverged
             for m in np.flatnonzero(improved):
-                best[m] = mse[m]
+                best[m] = score[m]
                 best_states[m] = model.member_state(int(m))
             stale = 0 if any_improved else stale + 1
         train_nll = float(np.mean(member_nll))
@@ -428,8 +441,21 @@ class EnsembleTrainer:
             nll = (terms * weights).sum((1, 2)) / weights.sum((1, 2)).clamp_min(1.0)
         if logits is not None:
             nll = nll + F.binary_cross_entropy_with_logits(
-                logits, done, reduction="none").mean(1)
+                logits, done, reduction="none", pos_weight=self._pos_weight).mean(1)
         return nll
+
+    @torch.no_grad()
+    def _termination_loss(self, inputs: torch.Tensor, dones: torch.Tensor, idx: torch.Tensor
+                          ) -> np.ndarray | float:
+        """Each member's termination cross-entropy on ``idx`` ``[K]``; 0 without a classifier."""
+        if not self.model.spec.learn_termination:
+            return 0.0
+        k = self.model.spec.ensemble_size
+        _, _, logits = self.model(inputs[idx].unsqueeze(0).expand(k, -1, -1))
+        loss = F.binary_cross_entropy_with_logits(
+            logits, dones[idx].unsqueeze(0).expand(k, -1), reduction="none",
+            pos_weight=self._pos_weight).mean(1)
+        return loss.cpu().double().numpy()
 
     @torch.no_grad()
     def _evaluate(self, inputs: torch.Tensor, targets: torch.Tensor, idx: torch.Tensor,
