@@ -7,9 +7,11 @@ mpirl's SAC and Stable-Baselines3's SAC; PETS's planning throughput over rollout
         [--throughput-seconds S] [--json PATH] [--quick]
 
 **Steps to the threshold** (``--task pendulum``: a mean of -200 on Pendulum-v1). Every run
-evaluates every ``--eval-every`` env steps: ``--eval-episodes`` episodes with deterministic
-actions (PETS: the first action of CEM's final mean; SAC: the actor's mean; SB3: ``predict(...,
-deterministic=True)``). A run's steps to the threshold are those of its first evaluation whose
+evaluates every ``--eval-every`` env steps (Pendulum: PETS every 400, the others every 200):
+``--eval-episodes`` episodes with deterministic actions (PETS: the first action of CEM's final
+mean; SAC: the actor's mean; SB3: ``predict(..., deterministic=True)``), on envs of the
+evaluation's own, reset with the same seeds for every algorithm and every evaluation of a seed
+(``play_episodes``). A run's steps to the threshold are those of its first evaluation whose
 mean reaches it; its time to the threshold is its *training* time up to then, evaluations left
 out (start-up too: mpirl's ``time_total_s`` starts once the ranks are up). Each run also reports
 its wall time from launch to the threshold (start-up and evaluations included) and the CPU
@@ -22,18 +24,18 @@ algorithm, then seed 1 ...), so that drift in the machine's load hits every algo
   rollout ranks and the learner in the driver; SAC 2 ranks, one rollout rank with one env and
   the replay and learner in the driver). The evaluations come from ``EvaluateEvery``, a
   ``Callbacks`` class of this file named by the ``callbacks`` key: after the iteration that
-  crosses the next multiple of ``--eval-every``, the driver has the rollout ranks play the
-  episodes (``evaluate_policy``, as PETS's own ``evaluation_interval`` does) and adds
-  ``bench_eval_return_mean`` and its timing to the progress row. The same code path for every
-  mpirl algorithm, whether or not it has evaluation keys of its own (SAC has none). As with
-  ``evaluation_interval``, the rollout ranks abandon the training episodes they had in progress;
-  the transitions already collected are kept. The orchestrator reads progress.csv every second
-  and ends the run at the threshold.
+  crosses the next multiple of ``--eval-every`` (SAC's iterations are 64 steps: its evaluations
+  fall at 256, 448, 640 ...), the driver loads learner 0's weights into a model of its own and
+  plays the episodes, and adds ``bench_eval_return_mean`` and its timing to the progress row.
+  The same code path for every mpirl algorithm, whether or not it has evaluation keys of its own
+  (SAC has none); unlike PETS's ``evaluation_interval``, the rollout ranks' training episodes
+  go on undisturbed. The orchestrator reads progress.csv every second and ends the run at the
+  threshold.
 * Stable-Baselines3's SAC: this script with ``--role sb3``, rl-baselines3-zoo's Pendulum-v1
   settings (``MlpPolicy``, learning_rate 1e-3, every other setting SB3's default: 256x256, batch
   256, buffer 1M, 100 random steps, one gradient step per env step, no gSDE), torch on one thread,
-  ``learn`` in chunks of ``--eval-every`` steps and SB3's ``evaluate_policy`` on an env of its own
-  between them.
+  ``learn`` in chunks of ``--eval-every`` steps (its episodes go on from one to the next) and
+  the same evaluation between them.
 
 **Planning throughput** (``--throughput-ranks``): ``mpiexec -n N`` of this script with ``--role
 plan``; every rank builds PETS's planner with its defaults (untrained: planning costs the same
@@ -94,6 +96,7 @@ ALGOS = (*MPIRL_ALGOS, "SB3-SAC")
 RANKS = {"PETS": 3, "MBPO": 3, "SAC": 2}
 EVAL_EVERY_ENV = "MPIRL_BENCH_EVAL_EVERY"
 EVAL_EPISODES_ENV = "MPIRL_BENCH_EVAL_EPISODES"
+EVAL_SEED_ENV = "MPIRL_BENCH_EVAL_SEED"
 EVAL_COLUMN = "bench_eval_return_mean"
 POLL_S = 1.0
 
@@ -103,7 +106,8 @@ class Task:
     env: str
     threshold: float | None
     """The return whose first evaluation ends a run; None runs every algorithm to its cap."""
-    eval_every: int
+    eval_every: dict[str, int]
+    """Per algorithm, env steps between evaluations."""
     caps: dict[str, int]
     algos: tuple[str, ...]
     seeds: tuple[int, ...]
@@ -112,19 +116,21 @@ class Task:
 
 
 TASKS = {
-    "pendulum": Task("Pendulum-v1", -200.0, 200,
+    # PETS's evaluations plan every action of 10 episodes (2,000 plans of 30 steps): every
+    # 400 env steps, they cost about 5x its training to the threshold; SAC's are cheap.
+    "pendulum": Task("Pendulum-v1", -200.0, {"PETS": 400, "MBPO": 200, "SAC": 200,
+                                             "SB3-SAC": 200},
                      {"PETS": 4_000, "MBPO": 4_000, "SAC": 30_000, "SB3-SAC": 30_000},
                      ("PETS", "MBPO", "SAC", "SB3-SAC"), (0, 1, 2, 3, 4)),
-    "inverted-pendulum": Task("InvertedPendulum-v5", None, 1_000,
+    "inverted-pendulum": Task("InvertedPendulum-v5", None, dict.fromkeys(ALGOS, 1_000),
                               {"MBPO": 15_000, "SAC": 15_000, "SB3-SAC": 15_000},
                               ("MBPO", "SAC"), (0, 1, 2)),
-    "half-cheetah": Task("HalfCheetah-v5", None, 5_000,
+    "half-cheetah": Task("HalfCheetah-v5", None, dict.fromkeys(ALGOS, 5_000),
                          {"MBPO": 100_000, "SAC": 100_000, "SB3-SAC": 100_000},
                          ("MBPO", "SAC"), (0,)),
 }
 #: Small enough for a test: one seed, two evaluations of two episodes, a cheap planner.
-QUICK = Task("Pendulum-v1", -200.0, 200, {"PETS": 400, "MBPO": 400, "SAC": 400,
-                                          "SB3-SAC": 400},
+QUICK = Task("Pendulum-v1", -200.0, dict.fromkeys(ALGOS, 200), dict.fromkeys(ALGOS, 400),
              ("PETS", "SAC"), (0,),
              {"PETS": {"planning_horizon": 10, "cem_population": 50, "cem_iterations": 2}})
 QUICK_EVAL_EPISODES = 2
@@ -137,7 +143,7 @@ class Plan:
     threshold: float | None
     algos: tuple[str, ...]
     seeds: tuple[int, ...]
-    eval_every: int
+    eval_every: dict[str, int]
     eval_episodes: int
     caps: dict[str, int]
     ranks: dict[str, int]
@@ -151,27 +157,37 @@ class Plan:
 
 class EvaluateEvery(Callbacks):
     """On the driver: after the iteration that crosses the next multiple of
-    ``$MPIRL_BENCH_EVAL_EVERY`` env steps, the rollout ranks play ``$MPIRL_BENCH_EVAL_EPISODES``
-    episodes with deterministic actions; their mean return and the seconds of evaluation before
-    this one (to take out of ``time_total_s``) go into the progress row. Only episode returns
-    cross ranks."""
+    ``$MPIRL_BENCH_EVAL_EVERY`` env steps, learner 0's weights go into a copy of the model in the
+    driver's process, which plays ``$MPIRL_BENCH_EVAL_EPISODES`` episodes with deterministic
+    actions on envs of its own (``play_episodes``), from the same start states every time. The
+    mean return, and the seconds of evaluation before this one (to take out of
+    ``time_total_s``), go into the progress row. Only the weights cross ranks."""
 
     def __init__(self) -> None:
         self.every = int(os.environ.get(EVAL_EVERY_ENV, "0"))
         self.episodes = int(os.environ.get(EVAL_EPISODES_ENV, "10"))
+        self.seed_base = int(os.environ.get(EVAL_SEED_ENV, "0"))
         self.next_at = self.every
         self.eval_s_total = 0.0
+        self.policy: Any = None
+        self.envs: list[Any] = []
+
+    def on_algorithm_init(self, *, algorithm: Any) -> None:
+        from mpirl.models.torch_model import build_torch_model
+
+        self.envs = [algorithm.env.make() for _ in range(self.episodes)]
+        spaces = self.envs[0].observation_space, self.envs[0].action_space
+        self.policy = build_torch_model(algorithm.module.model_spec(*spaces, algorithm.config))
 
     def on_train_result(self, *, algorithm: Any, result: dict[str, Any]) -> None:
-        from mpirl.execution.operators import evaluate_policy
-
         mean, took = math.nan, 0.0
         if self.every and result["timesteps_total"] >= self.next_at:
             start = time.monotonic()
-            played = evaluate_policy(algorithm.rollouts, self.episodes, deterministic=True)
+            self.policy.set_flat_weights(algorithm.learners[0].call("get_weights"))
+            mean = statistics.fmean(play_episodes(
+                lambda obs: self.policy.env_actions(self.policy.act(obs, True)[0]), self.envs,
+                self.seed_base))
             took = time.monotonic() - start
-            if played.episode_returns:
-                mean = statistics.fmean(played.episode_returns)
             while self.next_at <= result["timesteps_total"]:
                 self.next_at += self.every
         # Every row gets the columns, so that progress.csv has them from its header on.
@@ -181,7 +197,33 @@ class EvaluateEvery(Callbacks):
         self.eval_s_total += took
 
 
+def play_episodes(act: Any, envs: Sequence[Any], seed_base: int) -> list[float]:
+    """One episode in each of ``envs`` (reset with seeds ``seed_base + i``), stepped together:
+    ``act`` maps a batch of observations to env actions. A finished env keeps its last
+    observation in the batch (its actions are dropped), so that the batch never changes size
+    (PETS warm-starts each plan from the last one of that size). The episodes' returns."""
+    import numpy as np
+
+    obs = [env.reset(seed=seed_base + i)[0] for i, env in enumerate(envs)]
+    returns = [0.0] * len(envs)
+    running = [True] * len(envs)
+    while any(running):
+        actions = act(np.stack(obs))
+        for i, env in enumerate(envs):
+            if running[i]:
+                obs[i], reward, terminated, truncated, _ = env.step(actions[i])
+                returns[i] += float(reward)
+                running[i] = not (terminated or truncated)
+    return returns
+
+
 # --- in the orchestrator: one mpirl run ---------------------------------------------------------
+
+
+def eval_seed_base(seed: int) -> int:
+    """The evaluation envs' first reset seed for a run of ``seed``: the same start states for
+    every algorithm and every evaluation of that seed, none shared with training."""
+    return 1_000_000 + 1_000 * seed
 
 
 def read_rows(progress: Path) -> list[dict[str, str]]:
@@ -239,8 +281,9 @@ def run_mpirl(algo: str, seed: int, plan: Plan, quick: bool) -> dict[str, Any]:
                # Every rank imports this file for the callback.
                "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPT.parent),
                                                            os.environ.get("PYTHONPATH")])),
-               EVAL_EVERY_ENV: str(plan.eval_every),
-               EVAL_EPISODES_ENV: str(plan.eval_episodes)}
+               EVAL_EVERY_ENV: str(plan.eval_every[algo]),
+               EVAL_EPISODES_ENV: str(plan.eval_episodes),
+               EVAL_SEED_ENV: str(eval_seed_base(seed))}
         timeout_s = 120.0 if quick else 3_600.0
         cpu_before = children_cpu_s()
         log_path = Path(tmp) / "out.log"
@@ -295,28 +338,27 @@ def run_entry(evaluations: list[dict[str, float]], reached: dict[str, float] | N
 
 
 def sb3_role(args: argparse.Namespace) -> int:
-    """SB3's SAC, trained in chunks of ``--eval-every`` steps with an evaluation after each,
+    """SB3's SAC, trained in chunks of ``--chunk`` steps with an evaluation after each,
     until the threshold or the cap; emits the same entry as an mpirl run."""
     try:
         import gymnasium as gym
         import torch
         from stable_baselines3 import SAC
-        from stable_baselines3.common.evaluation import evaluate_policy
     except ImportError as error:
         return not_installed("stable-baselines3", error)
     torch.set_num_threads(1)
     launch_cpu = time.process_time()
-    env, eval_env = gym.make(args.env), gym.make(args.env)
-    eval_env.reset(seed=10_000 + args.seed)
+    env = gym.make(args.env)
+    eval_envs = [gym.make(args.env) for _ in range(args.eval_episodes)]
     # rl-baselines3-zoo's hyperparams/sac.yml for Pendulum-v1; everything else SB3's default.
     model = SAC("MlpPolicy", env, learning_rate=1e-3, seed=args.seed, device="cpu", verbose=0)
     evaluations, reached, train_s = [], None, 0.0
     while model.num_timesteps < args.cap and reached is None:
         start = time.perf_counter()
-        model.learn(args.eval_every, reset_num_timesteps=False)
+        model.learn(args.chunk, reset_num_timesteps=False)
         train_s += time.perf_counter() - start
-        returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes,
-                                     deterministic=True, return_episode_rewards=True)
+        returns = play_episodes(lambda obs: model.predict(obs, deterministic=True)[0],
+                                eval_envs, eval_seed_base(args.seed))
         evaluations.append({"env_steps": model.num_timesteps,
                             "return_mean": float(statistics.fmean(returns)),
                             "train_s": train_s})
@@ -332,7 +374,8 @@ def run_sb3(seed: int, plan: Plan, quick: bool) -> dict[str, Any]:
     threshold = [] if plan.threshold is None else ["--threshold", str(plan.threshold)]
     cpu_before = children_cpu_s()
     finished = run_role(SCRIPT, "sb3", quick, ["--env", plan.env, "--seed", str(seed), "--cap",
-                                                str(cap), "--eval-every", str(plan.eval_every),
+                                                str(cap), "--chunk",
+                                                str(plan.eval_every["SB3-SAC"]),
                                                 "--eval-episodes", str(plan.eval_episodes),
                                                 *threshold],
                         name=f"SB3 SAC seed {seed}", timeout_s=120 if quick else 3_600)
@@ -504,7 +547,7 @@ def parse_caps(text: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         algo, _, steps = part.partition("=")
         if algo not in ALGOS or not steps.isdigit() or int(steps) < 1:
-            raise argparse.ArgumentTypeError(f"--caps takes ALGO=STEPS with ALGO one of "
+            raise argparse.ArgumentTypeError(f"expected ALGO=STEPS with ALGO one of "
                                              f"{','.join(ALGOS)}; got {part!r}")
         caps[algo] = int(steps)
     return caps
@@ -524,8 +567,9 @@ def parser() -> argparse.ArgumentParser:
                         f"pendulum: {','.join(TASKS['pendulum'].algos)})")
     p.add_argument("--seeds", type=lambda t: parse_list(t, int), metavar="LIST",
                    help="comma-separated seeds (default: the task's; pendulum 0-4)")
-    p.add_argument("--eval-every", type=positive_int, metavar="STEPS",
-                   help="env steps between evaluations (default: the task's; pendulum 200)")
+    p.add_argument("--eval-every", type=parse_caps, default={}, metavar="ALGO=STEPS,...",
+                   help="env steps between evaluations instead of the task's (pendulum: PETS "
+                        "400, the others 200)")
     p.add_argument("--eval-episodes", type=positive_int, default=10, metavar="N")
     p.add_argument("--caps", type=parse_caps, default={}, metavar="ALGO=STEPS,...",
                    help="env-step caps instead of the task's")
@@ -542,6 +586,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--env", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--cap", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--chunk", type=int, help=argparse.SUPPRESS)
     p.add_argument("--threshold", type=float, help=argparse.SUPPRESS)
     p.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
     return p
@@ -556,7 +601,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         throughput_ranks = ((1,) if args.quick else (1, 2, 4)) if args.task == "pendulum" else ()
     return Plan(task=args.task, env=task.env, threshold=task.threshold,
                 algos=args.algos or task.algos, seeds=args.seeds or task.seeds,
-                eval_every=args.eval_every or task.eval_every,
+                eval_every={**task.eval_every, **args.eval_every},
                 eval_episodes=QUICK_EVAL_EPISODES if args.quick else args.eval_episodes,
                 caps={**task.caps, **args.caps}, ranks=dict(RANKS),
                 mpirl_config=task.mpirl_config, throughput_ranks=throughput_ranks,
