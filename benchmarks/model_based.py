@@ -507,6 +507,12 @@ def at_equal_steps(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float
     return table
 
 
+def outcome(entry: dict[str, Any], threshold: float | None) -> str:
+    if threshold is None:
+        return f"ran to {entry['evaluations'][-1]['env_steps']:,} env steps"
+    return f"reached {threshold:g}" if entry["reached"] else f"did not reach {threshold:g}"
+
+
 def print_runs(runs: dict[str, dict[str, Any]], seeds: Sequence[int]) -> None:
     rows = [["algo", "seed", "reached", "env steps", "train s", "wall s", "CPU s", "return"]]
     for algo, per_seed in runs.items():
@@ -632,7 +638,7 @@ def main() -> int:
 
             report["runs"][algo][str(seed)] = attempt(
                 f"{algo} seed {seed} on {plan.env}", measure,
-                lambda e: (f"{'reached' if e['reached'] else 'not reached'}: "
+                lambda e: (f"{outcome(e, plan.threshold)}: "
                            f"{fmt(e['env_steps'], 0)} env steps, {fmt(e['train_s'], 1)} s "
                            f"training, {e['wall_s']:.1f} s wall, {e['cpu_s']:.1f} CPU-s; "
                            f"last evaluation {fmt(e['final_return_mean'], 1)}"))
