@@ -572,7 +572,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {','.join(ALGOS)} (default: the task's; "
                         f"pendulum: {','.join(TASKS['pendulum'].algos)})")
     p.add_argument("--seeds", type=lambda t: parse_list(t, int), metavar="LIST",
-                   help="comma-separated seeds (default: the task's; pendulum 0-4)")
+                   help="comma-separated seeds (default: the task's; pendulum 0-4); '' runs "
+                        "the planning-throughput sweep alone")
     p.add_argument("--eval-every", type=parse_caps, default={}, metavar="ALGO=STEPS,...",
                    help="env steps between evaluations instead of the task's (pendulum: PETS "
                         "400, the others 200)")
@@ -606,7 +607,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if throughput_ranks is None:
         throughput_ranks = ((1,) if args.quick else (1, 2, 4)) if args.task == "pendulum" else ()
     return Plan(task=args.task, env=task.env, threshold=task.threshold,
-                algos=args.algos or task.algos, seeds=args.seeds or task.seeds,
+                algos=args.algos or task.algos,
+                seeds=task.seeds if args.seeds is None else args.seeds,
                 eval_every={**task.eval_every, **args.eval_every},
                 eval_episodes=QUICK_EVAL_EPISODES if args.quick else args.eval_episodes,
                 caps={**task.caps, **args.caps}, ranks=dict(RANKS),
@@ -649,6 +651,8 @@ def main() -> int:
                 report["comparisons"] = comparisons(report["summary"])
             report["return_at_equal_steps"] = at_equal_steps(report["runs"])
             write_report(report, args.json)
+    if not plan.seeds:
+        return 0
     print()
     print_runs(report["runs"], plan.seeds)
     if plan.threshold is not None:
