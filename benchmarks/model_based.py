@@ -116,8 +116,8 @@ class Task:
 
 
 TASKS = {
-    # PETS's evaluations plan every action of 10 episodes (2,000 plans of 30 steps): every
-    # 400 env steps, they cost about 5x its training to the threshold; SAC's are cheap.
+    # PETS's evaluations plan every action of 10 episodes (2,000 CEM plans): one cost about as
+    # much as 1,400 env steps of its training here, hence every 400 steps; SAC's are cheap.
     "pendulum": Task("Pendulum-v1", -200.0, {"PETS": 400, "MBPO": 200, "SAC": 200,
                                              "SB3-SAC": 200},
                      {"PETS": 4_000, "MBPO": 4_000, "SAC": 30_000, "SB3-SAC": 30_000},
@@ -295,7 +295,8 @@ def run_mpirl(algo: str, seed: int, plan: Plan, quick: bool) -> dict[str, Any]:
         try:
             while True:
                 exited = proc.poll() is not None
-                # Read before sampling the CPU: the CPU seconds then cover the row read.
+                # Sampled just before the rows are read: a run ended at the threshold reports
+                # its processes' CPU at about the moment the threshold was seen.
                 cpu_s = session_cpu_s(proc.pid) if not exited else cpu_s
                 evaluations = evaluations_of(read_rows(run_dir / "progress.csv"))
                 reached = first_reaching(evaluations, plan.threshold)
