@@ -514,6 +514,14 @@ def outcome(entry: dict[str, Any], threshold: float | None) -> str:
     return f"reached {threshold:g}" if entry["reached"] else f"did not reach {threshold:g}"
 
 
+def describe(entry: dict[str, Any], threshold: float | None) -> str:
+    """A run's console line."""
+    at = (f"{fmt(entry['env_steps'], 0)} env steps, {fmt(entry['train_s'], 1)} s training, "
+          if entry["reached"] else "")
+    return (f"{outcome(entry, threshold)}: {at}{entry['wall_s']:.1f} s wall, "
+            f"{entry['cpu_s']:.1f} CPU-s; last evaluation {fmt(entry['final_return_mean'], 1)}")
+
+
 def print_runs(runs: dict[str, dict[str, Any]], seeds: Sequence[int]) -> None:
     rows = [["algo", "seed", "reached", "env steps", "train s", "wall s", "CPU s", "return"]]
     for algo, per_seed in runs.items():
@@ -641,10 +649,7 @@ def main() -> int:
 
             report["runs"][algo][str(seed)] = attempt(
                 f"{algo} seed {seed} on {plan.env}", measure,
-                lambda e: (f"{outcome(e, plan.threshold)}: "
-                           f"{fmt(e['env_steps'], 0)} env steps, {fmt(e['train_s'], 1)} s "
-                           f"training, {e['wall_s']:.1f} s wall, {e['cpu_s']:.1f} CPU-s; "
-                           f"last evaluation {fmt(e['final_return_mean'], 1)}"))
+                lambda e: describe(e, plan.threshold))
             report["loadavg_now"] = os.getloadavg()
             # Written after every run: a long benchmark stopped early keeps what it measured.
             if plan.threshold is not None:
