@@ -73,6 +73,7 @@ from harness import (
     run_main,
     run_metadata,
     run_process,
+    session_cpu_s,
     skipped,
     tail,
     write_report,
@@ -109,22 +110,6 @@ class Plan:
 
 
 # --- watching a run ------------------------------------------------------------------------------
-
-
-def session_cpu_s(session: int) -> float:
-    """CPU seconds (user + system) of the live processes of ``session`` (a launched program,
-    its ranks, its spawned actors), from /proc."""
-    ticks = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def watch(proc: subprocess.Popen, positions: Any, until: float | None = None,

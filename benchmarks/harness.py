@@ -129,6 +129,22 @@ PROGRESS_PREFIX = "progress: "
 """Lines a measured program writes to stderr as it goes; a timeout's error quotes the last."""
 
 
+def session_cpu_s(session: int) -> float:
+    """CPU seconds (user + system) of the live processes of ``session`` (a launched program,
+    its ranks, its spawned actors), from /proc."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def run_process(command: Sequence[str], name: str, timeout_s: float,
                 extra_env: Mapping[str, str] | None = None,
                 want_result: bool = False) -> Finished:

@@ -273,3 +273,29 @@ def test_alphazero_benchmark_quick_writes_every_key(tmp_path):
     assert 1 <= batch["mean_batch"] <= batch["games_per_worker"]
     lag = report["scaling"]["policy_lag"]
     assert lag["column"] == "policy_lag_mean" and lag["mean"]["1"] >= 0
+
+
+def test_model_based_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "model_based.json"
+    # SB3 is a peer (the bench extra): left out, so the test needs only mpirl.
+    proc = run_benchmark("model_based.py", "--quick", "--algos", "PETS,SAC", "--json", str(out),
+                         timeout=180)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert report["metadata"]["quick"] is True
+    for algo in ("PETS", "SAC"):
+        run = report["runs"][algo]["0"]
+        assert "error" not in run, run
+        assert [e["env_steps"] for e in run["evaluations"]][0] >= 200
+        assert all(e["train_s"] > 0 and e["return_mean"] <= 0 for e in run["evaluations"])
+        assert run["reached"] in (True, False) and run["cpu_s"] > 0
+        assert report["summary"][algo]["runs"] == 1
+    assert set(report["comparisons"]["PETS_vs_SAC"]) >= {"env_steps_ratio", "train_s_ratio",
+                                                         "steps_target_met", "time_target_met"}
+    plans = report["planning_throughput"]["runs"]["1"]
+    assert plans["actions_per_s"] > 0 and plans["actions_per_cpu_s"] > 0
+
+
+def test_model_based_benchmark_refuses_an_unknown_algorithm():
+    proc = run_benchmark("model_based.py", "--algos", "PETS,DDPG", timeout=60)
+    assert proc.returncode == 2 and "unknown algorithm(s) DDPG" in proc.stderr
