@@ -28,9 +28,14 @@ import numpy as np
 from mpirl.algorithms.pets import sample_to_learner
 
 from mpirl.config.fields import CommonConfig, Range, above, at_least, within
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, RankLost
 from mpirl.execution.contract import PlanState
-from mpirl.execution.operators import broadcast_weights, evaluate_policy, replay_dest
+from mpirl.execution.operators import (
+    broadcast_weights,
+    discard_lost_rollouts,
+    evaluate_policy,
+    replay_dest,
+)
 from mpirl.execution.trainer import Trainer
 from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
 from mpirl.models.model_rollouts import TRAJECTORY_SAMPLING, MBPOSpec
@@ -280,8 +285,11 @@ def setup(trainer: Trainer) -> MBPOState:
 def model_rollouts(trainer: Trainer, length: int) -> dict[str, int]:
     """The learner draws ``rollout_batch_size`` start states from its real buffer; each rollout
     rank rolls its share ``length`` steps through the ensemble and sends the transitions to the
-    learner's model buffer. Returns the buffers' sizes."""
+    learner's model buffer. Returns the buffers' sizes. A rank lost meanwhile (survived,
+    under ULFM) is left out: its share of the start states is not rolled out this time, and
+    the next time the shares are those of the ranks left."""
     config, learner = trainer.config, trainer.learners[0]
+    discard_lost_rollouts(trainer.learners, trainer.rollouts)
     starts = learner.call("start_states", config.rollout_batch_size)
     shares = np.array_split(starts, len(trainer.rollouts))
     futures = [(worker, worker.call_async("model_rollouts", share, length,
@@ -289,7 +297,10 @@ def model_rollouts(trainer: Trainer, length: int) -> dict[str, int]:
                for worker, share in zip(trainer.rollouts, shares, strict=True)]
     sources, batches = [], []
     for worker, future in futures:
-        answer = future.result()
+        try:
+            answer = future.result()
+        except RankLost:  # its model transitions are not waited for
+            continue
         if "transitions" in answer:
             batches.append(answer["transitions"])
         else:

@@ -197,3 +197,24 @@ def test_pets_goes_on_without_a_lost_planning_rank(tmp_path):
     assert grown[0] == 60 and grown[-1] == 40, grown
     assert all(r["eval_return_mean"] != "nan" for r in rows[-3:])
     assert_every_rank_ended([pid for _, pid in table.values()])
+
+
+def test_mbpo_goes_on_without_a_lost_rollout_rank(tmp_path):
+    """MBPO's real steps and its model rollouts go rollout -> learner: a rank lost is not waited
+    for in either, and its share of the start states goes to the ranks left."""
+    import numpy as np
+    from test_mbpo import QUICK
+
+    run_dir = tmp_path / "run"
+    run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 1, "evaluation_episodes": 3},
+                  algo="MBPO", env="Pendulum-v1", stop={"training_iteration": 8})
+    table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    assert int(rows[0]["num_rollout_workers"]) == 3 and int(rows[-1]["num_rollout_workers"]) == 2
+    # 3 ranks x 1 env x 10 steps an iteration, then 2 ranks' 20 once the loss is seen.
+    grown = np.diff([int(float(r["real_buffer_size"])) for r in rows]).tolist()
+    assert grown[0] == 30 and grown[-1] == 20, grown
+    # The model rollouts go on: all 20 start states rolled out by the ranks left.
+    assert int(float(rows[-1]["model_buffer_size"])) > 0
+    assert all(r["eval_return_mean"] != "nan" for r in rows[-3:])
+    assert_every_rank_ended([pid for _, pid in table.values()])
