@@ -1,7 +1,8 @@
-"""The model-based algorithms (PETS) through the whole CLI, as a user meets them beside the
-other algorithms (issue 39): a resume after kill -9 that is bit-identical, a stop signal on a
-rollout rank, HDF5 dumps of the real transitions, ``mpirl export`` whose file plans like the
-checkpoint, and ``mpirl tune`` over the planner's and the model's keys."""
+"""The model-based algorithms (PETS, MBPO) through the whole CLI, as a user meets them beside
+the other algorithms (issue 39): a resume after kill -9 that is bit-identical, a stop signal on
+a rollout rank, HDF5 dumps of the real transitions, ``mpirl export`` whose file acts like the
+checkpoint, ``mpirl tune`` over their keys, callbacks on every role, and model terminations
+(a user's function, or a learned classifier) on an env that ends off a cliff."""
 
 from __future__ import annotations
 
@@ -18,21 +19,32 @@ from conftest import (
     latest_checkpoint_iteration,
     run_mpi,
 )
+from test_mbpo import QUICK as MBPO_QUICK
 from test_pets import QUICK
 from test_train import MPIRL, rows
 
 from mpirl.errors import EXIT_RESUME
 
 PENDULUM = ("--env", "Pendulum-v1")
+ALGOS = ("PETS", "MBPO")
+#: Each algorithm's quick settings: small plans or SAC steps, small models.
+QUICK_OF = {"PETS": QUICK, "MBPO": MBPO_QUICK}
+#: What each algorithm's learner checkpoints beside its weights: its buffers.
+BUFFERS = {"PETS": ("data",), "MBPO": ("real", "model_data")}
+#: Its real transitions column, and how many a quick iteration adds (2 rollout ranks).
+REAL = {"PETS": ("transitions", 40), "MBPO": ("real_buffer_size", 20)}
 
 #: Columns that follow from the data and the training alone (not from wall time).
-DETERMINISTIC = ("iteration", "timesteps_total", "transitions", "model_error",
-                 "model_train_nll", "model_epochs_total", "eval_return_mean",
-                 "episode_return_mean")
+DETERMINISTIC = {
+    "PETS": ("iteration", "timesteps_total", "transitions", "model_error", "model_train_nll",
+             "model_epochs_total", "eval_return_mean", "episode_return_mean"),
+    "MBPO": ("iteration", "timesteps_total", "real_buffer_size", "model_buffer_size",
+             "rollout_length", "model_error", "model_train_nll", "critic_loss", "actor_loss",
+             "sgd_steps_total", "eval_return_mean", "episode_return_mean")}
 
 
-def _deterministic(run_dir):
-    return [{k: row[k] for k in DETERMINISTIC} for row in rows(run_dir)]
+def _deterministic(run_dir, algo):
+    return [{k: row[k] for k in DETERMINISTIC[algo]} for row in rows(run_dir)]
 
 
 def _checkpointed(run_dir, iteration, name):
@@ -41,46 +53,53 @@ def _checkpointed(run_dir, iteration, name):
         return pickle.load(file)
 
 
-def test_pets_resume_after_kill_9_is_bit_identical(tmp_path):
+def _same_arrays(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_resume_after_kill_9_is_bit_identical(tmp_path, algo):
     """The driver is killed with kill -9 after checkpoint 4 of 8; the resumed run's rows, its
-    learner's transitions and ensemble (with the trainer's optimizer) and the rollout ranks'
-    weights equal those of a run never stopped, bit for bit."""
+    learner's buffers and weights (the ensemble and, for MBPO, SAC) and the rollout ranks'
+    weights and observations equal those of a run never stopped, bit for bit."""
     total = 8
-    config = json.dumps({**QUICK, "checkpoint_every": 2, "keep_checkpoints": 10,
+    config = json.dumps({**QUICK_OF[algo], "checkpoint_every": 2, "keep_checkpoints": 10,
                          "print_layout": True})
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "PETS", *PENDULUM, "--config", config,
+    proc = run_mpi(3, *MPIRL, "train", "--algo", algo, *PENDULUM, "--config", config,
                    "--run-dir", str(reference), "--stop",
                    json.dumps({"training_iteration": total}), timeout=120)
     assert proc.returncode == 0, proc.stderr
 
-    kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", "PETS", *PENDULUM,
+    kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", algo, *PENDULUM,
                             "--config", config)
     assert latest_checkpoint_iteration(interrupted) < total, "the kill came too late"
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
                    json.dumps({"training_iteration": total}), timeout=120)
     assert proc.returncode == 0, proc.stderr
 
-    assert _deterministic(interrupted) == _deterministic(reference)
+    assert _deterministic(interrupted, algo) == _deterministic(reference, algo)
     a = _checkpointed(reference, total, "learner_0.pkl")
     b = _checkpointed(interrupted, total, "learner_0.pkl")
     assert np.array_equal(a["weights"], b["weights"])
-    assert a["data"].keys() == b["data"].keys()
-    assert all(np.array_equal(a["data"][k], b["data"][k]) for k in a["data"])
-    assert len(a["data"]["obs"]) == int(rows(reference)[-1]["transitions"])
+    for buffer in BUFFERS[algo]:
+        assert len(a[buffer]["obs"]) and _same_arrays(a[buffer], b[buffer]), buffer
+    column, _ = REAL[algo]
+    assert len(a[BUFFERS[algo][0]]["obs"]) == int(float(rows(reference)[-1][column]))
     for name in ("rollout_0.pkl", "rollout_1.pkl"):
         ra = _checkpointed(reference, total, name)["runner"]
         rb = _checkpointed(interrupted, total, name)["runner"]
         assert np.array_equal(ra["weights"]["default"], rb["weights"]["default"]), name
-        # The broadcast arrived: the rank plans with the learner's whole ensemble.
-        assert np.array_equal(ra["weights"]["default"], a["weights"]), name
         assert np.array_equal(ra["obs"], rb["obs"]), name
+        if algo == "PETS":  # the broadcast arrived: the rank plans with the whole ensemble
+            assert np.array_equal(ra["weights"]["default"], a["weights"]), name
 
 
-def test_pets_stop_signal_on_a_rollout_rank_checkpoints_and_exits_resume_me(tmp_path):
+@pytest.mark.parametrize("algo", ALGOS)
+def test_stop_signal_on_a_rollout_rank_checkpoints_and_exits_resume_me(tmp_path, algo):
     run_dir = tmp_path / "run"
-    run = LiveRun(3, "--algo", "PETS", *PENDULUM, "--run-dir", str(run_dir),
-                  "--config", json.dumps({**QUICK, "checkpoint_every": 0, "print_layout": True}),
+    run = LiveRun(3, "--algo", algo, *PENDULUM, "--run-dir", str(run_dir), "--config",
+                  json.dumps({**QUICK_OF[algo], "checkpoint_every": 0, "print_layout": True}),
                   "--stop", '{"training_iteration": 100000}')
     run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
     rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
@@ -94,26 +113,29 @@ def test_pets_stop_signal_on_a_rollout_rank_checkpoints_and_exits_resume_me(tmp_
     assert proc.returncode == 0, proc.stderr
     progress = rows(run_dir)
     assert [int(r["iteration"]) for r in progress] == list(range(1, stopped_at + 3))
-    # The resumed learner kept every transition: 2 ranks x 2 envs x 10 steps an iteration.
-    assert [int(r["transitions"]) for r in progress] == [40 * i for i in
-                                                          range(1, stopped_at + 3)]
+    # The resumed learner kept every real transition.
+    column, per_iteration = REAL[algo]
+    assert [int(float(r[column])) for r in progress] == [
+        per_iteration * i for i in range(1, stopped_at + 3)]
 
 
-def test_pets_dumps_its_real_transitions_to_hdf5(tmp_path):
+@pytest.mark.parametrize("algo", ALGOS)
+def test_real_transitions_are_dumped_to_hdf5(tmp_path, algo):
     """Each env plays one whole 200-step Pendulum episode (4 iterations of 50 steps); the dump
-    holds the 4 episodes with the rewards the envs gave and actions inside the bounds."""
+    holds every env's episode with the rewards the envs gave and actions inside the bounds."""
     from mpirl.data.reader import open_dataset
 
     run_dir, dump = tmp_path / "run", tmp_path / "dump"
-    config = {**QUICK, "rollout_fragment_length": 50, "evaluation_interval": 0}
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "PETS", *PENDULUM, "--run-dir", str(run_dir),
+    config = {**QUICK_OF[algo], "rollout_fragment_length": 50, "evaluation_interval": 0}
+    envs = 2 * config.get("num_envs_per_worker", 1)
+    proc = run_mpi(3, *MPIRL, "train", "--algo", algo, *PENDULUM, "--run-dir", str(run_dir),
                    "--config", json.dumps(config), "--dump-trajectories", str(dump),
                    "--stop", '{"training_iteration": 4}', timeout=120)
     assert proc.returncode == 0, proc.stderr
     last = rows(run_dir)[-1]
     dataset = open_dataset(dump)
-    assert dataset.num_episodes == 4 == int(last["episodes_total"])
-    assert dataset.total_steps == 800 == int(last["timesteps_total"])
+    assert dataset.num_episodes == envs == int(last["episodes_total"])
+    assert dataset.total_steps == 200 * envs == int(last["timesteps_total"])
     returns = sorted(float(episode.rewards.sum()) for episode in dataset.iterate_episodes())
     for episode in dataset.iterate_episodes():
         assert episode.observations.shape[1:] == (3,) and len(episode.actions) == 200
@@ -121,20 +143,22 @@ def test_pets_dumps_its_real_transitions_to_hdf5(tmp_path):
     assert float(last["episode_return_mean"]) == pytest.approx(np.mean(returns), rel=1e-5)
 
 
-def test_pets_export_keeps_the_whole_ensemble_and_plays_like_the_checkpoint(tmp_path):
-    """The exported .npz holds the broadcast vector (normalizers and elites beside the
-    parameters), so ``mpirl evaluate`` on the file plans exactly as on the checkpoint."""
+@pytest.mark.parametrize("algo", ALGOS)
+def test_export_keeps_the_whole_model_and_acts_like_the_checkpoint(tmp_path, algo):
+    """The exported .npz holds the whole broadcast vector (the ensemble's normalizers and
+    elites beside the parameters; MBPO's SAC too), so ``mpirl evaluate`` on the file acts
+    exactly as on the checkpoint."""
     run_dir = tmp_path / "run"
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "PETS", *PENDULUM, "--run-dir", str(run_dir),
-                   "--config", json.dumps({**QUICK, "checkpoint_every": 3}),
+    proc = run_mpi(3, *MPIRL, "train", "--algo", algo, *PENDULUM, "--run-dir", str(run_dir),
+                   "--config", json.dumps({**QUICK_OF[algo], "checkpoint_every": 3}),
                    "--stop", '{"training_iteration": 3}', timeout=120)
     assert proc.returncode == 0, proc.stderr
-    exported = tmp_path / "pets.npz"
+    exported = tmp_path / "model.npz"
     proc = run_mpi(1, *MPIRL, "export", str(run_dir), "-o", str(exported), timeout=60)
     assert proc.returncode == 0, proc.stderr
+    rollout = _checkpointed(run_dir, 3, "rollout_0.pkl")["runner"]["weights"]["default"]
     with np.load(exported, allow_pickle=False) as arrays:
-        learner = _checkpointed(run_dir, 3, "learner_0.pkl")
-        assert np.array_equal(arrays["flat_weights"], learner["weights"])
+        assert np.array_equal(arrays["flat_weights"], rollout)
     returns = []
     for source in (run_dir, exported):
         proc = run_mpi(1, *MPIRL, "evaluate", str(source), "--episodes", "1", "--json",
@@ -144,20 +168,30 @@ def test_pets_export_keeps_the_whole_ensemble_and_plays_like_the_checkpoint(tmp_
     assert returns[0] == returns[1]
 
 
-def test_tune_searches_the_planner_and_the_model(tmp_path):
-    space = {"planning_horizon": {"randint": [3, 6]}, "cem_population": {"choice": [16, 24]},
-             "lr": {"loguniform": [3e-4, 3e-3]}}
+SPACES = {"PETS": {"planning_horizon": {"randint": [3, 6]},
+                   "cem_population": {"choice": [16, 24]},
+                   "lr": {"loguniform": [3e-4, 3e-3]}},
+          "MBPO": {"rollout_batch_size": {"choice": [16, 24]},
+                   "real_ratio": {"uniform": [0.05, 0.5]},
+                   "model_lr": {"loguniform": [3e-4, 3e-3]}}}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_tune_searches_their_keys(tmp_path, algo):
+    space = SPACES[algo]
     proc = run_mpi(3, *MPIRL, "tune", "--search", "random", "--num-samples", "2", "--space",
                    json.dumps(space), "--ranks-per-trial", "1", "--metric", "eval_return_mean",
                    "--mode", "max", "--run-dir", str(tmp_path / "tune"), "--",
-                   "--algo", "PETS", *PENDULUM, "--config", json.dumps(QUICK),
+                   "--algo", algo, *PENDULUM, "--config", json.dumps(QUICK_OF[algo]),
                    "--stop", '{"training_iteration": 2}', timeout=150)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "tune" / "result.json").read_text())
     assert set(result["best_config"]) == set(space), result
     for trial in ("trial_000", "trial_001"):
         config = json.loads((tmp_path / "tune" / trial / "params.json").read_text())["config"]
-        assert 3 <= config["planning_horizon"] < 6 and config["cem_population"] in (16, 24)
+        for key, value in config.items():
+            if "choice" in space.get(key, {}):
+                assert value in space[key]["choice"], (key, value)
         progress = rows(tmp_path / "tune" / trial)
         assert len(progress) == 2 and progress[-1]["eval_return_mean"] != "nan"
 
