@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import mpi_env, run_mpi, train_refused
+from conftest import mpi_env, train_refused
 from mpirl.algorithms.mbpo import Config, model_buffer_capacity, model_spec, rollout_length
 from test_train import MPIRL, rows, train
 
@@ -110,32 +110,6 @@ def test_local_mode_rolls_out_and_trains(tmp_path):
     assert _ints(progress, "real_buffer_size") == [10, 20, 30, 40, 50]
     assert _ints(progress, "model_buffer_size") == [0, 0, 0, 40, 40]
     assert _ints(progress, "sgd_steps") == [0, 0, 0, 0, 10]
-
-
-#: Columns that follow from the data and the training alone (not from wall time).
-DETERMINISTIC = ("iteration", "timesteps_total", "real_buffer_size", "model_buffer_size",
-                 "rollout_length", "model_error", "model_train_nll", "critic_loss",
-                 "actor_loss", "q_mean", "sgd_steps_total", "eval_return_mean")
-
-
-def _deterministic(run_dir):
-    return [{k: row[k] for k in DETERMINISTIC} for row in rows(run_dir)]
-
-
-def test_a_resumed_run_keeps_its_buffers_models_and_rngs(tmp_path):
-    """Stopped after iteration 2 (checkpointed) and resumed to 4: the same rows as a run that
-    never stopped, so both buffers, the ensemble and its trainer, SAC and the rngs came
-    back."""
-    config = json.dumps({**QUICK, "checkpoint_every": 2})
-    _, whole, _ = train(3, tmp_path / "whole", "--algo", "MBPO", "--env", "Pendulum-v1",
-                        "--config", config, "--stop", '{"training_iteration": 4}')
-    _, run_dir, _ = train(3, tmp_path / "parts", "--algo", "MBPO", "--env", "Pendulum-v1",
-                          "--config", config, "--stop", '{"training_iteration": 2}')
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir), "--stop",
-                   '{"training_iteration": 4}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert [int(r["iteration"]) for r in rows(run_dir)] == [1, 2, 3, 4]
-    assert _deterministic(run_dir) == _deterministic(whole)
 
 
 def test_the_rollout_length_follows_the_schedule():

@@ -22,7 +22,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from conftest import mpi_env, run_mpi, train_refused
+from conftest import mpi_env, train_refused
 from test_train import MPIRL, rows, train
 
 from mpirl.models.dynamics_spec import DynamicsSpec
@@ -90,33 +90,6 @@ def test_local_mode_plans_and_trains(tmp_path):
                           '{"training_iteration": 3}', timeout=120)
     progress = rows(run_dir)
     assert [int(r["transitions"]) for r in progress] == [20, 40, 60]
-
-
-#: Columns that follow from the data and the training alone (not from wall time).
-DETERMINISTIC = ("iteration", "timesteps_total", "transitions", "model_error",
-                 "model_train_nll", "model_epochs_total", "eval_return_mean")
-
-
-def _deterministic(run_dir):
-    return [{k: row[k] for k in DETERMINISTIC} for row in rows(run_dir)]
-
-
-def test_a_resumed_run_keeps_its_transitions_and_model(tmp_path):
-    """Stopped after iteration 2 (checkpointed) and resumed to 4: the same rows as a run that
-    never stopped, so the transitions, the ensemble, its trainer and the rngs came back."""
-    config = json.dumps({**QUICK, "checkpoint_every": 2})
-    _, whole, _ = train(3, tmp_path / "whole", "--algo", "PETS", "--env", "Pendulum-v1",
-                        "--config", config, "--stop", '{"training_iteration": 4}')
-    _, run_dir, _ = train(3, tmp_path / "parts", "--algo", "PETS", "--env", "Pendulum-v1",
-                          "--config", config, "--stop", '{"training_iteration": 2}')
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir), "--stop",
-                   '{"training_iteration": 4}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    after = rows(run_dir)
-    assert [int(r["iteration"]) for r in after] == [1, 2, 3, 4]
-    assert int(after[2]["transitions"]) == int(after[1]["transitions"]) + 40
-    assert int(after[2]["model_epochs_total"]) > int(after[1]["model_epochs_total"])
-    assert _deterministic(run_dir) == _deterministic(whole)
 
 
 def test_the_broadcast_vector_carries_normalizers_and_elites():
