@@ -568,6 +568,19 @@ def parse_caps(text: str) -> dict[str, int]:
     return caps
 
 
+def parse_config(text: str) -> tuple[str, dict[str, Any]]:
+    algo, _, keys = text.partition("=")
+    try:
+        config = json.loads(keys)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: the keys are not JSON ({error})") from None
+    if algo not in ALGOS or algo == "SB3-SAC" or not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f"expected ALGO=JSON-object with ALGO one of mpirl's "
+                                         f"{','.join(a for a in ALGOS if a != 'SB3-SAC')}; "
+                                         f"got {text!r}")
+    return algo, config
+
+
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
@@ -587,6 +600,9 @@ def parser() -> argparse.ArgumentParser:
                    help="env steps between evaluations instead of the task's (pendulum: PETS "
                         "400, the others 200)")
     p.add_argument("--eval-episodes", type=positive_int, default=10, metavar="N")
+    p.add_argument("--config", type=parse_config, action="append", default=[],
+                   metavar="ALGO=JSON", help="keys added to an mpirl algorithm's defaults "
+                   "(repeatable), e.g. MBPO='{\"sgd_steps_per_env_step\": 20}'")
     p.add_argument("--caps", type=parse_caps, default={}, metavar="ALGO=STEPS,...",
                    help="env-step caps instead of the task's")
     p.add_argument("--throughput-ranks", type=lambda t: parse_list(t, positive_int),
@@ -621,7 +637,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 eval_every={**task.eval_every, **args.eval_every},
                 eval_episodes=QUICK_EVAL_EPISODES if args.quick else args.eval_episodes,
                 caps={**task.caps, **args.caps}, ranks=dict(RANKS),
-                mpirl_config=task.mpirl_config, throughput_ranks=throughput_ranks,
+                mpirl_config={algo: {**task.mpirl_config.get(algo, {}),
+                                     **dict(args.config).get(algo, {})}
+                              for algo in ALGOS},
+                throughput_ranks=throughput_ranks,
                 throughput_seconds=2.0 if args.quick else args.throughput_seconds)
 
 
