@@ -37,7 +37,7 @@ from mpirl.execution.operators import (
     replay_dest,
 )
 from mpirl.execution.trainer import Trainer
-from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
+from mpirl.models.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
 from mpirl.models.model_rollouts import TRAJECTORY_SAMPLING, MBPOSpec
 from mpirl.models.soft_q import SAC_STATS, sac_loss, sac_model_spec
 from mpirl.workers.mbpo_workers import MODEL_STATS, MBPOLearner, ModelRolloutWorker
@@ -231,14 +231,9 @@ def model_spec(observation_space: gym.Space, action_space: gym.Space, config: Co
                ) -> MBPOSpec:
     """SAC's model and the ensemble, which every rank builds."""
     _refuse_space(action_space)
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise ConfigError(f"MBPO models vector observations (a Box), not {observation_space}")
-    dynamics = DynamicsSpec(
-        observation_size=int(np.prod(observation_space.shape)),
-        action_size=int(np.prod(action_space.shape)), ensemble_size=config.ensemble_size,
-        elites=config.elites, hidden_sizes=tuple(config.model_hidden_sizes),
-        activation=config.model_activation, termination_fn=config.termination_fn,
-        learn_termination=config.learn_termination)
+    dynamics = dynamics_spec_for("MBPO", observation_space, action_space, config,
+                                 hidden_sizes=config.model_hidden_sizes,
+                                 activation=config.model_activation)
     return MBPOSpec(sac=sac_model_spec(observation_space, action_space, config),
                     dynamics=dynamics, trajectory_sampling=config.trajectory_sampling)
 

@@ -46,7 +46,7 @@ from mpirl.execution.operators import (
     replay_dest,
 )
 from mpirl.execution.trainer import Trainer
-from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
+from mpirl.models.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
 from mpirl.models.planner import PLANNERS, PETSSpec
 from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
 
@@ -190,14 +190,8 @@ def model_spec(observation_space: gym.Space, action_space: gym.Space, config: Co
                ) -> PETSSpec:
     """The ensemble every rank builds, and CEM's settings."""
     _refuse_space(action_space)
-    if not isinstance(observation_space, gym.spaces.Box):
-        raise ConfigError(f"PETS models vector observations (a Box), not {observation_space}")
-    dynamics = DynamicsSpec(
-        observation_size=int(np.prod(observation_space.shape)),
-        action_size=int(np.prod(action_space.shape)), ensemble_size=config.ensemble_size,
-        elites=config.elites, hidden_sizes=tuple(config.hidden_sizes),
-        activation=config.activation, termination_fn=config.termination_fn,
-        learn_termination=config.learn_termination)
+    dynamics = dynamics_spec_for("PETS", observation_space, action_space, config,
+                                 hidden_sizes=config.hidden_sizes, activation=config.activation)
     return PETSSpec(dynamics=dynamics,
                     action_low=tuple(float(v) for v in np.ravel(action_space.low)),
                     action_high=tuple(float(v) for v in np.ravel(action_space.high)),

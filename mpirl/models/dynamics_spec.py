@@ -8,6 +8,7 @@ Both check their values when they are made: a wrong one is a ``ConfigError`` of 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -150,3 +151,19 @@ class EnsembleTrainerSpec:
         if self.logvar_bound_coef < 0:
             raise ConfigError(f"logvar_bound_coef must be 0 or more, got "
                               f"{self.logvar_bound_coef}")
+
+
+def dynamics_spec_for(algo: str, observation_space: Any, action_space: Any, config: Any, *,
+                      hidden_sizes: tuple[int, ...], activation: str) -> DynamicsSpec:
+    """The ensemble a model-based algorithm's ``config`` asks for (its ``ensemble_size``,
+    ``elites``, ``termination_fn`` and ``learn_termination`` keys) on these spaces; a
+    ConfigError naming ``algo`` for observations that are not a Box."""
+    import gymnasium as gym
+
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ConfigError(f"{algo} models vector observations (a Box), not {observation_space}")
+    return DynamicsSpec(
+        observation_size=math.prod(observation_space.shape),
+        action_size=math.prod(action_space.shape), ensemble_size=config.ensemble_size,
+        elites=config.elites, hidden_sizes=tuple(hidden_sizes), activation=activation,
+        termination_fn=config.termination_fn, learn_termination=config.learn_termination)
