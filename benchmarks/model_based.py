@@ -588,7 +588,7 @@ def positive_int(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--task", choices=sorted(TASKS), default="pendulum")
     p.add_argument("--algos", type=parse_algos, metavar="LIST",
                    help=f"comma-separated, of {','.join(ALGOS)} (default: the task's; "

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import mpi_env, train_refused
+from conftest import local_train, mpi_env, train_refused
 from mpirl.algorithms.mbpo import Config, model_buffer_capacity, model_spec, rollout_length
 from test_train import MPIRL, rows, train
 
@@ -157,3 +157,33 @@ def test_model_rollouts_stop_where_the_termination_function_says():
 ])
 def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
     assert message in train_refused(tmp_path, "--algo", "MBPO", *args)
+
+
+#: A quick run on a walk whose observations go wrong after 25 steps of each env: checkpoints
+#: every iteration, the model first fitted at 40 env steps.
+EXPLODING = {**QUICK, "evaluation_interval": 0, "checkpoint_every": 1,
+             "env_config": {"explode_after": 25}}
+
+
+@pytest.mark.parametrize("value, message", [
+    ("huge", "dynamics ensemble member 0 diverged at epoch 1: its training loss is nan"),
+    ("nan", "new transitions have NaN or infinite obs: the environment returned them"),
+])
+def test_a_diverged_model_or_nan_data_stops_the_run_keeping_the_last_checkpoint(
+        tmp_path, value, message):
+    """Observations at float32's edge make the model's targets overflow (its loss is NaN);
+    NaN observations are refused before the model or SAC learns from them. Either way: exit
+    2, one line naming the training iteration, the last good checkpoint kept."""
+    config = {**EXPLODING, "env_config": {"explode_after": 25, "value": value}}
+    proc = local_train(tmp_path, "--algo", "MBPO", "--env-module", "mpirl.testing", "--env",
+                       "MpirlOverflowing-v0", "--config", json.dumps(config), "--stop",
+                       '{"training_iteration": 8}')
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mpirl:")]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert lines[0].startswith("mpirl: training iteration ")
+    assert lines[0].endswith("the run stopped, its last checkpoint is kept")
+    stopped_at = int(lines[0].split()[3].rstrip(":"))
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"checkpoint_{stopped_at - 1:06d}"

@@ -34,7 +34,7 @@ from mpirl.models.soft_q import SAC_STATS
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.learner import LearnerSettings, LossFn
-from mpirl.workers.pets_workers import PlanningWorker, concat_transitions
+from mpirl.workers.pets_workers import PlanningWorker, check_finite, concat_transitions
 from mpirl.workers.q_workers import QLearner
 
 #: The stats of a model fit, NaN until the first one.
@@ -150,9 +150,10 @@ class MBPOLearner(QLearner):
     def add(self, sources: list[int], batches: list[dict[str, np.ndarray]] | None
             ) -> dict[str, int]:
         """Keep the real transitions of rollout ranks ``sources`` (over the data channel) and
-        of ``batches`` (in the call)."""
-        self.real = _append(self.real, self._received(sources, batches),
-                            self.settings.buffer_size)
+        of ``batches`` (in the call); non-finite values raise ``NonFiniteDataError``."""
+        parts = self._received(sources, batches)
+        check_finite(parts)
+        self.real = _append(self.real, parts, self.settings.buffer_size)
         return self.sizes()
 
     def add_model(self, sources: list[int], batches: list[dict[str, np.ndarray]] | None,
