@@ -239,6 +239,30 @@ def kill_9_after_checkpoint(n: int, run_dir: Path, role: str, iteration: int,
     assert run.finish() != 0
 
 
+def stop_signal_on_a_rollout_rank(n: int, run_dir: Path, *train_args: str) -> int:
+    """Start ``mpirl train TRAIN_ARGS --run-dir RUN_DIR`` on ``n`` ranks with no end in sight
+    (its config must print the layout), send SIGUSR1 to its first rollout rank after the first
+    iteration, and check that the run checkpointed where it stopped and exited 75 (resume me),
+    naming the rank; then resume it for 2 more iterations. The iteration it stopped at."""
+    import signal
+
+    from mpirl.errors import EXIT_RESUME
+
+    run = LiveRun(n, *train_args, "--run-dir", str(run_dir),
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
+    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
+    os.kill(pid, signal.SIGUSR1)
+    assert run.finish() == EXIT_RESUME, run.stderr
+    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
+    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
+    assert latest_checkpoint_iteration(run_dir) == stopped_at
+    proc = run_mpi(n, str(BIN / "mpirl"), "train", "--resume", str(run_dir), "--stop",
+                   json.dumps({"training_iteration": stopped_at + 2}), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return stopped_at
+
+
 def local_train(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``mpirl train ARGS --run-dir TMP_PATH/run`` in local mode (one process, no mpiexec)."""
     return subprocess.run([str(BIN / "mpirl"), "train", *args, "--run-dir", str(tmp_path / "run")],

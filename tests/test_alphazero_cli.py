@@ -17,9 +17,7 @@ minimax at iteration 40 and won 94%, 96% and 92% against random)."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import signal
 import subprocess
 
 import numpy as np
@@ -29,18 +27,17 @@ from conftest import (
     OS_TTT,
     PROGRAMS,
     PZ_TTT,
-    LiveRun,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
     local_train,
     mpi_env,
     run_mpi,
+    stop_signal_on_a_rollout_rank,
     train_refused,
 )
 from test_train import MPIRL, rows, train
 
 from mpirl.commands.match import load_agent
-from mpirl.errors import EXIT_RESUME
 from mpirl.search.players import MinimaxPlayer
 
 pytest.importorskip("pyspiel")
@@ -238,19 +235,9 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
 
 def test_a_stop_signal_on_a_self_play_rank_checkpoints_and_exits_resume_me(tmp_path):
     run_dir = tmp_path / "run"
-    run = LiveRun(3, "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir", str(run_dir),
-                  "--config", json.dumps({**QUICK, "checkpoint_every": 0, "print_layout": True}),
-                  "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
-    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
-    os.kill(pid, signal.SIGUSR1)
-    assert run.finish() == EXIT_RESUME, run.stderr
-    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
-    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
-    assert latest_checkpoint_iteration(run_dir) == stopped_at
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir), "--stop",
-                   json.dumps({"training_iteration": stopped_at + 2}), timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    stopped_at = stop_signal_on_a_rollout_rank(
+        3, run_dir, "--algo", "AlphaZero", "--env", OS_TTT, "--config",
+        json.dumps({**QUICK, "checkpoint_every": 0, "print_layout": True}))
     assert [int(r["iteration"]) for r in rows(run_dir)] == list(range(1, stopped_at + 3))
 
 

@@ -7,23 +7,19 @@ checkpoint, ``mpirl tune`` over their keys, callbacks on every role, and model t
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import signal
 
 import numpy as np
 import pytest
 from conftest import (
-    LiveRun,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
     run_mpi,
+    stop_signal_on_a_rollout_rank,
 )
 from test_mbpo import QUICK as MBPO_QUICK
 from test_pets import QUICK
 from test_train import MPIRL, rows
-
-from mpirl.errors import EXIT_RESUME
 
 PENDULUM = ("--env", "Pendulum-v1")
 ALGOS = ("PETS", "MBPO")
@@ -98,19 +94,9 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path, algo):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_stop_signal_on_a_rollout_rank_checkpoints_and_exits_resume_me(tmp_path, algo):
     run_dir = tmp_path / "run"
-    run = LiveRun(3, "--algo", algo, *PENDULUM, "--run-dir", str(run_dir), "--config",
-                  json.dumps({**QUICK_OF[algo], "checkpoint_every": 0, "print_layout": True}),
-                  "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
-    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
-    os.kill(pid, signal.SIGUSR1)
-    assert run.finish() == EXIT_RESUME, run.stderr
-    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
-    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
-    assert latest_checkpoint_iteration(run_dir) == stopped_at
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir), "--stop",
-                   json.dumps({"training_iteration": stopped_at + 2}), timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    stopped_at = stop_signal_on_a_rollout_rank(
+        3, run_dir, "--algo", algo, *PENDULUM, "--config",
+        json.dumps({**QUICK_OF[algo], "checkpoint_every": 0, "print_layout": True}))
     progress = rows(run_dir)
     assert [int(r["iteration"]) for r in progress] == list(range(1, stopped_at + 3))
     # The resumed learner kept every real transition.
