@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from mpirl.data.tags import DataTags
 from mpirl.models.dynamics import DynamicsEnsemble, EnsembleTrainer
 from mpirl.models.dynamics_spec import EnsembleTrainerSpec
 from mpirl.models.model_rollouts import MBPOSpec
@@ -34,7 +33,14 @@ from mpirl.models.soft_q import SAC_STATS
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.learner import LearnerSettings, LossFn
-from mpirl.workers.pets_workers import PlanningWorker, check_finite, concat_transitions
+from mpirl.workers.pets_workers import (
+    PlanningWorker,
+    append_transitions,
+    check_finite,
+    concat_transitions,
+    model_columns,
+    received_transitions,
+)
 from mpirl.workers.q_workers import QLearner
 
 #: The stats of a model fit, NaN until the first one.
@@ -63,13 +69,7 @@ class ModelRolloutWorker(PlanningWorker):
         ``transitions``); returns their count."""
         model = self.runner.actors[self.policy_id].model
         transitions = model.branched_rollouts(start_obs, length, self.model_rng)
-        answer: dict[str, Any] = {"model_steps": len(transitions["obs"])}
-        if dest is None:
-            answer["transitions"] = transitions
-        else:
-            self.context.data_channel.flush()
-            self.context.data_channel.isend(transitions, dest, DataTags().batch)
-        return answer
+        return self.deliver(transitions, dest, {"model_steps": len(transitions["obs"])})
 
     def get_state(self) -> dict[str, Any]:
         return {**super().get_state(), "model_rng": self.model_rng.get_state()}
@@ -104,16 +104,6 @@ class MBPOLearnerSettings(LearnerSettings):
                    train_batch_size=config.train_batch_size, gamma=config.gamma)
 
 
-def _append(buffer: dict[str, np.ndarray], parts: list[dict[str, np.ndarray]],
-            capacity: int) -> dict[str, np.ndarray]:
-    """``buffer`` with ``parts`` appended, the newest ``capacity`` rows kept (FIFO)."""
-    parts = [part for part in ([buffer] if buffer else []) + parts if len(part["obs"])]
-    if not parts:
-        return buffer
-    joined = concat_transitions(parts)
-    return {key: value[-capacity:] for key, value in joined.items()}
-
-
 def _size(buffer: dict[str, np.ndarray]) -> int:
     return len(buffer["obs"]) if buffer else 0
 
@@ -142,18 +132,13 @@ class MBPOLearner(QLearner):
     def sizes(self) -> dict[str, int]:
         return {"real_buffer_size": _size(self.real), "model_buffer_size": _size(self.model_data)}
 
-    def _received(self, sources: list[int], batches: list[dict] | None) -> list[dict]:
-        received = (self.context.data_channel.recv_each(sources, DataTags().batch)
-                    if sources else [])
-        return [*(batches or []), *received]
-
     def add(self, sources: list[int], batches: list[dict[str, np.ndarray]] | None
             ) -> dict[str, int]:
         """Keep the real transitions of rollout ranks ``sources`` (over the data channel) and
         of ``batches`` (in the call); non-finite values raise ``NonFiniteDataError``."""
-        parts = self._received(sources, batches)
+        parts = received_transitions(self.context, sources, batches)
         check_finite(parts)
-        self.real = _append(self.real, parts, self.settings.buffer_size)
+        self.real = append_transitions(self.real, parts, self.settings.buffer_size)
         return self.sizes()
 
     def add_model(self, sources: list[int], batches: list[dict[str, np.ndarray]] | None,
@@ -161,8 +146,9 @@ class MBPOLearner(QLearner):
         """Keep the model transitions of ``sources`` and ``batches`` in the model buffer, whose
         capacity is now ``capacity`` (it follows the rollout length)."""
         self.model_capacity = max(1, int(capacity))
-        self.model_data = _append(self.model_data, self._received(sources, batches),
-                                  self.model_capacity)
+        self.model_data = append_transitions(
+            self.model_data, received_transitions(self.context, sources, batches),
+            self.model_capacity)
         return self.sizes()
 
     def train_model(self) -> dict[str, float]:
@@ -170,19 +156,15 @@ class MBPOLearner(QLearner):
         ``learn_termination`` to the terminated ones too, for the classifier (their next state
         unknown: only their reward and termination are targets). A ``ModelDivergedError``
         from the trainer goes up as it is."""
-        seen = self.real["terminated"] < 0.5
         if self.ensemble.spec.learn_termination:
             data = self.real
         else:
+            seen = self.real["terminated"] < 0.5
             data = {key: value[seen] for key, value in self.real.items()}
         if len(data["obs"]) < 2:
             return dict(self.model_stats)
         stats = self.model_trainer.train(data)
-        self.model_stats = {
-            "model_error": stats["model_error"], "model_error_max": float(np.max(
-                stats["member_mse"])), "model_train_nll": stats["train_nll"],
-            "model_epochs": float(stats["epochs"]),
-            "model_epochs_total": float(self.model_trainer.trained_epochs)}
+        self.model_stats = model_columns(stats, self.model_trainer.trained_epochs)
         return dict(self.model_stats)
 
     def start_states(self, count: int) -> np.ndarray:

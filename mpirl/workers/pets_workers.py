@@ -83,6 +83,37 @@ def concat_transitions(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarr
             if all(key in part for part in parts)}
 
 
+def append_transitions(buffer: dict[str, np.ndarray], parts: list[dict[str, np.ndarray]],
+                       capacity: int) -> dict[str, np.ndarray]:
+    """``buffer`` with ``parts`` appended, the newest ``capacity`` rows kept (FIFO)."""
+    parts = [part for part in ([buffer] if buffer else []) + parts if len(part["obs"])]
+    if not parts:
+        return buffer
+    joined = concat_transitions(parts)
+    return {key: value[-capacity:] for key, value in joined.items()}
+
+
+def received_transitions(context: RankContext, sources: list[int],
+                         batches: list[dict[str, np.ndarray]] | None
+                         ) -> list[dict[str, np.ndarray]]:
+    """The transitions ``batches`` given in a call, then those rollout ranks ``sources`` sent
+    over the data channel."""
+    received = (context.data_channel.recv_each(sources, DataTags().batch) if sources else [])
+    return [*(batches or []), *received]
+
+
+def model_columns(stats: dict[str, Any], trained_epochs: int) -> dict[str, float]:
+    """The progress columns of one fit of the whole ensemble (``EnsembleTrainer.train``'s
+    ``stats``, or the gathered members'): the elites' and the worst member's held-out error,
+    the mean training NLL, the epochs of this fit and of the run."""
+    mse = np.asarray(stats["member_mse"])
+    return {"model_error": float(mse[stats["elites"]].mean()),
+            "model_error_max": float(np.max(mse)),
+            "model_train_nll": float(np.mean(stats["member_train_nll"])),
+            "model_epochs": float(stats["epochs"]),
+            "model_epochs_total": float(trained_epochs)}
+
+
 class PlanningWorker(TransitionWorker):
     """A rollout rank of PETS: its envs act on CEM plans over the ensemble it was sent."""
 
@@ -108,12 +139,18 @@ class PlanningWorker(TransitionWorker):
         if self.callbacks is not None:
             invoke(self.callbacks, "on_sample_end", self.where, worker=self, batch=transitions,
                    metrics=metrics)
+        return self.deliver(transitions, dest, metrics)
+
+    def deliver(self, transitions: dict[str, np.ndarray], dest: int | None,
+                answer: dict[str, Any]) -> dict[str, Any]:
+        """Send ``transitions`` to rank ``dest`` over the data channel, or (None: the receiver
+        shares the driver's process) put them in ``answer`` as ``transitions``; ``answer``."""
         if dest is None:
-            metrics["transitions"] = transitions
+            answer["transitions"] = transitions
         else:
             self.context.data_channel.flush()
             self.context.data_channel.isend(transitions, dest, DataTags().batch)
-        return metrics
+        return answer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,19 +239,13 @@ class DynamicsLearner(Worker):
         every one is called: learner 0 receives (the others get no sources) and broadcasts the
         new transitions to the others over the learners' communicator. Non-finite values raise
         ``NonFiniteDataError`` on every learner alike."""
-        received = (self.context.data_channel.recv_each(sources, DataTags().batch)
-                    if sources else [])
-        parts = [*(batches or []), *received]
+        parts = received_transitions(self.context, sources, batches)
         if self.learners > 1:
             parts = self.context.role_comm.bcast(
                 parts if self.context.role_index == 0 else None, root=0)
         check_finite(parts)
-        if self.data:
-            parts.insert(0, self.data)
-        if parts:
-            joined = concat_transitions(parts)
-            self.added += sum(len(p["obs"]) for p in parts) - self.size()
-            self.data = {k: v[-self.settings.buffer_size:] for k, v in joined.items()}
+        self.added += sum(len(p["obs"]) for p in parts)
+        self.data = append_transitions(self.data, parts, self.settings.buffer_size)
         return self.size()
 
     def train(self) -> dict[str, float]:
@@ -232,12 +263,7 @@ class DynamicsLearner(Worker):
             stats = self._gather(stats)
             if stats is None:
                 return {}
-        mse = np.asarray(stats["member_mse"])
-        return {"model_error": float(mse[stats["elites"]].mean()),
-                "model_epochs": stats["epochs"],
-                "model_train_nll": float(np.mean(stats["member_train_nll"])),
-                "model_error_max": float(np.max(mse)),
-                "transitions": self.size(), "model_epochs_total": self.trainer.trained_epochs}
+        return {**model_columns(stats, self.trainer.trained_epochs), "transitions": self.size()}
 
     def _gather(self, stats: dict[str, Any]) -> dict[str, Any] | None:
         """Learner 0 gathers every block's members (weights, held-out errors, training NLLs)
