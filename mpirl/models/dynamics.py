@@ -299,10 +299,6 @@ class EnsembleTrainer:
         self.trained_epochs = 0
         #: Training rows of each member's bootstrap in the last call ([K, n_train]), for tests.
         self.last_bootstrap: np.ndarray | None = None
-        #: Per-target weights [N, T] of the current call (None: every target counts).
-        self._target_weights: torch.Tensor | None = None
-        #: Weight of a terminated step in the classifier's loss (None: 1).
-        self._pos_weight: torch.Tensor | None = None
 
     def train(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """Train on ``data`` (``obs [N, o]``, ``actions [N, a]``, ``rewards [N]``,
@@ -337,15 +333,15 @@ class EnsembleTrainer:
         # Terminations are rare (an episode ends once): weighed as much as the steps that go
         # on, so that the classifier says "ends" where it is more likely than not to.
         ended = float(data["terminated"].sum())
-        self._pos_weight = (torch.tensor(min((n - ended) / ended, 100.0), device=device)
-                            if ended else None)
+        pos_weight = (torch.tensor(min((n - ended) / ended, 100.0), device=device)
+                      if ended else None)
         # Where the next observation is unknown (a step that ended its episode by termination,
         # kept for the termination classifier), only the reward is a target.
-        self._target_weights = None
+        target_weights = None
         if not observed.all():
             weights = np.ones(targets.shape, np.float32)
             weights[~observed, :model.spec.observation_size] = 0.0
-            self._target_weights = torch.as_tensor(weights, device=device)
+            target_weights = torch.as_tensor(weights, device=device)
         # No held-out split (holdout_ratio 0): stop and choose elites on the training split.
         eval_rows = hold_idx if n_hold else train_idx
         if observed[eval_rows].any():  # the one-step error is of known next observations
@@ -365,7 +361,7 @@ class EnsembleTrainer:
             epoch += 1
             try:
                 member_nll, mse = self._epoch(inputs, norm_targets, dones, bootstrap, eval_idx,
-                                              epoch)
+                                              epoch, target_weights, pos_weight)
                 diverged = None
             except ModelDivergedError as error:
                 diverged, mse = error, None
@@ -373,7 +369,8 @@ class EnsembleTrainer:
             if mse is not None:
                 # A member improves when its held-out error does, plus its classifier's
                 # held-out cross-entropy: the dynamics alone may settle before the classifier.
-                score = mse + self._termination_loss(inputs, dones, termination_idx)
+                score = mse + self._termination_loss(inputs, dones, termination_idx,
+                                                     pos_weight)
                 improved = ((best - score) / np.where(np.isfinite(best), best, 1.0)
                             > spec.improvement)
                 improved |= ~np.isfinite(best)
@@ -403,10 +400,12 @@ class EnsembleTrainer:
                 "holdout_size": int(n_hold), "train_size": int(n_train)}
 
     def _epoch(self, inputs: torch.Tensor, norm_targets: torch.Tensor, dones: torch.Tensor,
-               bootstrap: np.ndarray, eval_idx: torch.Tensor, epoch: int
+               bootstrap: np.ndarray, eval_idx: torch.Tensor, epoch: int,
+               target_weights: torch.Tensor | None, pos_weight: torch.Tensor | None
                ) -> tuple[np.ndarray, np.ndarray]:
         """One pass of every member over its bootstrap, in its own order: each member's mean
-        training NLL over the minibatches ``[K]`` and its held-out MSE after ``[K]``."""
+        training NLL over the minibatches ``[K]`` and its held-out MSE after ``[K]``
+        (``target_weights`` and ``pos_weight`` as ``_member_losses`` takes them)."""
         model, spec = self.model, self.spec
         device = inputs.device
         orders = [rng.permutation(row) for rng, row in zip(self.member_rngs, bootstrap,
@@ -417,8 +416,8 @@ class EnsembleTrainer:
         for start in range(0, bootstrap.shape[1], spec.batch_size):
             idx = shuffled[:, start:start + spec.batch_size]
             nll = self._member_losses(inputs[idx], norm_targets[idx], dones[idx],
-                                      None if self._target_weights is None
-                                      else self._target_weights[idx])
+                                      None if target_weights is None else target_weights[idx],
+                                      pos_weight)
             self._check(nll, epoch, "training loss")
             loss = nll.sum() + spec.logvar_bound_coef * (
                 model.max_logvar.sum() - model.min_logvar.sum())
@@ -430,9 +429,11 @@ class EnsembleTrainer:
         return member_nll, self._evaluate(inputs, norm_targets, eval_idx, epoch)
 
     def _member_losses(self, x: torch.Tensor, y: torch.Tensor, done: torch.Tensor,
-                       weights: torch.Tensor | None = None) -> torch.Tensor:
+                       weights: torch.Tensor | None = None,
+                       pos_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Each member's Gaussian NLL (up to constants; over the targets ``weights`` keeps, all
-        without), plus its termination cross-entropy: ``[K]``."""
+        without), plus its termination cross-entropy (a terminated step weighing
+        ``pos_weight``, 1 without): ``[K]``."""
         mean, logvar, logits = self.model(x)
         terms = ((mean - y) ** 2) * torch.exp(-logvar) + logvar
         if weights is None:
@@ -441,12 +442,12 @@ class EnsembleTrainer:
             nll = (terms * weights).sum((1, 2)) / weights.sum((1, 2)).clamp_min(1.0)
         if logits is not None:
             nll = nll + F.binary_cross_entropy_with_logits(
-                logits, done, reduction="none", pos_weight=self._pos_weight).mean(1)
+                logits, done, reduction="none", pos_weight=pos_weight).mean(1)
         return nll
 
     @torch.no_grad()
-    def _termination_loss(self, inputs: torch.Tensor, dones: torch.Tensor, idx: torch.Tensor
-                          ) -> np.ndarray | float:
+    def _termination_loss(self, inputs: torch.Tensor, dones: torch.Tensor, idx: torch.Tensor,
+                          pos_weight: torch.Tensor | None) -> np.ndarray | float:
         """Each member's termination cross-entropy on ``idx`` ``[K]``; 0 without a classifier."""
         if not self.model.spec.learn_termination:
             return 0.0
@@ -454,7 +455,7 @@ class EnsembleTrainer:
         _, _, logits = self.model(inputs[idx].unsqueeze(0).expand(k, -1, -1))
         loss = F.binary_cross_entropy_with_logits(
             logits, dones[idx].unsqueeze(0).expand(k, -1), reduction="none",
-            pos_weight=self._pos_weight).mean(1)
+            pos_weight=pos_weight).mean(1)
         return loss.cpu().double().numpy()
 
     @torch.no_grad()
