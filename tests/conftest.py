@@ -263,6 +263,20 @@ def stop_signal_on_a_rollout_rank(n: int, run_dir: Path, *train_args: str) -> in
     return stopped_at
 
 
+def hook_log(directory: Path) -> list[dict]:
+    """What tests/programs/callbacks_probe.py's Probe logged into ``directory`` on every rank."""
+    return [json.loads(line) for path in directory.glob("*.jsonl")
+            for line in path.read_text().splitlines()]
+
+
+def hook_ranks(log: list[dict]) -> dict[str, set[int]]:
+    """Each hook of ``hook_log``'s entries, and the ranks it ran on."""
+    ranks: dict[str, set[int]] = {}
+    for entry in log:
+        ranks.setdefault(entry["hook"], set()).add(entry["rank"])
+    return ranks
+
+
 def local_train(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``mpirl train ARGS --run-dir TMP_PATH/run`` in local mode (one process, no mpiexec)."""
     return subprocess.run([str(BIN / "mpirl"), "train", *args, "--run-dir", str(tmp_path / "run")],

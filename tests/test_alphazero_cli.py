@@ -27,6 +27,8 @@ from conftest import (
     OS_TTT,
     PROGRAMS,
     PZ_TTT,
+    hook_log,
+    hook_ranks,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
     local_train,
@@ -269,11 +271,8 @@ def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(tmp_path)
                    '{"training_iteration": 2}', timeout=120,
                    env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
     assert proc.returncode == 0, proc.stderr
-    log = [json.loads(line) for path in probe.glob("*.jsonl")
-           for line in path.read_text().splitlines()]
-    ranks_of: dict[str, set] = {}
-    for entry in log:
-        ranks_of.setdefault(entry["hook"], set()).add(entry["rank"])
+    log = hook_log(probe)
+    ranks_of = hook_ranks(log)
     # The driver (rank 0), one self-play rank (1) and one learner rank (2).
     assert ranks_of == {"on_algorithm_init": {0}, "on_train_result": {0}, "on_checkpoint": {0},
                         "on_episode_end": {1}, "on_sample_end": {1}, "on_learn_on_batch": {2}}

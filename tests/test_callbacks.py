@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BIN, PROGRAMS, mpi_env, run_mpi
+from conftest import BIN, PROGRAMS, hook_log, hook_ranks, mpi_env, run_mpi
 
 MPIRL = str(BIN / "mpirl")
 SPEC = "callbacks_probe:Probe"
@@ -33,11 +33,6 @@ def train(ranks: int, args: list[str], env: dict | None = None) -> subprocess.Co
     return run_mpi(ranks, MPIRL, *args, timeout=120, env=env)
 
 
-def hook_log(directory: Path) -> list[dict]:
-    return [json.loads(line) for path in directory.glob("*.jsonl")
-            for line in path.read_text().splitlines()]
-
-
 def rows(run_dir: Path) -> list[dict[str, str]]:
     with open(run_dir / "progress.csv") as file:
         return list(csv.DictReader(file))
@@ -52,9 +47,7 @@ def test_hooks_run_where_documented_and_metrics_reach_progress(tmp_path, ranks):
                  env={"PROBE_DIR": str(probe)})
     assert proc.returncode == 0, proc.stderr
     log = hook_log(probe)
-    ranks_of = {}
-    for entry in log:
-        ranks_of.setdefault(entry["hook"], set()).add(entry["rank"])
+    ranks_of = hook_ranks(log)
     expected = ({"on_algorithm_init": {0}, "on_train_result": {0}, "on_checkpoint": {0},
                  "on_episode_end": {1}, "on_sample_end": {1}, "on_learn_on_batch": {2}}
                 if ranks == 3 else

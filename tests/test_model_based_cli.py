@@ -12,6 +12,8 @@ import pickle
 import numpy as np
 import pytest
 from conftest import (
+    hook_log,
+    hook_ranks,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
     run_mpi,
@@ -195,11 +197,8 @@ def test_pets_callbacks_run_on_every_role(tmp_path):
                    "--config", json.dumps(config), "--stop", '{"training_iteration": 2}',
                    timeout=120, env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
     assert proc.returncode == 0, proc.stderr
-    log = [json.loads(line) for path in probe.glob("*.jsonl")
-           for line in path.read_text().splitlines()]
-    ranks_of: dict[str, set] = {}
-    for entry in log:
-        ranks_of.setdefault(entry["hook"], set()).add(entry["rank"])
+    log = hook_log(probe)
+    ranks_of = hook_ranks(log)
     # The driver (rank 0), one planning rank (1) with 2 envs: one 200-step episode each in 2
     # iterations of 100 steps; learner ranks 2 and 3.
     assert ranks_of == {"on_algorithm_init": {0}, "on_train_result": {0}, "on_checkpoint": {0},
