@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
-from mpirl.algorithms.pets import sample_to_learner
 
 from mpirl.config.fields import CommonConfig, Range, above, at_least, within
 from mpirl.errors import ConfigError, RankLost
@@ -35,6 +34,7 @@ from mpirl.execution.operators import (
     discard_lost_rollouts,
     evaluate_policy,
     replay_dest,
+    transitions_to_learner,
 )
 from mpirl.execution.trainer import Trainer
 from mpirl.models.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
@@ -309,7 +309,9 @@ def training_step(trainer: Trainer, state: MBPOState) -> dict[str, float]:
     and model rows; broadcast; evaluate every ``evaluation_interval`` iterations."""
     config, learner = trainer.config, trainer.learners[0]
     random_actions = trainer.timesteps_total < config.initial_random_steps
-    samples = sample_to_learner(trainer, 1.0 if random_actions else 0.0)
+    samples = transitions_to_learner(trainer.rollouts, trainer.learners,
+                                     config.rollout_fragment_length,
+                                     1.0 if random_actions else 0.0)
     trainer.count(samples)
     steps = trainer.timesteps_total
     sizes = None

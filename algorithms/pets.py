@@ -35,15 +35,13 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config.fields import CommonConfig, Range, above, at_least, within
-from mpirl.errors import ConfigError, RankLost, RemoteError
+from mpirl.errors import ConfigError
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
-    SampleResult,
-    add_sample_metrics,
     broadcast_weights,
-    discard_lost_rollouts,
     evaluate_policy,
-    replay_dest,
+    on_every_learner,
+    transitions_to_learner,
 )
 from mpirl.execution.trainer import Trainer
 from mpirl.models.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
@@ -230,58 +228,17 @@ def setup(trainer: Trainer) -> PETSState:
     return PETSState()
 
 
-def sample_to_learner(trainer: Trainer, epsilon: float) -> SampleResult:
-    """Every rollout worker steps its envs (``epsilon`` 1: random actions, else planned) and
-    sends its transitions straight to learner 0, which keeps them and, with several learner
-    ranks, broadcasts them to the others (one send per rollout rank whatever their number). A
-    rank lost meanwhile (survived, under ULFM) is left out, and the weight broadcast shrinks to
-    the ranks left."""
-    learner = trainer.learners[0]
-    discard_lost_rollouts(trainer.learners, trainer.rollouts)
-    futures = [(worker, worker.call_async("sample_steps", trainer.config.rollout_fragment_length,
-                                          epsilon, replay_dest(worker, learner)))
-               for worker in trainer.rollouts]
-    result, sources, batches = SampleResult(), [], []
-    for worker, future in futures:
-        try:
-            metrics = future.result()
-        except RankLost:  # its transitions are not waited for
-            continue
-        if "transitions" in metrics:
-            batches.append(metrics.pop("transitions"))
-        else:
-            sources.append(worker.rank)
-        add_sample_metrics(result, metrics)
-    all_learners(trainer, "add", lambda i: (sources, batches) if i == 0 else ([], None))
-    discard_lost_rollouts(trainer.learners, trainer.rollouts)
-    return result
-
-
-def all_learners(trainer: Trainer, method: str, args: Any = lambda i: ()) -> Any:
-    """``method(*args(i))`` on every learner i at once (a collective over them with several);
-    learner 0's answer. When some raise, learner 0's error (they raise alike) is raised after
-    every answer is in, so no call is left running."""
-    futures = [learner.call_async(method, *args(i)) for i, learner in enumerate(trainer.learners)]
-    answers, errors = [], []
-    for future in futures:
-        try:
-            answers.append(future.result())
-        except RemoteError as error:
-            errors.append(error)
-    if errors:
-        raise errors[0]
-    return answers[0]
-
-
 def training_step(trainer: Trainer, state: PETSState) -> dict[str, float]:
     """Sample (random actions until ``initial_random_steps``, planned ones after), fit the
     ensemble to every real transition (each learner rank its members), broadcast it from
     learner 0; evaluate every ``evaluation_interval``."""
     config = trainer.config
     random_actions = trainer.timesteps_total < config.initial_random_steps
-    samples = sample_to_learner(trainer, 1.0 if random_actions else 0.0)
+    samples = transitions_to_learner(trainer.rollouts, trainer.learners,
+                                     config.rollout_fragment_length,
+                                     1.0 if random_actions else 0.0)
     trainer.count(samples)
-    stats = all_learners(trainer, "train")
+    stats = on_every_learner(trainer.learners, "train")
     broadcast_weights(trainer.learners, trainer.rollouts)
     if config.evaluation_interval and (trainer.iteration + 1) % config.evaluation_interval == 0:
         played = evaluate_policy(trainer.rollouts, config.evaluation_episodes,
