@@ -47,15 +47,23 @@ def parse_json_object(text: str, flag: str) -> dict[str, Any]:
     return value
 
 
+#: Longest list of known keys an unknown-key error spells out; a longer one (a config's ~75
+#: keys) would bury the did-you-mean, so the error points to where every key is described.
+MAX_KEYS_LISTED = 12
+#: Where every config key is described, with its default (generated from the code).
+CONFIG_KEYS_DOC = "docs/config-keys.md"
+
+
 def check_known_keys(given: Mapping[str, Any], known: list[str], what: str) -> None:
-    """Raise ConfigError for the first key of ``given`` not in ``known``, naming close matches."""
+    """Raise ConfigError for the first key of ``given`` not in ``known``, naming close matches
+    and the known keys (or, when they are many, where they are listed)."""
     for key in given:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise ConfigError(
-                f"unknown {what} key {key!r}.{hint} Known keys: {', '.join(sorted(known))}."
-            )
+            listed = (f"Known keys: {', '.join(sorted(known))}." if len(known) <= MAX_KEYS_LISTED
+                      else f"Every {what} key is listed in {CONFIG_KEYS_DOC}.")
+            raise ConfigError(f"unknown {what} key {key!r}.{hint} {listed}")
 
 
 def split_by_dataclass(values: Mapping[str, Any], *classes: type) -> list[dict[str, Any]]:
