@@ -185,3 +185,15 @@ def test_version_and_the_algorithms_train_help_names(tmp_path):
                          .split())
     missing = [name for name in ALGORITHMS if name not in help_text]
     assert not missing, f"train --help does not name {missing}"
+
+
+def test_a_mistyped_command_or_choice_gets_a_did_you_mean(capsys):
+    for argv, hint in ((["trian"], "Did you mean 'train'?"),
+                       (["train", "--progress", "plian"], "Did you mean 'plain'?"),
+                       (["xyzzy"], None)):
+        with pytest.raises(SystemExit) as caught:
+            _parser().parse_args(argv)
+        assert caught.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "invalid choice" in error, error
+        assert (error.endswith(hint) if hint else "Did you mean" not in error), error

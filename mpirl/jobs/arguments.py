@@ -5,7 +5,9 @@ it, and ``mpirl slurm`` checks a job's command with it on the login node, before
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,20 @@ TIME_ATTRS = ("training_iteration", "timesteps_total")
 TUNE_OWNED = ("--run-dir", "--resume", "--dump-trajectories", "--progress")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with a did-you-mean on a mistyped choice (``mpirl trian``)."""
+
+    def error(self, message: str):
+        # argparse formats the value with repr and the choices as a comma-separated list of reprs.
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+            if close:
+                message += f". Did you mean {close[0]!r}?"
+        super().error(message)
+
+
 def command_parser(add_job_commands: Callable[[Any], None] | None = None
                    ) -> argparse.ArgumentParser:
     """mpirl's command-line grammar. ``add_job_commands(subparsers)`` adds ``launch`` and
@@ -26,7 +42,7 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     job's command with the grammar alone)."""
     # No abbreviations (--run for --run-dir): launch and slurm read options by their exact
     # spelling, and must see what mpirl will. Every subcommand's parser is made by parser_class.
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mpirl",
         description="Distributed reinforcement learning on MPI. Launch with mpiexec or srun; "
                     "rank 0 drives, the other ranks are rollout, replay and learner workers.",
@@ -35,7 +51,7 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     parser.add_argument("--version", action="version", version=f"mpirl {__version__}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND",
-        parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False),
+        parser_class=functools.partial(_Parser, allow_abbrev=False),
     )
     doctor = commands.add_parser(
         "doctor", help="check that every rank starts, answers and moves data; print the layout",
