@@ -128,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                 args.checkpoint, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
             output = args.output or default_output(checkpoint, manifest, args.policy)
             written = export_checkpoint(checkpoint, manifest, output, args.policy)
-            _print_on_rank0(f"wrote {written} (from {checkpoint})")
+            _print_on_rank0(f"wrote {written} (from {checkpoint})", sys.stdout)
             return 0
         if args.command == "plot":
             from mpirl.report.plot import plot_runs
 
-            _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}")
+            _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}", sys.stdout)
             return 0
     except LaunchError as error:
         # Every task may be a rank 0 of its own here (singletons): Slurm's task 0 speaks.
@@ -160,11 +160,13 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_on_rank0(message: str) -> None:
+def _print_on_rank0(message: str, stream: Any = None) -> None:
+    """Print on rank 0: to stderr (warnings, errors) unless ``stream`` is given (a command's
+    result goes to stdout, as evaluate's report does)."""
     from mpirl.runtime.world import run_rank
 
     if run_rank() == 0:
-        print(message, file=sys.stderr, flush=True)
+        print(message, file=sys.stderr if stream is None else stream, flush=True)
 
 
 EXIT_FILE_ENV = "MPIRL_EXIT_FILE"

@@ -177,6 +177,10 @@ def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_pa
                               timeout=120, env=mpi_env())
     assert exported.returncode == 0, exported.stderr
     assert (run_dir / "PPO-ALE-Pong-v5-000002.npz").is_file(), exported.stderr
+    # What a command made is its result, on stdout as evaluate's report is (they went to stderr).
+    assert plotted.stdout == f"wrote {Path('runs') / 'curve.png'}\n", plotted.stdout
+    assert exported.stdout.startswith(f"wrote {run_dir / 'PPO-ALE-Pong-v5-000002.npz'} (from "), \
+        exported.stdout
 
 
 def test_the_iteration_cap_ends_every_pbt_member_and_the_tune_directory_plots(tmp_path):
