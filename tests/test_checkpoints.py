@@ -99,6 +99,8 @@ def test_local_mode_resume_is_bit_identical(tmp_path):
         assert proc.returncode == 0, proc.stderr
     proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 8}')
     assert proc.returncode == 0, proc.stderr
+    # docs/checkpoints.md: the changes a resume makes are printed (a new --stop printed none).
+    assert "\n  changed: --stop training_iteration 5 -> 8\n" in proc.stdout, proc.stdout
     _assert_same_learner(_learner_state(reference, 8), _learner_state(resumed, 8))
     assert _rows(resumed) == _rows(reference)
 

@@ -187,6 +187,11 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
                  **dataclasses.asdict(checkpoints), **dataclasses.asdict(dump)}
         changes = {key: (before.get(key), value) for key, value in after.items()
                    if _comparable(before.get(key)) != _comparable(value)}
+        # A --stop given on resume replaces the saved criteria as a whole (docs: checkpoints).
+        saved_stop = saved.get("stop") or {}
+        changes.update({f"--stop {key}": (saved_stop.get(key), stop.get(key))
+                        for key in sorted({*saved_stop, *stop})
+                        if stop and saved_stop.get(key) != stop.get(key)})
     return TrainRequest(algorithm_name(algo), env, algo_config, settings, checkpoints, dump,
                         stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes,
                         progress_mode(progress), multiagent=setup, max_iterations=max_iterations)
