@@ -78,6 +78,13 @@ def test_every_docs_page_is_in_the_nav():
     assert pages == set(re.findall(r"^\s+- [^:]+: (\S+\.md)$", nav, re.M))
 
 
+def test_the_home_page_links_every_docs_page():
+    """The site's nav lists every page, but a reader of docs/index.md on GitHub (or in an editor)
+    sees only its links: alphazero.md, atari.md and models.md were not among them."""
+    linked = set(re.findall(r"\]\(([\w-]+\.md)(?:#[\w-]*)?\)", (DOCS / "index.md").read_text()))
+    assert {page.name for page in DOCS.glob("*.md")} - {"index.md"} - linked == set()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
                     reason="mkdocs is not installed (pip install 'mpirl[docs]')")
 def test_the_site_builds_strict_with_every_key(tmp_path):
