@@ -195,6 +195,7 @@ def test_the_iteration_cap_ends_every_pbt_member_and_the_tune_directory_plots(tm
                    "--stop", '{"training_iteration": 50}', timeout=240,
                    env={"MPIRL_MAX_ITERATIONS": "3"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PPO on CartPole-v1, 2 slots of 1 rank; results in" in proc.stdout, proc.stdout
     assert proc.stderr.count("mpirl tune: MPIRL_MAX_ITERATIONS=3: every trial stops after at "
                              "most 3 training iterations") == 1, proc.stderr
     result = json.loads((tune_dir / "result.json").read_text())

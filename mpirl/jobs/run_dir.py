@@ -427,6 +427,12 @@ def _pid_alive(pid: int, start: str | None) -> bool:
     return start is None or fields[19] == start
 
 
+def _holder_text(holder: dict[str, Any]) -> str:
+    """``host H, pid P``, and ``, Slurm job J`` for a holder that ran in a Slurm job."""
+    text = f"host {holder.get('host')}, pid {holder.get('pid')}"
+    return text + (f", Slurm job {holder['job_id']}" if holder.get("job_id") else "")
+
+
 class RunLock:
     """``run.lock`` in a run directory: one job at a time writes the directory.
 
@@ -470,14 +476,12 @@ class RunLock:
                     continue
                 if self._alive(holder, mine):
                     raise RunDirLocked(
-                        f"run directory {self.run_dir} is in use by another job: host "
-                        f"{holder.get('host')}, pid {holder.get('pid')}, Slurm job "
-                        f"{holder.get('job_id') or 'none'} (since {holder.get('started')}); "
+                        f"run directory {self.run_dir} is in use by another job: "
+                        f"{_holder_text(holder)} (since {holder.get('started')}); "
                         f"stop that job first, or remove {self.path} if it is gone")
                 if self._take_over(holder):
-                    notes.append(f"took over {self.path} from a job that is gone (host "
-                                 f"{holder.get('host')}, pid {holder.get('pid')}, Slurm job "
-                                 f"{holder.get('job_id') or 'none'})")
+                    notes.append(f"took over {self.path} from a job that is gone "
+                                 f"({_holder_text(holder)})")
             else:
                 raise RunDirLocked(f"could not take {self.path}: other jobs keep taking it")
         finally:

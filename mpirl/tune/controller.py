@@ -385,7 +385,8 @@ class Controller:
         what = (f"PBT of {len(self.trials)} members" if request.scheduler == "pbt" else
                 f"{request.search} search, {len(self.trials)} trials")
         self._print(f"mpirl tune: {what} of {request.algo} on {request.env}, "
-                    f"{len(self.leaders)} slots of {request.ranks_per_trial} ranks; results in "
+                    f"{_counted(len(self.leaders), 'slot')} of "
+                    f"{_counted(request.ranks_per_trial, 'rank')}; results in "
                     f"{self.dir}")
         if self.max_iterations is not None:
             print(f"mpirl tune: {MAX_ITERATIONS_ENV}={self.max_iterations}: every trial stops "
@@ -422,3 +423,7 @@ def resumed_trials(state: dict[str, Any]) -> list[Trial]:
             trial.status = PAUSED
     return trials
 
+
+def _counted(number: int, noun: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
