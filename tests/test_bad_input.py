@@ -240,8 +240,8 @@ def test_a_misspelled_key_gets_the_close_match_and_where_the_keys_are_not_all_of
                      str(tmp_path / "run"))
     # It used to list every one of PPO's ~75 keys after the did-you-mean, on one line.
     assert str(caught.value) == ("unknown config key 'num_env_per_worker'. Did you mean "
-                                 "'num_envs_per_worker' or 'num_rollout_workers'? Every config key is listed in "
-                                 "docs/config-keys.md.")
+                                 "'num_envs_per_worker' or 'num_rollout_workers'? Every config "
+                                 "key is listed in docs/config-keys.md.")
     # A short list (the --stop criteria) is still spelled out.
     with pytest.raises(ConfigError, match="Known keys: .*timesteps_total"):
         make_request("PPO", "CartPole-v1", None, {}, {"timestep_total": 10}, None,

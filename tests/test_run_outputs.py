@@ -16,7 +16,7 @@ from mpirl.jobs import run_dir as run_dir_module
 from mpirl.jobs.run_dir import RunRecorder, default_run_dir
 from mpirl.report.output_log import OutputLog
 from mpirl.report.plot import find_runs, plot_runs
-from mpirl.report.progress import ProgressDisplay
+from mpirl.report.progress import ProgressDisplay, returns_reached, terminal_columns
 from mpirl.report.tensorboard import EventWriter
 
 # --- TensorBoard files, read by TensorBoard's own EventAccumulator -----------------------------
@@ -422,6 +422,121 @@ def test_live_progress_renders(total_steps):
     assert "ppo CartPole" in output
     assert "24,576" in output and "187.2" in output and "iter 12" in output
     assert "return -" in output
+
+
+WIDE_ROW = {**ROW, "perf/driver_rss_mb": 371.4, "perf/max_worker_rss_mb": 76.2,
+            "num_env_failures": 3, "model_error": 0.0123, "eval_return_mean": -151.25}
+
+
+def _screen_lines(output: str) -> list[str]:
+    """What a terminal shows of ``output``, line by line: escape codes gone, and a carriage
+    return (the live display redrawing) starting a line of its own."""
+    import re
+
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output)
+    return [line for line in re.split(r"[\r\n]", plain) if line]
+
+
+def test_the_live_line_fits_80_columns_and_the_log_keeps_every_field(monkeypatch):
+    """At 80 columns every live line wrapped: the stats line was 110-150 characters."""
+    monkeypatch.setenv("COLUMNS", "80")
+    stream, log = io.StringIO(), io.StringIO()
+    stop = {"timesteps_total": 1_000_000.0, "episode_return_mean": 475.0, "time_total_s": 600.0}
+    with ProgressDisplay("PPO CartPole-v1", mode="live", stream=stream, stop=stop,
+                         log=log) as display:
+        display.update(WIDE_ROW)
+    lines = _screen_lines(stream.getvalue())
+    assert max(map(len, lines)) <= 80, lines
+    # The lower-priority fields went, what decides stays.
+    assert lines[-1] == ("iter 12  steps 24,576/1,000,000  return 187.2/475  eval -151.2  "
+                         "time 10.5s/600s"), lines
+    assert "mem driver 371 MB, workers \u2264 76 MB" in log.getvalue()
+    assert "env failures 3" in log.getvalue() and "len 187.3" in log.getvalue()
+    # Wide enough, nothing is dropped; far too narrow, the line is cut, never wrapped.
+    monkeypatch.setenv("COLUMNS", "200")
+    stream = io.StringIO()
+    with ProgressDisplay("PPO", mode="live", stream=stream) as display:
+        display.update(WIDE_ROW)
+    assert "mem driver 371 MB" in _screen_lines(stream.getvalue())[-1]
+    monkeypatch.setenv("COLUMNS", "30")
+    stream = io.StringIO()
+    with ProgressDisplay("PPO", mode="live", stream=stream) as display:
+        display.update(WIDE_ROW)
+    assert max(map(len, _screen_lines(stream.getvalue()))) <= 30
+
+
+def test_under_mpiexec_the_width_is_that_of_the_launchers_terminal(tmp_path, monkeypatch):
+    """The pseudo-terminal Open MPI gives a rank says 0 columns (rich then draws 80): the width
+    is asked of the terminal mpiexec writes to."""
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    master, slave = os.openpty()
+    try:
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 132, 0, 0))
+        launcher = tmp_path / str(os.getppid())
+        (launcher / "fd").mkdir(parents=True)
+        (launcher / "comm").write_text("mpiexec\n")
+        (launcher / "fd" / "1").symlink_to(os.ttyname(slave))
+        assert terminal_columns(tmp_path) == 132
+        (launcher / "fd" / "1").unlink()
+        (launcher / "fd" / "1").symlink_to(tmp_path / "output.log")  # > output.log
+        (tmp_path / "output.log").write_text("")
+        assert terminal_columns(tmp_path) is None
+        monkeypatch.setenv("COLUMNS", "90")  # the user's own setting wins
+        assert terminal_columns(tmp_path) == 90
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_multi_agent_line_shows_each_policys_return_not_the_zero_sum():
+    """A self-play run of a zero-sum game (NumberDuel) showed ``return 0.0`` for 50 iterations:
+    the env's return sums both seats. Each policy's own return is what moves."""
+    stream = io.StringIO()
+    row = {**ROW, "episode_return_mean": 0.0, "episode_return_mean/main": 0.43,
+           "policy_return_mean_min": 0.43}
+    ProgressDisplay("PPO NumberDuel", stream=stream, mode="plain").update(row)
+    assert "  return main 0.4  " in stream.getvalue(), stream.getvalue()
+    assert "return 0.0" not in stream.getvalue()
+    # Several policies, each its own; a per-policy criterion shows its target there, and the
+    # summed return, when it is a criterion, as one.
+    stream = io.StringIO()
+    stop = {"episode_return_mean/a": 50.0, "episode_return_mean": 80.0}
+    ProgressDisplay("PPO", stream=stream, mode="plain", stop=stop).update(
+        {**ROW, "episode_return_mean/a": 20.06, "episode_return_mean/b": math.nan})
+    line = stream.getvalue()
+    assert "  return a 20.1/50 b -  episode_return_mean 187.2/80  " in line, line
+    assert line.count("episode_return_mean") == 1
+
+
+def test_an_evaluation_the_run_stops_on_is_shown_once():
+    """MBPO stopping on eval_return_mean showed ``eval_return_mean -133.2/-150`` and then
+    ``eval -133.2``."""
+    stream = io.StringIO()
+    display = ProgressDisplay("mbpo", stream=stream, mode="plain",
+                              stop={"eval_return_mean": -150.0})
+    display.update({**ROW, "eval_return_mean": -133.25})
+    display.update({**ROW, "eval_return_mean": math.nan})
+    first, second = stream.getvalue().splitlines()
+    assert first.count("-133.2") == 1 and "  eval -133.2/-150  " in first, first
+    assert "  eval -/-150  " in second, second
+
+
+def test_the_closing_line_names_each_return_once():
+    """``stopped: episode_return_mean reached (451.85) ...; episode_return_mean 451.9`` said it
+    twice; a self-play run's summed return (0 in a zero-sum game) said nothing."""
+    row = {**ROW, "eval_return_mean": -133.25}
+    assert returns_reached(row, "episode_return_mean") == "eval_return_mean -133.2"
+    assert returns_reached(row, "eval_return_mean") == "episode_return_mean 187.2"
+    assert returns_reached(row, "training_iteration") == ("episode_return_mean 187.2, "
+                                                          "eval_return_mean -133.2")
+    assert returns_reached({**ROW, "episode_return_mean": math.nan}, "timesteps_total") == ""
+    duel = {**ROW, "episode_return_mean": 0.0, "episode_return_mean/main": 0.61}
+    assert returns_reached(duel, "training_iteration") == "episode_return_mean/main 0.6"
 
 
 # --- plot_runs ---------------------------------------------------------------------------------

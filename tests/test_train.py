@@ -49,7 +49,9 @@ def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
     assert params["layout"]["ranks"] == {"driver": [0], "rollout": [1, 2], "replay": [],
                                          "learner": []}
     assert list(run_dir.glob("events.out.tfevents.*"))
-    assert "stopped: episode_return_mean reached" in proc.stdout
+    stopped, = (line for line in proc.stdout.splitlines() if line.startswith("stopped: "))
+    assert stopped.startswith("stopped: episode_return_mean reached (")
+    assert stopped.count("episode_return_mean") == 1, stopped  # not named again after its value
     assert proc.stdout.count("mpirl layout:") == 1
 
 

@@ -29,7 +29,7 @@ from mpirl.jobs.run_dir import PARAMS_FILE, RunLock, RunRecorder, default_run_di
 from mpirl.models.torch_model import check_model
 from mpirl.report.loggers import check_logger_packages, make_loggers
 from mpirl.report.output_log import OutputLog
-from mpirl.report.progress import ProgressDisplay, launcher_process, progress_mode
+from mpirl.report.progress import ProgressDisplay, launcher_process, progress_mode, returns_reached
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime import startup
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
@@ -321,10 +321,10 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
                                        f"{checkpoint} at iteration {trainer.iteration}. Continue "
                                        f"with: {resume}")
         return code
+    reached = returns_reached(row, reason)
     print(f"stopped: {reason} reached ({row[reason if reason in row else 'iteration']:g}) after "
-          f"{row['timesteps_total']} env steps, {row['time_total_s']:.1f} s; "
-          f"episode_return_mean {row['episode_return_mean']:.1f}. Results in {request.run_dir}",
-          flush=True)
+          f"{row['timesteps_total']} env steps, {row['time_total_s']:.1f} s"
+          f"{'; ' + reached if reached else ''}. Results in {request.run_dir}", flush=True)
     if requested:
         # Finished anyway: nothing is left to resume, so the job ends as done, not as "requeue".
         print(f"mpirl: {requested} arrived as the run finished; exit code 0", file=sys.stderr,

@@ -73,6 +73,28 @@ def launcher_stdout_is_terminal(proc: Path = Path("/proc")) -> bool | None:
     return False if any(v in os.environ for v in LAUNCHER_VARIABLES) else None
 
 
+def terminal_columns(proc: Path = Path("/proc")) -> int | None:
+    """Columns of the terminal the user sees: ``$COLUMNS`` when set, else the terminal of the MPI
+    launcher's stdout (the pseudo-terminal Open MPI gives a rank reports 0 columns, which rich
+    takes for 80); None when neither says (rich then asks the process's own terminal)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    launcher = launcher_process(proc)
+    if launcher is None:
+        return None
+    try:
+        fd = os.open(proc / str(launcher[1]) / "fd" / "1", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        return os.get_terminal_size(fd).columns or None
+    except OSError:  # not a terminal
+        return None
+    finally:
+        os.close(fd)
+
+
 def live_by_default(stream: TextIO) -> bool:
     """auto's choice: live on a terminal that the user sees, never in CI."""
     if os.environ.get("CI") or not getattr(stream, "isatty", lambda: False)():
@@ -99,7 +121,36 @@ def _target(value: float) -> str:
 
 
 #: Stop criteria the line shows in a place of their own; any other is shown after the return.
-_SHOWN = ("training_iteration", "timesteps_total", "episode_return_mean", "time_total_s")
+_SHOWN = ("training_iteration", "timesteps_total", "episode_return_mean", "time_total_s",
+          "eval_return_mean")
+#: Fields a live line too wide for its terminal drops, first to last (by how a field starts or
+#: ends). The iteration, steps, returns, stop criteria and time stay; what is still too wide
+#: is cut at the terminal's edge. The log always gets the whole line.
+_DROPPED_FIRST = ("mem driver", "env failures", "model err", "len ", "steps/s")
+
+
+def fit(parts: list[str], width: int | None, separator: str = "  ") -> str:
+    """``parts`` joined, without the fields of ``_DROPPED_FIRST`` (in that order) that make the
+    line wider than ``width``; no more than ``width`` characters (None: no limit)."""
+    parts = list(parts)
+    for field in _DROPPED_FIRST:
+        if width is None or len(separator.join(parts)) <= width:
+            break
+        parts = [p for p in parts if not (p.startswith(field) or p.endswith(field))]
+    line = separator.join(parts)
+    if width is not None and len(line) > width:
+        line = line[:max(width - 1, 0)] + "\u2026"
+    return line
+
+
+def returns_reached(row: dict, reason: str | None = None) -> str:
+    """The returns of a run's last row for its closing line: ``episode_return_mean 451.9``, each
+    policy's in a multi-agent run, and the evaluation's, leaving out ``reason`` (the stop
+    criterion the line has named with its value already) and those not measured (NaN)."""
+    policies = [key for key in row if key.startswith("episode_return_mean/")]
+    keys = [*(policies or ["episode_return_mean"]), "eval_return_mean"]
+    return ", ".join(f"{key} {float(row[key]):.1f}" for key in keys
+                     if key != reason and not _is_missing(row.get(key)))
 
 
 class ProgressDisplay:
@@ -128,6 +179,7 @@ class ProgressDisplay:
         self.live = live_by_default(self.stream) if mode == "auto" else mode == "live"
         self._progress = None
         self._task = None
+        self._console = None
         self._unwrapped: tuple[Any, Any] | None = None
         if self.live:
             self._start_live(force_terminal=not is_tty)
@@ -139,7 +191,8 @@ class ProgressDisplay:
         from rich.text import Text
 
         # force_terminal: live=True was asked for on a stream that is not a TTY.
-        console = Console(file=self.stream, force_terminal=force_terminal or None)
+        console = self._console = Console(file=self.stream,
+                                          force_terminal=force_terminal or None)
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(bar_width=None),
@@ -148,8 +201,9 @@ class ProgressDisplay:
             expand=True,
         )
         self._task = self._progress.add_task(self.title, total=self.total_steps)
+        console.width = terminal_columns()
         # The stats get a line of their own: beside the bar they would not fit in 80 columns.
-        self._stats_text = Text(self._stats({}))
+        self._stats_text = Text(self._stats({}, console.width), no_wrap=True)
         # Redrawn on update() only: no refresh thread running beside MPI calls.
         self._live = Live(Group(self._progress, self._stats_text), console=console,
                           auto_refresh=False)
@@ -170,7 +224,21 @@ class ProgressDisplay:
             return f"steps {steps}"
         return f"steps {steps}/{_target(self.total_steps)}"
 
-    def _stats(self, row: dict) -> str:
+    def _return(self, row: dict) -> str:
+        """``return R``, or in a multi-agent run each policy's return (``return main 0.4``): the
+        env's return sums every agent's, which a zero-sum self-play game keeps at 0."""
+        policies = [key.partition("/")[2] for key in row
+                    if key.startswith("episode_return_mean/")]
+        if not policies:
+            return self._of("episode_return_mean",
+                            f"return {_decimal(row.get('episode_return_mean'))}")
+        return "return " + " ".join(
+            self._of(f"episode_return_mean/{pid}",
+                     f"{pid} {_decimal(row[f'episode_return_mean/{pid}'])}")
+            for pid in policies)
+
+    def _stats(self, row: dict, width: int | None = None) -> str:
+        """The line for ``row``, fitted to ``width`` columns (``fit``; None: the whole line)."""
         sps = row.get("env_steps_per_s")
         sps_text = "-" if _is_missing(sps) else f"{float(sps):,.0f}"
         time_s = row.get("time_total_s")
@@ -179,16 +247,19 @@ class ProgressDisplay:
             self._of("training_iteration", f"iter {_count(row.get('iteration'))}"),
             self._steps(row),
             f"{sps_text} steps/s",
-            self._of("episode_return_mean", f"return {_decimal(row.get('episode_return_mean'))}"),
+            self._return(row),
         ]
-        # What else the run stops on (a multi-agent run's policy_return_mean_min, a policy's
-        # own return): the summed return above is not what decides.
+        # What else the run stops on (a multi-agent run's policy_return_mean_min, or its summed
+        # return): the return above is not what decides. A policy's own shows with its return.
+        multiagent = any(key.startswith("episode_return_mean/") for key in row)
         parts += [self._of(key, f"{key} {_decimal(row.get(key))}") for key in self.stop
-                  if key not in _SHOWN]
+                  if (key not in _SHOWN or (multiagent and key == "episode_return_mean"))
+                  and not (multiagent and key.startswith("episode_return_mean/"))]
         if "episode_len_mean" in row:
             parts.append(f"len {_decimal(row['episode_len_mean'])}")
-        if not _is_missing(row.get("eval_return_mean")):
-            parts.append(f"eval {_decimal(row['eval_return_mean'])}")
+        if not _is_missing(row.get("eval_return_mean")) or "eval_return_mean" in self.stop:
+            parts.append(self._of("eval_return_mean",
+                                  f"eval {_decimal(row.get('eval_return_mean'))}"))
         if not _is_missing(row.get("model_error")):
             # A learned dynamics model's held-out one-step error (PETS, MBPO): 1 is no better
             # than predicting the mean change, so a rise says the planner is misled.
@@ -202,7 +273,7 @@ class ProgressDisplay:
                 memory += f", workers \u2264 {float(row['perf/max_worker_rss_mb']):,.0f} MB"
             parts.append(memory)
         parts.append(self._of("time_total_s", f"time {time_text}", "s"))
-        return "  ".join(parts)
+        return fit(parts, width)
 
     def update(self, row: dict) -> None:
         """Show the state after one iteration; ``row`` is a progress row (see RunRecorder)."""
@@ -216,7 +287,9 @@ class ProgressDisplay:
         if self._progress is not None:
             steps = row.get("timesteps_total")
             self._progress.update(self._task, completed=0 if _is_missing(steps) else steps)
-            self._stats_text.plain = self._stats(row)
+            # Asked at every update: the terminal may have been resized.
+            self._console.width = terminal_columns()
+            self._stats_text.plain = self._stats(row, self._console.width)
             self._live.refresh()
         else:
             print(self._stats(row), file=self.stream, flush=True)
