@@ -11,31 +11,30 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import queue
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.commands.train import (
-    TrainRequest,
-    make_request,
-    open_recorder,
-    restore_newest,
-    run_params,
-)
-from mpirl.commands.train import train as train_request
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, ConfigError, MpirlError
-from mpirl.execution.multiagent import MultiAgentTrainer
-from mpirl.execution.trainer import Trainer
 from mpirl.jobs.checkpoint import CheckpointStore, verify
 from mpirl.jobs.run_dir import RunLock, RunRecorder
-from mpirl.models.torch_model import build_torch_model
-from mpirl.runtime.driver import Driver, run
+from mpirl.runtime.driver import Driver, prepared_on_rank0, run
 from mpirl.runtime.world import running_on
+
+# The request's checks and the trainer import torch: rank 0 alone imports them (in
+# prepared_on_rank0), as `mpirl train` does, so a rollout rank of a script acts in NumPy
+# without torch (README: memory of a rollout rank).
+if TYPE_CHECKING:
+    from mpirl.commands.train import TrainRequest
+    from mpirl.execution.trainer import Trainer
 
 
 class RunFailed(MpirlError):
@@ -45,11 +44,49 @@ class RunFailed(MpirlError):
         super().__init__(f"the run ended with exit code {exit_code}; rank 0 printed why")
         self.exit_code = exit_code
 
+    def __reduce__(self):
+        return (RunFailed, (self.exit_code,))
+
+
+def _one_line_excepthook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+    """An ``MpirlError`` that ends a script (an unknown config key, a run directory that holds
+    a run) reads as one line, as it does from ``mpirl train``: the script's line that called
+    mpirl, the error's class and its message, instead of a traceback through mpirl's insides.
+    Every rank raises a ``ConfigError`` or ``RunFailed`` together, and rank 0 alone says it.
+    The process then exits with the error's exit code (2 for bad input, 75 for a run that a
+    signal stopped after its checkpoint: a job script can requeue on it), as ``mpirl.cli.entry``
+    ends: exit handlers, MPI finalized, then no interpreter teardown."""
+    if not isinstance(error, MpirlError) or _PREVIOUS_EXCEPTHOOK is not sys.__excepthook__:
+        # Not mpirl's, or a hook of the user's own (IPython, a logger) decides.
+        _PREVIOUS_EXCEPTHOOK(kind, error, trace)
+        return
+    if not isinstance(error, (ConfigError, RunFailed)) or MPI.COMM_WORLD.Get_rank() == 0:
+        frames = [frame for frame in traceback.extract_tb(trace)
+                  if not Path(frame.filename).resolve().is_relative_to(_PACKAGE)]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+        print(f"{where}mpirl.{kind.__name__}: {error}", file=sys.stderr, flush=True)
+    atexit._run_exitfuncs()
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be written anyway
+            pass
+    os._exit(error.exit_code)
+
+
+_PACKAGE = Path(__file__).resolve().parent
+_PREVIOUS_EXCEPTHOOK = sys.excepthook
+sys.excepthook = _one_line_excepthook
+
 
 def _request(algo: str, env: str, config: dict[str, Any] | None, stop: dict[str, Any] | None,
              seed: int | None, run_dir: str | Path | None, callbacks: Any,
              env_module: str | None, resume: str | Path | None, progress: str | None
              ) -> TrainRequest:
+    from mpirl.commands.train import make_request
+
     config = dict(config or {})
     if callbacks is not None:
         # A class travels as its import path: every rank imports it by name.
@@ -77,13 +114,21 @@ def train(algo: str, env: str, config: dict[str, Any] | None = None,
     the run's world (default: COMM_WORLD): call it on every rank of ``comm``, whose rank 0 drives
     and returns the row.
     """
+    requests: list[TrainRequest] = []
+
+    def prepare() -> tuple[Callable[[Driver], int], Any, Any]:
+        from mpirl.commands.train import prepared
+
+        requests.append(_request(algo, env, config, stop, seed, run_dir, callbacks, env_module,
+                                 resume, progress))
+        return prepared(requests[0])
+
     with running_on(comm):
-        request = _request(algo, env, config, stop, seed, run_dir, callbacks, env_module,
-                           resume, progress)
-        code = train_request(request)
+        main, layout, settings = prepared_on_rank0(prepare)  # ConfigError on every rank
+        code = run(main or _never_called, layout, settings, stop_signals_enabled=True)
     if code != EXIT_OK:
         raise RunFailed(code)
-    return request.final_row
+    return requests[0].final_row if requests else None
 
 
 class Algorithm:
@@ -121,16 +166,19 @@ class Algorithm:
         """Start a run (or continue ``resume``, a run directory) on every rank (of ``comm``,
         the run's world: default COMM_WORLD); see the class docstring for what happens on ranks
         other than 0."""
-        with running_on(comm) as world:
+        def prepare() -> tuple[TrainRequest, Any, Any]:
             request = _request(algo, env, config, None, seed, run_dir, callbacks, env_module,
                                resume, "off")
-            driver_here = request.layout.resolve(world.Get_size()).local or world.Get_rank() == 0
+            return request, request.layout, request.settings
+
+        with running_on(comm) as world:
+            request, layout, settings = prepared_on_rank0(prepare)  # rank 0's request
         # Out of the block first: the run (in the driver thread on rank 0) sets the run's
         # communicator for as long as it lasts, and no other block may put it back meanwhile.
-        if driver_here:
+        if request is not None:
             return cls(request, world)
         # A worker rank: serve until the driver ends the run, then end with it.
-        raise SystemExit(run(_never_called, request.layout, request.settings, comm=world))
+        raise SystemExit(run(_never_called, layout, settings, comm=world))
 
     # What runs in the driver thread.
 
@@ -143,6 +191,8 @@ class Algorithm:
             self._answers.put(error)
 
     def _serve(self, driver: Driver) -> int:
+        from mpirl.commands.train import open_recorder, restore_newest, run_params
+
         request = self.request
         try:
             lock = RunLock(request.run_dir)
@@ -238,6 +288,9 @@ class Algorithm:
         the environment takes them; ``explore`` samples instead of taking the most likely. In a
         multi-agent run, ``policy_id`` says whose (it may be left out when there is one policy);
         a frozen policy's weights come from rollout worker 0."""
+        from mpirl.execution.multiagent import MultiAgentTrainer
+        from mpirl.models.torch_model import build_torch_model
+
         def act(trainer: Trainer, *_: Any) -> np.ndarray:
             trainer.settle()  # a learner in a call that spans iterations takes no other
             if isinstance(trainer, MultiAgentTrainer):

@@ -57,6 +57,15 @@ def test_train_example(tmp_path, ranks):
     params = json.loads((run_dir / "params.json").read_text())
     assert params["algo"] == "PPO" and params["world_size"] == ranks
     assert list(run_dir.glob("events.out.tfevents.*"))
+    if ranks > 1:
+        _assert_rollout_ranks_import_no_torch(run_dir)
+
+
+def _assert_rollout_ranks_import_no_torch(run_dir: Path) -> None:
+    """A rollout rank of a script acts in NumPy and imports no torch, as under the CLI (about
+    70 MB; torch alone takes 200): every rank used to check the request, importing torch."""
+    sizes = [float(row["perf/max_rollout_rss_mb"]) for row in rows(run_dir)]
+    assert max(sizes) < 150, sizes
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
@@ -68,6 +77,8 @@ def test_step_by_step_example(tmp_path, ranks):
     iterations = [line for line in proc.stdout.splitlines() if line.startswith("iteration ")]
     assert len(iterations) == len(rows(run_dir)) >= 1
     assert latest_checkpoint_iteration(run_dir) == len(iterations)
+    if ranks > 1:
+        _assert_rollout_ranks_import_no_torch(run_dir)
 
 
 STEP_PROGRAM = """
@@ -119,6 +130,40 @@ def test_train_rejects_bad_input_with_its_own_message(tmp_path):
     assert "lrr" in errors[0]
     assert "unknown algorithm 'no_such_algo'" in errors[1] and "PYTHONPATH" in errors[1]
     assert "NoSuchEnv-v0" in errors[2]
+
+
+UNCAUGHT_PROGRAM = """
+import sys
+import mpirl
+from mpi4py import MPI
+
+try:
+    mpirl.train("PPO", "CartPole-v1", config={"lrr": 1})
+except mpirl.ConfigError as error:
+    print("CAUGHT", MPI.COMM_WORLD.Get_rank(), "'lrr'" in str(error), "torch" in sys.modules,
+          flush=True)
+mpirl.train("PPO", "CartPole-v1", run_dir=sys.argv[1])
+"""
+
+
+def test_an_uncaught_config_error_reads_as_one_line_on_rank_0(tmp_path):
+    """docs/python-api.md's example run twice with its run_dir ended in a 12-line traceback on
+    every rank. Under mpiexec rank 0 alone checks the request (and imports torch); every rank
+    raises the ConfigError it found, and uncaught it is one line and exit code 2."""
+    program, run_dir = tmp_path / "train.py", tmp_path / "run"
+    program.write_text(UNCAUGHT_PROGRAM)
+    run_dir.mkdir()
+    (run_dir / "progress.csv").write_text("iteration\n1\n")
+    proc = run_mpi(3, sys.executable, str(program), str(run_dir), timeout=120)
+    caught = sorted(line for line in proc.stdout.splitlines() if line.startswith("CAUGHT"))
+    assert caught == ["CAUGHT 0 True True", "CAUGHT 1 True False", "CAUGHT 2 True False"], \
+        proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "mpirl." in line]
+    assert errors == [f"{program}:11: mpirl.ConfigError: run directory {run_dir} already holds "
+                      f"a run (progress.csv); nothing was overwritten. Continue it with --resume "
+                      f"{run_dir}, choose a new --run-dir, or leave it out for a fresh "
+                      f"timestamped one."], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.returncode == 2, proc.stderr
 
 
 # Plug-in algorithms through the CLI.

@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import math
 import os
+import pickle
 import socket
 import sys
 import time
@@ -364,36 +365,79 @@ def run_prepared(prepare: Callable[[], tuple[Callable[[Driver], int | None], Lay
                  stop_signals_enabled: bool = False) -> int:
     """``run`` for a command whose set-up only rank 0 needs (``mpirl train``): rank 0 calls
     ``prepare()``, which returns ``(main, layout, settings)`` or raises; the layout and settings
-    reach the other ranks (a bcast), which never call ``prepare`` nor import what it imports
-    (torch, on ranks that only sample in NumPy). An ``MpirlError`` from ``prepare`` is raised on
-    rank 0 alone, to be reported once; the other ranks return its exit code.
+    reach the other ranks (``prepared_on_rank0``), which never call ``prepare`` nor import what it
+    imports (torch, on ranks that only sample in NumPy). An ``MpirlError`` from ``prepare`` is
+    raised on rank 0 alone, to be reported once; the other ranks return its exit code.
+    """
+    world = run_comm()
+    if world.Get_size() == 1:
+        return run(*prepare(), stop_signals_enabled=stop_signals_enabled)
+    try:
+        main, layout, settings = prepared_on_rank0(prepare)
+    except MpirlError as error:
+        if world.Get_rank() == 0:
+            raise
+        return error.exit_code
+    return run(main if world.Get_rank() == 0 else _serve_only, layout, settings,
+               stop_signals_enabled=stop_signals_enabled)
+
+
+def prepared_on_rank0(prepare: Callable[[], tuple[Any, Layout, RuntimeSettings]]
+                      ) -> tuple[Any, Layout, RuntimeSettings]:
+    """Rank 0 of the run's world calls ``prepare()``, which returns ``(value, layout,
+    settings)``; every rank gets the layout and settings, rank 0 alone the value (the others
+    None). An error of ``prepare`` is raised on every rank: on rank 0 as it was; on the others
+    a copy of an ``MpirlError`` (a ``ConfigError`` stays one), else an ``MpirlError`` with its
+    exit code.
 
     The other ranks wait for rank 0 in ``_all_arrive``, polling with back-off, for at most twice
     the default ``startup_timeout_s``; past that they end the job (exit code 70), not hang.
     """
     world = run_comm()
     if world.Get_size() == 1:
-        return run(*prepare(), stop_signals_enabled=stop_signals_enabled)
+        return prepare()
     rank = world.Get_rank()
     failure: BaseException | None = None
     verdict: tuple[Any, ...] | None = None
+    value = None
     if rank == 0:
         try:
-            main, layout, settings = prepare()
+            value, layout, settings = prepare()
             verdict = ("ok", layout, settings)
         except BaseException as error:  # noqa: BLE001 - every rank must hear of any failure
             failure = error
-            verdict = ("failed", getattr(error, "exit_code", EXIT_FAILURE))
+            verdict = ("failed", getattr(error, "exit_code", EXIT_FAILURE),
+                       _pickled_error(error))
     _all_arrive(world, "the preparation of the run", RuntimeSettings.startup_timeout_s,
                 lambda r: f"rank {r}")
     verdict = world.bcast(verdict, root=0)
     if failure is not None:
         raise failure
     if verdict[0] == "failed":
-        return int(verdict[1])
-    _, layout, settings = verdict
-    return run(main if rank == 0 else _serve_only, layout, settings,
-               stop_signals_enabled=stop_signals_enabled)
+        raise _unpickled_error(verdict[2], int(verdict[1]))
+    return value, verdict[1], verdict[2]
+
+
+def _pickled_error(error: BaseException) -> bytes | None:
+    if not isinstance(error, MpirlError):
+        return None
+    try:
+        return pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - the exit code alone then reaches the other ranks
+        return None
+
+
+def _unpickled_error(data: bytes | None, exit_code: int) -> MpirlError:
+    try:
+        error = pickle.loads(data) if data is not None else None
+    except Exception:  # noqa: BLE001 - a class whose arguments do not round-trip
+        error = None
+    if isinstance(error, MpirlError):
+        return error
+    error = MpirlError(f"rank 0 could not prepare the run (exit code {exit_code}); it printed "
+                       f"why")
+    error.exit_code = exit_code
+    return error
 
 
 def _serve_only(driver: Driver) -> int:
