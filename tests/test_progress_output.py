@@ -1,10 +1,14 @@
 """What rank 0 prints per iteration: plain lines in a file even though Open MPI gives every rank a
 pseudo-terminal, a live display only on the user's own terminal, and --progress to override."""
 
+import fcntl
 import os
 import pty
+import re
+import struct
 import subprocess
 import sys
+import termios
 import threading
 
 import pytest
@@ -15,6 +19,8 @@ from mpirl.report.progress import launcher_stdout_is_terminal, progress_mode
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 ESC = b"\x1b"
+#: The width of the terminal made for mpiexec: what every iteration's line used to pass.
+COLUMNS = 64
 
 
 def train_args(run_dir, *extra):
@@ -25,6 +31,7 @@ def train_args(run_dir, *extra):
 def no_ci():
     env = mpi_env()
     env.pop("CI", None)
+    env.pop("COLUMNS", None)
     env.pop("MPIRL_PROGRESS", None)
     return env
 
@@ -45,8 +52,10 @@ def test_output_sent_to_a_file_has_plain_lines_and_no_escape_codes(tmp_path):
 
 
 def test_the_live_display_is_kept_on_the_users_terminal(tmp_path):
-    # mpiexec's stdout is a terminal (a pty made here): the live display is drawn.
+    # mpiexec's stdout is a terminal (a pty made here): the live display is drawn, and each
+    # line fits that terminal.
     master, slave = pty.openpty()
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, COLUMNS, 0, 0))
     proc = subprocess.Popen(mpiexec_command(2, *train_args(tmp_path / "run")), stdout=slave,
                             stderr=subprocess.PIPE, env=no_ci())
     os.close(slave)
@@ -73,6 +82,13 @@ def test_the_live_display_is_kept_on_the_users_terminal(tmp_path):
     data = b"".join(chunks)
     assert ESC in data, data[-2000:]
     assert b"PPO CartPole-v1" in data
+    screen = re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", data.decode()))
+    live = [line for line in screen if line.startswith(("iter ", "PPO CartPole-v1"))]
+    assert any(line.startswith("iter 3/3") for line in live), screen
+    assert max(map(len, live)) <= COLUMNS, live
+    # Each iteration's line is one line: it used to wrap, its last fields on a line of their own.
+    stats = [line for line in screen if "steps/s" in line or "time " in line]
+    assert all(line.startswith("iter ") and " time " in line for line in stats), stats
 
 
 @pytest.mark.parametrize("mode, iteration_lines", [("plain", 3), ("off", 0)])

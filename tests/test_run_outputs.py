@@ -466,8 +466,8 @@ def test_the_live_line_fits_80_columns_and_the_log_keeps_every_field(monkeypatch
 
 
 def test_under_mpiexec_the_width_is_that_of_the_launchers_terminal(tmp_path, monkeypatch):
-    """The pseudo-terminal Open MPI gives a rank says 0 columns (rich then draws 80): the width
-    is asked of the terminal mpiexec writes to."""
+    """The width is that of the terminal mpiexec writes to (asked at every update: it may be
+    resized), unless $COLUMNS says; nothing when mpiexec writes to a file."""
     import fcntl
     import os
     import struct

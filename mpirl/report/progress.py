@@ -74,9 +74,9 @@ def launcher_stdout_is_terminal(proc: Path = Path("/proc")) -> bool | None:
 
 
 def terminal_columns(proc: Path = Path("/proc")) -> int | None:
-    """Columns of the terminal the user sees: ``$COLUMNS`` when set, else the terminal of the MPI
-    launcher's stdout (the pseudo-terminal Open MPI gives a rank reports 0 columns, which rich
-    takes for 80); None when neither says (rich then asks the process's own terminal)."""
+    """Columns of the terminal the user sees: ``$COLUMNS`` when set, else those of the terminal
+    the MPI launcher writes to (as resized since the start); None when neither says (rich then
+    asks the process's own terminal: under mpiexec a pseudo-terminal of Open MPI's)."""
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
