@@ -70,7 +70,8 @@ class MultiAgentTrainer(Trainer):
                                          local_if_empty=True)
         except RemoteError as error:
             raise spawn_error(error) from None
-        slices = self.setup.learner_slices(driver.placement.count("learner"))
+        slices = self.setup.learner_slices(driver.placement.count("learner"),
+                                            local=driver.placement.local)
         #: Each learning policy's own trainer, in the order the policies were given.
         self.trainers: dict[str, Trainer] = {}
         for plan in self.setup.trained():

@@ -132,9 +132,14 @@ class MultiAgentSetup:
     def trained(self) -> list[PolicyPlan]:
         return [p for p in self.policies.values() if p.trainable]
 
-    def learner_slices(self, num_learner_ranks: int) -> dict[str, list[int]]:
+    def learner_slices(self, num_learner_ranks: int,
+                       local: bool = False) -> dict[str, list[int]]:
         """Each trained policy's learner indices: policies with ``num_learners`` get their own
-        ranks, in the order given; the others share learner 0. ConfigError if they don't fit."""
+        ranks, in the order given; the others share learner 0. ConfigError if they don't fit.
+        In local mode (``local``) every policy's learner is one in-process object of its own,
+        as local mode folds every role to one worker (its layout note says so)."""
+        if local:
+            return {plan.policy_id: [0] for plan in self.trained()}
         wanted = sum(p.num_learners for p in self.trained())
         if wanted > max(num_learner_ranks, 0):
             asks = ", ".join(f"{p.policy_id}: {p.num_learners}" for p in self.trained()
