@@ -442,6 +442,8 @@ class Learner(Worker):
                 "pushes_sent", "end_rounds")
     #: The data-channel tags of its messages (a multi-agent policy's learner has its own).
     tags = DataTags()
+    #: On a policy's slice of the learner ranks (``LearnerSettings.for_policy``).
+    SERVES_A_POLICY = True
 
     Settings: ClassVar[type[LearnerSettings]] = LearnerSettings
 
