@@ -220,7 +220,8 @@ MA = {"policies": {"a": {}, "b": {}}, "policy_mapping": {"cart_0": "a", "cart_1"
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"clip_parm": 0.1}, "b": {}}}},
      "multiagent.policies.a: unknown config key 'clip_parm'. Did you mean 'clip_param'"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "ES"}, "b": {}}}},
-     "policy 'a' (ES): its rollout worker, PerturbationWorker, plays episodes of its own"),
+     "policy 'a': ES cannot drive a policy of a multi-agent run (its PerturbationWorker and "
+     "SearchWeights serve a whole run"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "IMPALA",
                                                          "fragments_per_call": 2}, "b": {}}}},
      "set fragments_per_call 0 for policy 'a'"),
