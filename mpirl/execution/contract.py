@@ -13,6 +13,11 @@ env.
 
 What a plan keeps between iterations is its ``PlanState``, made by the module's ``setup``, given
 to every ``training_step`` and checkpointed with the run.
+
+Whether a module can drive one policy of a multi-agent run follows from its workers: its
+``ROLLOUT_WORKER`` and ``LEARNER`` both declare ``SERVES_A_POLICY`` (``drives_a_policy``); the
+others are refused as a policy at start (``refuse_as_policy``). A run records a module by
+``name_of`` (PPO, or a plug-in's module path), which ``load_algorithm`` loads it back by.
 """
 
 from __future__ import annotations
