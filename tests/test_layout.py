@@ -100,3 +100,19 @@ def test_config_values_are_type_checked():
 def test_bad_json_is_explained(text):
     with pytest.raises(ConfigError, match="--config"):
         parse_json_object(text, "--config")
+
+
+def test_an_automatic_rollout_count_with_no_rank_left_says_so_first():
+    """mpiexec -n 3 for a layout of two learners: legitimate (the driver samples), but the
+    note, printed first, says what ran and what -n gives a rollout rank; an explicit
+    num_rollout_workers 0, or a rank left, gives no note."""
+    placement = Layout(num_learners=2).resolve(3)
+    assert placement.count("rollout") == 0 and placement.note() == (
+        "no rank is left for rollout workers (world size 3 = 1 driver + 2 learner): the driver "
+        "samples (rollout 0); launch 4 ranks (mpiexec -n 4) for one rollout rank, or set "
+        "num_rollout_workers 0 if none is meant")
+    assert "1 replay + 1 learner" in Layout(num_replay_shards=1, num_learners=1).resolve(3).note()
+    assert Layout(num_rollout_workers=0, num_learners=2).resolve(3).note() is None
+    assert Layout(num_learners=2).resolve(4).note() is None
+    assert Layout(num_rollout_workers=4).resolve(1).note() == \
+        Layout(num_rollout_workers=4).resolve(1).fold_note()

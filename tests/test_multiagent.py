@@ -220,7 +220,8 @@ MA = {"policies": {"a": {}, "b": {}}, "policy_mapping": {"cart_0": "a", "cart_1"
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"clip_parm": 0.1}, "b": {}}}},
      "multiagent.policies.a: unknown config key 'clip_parm'. Did you mean 'clip_param'"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "ES"}, "b": {}}}},
-     "policy 'a' (ES): its rollout worker, PerturbationWorker, plays episodes of its own"),
+     "policy 'a': ES cannot drive a policy of a multi-agent run (its PerturbationWorker and "
+     "SearchWeights serve a whole run"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "IMPALA",
                                                          "fragments_per_call": 2}, "b": {}}}},
      "set fragments_per_call 0 for policy 'a'"),
@@ -684,7 +685,7 @@ def test_gloo_learners_average_each_policys_gradients(tmp_path):
 
 def test_every_algorithm_with_a_learner_drives_a_policy_in_one_run(tmp_path):
     """One run, one policy per algorithm: PPO, A2C, IMPALA, A3C, DQN, Ape-X, BC and MARWIL (from
-    a multi-agent dump), a plug-in (PPO's copy) and SAC, every pair of them side by side. Each
+    a multi-agent dump), a plug-in (PPO's copy), SAC and MBPO, every pair of them side by side. Each
     plan trains its policy, its state (replay, requests in flight, SGD debt) goes into the
     checkpoint, and the run resumes from it."""
     dump, first_run, run_dir = tmp_path / "dump", tmp_path / "first", tmp_path / "run"
@@ -705,8 +706,15 @@ def test_every_algorithm_with_a_learner_drives_a_policy_in_one_run(tmp_path):
         "pick_5": {"algo": "APEX", **replay, "num_learners": 0,
                    "min_env_steps_per_iteration": 200},
         "pick_6": {"algo": "BC", **offline}, "pick_7": {"algo": "MARWIL", **offline},
-        "pick_8": {"algo": "ppo_copy"}, "steer_0": {"algo": "SAC", **replay}}
-    config = {"checkpoint_every": 2, "multiagent": {"policies": policies}}
+        "pick_8": {"algo": "ppo_copy"}, "steer_0": {"algo": "SAC", **replay},
+        # MBPO's learner sends its actor and ensemble by message to ranks shared with the
+        # other policies' workers (it used to broadcast on weights_comm, and the run hung).
+        "steer_1": {"algo": "MBPO", "initial_random_steps": 20, "model_train_freq": 20,
+                    "rollout_batch_size": 20, "epoch_length": 20, "ensemble_size": 2,
+                    "elites": 1, "model_max_epochs": 2, "model_hidden_sizes": [16],
+                    "sgd_steps_per_env_step": 0.05, "train_batch_size": 16, "hidden_sizes": [32]}}
+    config = {"checkpoint_every": 2, "env_config": {"steerers": 2},
+              "multiagent": {"policies": policies}}
     for stop, extra in ((2, ["--env", env, "--algo", "PPO", "--config", json.dumps(config)]),
                         (3, ["--resume", str(run_dir)])):
         proc = run_mpi(3, MPIRL, "train", *extra, "--run-dir", str(run_dir), "--stop",
@@ -723,7 +731,7 @@ def test_every_algorithm_with_a_learner_drives_a_policy_in_one_run(tmp_path):
     for column in ("pick_0/approx_kl", "pick_1/policy_loss", "pick_2/policy_lag_mean",
                    "pick_3/policy_lag_mean", "pick_4/td_loss", "pick_5/sgd_steps_total",
                    "pick_6/evaluation_env_steps_total", "pick_7/weight_mean",
-                   "pick_8/clip_fraction", "steer_0/alpha"):
+                   "pick_8/clip_fraction", "steer_0/alpha", "steer_1/model_error"):
         assert np.isfinite(_f(last, column)), column
     checkpoint = run_dir / "checkpoints" / "checkpoint_000002"
     for name in ("learner-pick_0_0.pkl", "replay-pick_4_0.pkl", "replay-pick_5_0.pkl",

@@ -13,6 +13,11 @@ env.
 
 What a plan keeps between iterations is its ``PlanState``, made by the module's ``setup``, given
 to every ``training_step`` and checkpointed with the run.
+
+Whether a module can drive one policy of a multi-agent run follows from its workers: its
+``ROLLOUT_WORKER`` and ``LEARNER`` both declare ``SERVES_A_POLICY`` (``drives_a_policy``); the
+others are refused as a policy at start (``refuse_as_policy``). A run records a module by
+``name_of`` (PPO, or a plug-in's module path), which ``load_algorithm`` loads it back by.
 """
 
 from __future__ import annotations
@@ -189,6 +194,14 @@ def algorithm_name(name: str) -> str:
     return _BY_UPPER.get(name.upper(), name)
 
 
+def name_of(module: AlgorithmModule) -> str:
+    """The name a run of ``module`` records (manifest, params.json, dumps), which
+    ``load_algorithm`` loads it back by: PPO for mpirl.algorithms.ppo, a plug-in's module path
+    as imported (``userpkg.myppo``)."""
+    path = cast(ModuleType, module).__name__
+    return next((name for name, builtin in ALGORITHMS.items() if builtin == path), path)
+
+
 def load_algorithm(name: str) -> AlgorithmModule:
     """A built-in algorithm by name (PPO), or any importable module that defines every piece of
     ``AlgorithmModule`` (``my_package.my_algo``), as the built-in ones do; ConfigError if not."""
@@ -207,6 +220,32 @@ def load_algorithm(name: str) -> AlgorithmModule:
     except ImportError as error:
         raise ConfigError(f"algorithm module {name!r} could not be imported: {error}") from None
     return check_contract(module, name)
+
+
+def drives_a_policy(module: AlgorithmModule) -> bool:
+    """Whether ``module`` can drive one policy of a multi-agent run: its rollout worker and its
+    learner both serve a policy among others (``Worker.SERVES_A_POLICY``)."""
+    return module.ROLLOUT_WORKER.SERVES_A_POLICY and module.LEARNER.SERVES_A_POLICY
+
+
+def policy_algorithms() -> list[str]:
+    """The built-in algorithms that can drive a policy of a multi-agent run."""
+    return [name for name in ALGORITHMS if drives_a_policy(load_algorithm(name))]
+
+
+def refuse_as_policy(module: AlgorithmModule, name: str, policy_id: str) -> None:
+    """ConfigError, in one line, when ``module`` (named ``name``) cannot drive the policy
+    ``policy_id`` of a multi-agent run, naming the algorithms that can."""
+    if drives_a_policy(module):
+        return
+    workers = [cls.__name__ for cls in (module.ROLLOUT_WORKER, module.LEARNER)
+               if not cls.SERVES_A_POLICY]
+    raise ConfigError(
+        f"policy {policy_id!r}: {name} cannot drive a policy of a multi-agent run (its "
+        f"{' and '.join(workers)} serve{'s' if len(workers) == 1 else ''} a whole run, not one "
+        f"policy among others). Policies can use {', '.join(policy_algorithms())}, or a "
+        f"plug-in built on RolloutWorker and Learner (docs/plugins.md); or train {name} alone, "
+        f"or make the policy scripted with \"policy_class\"")
 
 
 def plays_games(module: AlgorithmModule) -> bool:

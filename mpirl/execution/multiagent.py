@@ -38,7 +38,7 @@ import numpy as np
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import RankLost, RemoteError
-from mpirl.execution.contract import PlanState
+from mpirl.execution.contract import PlanState, name_of
 from mpirl.execution.multiagent_setup import MultiAgentSetup, PolicyPlan, resolve, user_given
 from mpirl.execution.operators import SampleResult
 from mpirl.execution.trainer import PolicyPlace, Trainer, spawn_error
@@ -59,7 +59,7 @@ class MultiAgentTrainer(Trainer):
                  dump: DumpSettings | None = None, setup: MultiAgentSetup | None = None) -> None:
         self.driver, self.module, self.config, self.env = driver, module, config, env
         self.place = None
-        self.name = module.__name__.rsplit(".", 1)[-1].upper()
+        self.name = name_of(module)
         self.setup = setup or resolve(self.name, config, env)
         self.policy_id = self.policy_index = None
         self.dump_index: PolicyDumps | None = None
@@ -70,7 +70,8 @@ class MultiAgentTrainer(Trainer):
                                          local_if_empty=True)
         except RemoteError as error:
             raise spawn_error(error) from None
-        slices = self.setup.learner_slices(driver.placement.count("learner"))
+        slices = self.setup.learner_slices(driver.placement.count("learner"),
+                                            local=driver.placement.local)
         #: Each learning policy's own trainer, in the order the policies were given.
         self.trainers: dict[str, Trainer] = {}
         for plan in self.setup.trained():

@@ -28,10 +28,14 @@ from mpirl.config.imports import load_object
 from mpirl.config.parse import build, check_known_keys
 from mpirl.envs.parallel import agent_spaces, flat_size, with_last_action
 from mpirl.errors import ConfigError
-from mpirl.execution.contract import ALGORITHMS, AlgorithmModule, load_algorithm
+from mpirl.execution.contract import (
+    AlgorithmModule,
+    algorithm_name,
+    load_algorithm,
+    refuse_as_policy,
+)
 from mpirl.execution.trainer import PolicyEnv
 from mpirl.models.torch_model import build_torch_model
-from mpirl.workers.rollout import RolloutWorker
 
 #: Keys that hold for the whole run (sampling, layout, bookkeeping): never a policy's override.
 RUN_WIDE_KEYS = ("num_rollout_workers", "num_envs_per_worker", "rollout_fragment_length",
@@ -132,9 +136,14 @@ class MultiAgentSetup:
     def trained(self) -> list[PolicyPlan]:
         return [p for p in self.policies.values() if p.trainable]
 
-    def learner_slices(self, num_learner_ranks: int) -> dict[str, list[int]]:
+    def learner_slices(self, num_learner_ranks: int,
+                       local: bool = False) -> dict[str, list[int]]:
         """Each trained policy's learner indices: policies with ``num_learners`` get their own
-        ranks, in the order given; the others share learner 0. ConfigError if they don't fit."""
+        ranks, in the order given; the others share learner 0. ConfigError if they don't fit.
+        In local mode (``local``) every policy's learner is one in-process object of its own,
+        as local mode folds every role to one worker (its layout note says so)."""
+        if local:
+            return {plan.policy_id: [0] for plan in self.trained()}
         wanted = sum(p.num_learners for p in self.trained())
         if wanted > max(num_learner_ranks, 0):
             asks = ", ".join(f"{p.policy_id}: {p.num_learners}" for p in self.trained()
@@ -166,7 +175,7 @@ def resolve(algo: str, config: Any, env: Any) -> MultiAgentSetup:
     if not isinstance(spec, dict):
         raise ConfigError(f"config key 'multiagent' must be an object, got {spec!r}")
     check_known_keys(spec, list(MULTIAGENT_KEYS), "multiagent")
-    base = algo.upper() if algo.upper() in ALGORITHMS else algo
+    base = algorithm_name(algo)
     made = env.make()
     try:
         spaces = agent_spaces(made)
@@ -261,8 +270,7 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where} must be an object of config overrides, got {overrides!r}")
     overrides = dict(overrides)
-    algo = str(overrides.pop("algo", base))
-    algo = algo.upper() if algo.upper() in ALGORITHMS else algo
+    algo = algorithm_name(str(overrides.pop("algo", base)))
     policy_class = overrides.pop("policy_class", "")
     self_play = _self_play(overrides.pop("self_play", None), where, agents, trainable,
                            mapping.dynamic)
@@ -303,13 +311,7 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
         return PolicyPlan(pid, index, "", obs_space, act_space, policy_class=policy_class,
                           trainable=False, agents=agents, env_observation_space=env_obs_space)
     module = load_algorithm(algo)
-    if not issubclass(module.ROLLOUT_WORKER, RolloutWorker):
-        raise ConfigError(
-            f"policy {pid!r} ({algo}): its rollout worker, {module.ROLLOUT_WORKER.__name__}, "
-            f"plays episodes of its own (perturbed copies of the whole policy); a multi-agent "
-            f"policy's rollout worker takes its agents' steps of the envs every policy shares "
-            f"(a subclass of mpirl.workers.rollout.RolloutWorker). Train it with another "
-            f"algorithm, or make it scripted with \"policy_class\"")
+    refuse_as_policy(module, algo, pid)
     names = {f.name for f in dataclasses.fields(module.Config)}
     # The run's num_learners is its layout; a policy's own is what its overrides say.
     top = {k: v for k, v in top.items() if k != "num_learners"}

@@ -35,7 +35,7 @@ from mpirl.errors import (
     RemoteError,
     unwrap_remote,
 )
-from mpirl.execution.contract import ALGORITHMS, AlgorithmModule, PlanState
+from mpirl.execution.contract import AlgorithmModule, PlanState, name_of
 from mpirl.execution.operators import SampleResult, broadcast_weights
 from mpirl.jobs.checkpoint import CheckpointStore, capture_rng, manifest_header, restore_rng
 from mpirl.models.policy import RunningMeanStd
@@ -124,8 +124,7 @@ class Trainer:
         self.driver, self.module, self.config, self.env = driver, module, config, env
         self.place = place
         #: The name a run records: PPO for mpirl.algorithms.ppo, a plug-in's module path.
-        builtin = {path: name for name, path in ALGORITHMS.items()}
-        self.name = builtin.get(module.__name__, module.__name__)
+        self.name = name_of(module)
         #: A multi-agent run's policy (None: a single-agent run's one): its id, its place among
         #: the policies, and the data-channel tags of its workers' messages.
         self.policy_id = None if place is None else place.policy_id

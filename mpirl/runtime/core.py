@@ -75,6 +75,11 @@ class Worker:
     """
 
     MESSAGES: ClassVar[tuple[str, ...]] = ()
+    #: Whether this worker can serve one policy of a multi-agent run among others: a rollout
+    #: worker that takes its policy's steps from the rank's shared sampling core, a learner
+    #: placed on a policy's slice of the learner ranks (its ``Settings`` have ``for_policy``).
+    #: An algorithm whose rollout worker and learner both can drives a policy.
+    SERVES_A_POLICY: ClassVar[bool] = False
 
     def __init__(self, context: RankContext) -> None:
         self.context = context

@@ -454,16 +454,24 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
         for role in (DRIVER, *placement.local_roles)
     }
     driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
+    # Whatever print_layout says: the run differs from its config.
+    driver.layout_report = _print_note(placement)
     if settings.print_layout:
         rss_mb = round(rss_bytes() / MIB)
-        driver.layout_report = _print_layout(
+        driver.layout_report += _print_layout(
             placement, [(0, role, 0, host, os.getpid(), ctx.device, rss_mb)
                         for role, ctx in contexts.items()])
-    if (note := placement.fold_note()) is not None:
-        # Whatever print_layout says: the run differs from its config.
-        print(f"mpirl: {note}", file=sys.stderr, flush=True)
-        driver.layout_report += f"mpirl: {note}\n"
     return _call_main(main, driver)
+
+
+def _print_note(placement: Placement) -> str:
+    """Print the placement's note (what ran, where it is likely not what was meant) on stderr,
+    before anything else; return what was printed."""
+    note = placement.note()
+    if note is None:
+        return ""
+    print(f"mpirl: {note}", file=sys.stderr, flush=True)
+    return f"mpirl: {note}\n"
 
 
 def _print_layout(placement: Placement, rows: list[tuple]) -> str:
@@ -550,9 +558,11 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm)
         return exit_code
 
-    layout_report = "" if not settings.print_layout else _print_layout(
-        placement, [(r, placement.roles[r], placement.role_index(r), h["host"], h["pid"],
-                     h["device"], h["rss_mb"]) for r, h in enumerate(hosts)])
+    layout_report = ""
+    if settings.print_layout:
+        layout_report = _print_note(placement) + _print_layout(
+            placement, [(r, placement.roles[r], placement.role_index(r), h["host"], h["pid"],
+                         h["device"], h["rss_mb"]) for r, h in enumerate(hosts)])
     dispatcher = Dispatcher(channel, placement.roles, settings.max_calls_in_flight,
                             settings.task_timeout_s, losses.on_rank_failure,
                             poll_backoff=(settings.poll_max_sleep_s, settings.poll_sleep_share))

@@ -193,7 +193,10 @@ class Layout:
             WORKER_ROLES, (rollout, self.num_replay_shards, self.num_learners), strict=True
         ):
             roles.extend([role] * count)
-        return Placement(world_size=world_size, roles=tuple(roles), local_roles=())
+        # None left is legitimate (the driver samples, as RLlib's num_env_runners 0), but
+        # usually a launch one rank short: the placement's note says so.
+        return Placement(world_size=world_size, roles=tuple(roles), local_roles=(),
+                         no_rollout_rank_left=self.num_rollout_workers == AUTO and rollout == 0)
 
     def _counts(self, auto_value: int) -> tuple[int, int, int]:
         rollout = auto_value if self.num_rollout_workers == AUTO else self.num_rollout_workers
@@ -216,6 +219,8 @@ class Placement:
     folded: tuple[tuple[str, int], ...] = ()
     #: Local mode: the world size that would run the layout as configured.
     configured_world_size: int = 1
+    #: ``num_rollout_workers`` -1 ("every rank left") found no rank left: the driver samples.
+    no_rollout_rank_left: bool = False
 
     @property
     def local(self) -> bool:
@@ -255,6 +260,22 @@ class Placement:
         return (f"local mode (world size 1) runs one in-process worker per role: {folded}; "
                 f"launch {self.configured_world_size} ranks (mpiexec -n "
                 f"{self.configured_world_size}) to run the layout as configured")
+
+    def note(self) -> str | None:
+        """The one line to print first when what runs is likely not what was meant: local mode's
+        folded roles, or an automatic rollout count that found no rank left (the driver
+        samples); None otherwise."""
+        if self.folded:
+            return self.fold_note()
+        if not self.no_rollout_rank_left:
+            return None
+        needed = self.world_size + 1
+        others = " + ".join(f"{self.count(role)} {role}" for role in (REPLAY, LEARNER)
+                            if self.count(role))
+        return (f"no rank is left for rollout workers (world size {self.world_size} = 1 driver "
+                f"+ {others}): the driver samples (rollout 0); launch {needed} ranks (mpiexec "
+                f"-n {needed}) for one rollout rank, or set num_rollout_workers 0 if none is "
+                f"meant")
 
     def record(self) -> dict[str, Any]:
         """The layout that ran, as params.json keeps it: the world ranks of each role (in local

@@ -442,6 +442,8 @@ class Learner(Worker):
                 "pushes_sent", "end_rounds")
     #: The data-channel tags of its messages (a multi-agent policy's learner has its own).
     tags = DataTags()
+    #: On a policy's slice of the learner ranks (``LearnerSettings.for_policy``).
+    SERVES_A_POLICY = True
 
     Settings: ClassVar[type[LearnerSettings]] = LearnerSettings
 
@@ -743,16 +745,16 @@ class Learner(Worker):
         round of the rollout workers' standing ``sample_rounds`` calls, the header first
         (``gathered.start_round``)."""
         context = self.context
+        # get_weights: what a subclass's rollout workers take (MBPO's: its actor and ensemble).
+        flat = self.get_weights()
         if self.weights_to:  # ranks shared with other policies' workers: by message
-            flat = self.policy.get_flat_weights()
             flush_to_survivors(context.data_channel, self.failed_ranks)  # the last round's
             isend_to_survivors(context.data_channel, flat, list(self.weights_to),
                                self.tags.broadcast, self.failed_ranks)
         elif round_header is None:
-            bcast_weights(context.weights_comm, self.policy.get_flat_weights(),
-                          context.collective_timeout_s)
+            bcast_weights(context.weights_comm, flat, context.collective_timeout_s)
         else:
-            gathered.start_round(context, round_header, self.policy.get_flat_weights())
+            gathered.start_round(context, round_header, flat)
         if not gather_answers:
             return None
         return gathered.gather_answers(context, self.sample_round_waits)

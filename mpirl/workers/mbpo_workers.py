@@ -31,7 +31,6 @@ from mpirl.models.model_rollouts import MBPOSpec
 from mpirl.models.planner import pack_ensemble, unpack_ensemble
 from mpirl.models.soft_q import SAC_STATS
 from mpirl.runtime.core import RankContext
-from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.learner import LearnerSettings, LossFn
 from mpirl.workers.pets_workers import (
     PlanningWorker,
@@ -211,12 +210,6 @@ class MBPOLearner(QLearner):
         n = self.policy.num_weights()
         self.policy.set_flat_weights(flat[:n])
         unpack_ensemble(self.ensemble, flat[n:])
-
-    def broadcast_weights(self, gather_answers: bool = False,
-                          round_header: Any = None) -> None:
-        """The root of the weight broadcast to every rollout rank (a collective)."""
-        bcast_weights(self.context.weights_comm, self._vector(),
-                      self.context.collective_timeout_s)
 
     def histograms(self) -> dict[str, np.ndarray]:
         values = super().histograms()

@@ -172,6 +172,8 @@ class RolloutWorker(Worker):
                 "sample_fragments", "take_pushed_weights", "sample_rounds")
     #: How the sampling core acts for its policy (``env_runner.SAMPLE``: an actor-critic).
     ACTING: ClassVar[str] = SAMPLE
+    #: Beside a rank's sampling core, it takes one policy's steps (``SamplingSettings``).
+    SERVES_A_POLICY = True
 
     Settings: ClassVar[type[RolloutSettings]] = RolloutSettings
 
