@@ -280,3 +280,17 @@ def test_every_run_keeps_rank_0s_output_in_output_log(tmp_path, progress):
     # What the terminal got is in it, and the log is plain text either way.
     for line in proc.stdout.splitlines():
         assert line in log
+
+
+def test_train_help_says_how_to_stop_a_run_its_exit_codes_and_its_variables():
+    from mpirl.jobs.arguments import command_parser
+
+    train = command_parser()._subparsers._group_actions[0].choices["train"]
+    help_text = " ".join(train.format_help().split())
+    for expected in ("Ctrl-C exit 130, also at a terminal running mpiexec",
+                     "Ctrl-C under mpirl launch -- mpiexec -n N mpirl train ...: exit 75",
+                     "0 a --stop criterion was met", "70 a rank was lost",
+                     "75 stopped on request after a checkpoint",
+                     "130 stopped by Ctrl-C after a checkpoint",
+                     "MPIRL_MAX_ITERATIONS=N stop after at most N training iterations"):
+        assert expected in help_text, help_text
