@@ -294,3 +294,37 @@ def test_train_help_says_how_to_stop_a_run_its_exit_codes_and_its_variables():
                      "130 stopped by Ctrl-C after a checkpoint",
                      "MPIRL_MAX_ITERATIONS=N stop after at most N training iterations"):
         assert expected in help_text, help_text
+
+
+def test_a_second_ctrl_c_ends_the_live_line_and_quits_at_once():
+    """The second SIGINT kills the process as it would without mpirl, once the live display's
+    partial line is ended (else the shell's prompt lands on it) and its cursor shown again."""
+    program = (
+        "import os, signal, sys\n"
+        "from mpirl.report.progress import ProgressDisplay\n"
+        "from mpirl.runtime import signals\n"
+        "signals.install()\n"
+        "with ProgressDisplay('PPO', mode='live', stream=sys.stdout) as display, "
+        "signals.before_quitting(display.end_line):\n"
+        "    display.update({'iteration': 1, 'timesteps_total': 10})\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    assert signals.received() == signal.SIGINT  # the first: a request, no more\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    print('still running')\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, env=mpi_env({"CI": ""}))
+    assert proc.returncode == -signal.SIGINT, proc.stderr
+    assert proc.stdout.endswith("time -\n\x1b[?25h"), repr(proc.stdout[-80:])
+
+
+def test_live_display_end_line_ends_the_partial_line_and_shows_the_cursor():
+    import io
+
+    from mpirl.report.progress import ProgressDisplay
+
+    stream = io.StringIO()
+    display = ProgressDisplay("PPO CartPole-v1", mode="live", stream=stream)
+    display.update({"iteration": 3, "timesteps_total": 300})
+    assert not stream.getvalue().endswith("\n")  # the live line waits for its next redraw
+    display.end_line()
+    assert stream.getvalue().endswith("time -\n\x1b[?25h"), repr(stream.getvalue()[-60:])

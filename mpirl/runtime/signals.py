@@ -53,6 +53,8 @@ _continued_at: float | None = None
 LAUNCHER_TERM_WINDOW_S = 2.0
 #: While rank 0 holds the terminal: how to give it back (see ``holding_terminal``).
 _give_back_terminal: Callable[[], None] | None = None
+#: What to do before a second signal ends the process at once (``before_quitting``).
+_last_words: list[Callable[[], None]] = []
 #: SIGINT's handler before ``install`` (Python's KeyboardInterrupt), given back by ``settle``.
 _interrupt_before: object = None
 #: How this worker rank tells the driver of a signal (set by its host), and whether it did.
@@ -81,6 +83,9 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _received == signum:
         # Asked twice: do what the signal would have done without us. The terminal goes back
         # to the launcher first, so that a shell without job control gets it back too.
+        for last_words in reversed(_last_words):
+            with contextlib.suppress(Exception):
+                last_words()
         if _give_back_terminal is not None:
             _give_back_terminal()
         signal.signal(signum, signal.SIG_DFL)
@@ -102,6 +107,18 @@ def from_launcher() -> bool:
     return (_received == signal.SIGTERM and _received_at is not None
             and _continued_at is not None
             and 0 <= _received_at - _continued_at < LAUNCHER_TERM_WINDOW_S)
+
+
+@contextlib.contextmanager
+def before_quitting(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` (from the signal handler) if a second signal ends the process at once
+    while this context lasts: e.g. end a partial line on the terminal, which the shell's prompt
+    would otherwise follow on the same line."""
+    _last_words.append(callback)
+    try:
+        yield
+    finally:
+        _last_words.remove(callback)
 
 
 @contextlib.contextmanager
