@@ -202,6 +202,7 @@ def settle() -> None:
     """
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_IGN)
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)  # only a run's stop needs it timed
     if _interrupt_before is not None and signal.getsignal(INTERRUPT) is _on_signal:
         signal.signal(INTERRUPT, _interrupt_before)
 
