@@ -192,10 +192,10 @@ def test_ctrl_c_in_a_terminal_running_mpiexec_checkpoints_and_says_the_true_exit
     assert f"wrote {run_dir}/checkpoints/checkpoint_{stopped_at:06d} " in lines[0]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == \
         f"checkpoint_{stopped_at:06d}"
-    # Nothing after the line but whole lines (Open MPI's own note of the non-zero exit): the
-    # live display ended its last line before it.
+    # Nothing after the line: the live display ended its last line before it, and mpiexec adds
+    # no note of the non-zero exit (the ranks but rank 0 exit 0, rank 0 last).
     after = visible[visible.index(lines[0]):visible.index(ended.group(0))]
-    assert after.endswith("\n"), repr(after)
+    assert after == lines[0] + "\r\n", repr(after)
 
 
 def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_path):
@@ -328,3 +328,14 @@ def test_live_display_end_line_ends_the_partial_line_and_shows_the_cursor():
     assert not stream.getvalue().endswith("\n")  # the live line waits for its next redraw
     display.end_line()
     assert stream.getvalue().endswith("time -\n\x1b[?25h"), repr(stream.getvalue()[-60:])
+
+
+def test_an_error_under_mpiexec_is_one_line_without_open_mpis_note():
+    """Open MPI's mpiexec follows a rank's non-zero exit with a 7-line note unless that rank ends
+    the job last: the other ranks exit 0 and rank 0 exits with the code once they are gone."""
+    proc = run_mpi(3, MPIRL, "train", *CARTPOLE, "--config", '{"lr": -1}', timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        'mpirl: error: config key "lr" = -1 is out of range: must be a finite number > 0'], \
+        proc.stderr
+    assert proc.stdout == ""
