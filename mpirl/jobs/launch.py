@@ -36,7 +36,9 @@ with 2 and 4 ranks that log every signal they get (Python handlers), on one node
   75); a second SIGTERM is forwarded as SIGTERM. For other commands both are forwarded unchanged.
 * Exit codes: all ranks exit C -> prterun exits C. One rank exits C != 0 (or calls MPI_Abort with
   C) while the others run -> the others get SIGCONT, SIGTERM 0.25 s later, SIGKILL about 0.2 s after
-  that, and prterun exits C about 0.55 s after the first exit. A rank killed by SIGKILL -> the same,
+  that, and prterun exits C about 0.55 s after the first exit, after a 7-line note. A rank that
+  exits C as the job's last, the others having exited 0 -> prterun exits C with no note (mpirl
+  train's ranks end that way: ``mpirl.cli.entry``). A rank killed by SIGKILL -> as for C != 0,
   and prterun exits 137 (128 + 9), not 70. Ranks exiting with different non-zero codes at once ->
   prterun exits with one of them, not reliably the one its message names.
 * prterun killed with SIGKILL leaves its ranks running, orphaned. So launch kills whatever is left
