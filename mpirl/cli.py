@@ -7,6 +7,7 @@ import atexit
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from mpirl.config.parse import build, parse_json_object, split_by_dataclass
@@ -193,9 +194,12 @@ def entry() -> None:
     atexit._run_exitfuncs()
     mpi = sys.modules.get("mpi4py.MPI")
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    size = 1
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        rank = mpi.COMM_WORLD.Get_rank()
+        rank, size = mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
         mpi.Finalize()
+    if code and size > 1 and _agreed_code_command() and _open_mpi_parent() is not None:
+        code = _rank_0_exits_last(code, rank)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -211,6 +215,62 @@ def entry() -> None:
         except OSError:  # the script then waits for the step as it always did
             pass
     os._exit(code)
+
+
+#: Commands whose ranks all return the code rank 0 decided (the driver sends it to each).
+AGREED_CODE_COMMANDS = ("train", "doctor")
+#: The Open MPI processes that start ranks on a node (mpiexec execs prterun, same pid).
+OPEN_MPI_PARENTS = ("prterun", "mpiexec", "mpirun", "prted")
+
+
+def _agreed_code_command() -> bool:
+    command = next((word for word in sys.argv[1:] if not word.startswith("-")), None)
+    return command in AGREED_CODE_COMMANDS
+
+
+def _open_mpi_parent() -> int | None:
+    """The pid of this process's parent if it is Open MPI's launcher or node daemon."""
+    parent = os.getppid()
+    try:
+        name = Path(f"/proc/{parent}/comm").read_text().strip()
+    except OSError:
+        return None
+    return parent if name in OPEN_MPI_PARENTS else None
+
+
+def _rank_0_exits_last(code: int, rank: int, wait_s: float = 3.0) -> int:
+    """The exit code for a rank of a job that ends with ``code`` (not 0) under Open MPI.
+
+    Open MPI's mpiexec follows any rank's non-zero exit with its 7-line "prterun detected that
+    one or more processes exited with non-zero status" note, unless that rank is the job's last
+    to end: then it exits with the code and says nothing (Open MPI 5.0.11, measured). Every rank
+    has the code from rank 0 here, so the others exit 0 and rank 0 exits with the code once its
+    node's other ranks are gone (at most ``wait_s``; ranks on other nodes are not waited for,
+    and their job gets the note again)."""
+    if rank != 0:
+        return 0
+    parent = _open_mpi_parent()
+    deadline = time.monotonic() + wait_s
+    while parent is not None and _children(parent) - {os.getpid()} and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    return code
+
+
+def _children(parent: int) -> set[int]:
+    """The pids of ``parent``'s children, zombies too (not reaped yet: not ended for Open MPI)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == parent:
+            pids.add(int(entry.name))
+    return pids
 
 
 if __name__ == "__main__":

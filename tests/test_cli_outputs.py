@@ -10,9 +10,9 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -115,29 +115,87 @@ def test_ctrl_c_on_the_ranks_of_an_mpiexec_job_ends_it_with_130(tmp_path):
                                                  "--resume", str(run_dir)]
 
 
-@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux's script for a pty")
-def test_ctrl_c_in_a_terminal_running_mpiexec_names_the_checkpoint_there(tmp_path):
-    """A real Ctrl-C: ^C typed into the pseudo-terminal that mpiexec runs in (util-linux's
-    script). mpiexec kills the job and drops the ranks' later output, so rank 0 writes the
-    checkpoint and the command that continues to the terminal itself."""
+#: The session leader of the terminal test: runs its command in its own process group, as a
+#: shell without job control does, then says what the command exited with and whether the
+#: terminal's foreground group is its own again (a shell would wait on a stolen one).
+_TERMINAL_LEADER = (
+    "import os, signal, subprocess, sys\n"
+    "signal.signal(signal.SIGINT, lambda *_: None)  # a Ctrl-C that reaches the shell\n"
+    "code = subprocess.call(sys.argv[1:])\n"
+    "print(f'exit code {code}; terminal given back: {os.tcgetpgrp(0) == os.getpgrp()}',"
+    " flush=True)\n")
+
+
+def run_in_terminal(command: list[str], run_dir: Path) -> str:
+    """Run ``command`` as the foreground job of a new pseudo-terminal, type Ctrl-C (^C, which
+    the terminal turns into SIGINT to its foreground process group) once ``run_dir`` has a
+    result, and return everything the terminal showed."""
+    import fcntl
+    import select
+    import termios
+
+    main, tty = os.openpty()
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([sys.executable, "-c", _TERMINAL_LEADER, *command], stdin=tty,
+                            stdout=tty, stderr=tty, preexec_fn=own_terminal,
+                            env=mpi_env({"CI": ""}))
+    os.close(tty)
+    shown = bytearray()
+
+    def read_until(done, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            if select.select([main], [], [], 0.05)[0]:
+                try:
+                    shown.extend(os.read(main, 65536))
+                except OSError:  # the terminal's last process has gone
+                    return
+
+    try:
+        read_until(lambda: (run_dir / "result.json").exists(), 120)
+        assert (run_dir / "result.json").exists(), shown.decode(errors="replace")[-3000:]
+        os.write(main, b"\x03")
+        read_until(lambda: proc.poll() is not None, 120)
+        read_until(lambda: False, 0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        os.close(main)
+    return shown.decode(errors="replace")
+
+
+def test_ctrl_c_in_a_terminal_running_mpiexec_checkpoints_and_says_the_true_exit_code(tmp_path):
+    """A real Ctrl-C typed into the terminal that ``mpiexec -n 3 mpirl train`` runs in. mpiexec
+    alone would end the job on it within 0.5 s (exit 1, often no checkpoint); rank 0 holds the
+    terminal's foreground instead, so the SIGINT reaches it, every rank stops after a
+    checkpoint, and the job exits 130, as its one line says."""
     run_dir = tmp_path / "run"
-    typescript = tmp_path / "terminal.txt"
-    command = shlex.join(mpiexec_command(3, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir),
-                                         "--stop", '{"training_iteration": 100000}'))
-
-    def type_ctrl_c(proc):
-        proc.stdin.write("\x03")
-        proc.stdin.flush()
-
-    interrupt_when_training(["script", "-qfec", command, str(typescript)], run_dir, type_ctrl_c,
-                            capture=False)
-    shown = typescript.read_text()
-    match = re.search(r"mpiexec ended the job \(Ctrl-C or SIGTERM\): wrote (\S+) at iteration "
-                      r"\d+\. Continue with: (.+)", shown)
-    assert match, shown[-2000:]
-    assert Path(match.group(1)).is_dir(), match.group(1)
-    assert shlex.split(match.group(2).strip()) == ["mpiexec", "-n", "3", "mpirl", "train",
-                                                   "--resume", str(run_dir)]
+    shown = run_in_terminal(mpiexec_command(3, MPIRL, "train", *CARTPOLE, "--run-dir",
+                                            str(run_dir), "--stop",
+                                            '{"training_iteration": 100000}'), run_dir)
+    visible = re.sub(r"\x1b\[\?25[hl]", "", shown)  # the live display's cursor off and on
+    ended = re.search(r"(?m)^exit code (\d+); terminal given back: (\w+)", visible)
+    assert ended, visible[-3000:]
+    code = int(ended.group(1))
+    assert (code, ended.group(2)) == (EXIT_INTERRUPTED, "True"), visible[-3000:]
+    lines = [line for line in visible.splitlines() if "Continue with: " in line]
+    assert len(lines) == 1, visible[-3000:]
+    assert f"(exit code {code})" in lines[0]
+    assert shlex.split(lines[0].split("Continue with: ")[1]) == [
+        "mpiexec", "-n", "3", "mpirl", "train", "--resume", str(run_dir)]
+    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
+    assert f"wrote {run_dir}/checkpoints/checkpoint_{stopped_at:06d} " in lines[0]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == \
+        f"checkpoint_{stopped_at:06d}"
+    # Nothing after the line: the live display ended its last line before it, and mpiexec adds
+    # no note of the non-zero exit (the ranks but rank 0 exit 0, rank 0 last).
+    after = visible[visible.index(lines[0]) + len(lines[0]):visible.index(ended.group(0))]
+    assert after.endswith("\n") and "non-zero status" not in after, repr(after)
 
 
 def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_path):
@@ -227,3 +285,62 @@ def test_every_run_keeps_rank_0s_output_in_output_log(tmp_path, progress):
     # What the terminal got is in it, and the log is plain text either way.
     for line in proc.stdout.splitlines():
         assert line in log
+
+
+def test_train_help_says_how_to_stop_a_run_its_exit_codes_and_its_variables():
+    from mpirl.jobs.arguments import command_parser
+
+    train = command_parser()._subparsers._group_actions[0].choices["train"]
+    help_text = " ".join(train.format_help().split())
+    for expected in ("Ctrl-C exit 130, also at a terminal running mpiexec",
+                     "Ctrl-C under mpirl launch -- mpiexec -n N mpirl train ...: exit 75",
+                     "0 a --stop criterion was met", "70 a rank was lost",
+                     "75 stopped on request after a checkpoint",
+                     "130 stopped by Ctrl-C after a checkpoint",
+                     "MPIRL_MAX_ITERATIONS=N stop after at most N training iterations"):
+        assert expected in help_text, help_text
+
+
+def test_a_second_ctrl_c_ends_the_live_line_and_quits_at_once():
+    """The second SIGINT kills the process as it would without mpirl, once the live display's
+    partial line is ended (else the shell's prompt lands on it) and its cursor shown again."""
+    program = (
+        "import os, signal, sys\n"
+        "from mpirl.report.progress import ProgressDisplay\n"
+        "from mpirl.runtime import signals\n"
+        "signals.install()\n"
+        "with ProgressDisplay('PPO', mode='live', stream=sys.stdout) as display, "
+        "signals.before_quitting(display.end_line):\n"
+        "    display.update({'iteration': 1, 'timesteps_total': 10})\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    assert signals.received() == signal.SIGINT  # the first: a request, no more\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    print('still running')\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, env=mpi_env({"CI": ""}))
+    assert proc.returncode == -signal.SIGINT, proc.stderr
+    assert proc.stdout.endswith("\n\x1b[?25h"), repr(proc.stdout[-80:])
+
+
+def test_live_display_end_line_ends_the_partial_line_and_shows_the_cursor():
+    import io
+
+    from mpirl.report.progress import ProgressDisplay
+
+    stream = io.StringIO()
+    display = ProgressDisplay("PPO CartPole-v1", mode="live", stream=stream)
+    display.update({"iteration": 3, "timesteps_total": 300})
+    assert not stream.getvalue().endswith("\n")  # the live line waits for its next redraw
+    display.end_line()
+    assert stream.getvalue().endswith("\n\x1b[?25h"), repr(stream.getvalue()[-60:])
+
+
+def test_an_error_under_mpiexec_is_one_line_without_open_mpis_note():
+    """Open MPI's mpiexec follows a rank's non-zero exit with a 7-line note unless that rank ends
+    the job last: the other ranks exit 0 and rank 0 exits with the code once they are gone."""
+    proc = run_mpi(3, MPIRL, "train", *CARTPOLE, "--config", '{"lr": -1}', timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        'mpirl: error: config key "lr" = -1 is out of range: must be a finite number > 0'], \
+        proc.stderr
+    assert proc.stdout == ""

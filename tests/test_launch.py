@@ -170,9 +170,10 @@ def test_gives_up_with_the_last_code_when_restarts_are_spent(job):
 @pytest.mark.parametrize(("sent", "train", "expected"), [
     (signal.SIGUSR2, True, "SIGUSR2"),
     (signal.SIGTERM, True, "SIGUSR2"),  # mpiexec would kill the ranks 0.25 s after a SIGTERM
+    (signal.SIGINT, True, "SIGUSR2"),  # Ctrl-C: the same, and a checkpoint with exit 75
     (signal.SIGTERM, False, "SIGTERM"),
     (signal.SIGUSR1, False, "SIGUSR1"),
-], ids=["usr2-train", "term-train", "term-other", "usr1-other"])
+], ids=["usr2-train", "term-train", "ctrl-c-train", "term-other", "usr1-other"])
 def test_forwards_signals_and_does_not_restart_after_one(job, sent, train, expected):
     command = fake_train(job, "--run-dir", "d") if train else [sys.executable, str(FAKE_JOB)]
     process = start_launch(job, "wait", command, "--max-restarts", "3")

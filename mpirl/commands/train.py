@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import shlex
-import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -249,7 +248,8 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
             try:
                 for note in notes + CheckpointStore(request.run_dir).recover():
                     _warn(note)
-                return _train_locked(driver, request, output)
+                with stop_signals.holding_terminal(_mpiexec_pid()):
+                    return _train_locked(driver, request, output)
             except MpirlError as error:
                 # The runtime prints it once this returns, after the log is closed.
                 output.write(f"mpirl: {error}\n")
@@ -293,7 +293,8 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
     mode = request.progress if output.terminal is not None else "off"
     with open_recorder(request, params, resumed_from is not None, trainer) as recorder, \
             ProgressDisplay(title, mode=mode, stream=output.terminal, stop=request.stop,
-                            log=output.file) as display:
+                            log=output.file) as display, \
+            stop_signals.before_quitting(display.end_line):
         while True:
             row = trainer.train()
             request.final_row = row
@@ -314,12 +315,16 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
     if requested and not reason:
         code = stop_signals.exit_code(driver.stop_signal)
         resume = resume_command(request.run_dir, driver.placement.world_size)
+        if stop_signals.from_launcher():
+            # mpiexec is killing every rank and will exit 1, whatever this one returns.
+            message = (f"mpirl: mpiexec ended the job (it got SIGINT, SIGTERM or SIGHUP, or a "
+                       f"rank failed): wrote {checkpoint} at iteration {trainer.iteration}; "
+                       f"mpiexec exits 1. Continue with: {resume}")
+            print(message, file=sys.stderr, flush=True)
+            tell_terminal_past_mpiexec(message)
+            return code
         print(f"mpirl: {requested}: wrote {checkpoint} at iteration {trainer.iteration} and "
               f"stopped (exit code {code}). Continue with: {resume}", file=sys.stderr, flush=True)
-        if driver.stop_signal == signal.SIGTERM:
-            tell_terminal_past_mpiexec(f"mpirl: mpiexec ended the job (Ctrl-C or SIGTERM): wrote "
-                                       f"{checkpoint} at iteration {trainer.iteration}. Continue "
-                                       f"with: {resume}")
         return code
     reached = returns_reached(row, reason)
     print(f"stopped: {reason} reached ({row[reason if reason in row else 'iteration']:g}) after "
@@ -332,19 +337,31 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
     return 0
 
 
+#: Open MPI's launcher, under its names (mpiexec execs prterun, same pid).
+OPEN_MPI_LAUNCHERS = ("mpiexec", "mpirun", "prterun", "orterun")
+
+
+def _mpiexec_pid() -> int | None:
+    """The pid of the Open MPI mpiexec that started this rank; None under any other launcher, in
+    a run nested in another (``mpirl tune``), or without one."""
+    launcher = launcher_process()
+    if launcher is None or launcher[0] not in OPEN_MPI_LAUNCHERS or nested():
+        return None
+    return launcher[1]
+
+
 def tell_terminal_past_mpiexec(message: str) -> None:
     """Also write ``message`` to the terminal when Open MPI's mpiexec ends the job.
 
-    Ctrl-C (or SIGTERM) to mpiexec is not forwarded: mpiexec sends the ranks SIGTERM, stops
-    forwarding their output and exits 1, so the checkpoint's message would reach only
+    A SIGINT, SIGTERM or SIGHUP to mpiexec is not forwarded: mpiexec sends the ranks SIGTERM,
+    stops forwarding their output and exits 1, so the checkpoint's message would reach only
     output.log. The rank's own controlling terminal is mpiexec's, so it writes there."""
-    launcher = launcher_process()
-    if launcher is None or launcher[0] not in ("mpiexec", "mpirun", "prterun"):
+    if _mpiexec_pid() is None:
         return
     try:
         with open("/dev/tty", "w") as terminal:
-            terminal.write(f"\n{message}\n(mpiexec exits 1 on Ctrl-C; kill -USR1 <mpiexec "
-                           "pid> stops a run with exit code 75 instead)\n")
+            terminal.write(f"\n{message}\n(kill -USR1 <mpiexec pid> stops a run with exit code "
+                           "75 instead)\n")
     except OSError:
         pass  # no terminal (a batch job or a pipe): output.log has the message
 

@@ -19,6 +19,36 @@ SEARCHES = ("grid", "random")
 TIME_ATTRS = ("training_iteration", "timesteps_total")
 #: Train options that ``mpirl tune`` sets for each trial itself.
 TUNE_OWNED = ("--run-dir", "--resume", "--dump-trajectories", "--progress")
+#: ``mpirl train --help``'s last part: how to stop a run, its exit codes, its variables.
+TRAIN_EPILOG = """\
+stopping (a checkpoint at the iteration's end; --resume RUN_DIR continues):
+  Ctrl-C            exit 130, also at a terminal running mpiexec (rank 0 takes
+                    the Ctrl-C there, not mpiexec); a second Ctrl-C quits at once
+  SIGUSR1, SIGUSR2  to mpiexec or to any rank, or SIGTERM to a rank: exit 75
+  Ctrl-C under mpirl launch -- mpiexec -n N mpirl train ...: exit 75 too
+  (kill -INT or -TERM of mpiexec's pid: mpiexec kills every rank within 0.5 s
+  and exits 1; no checkpoint is sure)
+
+exit codes:
+  0  a --stop criterion was met       70   a rank was lost
+  1  an exception on some rank        75   stopped on request after a checkpoint
+  2  bad command line or config       130  stopped by Ctrl-C after a checkpoint
+
+environment:
+  MPIRL_MAX_ITERATIONS=N  stop after at most N training iterations, whatever
+                          --stop says
+  MPIRL_PROGRESS=MODE     the default of --progress
+"""
+
+
+class _KeepLineBreaks(argparse.HelpFormatter):
+    """Wraps a description as usual, but prints text with line breaks of its own (an epilog's
+    table) as written, as argparse.RawDescriptionHelpFormatter does."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,6 +100,7 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                     "events and checkpoints/ to the run directory. SIGUSR1, SIGUSR2 or SIGTERM "
                     "on any rank writes a checkpoint and exits with code 75: resume with "
                     "--resume RUN_DIR.",
+        epilog=TRAIN_EPILOG, formatter_class=_KeepLineBreaks,
     )
     train.add_argument("--algo", help="PPO, A2C, IMPALA, A3C, DQN, APEX, SAC, BC, MARWIL, ES, "
                                       "ARS, AlphaZero, PETS or MBPO, or the module of your own "

@@ -13,10 +13,12 @@ mpiexec or srun) and supervises COMMAND, a whole launcher command line such as
   input again cannot help. Any other end (1, 70, 75, death by a signal) starts the next attempt
   after ``--restart-delay`` seconds, until ``--max-restarts`` restarts are spent; then launch exits
   with the last attempt's code (128+N for death by signal N).
-* COMMAND runs in a session of its own. SIGTERM, SIGUSR1, SIGUSR2, SIGINT and SIGHUP sent to launch
-  are forwarded to it, and once launch has received one it starts no further attempt: it exits with
-  the command's code, so that a scheduler sees 75 ("checkpointed, requeue me"). A second SIGINT
-  kills every process of the command's session.
+* COMMAND runs in a session of its own, so Ctrl-C at a terminal reaches launch alone. SIGTERM,
+  SIGUSR1, SIGUSR2, SIGINT and SIGHUP sent to launch are forwarded to it, and once launch has
+  received one it starts no further attempt: it exits with the command's code, so that a
+  scheduler sees 75 ("checkpointed, requeue me"). For ``mpirl train`` the first SIGTERM or SIGINT
+  (Ctrl-C) is sent on as SIGUSR2 (below); a second SIGINT kills every process of the command's
+  session.
 
 What Open MPI 5.0.11's ``mpiexec`` (the PyPI wheel; it execs ``prterun``, same pid) does, measured
 with 2 and 4 ranks that log every signal they get (Python handlers), on one node:
@@ -29,12 +31,14 @@ with 2 and 4 ranks that log every signal they get (Python handlers), on one node
   rank gets SIGCONT at once, SIGTERM 0.25 s later, and is killed (SIGKILL) about 0.25 s after that;
   prterun exits 1 about 0.5 s after the signal, whatever codes the ranks exit with (also when they
   all exit 75 before the SIGTERM). No MCA parameter in ``prte_info --all`` sets that grace. A rank
-  cannot write a checkpoint in 0.25 s, so launch turns its first SIGTERM into SIGUSR2 when COMMAND
-  runs ``mpirl train`` (which treats USR1, USR2 and TERM alike: checkpoint, exit 75); a second
-  SIGTERM is forwarded as SIGTERM. For other commands SIGTERM is forwarded unchanged.
+  cannot write a checkpoint in 0.25 s, so launch turns its first SIGTERM or SIGINT into SIGUSR2
+  when COMMAND runs ``mpirl train`` (which treats USR1, USR2 and TERM alike: checkpoint, exit
+  75); a second SIGTERM is forwarded as SIGTERM. For other commands both are forwarded unchanged.
 * Exit codes: all ranks exit C -> prterun exits C. One rank exits C != 0 (or calls MPI_Abort with
   C) while the others run -> the others get SIGCONT, SIGTERM 0.25 s later, SIGKILL about 0.2 s after
-  that, and prterun exits C about 0.55 s after the first exit. A rank killed by SIGKILL -> the same,
+  that, and prterun exits C about 0.55 s after the first exit, after a 7-line note. A rank that
+  exits C as the job's last, the others having exited 0 -> prterun exits C with no note (mpirl
+  train's ranks end that way: ``mpirl.cli.entry``). A rank killed by SIGKILL -> as for C != 0,
   and prterun exits 137 (128 + 9), not 70. Ranks exiting with different non-zero codes at once ->
   prterun exits with one of them, not reliably the one its message names.
 * prterun killed with SIGKILL leaves its ranks running, orphaned. So launch kills whatever is left
@@ -72,6 +76,9 @@ from mpirl.jobs.run_dir import default_run_dir
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP)
 #: The signals a scheduler sends for "checkpoint and stop" (mpirl train ends them with 75).
 CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+#: What launch turns into SIGUSR2 the first time, for ``mpirl train``: a scheduler's SIGTERM and
+#: Ctrl-C (mpiexec would end the job on either at once).
+TO_CHECKPOINT = (signal.SIGTERM, signal.SIGINT)
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_RESTART_DELAY_S = 3.0
@@ -363,12 +370,15 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(child.pid, signal.SIGKILL)  # where /proc is missing
             _say_now(f"second SIGINT: killed the command's {len(killed)} process(es)")
-        elif signum == signal.SIGTERM and count == 1 and self.is_train:
-            # Open MPI's mpiexec would kill every rank 0.25 s after a SIGTERM (see the module
-            # docstring); SIGUSR2 asks mpirl train for the same checkpoint-and-exit-75 and waits.
+        elif signum in TO_CHECKPOINT and count == 1 and self.is_train:
+            # Open MPI's mpiexec would kill every rank 0.25 s after a SIGTERM or SIGINT (see the
+            # module docstring); SIGUSR2 asks mpirl train for a checkpoint and exit 75, and
+            # mpiexec waits for that.
             self._signal_group(child.pid, signal.SIGUSR2)
-            _say_now("got SIGTERM: sent SIGUSR2 to the command (checkpoint, then exit 75); "
-                     "a second SIGTERM is forwarded as is")
+            then = ("a second Ctrl-C kills it at once" if signum == signal.SIGINT
+                    else "a second SIGTERM is forwarded as is")
+            _say_now(f"got {_signal_name(signum)}: sent SIGUSR2 to the command (checkpoint, then "
+                     f"exit 75); {then}")
         else:
             self._signal_group(child.pid, signum)
 

@@ -9,6 +9,7 @@ process's stdout is a terminal. Nothing here crosses ranks; only rank 0 displays
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -293,6 +294,16 @@ class ProgressDisplay:
             self._live.refresh()
         else:
             print(self._stats(row), file=self.stream, flush=True)
+
+    def end_line(self) -> None:
+        """End the live display's partial last line with a newline, for a process about to die
+        with the display still up (a second Ctrl-C): what is printed next starts a line, and the
+        cursor the display hid shows again."""
+        if self._progress is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._live.console.file.write("\n")
+                self._live.console.show_cursor(True)
+                self._live.console.file.flush()
 
     def close(self) -> None:
         """Stop the live display, leaving its last state on screen; closing twice is harmless."""
