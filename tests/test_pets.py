@@ -25,6 +25,7 @@ import torch
 from conftest import mpi_env, train_refused
 from test_train import MPIRL, rows, train
 
+from mpirl.commands.evaluate import evaluate
 from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.planner import PETSSpec, PlanningModel, pack_ensemble
 
@@ -51,7 +52,8 @@ def test_pets_learns_pendulum_within_2000_env_steps(tmp_path):
     assert float(last["time_total_s"]) <= 150, last
 
 
-def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(tmp_path):
+def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
+        tmp_path, monkeypatch):
     config = {**QUICK, "checkpoint_every": 4}
     _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
                           "--config", json.dumps(config), "--stop",
@@ -69,6 +71,21 @@ def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(tmp_
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 1 and math.isfinite(summary["return_mean"])
+    # Several episodes are planned in one batch, as training's evaluation plans its envs: one
+    # plan a step for all of them (Pendulum's episodes are 200 steps), not one per episode.
+    batches = []
+    plan = PlanningModel.plan
+
+    def counted(self, obs, rng, deterministic):
+        batches.append((len(obs), deterministic))
+        return plan(self, obs, rng, deterministic)
+
+    monkeypatch.setattr(PlanningModel, "plan", counted)
+    played = evaluate(run_dir, 3)
+    assert batches == [(3, True)] * 200
+    # What the checkpoint's own evaluation (iteration 4) played: whole 200-step episodes.
+    assert played.lengths == [200] * 3 and all(math.isfinite(r) for r in played.returns)
+    assert progress[3]["eval_return_mean"] != "nan"
 
 
 def test_a_learner_rank_keeps_the_transitions_and_broadcasts_the_ensemble(tmp_path):
