@@ -55,11 +55,23 @@ def test_pets_learns_pendulum_within_2000_env_steps(tmp_path):
 def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
         tmp_path, monkeypatch):
     config = {**QUICK, "checkpoint_every": 4}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
-                          "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 4}', timeout=120)
+    proc, run_dir, result = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
+                                  "--config", json.dumps(config), "--stop",
+                                  '{"training_iteration": 4}', timeout=120)
     progress = rows(run_dir)
     assert COLUMNS <= set(progress[0])
+    # The evaluation's episodes are the only ones that end here (each evaluation abandons the
+    # sampling's, 20 steps into their 200): they are the run's episodes, shown and counted.
+    assert [int(r["episodes_total"]) for r in progress] == [0, 2, 2, 4]
+    assert [int(float(r["evaluation_env_steps_total"])) for r in progress] == [0, 400, 400, 800]
+    assert float(progress[1]["episode_return_mean"]) == pytest.approx(
+        float(progress[1]["eval_return_mean"]))
+    assert float(progress[1]["episode_len_mean"]) == 200
+    assert math.isfinite(result["episode_return_mean"])
+    # Rank 0 says when an evaluation starts, before the iteration's line.
+    lines = proc.stdout.splitlines()
+    note = lines.index("iter 2: evaluating 2 episodes, every step planned, on 2 rollout ranks ...")
+    assert lines[note + 1].startswith("iter 2/4") and proc.stdout.count("evaluating") == 2
     # 2 rollout ranks x 2 envs x 10 steps an iteration; random actions while below 40 steps.
     assert [int(r["transitions"]) for r in progress] == [40, 80, 120, 160]
     assert [r["random_actions"] for r in progress] == ["1.0", "0.0", "0.0", "0.0"]

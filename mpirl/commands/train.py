@@ -289,6 +289,7 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
     with open_recorder(request, params, resumed_from is not None, trainer) as recorder, \
             ProgressDisplay(title, mode=mode, stream=output.terminal, stop=request.stop,
                             log=output.file) as display:
+        trainer.notes_to = display.note
         while True:
             row = trainer.train()
             request.final_row = row

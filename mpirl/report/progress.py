@@ -149,7 +149,8 @@ class ProgressDisplay:
         )
         self._task = self._progress.add_task(self.title, total=self.total_steps)
         # The stats get a line of their own: beside the bar they would not fit in 80 columns.
-        self._stats_text = Text(self._stats({}))
+        self._last = self._stats({})
+        self._stats_text = Text(self._last)
         # Redrawn on update() only: no refresh thread running beside MPI calls.
         self._live = Live(Group(self._progress, self._stats_text), console=console,
                           auto_refresh=False)
@@ -216,10 +217,26 @@ class ProgressDisplay:
         if self._progress is not None:
             steps = row.get("timesteps_total")
             self._progress.update(self._task, completed=0 if _is_missing(steps) else steps)
-            self._stats_text.plain = self._stats(row)
+            self._last = self._stats_text.plain = self._stats(row)
             self._live.refresh()
         else:
             print(self._stats(row), file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        """Say what the iteration under way does (a long evaluation): below the last
+        iteration's line on the live display until the next update, else a line of its own."""
+        if self.log is not None:
+            try:
+                self.log.write(text + "\n")
+            except (OSError, ValueError):
+                pass
+        if self.off:
+            return
+        if self._progress is not None:
+            self._stats_text.plain = f"{self._last}\n{text}"
+            self._live.refresh()
+        else:
+            print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
         """Stop the live display, leaving its last state on screen; closing twice is harmless."""
