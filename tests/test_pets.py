@@ -15,6 +15,7 @@ seeds 0, 1, 2 reached -130.4, -153.7, -167.0 (673, 633, 636 s, as contended)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -28,6 +29,7 @@ from test_train import MPIRL, rows, train
 from mpirl.commands.evaluate import evaluate
 from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.planner import PETSSpec, PlanningModel, pack_ensemble
+from mpirl.report.progress import ProgressDisplay
 
 COLUMNS = {"model_error", "model_error_max", "model_train_nll", "model_epochs",
            "model_epochs_total", "transitions", "random_actions", "eval_return_mean"}
@@ -216,3 +218,27 @@ def test_a_quick_run_plans_with_mppi(tmp_path):
     progress = rows(run_dir)
     assert [r["random_actions"] for r in progress] == ["1.0", "0.0", "0.0"]
     assert all(math.isfinite(float(r["eval_return_mean"])) for r in progress[1:])
+
+
+def test_a_note_shows_on_the_live_display_and_in_plain_output_and_the_log():
+    """What rank 0 says while an evaluation plans: below the last line of a live display until
+    the next iteration's, a line of its own in plain output, and a line in output.log."""
+    note = "iter 10: evaluating 10 episodes, every step planned, on 2 rollout ranks ..."
+    row = {"iteration": 9, "timesteps_total": 1800, "time_total_s": 60.0}
+    for mode in ("live", "plain"):
+        stream, log = io.StringIO(), io.StringIO()
+        with ProgressDisplay("PETS", stream=stream, mode=mode, log=log) as display:
+            display.update(row)
+            display.note(note)
+            if mode == "live":
+                assert display._stats_text.plain.splitlines() == [display._stats(row), note]
+                assert note in stream.getvalue()
+                display.update({**row, "iteration": 10})
+                assert note not in display._stats_text.plain
+            else:
+                assert stream.getvalue().splitlines()[-1] == note
+        assert log.getvalue().splitlines()[1] == note
+    stream = io.StringIO()
+    with ProgressDisplay("PETS", stream=stream, mode="off") as display:
+        display.note(note)
+    assert stream.getvalue() == ""
