@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,10 +139,16 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                           f"{spaces[0]} and {spaces[1]}")
     if video_dir is not None:
         # One file per episode: each env's recorder names its episodes after the env.
-        envs = [gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: True,
-                                         name_prefix=f"{manifest['algo']}-{checkpoint.name}"
-                                                     f"-{i}", disable_logger=True)
-                for i, env in enumerate(envs)]
+        recorded = []
+        for i, env in enumerate(envs):
+            with warnings.catch_warnings():
+                if i:  # the first recorder made the folder: the others need not warn of it
+                    warnings.simplefilter("ignore", UserWarning)
+                recorded.append(gym.wrappers.RecordVideo(
+                    env, video_dir, episode_trigger=lambda _: True,
+                    name_prefix=f"{manifest['algo']}-{checkpoint.name}-{i}",
+                    disable_logger=True))
+        envs = recorded
     returns, lengths = [], []
     try:
         if policy is None:
