@@ -242,3 +242,31 @@ def test_a_note_shows_on_the_live_display_and_in_plain_output_and_the_log():
     with ProgressDisplay("PETS", stream=stream, mode="off") as display:
         display.note(note)
     assert stream.getvalue() == ""
+
+
+def test_evaluate_plays_at_once_the_episodes_it_played_in_turn():
+    """Batched, episode i still starts from seed + i and plays as it did alone: a policy that
+    acts on each row alone gets the same returns, whether ended episodes wait in the batch."""
+    import gymnasium as gym
+
+    from mpirl.commands.evaluate import _run_episodes
+
+    class Swing:
+        """Pendulum's torque against the angular velocity; a batch of rows at once."""
+
+        def act(self, obs, deterministic):
+            return np.clip(-2.0 * obs[:, 2:3], -2, 2), None, None
+
+        def env_actions(self, actions):
+            return actions
+
+    def make():
+        return gym.make("Pendulum-v1", max_episode_steps=50)
+
+    envs = [make(), gym.make("Pendulum-v1", max_episode_steps=30), make()]
+    together: tuple[list, list] = ([], [])
+    _run_episodes(envs, Swing(), None, 7, False, *together)
+    alone: tuple[list, list] = ([], [])
+    for i, env in enumerate(envs):
+        _run_episodes([env], Swing(), None, 7 + i, False, *alone)
+    assert together == alone and together[1] == [50, 30, 50]
