@@ -22,7 +22,9 @@ A member whose loss becomes NaN, or transitions that are not finite, stop the ru
 naming the training iteration (exit 2; the last checkpoint stays the newest).
 
 Every ``evaluation_interval`` iterations the rollout ranks play ``evaluation_episodes`` with the
-CEM mean's first action (``eval_return_mean``); the episodes in progress are abandoned.
+CEM mean's first action (``eval_return_mean``); the episodes in progress are abandoned. The
+evaluation's episodes count with the sampling's (``episodes_total``, ``episode_return_mean``),
+their env steps apart (``evaluation_env_steps_total``), and the live line says when one starts.
 """
 
 from __future__ import annotations
@@ -241,9 +243,23 @@ def training_step(trainer: Trainer, state: PETSState) -> dict[str, float]:
     stats = on_every_learner(trainer.learners, "train")
     broadcast_weights(trainer.learners, trainer.rollouts)
     if config.evaluation_interval and (trainer.iteration + 1) % config.evaluation_interval == 0:
+        # Every step of every episode is planned: on a busy CPU this takes minutes, which the
+        # user should not spend looking at a line that does not move.
+        trainer.note(f"iter {trainer.iteration + 1}: evaluating {config.evaluation_episodes} "
+                     f"episodes, every step planned, on {len(trainer.rollouts)} rollout "
+                     f"rank{'s' if len(trainer.rollouts) != 1 else ''} ...")
         played = evaluate_policy(trainer.rollouts, config.evaluation_episodes,
                                  deterministic=True)
         state.eval_return_mean = (float(np.mean(played.episode_returns))
                                   if played.episode_returns else math.nan)
+        # The evaluation's episodes are real ones, and often the only ones that end: it
+        # abandons the sampling's episodes in progress, so with evaluation_interval x
+        # rollout_fragment_length below an episode's length no other ever does. They count
+        # with the episodes (the return, episodes_total); their steps apart, as offline plans
+        # count theirs.
+        trainer.evaluation_env_steps_total += played.env_steps
+        played.env_steps = 0
+        trainer.count(played)
     return {**stats, "random_actions": float(random_actions),
-            "eval_return_mean": state.eval_return_mean}
+            "eval_return_mean": state.eval_return_mean,
+            "evaluation_env_steps_total": float(trainer.evaluation_env_steps_total)}

@@ -15,6 +15,7 @@ seeds 0, 1, 2 reached -130.4, -153.7, -167.0 (673, 633, 636 s, as contended)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -25,8 +26,10 @@ import torch
 from conftest import mpi_env, train_refused
 from test_train import MPIRL, rows, train
 
+from mpirl.commands.evaluate import evaluate
 from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.planner import PETSSpec, PlanningModel, pack_ensemble
+from mpirl.report.progress import ProgressDisplay
 
 COLUMNS = {"model_error", "model_error_max", "model_train_nll", "model_epochs",
            "model_epochs_total", "transitions", "random_actions", "eval_return_mean"}
@@ -51,13 +54,26 @@ def test_pets_learns_pendulum_within_2000_env_steps(tmp_path):
     assert float(last["time_total_s"]) <= 150, last
 
 
-def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(tmp_path):
+def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
+        tmp_path, monkeypatch):
     config = {**QUICK, "checkpoint_every": 4}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
-                          "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 4}', timeout=120)
+    proc, run_dir, result = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
+                                  "--config", json.dumps(config), "--stop",
+                                  '{"training_iteration": 4}', timeout=120)
     progress = rows(run_dir)
     assert COLUMNS <= set(progress[0])
+    # The evaluation's episodes are the only ones that end here (each evaluation abandons the
+    # sampling's, 20 steps into their 200): they are the run's episodes, shown and counted.
+    assert [int(r["episodes_total"]) for r in progress] == [0, 2, 2, 4]
+    assert [int(float(r["evaluation_env_steps_total"])) for r in progress] == [0, 400, 400, 800]
+    assert float(progress[1]["episode_return_mean"]) == pytest.approx(
+        float(progress[1]["eval_return_mean"]))
+    assert float(progress[1]["episode_len_mean"]) == 200
+    assert math.isfinite(result["episode_return_mean"])
+    # Rank 0 says when an evaluation starts, before the iteration's line.
+    lines = proc.stdout.splitlines()
+    note = lines.index("iter 2: evaluating 2 episodes, every step planned, on 2 rollout ranks ...")
+    assert lines[note + 1].startswith("iter 2/4") and proc.stdout.count("evaluating") == 2
     # 2 rollout ranks x 2 envs x 10 steps an iteration; random actions while below 40 steps.
     assert [int(r["transitions"]) for r in progress] == [40, 80, 120, 160]
     assert [r["random_actions"] for r in progress] == ["1.0", "0.0", "0.0", "0.0"]
@@ -69,6 +85,21 @@ def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(tmp_
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 1 and math.isfinite(summary["return_mean"])
+    # Several episodes are planned in one batch, as training's evaluation plans its envs: one
+    # plan a step for all of them (Pendulum's episodes are 200 steps), not one per episode.
+    batches = []
+    plan = PlanningModel.plan
+
+    def counted(self, obs, rng, deterministic):
+        batches.append((len(obs), deterministic))
+        return plan(self, obs, rng, deterministic)
+
+    monkeypatch.setattr(PlanningModel, "plan", counted)
+    played = evaluate(run_dir, 3)
+    assert batches == [(3, True)] * 200
+    # What the checkpoint's own evaluation (iteration 4) played: whole 200-step episodes.
+    assert played.lengths == [200] * 3 and all(math.isfinite(r) for r in played.returns)
+    assert progress[3]["eval_return_mean"] != "nan"
 
 
 def test_a_learner_rank_keeps_the_transitions_and_broadcasts_the_ensemble(tmp_path):
@@ -187,3 +218,55 @@ def test_a_quick_run_plans_with_mppi(tmp_path):
     progress = rows(run_dir)
     assert [r["random_actions"] for r in progress] == ["1.0", "0.0", "0.0"]
     assert all(math.isfinite(float(r["eval_return_mean"])) for r in progress[1:])
+
+
+def test_a_note_shows_on_the_live_display_and_in_plain_output_and_the_log():
+    """What rank 0 says while an evaluation plans: below the last line of a live display until
+    the next iteration's, a line of its own in plain output, and a line in output.log."""
+    note = "iter 10: evaluating 10 episodes, every step planned, on 2 rollout ranks ..."
+    row = {"iteration": 9, "timesteps_total": 1800, "time_total_s": 60.0}
+    for mode in ("live", "plain"):
+        stream, log = io.StringIO(), io.StringIO()
+        with ProgressDisplay("PETS", stream=stream, mode=mode, log=log) as display:
+            display.update(row)
+            display.note(note)
+            if mode == "live":
+                assert display._stats_text.plain.splitlines() == [display._stats(row), note]
+                assert note in stream.getvalue()
+                display.update({**row, "iteration": 10})
+                assert note not in display._stats_text.plain
+            else:
+                assert stream.getvalue().splitlines()[-1] == note
+        assert log.getvalue().splitlines()[1] == note
+    stream = io.StringIO()
+    with ProgressDisplay("PETS", stream=stream, mode="off") as display:
+        display.note(note)
+    assert stream.getvalue() == ""
+
+
+def test_evaluate_plays_at_once_the_episodes_it_played_in_turn():
+    """Batched, episode i still starts from seed + i and plays as it did alone: a policy that
+    acts on each row alone gets the same returns, whether ended episodes wait in the batch."""
+    import gymnasium as gym
+
+    from mpirl.commands.evaluate import _run_episodes
+
+    class Swing:
+        """Pendulum's torque against the angular velocity; a batch of rows at once."""
+
+        def act(self, obs, deterministic):
+            return np.clip(-2.0 * obs[:, 2:3], -2, 2), None, None
+
+        def env_actions(self, actions):
+            return actions
+
+    def make():
+        return gym.make("Pendulum-v1", max_episode_steps=50)
+
+    envs = [make(), gym.make("Pendulum-v1", max_episode_steps=30), make()]
+    together: tuple[list, list] = ([], [])
+    _run_episodes(envs, Swing(), None, 7, False, *together)
+    alone: tuple[list, list] = ([], [])
+    for i, env in enumerate(envs):
+        _run_episodes([env], Swing(), None, 7 + i, False, *alone)
+    assert together == alone and together[1] == [50, 30, 50]

@@ -295,6 +295,7 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
             ProgressDisplay(title, mode=mode, stream=output.terminal, stop=request.stop,
                             log=output.file) as display, \
             stop_signals.before_quitting(display.end_line):
+        trainer.notes_to = display.note
         while True:
             row = trainer.train()
             request.final_row = row

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -218,6 +218,8 @@ class Trainer:
         self.episodes_total = 0
         self.num_env_failures = 0
         self.evaluation_env_steps_total = 0  # offline plans: steps played only to evaluate
+        #: Where ``note`` goes: the run's display on rank 0 (None: nothing shows the run).
+        self.notes_to: Callable[[str], None] | None = None
         self.returns: deque[float] = deque(maxlen=config.metrics_window)
         self.lengths: deque[int] = deque(maxlen=config.metrics_window)
         #: Callbacks: the driver's own instance, each window episode's custom metrics, and
@@ -253,6 +255,12 @@ class Trainer:
         """SGD steps per epoch such that each step sees about ``minibatch_size`` rows in total,
         whatever the number of learners (each learner's share is split this many times)."""
         return max(1, round(self.train_batch_size / minibatch_size))
+
+    def note(self, text: str) -> None:
+        """Tell the user what a long part of an iteration does while it runs (PETS's planned
+        evaluation): a line, or the live display's; nothing where no display shows the run."""
+        if self.notes_to is not None:
+            self.notes_to(text)
 
     def count(self, samples: SampleResult) -> None:
         """Add one round of samples to the counters and the episode window."""

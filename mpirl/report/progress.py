@@ -204,7 +204,8 @@ class ProgressDisplay:
         self._task = self._progress.add_task(self.title, total=self.total_steps)
         console.width = terminal_columns()
         # The stats get a line of their own: beside the bar they would not fit in 80 columns.
-        self._stats_text = Text(self._stats({}, console.width), no_wrap=True)
+        self._last = self._stats({}, console.width)
+        self._stats_text = Text(self._last, no_wrap=True)
         # Redrawn on update() only: no refresh thread running beside MPI calls.
         self._live = Live(Group(self._progress, self._stats_text), console=console,
                           auto_refresh=False)
@@ -290,7 +291,7 @@ class ProgressDisplay:
             self._progress.update(self._task, completed=0 if _is_missing(steps) else steps)
             # Asked at every update: the terminal may have been resized.
             self._console.width = terminal_columns()
-            self._stats_text.plain = self._stats(row, self._console.width)
+            self._last = self._stats_text.plain = self._stats(row, self._console.width)
             self._live.refresh()
         else:
             print(self._stats(row), file=self.stream, flush=True)
@@ -304,6 +305,22 @@ class ProgressDisplay:
                 self._live.console.file.write("\n")
                 self._live.console.show_cursor(True)
                 self._live.console.file.flush()
+
+    def note(self, text: str) -> None:
+        """Say what the iteration under way does (a long evaluation): below the last
+        iteration's line on the live display until the next update, else a line of its own."""
+        if self.log is not None:
+            try:
+                self.log.write(text + "\n")
+            except (OSError, ValueError):
+                pass
+        if self.off:
+            return
+        if self._progress is not None:
+            self._stats_text.plain = f"{self._last}\n{text}"
+            self._live.refresh()
+        else:
+            print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
         """Stop the live display, leaving its last state on screen; closing twice is harmless."""
