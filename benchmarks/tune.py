@@ -1,7 +1,8 @@
 """PBT against fixed hyperparameters: a PPO population that starts at a learning rate too small
 to learn CartPole in the budget, with and without PBT.
 
-    python benchmarks/tune.py [--seeds 5] [--json PATH] [--quick]
+    python benchmarks/tune.py [--seeds 5] [--first-seed 0] [--arms pbt,fixed]
+        [--run-env KEY=VALUE] [--json PATH] [--quick]
 
 Both arms are one ``mpiexec -n 5 mpirl tune`` job of 4 members, one rank each (local mode), all
 starting at ``lr`` 1e-5, each member stopping at a 100-episode mean return of 450 or at 200k env
@@ -18,6 +19,11 @@ steps:
 
 Per seed (``--seed`` of the train options, which also seeds PBT's decisions): whether the best
 member reached 450, its env steps, the whole job's wall time, and PBT's decisions.
+
+A job is deterministic on one machine, but its walk follows the last bits of every matrix product:
+another CPU's kernels give each seed another walk. ``--run-env MKL_CBWR=COMPATIBLE`` runs the
+same seeds on MKL's compatible kernels (as ``make bench`` does for DQN), ``--first-seed`` and
+``--arms pbt`` measure a rate over more seeds without the fixed arm.
 """
 
 from __future__ import annotations
@@ -71,8 +77,9 @@ class Plan:
     budget: int
 
 
-def population(arm: str, seed: int, plan: Plan) -> dict[str, Any]:
-    """One tune job; what its best member reached."""
+def population(arm: str, seed: int, plan: Plan,
+               run_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One tune job; what its best member reached. ``run_env``: more environment variables."""
     options = (["--scheduler", "pbt", "--population", "4", "--perturbation-interval",
                 str(PBT_INTERVAL_ITERATIONS),
                 "--mutations", json.dumps(MUTATIONS)] if arm == "pbt" else
@@ -85,7 +92,7 @@ def population(arm: str, seed: int, plan: Plan) -> dict[str, Any]:
                             "--seed", str(seed), "--config", '{"lr": 1e-5}', "--stop",
                             json.dumps({"episode_return_mean": plan.target,
                                         "timesteps_total": plan.budget})),
-            f"{arm} seed {seed}", 1200)
+            f"{arm} seed {seed}", 1200, run_env)
         result = json.loads((tune_dir / "result.json").read_text())
         decisions = []
         if (tune_dir / "pbt.jsonl").exists():
@@ -163,6 +170,12 @@ def role_rllib(seed: int, plan: Plan) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--arms", default="pbt,fixed",
+                        help="pbt, fixed or both (pbt,fixed)")
+    parser.add_argument("--run-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set in every job's environment, e.g. MKL_CBWR=COMPATIBLE (other "
+                             "floating-point kernels: another walk per seed)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, a target of 100 and 40k steps (about a minute)")
     parser.add_argument("--json", type=Path)
@@ -172,15 +185,25 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     add_peers_option(parser, ("mpirl", "rllib"))
     args = parser.parse_args()
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    if not arms or set(arms) - {"pbt", "fixed"}:
+        parser.error(f"--arms takes pbt, fixed or pbt,fixed, got {args.arms!r}")
+    bad = [item for item in args.run_env if "=" not in item]
+    if bad:
+        parser.error(f"--run-env takes KEY=VALUE, got {bad[0]!r}")
+    run_env = dict(item.split("=", 1) for item in args.run_env)
     plan = (Plan(1, 100.0, 40_000) if args.quick else Plan(args.seeds, TARGET, BUDGET))
     if args.role == "rllib":
         return role_rllib(args.seed, plan)
+    seeds = range(args.first_seed, args.first_seed + plan.seeds)
     report: dict[str, Any] = {"meta": run_metadata(args.quick, plan, ["torch", "numpy", "ray"])}
-    for arm in ("pbt", "fixed"):
-        runs = [attempt(f"{arm} seed {seed}", lambda s=seed, a=arm: population(a, s, plan),
+    report["meta"].update(run_env=run_env, seeds=list(seeds))
+    for arm in arms:
+        runs = [attempt(f"{arm} seed {seed}",
+                        lambda s=seed, a=arm: {"seed": s, **population(a, s, plan, run_env)},
                         lambda r: f"best {r['best_return']:.1f} after {r['best_env_steps']:,} "
                                   f"steps, {r['wall_s']:.0f} s")
-                for seed in range(plan.seeds)]
+                for seed in seeds]
         ok = [r for r in runs if "error" not in r]
         steps = [r["steps_to_target"] for r in ok if r["steps_to_target"] is not None]
         report[arm] = {"runs": runs, "reached": sum(r["reached"] for r in ok), "seeds": len(runs),
@@ -201,15 +224,16 @@ def main() -> int:
                                "seeds": len(runs),
                                "wall_s_median": statistics.median(r["wall_s"] for r in ok)
                                if ok else None}
-        mpirl_first = [r for r in report["pbt"]["runs"][:len(runs)] if "error" not in r]
+        mpirl_first = [r for r in report.get("pbt", {}).get("runs", [])[:len(runs)]
+                       if "error" not in r]
         if ok and mpirl_first:
             report["rllib_pbt"]["wall_s_over_mpirl_same_seeds"] = (
                 statistics.median(r["wall_s"] for r in ok)
                 / statistics.median(r["wall_s"] for r in mpirl_first))
     else:
         report["rllib_pbt"] = skipped()
-    print_table([["", "PBT from lr 1e-5", "fixed lr 1e-5"],
-                 *([label, *(str(report[arm][key]) for arm in ("pbt", "fixed"))]
+    print_table([["", *("PBT from lr 1e-5" if arm == "pbt" else "fixed lr 1e-5" for arm in arms)],
+                 *([label, *(str(report[arm][key]) for arm in arms)]
                    for key, label in (("reached", f"seeds reaching {plan.target:g}"),
                                       ("best_return_median", "best member's return (median)"),
                                       ("steps_to_target_median", "env steps to target (median)"),
