@@ -2,7 +2,7 @@
 to learn CartPole in the budget, with and without PBT.
 
     python benchmarks/tune.py [--seeds 5] [--first-seed 0] [--arms pbt,fixed]
-        [--run-env KEY=VALUE] [--json PATH] [--quick]
+        [--run-env KEY=VALUE] [--budget STEPS] [--json PATH] [--quick]
 
 Both arms are one ``mpiexec -n 5 mpirl tune`` job of 4 members, one rank each (local mode), all
 starting at ``lr`` 1e-5, each member stopping at a 100-episode mean return of 450 or at 200k env
@@ -23,7 +23,9 @@ member reached 450, its env steps, the whole job's wall time, and PBT's decision
 A job is deterministic on one machine, but its walk follows the last bits of every matrix product:
 another CPU's kernels give each seed another walk. ``--run-env MKL_CBWR=COMPATIBLE`` runs the
 same seeds on MKL's compatible kernels (as ``make bench`` does for DQN), ``--first-seed`` and
-``--arms pbt`` measure a rate over more seeds without the fixed arm.
+``--arms pbt`` measure a rate over more seeds without the fixed arm. ``--budget`` lets slow seeds
+show where they finish (a job follows the same walk whatever its budget, so one run to 350k also
+says whether it reached 450 within 200k).
 """
 
 from __future__ import annotations
@@ -173,6 +175,8 @@ def main() -> int:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--arms", default="pbt,fixed",
                         help="pbt, fixed or both (pbt,fixed)")
+    parser.add_argument("--budget", type=int, default=BUDGET,
+                        help=f"env steps per member at most ({BUDGET:,})")
     parser.add_argument("--run-env", action="append", default=[], metavar="KEY=VALUE",
                         help="set in every job's environment, e.g. MKL_CBWR=COMPATIBLE (other "
                              "floating-point kernels: another walk per seed)")
@@ -192,7 +196,7 @@ def main() -> int:
     if bad:
         parser.error(f"--run-env takes KEY=VALUE, got {bad[0]!r}")
     run_env = dict(item.split("=", 1) for item in args.run_env)
-    plan = (Plan(1, 100.0, 40_000) if args.quick else Plan(args.seeds, TARGET, BUDGET))
+    plan = (Plan(1, 100.0, 40_000) if args.quick else Plan(args.seeds, TARGET, args.budget))
     if args.role == "rllib":
         return role_rllib(args.seed, plan)
     seeds = range(args.first_seed, args.first_seed + plan.seeds)
