@@ -31,6 +31,7 @@ says whether it reached 450 within 200k).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import statistics
@@ -59,6 +60,7 @@ from harness import (
 MPIRL = str(Path(sys.executable).parent / "mpirl")
 TARGET = 450.0
 BUDGET = 200_000
+LEVELS = (150, 200, 250, 300, 350, 400, 450)
 MUTATIONS = {"lr": [1e-5, 1e-4, 3e-4, 1e-3]}
 #: PBT's interval in PPO iterations of 512 env steps. With 5 the decisions came before a new rate
 #: could show in the 100-episode mean: 3 of 5 seeds reached 450 in 200k steps; with 10, 5 of 5
@@ -94,8 +96,10 @@ def population(arm: str, seed: int, plan: Plan,
                             "--seed", str(seed), "--config", '{"lr": 1e-5}', "--stop",
                             json.dumps({"episode_return_mean": plan.target,
                                         "timesteps_total": plan.budget})),
-            f"{arm} seed {seed}", 1200, run_env)
+            f"{arm} seed {seed}", 3600, run_env)
         result = json.loads((tune_dir / "result.json").read_text())
+        rows = [row for trial in sorted(tune_dir.glob("trial_*"))
+                for row in csv.DictReader((trial / "progress.csv").open())]
         decisions = []
         if (tune_dir / "pbt.jsonl").exists():
             decisions = [json.loads(line) for line in
@@ -108,6 +112,12 @@ def population(arm: str, seed: int, plan: Plan,
             "members_reached": len(reached),
             "steps_to_target": min((t["last"]["timesteps_total"] for t in reached), default=None),
             "best_lr": result["best_config"].get("lr", 1e-5),
+            # When any member's 100-episode mean first reached each level: what a test's
+            # threshold below 450 can be sized from.
+            "steps_to_level": {level: min((int(row["timesteps_total"]) for row in rows
+                                           if float(row["episode_return_mean"] or 0) >= level),
+                                          default=None)
+                               for level in LEVELS},
             "decisions": len(decisions),
             "exploits_moving_lr": sum(d["exploited"] and d["new_config"]["lr"] != 1e-5
                                       for d in decisions)}
