@@ -64,7 +64,8 @@ LEVELS = (150, 200, 250, 300, 350, 400, 450)
 MUTATIONS = {"lr": [1e-5, 1e-4, 3e-4, 1e-3]}
 #: PBT's interval in PPO iterations of 512 env steps. With 5 the decisions came before a new rate
 #: could show in the 100-episode mean: 3 of 5 seeds reached 450 in 200k steps; with 10, 5 of 5
-#: (17 of seeds 0-19; all 20 within 264k).
+#: (17 of seeds 0-19; all 20 within 264k) on one machine, about four in five of seeds 0-9 on an
+#: AVX-512 EPYC, with its default kernels and with MKL_CBWR=COMPATIBLE (RESULTS.md, issue 47).
 PBT_INTERVAL_ITERATIONS = 10
 #: RLlib's own CartPole PPO example settings (as benchmarks/learning.py runs them).
 RLLIB_TRAINING = {"num_epochs": 6, "vf_loss_coeff": 0.01}
