@@ -51,7 +51,7 @@ def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
     floating-point kernels, not on this test's seed (0): when a population reaches 450 follows
     the last bits of every matrix product (seed 0 reached it at 175k on one CPU, at 269k with
     MKL_CBWR=COMPATIBLE and not within 330k with the default kernels of an AVX-512 EPYC), while
-    150 came within 73k steps on every seed and kernels measured, 29k-73k (seeds 0-9 there,
+    150 came within 73k steps on every seed and kernels measured, 23k-73k (seeds 0-9 there,
     both ways; benchmarks/RESULTS.md, issue 47). Each member is one rank (local mode), so the
     job is 5 ranks on 2 cores."""
     tune_dir = tmp_path / "pbt"
