@@ -1,7 +1,8 @@
 """PBT against fixed hyperparameters: a PPO population that starts at a learning rate too small
 to learn CartPole in the budget, with and without PBT.
 
-    python benchmarks/tune.py [--seeds 5] [--json PATH] [--quick]
+    python benchmarks/tune.py [--seeds 5] [--first-seed 0] [--arms pbt,fixed]
+        [--run-env KEY=VALUE] [--budget STEPS] [--json PATH] [--quick]
 
 Both arms are one ``mpiexec -n 5 mpirl tune`` job of 4 members, one rank each (local mode), all
 starting at ``lr`` 1e-5, each member stopping at a 100-episode mean return of 450 or at 200k env
@@ -18,11 +19,19 @@ steps:
 
 Per seed (``--seed`` of the train options, which also seeds PBT's decisions): whether the best
 member reached 450, its env steps, the whole job's wall time, and PBT's decisions.
+
+A job is deterministic on one machine, but its walk follows the last bits of every matrix product:
+another CPU's kernels give each seed another walk. ``--run-env MKL_CBWR=COMPATIBLE`` runs the
+same seeds on MKL's compatible kernels (as ``make bench`` does for DQN), ``--first-seed`` and
+``--arms pbt`` measure a rate over more seeds without the fixed arm. ``--budget`` lets slow seeds
+show where they finish (a job follows the same walk whatever its budget, so one run to 350k also
+says whether it reached 450 within 200k).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import statistics
@@ -51,10 +60,12 @@ from harness import (
 MPIRL = str(Path(sys.executable).parent / "mpirl")
 TARGET = 450.0
 BUDGET = 200_000
+LEVELS = (150, 200, 250, 300, 350, 400, 450)
 MUTATIONS = {"lr": [1e-5, 1e-4, 3e-4, 1e-3]}
 #: PBT's interval in PPO iterations of 512 env steps. With 5 the decisions came before a new rate
 #: could show in the 100-episode mean: 3 of 5 seeds reached 450 in 200k steps; with 10, 5 of 5
-#: (17 of seeds 0-19; all 20 within 264k).
+#: (17 of seeds 0-19; all 20 within 264k) on one machine, about four in five of seeds 0-9 on an
+#: AVX-512 EPYC, with its default kernels and with MKL_CBWR=COMPATIBLE (RESULTS.md, issue 47).
 PBT_INTERVAL_ITERATIONS = 10
 #: RLlib's own CartPole PPO example settings (as benchmarks/learning.py runs them).
 RLLIB_TRAINING = {"num_epochs": 6, "vf_loss_coeff": 0.01}
@@ -71,8 +82,9 @@ class Plan:
     budget: int
 
 
-def population(arm: str, seed: int, plan: Plan) -> dict[str, Any]:
-    """One tune job; what its best member reached."""
+def population(arm: str, seed: int, plan: Plan,
+               run_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One tune job; what its best member reached. ``run_env``: more environment variables."""
     options = (["--scheduler", "pbt", "--population", "4", "--perturbation-interval",
                 str(PBT_INTERVAL_ITERATIONS),
                 "--mutations", json.dumps(MUTATIONS)] if arm == "pbt" else
@@ -85,8 +97,10 @@ def population(arm: str, seed: int, plan: Plan) -> dict[str, Any]:
                             "--seed", str(seed), "--config", '{"lr": 1e-5}', "--stop",
                             json.dumps({"episode_return_mean": plan.target,
                                         "timesteps_total": plan.budget})),
-            f"{arm} seed {seed}", 1200)
+            f"{arm} seed {seed}", 3600, run_env)
         result = json.loads((tune_dir / "result.json").read_text())
+        rows = [row for trial in sorted(tune_dir.glob("trial_*"))
+                for row in csv.DictReader((trial / "progress.csv").open())]
         decisions = []
         if (tune_dir / "pbt.jsonl").exists():
             decisions = [json.loads(line) for line in
@@ -99,6 +113,12 @@ def population(arm: str, seed: int, plan: Plan) -> dict[str, Any]:
             "members_reached": len(reached),
             "steps_to_target": min((t["last"]["timesteps_total"] for t in reached), default=None),
             "best_lr": result["best_config"].get("lr", 1e-5),
+            # When any member's 100-episode mean first reached each level: what a test's
+            # threshold below 450 can be sized from.
+            "steps_to_level": {level: min((int(row["timesteps_total"]) for row in rows
+                                           if float(row["episode_return_mean"] or 0) >= level),
+                                          default=None)
+                               for level in LEVELS},
             "decisions": len(decisions),
             "exploits_moving_lr": sum(d["exploited"] and d["new_config"]["lr"] != 1e-5
                                       for d in decisions)}
@@ -163,6 +183,14 @@ def role_rllib(seed: int, plan: Plan) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--arms", default="pbt,fixed",
+                        help="pbt, fixed or both (pbt,fixed)")
+    parser.add_argument("--budget", type=int, default=BUDGET,
+                        help=f"env steps per member at most ({BUDGET:,})")
+    parser.add_argument("--run-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set in every job's environment, e.g. MKL_CBWR=COMPATIBLE (other "
+                             "floating-point kernels: another walk per seed)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, a target of 100 and 40k steps (about a minute)")
     parser.add_argument("--json", type=Path)
@@ -172,15 +200,25 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     add_peers_option(parser, ("mpirl", "rllib"))
     args = parser.parse_args()
-    plan = (Plan(1, 100.0, 40_000) if args.quick else Plan(args.seeds, TARGET, BUDGET))
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    if not arms or set(arms) - {"pbt", "fixed"}:
+        parser.error(f"--arms takes pbt, fixed or pbt,fixed, got {args.arms!r}")
+    bad = [item for item in args.run_env if "=" not in item]
+    if bad:
+        parser.error(f"--run-env takes KEY=VALUE, got {bad[0]!r}")
+    run_env = dict(item.split("=", 1) for item in args.run_env)
+    plan = (Plan(1, 100.0, 40_000) if args.quick else Plan(args.seeds, TARGET, args.budget))
     if args.role == "rllib":
         return role_rllib(args.seed, plan)
+    seeds = range(args.first_seed, args.first_seed + plan.seeds)
     report: dict[str, Any] = {"meta": run_metadata(args.quick, plan, ["torch", "numpy", "ray"])}
-    for arm in ("pbt", "fixed"):
-        runs = [attempt(f"{arm} seed {seed}", lambda s=seed, a=arm: population(a, s, plan),
+    report["meta"].update(run_env=run_env, seeds=list(seeds))
+    for arm in arms:
+        runs = [attempt(f"{arm} seed {seed}",
+                        lambda s=seed, a=arm: {"seed": s, **population(a, s, plan, run_env)},
                         lambda r: f"best {r['best_return']:.1f} after {r['best_env_steps']:,} "
                                   f"steps, {r['wall_s']:.0f} s")
-                for seed in range(plan.seeds)]
+                for seed in seeds]
         ok = [r for r in runs if "error" not in r]
         steps = [r["steps_to_target"] for r in ok if r["steps_to_target"] is not None]
         report[arm] = {"runs": runs, "reached": sum(r["reached"] for r in ok), "seeds": len(runs),
@@ -201,15 +239,16 @@ def main() -> int:
                                "seeds": len(runs),
                                "wall_s_median": statistics.median(r["wall_s"] for r in ok)
                                if ok else None}
-        mpirl_first = [r for r in report["pbt"]["runs"][:len(runs)] if "error" not in r]
+        mpirl_first = [r for r in report.get("pbt", {}).get("runs", [])[:len(runs)]
+                       if "error" not in r]
         if ok and mpirl_first:
             report["rllib_pbt"]["wall_s_over_mpirl_same_seeds"] = (
                 statistics.median(r["wall_s"] for r in ok)
                 / statistics.median(r["wall_s"] for r in mpirl_first))
     else:
         report["rllib_pbt"] = skipped()
-    print_table([["", "PBT from lr 1e-5", "fixed lr 1e-5"],
-                 *([label, *(str(report[arm][key]) for arm in ("pbt", "fixed"))]
+    print_table([["", *("PBT from lr 1e-5" if arm == "pbt" else "fixed lr 1e-5" for arm in arms)],
+                 *([label, *(str(report[arm][key]) for arm in arms)]
                    for key, label in (("reached", f"seeds reaching {plan.target:g}"),
                                       ("best_return_median", "best member's return (median)"),
                                       ("steps_to_target_median", "env steps to target (median)"),

@@ -40,6 +40,30 @@ class ActorCritic(nn.Module):
         return self.pi(x), self.vf(x).squeeze(-1)
 
 
+class SharedTrunk(nn.Module):
+    """For the same algorithms as ``ActorCritic``: one trunk (two tanh layers of ``hidden``
+    units, 32 by default) under a policy head and a value head, as RLlib's ``vf_share_layers``.
+    The value loss's gradients reach the trunk too, so ``vf_loss_coeff`` weighs them against the
+    policy's."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: dict):
+        super().__init__()
+        inputs = int(np.prod(observation_space.shape))
+        hidden = int(config.get("hidden", 32))
+        outputs = (int(action_space.n) if isinstance(action_space, gym.spaces.Discrete)
+                   else 2 * int(np.prod(action_space.shape)))
+        self.trunk = nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(),
+                                   nn.Linear(hidden, hidden), nn.Tanh())
+        self.pi = nn.Linear(hidden, outputs)
+        self.vf = nn.Linear(hidden, 1)
+        with torch.no_grad():  # a near-uniform first policy
+            self.pi.weight.mul_(0.01)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.trunk(obs.flatten(1))
+        return self.pi(features), self.vf(features).squeeze(-1)
+
+
 class QModel(nn.Module):
     """For DQN and Ape-X: ``forward(obs) -> Q values [B, n]``."""
 

@@ -55,6 +55,21 @@ def test_images_get_a_cnn_and_vectors_keep_their_old_parameters():
     assert not list(policy.encoder.parameters())
 
 
+def test_the_shared_trunk_example_is_one_32x32_trunk_that_the_value_loss_trains_too(monkeypatch):
+    # examples/custom_models.py:SharedTrunk is what benchmarks/RESULTS.md's shared-trunk curves
+    # (before and after the sampling core) ran: one trunk, two linear heads.
+    monkeypatch.syspath_prepend(EXAMPLES)
+    spec = PolicySpec(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2),
+                      model=ModelOptions(custom_model="custom_models:SharedTrunk"))
+    policy = build_torch_model(spec)
+    assert policy.num_weights() == (4 * 32 + 32 + 32 * 32 + 32) + (32 * 2 + 2) + (32 + 1)
+    logp, _, values = policy.evaluate(torch.rand(3, 4), torch.zeros(3))
+    assert logp.shape == values.shape == (3,)
+    values.sum().backward()
+    trunk = [p for name, p in policy.named_parameters() if ".trunk." in name]
+    assert trunk and all(p.grad is not None and p.grad.abs().sum() > 0 for p in trunk)
+
+
 def test_dict_observations_are_one_vector_cut_apart_per_component():
     env = EnvSpec(f"{PROBES}:DictCue").make()
     space = env.observation_space

@@ -39,24 +39,34 @@ def iterations(run_dir: Path) -> list[int]:
     return [int(row["iteration"]) for row in rows(run_dir / "progress.csv")]
 
 
+#: The PBT test's 100-episode mean and env-step budget per member (see its docstring).
+PBT_LEVEL, PBT_BUDGET = 150, 150_000
+
+
 def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
-    """Four PPO members all start at lr 1e-5, with which PPO does not learn CartPole in this
-    budget (the best of 4 seeds reached 104 after 200k steps, benchmarks/RESULTS.md). PBT's
-    exploit and explore move the population to larger rates, and a member reaches 450 within
-    350k steps: over seeds 0-19 every population reached 450, the slowest at 264k (seed 7) and
-    17 of 20 within 200k (benchmarks/RESULTS.md). Each member is one rank (local mode), so the
+    """Four PPO members all start at lr 1e-5, with which PPO does not learn CartPole here: with
+    that lr fixed, the best of the 4 members is at 52 after 100k steps and at 104-124 after
+    200k. PBT's exploit and explore move the population to larger rates, and a member's
+    100-episode mean reaches PBT_LEVEL within PBT_BUDGET steps. Sized over seeds and
+    floating-point kernels, not on this test's seed (0): when a population reaches 450 follows
+    the last bits of every matrix product (seed 0 reached it at 175k on one CPU, at 269k with
+    MKL_CBWR=COMPATIBLE and not within 330k with the default kernels of an AVX-512 EPYC), while
+    150 came within 73k steps on every seed and kernels measured, 23k-73k (seeds 0-9 there,
+    both ways; benchmarks/RESULTS.md, issue 47). Each member is one rank (local mode), so the
     job is 5 ranks on 2 cores."""
     tune_dir = tmp_path / "pbt"
     proc = tune(5, "--scheduler", "pbt", "--population", "4", "--ranks-per-trial", "1",
                 "--perturbation-interval", "10",
                 "--mutations", '{"lr": [1e-5, 1e-4, 3e-4, 1e-3]}', "--run-dir", str(tune_dir),
                 "--", *CARTPOLE, "--config", '{"lr": 1e-5}',
-                "--stop", '{"episode_return_mean": 450, "timesteps_total": 350000}',
+                "--stop", json.dumps({"episode_return_mean": PBT_LEVEL,
+                                      "timesteps_total": PBT_BUDGET}),
                 timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tune_dir / "result.json").read_text())
     best = result["best_result"]
-    assert best["episode_return_mean"] >= 450 and best["timesteps_total"] <= 350_000, result
+    assert (best["episode_return_mean"] >= PBT_LEVEL
+            and best["timesteps_total"] <= PBT_BUDGET), result
     decisions = [json.loads(line) for line in (tune_dir / "pbt.jsonl").read_text().splitlines()]
     assert decisions, "no PBT decision was logged"
     for decision in decisions:
@@ -70,8 +80,11 @@ def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
         assert (trial / "params.json").is_file() and (trial / "checkpoints").is_dir()
         its = iterations(trial)
         assert its == list(range(1, len(its) + 1)), its
-    # A loser's run continued from its winner's checkpoint with the explored lr.
-    loser = tune_dir / decisions[0]["to"]
+    # A loser's run continued from its winner's checkpoint with the explored lr (explore may
+    # also draw the lr the winner had: then nothing changed to print).
+    moved = [d for d in decisions if d["new_config"]["lr"] != d["old_config"]["lr"]]
+    assert moved, decisions
+    loser = tune_dir / moved[0]["to"]
     log = (loser / "output.log").read_text()
     assert "resumed from" in log and "changed: lr" in log, log
     table = rows(tune_dir / "tune.csv")
