@@ -92,6 +92,11 @@ def _decimal(value: Any) -> str:
     return "-" if _is_missing(value) else f"{float(value):,.1f}"
 
 
+def _rate(value: Any) -> str:
+    """A rate or other small value in at most three digits: ``0.95``, ``1``, ``0``."""
+    return "-" if _is_missing(value) else f"{float(value):.3g}"
+
+
 def _target(value: float) -> str:
     """A stop criterion's value: ``20,000`` for a whole number (``--stop`` gives floats)."""
     value = float(value)
@@ -116,8 +121,11 @@ class ProgressDisplay:
 
     def __init__(self, title: str, total_steps: float | None = None, mode: str = "auto",
                  stream: TextIO | None = None, stop: dict[str, float] | None = None,
-                 log: TextIO | None = None) -> None:
+                 log: TextIO | None = None,
+                 columns: list[tuple[str, tuple[str, ...]]] | None = None) -> None:
         self.title = title
+        #: The algorithm's own columns in place of return and length (``live_columns``).
+        self.columns = columns
         self.stop = dict(stop or {})
         self.total_steps = total_steps if total_steps is not None else self.stop.get(
             "timesteps_total")
@@ -179,13 +187,20 @@ class ProgressDisplay:
             self._of("training_iteration", f"iter {_count(row.get('iteration'))}"),
             self._steps(row),
             f"{sps_text} steps/s",
-            self._of("episode_return_mean", f"return {_decimal(row.get('episode_return_mean'))}"),
         ]
+        shown = _SHOWN
+        if self.columns is None:
+            parts.append(self._of("episode_return_mean",
+                                  f"return {_decimal(row.get('episode_return_mean'))}"))
+        else:
+            parts += [f"{label} {'/'.join(_rate(row.get(key)) for key in keys)}"
+                      for label, keys in self.columns]
+            shown = tuple(key for key in _SHOWN if key != "episode_return_mean")
         # What else the run stops on (a multi-agent run's policy_return_mean_min, a policy's
         # own return): the summed return above is not what decides.
         parts += [self._of(key, f"{key} {_decimal(row.get(key))}") for key in self.stop
-                  if key not in _SHOWN]
-        if "episode_len_mean" in row:
+                  if key not in shown]
+        if self.columns is None and "episode_len_mean" in row:
             parts.append(f"len {_decimal(row['episode_len_mean'])}")
         if not _is_missing(row.get("eval_return_mean")):
             parts.append(f"eval {_decimal(row['eval_return_mean'])}")
