@@ -123,7 +123,7 @@ DEFAULTS = {
     "AlphaZero": {"num_learners": 0, "games_per_worker": 32, "simulations": 16, "lr": 3e-3,
                   "weight_decay": 1e-4, "grad_clip": 0.0, "train_batch_size": 128,
                   "replay_capacity": 20_000, "evaluation_opponents": "auto",
-                  "evaluation_simulations": 100, "evaluation_interval": 10},
+                  "evaluation_simulations": 100, "evaluation_interval": 20},
     "PETS": {"num_learners": 0, "num_envs_per_worker": 5, "rollout_fragment_length": 20,
              "initial_random_steps": 200, "planning_horizon": 30, "cem_population": 200,
              "cem_elites": 20, "cem_iterations": 5, "cem_alpha": 0.1, "particles": 2,
