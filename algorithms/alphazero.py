@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mpirl.config.fields import AllreduceConfig, GameConfig, Range, above, at_least, within
-from mpirl.envs.games import Game, GameObservationSpace
+from mpirl.envs.games import GameObservationSpace
 from mpirl.errors import ConfigError, RankLost
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import broadcast_weights, rollouts_to_learners, train_one_step
@@ -152,10 +152,11 @@ class Config(GameConfig, AllreduceConfig):
         "evaluation_simulations": at_least(0), "gating_threshold": within(0, 1),
         "gating_games": at_least(1), "gating_opening_moves": at_least(0)}
 
-    def opponents(self, game: Game) -> list[str]:
-        """The players ``game``'s evaluations play against (``evaluation_opponents``)."""
+    def opponents(self, env: GameEnvSpec) -> list[str]:
+        """The players the evaluations of a run on ``env`` play against
+        (``evaluation_opponents``; the game is loaded only for "auto")."""
         if self.evaluation_opponents.strip() == "auto":
-            return reference_opponents(game)
+            return reference_opponents(env.game())
         return [name.strip() for name in self.evaluation_opponents.split(",") if name.strip()]
 
     def live_columns(self, env: Any) -> list[tuple[str, tuple[str, ...]]] | None:
@@ -163,7 +164,7 @@ class Config(GameConfig, AllreduceConfig):
         opponent: self-play's returns (the first player's outcome) say nothing of strength."""
         return [(f"eval {name} w/d/l", tuple(f"eval_{column(name)}_{outcome}"
                                              for outcome in ("win", "draw", "loss")))
-                for name in self.opponents(env.game())]
+                for name in self.opponents(env)]
 
 
 def model_spec(observation_space: Any, action_space: Any, config: Config) -> AlphaZeroSpec:
@@ -197,12 +198,11 @@ def check_config(config: Config, env: Any) -> None:
             f'config key "train_batch_size" = {config.train_batch_size} does not split evenly '
             f'over {learners} learners (each takes an equal share of every SGD step): give a '
             f'multiple of {learners}, such as {below or learners} or {below + learners}')
-    game = env.game()
-    if not config.opponents(game):
+    if not config.opponents(env):
         raise ConfigError('config key "evaluation_opponents" names no player; give e.g. '
                           '"random", "random,minimax" or "auto"')
-    rng = np.random.default_rng(0)
-    for name in config.opponents(game):
+    game, rng = env.game(), np.random.default_rng(0)
+    for name in config.opponents(env):
         try:  # a bad name, or a game too big for minimax
             make_player(name, game, rng)
         except ConfigError as error:
@@ -237,7 +237,7 @@ class AlphaZeroState(PlanState):
     def __init__(self, trainer: Trainer) -> None:
         config = trainer.config
         self.rng = np.random.default_rng(config.seed + 99_991)
-        self.opponents = config.opponents(trainer.env.game())
+        self.opponents = config.opponents(trainer.env)
         self.latest = {f"eval_{column(name)}_{outcome}": math.nan
                        for name in self.opponents for outcome in ("win", "draw", "loss")}
         #: The weights version the rollout ranks hold: the learners' after the last update,
