@@ -15,7 +15,8 @@ averaged over the learners each step, so all hold the same weights, and learner 
 new weights version (``weights_version``; ``policy_lag_mean`` is the mean age in versions of the
 positions trained on). Every ``evaluation_interval`` iterations ``evaluation_games`` are
 played against each of ``evaluation_opponents`` (``eval_<opponent>_
-win``/``draw``/``loss`` rates), with the raw policy or, with ``evaluation_simulations``, search.
+win``/``draw``/``loss`` rates, the live line's columns), the network searching
+``evaluation_simulations`` a move without noise (0: its raw policy).
 The driver only splits the matches: the rollout ranks play them (``SelfPlayWorker.
 play_matches``), each its share, half of the games moving first, with rngs the driver seeds.
 
@@ -47,7 +48,7 @@ from mpirl.execution.operators import broadcast_weights, rollouts_to_learners, t
 from mpirl.execution.trainer import Trainer
 from mpirl.models.alphazero import AlphaZeroNet, alphazero_loss
 from mpirl.models.alphazero_spec import AlphaZeroSpec
-from mpirl.search.players import make_player
+from mpirl.search.players import make_player, reference_opponents
 from mpirl.workers.alphazero_workers import AlphaZeroLearner, MatchShare, SelfPlayWorker
 from mpirl.workers.env_spec import GameEnvSpec
 
@@ -104,16 +105,23 @@ class Config(GameConfig, AllreduceConfig):
     share of this many)."""
 
     # Evaluation
-    evaluation_interval: int = 5
-    """Evaluate against the opponents every this many iterations."""
+    evaluation_interval: int = 20
+    """Evaluate against the opponents every this many iterations. Evaluation games search
+    (``evaluation_simulations``) one position at a time: on tic-tac-toe 20 games against each
+    of two opponents cost each of two rollout ranks about 9 s of CPU (measured on a busy
+    2-core machine), a third of what 60 iterations of self-play and training take."""
     evaluation_games: int = 20
     """Games against each opponent per evaluation (half of them moving first)."""
-    evaluation_opponents: str = "random,minimax"
+    evaluation_opponents: str = "auto"
     """Comma-separated players to evaluate against: random, minimax (small games only),
-    mcts:N (UCT with random rollouts) or module:Class."""
-    evaluation_simulations: int = 0
-    """0 evaluates the raw policy (its most probable legal move); more searches with the
-    network this many simulations a move, without noise."""
+    minimax:traps (perfect, and setting traps), mcts:N (UCT with random rollouts) or
+    module:Class. "auto": random, and minimax where the game is small enough to solve."""
+    evaluation_simulations: int = 100
+    """The network's search in evaluation and gating games, and in ``mpirl evaluate`` and
+    ``mpirl play`` unless ``--simulations`` says otherwise: this many simulations a move,
+    without root noise, the most visited move. 0 plays the raw policy (its most probable legal
+    move). Self-play's 16 are too few to play well: on tic-tac-toe they lost 2-3 of 100 games
+    to minimax where 64 and more lost none (benchmarks/RESULTS.md)."""
     evaluation_gumbel: bool = False
     """With ``gumbel``, search evaluation and gating games with Gumbel's root search too; by
     default they search with PUCT (the most visited move), which measured stronger at 32
@@ -144,8 +152,19 @@ class Config(GameConfig, AllreduceConfig):
         "evaluation_simulations": at_least(0), "gating_threshold": within(0, 1),
         "gating_games": at_least(1), "gating_opening_moves": at_least(0)}
 
-    def opponents(self) -> list[str]:
+    def opponents(self, env: GameEnvSpec) -> list[str]:
+        """The players the evaluations of a run on ``env`` play against
+        (``evaluation_opponents``; the game is loaded only for "auto")."""
+        if self.evaluation_opponents.strip() == "auto":
+            return reference_opponents(env.game())
         return [name.strip() for name in self.evaluation_opponents.split(",") if name.strip()]
+
+    def live_columns(self, env: Any) -> list[tuple[str, tuple[str, ...]]] | None:
+        """The live line shows the latest evaluation's win/draw/loss rates against each
+        opponent: self-play's returns (the first player's outcome) say nothing of strength."""
+        return [(f"eval {name} w/d/l", tuple(f"eval_{column(name)}_{outcome}"
+                                             for outcome in ("win", "draw", "loss")))
+                for name in self.opponents(env)]
 
 
 def model_spec(observation_space: Any, action_space: Any, config: Config) -> AlphaZeroSpec:
@@ -179,12 +198,11 @@ def check_config(config: Config, env: Any) -> None:
             f'config key "train_batch_size" = {config.train_batch_size} does not split evenly '
             f'over {learners} learners (each takes an equal share of every SGD step): give a '
             f'multiple of {learners}, such as {below or learners} or {below + learners}')
-    if not config.opponents():
+    if not config.opponents(env):
         raise ConfigError('config key "evaluation_opponents" names no player; give e.g. '
-                          '"random" or "random,minimax"')
-    game = env.game()
-    rng = np.random.default_rng(0)
-    for name in config.opponents():
+                          '"random", "random,minimax" or "auto"')
+    game, rng = env.game(), np.random.default_rng(0)
+    for name in config.opponents(env):
         try:  # a bad name, or a game too big for minimax
             make_player(name, game, rng)
         except ConfigError as error:
@@ -219,7 +237,7 @@ class AlphaZeroState(PlanState):
     def __init__(self, trainer: Trainer) -> None:
         config = trainer.config
         self.rng = np.random.default_rng(config.seed + 99_991)
-        self.opponents = config.opponents()
+        self.opponents = config.opponents(trainer.env)
         self.latest = {f"eval_{column(name)}_{outcome}": math.nan
                        for name in self.opponents for outcome in ("win", "draw", "loss")}
         #: The weights version the rollout ranks hold: the learners' after the last update,

@@ -35,6 +35,12 @@ class ConfigError(MpirlError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class MissingPackage(ConfigError):
+    """What was asked for needs an optional package that is not installed; the message starts
+    with what needs which package and the line that installs it, and callers pass it on as is
+    rather than behind a message of their own."""
+
+
 class LayoutError(ConfigError):
     """The MPI world size does not fit the requested layout of roles."""
 

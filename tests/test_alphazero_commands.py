@@ -10,7 +10,10 @@ import textwrap
 
 import pytest
 from conftest import OS_TTT, mpi_env
+from mpirl.algorithms.alphazero import Config
 from test_train import MPIRL
+
+from mpirl.commands.match import evaluate_match
 
 pytest.importorskip("pyspiel")
 
@@ -42,6 +45,11 @@ def test_evaluate_against_an_opponent_prints_counts_and_json(run_dir):
     assert summary["wins"] == 0  # nobody beats minimax at tic-tac-toe
     assert (summary["opponent"], summary["simulations"], summary["iteration"]) == \
         ("minimax", 4, 3)
+
+    # Without --simulations the agent searches as the run's evaluation does (issue 47), not
+    # with self-play's 8 (or the raw policy): in process, to keep it cheap.
+    default = evaluate_match(run_dir, "random", 2)
+    assert default["simulations"] == Config().evaluation_simulations == 100, default
 
     runs = [mpirl("evaluate", str(run_dir), "--games", "4", "--simulations", "0")
             for _ in range(2)]

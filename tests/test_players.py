@@ -23,6 +23,7 @@ from mpirl.search.players import (
     UCTPlayer,
     make_player,
     play_match,
+    reference_opponents,
 )
 
 pytest.importorskip("pyspiel")
@@ -189,3 +190,35 @@ def test_illegal_move_forfeits_with_a_warning_naming_the_player():
     assert result.losses == 2 and result.forfeits == 2
     assert result.as_dict() == {"games": 2, "wins": 0, "draws": 0, "losses": 2, "forfeits": 2,
                                 "opponent_forfeits": 0}
+
+
+def test_the_trap_setter_and_minimax_never_lose_to_each_other_and_vary_their_moves():
+    """The two perfect opponents of issue 47's bar: minimax at random among optimal moves, and
+    minimax:traps, which among them prefers moves that leave the most losing replies (forks).
+    Both are perfect (only draws between them), each varies its games, and the trap-setter
+    forks where it can and beats random play more often than plain minimax."""
+    game = load_game(OS_TTT)
+    minimax = make_player("minimax", game, np.random.default_rng(0))
+    traps = make_player("minimax:traps", game, np.random.default_rng(1))
+    assert traps.name == "minimax:traps"
+    rng = np.random.default_rng(2)
+    assert play_match(game, traps, minimax, 20, rng).draws == 20
+    assert play_match(game, traps, traps, 6, rng).draws == 6
+
+    # They vary: the trap-setter's first moves are corners (7 of O's 8 replies lose), all four.
+    first = game.new_initial_state()
+    assert {traps.act(first.clone()) for _ in range(40)} == {0, 2, 6, 8}
+    assert len({minimax.act(first.clone()) for _ in range(40)}) >= 5
+    # Against random play the traps pay: more wins than plain minimax in the same games.
+    plain = play_match(game, minimax, RandomPlayer(np.random.default_rng(3)), 200,
+                       np.random.default_rng(4))
+    trapping = play_match(game, traps, RandomPlayer(np.random.default_rng(3)), 200,
+                          np.random.default_rng(4))
+    assert plain.losses == trapping.losses == 0
+    assert trapping.wins > plain.wins, (trapping, plain)
+
+
+def test_default_opponents_follow_what_the_game_allows():
+    assert reference_opponents(load_game(OS_TTT)) == ["random", "minimax"]
+    assert reference_opponents(load_game(PZ_TTT)) == ["random", "minimax"]
+    assert reference_opponents(load_game(OS_C4)) == ["random"]  # too large to solve

@@ -1,7 +1,8 @@
 """``mpirl evaluate`` of a board-game checkpoint (AlphaZero), and ``mpirl play``.
 
 One process, no MPI: the agent is learner 0's network from the checkpoint, searching
-``simulations`` times a move without noise (0: its raw policy, the most probable legal move).
+``simulations`` times a move (by default the run's ``evaluation_simulations``) without noise,
+the most visited move (0: its raw policy, the most probable legal move).
 ``evaluate_match`` plays it against a reference player (``mpirl.search.players.make_player``'s
 specs) for N games, half of them moving first; ``play_in_terminal`` lets a person play it.
 """
@@ -103,11 +104,12 @@ def checkpoint_network(checkpoint: Path, manifest: dict[str, Any], config: Any) 
 def evaluate_match(path: str | Path, opponent: str, games: int, simulations: int | None = None,
                    seed: int = 0, warn=None) -> dict[str, Any]:
     """Play ``games`` games of the checkpoint's agent against ``opponent``, half moving first;
-    the counts from the agent's side. ``simulations`` None searches as the run's self-play."""
+    the counts from the agent's side. ``simulations`` None searches as the run's evaluation
+    (``evaluation_simulations``)."""
     if games < 1:
         raise ConfigError(f"--games must be at least 1, got {games}")
     agent = load_agent(path, warn)
-    simulations = agent.config.simulations if simulations is None else simulations
+    simulations = agent.config.evaluation_simulations if simulations is None else simulations
     rng = np.random.default_rng(seed)
     player = agent.player(simulations, rng)
     result = play_match(agent.game, player, make_player(opponent, agent.game, rng), games, rng)
@@ -160,7 +162,7 @@ def play_in_terminal(path: str | Path, simulations: int | None = None, first: bo
     """A person against the checkpoint's agent, by move numbers on ``stdin``; 0 at the end of
     a game, 1 if the person quits (q or end of input) first."""
     agent = load_agent(path, warn)
-    simulations = agent.config.simulations if simulations is None else simulations
+    simulations = agent.config.evaluation_simulations if simulations is None else simulations
     bot = agent.player(simulations, np.random.default_rng(seed))
     human = 0 if first else 1
     state = agent.game.new_initial_state()

@@ -293,7 +293,8 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
     mode = request.progress if output.terminal is not None else "off"
     with open_recorder(request, params, resumed_from is not None, trainer) as recorder, \
             ProgressDisplay(title, mode=mode, stream=output.terminal, stop=request.stop,
-                            log=output.file) as display, \
+                            log=output.file,
+                            columns=request.config.live_columns(request.env)) as display, \
             stop_signals.before_quitting(display.end_line):
         trainer.notes_to = display.note
         while True:

@@ -365,6 +365,12 @@ class CommonConfig:
             raise ConfigError(f'config key "env_config" must be a JSON object of keyword '
                               f'arguments, got {json.dumps(self.env_config, default=repr)}')
 
+    def live_columns(self, env: Any) -> list[tuple[str, tuple[str, ...]]] | None:
+        """What the live line shows of a run on ``env`` in place of the episodes' return and
+        length, as (label, progress-row keys) pairs, each shown as ``label v1/v2/...``; None
+        keeps return and length, which is what most algorithms' episodes mean."""
+        return None
+
 
 @dataclass
 class AllreduceConfig:

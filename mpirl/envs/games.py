@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, MissingPackage
 
 #: The prefix that names an OpenSpiel game.
 OPENSPIEL_PREFIX = "openspiel/"
@@ -178,8 +178,8 @@ class OpenSpielGame(Game):
         try:
             import pyspiel
         except ImportError:
-            raise ConfigError(f"game {OPENSPIEL_PREFIX}{spec} needs OpenSpiel: "
-                              f"pip install 'mpirl[openspiel]'") from None
+            raise MissingPackage(f"{OPENSPIEL_PREFIX}{spec} needs OpenSpiel: pip install "
+                                 f"'mpirl[openspiel]'") from None
         base = spec.partition("(")[0]
         self.name = OPENSPIEL_PREFIX + (spec if not parameters else base + "(" + ",".join(
             f"{key}={value}" for key, value in sorted(parameters.items())) + ")")
@@ -297,6 +297,9 @@ class PettingZooGame(Game):
         try:
             module = importlib.import_module(module_name)
         except ImportError as error:
+            if (error.name or "").partition(".")[0] == "pettingzoo":
+                raise MissingPackage(f"{module_name} needs PettingZoo: pip install "
+                                     f"'mpirl[games]'") from None
             raise ConfigError(f"game {module_name!r} could not be imported ({error}); PettingZoo's "
                               f"classic games need pip install 'mpirl[games]', and OpenSpiel's "
                               f"are named {OPENSPIEL_PREFIX}<name>") from None

@@ -161,12 +161,13 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
         "wins, draws and losses from the agent's side.")
     games.add_argument("--opponent", metavar="SPEC",
                        help="random (the default for a game checkpoint), mcts:N (UCT with random "
-                            "rollouts, N simulations), minimax (small games), or module:Class "
-                            "(act(observation, action_mask) -> move)")
+                            "rollouts, N simulations), minimax (small games), minimax:traps "
+                            "(perfect, setting traps), or module:Class (act(observation, "
+                            "action_mask) -> move)")
     games.add_argument("--games", type=int, default=100, help="games to play (100)")
     games.add_argument("--simulations", type=int,
                        help="the agent's search simulations a move; 0 plays its raw policy "
-                            "(default: the run's self-play simulations)")
+                            "(default: the run's evaluation_simulations, 100 unless set)")
 
     play = commands.add_parser(
         "play", help="play a board game against an AlphaZero checkpoint in the terminal",
@@ -177,7 +178,7 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     play.add_argument("--second", action="store_true", help="let the agent move first")
     play.add_argument("--simulations", type=int,
                       help="the agent's search simulations a move; 0 plays its raw policy "
-                           "(default: the run's self-play simulations)")
+                           "(default: the run's evaluation_simulations, 100 unless set)")
     play.add_argument("--seed", type=int, default=0, help="seed of the agent's search")
 
     export = commands.add_parser(

@@ -115,6 +115,11 @@ def _decimal(value: Any) -> str:
     return "-" if _is_missing(value) else f"{float(value):,.1f}"
 
 
+def _rate(value: Any) -> str:
+    """A rate or other small value in at most three digits: ``0.95``, ``1``, ``0``."""
+    return "-" if _is_missing(value) else f"{float(value):.3g}"
+
+
 def _target(value: float) -> str:
     """A stop criterion's value: ``20,000`` for a whole number (``--stop`` gives floats)."""
     value = float(value)
@@ -168,8 +173,11 @@ class ProgressDisplay:
 
     def __init__(self, title: str, total_steps: float | None = None, mode: str = "auto",
                  stream: TextIO | None = None, stop: dict[str, float] | None = None,
-                 log: TextIO | None = None) -> None:
+                 log: TextIO | None = None,
+                 columns: list[tuple[str, tuple[str, ...]]] | None = None) -> None:
         self.title = title
+        #: The algorithm's own columns in place of return and length (``live_columns``).
+        self.columns = columns
         self.stop = dict(stop or {})
         self.total_steps = total_steps if total_steps is not None else self.stop.get(
             "timesteps_total")
@@ -249,15 +257,21 @@ class ProgressDisplay:
             self._of("training_iteration", f"iter {_count(row.get('iteration'))}"),
             self._steps(row),
             f"{sps_text} steps/s",
-            self._return(row),
         ]
+        shown = _SHOWN
+        if self.columns is None:
+            parts.append(self._return(row))
+        else:
+            parts += [f"{label} {'/'.join(_rate(row.get(key)) for key in keys)}"
+                      for label, keys in self.columns]
+            shown = tuple(key for key in _SHOWN if key != "episode_return_mean")
         # What else the run stops on (a multi-agent run's policy_return_mean_min, or its summed
         # return): the return above is not what decides. A policy's own shows with its return.
         multiagent = any(key.startswith("episode_return_mean/") for key in row)
         parts += [self._of(key, f"{key} {_decimal(row.get(key))}") for key in self.stop
-                  if (key not in _SHOWN or (multiagent and key == "episode_return_mean"))
+                  if (key not in shown or (multiagent and key == "episode_return_mean"))
                   and not (multiagent and key.startswith("episode_return_mean/"))]
-        if "episode_len_mean" in row:
+        if self.columns is None and "episode_len_mean" in row:
             parts.append(f"len {_decimal(row['episode_len_mean'])}")
         if not _is_missing(row.get("eval_return_mean")) or "eval_return_mean" in self.stop:
             parts.append(self._of("eval_return_mean",

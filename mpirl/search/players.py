@@ -7,6 +7,9 @@ A player's ``act(state)`` returns a legal move for the player to move in ``state
 * ``mcts:N``: plain UCT search with random rollouts and N simulations per move;
 * ``minimax``: exact negamax with alpha-beta and a transposition table, for games small enough to
   solve (tic-tac-toe); it picks at random among the optimal moves;
+* ``minimax:traps``: as perfect, but among the optimal moves it prefers those that leave the
+  opponent the most losing replies (a fork, two lines threatened at once, leaves only losing
+  ones), at random among those;
 * ``module:Class``: a user's class, built with no arguments, whose ``act(observation,
   action_mask)`` sees what the agent sees (``GameState.observation()`` and the legal mask).
 """
@@ -26,7 +29,10 @@ from mpirl.errors import ConfigError
 from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
 
 #: The forms of an opponent spec, for messages.
-SPEC_FORMS = "random, mcts:N (N simulations, e.g. mcts:100), minimax, or module:Class"
+SPEC_FORMS = ("random, mcts:N (N simulations, e.g. mcts:100), minimax, minimax:traps, or "
+              "module:Class")
+#: Above this Knuth estimate of its game tree a game is too large for minimax.
+MAX_TREE_ESTIMATE = 1e8
 
 
 class Player(Protocol):
@@ -131,7 +137,8 @@ class MinimaxPlayer:
     solving, more than ``max_positions`` positions searched.
     """
 
-    def __init__(self, game: Game, rng: np.random.Generator, max_tree_estimate: float = 1e8,
+    def __init__(self, game: Game, rng: np.random.Generator,
+                 max_tree_estimate: float = MAX_TREE_ESTIMATE,
                  max_positions: int = 2_000_000) -> None:
         self.name = "minimax"
         self._rng = rng
@@ -147,10 +154,16 @@ class MinimaxPlayer:
                 f"mcts:N instead")
 
     def act(self, state: GameState) -> int:
+        return self._pick(self.optimal_moves(state))
+
+    def optimal_moves(self, state: GameState) -> list[int]:
+        """The legal moves of optimal value for the player to move."""
         values = self.move_values(state)
         best = max(values.values())
-        optimal = [a for a, v in values.items() if v == best]
-        return int(optimal[0] if len(optimal) == 1 else self._rng.choice(optimal))
+        return [a for a, v in values.items() if v == best]
+
+    def _pick(self, moves: list[int]) -> int:
+        return int(moves[0] if len(moves) == 1 else self._rng.choice(moves))
 
     def move_values(self, state: GameState) -> dict[int, float]:
         """Each legal move's exact value for the player to move."""
@@ -201,6 +214,48 @@ class MinimaxPlayer:
         bound = _UPPER if best <= first_alpha else _LOWER if best >= beta else _EXACT
         self._table[key] = (best, bound)
         return best
+
+
+class TrapPlayer(MinimaxPlayer):
+    """Perfect play that sets traps: among the optimal moves, those after which the most of the
+    opponent's replies lose (by exact value), at random among them. In tic-tac-toe that is a
+    fork (two lines threatened: every reply loses) before a single threat, and a threat before
+    a quiet move: the opponent that an agent which only learned to draw itself would fall for."""
+
+    def __init__(self, game: Game, rng: np.random.Generator) -> None:
+        super().__init__(game, rng)
+        self.name = "minimax:traps"
+
+    def act(self, state: GameState) -> int:
+        optimal = self.optimal_moves(state)
+        if len(optimal) == 1:
+            return optimal[0]
+        me = state.current_player()
+        traps = {action: self._losing_replies(state, action, me) for action in optimal}
+        most = max(traps.values())
+        return self._pick([action for action in optimal if traps[action] == most])
+
+    def _losing_replies(self, state: GameState, action: int, me: int) -> int:
+        """How many of the opponent's replies to ``action`` lose for them."""
+        child = state.clone()
+        child.apply(action)
+        if child.is_terminal() or child.current_player() == me:
+            return 0
+        values = self.move_values(child)
+        return sum(value < 0 for value in values.values())
+
+
+def solvable(game: Game) -> bool:
+    """Whether ``game`` is small enough for minimax (its Knuth estimate within
+    ``MAX_TREE_ESTIMATE``; the same for every call: the estimate's playouts are seeded)."""
+    return estimate_tree_size(game, np.random.default_rng(0)) <= MAX_TREE_ESTIMATE
+
+
+def reference_opponents(game: Game) -> list[str]:
+    """The opponents an evaluation of ``game`` plays by default: random, and minimax where the
+    game can be solved; a larger game (Connect Four) gets random only, as UCT with random
+    rollouts (mcts:N) costs more than a default evaluation should."""
+    return ["random", "minimax"] if solvable(game) else ["random"]
 
 
 def estimate_tree_size(game: Game, rng: np.random.Generator, playouts: int = 32,
@@ -259,6 +314,8 @@ def make_player(spec: str, game: Game, rng: np.random.Generator) -> Player:
         return RandomPlayer(rng)
     if spec == "minimax":
         return MinimaxPlayer(game, rng)
+    if spec == "minimax:traps":
+        return TrapPlayer(game, rng)
     if spec.startswith("mcts:") or spec == "mcts":
         count = spec.partition(":")[2]
         if not count.isdigit() or int(count) < 1:

@@ -25,7 +25,7 @@ from mpirl.envs.atari import (
 )
 from mpirl.envs.games import OPENSPIEL_PREFIX, Game, game_spaces, load_game
 from mpirl.envs.parallel import load_factory, make_parallel
-from mpirl.errors import ConfigError
+from mpirl.errors import ConfigError, MissingPackage
 from mpirl.models.spaces import flatten_structured
 
 
@@ -165,6 +165,8 @@ def game_env_spec(env_id: str, env_module: str | None, config: Mapping[str, Any]
     spec = GameEnvSpec(env_id, env_module, dict(config.get("env_config") or {}))
     try:
         spec.check()
+    except MissingPackage:
+        raise
     except ConfigError as error:
         raise ConfigError(f"{algo} plays two-player board games: --env must be "
                           f"{OPENSPIEL_PREFIX}<name> (OpenSpiel) or a PettingZoo classic module "
