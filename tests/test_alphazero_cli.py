@@ -154,6 +154,7 @@ C4_CONFIG = {"channels": 32, "blocks": 2, "simulations": 32, "games_per_worker":
              "evaluation_opponents": "random,mcts:100", "evaluation_simulations": 32}
 
 
+@pytest.mark.timeout(900)  # the run's own limit: pytest's 300 s cut it first under load
 def test_alphazero_learns_connect_four(tmp_path):
     """Connect Four: 50 iterations of 64+ self-play games (32 simulations a move, a tower of 2
     blocks of 32 channels), then 40 games against random and 40 against mcts:100 (plain UCT,
