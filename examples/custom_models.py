@@ -20,16 +20,22 @@ def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
                          nn.Tanh(), nn.Linear(hidden, outputs))
 
 
+
+def _sizes(observation_space: gym.Space, action_space: gym.Space) -> tuple[int, int]:
+    """A flat observation's length, and the policy head's outputs: logits for Discrete actions,
+    mean and log std for Box."""
+    outputs = (int(action_space.n) if isinstance(action_space, gym.spaces.Discrete)
+               else 2 * int(np.prod(action_space.shape)))
+    return int(np.prod(observation_space.shape)), outputs
+
 class ActorCritic(nn.Module):
     """For PPO, A2C, A3C, IMPALA, BC and MARWIL: ``forward(obs) -> (distribution_inputs,
     value)``. Logits for Discrete actions; mean and log std concatenated for Box."""
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: dict):
         super().__init__()
-        inputs = int(np.prod(observation_space.shape))
+        inputs, outputs = _sizes(observation_space, action_space)
         hidden = int(config.get("hidden", 64))
-        outputs = (int(action_space.n) if isinstance(action_space, gym.spaces.Discrete)
-                   else 2 * int(np.prod(action_space.shape)))
         self.pi = _mlp(inputs, hidden, outputs)
         self.vf = _mlp(inputs, hidden, 1)
         with torch.no_grad():  # a near-uniform first policy
@@ -48,10 +54,8 @@ class SharedTrunk(nn.Module):
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: dict):
         super().__init__()
-        inputs = int(np.prod(observation_space.shape))
+        inputs, outputs = _sizes(observation_space, action_space)
         hidden = int(config.get("hidden", 32))
-        outputs = (int(action_space.n) if isinstance(action_space, gym.spaces.Discrete)
-                   else 2 * int(np.prod(action_space.shape)))
         self.trunk = nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(),
                                    nn.Linear(hidden, hidden), nn.Tanh())
         self.pi = nn.Linear(hidden, outputs)
