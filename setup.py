@@ -3,12 +3,9 @@
 import re
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
-# mpirl's layers, lowest first (tests/test_import_graph.py checks that none imports a higher one).
-SUBPACKAGES = ("config", "runtime", "report", "jobs", "envs", "search", "models", "data", "workers",
-               "execution", "commands", "tune")
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "mpirl/__init__.py").read_text()).group(1)
 
 #: Optional dependencies: name -> (what it is for, its requirements). docs/install.md's table of
@@ -64,7 +61,9 @@ setup(
     python_requires=">=3.11",
     # algorithms/ sits at the top of the repository but installs as mpirl.algorithms, so that
     # "import algorithms" never clashes with another package of that name.
-    packages=["mpirl", *(f"mpirl.{name}" for name in SUBPACKAGES), "mpirl.algorithms"],
+    # Each algorithm family's folder (algorithms/alphazero/, ...) installs as a package of it.
+    packages=[*find_packages(include=["mpirl", "mpirl.*"]), "mpirl.algorithms",
+              *(f"mpirl.algorithms.{name}" for name in find_packages("algorithms"))],
     package_dir={"mpirl": "mpirl", "mpirl.algorithms": "algorithms"},
     # The job script template of mpirl slurm.
     package_data={"mpirl.jobs": ["templates/*.sbatch"]},

@@ -32,9 +32,12 @@ def module_files(root: Path = REPO) -> dict[str, Path]:
         if parts[-1] == "__init__":
             parts = parts[:-1]
         files[".".join(parts)] = path
-    for path in sorted((root / "algorithms").glob("*.py")):
-        name = "mpirl.algorithms" if path.stem == "__init__" else f"mpirl.algorithms.{path.stem}"
-        files[name] = path
+    # algorithms/ is installed as mpirl.algorithms; a family's folder is a package in it.
+    for path in sorted((root / "algorithms").rglob("*.py")):
+        parts = path.relative_to(root / "algorithms").with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        files[".".join(("mpirl", "algorithms", *parts))] = path
     return files
 
 
