@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,34 @@ def parse_result(stdout: str) -> dict | None:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     return None
+
+
+#: MPIRL_TEST_COSTS=FILE: a line of JSON per test (wall s, CPU s of pytest and of the processes
+#: it waited for), appended as each test ends. The suite is CPU-bound on CI's 2 cores, so CPU
+#: seconds say what a test costs there even when this machine is busy.
+_COSTS = os.environ.get("MPIRL_TEST_COSTS")
+
+
+def _cpu_s(now, before) -> float:
+    return round(now.ru_utime + now.ru_stime - before.ru_utime - before.ru_stime, 3)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _COSTS:
+        return (yield)
+    before = (time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF),
+              resource.getrusage(resource.RUSAGE_CHILDREN))
+    try:
+        return (yield)
+    finally:
+        wall, own, children = before
+        own_now = resource.getrusage(resource.RUSAGE_SELF)
+        children_now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cost = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 3),
+                "cpu_s": _cpu_s(own_now, own), "children_cpu_s": _cpu_s(children_now, children)}
+        with open(_COSTS, "a") as file:
+            file.write(json.dumps(cost) + "\n")
 
 
 @pytest.fixture(scope="session", autouse=True)
