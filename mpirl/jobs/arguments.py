@@ -83,6 +83,20 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
         dest="command", required=True, metavar="COMMAND",
         parser_class=functools.partial(_Parser, allow_abbrev=False),
     )
+    _add_doctor(commands)
+    _add_train(commands)
+    _add_inspect(commands)
+    _add_evaluate(commands)
+    _add_play(commands)
+    _add_export(commands)
+    _add_tune(commands)
+    if add_job_commands is not None:
+        add_job_commands(commands)
+    _add_plot(commands)
+    return parser
+
+
+def _add_doctor(commands: Any) -> None:
     doctor = commands.add_parser(
         "doctor", help="check that every rank starts, answers and moves data; print the layout",
     )
@@ -93,6 +107,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     )
     doctor.add_argument("--pings", type=int, default=200, help="round trips timed per worker")
 
+
+def _add_train(commands: Any) -> None:
     train = commands.add_parser(
         "train", help="train an algorithm on an environment (run it under mpiexec or srun)",
         description="Train until any --stop criterion is met (exit code 0). Rank 0 shows "
@@ -131,6 +147,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                             "mpirl's, without mpiexec) is a terminal, plain lines when it goes "
                             "to a file (default: $MPIRL_PROGRESS, else auto)")
 
+
+def _add_inspect(commands: Any) -> None:
     inspect = commands.add_parser(
         "inspect", help="summarize a trajectory dump: episodes, steps, returns, spaces, files",
         description="Run without mpiexec. PATH is a dump directory (--dump-trajectories), its "
@@ -140,6 +158,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     inspect.add_argument("--plot", metavar="PNG", help="draw the return distribution to PNG")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
 
+
+def _add_evaluate(commands: Any) -> None:
     evaluate = commands.add_parser(
         "evaluate", help="run a checkpoint's policy for some episodes and print its returns",
         description="Run without mpiexec. CHECKPOINT is a checkpoint directory, or a run "
@@ -169,6 +189,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                        help="the agent's search simulations a move; 0 plays its raw policy "
                             "(default: the run's evaluation_simulations, 100 unless set)")
 
+
+def _add_play(commands: Any) -> None:
     play = commands.add_parser(
         "play", help="play a board game against an AlphaZero checkpoint in the terminal",
         description="Run without mpiexec. CHECKPOINT is a checkpoint directory, or a run "
@@ -181,6 +203,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                            "(default: the run's evaluation_simulations, 100 unless set)")
     play.add_argument("--seed", type=int, default=0, help="seed of the agent's search")
 
+
+def _add_export(commands: Any) -> None:
     export = commands.add_parser(
         "export", help="write a checkpoint's policy as plain arrays (.npz), safe to share",
         description="Run without mpiexec. CHECKPOINT is a checkpoint directory, or a run "
@@ -198,19 +222,8 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
                         help="a multi-agent checkpoint: the policy to export (needed when it "
                              "has several)")
 
-    _add_tune(commands.add_parser(
-        "tune", help="run a population of trials: PBT, or a grid or random search",
-        description="Run under mpiexec or srun: rank 0 is the population controller, and each "
-                    "trial is an ordinary mpirl train run on --ranks-per-trial ranks of its own. "
-                    "Options go before --, the train options every trial shares after it. The "
-                    "tune directory holds trial_NNN/ run directories, tune.csv, pbt.jsonl and "
-                    "result.json; SIGUSR1, SIGUSR2 or SIGTERM checkpoints every trial and exits "
-                    "with code 75: continue with --resume TUNE_DIR.",
-    ))
 
-    if add_job_commands is not None:
-        add_job_commands(commands)
-
+def _add_plot(commands: Any) -> None:
     plot = commands.add_parser(
         "plot", help="plot return curves of one or more run directories",
         description="RUN_DIR is a run directory, or a folder that holds run directories (runs/, "
@@ -219,11 +232,19 @@ def command_parser(add_job_commands: Callable[[Any], None] | None = None
     plot.add_argument("-o", "--output",
                       help="PNG file to write (default: curve.png in RUN_DIR, or in the folder "
                            "that holds every RUN_DIR given)")
-    return parser
 
 
-def _add_tune(tune: argparse.ArgumentParser) -> None:
+def _add_tune(commands: Any) -> None:
     """``mpirl tune``'s own options; the train command follows ``--``."""
+    tune = commands.add_parser(
+        "tune", help="run a population of trials: PBT, or a grid or random search",
+        description="Run under mpiexec or srun: rank 0 is the population controller, and each "
+                    "trial is an ordinary mpirl train run on --ranks-per-trial ranks of its own. "
+                    "Options go before --, the train options every trial shares after it. The "
+                    "tune directory holds trial_NNN/ run directories, tune.csv, pbt.jsonl and "
+                    "result.json; SIGUSR1, SIGUSR2 or SIGTERM checkpoints every trial and exits "
+                    "with code 75: continue with --resume TUNE_DIR.",
+    )
     tune.add_argument("--scheduler", choices=SCHEDULERS, default="fifo",
                       help="fifo: run every trial to its --stop; pbt: Population-Based Training "
                            "(default fifo)")
