@@ -55,87 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         # Importing the run's world initializes MPI and marks the point.
         from mpirl.runtime import startup, world  # noqa: F401
     try:
-        if args.command == "doctor":
-            from mpirl.commands.doctor import LearnerCheck, doctor
-            from mpirl.runtime.driver import RuntimeSettings, run
-
-            startup.mark("imports_done")
-            layout_keys, runtime_keys, learner_keys = split_by_dataclass(
-                parse_json_object(args.config, "--config"), Layout, RuntimeSettings, LearnerCheck
-            )
-            layout = build(Layout, layout_keys)
-            settings = build(RuntimeSettings, runtime_keys)
-            learners = build(LearnerCheck, learner_keys)
-            if args.pings < 1:  # the median of no round trips failed after every rank started
-                raise ConfigError(f"--pings must be >= 1, got {args.pings}")
-            return run(lambda driver: doctor(driver, args.pings, learners), layout, settings)
-        if args.command == "train":
-            from mpirl.runtime.driver import run_prepared
-            from mpirl.runtime.world import run_rank
-
-            def prepare():
-                # Rank 0 alone: the request's checks, and the imports they need (torch).
-                from mpirl.commands.train import make_request, prepared
-                from mpirl.execution.trainer import max_iterations_from_env
-
-                startup.mark("imports_done")
-                config = parse_json_object(args.config, "--config")
-                if args.dump_trajectories is not None:
-                    config["dump_trajectories"] = args.dump_trajectories
-                return prepared(make_request(
-                    args.algo, args.env, args.env_module, config,
-                    parse_json_object(args.stop, "--stop"),
-                    args.seed, args.run_dir, args.resume, args.progress,
-                    max_iterations_from_env(),
-                ))
-
-            if run_rank() != 0:
-                # While rank 0 prepares, import what most worker ranks (rollout) will need:
-                # otherwise they would start importing only when the driver spawns them.
-                import mpirl.workers.rollout  # noqa: F401
-
-                startup.mark("imports_done")
-            return run_prepared(prepare, stop_signals_enabled=True)
-        if args.command == "tune":
-            from mpirl.tune import tune_main
-
-            startup.mark("imports_done")
-            return tune_main(args)
-        if args.command == "evaluate":
-            from mpirl.commands.evaluate import evaluate, report
-            from mpirl.commands.match import evaluate_match, match_report, wants_match
-
-            warn = lambda m: _print_on_rank0(f"mpirl: {m}")  # noqa: E731
-            if wants_match(args.checkpoint, args.opponent, warn):
-                summary = evaluate_match(args.checkpoint, args.opponent or "random", args.games,
-                                         args.simulations, args.seed, warn)
-                print(match_report(summary, args.json), flush=True)
-                return 0
-            result = evaluate(args.checkpoint, args.episodes, args.seed, args.stochastic,
-                              args.render_video, warn=lambda m: _print_on_rank0(f"mpirl: {m}"),
-                              env_id=args.env, env_module=args.env_module)
-            print(report(result, args.json), flush=True)
-            return 0
-        if args.command == "play":
-            from mpirl.commands.match import play_in_terminal
-
-            return play_in_terminal(args.checkpoint, args.simulations, not args.second,
-                                    args.seed, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
-        if args.command == "export":
-            from mpirl.commands.evaluate import find_checkpoint
-            from mpirl.commands.export import default_output, export_checkpoint
-
-            checkpoint, manifest = find_checkpoint(
-                args.checkpoint, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
-            output = args.output or default_output(checkpoint, manifest, args.policy)
-            written = export_checkpoint(checkpoint, manifest, output, args.policy)
-            _print_on_rank0(f"wrote {written} (from {checkpoint})", sys.stdout)
-            return 0
-        if args.command == "plot":
-            from mpirl.report.plot import plot_runs
-
-            _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}", sys.stdout)
-            return 0
+        return _COMMANDS[args.command](args)
     except LaunchError as error:
         # Every task may be a rank 0 of its own here (singletons): Slurm's task 0 speaks.
         if error.speaker:
@@ -144,7 +64,110 @@ def main(argv: list[str] | None = None) -> int:
     except MpirlError as error:
         _print_on_rank0(f"mpirl: error: {error}")
         return error.exit_code
-    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from mpirl.commands.doctor import LearnerCheck, doctor
+    from mpirl.runtime import startup  # imported by main, with MPI
+    from mpirl.runtime.driver import RuntimeSettings, run
+
+    startup.mark("imports_done")
+    layout_keys, runtime_keys, learner_keys = split_by_dataclass(
+        parse_json_object(args.config, "--config"), Layout, RuntimeSettings, LearnerCheck
+    )
+    layout = build(Layout, layout_keys)
+    settings = build(RuntimeSettings, runtime_keys)
+    learners = build(LearnerCheck, learner_keys)
+    if args.pings < 1:  # the median of no round trips failed after every rank started
+        raise ConfigError(f"--pings must be >= 1, got {args.pings}")
+    return run(lambda driver: doctor(driver, args.pings, learners), layout, settings)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from mpirl.runtime import startup  # imported by main, with MPI
+    from mpirl.runtime.driver import run_prepared
+    from mpirl.runtime.world import run_rank
+
+    def prepare():
+        # Rank 0 alone: the request's checks, and the imports they need (torch).
+        from mpirl.commands.train import make_request, prepared
+        from mpirl.execution.trainer import max_iterations_from_env
+
+        startup.mark("imports_done")
+        config = parse_json_object(args.config, "--config")
+        if args.dump_trajectories is not None:
+            config["dump_trajectories"] = args.dump_trajectories
+        return prepared(make_request(
+            args.algo, args.env, args.env_module, config,
+            parse_json_object(args.stop, "--stop"),
+            args.seed, args.run_dir, args.resume, args.progress,
+            max_iterations_from_env(),
+        ))
+
+    if run_rank() != 0:
+        # While rank 0 prepares, import what most worker ranks (rollout) will need:
+        # otherwise they would start importing only when the driver spawns them.
+        import mpirl.workers.rollout  # noqa: F401
+
+        startup.mark("imports_done")
+    return run_prepared(prepare, stop_signals_enabled=True)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from mpirl.runtime import startup  # imported by main, with MPI
+    from mpirl.tune import tune_main
+
+    startup.mark("imports_done")
+    return tune_main(args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from mpirl.commands.evaluate import evaluate, report
+    from mpirl.commands.match import evaluate_match, match_report, wants_match
+
+    warn = lambda m: _print_on_rank0(f"mpirl: {m}")  # noqa: E731
+    if wants_match(args.checkpoint, args.opponent, warn):
+        summary = evaluate_match(args.checkpoint, args.opponent or "random", args.games,
+                                 args.simulations, args.seed, warn)
+        print(match_report(summary, args.json), flush=True)
+        return 0
+    result = evaluate(args.checkpoint, args.episodes, args.seed, args.stochastic,
+                      args.render_video, warn=lambda m: _print_on_rank0(f"mpirl: {m}"),
+                      env_id=args.env, env_module=args.env_module)
+    print(report(result, args.json), flush=True)
+    return 0
+
+
+def _play(args: argparse.Namespace) -> int:
+    from mpirl.commands.match import play_in_terminal
+
+    return play_in_terminal(args.checkpoint, args.simulations, not args.second,
+                            args.seed, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
+
+
+def _export(args: argparse.Namespace) -> int:
+    from mpirl.commands.evaluate import find_checkpoint
+    from mpirl.commands.export import default_output, export_checkpoint
+
+    checkpoint, manifest = find_checkpoint(
+        args.checkpoint, warn=lambda m: _print_on_rank0(f"mpirl: {m}"))
+    output = args.output or default_output(checkpoint, manifest, args.policy)
+    written = export_checkpoint(checkpoint, manifest, output, args.policy)
+    _print_on_rank0(f"wrote {written} (from {checkpoint})", sys.stdout)
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from mpirl.report.plot import plot_runs
+
+    _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}", sys.stdout)
+    return 0
+
+
+#: The commands that run after MPI is up where they need it (launch, slurm and inspect run
+#: outside MPI and are answered before).
+_COMMANDS = {"doctor": _doctor, "train": _train, "tune": _tune, "evaluate": _evaluate,
+             "play": _play, "export": _export, "plot": _plot}
 
 
 def _inspect(args: argparse.Namespace) -> int:
