@@ -141,8 +141,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
         trained = driver.get("plan", {}).get("policies", {}).get(plan.policy_id)
         obs_filter = None if trained is None else trained["obs_filter"]
         # The file is the policy's alone: its algorithm, its config, its model.
-        config, algo, critic_inputs = plan.config, plan.algo, plan.model.critic_inputs \
-            if hasattr(plan.model, "critic_inputs") else 0
+        config, algo, critic_inputs = plan.config, plan.algo, plan.critic_inputs
     else:
         if policy_id is not None:
             raise ConfigError(f"--policy is for multi-agent checkpoints; {checkpoint} holds "
@@ -161,7 +160,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
         # normalizers and elites), so the file keeps its whole broadcast vector too.
         arrays[FLAT_WEIGHTS] = np.asarray(flat, np.float32)
     normalized = False
-    if getattr(config, "normalize_observations", False):
+    if config.observation_normalization():
         if obs_filter is not None:
             mean, var, count = obs_filter
             arrays["obs_filter/mean"], arrays["obs_filter/var"] = mean, var

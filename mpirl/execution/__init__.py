@@ -45,7 +45,7 @@ from mpirl.execution.operators import (
 )
 from mpirl.execution.trainer import Trainer
 from mpirl.models.policy import actor_critic_model
-from mpirl.workers.learner import Learner, LearnerSettings
+from mpirl.workers.learner import Learner, LearnerSettings, StatefulLoss
 from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 __all__ = [
@@ -55,6 +55,8 @@ __all__ = [
     "RolloutWorker", "Learner", "actor_critic_model", "no_config_checks", "stateless",
     # The settings those workers are built from (a worker class of your own subclasses them).
     "RolloutSettings", "LearnerSettings",
+    # A loss with state of its own (a plain loss function needs none of its hooks).
+    "StatefulLoss",
     # Config bases: a plug-in's Config subclasses one (and AllreduceConfig for an allreduce).
     "AllreduceConfig", "CommonConfig", "OfflineConfig", "OnPolicyConfig", "QLearningConfig",
     "ReplayConfig",

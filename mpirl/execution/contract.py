@@ -48,7 +48,8 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars",
               "AlphaZero": "mpirl.algorithms.alphazero", "PETS": "mpirl.algorithms.pets",
               "MBPO": "mpirl.algorithms.mbpo"}
-#: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works).
+#: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works); read
+#: only by ``algorithm_name``.
 _BY_UPPER = {name.upper(): name for name in ALGORITHMS}
 
 
@@ -190,7 +191,10 @@ _ABSENT = object()
 
 
 def algorithm_name(name: str) -> str:
-    """The name a run records for ``name``: PPO for ppo, a plug-in's module path as given."""
+    """The one spelling of the algorithm ``name`` (as typed after ``--algo``, or in a policy's
+    overrides) that runs record, name their directories by and load it back by: a built-in's
+    as ``ALGORITHMS`` writes it (PPO for ppo, AlphaZero for ALPHAZERO), a plug-in's module path
+    as given. Every comparison or lookup of a typed name goes through it."""
     return _BY_UPPER.get(name.upper(), name)
 
 
@@ -205,7 +209,7 @@ def name_of(module: AlgorithmModule) -> str:
 def load_algorithm(name: str) -> AlgorithmModule:
     """A built-in algorithm by name (PPO), or any importable module that defines every piece of
     ``AlgorithmModule`` (``my_package.my_algo``), as the built-in ones do; ConfigError if not."""
-    builtin = ALGORITHMS.get(_BY_UPPER.get(name.upper(), ""))
+    builtin = ALGORITHMS.get(algorithm_name(name))
     if builtin is not None:
         return check_contract(importlib.import_module(builtin), builtin)
     try:

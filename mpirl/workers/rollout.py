@@ -92,7 +92,7 @@ class SamplingSettings:
         """A multi-agent run's rollout worker of policy ``policy_id``, whose algorithm's config
         is ``config``."""
         return cls(policy_id=policy_id, policy_index=policy_index,
-                   gamma=getattr(config, "gamma", 1.0), lam=getattr(config, "gae_lambda", 1.0),
+                   gamma=config.discount(), lam=config.advantage_lambda(),
                    torch_threads=config.torch_threads,
                    weights_from=weights_from)
 
@@ -119,9 +119,9 @@ class RolloutSettings(EnvWorkerSettings, SamplingSettings):
         filter (BC no discount either), and replay configs sample no advantages: their workers
         keep the neutral defaults."""
         return cls(env=env, policy=policy, **cls.config_values(config), dump=dump,
-                   callbacks=config.callbacks, gamma=getattr(config, "gamma", 1.0),
-                   lam=getattr(config, "gae_lambda", 1.0),
-                   normalize_observations=getattr(config, "normalize_observations", False))
+                   callbacks=config.callbacks, gamma=config.discount(),
+                   lam=config.advantage_lambda(),
+                   normalize_observations=config.observation_normalization())
 
     def runner(self, acting: str) -> RunnerSettings:
         """Its own sampling core's settings: one policy, acting as ``acting``."""
