@@ -23,7 +23,7 @@ import torch
 
 from mpirl.config.parse import build
 from mpirl.errors import CheckpointError, ConfigError
-from mpirl.execution.contract import load_algorithm
+from mpirl.execution.contract import WEIGHTS_KEY, load_algorithm
 from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
 from mpirl.models.policy import RunningMeanStd, act_with_state
 from mpirl.models.torch_model import build_torch_model
@@ -215,7 +215,7 @@ def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
     policy = build_torch_model(module.model_spec(env.observation_space, env.action_space,
                                                  config))
     policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
-                                            files["learner_0.pkl"])["weights"])
+                                            files["learner_0.pkl"])[WEIGHTS_KEY])
     obs_filter = None
     driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
     if config.observation_normalization() and driver["obs_filter"] is not None:

@@ -111,7 +111,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
 
     This reads the checkpoint's pickles and imports its environment: export only your own."""
     from mpirl.config.parse import build
-    from mpirl.execution.contract import load_algorithm
+    from mpirl.execution.contract import WEIGHTS_KEY, load_algorithm
     from mpirl.runtime.state_files import read_state_file
     from mpirl.workers.env_spec import env_spec_for
 
@@ -150,7 +150,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
         algo, critic_inputs = manifest["algo"], 0
         model = build_torch_model(module.model_spec(observation_space, action_space, config))
         model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
-                                               files["learner_0.pkl"])["weights"])
+                                               files["learner_0.pkl"])[WEIGHTS_KEY])
         obs_filter = driver["obs_filter"]
     arrays = {f"weights/{name}": tensor.detach().numpy().copy()
               for name, tensor in model.named_parameters()}

@@ -27,6 +27,10 @@ from typing import Any, ClassVar
 
 from mpirl.errors import ConfigError
 
+__all__ = ["Range", "RANGES", "above", "at_least", "within", "ConfigHooks", "CommonConfig",
+           "AllreduceConfig", "OnPolicyConfig", "ReplayConfig", "QLearningConfig", "OfflineConfig",
+           "SearchConfig", "GameConfig"]
+
 
 @dataclass(frozen=True)
 class Range:

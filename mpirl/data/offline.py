@@ -17,6 +17,8 @@ import numpy as np
 
 from mpirl.errors import ConfigError, MpirlError
 
+__all__ = ["OfflineInput", "check_config", "offline_input"]
+
 
 @dataclass(frozen=True)
 class OfflineInput:

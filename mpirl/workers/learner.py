@@ -42,7 +42,7 @@ from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime import gathered
-from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.core import WEIGHTS_KEY, RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
 from mpirl.runtime.ulfm import (
     bcast_weights,
@@ -54,6 +54,8 @@ from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
+
+__all__ = ["LossFn", "StatefulLoss", "LearnerSettings", "Learner"]
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -757,7 +759,7 @@ class Learner(Worker):
         average). An offline shard is not saved: it is read again from the dump, and the
         minibatch RNG says which rows come next."""
         optimizer = _to_cpu(self.optimizer.state_dict())
-        state = {"weights": self.policy.get_flat_weights(), "optimizer": optimizer,
+        state = {WEIGHTS_KEY: self.policy.get_flat_weights(), "optimizer": optimizer,
                  "minibatch_rng": self.rng.bit_generator.state, "rng": capture_rng()}
         loss_state = self.loss.get_state()
         if loss_state is not None:
@@ -765,7 +767,7 @@ class Learner(Worker):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.policy.set_flat_weights(state["weights"])
+        self.policy.set_flat_weights(state[WEIGHTS_KEY])
         self.optimizer.load_state_dict(state["optimizer"])
         # The run's config decides the learning rate, not the checkpoint's optimizer state: a
         # resume that changes lr (or PBT's explore step) must take effect.
