@@ -183,7 +183,7 @@ def test_a_plugin_whose_worker_lacks_a_called_method_is_refused_naming_it(plugin
 def test_configs_answer_what_shared_code_asks_instead_of_being_probed():
     """Shared code asks a config (``ConfigHooks``) rather than probing its fields; a key
     behind an answer stays valid only where it means something."""
-    from mpirl.algorithms import a3c, bc, dqn, es, impala, marwil, ppo, sac
+    from mpirl.algorithms import a3c, apex, bc, dqn, es, impala, marwil, ppo, sac
 
     config = ppo.Config(gamma=0.9, gae_lambda=0.7, normalize_observations=True,
                         centralized_critic=True, learner_backend="gloo")
@@ -200,6 +200,7 @@ def test_configs_answer_what_shared_code_asks_instead_of_being_probed():
     assert es.Config(train_batch_size=500).samples_per_iteration(8) == 500
     assert es.Config().observation_normalization()
     assert sac.Config(custom_model="a:B", custom_q_model="c:D").custom_models() == ["a:B", "c:D"]
+    assert (apex.Config(num_replay_shards=3).replay_ranks(), ppo.Config().replay_ranks()) == (3, 0)
     with pytest.raises(ConfigError, match="normalize_observations"):
         build(dqn.Config, {"normalize_observations": True})
 

@@ -77,7 +77,7 @@ class TrainRequest:
     @property
     def layout(self) -> Layout:
         return Layout(num_rollout_workers=self.config.num_rollout_workers,
-                      num_replay_shards=getattr(self.config, "num_replay_shards", 0),
+                      num_replay_shards=self.config.replay_ranks(),
                       num_learners=self.config.num_learners)
 
 

@@ -259,8 +259,13 @@ class ConfigHooks:
 
     def discount(self) -> float:
         """The discount rollout workers compute returns, advantages and time-limit bootstraps
-        with (``gamma``); 1 where they compute none."""
+        with, and offline shards their returns-to-go (``gamma``); 1 where they compute none."""
         return 1.0
+
+    def replay_ranks(self) -> int:
+        """The ranks of the layout that hold replay shards (``num_replay_shards``); 0 for a
+        config without replay."""
+        return 0
 
     def advantage_lambda(self) -> float:
         """The GAE lambda of the advantages rollout workers compute (``gae_lambda``); 1 where
@@ -467,6 +472,9 @@ class ReplayConfig(CommonConfig, AllreduceConfig):
     num_replay_shards: int = 0
     """Replay ranks, each holding buffer_size / num_replay_shards rows. 0 keeps the buffer in
     the driver's process."""
+
+    def replay_ranks(self) -> int:
+        return self.num_replay_shards
 
     # Sampling
     num_envs_per_worker: int = 4

@@ -17,7 +17,12 @@ to every ``training_step`` and checkpointed with the run.
 Whether a module can drive one policy of a multi-agent run follows from its workers: its
 ``ROLLOUT_WORKER`` and ``LEARNER`` both declare ``SERVES_A_POLICY`` (``drives_a_policy``); the
 others are refused as a policy at start (``refuse_as_policy``). A run records a module by
-``name_of`` (PPO, or a plug-in's module path), which ``load_algorithm`` loads it back by.
+``name_of`` (PPO, or a plug-in's module path), which ``load_algorithm`` loads it back by; a name
+as typed is spelled so by ``algorithm_name``, and by nothing else.
+
+What shared code calls on a module's workers is typed here too (``RolloutWorkerClass``,
+``LearnerClass`` and their settings' Protocols), and checked at load (``worker_gaps``); what it
+asks of a config is ``mpirl.config.fields.ConfigHooks``.
 """
 
 from __future__ import annotations
