@@ -38,6 +38,9 @@ class Config(OnPolicyConfig, AllreduceConfig):
     standardize_advantages: bool = False
     """Scale advantages to mean 0, std 1 over each iteration's batch."""
 
+    def advantage_lambda(self) -> float:
+        return self.gae_lambda
+
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """Policy gradient with a learned baseline, plus value loss and entropy bonus."""

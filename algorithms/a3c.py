@@ -58,6 +58,9 @@ class Config(OnPolicyConfig):
     grad_clip: float = 0.5
     """Global gradient-norm clip, applied by the learner to each gradient; 0 turns it off."""
 
+    def advantage_lambda(self) -> float:
+        return self.gae_lambda
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_learners > 1:

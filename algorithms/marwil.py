@@ -28,6 +28,7 @@ from mpirl.algorithms.bc import (
 )
 
 from mpirl.config.fields import OfflineConfig
+from mpirl.execution import StatefulLoss
 
 __all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
            "model_spec", "setup", "training_step"]
@@ -51,8 +52,11 @@ class Config(OfflineConfig):
     vf_coef: float = 1.0
     """Weight of the value loss (actor and critic are separate networks)."""
 
+    def discount(self) -> float:
+        return self.gamma
 
-class Loss:
+
+class Loss(StatefulLoss):
     """MARWIL's loss. It holds the moving average of squared advantages, which it saves in the
     learner's checkpoint (``get_state``). With several learners each call is a collective: the
     mean of this step's squared advantages is taken over every learner's rows (one small

@@ -198,6 +198,9 @@ class Config(CommonConfig):
             raise ConfigError(f"MBPO keeps its buffers, its ensemble and SAC on one learner: "
                               f"num_learners {self.num_learners} must be 0 or 1")
 
+    def discount(self) -> float:
+        return self.gamma
+
     def trainer_spec(self) -> EnsembleTrainerSpec:
         return EnsembleTrainerSpec(
             learning_rate=self.model_lr, weight_decay=self.model_weight_decay,

@@ -48,6 +48,12 @@ class Config(OnPolicyConfig, AllreduceConfig):
     every agent's observation concatenated when the env has no state(); the actor sees its
     agent's own observation."""
 
+    def advantage_lambda(self) -> float:
+        return self.gae_lambda
+
+    def centralizes_critic(self) -> bool:
+        return self.centralized_critic
+
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """PPO's clipped surrogate, value loss and entropy bonus for one minibatch."""

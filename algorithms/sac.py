@@ -73,6 +73,9 @@ class Config(ReplayConfig):
     [-1, 1]. custom_model, if given, is the actor: forward(obs) returns mean and log std
     concatenated [B, 2 * action_dim]."""
 
+    def custom_models(self) -> list[str]:
+        return [*super().custom_models(), *([self.custom_q_model] if self.custom_q_model else [])]
+
 
 def check_config(config: Config, env) -> None:
     check_q_config(config, env, "SAC", continuous=True)

@@ -18,13 +18,23 @@ import numpy as np
 import pytest
 from conftest import mpi_env
 
+from mpirl.config.fields import ConfigHooks
+from mpirl.config.parse import build
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import (
     ALGORITHMS,
     PIECES,
     AlgorithmModule,
+    LearnerClass,
+    LearnerSettingsClass,
+    PolicyLearnerSettings,
+    PolicyRolloutWorkerClass,
+    RolloutSettingsClass,
+    RolloutWorkerClass,
     load_algorithm,
     plays_games,
+    protocol_members,
+    worker_gaps,
 )
 from mpirl.workers.env_spec import game_env_spec
 
@@ -119,6 +129,80 @@ def test_a_piece_of_the_wrong_kind_is_refused_naming_it(plugins, piece, replacem
         load_algorithm(name)
     assert str(caught.value).startswith(
         f"algorithm module {name!r} defines {piece} as {shown}, but it should be ")
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_builtins_workers_meet_the_worker_protocols(name):
+    """What shared code calls on any algorithm's workers, spelled out in contract.py's
+    Protocols: a plug-in's workers need exactly this (and its plan's own methods)."""
+    module = load_algorithm(name)
+    rollout, learner = module.ROLLOUT_WORKER, module.LEARNER
+    assert isinstance(rollout, RolloutWorkerClass)
+    assert isinstance(rollout.Settings, RolloutSettingsClass)
+    assert isinstance(learner, LearnerClass)
+    assert isinstance(learner.Settings, LearnerSettingsClass)
+    if rollout.SERVES_A_POLICY:
+        assert isinstance(rollout, PolicyRolloutWorkerClass)
+    if learner.SERVES_A_POLICY:
+        assert isinstance(learner.Settings, PolicyLearnerSettings)
+    # The methods shared code calls by name must be callable by name.
+    assert {"get_weights", "set_weights", "receive_weights", "finish_dump", "save_state",
+            "load_state"} <= set(rollout.MESSAGES)
+    assert {"get_weights", "set_weights", "broadcast_weights", "histograms", "save_state",
+            "load_state"} <= set(learner.MESSAGES)
+    assert worker_gaps(module) == []
+    assert isinstance(module.Config(), ConfigHooks)
+
+
+def test_the_protocols_name_what_shared_code_calls():
+    assert protocol_members(RolloutWorkerClass) == [
+        "MESSAGES", "SERVES_A_POLICY", "Settings", "finish_dump", "get_weights", "load_state",
+        "receive_weights", "save_state", "set_weights"]
+    assert protocol_members(PolicyRolloutWorkerClass) == [
+        "ACTING", *protocol_members(RolloutWorkerClass)]
+    assert protocol_members(LearnerClass) == [
+        "MESSAGES", "SERVES_A_POLICY", "Settings", "broadcast_weights", "get_state",
+        "get_weights", "histograms", "load_state", "save_state", "set_weights"]
+    assert protocol_members(RolloutSettingsClass) == ["from_config"]
+    assert protocol_members(LearnerSettingsClass) == ["from_config"]
+    assert protocol_members(PolicyLearnerSettings) == ["for_policy"]
+
+
+def test_a_plugin_whose_worker_lacks_a_called_method_is_refused_naming_it(plugins):
+    name = plugin_without("ROLLOUT_WORKER", plugins, (
+        "class ROLLOUT_WORKER(RolloutWorker):\n"
+        "    MESSAGES = tuple(m for m in RolloutWorker.MESSAGES if m != 'finish_dump')"))
+    with pytest.raises(ConfigError) as caught:
+        load_algorithm(name)
+    assert str(caught.value) == (
+        f"algorithm module {name!r}: its ROLLOUT_WORKER.MESSAGES lacks 'finish_dump', which "
+        f"mpirl calls on every algorithm's workers (mpirl.execution.contract."
+        f"RolloutWorkerClass, LearnerClass); see docs/plugins.md")
+
+
+def test_configs_answer_what_shared_code_asks_instead_of_being_probed():
+    """Shared code asks a config (``ConfigHooks``) rather than probing its fields; a key
+    behind an answer stays valid only where it means something."""
+    from mpirl.algorithms import a3c, apex, bc, dqn, es, impala, marwil, ppo, sac
+
+    config = ppo.Config(gamma=0.9, gae_lambda=0.7, normalize_observations=True,
+                        centralized_critic=True, learner_backend="gloo")
+    assert (config.discount(), config.advantage_lambda()) == (0.9, 0.7)
+    assert config.observation_normalization() and config.centralizes_critic()
+    assert config.allreduce_options() == ("gloo", "")
+    assert config.samples_per_iteration(3) == 3 * config.rollout_fragment_length
+    assert impala.Config(gamma=0.9).advantage_lambda() == 1.0
+    assert a3c.Config().allreduce_options() == ("auto", "")  # no allreduce keys
+    assert (dqn.Config().discount(), dqn.Config().observation_normalization()) == (0.99, False)
+    assert bc.Config().discount() == 1.0 and marwil.Config(gamma=0.5).discount() == 0.5
+    offline = bc.Config(train_batch_size=10, num_sgd_steps_per_iteration=3)
+    assert offline.samples_per_iteration(8) == 30
+    assert es.Config(train_batch_size=500).samples_per_iteration(8) == 500
+    assert es.Config().observation_normalization()
+    assert sac.Config(custom_model="a:B", custom_q_model="c:D").custom_models() == ["a:B", "c:D"]
+    assert (apex.Config(num_replay_shards=3).replay_ranks(), ppo.Config().replay_ranks()) == (3, 0)
+    with pytest.raises(ConfigError, match="normalize_observations"):
+        build(dqn.Config, {"normalize_observations": True})
 
 
 def test_a_config_that_subclasses_no_base_is_refused(plugins):

@@ -616,7 +616,7 @@ def test_a_folder_of_runs_or_a_tune_directory_plots_every_run_below_it(tmp_path)
 
 @pytest.mark.parametrize("algo, env, name", [
     ("IMPALA", "ALE/Breakout-v5", "IMPALA-ALE-Breakout-v5-"),
-    ("ppo", "my_envs.grid:GridEnv", "PPO-my_envs.grid_GridEnv-"),
+    ("PPO", "my_envs.grid:GridEnv", "PPO-my_envs.grid_GridEnv-"),
     ("my_package.my_algo", "CartPole-v1", "my_package.my_algo-CartPole-v1-"),
 ])
 def test_default_run_directories_are_one_folder_under_runs(algo, env, name):

@@ -46,6 +46,10 @@ class Config(OnPolicyConfig, AllreduceConfig):
     sgd_steps: int = 4
     """Full-batch gradient steps per iteration."""
 
+    def advantage_lambda(self) -> float:
+        """The rollout workers' GAE lambda: this config's key (``ConfigHooks``)."""
+        return self.gae_lambda
+
 
 def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     """REINFORCE with a baseline: -log pi(a|s) * advantage, plus the baseline's squared error."""

@@ -23,7 +23,7 @@ import torch
 
 from mpirl.config.parse import build
 from mpirl.errors import CheckpointError, ConfigError
-from mpirl.execution.contract import load_algorithm
+from mpirl.execution.contract import WEIGHTS_KEY, load_algorithm
 from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
 from mpirl.models.policy import RunningMeanStd, act_with_state
 from mpirl.models.torch_model import build_torch_model
@@ -159,10 +159,12 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
     try:
         if policy is None:
             policy, obs_filter = _checkpoint_policy(checkpoint, manifest, envs[0])
+        # A policy carries recurrent state exactly when its run's config asks for an LSTM.
+        recurrent = build(load_algorithm(manifest["algo"]).Config, manifest["config"]).use_lstm
         for begin in range(0, episodes, MAX_BATCH):
             count = min(MAX_BATCH, episodes - begin)
             _run_episodes(envs[:count], policy, obs_filter, seed + begin, stochastic, returns,
-                          lengths)
+                          lengths, recurrent=recurrent)
     except gym.error.DependencyNotInstalled as error:
         raise ConfigError(f"rendering {spec.env_id} needs a package that is missing: "
                           f"{error}") from None
@@ -213,10 +215,10 @@ def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
     policy = build_torch_model(module.model_spec(env.observation_space, env.action_space,
                                                  config))
     policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
-                                            files["learner_0.pkl"])["weights"])
+                                            files["learner_0.pkl"])[WEIGHTS_KEY])
     obs_filter = None
     driver = read_state_file(checkpoint / "driver.pkl", files["driver.pkl"])
-    if getattr(config, "normalize_observations", False) and driver["obs_filter"] is not None:
+    if config.observation_normalization() and driver["obs_filter"] is not None:
         mean, var, count = driver["obs_filter"]
         obs_filter = RunningMeanStd(mean.shape)
         obs_filter.mean, obs_filter.var, obs_filter.count = mean, var, count
@@ -224,16 +226,18 @@ def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
 
 
 def _run_episodes(envs: list[gym.Env], policy: Any, obs_filter: RunningMeanStd | None,
-                  seed: int, stochastic: bool, returns: list[float], lengths: list[int]) -> None:
+                  seed: int, stochastic: bool, returns: list[float], lengths: list[int], *,
+                  recurrent: bool = False) -> None:
     """One episode on each of ``envs`` (env i reset from ``seed + i``), all at once: one forward
     pass a step over every env's observation, so that PETS plans the episodes in one batch, as
     its training's evaluation does. An env whose episode has ended keeps its last observation in
-    the batch, unstepped: the batch keeps its rows (a planner's warm starts are per row)."""
+    the batch, unstepped: the batch keeps its rows (a planner's warm starts are per row).
+    A ``recurrent`` policy (``use_lstm``) steps each env's state from zeros."""
     count = len(envs)
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     totals, steps = np.zeros(count), np.zeros(count, np.int64)
     live = np.ones(count, bool)
-    state = policy.initial_state(count) if getattr(policy, "recurrent", False) else None
+    state = policy.initial_state(count) if recurrent else None
     while live.any():
         batch = np.stack([np.asarray(o) for o in obs])
         if obs_filter is not None:

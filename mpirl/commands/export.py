@@ -111,7 +111,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
 
     This reads the checkpoint's pickles and imports its environment: export only your own."""
     from mpirl.config.parse import build
-    from mpirl.execution.contract import load_algorithm
+    from mpirl.execution.contract import WEIGHTS_KEY, load_algorithm
     from mpirl.runtime.state_files import read_state_file
     from mpirl.workers.env_spec import env_spec_for
 
@@ -141,8 +141,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
         trained = driver.get("plan", {}).get("policies", {}).get(plan.policy_id)
         obs_filter = None if trained is None else trained["obs_filter"]
         # The file is the policy's alone: its algorithm, its config, its model.
-        config, algo, critic_inputs = plan.config, plan.algo, plan.model.critic_inputs \
-            if hasattr(plan.model, "critic_inputs") else 0
+        config, algo, critic_inputs = plan.config, plan.algo, plan.critic_inputs
     else:
         if policy_id is not None:
             raise ConfigError(f"--policy is for multi-agent checkpoints; {checkpoint} holds "
@@ -151,7 +150,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
         algo, critic_inputs = manifest["algo"], 0
         model = build_torch_model(module.model_spec(observation_space, action_space, config))
         model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
-                                               files["learner_0.pkl"])["weights"])
+                                               files["learner_0.pkl"])[WEIGHTS_KEY])
         obs_filter = driver["obs_filter"]
     arrays = {f"weights/{name}": tensor.detach().numpy().copy()
               for name, tensor in model.named_parameters()}
@@ -161,7 +160,7 @@ def export_checkpoint(checkpoint: Path, manifest: dict[str, Any], output: str | 
         # normalizers and elites), so the file keeps its whole broadcast vector too.
         arrays[FLAT_WEIGHTS] = np.asarray(flat, np.float32)
     normalized = False
-    if getattr(config, "normalize_observations", False):
+    if config.observation_normalization():
         if obs_filter is not None:
             mean, var, count = obs_filter
             arrays["obs_filter/mean"], arrays["obs_filter/var"] = mean, var

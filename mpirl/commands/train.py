@@ -77,7 +77,7 @@ class TrainRequest:
     @property
     def layout(self) -> Layout:
         return Layout(num_rollout_workers=self.config.num_rollout_workers,
-                      num_replay_shards=getattr(self.config, "num_replay_shards", 0),
+                      num_replay_shards=self.config.replay_ranks(),
                       num_learners=self.config.num_learners)
 
 
@@ -162,7 +162,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
                     *env.spaces())
     if run_dir is None:
         # Rank 0's clock names the directory; the other ranks never use it.
-        run_dir = default_run_dir(algo, env_id)
+        run_dir = default_run_dir(algorithm_name(algo), env_id)
     changes = {}
     if resume is None:
         if Path(run_dir).exists() and not Path(run_dir).is_dir():

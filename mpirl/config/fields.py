@@ -27,6 +27,10 @@ from typing import Any, ClassVar
 
 from mpirl.errors import ConfigError
 
+__all__ = ["Range", "RANGES", "above", "at_least", "within", "ConfigHooks", "CommonConfig",
+           "AllreduceConfig", "OnPolicyConfig", "ReplayConfig", "QLearningConfig", "OfflineConfig",
+           "SearchConfig", "GameConfig"]
+
 
 @dataclass(frozen=True)
 class Range:
@@ -233,8 +237,59 @@ def check_ranges(cls: type, values: Mapping[str, Any]) -> None:
             check_key(key, value, kinds[key], rng)
 
 
+class ConfigHooks:
+    """What shared code asks of a config, with the answer of a config that lacks the keys
+    behind it. A base or an algorithm that has those keys overrides the method, so that a key
+    stays valid only where it means something (DQN still refuses normalize_observations). The
+    bases with fields (``CommonConfig``, ``AllreduceConfig``) both derive from it, so that an
+    override in either wins over these defaults whatever the order of an algorithm's bases.
+    Each answer is the same on every rank: the config crosses to each rank whole, once."""
+
+    def observation_normalization(self) -> bool:
+        """Whether rollout workers normalize observations by running statistics the driver
+        merges (and checkpoints, evaluation and export apply them); the ``normalize_observations``
+        key where a config has it."""
+        return False
+
+    def samples_per_iteration(self, rollout_slots: int) -> int:
+        """What one iteration samples (the trainer's ``train_batch_size``: the manifest's, and
+        what minibatches divide): ``rollout_fragment_length`` steps from each of the rollout
+        workers' ``rollout_slots`` env slots. A config without that key overrides it."""
+        return rollout_slots * self.rollout_fragment_length
+
+    def discount(self) -> float:
+        """The discount rollout workers compute returns, advantages and time-limit bootstraps
+        with, and offline shards their returns-to-go (``gamma``); 1 where they compute none."""
+        return 1.0
+
+    def replay_ranks(self) -> int:
+        """The ranks of the layout that hold replay shards (``num_replay_shards``); 0 for a
+        config without replay."""
+        return 0
+
+    def advantage_lambda(self) -> float:
+        """The GAE lambda of the advantages rollout workers compute (``gae_lambda``); 1 where
+        they compute none or plain discounted returns."""
+        return 1.0
+
+    def centralizes_critic(self) -> bool:
+        """Whether a multi-agent policy's critic also sees the env's global state (PPO's
+        ``centralized_critic``)."""
+        return False
+
+    def custom_models(self) -> list[str]:
+        """The user's own models this config builds ("module:Class"), which ``check_model``
+        tries on a sampled observation before a run starts."""
+        return [self.custom_model] if self.custom_model else []
+
+    def allreduce_options(self) -> tuple[str, str]:
+        """The learners' gradient allreduce: (``learner_backend``, ``learner_master_addr``);
+        ("auto", "") for a config without them (A3C's learner makes no allreduce)."""
+        return "auto", ""
+
+
 @dataclass
-class CommonConfig:
+class CommonConfig(ConfigHooks):
     """The fields of every algorithm: layout, sampling, model and compute, bookkeeping."""
 
     callbacks: str = ""
@@ -373,7 +428,7 @@ class CommonConfig:
 
 
 @dataclass
-class AllreduceConfig:
+class AllreduceConfig(ConfigHooks):
     """Keys of algorithms whose learners average gradients with an allreduce (all but A3C)."""
 
     learner_backend: str = "auto"
@@ -382,6 +437,9 @@ class AllreduceConfig:
     learner_master_addr: str = ""
     """Address of learner 0's host that the other learners reach it on, to start gloo or NCCL;
     "" takes MASTER_ADDR, else the address on the route to the MPI launcher's host."""
+
+    def allreduce_options(self) -> tuple[str, str]:
+        return self.learner_backend, self.learner_master_addr
 
 
 @dataclass
@@ -397,6 +455,12 @@ class OnPolicyConfig(CommonConfig):
     ent_coef: float = 0.0
     """Weight of the entropy bonus."""
 
+    def observation_normalization(self) -> bool:
+        return self.normalize_observations
+
+    def discount(self) -> float:
+        return self.gamma
+
 
 @dataclass
 class ReplayConfig(CommonConfig, AllreduceConfig):
@@ -408,6 +472,9 @@ class ReplayConfig(CommonConfig, AllreduceConfig):
     num_replay_shards: int = 0
     """Replay ranks, each holding buffer_size / num_replay_shards rows. 0 keeps the buffer in
     the driver's process."""
+
+    def replay_ranks(self) -> int:
+        return self.num_replay_shards
 
     # Sampling
     num_envs_per_worker: int = 4
@@ -451,6 +518,9 @@ class ReplayConfig(CommonConfig, AllreduceConfig):
     activation: str = "relu"
     torch_threads: int = 1
     """torch threads per rank."""
+
+    def discount(self) -> float:
+        return self.gamma
 
 
 @dataclass
@@ -519,6 +589,10 @@ class OfflineConfig(CommonConfig, AllreduceConfig):
         super().__post_init__()
         self.metrics_window = self.metrics_window or self.evaluation_episodes
 
+    def samples_per_iteration(self, rollout_slots: int) -> int:
+        """Dataset rows trained on per iteration, over all learners."""
+        return self.train_batch_size * self.num_sgd_steps_per_iteration
+
 
 @dataclass
 class SearchConfig(CommonConfig):
@@ -559,6 +633,13 @@ class SearchConfig(CommonConfig):
             raise ConfigError(f"derivative-free search keeps its weights on the rollout ranks: "
                               f"num_learners must be 0, got {self.num_learners}")
 
+    def observation_normalization(self) -> bool:
+        return self.normalize_observations
+
+    def samples_per_iteration(self, rollout_slots: int) -> int:
+        """The least env steps of a generation, over all ranks."""
+        return self.train_batch_size
+
 
 @dataclass
 class GameConfig(CommonConfig):
@@ -568,6 +649,11 @@ class GameConfig(CommonConfig):
 
     num_envs_per_worker: int = 1
     """Not used: a rollout rank's games in play are the algorithm's own key."""
+
+    def samples_per_iteration(self, rollout_slots: int) -> int:
+        """The algorithm's SGD batch (``train_batch_size``), not env steps: a game config's
+        self-play counts games."""
+        return self.train_batch_size  # type: ignore[attr-defined]
 
 
 def field_docs(cls: type) -> dict[str, str]:

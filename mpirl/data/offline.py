@@ -15,7 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mpirl.config.fields import OfflineConfig
 from mpirl.errors import ConfigError, MpirlError
+
+__all__ = ["OfflineInput", "check_config", "offline_input"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,6 @@ def check_config(config, env) -> None:
                           f'shard of them; use fewer learners (num_learners)')
 
 
-def offline_input(config) -> OfflineInput:
-    return OfflineInput(str(config.input), getattr(config, "gamma", 1.0),
-                        config.max_rows_in_memory)
+def offline_input(config: OfflineConfig) -> OfflineInput:
+    """Where the learners read ``config``'s dump, and the discount of its returns-to-go."""
+    return OfflineInput(str(config.input), config.discount(), config.max_rows_in_memory)

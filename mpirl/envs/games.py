@@ -26,6 +26,8 @@ import numpy as np
 
 from mpirl.errors import ConfigError, MissingPackage
 
+__all__ = ["GameObservationSpace"]
+
 #: The prefix that names an OpenSpiel game.
 OPENSPIEL_PREFIX = "openspiel/"
 

@@ -26,8 +26,15 @@ from mpirl.execution.async_ops import (
     sync_weights,
 )
 from mpirl.execution.contract import (
+    WEIGHTS_KEY,
     AlgorithmModule,
+    LearnerClass,
+    LearnerSettingsClass,
     PlanState,
+    PolicyLearnerSettings,
+    PolicyRolloutWorkerClass,
+    RolloutSettingsClass,
+    RolloutWorkerClass,
     no_config_checks,
     stateless,
 )
@@ -45,16 +52,22 @@ from mpirl.execution.operators import (
 )
 from mpirl.execution.trainer import Trainer
 from mpirl.models.policy import actor_critic_model
-from mpirl.workers.learner import Learner, LearnerSettings
+from mpirl.workers.learner import Learner, LearnerSettings, StatefulLoss
 from mpirl.workers.rollout import RolloutSettings, RolloutWorker
 
 __all__ = [
     # The contract: what an algorithm module defines, and what its plan keeps.
     "AlgorithmModule", "PlanState",
+    # What mpirl asks of a module's workers and their settings, and the key of a learner's
+    # checkpoint that holds its weights.
+    "RolloutWorkerClass", "PolicyRolloutWorkerClass", "RolloutSettingsClass", "LearnerClass",
+    "LearnerSettingsClass", "PolicyLearnerSettings", "WEIGHTS_KEY",
     # Defaults a module may assign: ROLLOUT_WORKER, LEARNER, model_spec, check_config, setup.
     "RolloutWorker", "Learner", "actor_critic_model", "no_config_checks", "stateless",
     # The settings those workers are built from (a worker class of your own subclasses them).
     "RolloutSettings", "LearnerSettings",
+    # A loss with state of its own (a plain loss function needs none of its hooks).
+    "StatefulLoss",
     # Config bases: a plug-in's Config subclasses one (and AllreduceConfig for an allreduce).
     "AllreduceConfig", "CommonConfig", "OfflineConfig", "OnPolicyConfig", "QLearningConfig",
     "ReplayConfig",

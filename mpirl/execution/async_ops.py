@@ -47,6 +47,9 @@ from mpirl.workers.delivery import IN_ANSWER, ToRank
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.rollout import FRAGMENTS
 
+__all__ = ["AsyncRequests", "SampleRequests", "GradientRequests", "FragmentStream", "async_sample",
+           "sync_weights", "async_apply_gradients"]
+
 SHARED_RANKS_REFUSED = (
     "fragments_per_call keeps calls running on the rollout ranks from one checkpoint to the "
     "next, and in a multi-agent run those ranks step the envs for every policy: set "

@@ -17,7 +17,12 @@ to every ``training_step`` and checkpointed with the run.
 Whether a module can drive one policy of a multi-agent run follows from its workers: its
 ``ROLLOUT_WORKER`` and ``LEARNER`` both declare ``SERVES_A_POLICY`` (``drives_a_policy``); the
 others are refused as a policy at start (``refuse_as_policy``). A run records a module by
-``name_of`` (PPO, or a plug-in's module path), which ``load_algorithm`` loads it back by.
+``name_of`` (PPO, or a plug-in's module path), which ``load_algorithm`` loads it back by; a name
+as typed is spelled so by ``algorithm_name``, and by nothing else.
+
+What shared code calls on a module's workers is typed here too (``RolloutWorkerClass``,
+``LearnerClass`` and their settings' Protocols), and checked at load (``worker_gaps``); what it
+asks of a config is ``mpirl.config.fields.ConfigHooks``.
 """
 
 from __future__ import annotations
@@ -27,17 +32,23 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Generic, Protocol, cast, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
 
 from mpirl.config.fields import CommonConfig, GameConfig
 from mpirl.errors import ConfigError
-from mpirl.runtime.core import Worker
+from mpirl.runtime.core import WEIGHTS_KEY, RankContext, Worker
 from mpirl.runtime.dispatch import WorkerGroup
 from mpirl.workers.env_spec import EnvSpec, env_spec_for, game_env_spec
 from mpirl.workers.learner import LossFn
+
+__all__ = ["ALGORITHMS", "WEIGHTS_KEY", "AlgorithmModule", "LearnerClass", "LearnerSettingsClass",
+           "PlanState", "PolicyLearnerSettings", "PolicyRolloutWorkerClass", "RolloutSettingsClass",
+           "RolloutWorkerClass", "algorithm_name", "check_contract", "drives_a_policy",
+           "env_spec_of", "load_algorithm", "name_of", "no_config_checks", "plays_games",
+           "policy_algorithms", "refuse_as_policy", "stateless", "worker_gaps"]
 
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
@@ -48,7 +59,8 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars",
               "AlphaZero": "mpirl.algorithms.alphazero", "PETS": "mpirl.algorithms.pets",
               "MBPO": "mpirl.algorithms.mbpo"}
-#: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works).
+#: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works); read
+#: only by ``algorithm_name``.
 _BY_UPPER = {name.upper(): name for name in ALGORITHMS}
 
 
@@ -100,6 +112,177 @@ def no_config_checks(config: Any, env: EnvSpec) -> None:
     """``check_config`` of a plan whose config needs no look at the environment."""
 
 
+# What shared code asks of a module's workers. The trainer, the checkpoints and the commands
+# call these on every algorithm's ROLLOUT_WORKER and LEARNER, by name through MESSAGES (each
+# call crosses to the worker's rank) or as class attributes on the driver. A plan calls further
+# methods of its own workers by name (``"sample"``, PETS's ``"sample_steps"``, AlphaZero's
+# ``"play"``): those need only be in the worker's MESSAGES. RolloutWorker and Learner have all
+# of it; the test tests/test_contract.py checks every built-in against these Protocols.
+
+
+@runtime_checkable
+class RolloutSettingsClass(Protocol):
+    """``ROLLOUT_WORKER.Settings``: what a rollout worker is built from."""
+
+    @classmethod
+    def from_config(cls, config: Any, *, env: EnvSpec, policy: Any, dump: Any = None) -> Any:
+        """The settings of a single-agent run with ``config`` on ``env``, acting with the model
+        spec ``policy`` and writing episodes to ``dump`` (``--dump-trajectories``; None
+        without). Made once on the driver; they cross to each rollout rank when it spawns."""
+
+
+@runtime_checkable
+class LearnerSettingsClass(Protocol):
+    """``LEARNER.Settings``: what a learner is built from."""
+
+    @classmethod
+    def from_config(cls, config: Any, *, policy: Any, loss: LossFn | None) -> Any:
+        """The settings of a run with ``config``, training the model spec ``policy`` with the
+        module's ``loss``. Made once on the driver; they cross to each learner rank when it
+        spawns."""
+
+
+@runtime_checkable
+class PolicyLearnerSettings(Protocol):
+    """What ``LEARNER.Settings.from_config`` returns where the learner ``SERVES_A_POLICY``."""
+
+    def for_policy(self, *, members: list[int], policy_index: int,
+                   weights_to: list[int]) -> Any:
+        """These settings for one policy of a multi-agent run: its learners are the learner
+        indices ``members``, its messages' tags follow from ``policy_index``, and its weights
+        go by message to the rollout ranks ``weights_to``."""
+
+
+@runtime_checkable
+class RolloutWorkerClass(Protocol):
+    """An algorithm's ``ROLLOUT_WORKER``: built on each rollout rank as ``cls(context,
+    settings)`` from ``Settings.from_config``'s settings (a policy's, from ``mpirl``'s
+    ``SamplingSettings.for_policy``, beside the rank's shared sampling core)."""
+
+    Settings: ClassVar[type]
+    """Its settings class (a ``RolloutSettingsClass``)."""
+    MESSAGES: ClassVar[tuple[str, ...]]
+    """The methods the driver may call by name: the ones below and its plan's own."""
+    SERVES_A_POLICY: ClassVar[bool]
+    """Whether it can take one policy's steps of a multi-agent run (then it has ``ACTING``)."""
+
+    def __init__(self, context: RankContext, settings: Any) -> None: ...
+
+    def get_weights(self) -> np.ndarray:
+        """The flat float32 weights it acts with."""
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        """Act with ``flat`` from now on (``broadcast_weights`` to a worker in the driver's
+        process, a checkpoint's weights)."""
+
+    def receive_weights(self) -> None:
+        """Take part in learner 0's weight broadcast (a collective on the weights
+        communicator), or take its policy's weights by message."""
+
+    def finish_dump(self) -> Any:
+        """With ``--dump-trajectories``, at the end of a run and before a checkpoint: write out
+        its completed episodes and return what the driver's dump index records (None
+        without dumps)."""
+
+    def save_state(self, directory: str, name: str) -> dict[str, Any]:
+        """Write its checkpoint file (``Worker.save_state``) on its own rank."""
+
+    def load_state(self, path: str, entry: dict[str, Any]) -> Any:
+        """Read back its checkpoint file (``Worker.load_state``)."""
+
+
+@runtime_checkable
+class PolicyRolloutWorkerClass(RolloutWorkerClass, Protocol):
+    """A ``ROLLOUT_WORKER`` that ``SERVES_A_POLICY``."""
+
+    ACTING: ClassVar[str]
+    """How the rank's shared sampling core acts for its policy (``mpirl.workers.actors``'
+    SAMPLE, say)."""
+
+
+@runtime_checkable
+class LearnerClass(Protocol):
+    """An algorithm's ``LEARNER``: built on each learner rank (or in the driver's process) as
+    ``cls(context, settings)`` from ``Settings.from_config``'s settings."""
+
+    Settings: ClassVar[type]
+    """Its settings class (a ``LearnerSettingsClass``)."""
+    MESSAGES: ClassVar[tuple[str, ...]]
+    """The methods the driver may call by name: the ones below and its plan's own."""
+    SERVES_A_POLICY: ClassVar[bool]
+    """Whether it can train one policy of a multi-agent run on a slice of the learner ranks
+    (then its settings are a ``PolicyLearnerSettings``)."""
+
+    def __init__(self, context: RankContext, settings: Any) -> None: ...
+
+    def get_weights(self) -> np.ndarray:
+        """The flat float32 weights of the model it trains: what rollout workers act with."""
+
+    def set_weights(self, flat: np.ndarray) -> None:
+        """Train from ``flat`` on."""
+
+    def broadcast_weights(self, gather_answers: bool = False,
+                          round_header: Any = None) -> Any:
+        """Learner 0: send ``get_weights()`` to every rollout rank, the root of the
+        broadcast each rollout worker's ``receive_weights`` joins."""
+
+    def histograms(self) -> dict[str, np.ndarray]:
+        """TensorBoard's histograms of this iteration (``PlanState.histograms``)."""
+
+    def get_state(self) -> dict[str, Any]:
+        """Its checkpoint: a dict whose ``WEIGHTS_KEY`` entry is ``get_weights()``'s vector,
+        which ``mpirl evaluate``, ``export`` and ``play`` load the model from."""
+
+    def save_state(self, directory: str, name: str) -> dict[str, Any]:
+        """Write ``get_state()`` to its checkpoint file on its own rank."""
+
+    def load_state(self, path: str, entry: dict[str, Any]) -> Any:
+        """Read back its checkpoint file."""
+
+
+def protocol_members(protocol: type) -> list[str]:
+    """The names ``protocol`` asks for (its attributes and methods), as a plug-in author reads
+    them."""
+    names = set()
+    for klass in protocol.__mro__:
+        if klass in (Protocol, object, Generic) or not getattr(klass, "_is_protocol", False):
+            continue
+        names |= set(vars(klass).get("__annotations__", {}))
+        names |= {name for name, value in vars(klass).items()
+                  if callable(value) or isinstance(value, classmethod)}
+    return sorted(name for name in names if not name.startswith("_"))
+
+
+def lacks(value: Any, protocol: type) -> list[str]:
+    """The members of ``protocol`` that ``value`` (a class, a settings object) does not
+    have; empty when it meets it."""
+    return [name for name in protocol_members(protocol) if not hasattr(value, name)]
+
+
+def worker_gaps(module: AlgorithmModule) -> list[str]:
+    """What ``module``'s ROLLOUT_WORKER and LEARNER lack of the Protocols above, one
+    ``WHERE lacks NAME`` each (empty for a module that meets them)."""
+    rollout, learner = module.ROLLOUT_WORKER, module.LEARNER
+    checks: list[tuple[str, Any, type]] = [
+        ("ROLLOUT_WORKER", rollout, RolloutWorkerClass),
+        ("ROLLOUT_WORKER.Settings", rollout.Settings, RolloutSettingsClass),
+        ("LEARNER", learner, LearnerClass),
+        ("LEARNER.Settings", learner.Settings, LearnerSettingsClass)]
+    if rollout.SERVES_A_POLICY:
+        checks.append(("ROLLOUT_WORKER", rollout, PolicyRolloutWorkerClass))
+    if learner.SERVES_A_POLICY:
+        checks.append(("LEARNER.Settings", learner.Settings, PolicyLearnerSettings))
+    gaps = [f"{where} lacks {name}" for where, value, protocol in checks
+            for name in lacks(value, protocol)]
+    for where, cls, protocol in (("ROLLOUT_WORKER", rollout, RolloutWorkerClass),
+                                 ("LEARNER", learner, LearnerClass)):
+        called = {name for name in protocol_members(protocol)
+                  if name not in ("Settings", "MESSAGES", "SERVES_A_POLICY", "get_state")}
+        gaps += [f"{where}.MESSAGES lacks {name!r}"
+                 for name in sorted(called - set(cls.MESSAGES))]
+    return gaps
+
+
 class AlgorithmModule(Protocol):
     """What an algorithm module defines. Every name is required; a module may assign the
     defaults of ``mpirl.execution`` (``setup = stateless``, say)."""
@@ -115,11 +298,11 @@ class AlgorithmModule(Protocol):
 
     ROLLOUT_WORKER: type[Worker]
     """The rollout worker class its plan calls, built on every rollout rank from its
-    ``Settings`` (``RolloutWorker`` for on-policy plans)."""
+    ``Settings`` (``RolloutWorker`` for on-policy plans); a ``RolloutWorkerClass``."""
 
     LEARNER: type[Worker]
     """The learner class its plan calls, built on every learner rank (or in the driver's
-    process) from its ``Settings`` (``Learner`` for on-policy plans)."""
+    process) from its ``Settings`` (``Learner`` for on-policy plans); a ``LearnerClass``."""
 
     RECURRENT: bool
     """Whether ``use_lstm`` works: its rollout workers carry each env's recurrent state and its
@@ -190,7 +373,10 @@ _ABSENT = object()
 
 
 def algorithm_name(name: str) -> str:
-    """The name a run records for ``name``: PPO for ppo, a plug-in's module path as given."""
+    """The one spelling of the algorithm ``name`` (as typed after ``--algo``, or in a policy's
+    overrides) that runs record, name their directories by and load it back by: a built-in's
+    as ``ALGORITHMS`` writes it (PPO for ppo, AlphaZero for ALPHAZERO), a plug-in's module path
+    as given. Every comparison or lookup of a typed name goes through it."""
     return _BY_UPPER.get(name.upper(), name)
 
 
@@ -205,7 +391,7 @@ def name_of(module: AlgorithmModule) -> str:
 def load_algorithm(name: str) -> AlgorithmModule:
     """A built-in algorithm by name (PPO), or any importable module that defines every piece of
     ``AlgorithmModule`` (``my_package.my_algo``), as the built-in ones do; ConfigError if not."""
-    builtin = ALGORITHMS.get(_BY_UPPER.get(name.upper(), ""))
+    builtin = ALGORITHMS.get(algorithm_name(name))
     if builtin is not None:
         return check_contract(importlib.import_module(builtin), builtin)
     try:
@@ -281,4 +467,10 @@ def check_contract(module: ModuleType, name: str) -> AlgorithmModule:
             shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
             raise ConfigError(f"algorithm module {name!r} defines {piece.name} as {shown}, but "
                               f"it should be {piece.should_be}; see docs/plugins.md")
+    gaps = worker_gaps(cast(AlgorithmModule, module))
+    if gaps:
+        also = f" (and {len(gaps) - 1} more)" if len(gaps) > 1 else ""
+        raise ConfigError(f"algorithm module {name!r}: its {gaps[0]}{also}, which mpirl calls "
+                          f"on every algorithm's workers (mpirl.execution.contract."
+                          f"RolloutWorkerClass, LearnerClass); see docs/plugins.md")
     return cast(AlgorithmModule, module)

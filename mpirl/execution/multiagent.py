@@ -285,11 +285,12 @@ def runner_policy(plan: PolicyPlan, slot_agents: list[str]) -> RunnerPolicy:
         observation_space=plan.observation_space,
         env_observation_space=plan.env_observation_space or plan.observation_space,
         action_space=plan.action_space,
-        normalize_observations=bool(getattr(plan.config, "normalize_observations", False)),
+        # A scripted policy has no config: it sees observations as the env gives them.
+        normalize_observations=not plan.scripted and plan.config.observation_normalization(),
         slot_agents=tuple(slot_agents), learns=plan.trainable,
         last_action_in_obs=plan.last_action_in_obs,
         self_play_pool=plan.self_play.get("pool_size", 0),
-        critic_inputs=int(getattr(spec, "critic_inputs", 0) or 0))
+        critic_inputs=plan.critic_inputs)
 
 
 class PolicyDumps:

@@ -69,6 +69,9 @@ class PolicyPlan:
     #: which differs with ``last_action_in_obs``
     env_observation_space: gym.Space | None = None
     last_action_in_obs: bool = False
+    #: the size of the global state its centralized critic sees besides the observation; 0
+    #: without one
+    critic_inputs: int = 0
 
     @property
     def scripted(self) -> bool:
@@ -325,13 +328,14 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
         module.check_config(config, PolicyEnv(env_id, obs_space, act_space))
     except ConfigError as error:
         raise ConfigError(f"policy {pid!r} ({algo}): {error}") from None
-    if getattr(config, "use_lstm", False):
+    if config.use_lstm:
         raise ConfigError(f"policy {pid!r} ({algo}): use_lstm is for single-agent runs so far; "
                           f"multi-agent rollouts carry no recurrent state. Leave it out.")
     try:
         spec = module.model_spec(obs_space, act_space, config)
-        if getattr(config, "centralized_critic", False):
-            spec = dataclasses.replace(spec, critic_inputs=critic_size)
+        critic_inputs = critic_size if config.centralizes_critic() else 0
+        if critic_inputs:
+            spec = dataclasses.replace(spec, critic_inputs=critic_inputs)
         build_torch_model(spec)
     except ConfigError as error:
         raise ConfigError(f"policy {pid!r} ({algo}) cannot handle its agents' spaces "
@@ -339,7 +343,7 @@ def _plan(pid: str, index: int, overrides: Any, base: str, top: dict[str, Any],
     return PolicyPlan(pid, index, algo, obs_space, act_space, config, spec,
                       trainable=trainable, num_learners=config.num_learners, agents=agents,
                       self_play=self_play, env_observation_space=env_obs_space,
-                      last_action_in_obs=last_action)
+                      last_action_in_obs=last_action, critic_inputs=critic_inputs)
 
 
 

@@ -36,6 +36,11 @@ from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.delivery import BROADCAST, IN_ANSWER, Gathered, ToLearnerOf, ToRank
 from mpirl.workers.env_guard import unwrap_env_failure
 
+__all__ = ["SampleResult", "parallel_rollouts", "rollouts_to_learners", "discard_lost_rollouts",
+           "train_one_step", "mean_stats", "train_on_dataset", "evaluate_policy",
+           "broadcast_weights", "sample_with_new_weights", "replay_dest", "store_to_replay",
+           "train_from_replay", "count_and_evaluate", "transitions_to_learner", "on_every_learner"]
+
 
 @dataclass
 class SampleResult:

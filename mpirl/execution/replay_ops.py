@@ -38,6 +38,10 @@ from mpirl.runtime.ulfm import poll_any_source
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.replay_shard import ReplayShard, ReplayShardSettings
 
+__all__ = ["ReplayState", "AsyncReplayLoop", "StreamedReplayLoop", "apex_epsilons",
+           "check_q_config", "linear_epsilon", "replay_beta", "spawn_replay",
+           "train_owed_sgd_steps", "untrained_replay_stats"]
+
 # What DQN, SAC and Ape-X share: the replay group, the config checks, the plans' state.
 
 

@@ -175,7 +175,7 @@ class Trainer:
         shape = observation_space.shape
         # Offline configs have no observation filter: their rollout workers only evaluate, on
         # observations as the dump holds them.
-        normalize = getattr(config, "normalize_observations", False)
+        normalize = config.observation_normalization()
         self.obs_filter = RunningMeanStd(shape) if normalize and shape else None
         self._init_run_state(config)
         if place is not None:
@@ -244,12 +244,7 @@ class Trainer:
         """Environment steps per iteration, over all rollout workers (offline: dataset rows
         trained on per iteration, over all learners; a multi-agent policy's: its agents' steps,
         at most one per slot and env step)."""
-        c = self.config
-        if hasattr(c, "num_sgd_steps_per_iteration"):
-            return c.train_batch_size * c.num_sgd_steps_per_iteration
-        if not hasattr(c, "rollout_fragment_length"):  # ES, ARS: at least this many per generation
-            return getattr(c, "train_batch_size", 0)
-        return len(self.rollouts) * self.slots_per_worker * c.rollout_fragment_length
+        return self.config.samples_per_iteration(len(self.rollouts) * self.slots_per_worker)
 
     def num_minibatches(self, minibatch_size: int) -> int:
         """SGD steps per epoch such that each step sees about ``minibatch_size`` rows in total,

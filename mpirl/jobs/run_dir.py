@@ -61,10 +61,11 @@ def flat_name(text: str) -> str:
 def default_run_dir(algo: str, env: str, prefix: str = "") -> str:
     """The run directory ``mpirl train`` uses when --run-dir is left out (``mpirl launch``
     names it the same way; ``mpirl tune``'s is the same with ``prefix`` "tune-"): one folder
-    under ``runs/``, whatever the env id holds."""
+    under ``runs/``, whatever the env id holds. ``algo`` is spelled as the caller has it:
+    ``mpirl train`` and ``mpirl tune`` pass ``contract.algorithm_name``'s spelling, ``mpirl
+    launch`` (which imports no algorithm, to stay clear of MPI) the one typed after --algo."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (f"runs/{prefix}{flat_name(algo.upper() if '.' not in algo else algo)}-"
-            f"{flat_name(env)}-{stamp}")
+    return f"runs/{prefix}{flat_name(algo)}-{flat_name(env)}-{stamp}"
 
 
 def json_default(value: Any) -> Any:

@@ -24,6 +24,8 @@ from torch import nn
 
 from mpirl.models.alphazero_spec import AlphaZeroSpec
 
+__all__ = ["AlphaZeroNet", "alphazero_loss"]
+
 
 class _Block(nn.Module):
     """One residual block: conv-BN-ReLU-conv-BN, plus the input, then ReLU."""

@@ -20,6 +20,8 @@ import numpy as np
 from mpirl.envs.games import OPENSPIEL_PREFIX, Game
 from mpirl.errors import ConfigError
 
+__all__ = ["AlphaZeroSpec"]
+
 
 @dataclass(frozen=True)
 class AlphaZeroSpec:

@@ -16,6 +16,8 @@ from typing import Any
 from mpirl.config.imports import load_object
 from mpirl.errors import ConfigError
 
+__all__ = ["EnsembleTrainerSpec", "dynamics_spec_for"]
+
 #: The activations a member's hidden layers may use (SiLU is PETS's and MBPO's "swish").
 DYNAMICS_ACTIVATIONS = ("silu", "relu", "tanh", "elu")
 

@@ -27,6 +27,8 @@ from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.planner import ensemble_vector_size, pack_ensemble, unpack_ensemble
 from mpirl.models.soft_q import SACModel, SACSpec
 
+__all__ = ["MBPOSpec", "TRAJECTORY_SAMPLING"]
+
 #: How a model rollout picks the member of each step: ``ts1`` a random elite every step,
 #: ``tsinf`` one elite per rollout.
 TRAJECTORY_SAMPLING = ("ts1", "tsinf")

@@ -37,6 +37,8 @@ from torch import nn
 from mpirl.models.dynamics import DynamicsEnsemble
 from mpirl.models.dynamics_spec import DynamicsSpec
 
+__all__ = ["PETSSpec", "PLANNERS"]
+
 
 def _buffers(model: DynamicsEnsemble) -> list[torch.Tensor]:
     return [model.input_mean, model.input_std, model.target_mean, model.target_std]

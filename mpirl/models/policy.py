@@ -32,6 +32,8 @@ from mpirl.models.spaces import action_layout, env_actions
 from mpirl.models.statistics import RunningMeanStd as RunningMeanStd
 from mpirl.models.statistics import compute_gae as compute_gae
 
+__all__ = ["FlatParameters", "Policy", "evaluate_batch", "actor_critic_model"]
+
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 

@@ -24,6 +24,8 @@ from mpirl.models.encoders import (
 from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
 from mpirl.models.q_spec import QSpec
 
+__all__ = ["QNetwork", "DQN_STATS", "dqn_loss", "q_model_spec"]
+
 
 def check_discrete(action_space: gym.Space, algo: str) -> None:
     """ConfigError unless ``action_space`` is Discrete (Q networks need a finite action set)."""

@@ -29,6 +29,8 @@ from mpirl.models.encoders import (
 )
 from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
 
+__all__ = ["SACSpec", "SACModel", "SAC_STATS", "sac_loss", "sac_model_spec"]
+
 
 @dataclass(frozen=True)
 class SACSpec:

@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from mpirl.config.fields import CommonConfig
 from mpirl.errors import ConfigError
 
 ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn", "small_cnn")
@@ -37,14 +38,11 @@ class ModelOptions:
                      self.lstm_cell_size, self.max_seq_len))
 
 
-def model_options(config: Any) -> ModelOptions:
-    """The ModelOptions of an algorithm config (any object with the model keys)."""
-    return ModelOptions(getattr(config, "encoder", "auto"), getattr(config, "cnn_dense_size", 512),
-                        getattr(config, "custom_model", ""),
-                        dict(getattr(config, "custom_model_config", {}) or {}),
-                        bool(getattr(config, "use_lstm", False)),
-                        int(getattr(config, "lstm_cell_size", 64)),
-                        int(getattr(config, "max_seq_len", 20)))
+def model_options(config: CommonConfig) -> ModelOptions:
+    """The ModelOptions of an algorithm config (its model keys, which every config has)."""
+    return ModelOptions(config.encoder, config.cnn_dense_size, config.custom_model,
+                        dict(config.custom_model_config or {}), bool(config.use_lstm),
+                        int(config.lstm_cell_size), int(config.max_seq_len))
 
 
 # Structured (Dict and Tuple) observations.

@@ -58,20 +58,19 @@ def check_model(model_spec: Callable[[gym.Space, gym.Space, Any], Any], recurren
     encoder, a custom model that cannot be built or returns the wrong shapes, or a space no
     model takes is a ConfigError here, not a traceback on every rank later. ``use_lstm`` needs
     an algorithm whose plan is ``recurrent``."""
-    if getattr(config, "use_lstm", False) and not recurrent:
+    if config.use_lstm and not recurrent:
         raise ConfigError(
             f"use_lstm is for PPO, A2C, A3C and IMPALA, whose rollout ranks carry the state "
             f"along each episode; {algo} learns from stored single steps (replay, dumps or "
             f"perturbations) with no state to resume from. Leave use_lstm out.")
     model = build_torch_model(model_spec(observation_space, action_space, config))
-    if not getattr(config, "custom_model", "") and not getattr(config, "custom_q_model", ""):
+    names = config.custom_models()
+    if not names:
         return
     sample = np.asarray(observation_space.sample())[None]
     try:
         model.act(sample)
     except Exception as error:  # noqa: BLE001 - whatever the user's forward raised
-        names = [getattr(config, key) for key in ("custom_model", "custom_q_model")
-                 if getattr(config, key, "")]
         raise ConfigError(f"custom model {' / '.join(map(repr, names))} failed on a sampled "
                           f"observation: {type(error).__name__}: {error}. See the Models page "
                           f"for what forward must return.") from None

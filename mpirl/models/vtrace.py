@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import torch
 
+__all__ = ["VTrace", "vtrace"]
+
 
 class VTrace(NamedTuple):
     """V-trace's outputs, each ``[T, B]``."""

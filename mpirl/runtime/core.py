@@ -65,6 +65,12 @@ class RankContext:
         return self.placement.local
 
 
+#: The key of a learner's ``get_state`` that holds its flat float32 weights (the vector
+#: ``get_weights`` returns): what ``mpirl evaluate``, ``export`` and ``play`` read from a
+#: checkpoint's learner_0.pkl (``mpirl.execution.contract.LearnerClass``).
+WEIGHTS_KEY = "weights"
+
+
 class Worker:
     """A stateful object hosted on a worker rank and driven by rank 0.
 

@@ -28,6 +28,8 @@ from mpirl.envs.games import Game, GameState
 from mpirl.errors import ConfigError
 from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
 
+__all__ = ["make_player", "reference_opponents"]
+
 #: The forms of an opponent spec, for messages.
 SPEC_FORMS = ("random, mcts:N (N simulations, e.g. mcts:100), minimax, minimax:traps, or "
               "module:Class")

@@ -37,7 +37,11 @@ def tune_main(args: argparse.Namespace) -> int:
     request, state = make_tune_request(args, "")
     if not request.tune_dir:
         # Rank 0's clock names the directory, for every rank.
-        name = default_run_dir(request.algo, request.env, prefix="tune-") if rank == 0 else None
+        name = None
+        if rank == 0:
+            from mpirl.execution.contract import algorithm_name  # torch: rank 0's alone
+
+            name = default_run_dir(algorithm_name(request.algo), request.env, prefix="tune-")
         request.tune_dir = comm.bcast(name, root=0)
     state_path = Path(request.tune_dir) / STATE_FILE
     if state is None and state_path.exists():

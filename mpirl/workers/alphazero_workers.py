@@ -52,6 +52,8 @@ from mpirl.workers.env_spec import GameEnvSpec
 from mpirl.workers.learner import GradientAllreduce, LossFn
 from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 
+__all__ = ["AlphaZeroLearner", "MatchShare", "SelfPlayWorker"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class MatchShare:

@@ -28,6 +28,8 @@ from mpirl.envs.parallel import load_factory, make_parallel
 from mpirl.errors import ConfigError, MissingPackage
 from mpirl.models.spaces import flatten_structured
 
+__all__ = ["EnvSpec", "env_spec_for", "GameEnvSpec", "game_env_spec", "EnvWorkerSettings"]
+
 
 @dataclass(frozen=True)
 class EnvSpec:

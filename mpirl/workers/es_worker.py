@@ -38,6 +38,8 @@ from mpirl.runtime.waiting import wait_for_all
 from mpirl.workers.env_runner import SEARCH, EnvRunner, RunnerPolicy, RunnerSettings
 from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 
+__all__ = ["PerturbationWorker", "SearchWeights"]
+
 #: Env failures one perturbation's episode may meet before its pair is left out of the update.
 MAX_PAIR_RETRIES = 2
 #: Noise values generated per call while filling the table (bounds the temporary memory).

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from mpirl.config.fields import CommonConfig
 from mpirl.data.batches import concat_batches, standardize_fields
 from mpirl.data.offline import EpisodeShard, OfflineInput, load_shard, rows_per_learner
 from mpirl.data.tags import DataTags
@@ -41,7 +42,7 @@ from mpirl.errors import ConfigError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime import gathered
-from mpirl.runtime.core import RankContext, Worker
+from mpirl.runtime.core import WEIGHTS_KEY, RankContext, Worker
 from mpirl.runtime.dispatch import DRIVER_SPIN_S
 from mpirl.runtime.ulfm import (
     bcast_weights,
@@ -53,6 +54,8 @@ from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
+
+__all__ = ["LossFn", "StatefulLoss", "LearnerSettings", "Learner"]
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -381,6 +384,45 @@ def minibatch_rows(minibatch: dict[str, torch.Tensor]) -> float:
 LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[str, float]]]
 
 
+class StatefulLoss:
+    """A loss that keeps state of its own between calls (MARWIL's moving average): subclass it
+    and override the hooks it needs; a plain ``loss(policy, batch, config)`` function needs
+    none of them. Its state lives on each learner rank: nothing crosses ranks but what
+    ``share_statistics`` sends, and ``get_state`` goes into that learner's checkpoint."""
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of a minibatch, called as the learner calls a loss function."""
+        raise NotImplementedError
+
+    def share_statistics(self, comm: MPI.Comm) -> None:
+        """Once, on every learner as it starts: ``comm`` joins the learners, over which the
+        loss may average its statistics from now on (a collective in every call then)."""
+
+    def get_state(self) -> dict[str, Any] | None:
+        """What a resumed run needs of the loss, saved in the learner's checkpoint; None
+        saves nothing."""
+        return None
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Take back ``get_state``'s values from a checkpoint."""
+
+
+@dataclass(frozen=True)
+class _FunctionLoss(StatefulLoss):
+    """A plain loss function as a ``StatefulLoss`` with no state."""
+
+    function: Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.function(*args)
+
+
+def as_stateful_loss(loss: Any) -> StatefulLoss:
+    """``loss`` with the hooks of ``StatefulLoss``: itself if it subclasses it, else a plain
+    function wrapped in no-op hooks."""
+    return loss if isinstance(loss, StatefulLoss) else _FunctionLoss(loss)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LearnerSettings:
     """What a learner (``Learner``, ``QLearner``) is built from; it crosses to each learner rank
@@ -389,7 +431,7 @@ class LearnerSettings:
     policy: Any
     """The spec of the model it trains (``PolicySpec``, ``QSpec``, ...)."""
     loss: LossFn
-    loss_config: Any
+    loss_config: CommonConfig
     """The algorithm's config, which the loss reads (and the Q learners their target update)."""
     lr: float
     grad_clip: float | None
@@ -420,14 +462,14 @@ class LearnerSettings:
                                    weights_to=tuple(weights_to))
 
     @classmethod
-    def from_config(cls, config: Any, *, policy: Any, loss: LossFn) -> LearnerSettings:
+    def from_config(cls, config: CommonConfig, *, policy: Any, loss: LossFn
+                    ) -> LearnerSettings:
         """The settings of a run with ``config``. A3C's learner makes no allreduce, and its config
         has neither allreduce key."""
+        backend, master_addr = config.allreduce_options()
         return cls(policy=policy, loss=loss, loss_config=config, lr=config.lr,
-                   grad_clip=config.grad_clip, seed=config.seed,
-                   backend=getattr(config, "learner_backend", "auto"),
-                   torch_threads=config.torch_threads,
-                   master_addr=getattr(config, "learner_master_addr", ""))
+                   grad_clip=config.grad_clip, seed=config.seed, backend=backend,
+                   torch_threads=config.torch_threads, master_addr=master_addr)
 
 
 class Learner(Worker):
@@ -460,11 +502,10 @@ class Learner(Worker):
         self.policy = build_torch_model(settings.policy, context.device)
         #: How batches reach the device (``BatchTransfer``: pageable unless measured otherwise).
         self.transfer = BatchTransfer(self.device)
-        self.loss, self.loss_config = loss, settings.loss_config
-        self.callbacks = make_callbacks(getattr(self.loss_config, "callbacks", ""))
+        self.loss, self.loss_config = as_stateful_loss(loss), settings.loss_config
+        self.callbacks = make_callbacks(self.loss_config.callbacks)
         self.allreduce = GradientAllreduce(context, settings.backend, settings.master_addr)
-        if hasattr(loss, "share_statistics"):  # a loss with running statistics (MARWIL's)
-            loss.share_statistics(context.role_comm)
+        self.loss.share_statistics(context.role_comm)
         self.params = list(self.policy.parameters())
         # Learners start from learner 0's initial weights, whatever their seeds did.
         flat = self.policy.get_flat_weights()
@@ -718,14 +759,15 @@ class Learner(Worker):
         average). An offline shard is not saved: it is read again from the dump, and the
         minibatch RNG says which rows come next."""
         optimizer = _to_cpu(self.optimizer.state_dict())
-        state = {"weights": self.policy.get_flat_weights(), "optimizer": optimizer,
+        state = {WEIGHTS_KEY: self.policy.get_flat_weights(), "optimizer": optimizer,
                  "minibatch_rng": self.rng.bit_generator.state, "rng": capture_rng()}
-        if hasattr(self.loss, "get_state"):
-            state["loss"] = self.loss.get_state()
+        loss_state = self.loss.get_state()
+        if loss_state is not None:
+            state["loss"] = loss_state
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.policy.set_flat_weights(state["weights"])
+        self.policy.set_flat_weights(state[WEIGHTS_KEY])
         self.optimizer.load_state_dict(state["optimizer"])
         # The run's config decides the learning rate, not the checkpoint's optimizer state: a
         # resume that changes lr (or PBT's explore step) must take effect.

@@ -42,6 +42,8 @@ from mpirl.workers.pets_workers import (
 )
 from mpirl.workers.q_workers import QLearner
 
+__all__ = ["MBPOLearner", "MODEL_STATS", "ModelRolloutWorker"]
+
 #: The stats of a model fit, NaN until the first one.
 MODEL_STATS = ("model_error", "model_error_max", "model_train_nll", "model_epochs",
                "model_epochs_total")

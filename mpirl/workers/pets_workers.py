@@ -38,6 +38,8 @@ from mpirl.workers.learner import LossFn
 from mpirl.workers.rollout import merge_sample_metrics
 from mpirl.workers.transition_worker import TransitionWorker
 
+__all__ = ["DynamicsLearner", "PlanningWorker"]
+
 
 def block_transitions(block: Any, keep_terminated: bool = False) -> dict[str, np.ndarray]:
     """A block's steps as transitions (see the module's docstring). With ``keep_terminated``

@@ -60,6 +60,8 @@ from mpirl.workers.env_runner import (
 from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 from mpirl.workers.postprocess import advantage_batch, fragment_batch
 
+__all__ = ["ADVANTAGES", "FRAGMENTS", "SamplingSettings", "RolloutSettings", "RolloutWorker"]
+
 #: The forms of batch a rollout worker makes: rows with GAE advantages (PPO, A2C, A3C) or one
 #: V-trace fragment per slot (IMPALA).
 ADVANTAGES, FRAGMENTS = "advantages", "fragments"
@@ -92,7 +94,7 @@ class SamplingSettings:
         """A multi-agent run's rollout worker of policy ``policy_id``, whose algorithm's config
         is ``config``."""
         return cls(policy_id=policy_id, policy_index=policy_index,
-                   gamma=getattr(config, "gamma", 1.0), lam=getattr(config, "gae_lambda", 1.0),
+                   gamma=config.discount(), lam=config.advantage_lambda(),
                    torch_threads=config.torch_threads,
                    weights_from=weights_from)
 
@@ -119,9 +121,9 @@ class RolloutSettings(EnvWorkerSettings, SamplingSettings):
         filter (BC no discount either), and replay configs sample no advantages: their workers
         keep the neutral defaults."""
         return cls(env=env, policy=policy, **cls.config_values(config), dump=dump,
-                   callbacks=config.callbacks, gamma=getattr(config, "gamma", 1.0),
-                   lam=getattr(config, "gae_lambda", 1.0),
-                   normalize_observations=getattr(config, "normalize_observations", False))
+                   callbacks=config.callbacks, gamma=config.discount(),
+                   lam=config.advantage_lambda(),
+                   normalize_observations=config.observation_normalization())
 
     def runner(self, acting: str) -> RunnerSettings:
         """Its own sampling core's settings: one policy, acting as ``acting``."""
