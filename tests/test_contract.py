@@ -160,8 +160,10 @@ def test_a_setup_that_returns_no_plan_state_ends_the_run_in_one_line(plugins, tm
 
 
 def worker_classes() -> list[type]:
+    from mpirl.algorithms.evolution.driver_weights import DriverWeights
+    from mpirl.algorithms.evolution.perturbation_worker import PerturbationWorker
+
     from mpirl.workers.env_runner import EnvRunner
-    from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
     from mpirl.workers.learner import Learner
     from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
     from mpirl.workers.q_workers import QLearner, TransitionWorker
@@ -169,7 +171,7 @@ def worker_classes() -> list[type]:
     from mpirl.workers.rollout import RolloutWorker
 
     return [RolloutWorker, TransitionWorker, Learner, QLearner, ReplayShard, PerturbationWorker,
-            SearchWeights, EnvRunner, PlanningWorker, DynamicsLearner]
+            DriverWeights, EnvRunner, PlanningWorker, DynamicsLearner]
 
 
 @pytest.mark.parametrize("cls", worker_classes(), ids=lambda cls: cls.__name__)
@@ -253,19 +255,19 @@ def test_replay_shard_settings_split_the_buffer_and_streams():
 
 
 def test_search_worker_settings_hold_no_discount_nor_gae():
-    from mpirl.algorithms import ars
-
-    from mpirl.workers.es_worker import SearchWeightsSettings, SearchWorkerSettings
+    from mpirl.algorithms.evolution import ars
+    from mpirl.algorithms.evolution.driver_weights import DriverWeightsSettings
+    from mpirl.algorithms.evolution.perturbation_worker import PerturbationWorkerSettings
 
     config = ars.Config(normalize_observations=False, num_envs_per_worker=2)
     spec = ars.model_spec(*cartpole().spaces(), config)
-    settings = SearchWorkerSettings.from_config(config, env=cartpole(), policy=spec)
-    fields = {f.name for f in dataclasses.fields(SearchWorkerSettings)}
+    settings = PerturbationWorkerSettings.from_config(config, env=cartpole(), policy=spec)
+    fields = {f.name for f in dataclasses.fields(PerturbationWorkerSettings)}
     assert not fields & {"gamma", "lam", "dump", "callbacks"}, fields
     assert settings.normalize_observations is False and settings.num_envs == 2
     with pytest.raises(TypeError, match="gamma"):
-        SearchWorkerSettings(env=cartpole(), policy=spec, num_envs=1, seed=0, gamma=0.99)
-    weights = SearchWeightsSettings.from_config(config, policy=spec)
+        PerturbationWorkerSettings(env=cartpole(), policy=spec, num_envs=1, seed=0, gamma=0.99)
+    weights = DriverWeightsSettings.from_config(config, policy=spec)
     assert weights.zero_init is True and {f.name for f in dataclasses.fields(weights)} == {
         "policy", "seed", "zero_init"}
 

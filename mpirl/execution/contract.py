@@ -45,7 +45,7 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
-              "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars",
+              "ES": "mpirl.algorithms.evolution.es", "ARS": "mpirl.algorithms.evolution.ars",
               "AlphaZero": "mpirl.algorithms.alphazero", "PETS": "mpirl.algorithms.pets",
               "MBPO": "mpirl.algorithms.mbpo"}
 #: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works).

@@ -245,9 +245,12 @@ class Trainer:
         trained on per iteration, over all learners; a multi-agent policy's: its agents' steps,
         at most one per slot and env step)."""
         c = self.config
+        fixed = c.steps_per_iteration()
+        if fixed is not None:
+            return fixed
         if hasattr(c, "num_sgd_steps_per_iteration"):
             return c.train_batch_size * c.num_sgd_steps_per_iteration
-        if not hasattr(c, "rollout_fragment_length"):  # ES, ARS: at least this many per generation
+        if not hasattr(c, "rollout_fragment_length"):  # AlphaZero
             return getattr(c, "train_batch_size", 0)
         return len(self.rollouts) * self.slots_per_worker * c.rollout_fragment_length
 

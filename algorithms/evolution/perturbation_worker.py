@@ -1,5 +1,5 @@
-"""Workers of derivative-free search (ES, ARS): perturbation workers on the rollout ranks, and the
-driver's copy of the weights.
+"""ES's and ARS's rollout worker: it perturbs the weights, plays the perturbed policies' episodes
+and applies each generation's update on its rollout rank. Torch-free for vector observations.
 
 Each rollout rank keeps the weights, the optimizer state and the observation statistics, and
 evaluates antithetic perturbations drawn from a noise table that exists once per node (MPI shared
@@ -19,15 +19,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 from mpi4py import MPI
-
-from mpirl.models.search_rules import (
-    Adam,
-    DirectPolicySpec,
-    NumpyDirectPolicy,
-    ars_step,
-    es_step,
-    numpy_unsupported,
+from mpirl.algorithms.evolution.generation_record import (
+    UPDATE_ROOT,
+    pack_generation,
+    summarize_generation,
+    update_message,
 )
+from mpirl.algorithms.evolution.spec import DirectPolicySpec, NumpyDirectPolicy, numpy_unsupported
+from mpirl.algorithms.evolution.update_rules import Adam, ars_step, es_step
+
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime import gathered
@@ -35,7 +35,7 @@ from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.gathered import answer_through_gather, answer_unless_agreed
 from mpirl.runtime.ulfm import bcast_bytes, bcast_weights
 from mpirl.runtime.waiting import wait_for_all
-from mpirl.workers.env_runner import SEARCH, EnvRunner, RunnerPolicy, RunnerSettings
+from mpirl.workers.env_runner import CALLER, EnvRunner, RunnerPolicy, RunnerSettings
 from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 
 #: Env failures one perturbation's episode may meet before its pair is left out of the update.
@@ -98,99 +98,116 @@ class EvaluationDraws:
         return int(self.starts * self.p + self.phase) > before
 
 
-UPDATE_ROOT = 1
-"""weights_comm's member (the first rollout rank) that gathers a generation's records, makes
-its update and broadcasts it, where the answers gather: rank 0 (member 0) does none of it."""
+class GenerationEpisodes:
+    """One generation's episodes on a rollout rank, in the three calls of
+    ``EnvRunner.play_episodes``: which weights an env slot plays next (``start``), the slots'
+    actions (``act``) and what a finished episode counts for (``end``); then the rank's record
+    of them (``record``). Each pair is two episodes, of theta + sigma*eps and theta - sigma*eps;
+    more pairs are drawn while fewer than ``min_steps`` env steps were played."""
 
-GENERATION_HEAD = ("pairs", "evaluations", "filter_size", "env_steps", "pairs_abandoned",
-                   "env_failures", "pss_mb", "filter_count")
-"""The fixed fields that open a rank's generation record (``pack_generation``)."""
+    def __init__(self, worker: PerturbationWorker, num_pairs: int, min_steps: int) -> None:
+        settings = worker.settings
+        self.worker, self.rng, self.min_steps = worker, worker.rng, min_steps
+        self.theta, self.noise, self.sigma = worker.theta, worker.noise.noise, \
+            settings["noise_stdev"]
+        self.offset, self.action_noise_std = settings["offset"], settings["action_noise_std"]
+        self.indices: list[int] = []
+        self.returns: list[list[float]] = []
+        self.lengths: list[list[int]] = []
+        self.tasks: list[tuple[int, int]] = []  # the episodes queued, as (pair, sign)
+        for _ in range(num_pairs):
+            self.add_pair()
+        slots = worker.runner.settings.num_envs
+        self.params = np.repeat(self.theta[None], slots, 0)  # the weights each slot plays
+        self.slot_task: list[tuple[int, int]] = [(-1, 0)] * slots  # (pair, sign); -1 evaluates
+        self.eval_returns: list[float] = []
+        self.eval_lengths: list[int] = []
+        self.delta = RunningMeanStd(worker.filter.mean.shape)
+        self.retries: dict[int, int] = {}
+        self.abandoned: set[int] = set()
+        # Drawn after the pairs' noise indices: the rng's order is part of a seed's run.
+        self.evaluations = EvaluationDraws(settings["eval_prob"], self.rng)
+        self.steps_played = 0
 
+    def add_pair(self) -> None:
+        """Queue a pair: a noise index and its two episodes."""
+        self.indices.append(int(self.rng.integers(0, len(self.noise) - self.theta.size + 1)))
+        self.returns.append([0.0, 0.0])
+        self.lengths.append([0, 0])
+        pair = len(self.indices) - 1
+        self.tasks.extend([(pair, 0), (pair, 1)])
 
-def pack_generation(indices: list[int], returns: list[list[float]], lengths: list[list[int]],
-                    eval_returns: list[float], eval_lengths: list[int], env_steps: int,
-                    pairs_abandoned: int, env_failures: int, pss_mb: float,
-                    delta: RunningMeanStd | None) -> np.ndarray:
-    """A rank's answer to a generation as one float64 vector: ``GENERATION_HEAD``, then the n
-    pairs' noise indices, returns (2n) and lengths (2n), the e evaluation returns and lengths,
-    and the observation statistics' delta (mean, variance; none if ``delta`` is None). It
-    crosses to rank 0 as raw bytes (``gathered.encode_answer``), and rank 0 reads every rank's
-    in a few array operations (``unpack_generations``), not one unpickling per rank. Every
-    number is exact in a float64: indices and counts are far below 2**53."""
-    size = 0 if delta is None else delta.mean.size
-    head = [len(indices), len(eval_returns), size, env_steps, pairs_abandoned, env_failures,
-            pss_mb, 0.0 if delta is None else delta.count]
-    parts = [head, indices, np.ravel(returns), np.ravel(lengths), eval_returns, eval_lengths]
-    if delta is not None:
-        parts += [delta.mean.ravel(), delta.var.ravel()]
-    return np.concatenate([np.asarray(part, np.float64) for part in parts])
+    def start(self, slot: int) -> bool:
+        """Slot ``slot``'s next episode: the unperturbed policy now and then, else the next
+        perturbation queued (more pairs until ``min_steps`` were played). False: none left."""
+        if not self.tasks and self.steps_played < self.min_steps:
+            self.add_pair()  # the pairs queued so far were too short for min_steps
+        if not self.tasks:
+            return False
+        if self.evaluations.next_is_evaluation():
+            self.slot_task[slot], row = (-1, 0), self.theta
+        else:
+            self.slot_task[slot] = self.tasks.pop(0)
+            pair, sign = self.slot_task[slot]
+            index = self.indices[pair]
+            eps = self.noise[index:index + self.theta.size]
+            row = self.theta + (self.sigma if sign == 0 else -self.sigma) * eps
+        self.params[slot] = row
+        return True
 
+    def act(self, slots: list[int], raw: np.ndarray) -> np.ndarray:
+        """The actions of ``slots``' weights on their observations ``raw``; the training
+        episodes' observations join the statistics' delta, and their Box actions get noise."""
+        worker = self.worker
+        raw = raw.astype(np.float32, copy=False)
+        outputs = worker.population_outputs(self.params[slots], worker.observe(raw))
+        training = np.array([self.slot_task[i][0] >= 0 for i in slots])
+        if training.any() and worker.normalize_observations:
+            self.delta.update(raw[training].astype(np.float64))
+        if worker.policy.kind == "box" and self.action_noise_std > 0:
+            outputs = outputs + training[:, None] * self.rng.normal(
+                0.0, self.action_noise_std, outputs.shape)
+        self.steps_played += len(slots)
+        return worker.policy.to_actions(outputs)
 
-_RECORD_FIELDS = ("indices", "returns", "lengths", "eval_returns", "eval_lengths",
-                  "filter_means", "filter_vars")
-"""The variable parts of a generation record, in order after its head."""
+    def end(self, slot: int, ret: float, length: int, failed: bool) -> None:
+        """Slot ``slot``'s episode ended: count its return, or play it again after an env
+        failure (a pair that fails too often is left out)."""
+        pair, sign = self.slot_task[slot]
+        if failed:
+            if pair < 0 or pair in self.abandoned:
+                return
+            self.retries[pair] = self.retries.get(pair, 0) + 1
+            if self.retries[pair] <= MAX_PAIR_RETRIES:
+                self.tasks.insert(0, (pair, sign))  # played again from a fresh episode
+            else:
+                # An env that fails every long episode would be retried forever.
+                self.abandoned.add(pair)
+                self.tasks = [t for t in self.tasks if t[0] != pair]
+        elif pair < 0:
+            self.eval_returns.append(ret)
+            self.eval_lengths.append(length)
+        else:
+            # ARS's reward shift (offset) applies to training episodes only.
+            self.returns[pair][sign] = ret - self.offset * length
+            self.lengths[pair][sign] = length
 
-
-def unpack_generations(records: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """The ranks' records (``pack_generation``), in rank order, as arrays: ``indices`` [N],
-    ``returns`` and ``lengths`` [N, 2], ``eval_returns`` and ``eval_lengths``, the
-    per-rank ``GENERATION_HEAD`` fields (``env_steps`` and so on, [R]), and the filter
-    deltas ``filter_means`` and ``filter_vars`` [R, size]. Each value is labelled with its
-    part, and each part is taken in one step: some 30 array operations, whatever the ranks."""
-    count, width = len(records), len(GENERATION_HEAD)
-    values = np.concatenate(records)
-    sizes = np.fromiter(map(len, records), np.int64, count)
-    head = values[(np.cumsum(sizes) - sizes)[:, None] + np.arange(width)]
-    pairs, evaluations, filter_size = head[:, 0], head[:, 1], head[:, 2]
-    spans = np.stack([np.full(count, width), pairs, 2 * pairs, 2 * pairs, evaluations,
-                      evaluations, filter_size, filter_size], axis=1).astype(np.int64)
-    labels = np.repeat(np.tile(np.arange(len(_RECORD_FIELDS) + 1), count), spans.ravel())
-    out = {name: head[:, i] for i, name in enumerate(GENERATION_HEAD)}
-    for label, name in enumerate(_RECORD_FIELDS, 1):
-        out[name] = values[labels == label]
-    out["indices"] = out["indices"].astype(np.int64)
-    out["returns"] = out["returns"].reshape(-1, 2)
-    out["lengths"] = out["lengths"].astype(np.int64).reshape(-1, 2)
-    out["eval_lengths"] = out["eval_lengths"].astype(np.int64)
-    size = int(filter_size.max(initial=0))
-    out["filter_means"] = out["filter_means"].reshape(count, size)
-    out["filter_vars"] = out["filter_vars"].reshape(count, size)
-    return out
-
-
-def summarize_generation(records: list[np.ndarray]) -> dict[str, Any]:
-    """What a generation's update and its statistics need of the ranks' records, in rank
-    order: the pairs' noise ``indices`` and ``returns``, the summed ``filter_delta`` (flat mean,
-    variance, count), the evaluation episodes, and totals. Its size grows with the pairs and
-    evaluation episodes, not with the ranks' other fields. Made by the update's root where the
-    answers gather (``PerturbationWorker._generation_then_update``), else by the driver."""
-    found = unpack_generations(records)
-    delta = RunningMeanStd(found["filter_means"].shape[1:])
-    delta.merge_stacked(found["filter_count"], found["filter_means"], found["filter_vars"])
-    lengths = found["lengths"]
-    return {"indices": found["indices"], "returns": found["returns"],
-            "filter_delta": (delta.mean, delta.var, delta.count),
-            "len_mean": float(lengths.mean()) if lengths.size else float("nan"),
-            "eval_returns": found["eval_returns"].tolist(),
-            "eval_lengths": found["eval_lengths"].tolist(),
-            "env_steps": int(found["env_steps"].sum()),
-            "env_failures": int(found["env_failures"].sum()),
-            "pairs_abandoned": int(found["pairs_abandoned"].sum()),
-            "pss_mb": float(found["pss_mb"].sum()),
-            "record_bytes": int(records[0].nbytes) if records else 0}
-
-
-def update_message(generation: int, summary: dict[str, Any]) -> bytes:
-    """The update every rank applies (``PerturbationWorker._take_update_message``): the
-    generation's number and its ``summarize_generation``."""
-    return pickle.dumps((generation, summary), protocol=5)
+    def record(self, steps: int, failures: int) -> np.ndarray:
+        """The rank's record of the generation (``pack_generation``), abandoned pairs left out;
+        ``steps`` and ``failures`` are what ``play_episodes`` counted."""
+        kept = [j for j in range(len(self.indices)) if j not in self.abandoned]
+        return pack_generation(
+            [self.indices[j] for j in kept], [self.returns[j] for j in kept],
+            [self.lengths[j] for j in kept], self.eval_returns, self.eval_lengths, steps,
+            len(self.abandoned), failures, proportional_memory_mb(),
+            self.delta if self.worker.normalize_observations else None)
 
 
 @dataclass(frozen=True, kw_only=True)
-class SearchWorkerSettings(EnvWorkerSettings):
+class PerturbationWorkerSettings(EnvWorkerSettings):
     """What a perturbation worker is built from; it crosses to each rollout rank once, when the
-    worker is spawned. The search's own settings (noise table, update rule) come later, from
-    ``setup_search``."""
+    worker is spawned. The generations' own settings (noise table, update rule) come later, from
+    ``setup_perturbations``."""
 
     policy: DirectPolicySpec
     """The deterministic policy whose weights it perturbs."""
@@ -199,9 +216,10 @@ class SearchWorkerSettings(EnvWorkerSettings):
 
     @classmethod
     def from_config(cls, config: Any, *, env: EnvSpec, policy: DirectPolicySpec,
-                    dump: Any = None) -> SearchWorkerSettings:
+                    dump: Any = None) -> PerturbationWorkerSettings:
         """The settings of a run with ``config``. ``dump`` is refused on the driver
-        (``setup_search``), which says so once: perturbed policies' episodes are no dataset."""
+        (``setup_perturbations``), which says so once: perturbed policies' episodes are no
+        dataset."""
         return cls(env=env, policy=policy, **cls.config_values(config),
                    normalize_observations=config.normalize_observations)
 
@@ -209,21 +227,21 @@ class SearchWorkerSettings(EnvWorkerSettings):
 class PerturbationWorker(Worker):
     """Evaluates antithetic perturbations of the weights on a rollout rank; applies updates."""
 
-    MESSAGES = ("setup_search", "run_generation", "apply_update", "receive_update",
-                "receive_weights", "set_weights", "get_weights", "search_state",
-                "set_search_state", "save_state", "load_state", "finish_dump",
+    MESSAGES = ("setup_perturbations", "run_generation", "apply_update", "receive_update",
+                "receive_weights", "set_weights", "get_weights", "shared_state",
+                "set_shared_state", "save_state", "load_state", "finish_dump",
                 "generation_rounds")
 
-    Settings: ClassVar[type[SearchWorkerSettings]] = SearchWorkerSettings
+    Settings: ClassVar[type[PerturbationWorkerSettings]] = PerturbationWorkerSettings
 
-    def __init__(self, context: RankContext, settings: SearchWorkerSettings) -> None:
+    def __init__(self, context: RankContext, settings: PerturbationWorkerSettings) -> None:
         super().__init__(context)
         policy = settings.policy
         self.runner = EnvRunner(context, RunnerSettings(
             env=settings.env, num_envs=settings.num_envs, seed=settings.seed,
             max_env_failures=settings.max_env_failures,
             env_failure_window=settings.env_failure_window,
-            policies=(RunnerPolicy(acting=SEARCH, observation_space=policy.observation_space,
+            policies=(RunnerPolicy(acting=CALLER, observation_space=policy.observation_space,
                                    action_space=policy.action_space),)))
         self.seed = self.runner.seed
         self.where = self.runner.where
@@ -255,7 +273,7 @@ class PerturbationWorker(Worker):
     def env_failures(self) -> int:
         return self.runner.env_failures
 
-    def setup_search(self, settings: dict[str, Any]) -> dict[str, Any]:
+    def setup_perturbations(self, settings: dict[str, Any]) -> dict[str, Any]:
         """Build the noise table (collective over the rollout ranks) and the optimizer."""
         self.settings = settings
         self.noise = NoiseTable(self.context.role_comm, settings["noise_size"],
@@ -266,12 +284,13 @@ class PerturbationWorker(Worker):
 
     # One generation.
 
-    def _observe(self, obs_rows: np.ndarray) -> np.ndarray:
+    def observe(self, obs_rows: np.ndarray) -> np.ndarray:
+        """Observations as the policy takes them: normalized (ARS V2, ES), as float32."""
         if self.normalize_observations:
             obs_rows = self.filter.normalize(obs_rows)
         return obs_rows.astype(np.float32, copy=False)
 
-    def _population_outputs(self, params: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    def population_outputs(self, params: np.ndarray, obs: np.ndarray) -> np.ndarray:
         """Outputs ``[K, out]`` of the weight vectors ``params [K, P]`` on ``obs [K, ...]``."""
         if isinstance(self.policy, NumpyDirectPolicy):
             return self.policy.population_outputs(params, obs)
@@ -288,7 +307,7 @@ class PerturbationWorker(Worker):
         episodes started play the unperturbed policy instead (``EvaluationDraws``). Returns the
         pairs' noise indices, returns and lengths, the evaluation episodes, and the delta of the
         observation statistics, as one record (``pack_generation``); no weights. With
-        ``gather_answer`` the driver's copy gathers them (``SearchWeights.gather_answers``,
+        ``gather_answer`` the driver's copy gathers them (``DriverWeights.gather_answers``,
         ``mpirl.runtime.gathered``). With ``generation``, its number, the call goes on to the
         update (``_generation_then_update``)."""
         if generation is not None:
@@ -296,88 +315,9 @@ class PerturbationWorker(Worker):
         if gather_answer:
             return answer_through_gather(self.context,
                                          lambda: self.run_generation(num_pairs, min_steps))
-        s, theta, noise = self.settings, self.theta, self.noise.noise
-        size, sigma = theta.size, s["noise_stdev"]
-        indices: list[int] = []
-        returns: list[list[float]] = []
-        lengths: list[list[int]] = []
-        tasks: list[tuple[int, int]] = []
-
-        def add_pair() -> None:
-            indices.append(int(self.rng.integers(0, len(noise) - size + 1)))
-            returns.append([0.0, 0.0])
-            lengths.append([0, 0])
-            tasks.extend([(len(indices) - 1, 0), (len(indices) - 1, 1)])
-
-        for _ in range(num_pairs):
-            add_pair()
-        k = self.runner.settings.num_envs
-        params = np.repeat(theta[None], k, 0)
-        slot_task: list[tuple[int, int]] = [(-1, 0)] * k  # (pair, sign); (-1, 0) evaluates
-        eval_returns: list[float] = []
-        eval_lengths: list[int] = []
-        delta = RunningMeanStd(self.filter.mean.shape)
-        box = self.policy.kind == "box"
-        retries: dict[int, int] = {}
-        abandoned: set[int] = set()
-        evaluations = EvaluationDraws(s["eval_prob"], self.rng)
-        played = {"steps": 0}
-
-        def start(i: int) -> bool:
-            """Slot ``i``'s next episode: the unperturbed policy now and then, else the next
-            perturbation queued (more pairs until ``min_steps`` were played)."""
-            if not tasks and played["steps"] < min_steps:
-                add_pair()  # the pairs queued so far were too short for min_steps
-            if not tasks:
-                return False
-            if evaluations.next_is_evaluation():
-                slot_task[i], row = (-1, 0), theta
-            else:
-                slot_task[i] = tasks.pop(0)
-                pair, sign = slot_task[i]
-                eps = noise[indices[pair]:indices[pair] + size]
-                row = theta + (sigma if sign == 0 else -sigma) * eps
-            params[i] = row
-            return True
-
-        def act(slots: list[int], raw: np.ndarray) -> np.ndarray:
-            raw = raw.astype(np.float32, copy=False)
-            outputs = self._population_outputs(params[slots], self._observe(raw))
-            training = np.array([slot_task[i][0] >= 0 for i in slots])
-            if training.any() and self.normalize_observations:
-                delta.update(raw[training].astype(np.float64))
-            if box and s["action_noise_std"] > 0:
-                outputs = outputs + training[:, None] * self.rng.normal(
-                    0.0, s["action_noise_std"], outputs.shape)
-            played["steps"] += len(slots)
-            return self.policy.to_actions(outputs)
-
-        def end(i: int, ret: float, length: int, failed: bool) -> None:
-            pair, sign = slot_task[i]
-            if failed:
-                if pair < 0 or pair in abandoned:
-                    return
-                retries[pair] = retries.get(pair, 0) + 1
-                if retries[pair] <= MAX_PAIR_RETRIES:
-                    tasks.insert(0, (pair, sign))  # played again from a fresh episode
-                else:
-                    # An env that fails every long episode would be retried forever.
-                    abandoned.add(pair)
-                    tasks[:] = [t for t in tasks if t[0] != pair]
-            elif pair < 0:
-                eval_returns.append(ret)
-                eval_lengths.append(length)
-            else:
-                # ARS's reward shift (offset) applies to training episodes only.
-                returns[pair][sign] = ret - s["offset"] * length
-                lengths[pair][sign] = length
-
-        steps, failures = self.runner.play_episodes(start, act, end)
-        kept = [j for j in range(len(indices)) if j not in abandoned]
-        return pack_generation([indices[j] for j in kept], [returns[j] for j in kept],
-                               [lengths[j] for j in kept], eval_returns, eval_lengths, steps,
-                               len(abandoned), failures, proportional_memory_mb(),
-                               delta if self.normalize_observations else None)
+        episodes = GenerationEpisodes(self, num_pairs, min_steps)
+        steps, failures = self.runner.play_episodes(episodes.start, episodes.act, episodes.end)
+        return episodes.record(steps, failures)
 
     def apply_update(self, indices: np.ndarray, returns: np.ndarray,
                      filter_delta: tuple | None) -> dict[str, Any]:
@@ -406,7 +346,7 @@ class PerturbationWorker(Worker):
         weights_comm's member ``UPDATE_ROOT`` (rollout worker 0), which makes the update
         (``summarize_generation``) and broadcasts it over weights_comm; it is empty when some
         rank failed. Rank 0 joins the gather with nothing and takes the update from the
-        broadcast (``SearchWeights.take_generation``): its work per generation does not grow
+        broadcast (``DriverWeights.take_generation``): its work per generation does not grow
         with the ranks. Each rank's answer, alike on every rank, is compared in
         ``gathered.answer_unless_agreed``. Every rank takes part in all three collectives,
         failed or not, so that none waits on a rank that stopped; a failure is raised after
@@ -485,12 +425,12 @@ class PerturbationWorker(Worker):
     def get_weights(self) -> np.ndarray:
         return self.theta.copy()
 
-    def search_state(self) -> dict[str, Any]:
+    def shared_state(self) -> dict[str, Any]:
         """Weights, optimizer and observation statistics: what every rank must hold alike."""
         return {"theta": self.theta.copy(), "optimizer": self.optimizer.state(),
                 "filter": self.filter.state()}
 
-    def set_search_state(self, state: dict[str, Any]) -> str:
+    def set_shared_state(self, state: dict[str, Any]) -> str:
         self.applied = None
         self.set_weights(state["theta"])
         self.optimizer.load(state["optimizer"])
@@ -498,11 +438,11 @@ class PerturbationWorker(Worker):
         return weights_checksum(self.theta)
 
     def get_state(self) -> dict[str, Any]:
-        return {**self.search_state(), "rng": self.rng.bit_generator.state,
+        return {**self.shared_state(), "rng": self.rng.bit_generator.state,
                 "runner": self.runner.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> bool:
-        self.set_search_state(state)
+        self.set_shared_state(state)
         self.rng.bit_generator.state = state["rng"]
         return self.runner.set_state(state["runner"])
 
@@ -511,93 +451,6 @@ class PerturbationWorker(Worker):
 
     def finish_dump(self) -> None:
         return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchWeightsSettings:
-    """What the driver's copy of the weights is built from."""
-
-    policy: DirectPolicySpec
-    seed: int
-    """Torch's seed for the first weights, which every rollout rank then takes."""
-    zero_init: bool = False
-    """Start from all-zero weights (ARS)."""
-
-    @classmethod
-    def from_config(cls, config: Any, *, policy: DirectPolicySpec, loss: None = None
-                    ) -> SearchWeightsSettings:
-        """The settings of a run with ``config``; derivative-free, it takes no ``loss``."""
-        return cls(policy=policy, seed=config.seed, zero_init=getattr(config, "zero_init", False))
-
-
-class SearchWeights(Worker):
-    """The driver's copy of the weights (in its process): the first weights, broadcast to the
-    rollout ranks at start-up, and, before each checkpoint, rollout worker 0's current ones, so
-    that ``learner_0.pkl`` holds the policy that ``mpirl evaluate`` and ``export`` read."""
-
-    MESSAGES = ("broadcast_weights", "take_update", "take_generation", "get_weights",
-                "set_weights", "save_state", "load_state", "histograms", "end_rounds")
-
-    Settings: ClassVar[type[SearchWeightsSettings]] = SearchWeightsSettings
-
-    def __init__(self, context: RankContext, settings: SearchWeightsSettings) -> None:
-        super().__init__(context)
-        import torch
-
-        from mpirl.models.torch_model import build_torch_model
-
-        torch.manual_seed(settings.seed)
-        self.policy = build_torch_model(settings.policy)
-        self.generation_waits, self.update_waits = gathered.RoundWaits(), gathered.RoundWaits()
-        if settings.zero_init:
-            self.policy.set_flat_weights(np.zeros(self.policy.num_weights(), np.float32))
-
-    def broadcast_weights(self) -> None:
-        bcast_weights(self.context.weights_comm, self.policy.get_flat_weights(),
-                      self.context.collective_timeout_s)
-
-    def take_update(self) -> None:
-        """The driver's part in the update's broadcast over weights_comm, in which it only
-        receives (its copy of the weights is refreshed only before checkpoints), from
-        ``PerturbationWorker.receive_update``."""
-        bcast_bytes(self.context.weights_comm, None, self.context.collective_timeout_s,
-                    "the update broadcast")
-
-    def take_generation(self, round_header: Any = None) -> tuple[bytes, bool, Any]:
-        """The driver's part in a generation's call (``PerturbationWorker.
-        _generation_then_update``): it joins the gather of the records with nothing, takes the
-        update the root broadcasts, and is the root of the ranks' comparison of their answers.
-        Returns the update (b"" when a rank failed) and ``(True, the answer)`` if the answers
-        agreed, else ``(False, their answers gathered)`` (``gathered.agreed_or_gathered``).
-        With ``round_header`` it first starts the generation of the ranks' standing
-        ``generation_rounds`` calls."""
-        context = self.context
-        if round_header is not None:
-            gathered.start_round(context, round_header, gathered.NO_WEIGHTS)
-        gathered.gather_answers(context, self.generation_waits, root=UPDATE_ROOT)
-        message = bcast_bytes(context.weights_comm, None, context.collective_timeout_s,
-                              "the update broadcast")
-        return (message, *gathered.agreed_or_gathered(context, self.update_waits))
-
-    def end_rounds(self) -> None:
-        """End the rollout ranks' standing ``generation_rounds`` calls: an empty header."""
-        gathered.start_round(self.context, None, gathered.NO_WEIGHTS)
-
-    def get_weights(self) -> np.ndarray:
-        return self.policy.get_flat_weights()
-
-    def set_weights(self, flat: np.ndarray) -> None:
-        self.policy.set_flat_weights(flat)
-
-    def get_state(self) -> dict[str, Any]:
-        return {"weights": self.policy.get_flat_weights()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.policy.set_flat_weights(state["weights"])
-
-    def histograms(self) -> dict[str, np.ndarray]:
-        return {f"weights/{name}": p.detach().numpy().reshape(-1)
-                for name, p in self.policy.named_parameters()}
 
 
 def weights_checksum(theta: np.ndarray) -> str:

@@ -1,8 +1,8 @@
-"""Derivative-free search (ES, ARS) in torch: the deterministic policy evaluated for many weight
-vectors at once, for the driver, image observations and what ``NumpyDirectPolicy`` cannot run.
+"""ES's and ARS's policy in torch: the deterministic policy evaluated for many weight vectors at
+once, for the driver, image observations and what ``NumpyDirectPolicy`` cannot run.
 
-The spec, the NumPy forward pass and the update rules live in ``mpirl.models.search_rules``
-(no torch), and are exported here too.
+Its spec and the NumPy forward pass live in ``spec`` (no torch), which names this module's
+``DirectPolicy`` as its ``NETWORK``; ``build_torch_model`` builds it from there.
 """
 
 from __future__ import annotations
@@ -10,23 +10,14 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import torch
+from mpirl.algorithms.evolution.spec import DirectPolicySpec, direct_actions
 from torch import nn
 
 from mpirl.errors import ConfigError
 from mpirl.models.encoders import Encoder
 from mpirl.models.policy import _ACTIVATIONS, FlatParameters
-from mpirl.models.search_rules import (
-    Adam,
-    DirectPolicySpec,
-    ars_step,
-    centered_ranks,
-    direct_actions,
-    es_step,
-    weighted_noise_sum,
-)
 
-__all__ = ["Adam", "DirectPolicy", "DirectPolicySpec", "ars_step", "centered_ranks", "es_step",
-           "weighted_noise_sum"]
+__all__ = ["DirectPolicy"]
 
 
 class DirectPolicy(FlatParameters):
