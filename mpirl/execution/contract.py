@@ -76,9 +76,7 @@ class PlanState:
         return {}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Take back ``get_state``'s values. From a checkpoint written before plans kept their
-        own, ``state`` holds the old top-level keys of driver.pkl (``sgd_step_debt``,
-        ``replay_empty_at``, ``sgd_steps_total``) that were saved."""
+        """Take back ``get_state``'s values."""
 
     def restored_empty(self, group: WorkerGroup, timesteps_total: int) -> None:
         """``group`` (one of the run's, the plan's own included) was not in the checkpoint just
