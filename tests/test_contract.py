@@ -219,7 +219,8 @@ def test_every_algorithms_workers_take_settings_from_its_config(name):
 
 
 def test_rollout_and_learner_settings_hold_the_configs_values():
-    from mpirl.algorithms import dqn, ppo
+    from mpirl.algorithms import ppo
+    from mpirl.algorithms.q_learning import dqn
 
     from mpirl.workers.learner import LearnerSettings
     from mpirl.workers.rollout import RolloutSettings
@@ -242,7 +243,7 @@ def test_rollout_and_learner_settings_hold_the_configs_values():
 
 
 def test_replay_shard_settings_split_the_buffer_and_streams():
-    from mpirl.algorithms import dqn
+    from mpirl.algorithms.q_learning import dqn
 
     from mpirl.workers.replay_shard import ReplayShardSettings
 

@@ -42,7 +42,8 @@ from mpirl.workers.learner import LossFn
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
-              "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
+              "DQN": "mpirl.algorithms.q_learning.dqn",
+              "APEX": "mpirl.algorithms.q_learning.apex",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
               "ES": "mpirl.algorithms.evolution.es", "ARS": "mpirl.algorithms.evolution.ars",

@@ -24,13 +24,11 @@ from mpirl.models.dynamics import DynamicsEnsemble
 from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.policy import Policy
 from mpirl.models.policy_spec import PolicySpec
-from mpirl.models.q_network import QNetwork
-from mpirl.models.q_spec import QSpec
 from mpirl.models.soft_q import SACModel, SACSpec
 
 #: Each of mpirl's specs and the torch module built from it.
 NETWORKS: tuple[tuple[type, type[nn.Module]], ...] = (
-    (PolicySpec, Policy), (QSpec, QNetwork),
+    (PolicySpec, Policy),
     (SACSpec, SACModel), (AlphaZeroSpec, AlphaZeroNet), (DynamicsSpec, DynamicsEnsemble))
 
 

@@ -1,4 +1,4 @@
-"""Q networks and the DQN loss (double Q, n-step, Huber).
+"""DQN's and Ape-X's Q network and loss (double Q, n-step, Huber).
 
 ``QNetwork`` is an MLP (optionally dueling) from observations to one value per discrete action.
 Its weights cross ranks as one flat float32 vector, like ``Policy``'s.
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from mpirl.errors import ConfigError
+from mpirl.execution.replay_ops import check_discrete
 from mpirl.models.encoders import (
     Encoder,
     build_custom_model,
@@ -23,13 +24,6 @@ from mpirl.models.encoders import (
 )
 from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
 from mpirl.models.q_spec import QSpec
-
-
-def check_discrete(action_space: gym.Space, algo: str) -> None:
-    """ConfigError unless ``action_space`` is Discrete (Q networks need a finite action set)."""
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ConfigError(f"{algo} needs a Discrete action space; this environment's is "
-                          f"{action_space}. Use SAC or PPO for continuous actions.")
 
 
 class QNetwork(FlatParameters):
