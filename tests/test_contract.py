@@ -162,6 +162,7 @@ def test_a_setup_that_returns_no_plan_state_ends_the_run_in_one_line(plugins, tm
 def worker_classes() -> list[type]:
     from mpirl.algorithms.evolution.driver_weights import DriverWeights
     from mpirl.algorithms.evolution.perturbation_worker import PerturbationWorker
+    from mpirl.algorithms.q_learning.apex_learner import ApexLearner
 
     from mpirl.workers.env_runner import EnvRunner
     from mpirl.workers.learner import Learner
@@ -170,8 +171,8 @@ def worker_classes() -> list[type]:
     from mpirl.workers.replay_shard import ReplayShard
     from mpirl.workers.rollout import RolloutWorker
 
-    return [RolloutWorker, TransitionWorker, Learner, QLearner, ReplayShard, PerturbationWorker,
-            DriverWeights, EnvRunner, PlanningWorker, DynamicsLearner]
+    return [RolloutWorker, TransitionWorker, Learner, QLearner, ApexLearner, ReplayShard,
+            PerturbationWorker, DriverWeights, EnvRunner, PlanningWorker, DynamicsLearner]
 
 
 @pytest.mark.parametrize("cls", worker_classes(), ids=lambda cls: cls.__name__)
