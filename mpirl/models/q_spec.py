@@ -3,9 +3,9 @@
 ``QSpec`` is what every rank needs to build the same Q network;
 ``mpirl.models.torch_model.build_torch_model(spec)`` makes the torch ``QNetwork`` that its
 ``NETWORK`` names (DQN's and Ape-X's, ``mpirl.algorithms.q_learning.network``).
-``NumpyQPolicy(spec)`` takes that network's flat
-float32 weights (the same parameter order) and gives the same greedy and epsilon-greedy actions,
-for vector and Discrete observations through dense layers. Images, custom models and other
+``NumpyQPolicy(spec)`` takes that network's flat float32 weights (the same parameter order)
+and gives the same greedy and epsilon-greedy actions, for vector and Discrete observations
+through dense layers. Images, custom models and other
 activations need torch: ``numpy_unsupported`` says why. Nothing here crosses ranks.
 """
 
