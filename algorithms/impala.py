@@ -21,6 +21,7 @@ from mpirl.execution.trainer import Trainer
 from mpirl.models.policy import actor_critic_model
 from mpirl.models.vtrace import vtrace
 from mpirl.workers.learner import Learner
+from mpirl.workers.optimizer import decayed_lr
 from mpirl.workers.rollout import RolloutWorker
 
 ROLLOUT_WORKER = RolloutWorker
@@ -106,12 +107,6 @@ def loss(policy, batch: dict[str, torch.Tensor], config: Config):
     return total, stats
 
 
-def decayed_lr(config: Config, timesteps: int) -> float:
-    if not config.lr_decay_steps:
-        return config.lr
-    return config.lr * max(0.0, 1.0 - timesteps / config.lr_decay_steps)
-
-
 def setup(trainer: Trainer) -> SampleRequests | FragmentStream:
     """The sample calls kept running on every rollout worker from one iteration to the next
     (settled before each checkpoint); with ``fragments_per_call``, streamed to the learners."""
@@ -134,9 +129,11 @@ def training_step(trainer: Trainer, requests: SampleRequests | FragmentStream
         samples = async_sample(requests, trainer.learners, trainer.obs_filter,
                                config.train_batch_size)
         trainer.count(samples)
+        # The paper's schedule: linearly to 0 over lr_decay_steps.
+        lr = decayed_lr(config.lr, 0.0, config.lr_decay_steps, trainer.timesteps_total)
         stats.append(train_one_step(trainer.learners, samples, num_epochs=config.num_epochs,
                                     num_minibatches=config.num_minibatches, standardize=(),
-                                    lr=decayed_lr(config, trainer.timesteps_total)))
+                                    lr=lr))
         sync_weights(requests, trainer.learners, samples)
     return mean_stats(stats) | requests.metrics()
 
@@ -147,12 +144,12 @@ def streamed_training_step(trainer: Trainer, stream: FragmentStream) -> dict[str
     config = trainer.config
     stats, start = [], trainer.timesteps_total
     while trainer.timesteps_total - start < config.min_steps_per_iteration:
+        lr = decayed_lr(config.lr, 0.0, config.lr_decay_steps, trainer.timesteps_total)
         row, taken = stream.update(
             config.train_batch_size,
             config.min_steps_per_iteration - (trainer.timesteps_total - start),
             num_epochs=config.num_epochs,
-            num_minibatches=config.num_minibatches, standardize=(),
-            lr=decayed_lr(config, trainer.timesteps_total))
+            num_minibatches=config.num_minibatches, standardize=(), lr=lr)
         stats.append(row)
         trainer.count(stream.take_answers(taken))
     return mean_stats(stats) | stream.metrics()

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 
-def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
+def mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(), nn.Linear(hidden, hidden),
                          nn.Tanh(), nn.Linear(hidden, outputs))
 
@@ -36,8 +36,8 @@ class ActorCritic(nn.Module):
         super().__init__()
         inputs, outputs = _sizes(observation_space, action_space)
         hidden = int(config.get("hidden", 64))
-        self.pi = _mlp(inputs, hidden, outputs)
-        self.vf = _mlp(inputs, hidden, 1)
+        self.pi = mlp(inputs, hidden, outputs)
+        self.vf = mlp(inputs, hidden, 1)
         with torch.no_grad():  # a near-uniform first policy
             self.pi[-1].weight.mul_(0.01)
 
@@ -90,7 +90,7 @@ class TwinCritic(nn.Module):
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: dict):
         super().__init__()
         inputs = int(np.prod(observation_space.shape)) + int(np.prod(action_space.shape))
-        self.net = _mlp(inputs, int(config.get("hidden", 64)), 1)
+        self.net = mlp(inputs, int(config.get("hidden", 64)), 1)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([obs.flatten(1), action], -1)).squeeze(-1)

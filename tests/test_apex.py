@@ -145,7 +145,7 @@ class _Shard:
 def _loop(rollouts: int, shards: int):
     from types import SimpleNamespace
 
-    from mpirl.execution.replay_ops import AsyncReplayLoop
+    from mpirl.algorithms.q_learning.apex_loops import AsyncReplayLoop
 
     workers = [SimpleNamespace(rank=2 + shards + i, in_process=False) for i in range(rollouts)]
     trainer = SimpleNamespace(rollouts=workers, config=SimpleNamespace(metrics_max_epsilon=0.5),

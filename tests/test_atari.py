@@ -10,7 +10,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import mpi_env
-from mpirl.algorithms import dqn, ppo
+from mpirl.algorithms import ppo
+from mpirl.algorithms.q_learning import dqn
 from test_env_failures import GAMMA, local_context
 from test_train import MPIRL, train
 

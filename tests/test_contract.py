@@ -183,7 +183,9 @@ def test_a_plugin_whose_worker_lacks_a_called_method_is_refused_naming_it(plugin
 def test_configs_answer_what_shared_code_asks_instead_of_being_probed():
     """Shared code asks a config (``ConfigHooks``) rather than probing its fields; a key
     behind an answer stays valid only where it means something."""
-    from mpirl.algorithms import a3c, apex, bc, dqn, es, impala, marwil, ppo, sac
+    from mpirl.algorithms import a3c, bc, impala, marwil, ppo, sac
+    from mpirl.algorithms.evolution import es
+    from mpirl.algorithms.q_learning import apex, dqn
 
     config = ppo.Config(gamma=0.9, gae_lambda=0.7, normalize_observations=True,
                         centralized_critic=True, learner_backend="gloo")
@@ -244,16 +246,19 @@ def test_a_setup_that_returns_no_plan_state_ends_the_run_in_one_line(plugins, tm
 
 
 def worker_classes() -> list[type]:
+    from mpirl.algorithms.evolution.driver_weights import DriverWeights
+    from mpirl.algorithms.evolution.perturbation_worker import PerturbationWorker
+    from mpirl.algorithms.q_learning.apex_learner import ApexLearner
+
     from mpirl.workers.env_runner import EnvRunner
-    from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
     from mpirl.workers.learner import Learner
     from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
     from mpirl.workers.q_workers import QLearner, TransitionWorker
     from mpirl.workers.replay_shard import ReplayShard
     from mpirl.workers.rollout import RolloutWorker
 
-    return [RolloutWorker, TransitionWorker, Learner, QLearner, ReplayShard, PerturbationWorker,
-            SearchWeights, EnvRunner, PlanningWorker, DynamicsLearner]
+    return [RolloutWorker, TransitionWorker, Learner, QLearner, ApexLearner, ReplayShard,
+            PerturbationWorker, DriverWeights, EnvRunner, PlanningWorker, DynamicsLearner]
 
 
 @pytest.mark.parametrize("cls", worker_classes(), ids=lambda cls: cls.__name__)
@@ -301,7 +306,8 @@ def test_every_algorithms_workers_take_settings_from_its_config(name):
 
 
 def test_rollout_and_learner_settings_hold_the_configs_values():
-    from mpirl.algorithms import dqn, ppo
+    from mpirl.algorithms import ppo
+    from mpirl.algorithms.q_learning import dqn
 
     from mpirl.workers.learner import LearnerSettings
     from mpirl.workers.rollout import RolloutSettings
@@ -324,7 +330,7 @@ def test_rollout_and_learner_settings_hold_the_configs_values():
 
 
 def test_replay_shard_settings_split_the_buffer_and_streams():
-    from mpirl.algorithms import dqn
+    from mpirl.algorithms.q_learning import dqn
 
     from mpirl.workers.replay_shard import ReplayShardSettings
 
@@ -337,19 +343,19 @@ def test_replay_shard_settings_split_the_buffer_and_streams():
 
 
 def test_search_worker_settings_hold_no_discount_nor_gae():
-    from mpirl.algorithms import ars
-
-    from mpirl.workers.es_worker import SearchWeightsSettings, SearchWorkerSettings
+    from mpirl.algorithms.evolution import ars
+    from mpirl.algorithms.evolution.driver_weights import DriverWeightsSettings
+    from mpirl.algorithms.evolution.perturbation_worker import PerturbationWorkerSettings
 
     config = ars.Config(normalize_observations=False, num_envs_per_worker=2)
     spec = ars.model_spec(*cartpole().spaces(), config)
-    settings = SearchWorkerSettings.from_config(config, env=cartpole(), policy=spec)
-    fields = {f.name for f in dataclasses.fields(SearchWorkerSettings)}
+    settings = PerturbationWorkerSettings.from_config(config, env=cartpole(), policy=spec)
+    fields = {f.name for f in dataclasses.fields(PerturbationWorkerSettings)}
     assert not fields & {"gamma", "lam", "dump", "callbacks"}, fields
     assert settings.normalize_observations is False and settings.num_envs == 2
     with pytest.raises(TypeError, match="gamma"):
-        SearchWorkerSettings(env=cartpole(), policy=spec, num_envs=1, seed=0, gamma=0.99)
-    weights = SearchWeightsSettings.from_config(config, policy=spec)
+        PerturbationWorkerSettings(env=cartpole(), policy=spec, num_envs=1, seed=0, gamma=0.99)
+    weights = DriverWeightsSettings.from_config(config, policy=spec)
     assert weights.zero_init is True and {f.name for f in dataclasses.fields(weights)} == {
         "policy", "seed", "zero_init"}
 

@@ -14,8 +14,10 @@ import subprocess
 
 import pytest
 from conftest import mpi_env, run_mpi
-from mpirl.algorithms.dqn import Config, decayed_lr
+from mpirl.algorithms.q_learning.dqn import Config
 from test_train import MPIRL, rows, train
+
+from mpirl.workers.optimizer import decayed_lr
 
 LEARN = ["--algo", "DQN", "--env", "CartPole-v1", "--seed", "5"]
 
@@ -55,7 +57,8 @@ def test_dqn_with_replay_shards_and_a_learner_rank_trains_and_resumes(tmp_path):
     learner = pickle.loads((checkpoint / "learner_0.pkl").read_bytes())
     assert learner["updates"] == 4 * 256
     # The learning rate falls with the env steps, on the learner and in progress.csv alike.
-    expected_lr = decayed_lr(Config(), 4 * 512)
+    config = Config()
+    expected_lr = decayed_lr(config.lr, config.lr_final, config.lr_decay_steps, 4 * 512)
     assert expected_lr < Config().lr
     assert learner["optimizer"]["param_groups"][0]["lr"] == pytest.approx(expected_lr)
     assert float(rows(run_dir)[-1]["lr"]) == pytest.approx(expected_lr)

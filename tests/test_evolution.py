@@ -184,12 +184,24 @@ def test_trajectory_dumps_are_refused(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_generation_fixes_the_steps_of_an_iteration_itself():
+    """The trainer's steps per iteration (the manifest's train_batch_size) come from ES's and
+    ARS's config, not from a probe for rollout_fragment_length; other configs leave it to the
+    trainer's count."""
+    from mpirl.algorithms import ppo
+    from mpirl.algorithms.evolution import ars, es
+
+    assert es.Config(train_batch_size=1234).samples_per_iteration(rollout_slots=16) == 1234
+    assert ars.Config().samples_per_iteration(rollout_slots=16) == 0
+    assert ppo.Config(rollout_fragment_length=50).samples_per_iteration(rollout_slots=16) == 800
+
+
 def test_every_rank_plays_its_share_of_evaluations_no_more():
     """Evaluation episodes are every 1/p-th start from a random phase: of n starts a rank
     evaluates floor(np) or ceil(np), so the slowest of many ranks plays no more than any other
     (with a draw per start, the most of 64 ranks' binomial counts is about 3 at n = 9, p = 0.1),
     and p of all starts evaluate on average."""
-    from mpirl.workers.es_worker import EvaluationDraws
+    from mpirl.algorithms.evolution.perturbation_worker import EvaluationDraws
 
     rng = np.random.default_rng(0)
     for p in (0.03, 0.1, 0.25, 0.5):
@@ -246,7 +258,7 @@ def _part(rank, result):
 
 
 def test_an_agreed_generation_settles_every_call_with_its_one_answer():
-    from mpirl.execution.evolution import _generation_update
+    from mpirl.algorithms.evolution.operators import _generation_update
 
     answer = {"checksum": "aa", "grad_norm": 0.5}
     algo, workers, futures = _generation((b"update", True, answer))
@@ -258,7 +270,7 @@ def test_an_agreed_generation_settles_every_call_with_its_one_answer():
 
 def test_a_failed_generation_gets_no_update_and_raises_its_error():
     """Rank 2's call failed: the update broadcast is empty, and rank 2's own error is raised."""
-    from mpirl.execution.evolution import _generation_update
+    from mpirl.algorithms.evolution.operators import _generation_update
 
     algo, workers, futures = _generation(
         (b"", False, [_part(1, {}), _part(2, None), _part(3, {})]), failed=(2,))
@@ -270,7 +282,7 @@ def test_a_failed_generation_gets_no_update_and_raises_its_error():
 def test_a_generation_whose_answers_differ_is_settled_from_each_rank():
     """The comparison failed: each rank's answer comes from the gather, so the checksums that
     differ are the driver's to see (``check_same_weights`` raises ``DivergedWeights`` on them)."""
-    from mpirl.execution.evolution import _generation_update
+    from mpirl.algorithms.evolution.operators import _generation_update
 
     algo, workers, futures = _generation((b"update", False, [
         _part(rank, {"checksum": checksum}) for rank, checksum in ((1, "aa"), (2, "aa"),
@@ -282,8 +294,9 @@ def test_a_generation_whose_answers_differ_is_settled_from_each_rank():
 def test_the_update_sums_up_the_records_whatever_the_ranks():
     """What the update's root broadcasts: the pairs in rank order, the observation statistics
     merged, the evaluation episodes and totals; the driver reads its statistics from it."""
+    from mpirl.algorithms.evolution.generation_record import pack_generation, summarize_generation
+
     from mpirl.models.statistics import RunningMeanStd
-    from mpirl.workers.es_worker import pack_generation, summarize_generation
 
     rng = np.random.default_rng(1)
     records, everything = [], RunningMeanStd((3,))
@@ -310,8 +323,9 @@ def test_the_update_sums_up_the_records_whatever_the_ranks():
 def test_generation_records_unpack_in_rank_order():
     """Ranks with different numbers of pairs and evaluation episodes, one with none at all:
     ``unpack_generations`` reads every field back exactly, in rank order."""
+    from mpirl.algorithms.evolution.generation_record import pack_generation, unpack_generations
+
     from mpirl.models.statistics import RunningMeanStd
-    from mpirl.workers.es_worker import pack_generation, unpack_generations
 
     rng = np.random.default_rng(0)
     ranks, deltas = [], []

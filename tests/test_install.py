@@ -46,7 +46,8 @@ def test_the_wheel_holds_every_package_and_the_job_template(dist):
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {f"mpirl/{path.relative_to(REPO / 'mpirl')}" for path in
                (REPO / "mpirl").rglob("*.py")}
-    sources |= {f"mpirl/algorithms/{path.name}" for path in (REPO / "algorithms").glob("*.py")}
+    sources |= {f"mpirl/algorithms/{path.relative_to(REPO / 'algorithms')}"
+                for path in (REPO / "algorithms").rglob("*.py")}
     assert sources - names == set(), "modules missing from the wheel (setup.py's packages)"
     assert "mpirl/jobs/templates/job.sbatch" in names
     # Only mpirl: no tests, benchmarks or a top-level "algorithms" package.

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import PROGRAMS, parse_result, run_mpi
-from mpirl.algorithms import dqn
+from mpirl.algorithms.q_learning import dqn
 from test_env_failures import GAMMA, local_context
 from test_replay import add_column, counter_buffer
 from test_train import MPIRL, rows, train

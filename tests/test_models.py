@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import mpi_env, run_mpi
+from mpirl.algorithms.evolution.spec import DirectPolicySpec
+from mpirl.algorithms.q_learning.network import dqn_loss
 from test_env_failures import local_context
 from test_train import MPIRL, train
 
@@ -21,9 +23,8 @@ from mpirl.data.batches import standardize_fields
 from mpirl.envs.probes import PixelTarget
 from mpirl.errors import ConfigError
 from mpirl.models.encoders import Encoder, ModelOptions, StructuredBox, channels_first
-from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.policy import PolicySpec, evaluate_batch
-from mpirl.models.q_network import QSpec, dqn_loss
+from mpirl.models.q_spec import QSpec
 from mpirl.models.soft_q import SACSpec, sac_loss
 from mpirl.models.torch_model import build_torch_model
 from mpirl.workers.env_spec import EnvSpec

@@ -221,7 +221,7 @@ MA = {"policies": {"a": {}, "b": {}}, "policy_mapping": {"cart_0": "a", "cart_1"
      "multiagent.policies.a: unknown config key 'clip_parm'. Did you mean 'clip_param'"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "ES"}, "b": {}}}},
      "policy 'a': ES cannot drive a policy of a multi-agent run (its PerturbationWorker and "
-     "SearchWeights serve a whole run"),
+     "DriverWeights serve a whole run"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "IMPALA",
                                                          "fragments_per_call": 2}, "b": {}}}},
      "set fragments_per_call 0 for policy 'a'"),

@@ -5,10 +5,10 @@ from collections import deque
 import gymnasium as gym
 import numpy as np
 import pytest
+from mpirl.algorithms.q_learning.apex_loops import apex_epsilons
 
 from mpirl.data.replay_buffer import OBS_ONLY, ReplayBuffer, ReplaySettings, SumTree
 from mpirl.errors import ConfigError
-from mpirl.execution.replay_ops import apex_epsilons
 
 COUNTER_OBS = gym.spaces.Box(-1e9, 1e9, (1,), np.float32)
 TWO_ACTIONS = gym.spaces.Discrete(2)

@@ -86,51 +86,29 @@ def test_sgd_step_debt_carries_over_a_resume(tmp_path):
     # holds exactly the rows of the run never stopped (before, the last row of every stream
     # lost its transition and the weights differed).
     #
-    # The debt is the plan's own (``ReplayState``), in driver.pkl under "plan". A checkpoint
-    # written before plans kept their own values holds it at driver.pkl's top level, with
-    # ``replay_empty_at``: resumed from such a file ("legacy"), the run goes on identically too.
+    # The debt is the plan's own (``ReplayState``), in driver.pkl under "plan".
     config = {**SMALL, "learning_starts": 256, "sgd_steps_per_env_step": 0.3}
-    runs = reference, resumed, legacy = (tmp_path / "reference", tmp_path / "resumed",
-                                         tmp_path / "legacy")
-    for run_dir, stop in ((reference, 6), (resumed, 3), (legacy, 3)):
+    runs = reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    for run_dir, stop in ((reference, 6), (resumed, 3)):
         train(1, run_dir, *DQN, "--config", json.dumps({**config, "checkpoint_every": 3}),
               "--stop", json.dumps({"training_iteration": stop}))
     driver = _load(_checkpoint(resumed / "run", 3) / "driver.pkl")
     assert driver["plan"] == {"sgd_step_debt": pytest.approx(3 * 256 * 0.3 % 1.0),
                               "replay_empty_at": 0}
     assert driver["plan"]["sgd_step_debt"] > 0
-    _write_legacy_driver_state(_checkpoint(legacy / "run", 3))
     _resume(resumed / "run", 6)
-    _resume(legacy / "run", 6)
     steps = [[float(r["sgd_steps"]) for r in _rows(d / "run")] for d in runs]
-    assert steps[0] == steps[1] == steps[2] and sum(steps[0]) == int(6 * 256 * 0.3), steps
-    a, b, c = (_load(_checkpoint(d / "run", 6) / "learner_0.pkl") for d in runs)
-    assert a["updates"] == b["updates"] == c["updates"] == int(6 * 256 * 0.3)
-    assert np.array_equal(a["weights"], b["weights"]) and np.array_equal(a["weights"],
-                                                                         c["weights"])
+    assert steps[0] == steps[1] and sum(steps[0]) == int(6 * 256 * 0.3), steps
+    a, b = (_load(_checkpoint(d / "run", 6) / "learner_0.pkl") for d in runs)
+    assert a["updates"] == b["updates"] == int(6 * 256 * 0.3)
+    assert np.array_equal(a["weights"], b["weights"])
     assert np.array_equal(a["target"], b["target"])
     shards = [_load(_checkpoint(d / "run", 6) / "replay_0.pkl") for d in (reference, resumed)]
     for key in ("obs", "actions", "rewards", "flags", "written"):
         assert np.array_equal(shards[0][key], shards[1][key]), key
-    for run_dir in (resumed, legacy):
-        driver = _load(_checkpoint(run_dir / "run", 6) / "driver.pkl")
-        assert driver["plan"]["sgd_step_debt"] == pytest.approx(6 * 256 * 0.3 % 1.0)
-        assert "sgd_step_debt" not in driver
-
-
-def _write_legacy_driver_state(checkpoint):
-    """Rewrite ``checkpoint``'s driver.pkl as mpirl wrote it before plans kept their own values
-    (``sgd_step_debt``, ``replay_empty_at`` and ``sgd_steps_total`` at its top level, for every
-    algorithm), with the manifest's entry to match."""
-    from mpirl.runtime.state_files import write_state_file
-
-    state = _load(checkpoint / "driver.pkl")
-    plan = state.pop("plan")
-    state |= {"sgd_step_debt": plan["sgd_step_debt"], "replay_empty_at": plan["replay_empty_at"],
-              "sgd_steps_total": 0}
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    manifest["files"]["driver.pkl"] = write_state_file(checkpoint / "driver.pkl", state)
-    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    driver = _load(_checkpoint(resumed / "run", 6) / "driver.pkl")
+    assert driver["plan"]["sgd_step_debt"] == pytest.approx(6 * 256 * 0.3 % 1.0)
+    assert "sgd_step_debt" not in driver
 
 
 def test_dqn_with_two_learner_ranks_keeps_them_identical_and_learns(tmp_path):

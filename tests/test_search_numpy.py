@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import BIN, run_mpi
+from mpirl.algorithms.evolution.spec import DirectPolicySpec, NumpyDirectPolicy, numpy_unsupported
 
-from mpirl.models.search_rules import DirectPolicySpec, NumpyDirectPolicy, numpy_unsupported
 from mpirl.models.spaces import StructuredBox
 from mpirl.models.torch_model import build_torch_model
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["SampleTally"]
+
 
 @dataclass
 class SampleTally:

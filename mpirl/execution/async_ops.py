@@ -48,7 +48,7 @@ from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.rollout import FRAGMENTS
 
 __all__ = ["AsyncRequests", "SampleRequests", "GradientRequests", "FragmentStream", "async_sample",
-           "sync_weights", "async_apply_gradients"]
+           "sync_weights", "async_apply_gradients", "Done", "SHARED_RANKS_REFUSED"]
 
 SHARED_RANKS_REFUSED = (
     "fragments_per_call keeps calls running on the rollout ranks from one checkpoint to the "

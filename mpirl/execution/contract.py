@@ -53,10 +53,11 @@ __all__ = ["ALGORITHMS", "WEIGHTS_KEY", "AlgorithmModule", "LearnerClass", "Lear
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "BC": "mpirl.algorithms.bc", "MARWIL": "mpirl.algorithms.marwil",
-              "DQN": "mpirl.algorithms.dqn", "APEX": "mpirl.algorithms.apex",
+              "DQN": "mpirl.algorithms.q_learning.dqn",
+              "APEX": "mpirl.algorithms.q_learning.apex",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
-              "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars",
+              "ES": "mpirl.algorithms.evolution.es", "ARS": "mpirl.algorithms.evolution.ars",
               "AlphaZero": "mpirl.algorithms.alphazero", "PETS": "mpirl.algorithms.pets",
               "MBPO": "mpirl.algorithms.mbpo"}
 #: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works); read
@@ -88,9 +89,7 @@ class PlanState:
         return {}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Take back ``get_state``'s values. From a checkpoint written before plans kept their
-        own, ``state`` holds the old top-level keys of driver.pkl (``sgd_step_debt``,
-        ``replay_empty_at``, ``sgd_steps_total``) that were saved."""
+        """Take back ``get_state``'s values."""
 
     def restored_empty(self, group: WorkerGroup, timesteps_total: int) -> None:
         """``group`` (one of the run's, the plan's own included) was not in the checkpoint just

@@ -39,7 +39,8 @@ from mpirl.workers.env_guard import unwrap_env_failure
 __all__ = ["SampleResult", "parallel_rollouts", "rollouts_to_learners", "discard_lost_rollouts",
            "train_one_step", "mean_stats", "train_on_dataset", "evaluate_policy",
            "broadcast_weights", "sample_with_new_weights", "replay_dest", "store_to_replay",
-           "train_from_replay", "count_and_evaluate", "transitions_to_learner", "on_every_learner"]
+           "train_from_replay", "count_and_evaluate", "transitions_to_learner", "on_every_learner",
+           "settle_gathered", "add_sample_metrics", "weights_comm_collective"]
 
 
 @dataclass

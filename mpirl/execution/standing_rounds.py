@@ -25,6 +25,8 @@ from typing import Any, NoReturn
 from mpirl.errors import RemoteError
 from mpirl.runtime.dispatch import WorkerHandle, call_all
 
+__all__ = ["StandingRounds", "rounds_may_stand"]
+
 
 def rounds_may_stand(workers: list[WorkerHandle]) -> bool:
     """Whether ``workers`` (rollout workers on ranks of their own) may keep standing rounds:

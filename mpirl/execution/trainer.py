@@ -61,10 +61,6 @@ STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
 #: iterations, on top of its own stop criteria (a test that runs every documented command).
 MAX_ITERATIONS_ENV = "MPIRL_MAX_ITERATIONS"
 
-#: Plan values that driver.pkl held at its top level before plans kept their own (under
-#: ``plan``): a checkpoint written then hands them to the plan's ``set_state``.
-LEGACY_PLAN_KEYS = ("sgd_step_debt", "replay_empty_at", "sgd_steps_total")
-
 
 @dataclass(frozen=True)
 class PolicyEnv:
@@ -387,9 +383,7 @@ class Trainer:
         self.episodes_total = state["episodes_total"]
         self.num_env_failures = state["num_env_failures"]
         self.evaluation_env_steps_total = state.get("evaluation_env_steps_total", 0)
-        # Before plans kept their own values, driver.pkl held them at its top level.
-        self.plan.set_state(state["plan"] if "plan" in state else
-                            {key: state[key] for key in LEGACY_PLAN_KEYS if key in state})
+        self.plan.set_state(state["plan"])
         self.returns.clear()
         self.returns.extend(state["returns"])
         self.lengths.clear()

@@ -36,7 +36,7 @@ from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
 from mpirl.models.policy import FlatParameters
 from mpirl.models.statistics import RunningMeanStd
 
-_ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
+ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 #: The fields of a transitions dataset that ``EnsembleTrainer.train`` reads.
 DATASET_KEYS = ("obs", "actions", "rewards", "next_obs", "terminated")
 PREDICT_MODES = ("mean", "sample")
@@ -76,7 +76,7 @@ class DynamicsEnsemble(FlatParameters):
         sizes = [self.in_size, *spec.hidden_sizes, self.out_size]
         self.layers = nn.ModuleList(EnsembleLinear(k, sizes[i], sizes[i + 1])
                                     for i in range(len(sizes) - 1))
-        self.activation = _ACTIVATIONS[spec.activation]()
+        self.activation = ACTIVATIONS[spec.activation]()
         self.max_logvar = nn.Parameter(torch.full((k, 1, self.target_size), spec.max_logvar))
         self.min_logvar = nn.Parameter(torch.full((k, 1, self.target_size), spec.min_logvar))
         # Normalizers, as buffers (they travel with state_dict and .to(device)).

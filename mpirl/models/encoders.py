@@ -39,6 +39,8 @@ from mpirl.models.spaces import head_sizes as head_sizes
 from mpirl.models.spaces import is_image as is_image
 from mpirl.models.spaces import model_options as model_options
 
+__all__ = ["Encoder", "build_custom_model", "head_sizes", "model_options", "observation_tensor"]
+
 # Image encoders.
 
 

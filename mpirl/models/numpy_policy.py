@@ -19,6 +19,8 @@ import numpy as np
 
 from mpirl.models.spaces import action_layout, env_actions, has_image, head_sizes, is_image
 
+__all__ = ["ACTIVATIONS"]
+
 if TYPE_CHECKING:
     from mpirl.models.policy_spec import PolicySpec
 
@@ -123,7 +125,7 @@ class NumpyPolicy(FlatNumpyModel):
         self._set_shapes(shapes)
         self.rng = np.random.default_rng(seed)
 
-    def _mlp(self, head: str, x: np.ndarray) -> np.ndarray:
+    def mlp(self, head: str, x: np.ndarray) -> np.ndarray:
         layers = self.layers[head]
         for i in range(layers):
             x = x @ self.params[f"{head}.{i}.weight"].T + self.params[f"{head}.{i}.bias"]
@@ -135,8 +137,8 @@ class NumpyPolicy(FlatNumpyModel):
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(actions, log_probs, values)`` for a batch, as ``Policy.act`` gives them."""
         x = self._features(obs)
-        out = self._mlp("actor", x)
-        values = self._mlp("critic", x)[:, 0].astype(np.float32)
+        out = self.mlp("actor", x)
+        values = self.mlp("critic", x)[:, 0].astype(np.float32)
         if self.kind == "box":
             std = np.exp(self.params["log_std"])
             actions = out if deterministic else out + std * self.rng.standard_normal(out.shape)
@@ -165,7 +167,7 @@ class NumpyPolicy(FlatNumpyModel):
 
     def value(self, obs: Any) -> np.ndarray:
         """The critic's values of a batch."""
-        return self._mlp("critic", self._features(obs))[:, 0].astype(np.float32)
+        return self.mlp("critic", self._features(obs))[:, 0].astype(np.float32)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Actions as the env takes them (``mpirl.models.spaces.env_actions``)."""

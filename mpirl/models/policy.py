@@ -32,12 +32,12 @@ from mpirl.models.spaces import action_layout, env_actions
 from mpirl.models.statistics import RunningMeanStd as RunningMeanStd
 from mpirl.models.statistics import compute_gae as compute_gae
 
-__all__ = ["FlatParameters", "Policy", "evaluate_batch", "actor_critic_model"]
+__all__ = ["FlatParameters", "Policy", "evaluate_batch", "actor_critic_model", "ACTIVATIONS", "mlp"]
 
-_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
 
-def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
+def mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         linear = nn.Linear(sizes[i], sizes[i + 1])
@@ -47,7 +47,7 @@ def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
         nn.init.zeros_(linear.bias)
         layers.append(linear)
         if not last:
-            layers.append(_ACTIVATIONS[activation]())
+            layers.append(ACTIVATIONS[activation]())
     return nn.Sequential(*layers)
 
 
@@ -108,8 +108,8 @@ class Policy(FlatParameters):
 
     def __init__(self, spec: PolicySpec) -> None:
         super().__init__()
-        if spec.activation not in _ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {sorted(_ACTIVATIONS)}, "
+        if spec.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, "
                               f"got {spec.activation!r}")
         self.spec = spec
         obs_space, act_space = spec.observation_space, spec.action_space
@@ -153,9 +153,9 @@ class Policy(FlatParameters):
             self.lstm = nn.LSTMCell(features, spec.model.lstm_cell_size)
             features = spec.model.lstm_cell_size
         self.obs_dim = features
-        self.actor = _mlp([features, *hidden, out], spec.activation, out_gain=0.01)
+        self.actor = mlp([features, *hidden, out], spec.activation, out_gain=0.01)
         self.critic_dim = spec.critic_inputs or features
-        self.critic = _mlp([self.critic_dim, *hidden, 1], spec.activation, out_gain=1.0)
+        self.critic = mlp([self.critic_dim, *hidden, 1], spec.activation, out_gain=1.0)
 
     # Observations and distributions.
 

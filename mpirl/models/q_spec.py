@@ -1,17 +1,18 @@
 """The Q network's spec and its forward pass in NumPy, for rollout ranks that only act: no torch.
 
 ``QSpec`` is what every rank needs to build the same Q network;
-``mpirl.models.torch_model.build_torch_model(spec)`` makes the torch ``QNetwork``
-(``mpirl.models.q_network``). ``NumpyQPolicy(spec)`` takes that network's flat
-float32 weights (the same parameter order) and gives the same greedy and epsilon-greedy actions,
-for vector and Discrete observations through dense layers. Images, custom models and other
+``mpirl.models.torch_model.build_torch_model(spec)`` makes the torch ``QNetwork`` that its
+``NETWORK`` names (DQN's and Ape-X's, ``mpirl.algorithms.q_learning.network``).
+``NumpyQPolicy(spec)`` takes that network's flat float32 weights (the same parameter order)
+and gives the same greedy and epsilon-greedy actions, for vector and Discrete observations
+through dense layers. Images, custom models and other
 activations need torch: ``numpy_unsupported`` says why. Nothing here crosses ranks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -19,10 +20,15 @@ import numpy as np
 from mpirl.models.numpy_policy import ACTIVATIONS, FlatNumpyModel
 from mpirl.models.spaces import ModelOptions, has_image, head_sizes, is_image
 
+__all__ = ["QSpec"]
+
 
 @dataclass(frozen=True)
 class QSpec:
     """What every rank needs to build the same Q network."""
+
+    #: Its torch module, which ``build_torch_model`` loads (this module stays torch-free).
+    NETWORK: ClassVar[str] = "mpirl.algorithms.q_learning.network:QNetwork"
 
     observation_space: gym.Space
     action_space: gym.Space

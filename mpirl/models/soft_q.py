@@ -27,7 +27,7 @@ from mpirl.models.encoders import (
     model_options,
     observation_tensor,
 )
-from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
+from mpirl.models.policy import ACTIVATIONS, FlatParameters, mlp
 
 __all__ = ["SACSpec", "SACModel", "SAC_STATS", "sac_loss", "sac_model_spec"]
 
@@ -73,8 +73,8 @@ class SACModel(FlatParameters):
         obs_space = spec.observation_space
         self.act_dim = int(np.prod(spec.action_space.shape))
         hidden, act = list(head_sizes(obs_space, spec.model, spec.hidden_sizes)), spec.activation
-        if act not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}")
         self.custom_actor = self.custom_critics = None
         if spec.model.custom_model:
             self.custom_actor = build_custom_model(spec.model.custom_model, obs_space,
@@ -83,7 +83,7 @@ class SACModel(FlatParameters):
         else:
             self.actor_encoder = Encoder(obs_space, spec.model)
             self.obs_dim = self.actor_encoder.out_dim
-            self.actor = _mlp([self.obs_dim, *hidden, 2 * self.act_dim], act, out_gain=0.01)
+            self.actor = mlp([self.obs_dim, *hidden, 2 * self.act_dim], act, out_gain=0.01)
         if spec.custom_q_model:
             self.custom_critics = nn.ModuleList(
                 build_custom_model(spec.custom_q_model, obs_space, spec.action_space,
@@ -93,8 +93,8 @@ class SACModel(FlatParameters):
             self.critic_encoders = nn.ModuleList(Encoder(obs_space, spec.model)
                                                  for _ in range(2))
             width = self.critic_encoders[0].out_dim
-            self.critic1 = _mlp([width + self.act_dim, *hidden, 1], act, out_gain=1.0)
-            self.critic2 = _mlp([width + self.act_dim, *hidden, 1], act, out_gain=1.0)
+            self.critic1 = mlp([width + self.act_dim, *hidden, 1], act, out_gain=1.0)
+            self.critic2 = mlp([width + self.act_dim, *hidden, 1], act, out_gain=1.0)
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(spec.initial_alpha))))
         low = torch.as_tensor(spec.action_space.low, dtype=torch.float32).reshape(-1)
         high = torch.as_tensor(spec.action_space.high, dtype=torch.float32).reshape(-1)

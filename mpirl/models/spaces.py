@@ -15,6 +15,8 @@ import numpy as np
 from mpirl.config.fields import CommonConfig
 from mpirl.errors import ConfigError
 
+__all__ = ["ModelOptions", "has_image", "is_image"]
+
 ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn", "small_cnn")
 #: Images at least this many pixels a side get the Nature CNN by default (its first layer is an
 #: 8x8 stride-4 convolution, and three layers need 36 pixels to leave one).

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["RunningMeanStd"]
+
 
 def compute_gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray,
                 last_values: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:

@@ -33,6 +33,8 @@ from mpirl.runtime.ulfm import (
 )
 from mpirl.runtime.waiting import DRIVER_CPU, Backoff
 
+__all__ = ["Completions", "call_all"]
+
 #: Tags on the control channel.
 TASK = 1
 RESULT = 2

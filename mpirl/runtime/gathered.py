@@ -36,6 +36,10 @@ from mpirl.runtime.ulfm import (
     gather_bytes,
 )
 
+__all__ = ["answer_through_gather", "answer_unless_agreed", "decode_answers", "gathers_answers",
+           "NO_WEIGHTS", "RoundWaits", "agreed_or_gathered", "gather_answers", "send_answer",
+           "serve_rounds", "start_round"]
+
 if TYPE_CHECKING:
     from mpirl.runtime.core import RankContext
 

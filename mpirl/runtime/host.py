@@ -18,6 +18,8 @@ from mpirl.runtime.heartbeat import IDLE, Heartbeat
 from mpirl.runtime.transport import Channel
 from mpirl.runtime.waiting import Backoff
 
+__all__ = ["DRIVER_RANK", "latest_stopped_round"]
+
 #: The driver's rank.
 DRIVER_RANK = 0
 #: Tag of the driver's word, on the data channel, that ends the streaming calls of a round and

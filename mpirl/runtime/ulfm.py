@@ -23,6 +23,9 @@ from mpirl.errors import ProcessFailure
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.runtime.world import run_comm
 
+__all__ = ["bcast_bytes", "bcast_weights", "flush_to_survivors", "isend_to_survivors",
+           "poll_any_source"]
+
 if TYPE_CHECKING:
     pass
 

@@ -15,6 +15,8 @@ from mpi4py import MPI
 
 from mpirl.errors import TaskTimeout
 
+__all__ = ["Backoff", "wait_for_all"]
+
 COARSE_UNTIL_SHARE = 0.8
 """``wait_for_all`` with ``expected_s``: sleeps are coarse until this share of it has passed."""
 COARSE_SLEEP_SHARE = 0.02

@@ -26,6 +26,8 @@ import numpy as np
 from mpirl.config.fields import check_key
 from mpirl.errors import EnvFailureError, MpirlError, RemoteError, unwrap_remote
 
+__all__ = ["unwrap_env_failure"]
+
 if TYPE_CHECKING:
     from mpirl.workers.env_spec import EnvSpec
 

@@ -43,14 +43,16 @@ from mpirl.workers.env_guard import EPISODE_DROPPED
 from mpirl.workers.env_slots import ActingGroup, AgentEnvs, AgentPolicy, VectorEnvs
 from mpirl.workers.env_spec import EnvSpec
 
+__all__ = ["CALLER", "EnvRunner", "RunnerPolicy", "RunnerSettings"]
+
 #: The policy id of a single-agent run's one policy.
 DEFAULT_POLICY = "default"
 #: Shortest time between two env-failure warnings of one rollout rank on its stderr.
 FAILURE_WARNING_INTERVAL_S = 60.0
 #: Acting kinds: an actor-critic samples (log-probs, values); Q networks and SAC's actor
-#: explore epsilon-greedily; a scripted policy runs the user's ``compute_actions``; a search
-#: (ES, ARS) acts through ``play_episodes`` with weights of its own for each episode.
-SAMPLE, EXPLORE, SCRIPTED, SEARCH = "sample", "explore", "scripted", "search"
+#: explore epsilon-greedily; a scripted policy runs the user's ``compute_actions``; the caller
+#: of ``play_episodes`` acts itself (ES, ARS: weights of its own for each episode).
+SAMPLE, EXPLORE, SCRIPTED, CALLER = "sample", "explore", "scripted", "caller"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,7 +279,7 @@ class EnvRunner(Worker):
             if policy.acting == SCRIPTED:
                 self.actors[pid] = ScriptedActor(_scripted(policy, self.seed + policy.index))
                 continue
-            if policy.acting == SEARCH:
+            if policy.acting == CALLER:
                 continue
             actor = make_actor(policy.spec, self.seed, settings.torch_threads,
                                exploring=policy.acting == EXPLORE)

@@ -1,4 +1,6 @@
-"""The learners' optimizer: ``torch.optim.Adam`` without importing ``torch._dynamo``.
+"""The learners' optimizer: ``torch.optim.Adam`` without importing ``torch._dynamo``; and the
+learning-rate schedule the drivers of DQN and IMPALA send with each training call
+(``decayed_lr``).
 
 Torch wraps ``Optimizer.add_param_group``, ``state_dict``, ``load_state_dict`` and ``zero_grad``
 (``torch._disable_dynamo``) and ``Adam.step`` so that each imports ``torch._dynamo`` the first time
@@ -20,6 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+__all__ = ["decayed_lr"]
 
 _Optimizer = torch.optim.Optimizer
 _RAW = {name: inspect.unwrap(getattr(_Optimizer, name))
@@ -69,3 +73,14 @@ class Adam(torch.optim.Adam):
             return _RAW_ADAM_STEP(self, closure)
         finally:
             torch.set_grad_enabled(previous)
+
+
+def decayed_lr(lr: float, lr_final: float, decay_steps: int, timesteps: int) -> float:
+    """The learning rate after ``timesteps`` env steps: from ``lr`` linearly to ``lr_final``
+    over ``decay_steps`` (0 keeps ``lr``), then ``lr_final``. Computed on the driver from
+    ``timesteps_total``, so a resumed run continues the schedule; it crosses to the learners
+    as the ``lr`` argument of their training calls."""
+    if not decay_steps:
+        return lr
+    fraction = min(1.0, timesteps / decay_steps)
+    return lr + fraction * (lr_final - lr)

@@ -1,4 +1,4 @@
-"""Q networks and the DQN loss (double Q, n-step, Huber).
+"""DQN's and Ape-X's Q network and loss (double Q, n-step, Huber).
 
 ``QNetwork`` is an MLP (optionally dueling) from observations to one value per discrete action.
 Its weights cross ranks as one flat float32 vector, like ``Policy``'s.
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from mpirl.errors import ConfigError
+from mpirl.execution.replay_ops import check_discrete
 from mpirl.models.encoders import (
     Encoder,
     build_custom_model,
@@ -21,17 +22,10 @@ from mpirl.models.encoders import (
     model_options,
     observation_tensor,
 )
-from mpirl.models.policy import _ACTIVATIONS, FlatParameters, _mlp
+from mpirl.models.policy import ACTIVATIONS, FlatParameters, mlp
 from mpirl.models.q_spec import QSpec
 
 __all__ = ["QNetwork", "DQN_STATS", "dqn_loss", "q_model_spec"]
-
-
-def check_discrete(action_space: gym.Space, algo: str) -> None:
-    """ConfigError unless ``action_space`` is Discrete (Q networks need a finite action set)."""
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ConfigError(f"{algo} needs a Discrete action space; this environment's is "
-                          f"{action_space}. Use SAC or PPO for continuous actions.")
 
 
 class QNetwork(FlatParameters):
@@ -43,8 +37,8 @@ class QNetwork(FlatParameters):
 
     def __init__(self, spec: QSpec) -> None:
         super().__init__()
-        if spec.activation not in _ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {sorted(_ACTIVATIONS)}, "
+        if spec.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, "
                               f"got {spec.activation!r}")
         check_discrete(spec.action_space, "a Q network")
         self.spec = spec
@@ -57,8 +51,8 @@ class QNetwork(FlatParameters):
         self.encoder = Encoder(spec.observation_space, spec.model)
         self.obs_dim = self.encoder.out_dim
         hidden = list(head_sizes(spec.observation_space, spec.model, spec.hidden_sizes))
-        body = _mlp([self.obs_dim, *hidden], spec.activation, out_gain=np.sqrt(2))
-        self.body = nn.Sequential(*body, _ACTIVATIONS[spec.activation]()) if hidden \
+        body = mlp([self.obs_dim, *hidden], spec.activation, out_gain=np.sqrt(2))
+        self.body = nn.Sequential(*body, ACTIVATIONS[spec.activation]()) if hidden \
             else nn.Identity()
         width = hidden[-1] if hidden else self.obs_dim
         self.advantage = nn.Linear(width, self.num_actions)

@@ -1,8 +1,8 @@
-"""Derivative-free search (ES, ARS) in torch: the deterministic policy evaluated for many weight
-vectors at once, for the driver, image observations and what ``NumpyDirectPolicy`` cannot run.
+"""ES's and ARS's policy in torch: the deterministic policy evaluated for many weight vectors at
+once, for the driver, image observations and what ``NumpyDirectPolicy`` cannot run.
 
-The spec, the NumPy forward pass and the update rules live in ``mpirl.models.search_rules``
-(no torch), and are exported here too.
+Its spec and the NumPy forward pass live in ``spec`` (no torch), which names this module's
+``DirectPolicy`` as its ``NETWORK``; ``build_torch_model`` builds it from there.
 """
 
 from __future__ import annotations
@@ -10,23 +10,14 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import torch
+from mpirl.algorithms.evolution.spec import DirectPolicySpec, direct_actions
 from torch import nn
 
 from mpirl.errors import ConfigError
 from mpirl.models.encoders import Encoder
-from mpirl.models.policy import _ACTIVATIONS, FlatParameters
-from mpirl.models.search_rules import (
-    Adam,
-    DirectPolicySpec,
-    ars_step,
-    centered_ranks,
-    direct_actions,
-    es_step,
-    weighted_noise_sum,
-)
+from mpirl.models.policy import ACTIVATIONS, FlatParameters
 
-__all__ = ["Adam", "DirectPolicy", "DirectPolicySpec", "ars_step", "centered_ranks", "es_step",
-           "weighted_noise_sum"]
+__all__ = ["DirectPolicy"]
 
 
 class DirectPolicy(FlatParameters):
@@ -37,8 +28,8 @@ class DirectPolicy(FlatParameters):
 
     def __init__(self, spec: DirectPolicySpec) -> None:
         super().__init__()
-        if spec.activation not in _ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {sorted(_ACTIVATIONS)}, "
+        if spec.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, "
                               f"got {spec.activation!r}")
         obs_space, act_space = spec.observation_space, spec.action_space
         if isinstance(act_space, gym.spaces.Discrete):
@@ -61,7 +52,7 @@ class DirectPolicy(FlatParameters):
             nn.init.normal_(layer.weight, std=1.0 / np.sqrt(layer.in_features))
             nn.init.zeros_(layer.bias)
         self.layers[-1].weight.data.mul_(0.1)
-        self.activation = _ACTIVATIONS[spec.activation]()
+        self.activation = ACTIVATIONS[spec.activation]()
 
     def population_outputs(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Outputs ``[K, out]`` of K weight vectors ``params [K, P]`` (in ``get_flat_weights``

@@ -1,4 +1,4 @@
-"""Operators of derivative-free search (ES, ARS), run on the driver, and the plans' state.
+"""ES's and ARS's operators, run on the driver, and their plans' state.
 
 One generation (``evaluate_generation``): every rollout worker evaluates its share of antithetic
 pairs; their records (noise indices, returns, observation statistics) are summed up
@@ -20,6 +20,9 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from mpirl.algorithms.evolution.generation_record import summarize_generation, update_message
+from mpirl.algorithms.evolution.spec import DirectPolicySpec
+
 from mpirl.errors import ConfigError, MpirlError, RankLost
 from mpirl.execution.contract import PlanState
 from mpirl.execution.operators import (
@@ -29,45 +32,43 @@ from mpirl.execution.operators import (
 )
 from mpirl.execution.standing_rounds import StandingRounds, rounds_may_stand
 from mpirl.models.encoders import model_options
-from mpirl.models.evolution import DirectPolicySpec
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.dispatch import call_all
 from mpirl.runtime.gathered import decode_answers, gathers_answers
-from mpirl.workers.es_worker import summarize_generation, update_message
 
-__all__ = ["SEARCH_SETTINGS", "Generation", "SearchState", "check_search_config",
-           "check_same_weights", "count_generation", "evaluate_generation", "generation_stats",
-           "search_model_spec", "setup_search"]
+__all__ = ["RULE_DEFAULTS", "EvolutionState", "Generation", "check_evolution_config",
+           "check_same_weights", "count_generation", "direct_policy_spec", "evaluate_generation",
+           "generation_stats", "setup_perturbations"]
 
 #: The settings of one update rule that the other's config lacks (ARS has no L2 term; ES uses
-#: every pair and no reward offset); the rest come from SearchConfig and the algorithm.
-SEARCH_SETTINGS = {"l2_coeff": 0.0, "rollouts_used": 0, "offset": 0.0}
+#: every pair and no reward offset); the rest come from EvolutionConfig and the algorithm.
+RULE_DEFAULTS = {"l2_coeff": 0.0, "rollouts_used": 0, "offset": 0.0}
 
 
 class DivergedWeights(MpirlError):
     """Ranks that should hold identical weights after an update do not."""
 
 
-def search_model_spec(observation_space: Any, action_space: Any, config: Any
-                      ) -> DirectPolicySpec:
+def direct_policy_spec(observation_space: Any, action_space: Any, config: Any
+                       ) -> DirectPolicySpec:
     """The deterministic policy that ES and ARS perturb."""
     return DirectPolicySpec(observation_space, action_space, tuple(config.hidden_sizes),
                             config.activation, model_options(config))
 
 
-def check_search_config(config: Any, env: Any) -> None:
+def check_evolution_config(config: Any, env: Any) -> None:
     """Before anything starts: the policy can be built for the env's spaces, and the noise table
     holds a perturbation of every weight."""
-    weights = build_torch_model(search_model_spec(*env.spaces(), config)).num_weights()
+    weights = build_torch_model(direct_policy_spec(*env.spaces(), config)).num_weights()
     if config.noise_size < weights:
         raise ConfigError(f"noise_size {config.noise_size} is smaller than the policy's "
                           f"{weights} weights; make it at least 10x larger "
                           f"(--config '{{\"noise_size\": {10 * weights}}}')")
 
 
-class SearchState(PlanState):
-    """What ES's and ARS's plans keep: whether the rollout ranks were brought to one search
-    state this session, and the size of their noise table. The search state itself (weights,
+class EvolutionState(PlanState):
+    """What ES's and ARS's plans keep: whether the rollout ranks were brought to one shared
+    state this session, and the size of their noise table. The shared state itself (weights,
     optimizer, observation statistics) lives on the rollout ranks, which checkpoint it; before a
     checkpoint, rollout worker 0's weights go to the driver's copy (learner 0's file, which
     ``mpirl evaluate`` and ``export`` read)."""
@@ -86,22 +87,22 @@ class SearchState(PlanState):
         if self.synced:
             return
         rollouts = self.trainer.rollouts
-        search = rollouts[0].call("search_state")
-        _results([w.call_async("set_search_state", search) for w in list(rollouts)[1:]])
+        shared = rollouts[0].call("shared_state")
+        _results([w.call_async("set_shared_state", shared) for w in list(rollouts)[1:]])
         self.synced = True
 
 
-def setup_search(trainer: Any, rule: str, **settings: Any) -> SearchState:
+def setup_perturbations(trainer: Any, rule: str, **settings: Any) -> EvolutionState:
     """Give every rollout worker its noise table and update rule; the plan's state."""
     if trainer.dump_index is not None:
         raise ConfigError(f"{trainer.name} does not write trajectory dumps (its episodes are "
                           f"played by perturbed policies); leave --dump-trajectories off")
     c = trainer.config
-    full = {**SEARCH_SETTINGS, "noise_size": c.noise_size, "noise_seed": c.noise_seed,
+    full = {**RULE_DEFAULTS, "noise_size": c.noise_size, "noise_seed": c.noise_seed,
             "action_noise_std": c.action_noise_std, "eval_prob": c.eval_prob, **settings,
             "rule": rule}
-    first = [f.result() for f in trainer.rollouts.call_async("setup_search", full)][0]
-    return SearchState(trainer, first["noise_table_mb"])
+    first = [f.result() for f in trainer.rollouts.call_async("setup_perturbations", full)][0]
+    return EvolutionState(trainer, first["noise_table_mb"])
 
 
 def _results(futures: list) -> list[tuple[int, Any]]:
@@ -231,7 +232,7 @@ def count_generation(trainer: Any, generation: Generation) -> None:
     trainer.lengths.extend(summary["eval_lengths"])
 
 
-def generation_stats(generation: Generation, search: SearchState) -> dict[str, float]:
+def generation_stats(generation: Generation, evolution: EvolutionState) -> dict[str, float]:
     """A generation's row: its perturbed episodes, its update, and what it cost."""
     summary, applied = generation.summary, generation.applied
     indices, returns = summary["indices"], summary["returns"]
@@ -249,7 +250,7 @@ def generation_stats(generation: Generation, search: SearchState) -> dict[str, f
             "evaluation_episodes_this_iter": len(summary["eval_returns"]),
             "grad_norm": update_stats.get("grad_norm", math.nan),
             "update_ratio": update_stats.get("update_ratio", math.nan),
-            "noise_table_mb": search.noise_table_mb,
+            "noise_table_mb": evolution.noise_table_mb,
             "bytes_per_rank_per_generation": bytes_per_rank,
             # the noise table counts once per node in the sum, not once per rank
             "rollout_pss_mb_total": summary["pss_mb"]}

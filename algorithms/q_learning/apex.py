@@ -11,20 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpirl.config.fields import QLearningConfig
-from mpirl.execution.replay_ops import (
+from mpirl.algorithms.q_learning.apex_learner import ApexLearner
+from mpirl.algorithms.q_learning.apex_loops import (
     AsyncReplayLoop,
     StreamedReplayLoop,
     apex_epsilons,
-    check_q_config,
-    spawn_replay,
 )
+from mpirl.algorithms.q_learning.network import dqn_loss, q_model_spec
+
+from mpirl.config.fields import QLearningConfig
+from mpirl.execution.replay_ops import check_q_config, spawn_replay
 from mpirl.execution.trainer import Trainer
-from mpirl.models.q_network import dqn_loss, q_model_spec
-from mpirl.workers.q_workers import QLearner, TransitionWorker
+from mpirl.workers.q_workers import TransitionWorker
 
 ROLLOUT_WORKER = TransitionWorker
-LEARNER = QLearner
+LEARNER = ApexLearner
 model_spec = q_model_spec
 loss = dqn_loss
 RECURRENT = False  # it learns from stored single steps

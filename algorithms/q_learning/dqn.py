@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpirl.algorithms.q_learning.network import DQN_STATS, dqn_loss, q_model_spec
+
 from mpirl.config.fields import QLearningConfig
 from mpirl.execution.operators import store_to_replay
 from mpirl.execution.replay_ops import (
@@ -22,7 +24,7 @@ from mpirl.execution.replay_ops import (
     untrained_replay_stats,
 )
 from mpirl.execution.trainer import Trainer
-from mpirl.models.q_network import DQN_STATS, dqn_loss, q_model_spec
+from mpirl.workers.optimizer import decayed_lr
 from mpirl.workers.q_workers import QLearner, TransitionWorker
 
 ROLLOUT_WORKER = TransitionWorker
@@ -81,14 +83,8 @@ def training_step(trainer: Trainer, state: ReplayState) -> dict[str, float]:
                               [epsilon] * len(rollouts))
     trainer.count(samples)
     beta = replay_beta(config, trainer.timesteps_total)
-    lr = decayed_lr(config, trainer.timesteps_total)
+    lr = decayed_lr(config.lr, config.lr_final, config.lr_decay_steps,
+                    trainer.timesteps_total)
     stats = {"epsilon": epsilon, "lr": lr, **untrained_replay_stats(DQN_STATS, config, beta)}
     return stats | train_owed_sgd_steps(trainer, state, samples.env_steps, beta, lr)
 
-
-def decayed_lr(config: Config, timesteps: int) -> float:
-    """The learning rate after ``timesteps`` env steps (it follows ``timesteps_total``, so a
-    resumed run continues the schedule)."""
-    if not config.lr_decay_steps:
-        return config.lr
-    return linear_epsilon(timesteps, config.lr, config.lr_final, config.lr_decay_steps)

@@ -12,19 +12,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-# ES's workers, model and checks: only the update rule differs.
-from mpirl.algorithms.es import LEARNER, RECURRENT, ROLLOUT_WORKER, check_config, loss, model_spec
+from mpirl.algorithms.evolution.config import EvolutionConfig
 
-from mpirl.config.fields import Range, SearchConfig, above, at_least
-from mpirl.errors import ConfigError
-from mpirl.execution.evolution import (
-    SearchState,
+# ES's workers, model and checks: only the update rule differs.
+from mpirl.algorithms.evolution.es import (
+    LEARNER,
+    RECURRENT,
+    ROLLOUT_WORKER,
+    check_config,
+    loss,
+    model_spec,
+)
+from mpirl.algorithms.evolution.operators import (
+    EvolutionState,
     check_same_weights,
     count_generation,
     evaluate_generation,
     generation_stats,
-    setup_search,
+    setup_perturbations,
 )
+
+from mpirl.config.fields import Range, above, at_least
+from mpirl.errors import ConfigError
 from mpirl.execution.trainer import Trainer
 
 __all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
@@ -32,7 +41,7 @@ __all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "
 
 
 @dataclass
-class Config(SearchConfig):
+class Config(EvolutionConfig):
     """ARS's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
 
     hidden_sizes: tuple[int, ...] = ()
@@ -54,7 +63,7 @@ class Config(SearchConfig):
     """ARS V2 (true): observations normalized by statistics summed over all ranks; V1 (false)."""
 
     ranges: ClassVar[dict[str, Range]] = {
-        **SearchConfig.ranges, "num_rollouts": at_least(1), "rollouts_used": at_least(1),
+        **EvolutionConfig.ranges, "num_rollouts": at_least(1), "rollouts_used": at_least(1),
         "noise_stdev": above(0), "sgd_stepsize": above(0), "offset": Range()}
 
     def __post_init__(self) -> None:
@@ -64,18 +73,18 @@ class Config(SearchConfig):
                               f"num_rollouts ({self.num_rollouts})")
 
 
-def setup(trainer: Trainer) -> SearchState:
+def setup(trainer: Trainer) -> EvolutionState:
     """Every rollout rank's noise table and update rule (ARS's: the best directions' step)."""
     c = trainer.config
-    return setup_search(trainer, "ars", noise_stdev=c.noise_stdev, stepsize=c.sgd_stepsize,
+    return setup_perturbations(trainer, "ars", noise_stdev=c.noise_stdev, stepsize=c.sgd_stepsize,
                         rollouts_used=c.rollouts_used, offset=c.offset)
 
 
-def training_step(trainer: Trainer, search: SearchState) -> dict[str, float]:
+def training_step(trainer: Trainer, evolution: EvolutionState) -> dict[str, float]:
     """One generation: evaluate directions on every rollout rank, apply the same step on each."""
     c = trainer.config
-    search.sync_workers()
+    evolution.sync_workers()
     generation = evaluate_generation(trainer, c.num_rollouts, c.train_batch_size)
     check_same_weights(generation, trainer.iteration + 1)
     count_generation(trainer, generation)
-    return generation_stats(generation, search)
+    return generation_stats(generation, evolution)

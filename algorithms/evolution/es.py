@@ -14,32 +14,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mpirl.config.fields import Range, SearchConfig, above, at_least
-from mpirl.execution.evolution import (
-    SearchState,
+from mpirl.algorithms.evolution.config import EvolutionConfig
+from mpirl.algorithms.evolution.driver_weights import DriverWeights
+from mpirl.algorithms.evolution.operators import (
+    EvolutionState,
     check_same_weights,
     count_generation,
+    direct_policy_spec,
     evaluate_generation,
     generation_stats,
-    search_model_spec,
-    setup_search,
+    setup_perturbations,
 )
-from mpirl.execution.evolution import check_search_config as check_config
+from mpirl.algorithms.evolution.operators import check_evolution_config as check_config
+from mpirl.algorithms.evolution.perturbation_worker import PerturbationWorker
+
+from mpirl.config.fields import Range, above, at_least
 from mpirl.execution.trainer import Trainer
-from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
 
 __all__ = ["LEARNER", "RECURRENT", "ROLLOUT_WORKER", "Config", "check_config", "loss",
            "model_spec", "setup", "training_step"]
 
 ROLLOUT_WORKER = PerturbationWorker
-LEARNER = SearchWeights  # the driver's copy of the weights
-model_spec = search_model_spec
+LEARNER = DriverWeights  # the driver's copy of the weights
+model_spec = direct_policy_spec
 loss = None  # derivative-free: no loss to differentiate
 RECURRENT = False  # whole episodes of perturbed policies, no recurrent state
 
 
 @dataclass
-class Config(SearchConfig):
+class Config(EvolutionConfig):
     """ES's settings. Defaults suit CartPole-v1; every field is a ``--config`` key."""
 
     hidden_sizes: tuple[int, ...] = (32,)
@@ -55,22 +58,22 @@ class Config(SearchConfig):
     """L2 weight decay added to the gradient estimate."""
 
     ranges: ClassVar[dict[str, Range]] = {
-        **SearchConfig.ranges, "episodes_per_batch": at_least(2), "noise_stdev": above(0),
+        **EvolutionConfig.ranges, "episodes_per_batch": at_least(2), "noise_stdev": above(0),
         "stepsize": above(0), "l2_coeff": at_least(0)}
 
 
-def setup(trainer: Trainer) -> SearchState:
+def setup(trainer: Trainer) -> EvolutionState:
     """Every rollout rank's noise table and update rule (ES's: Adam on centered ranks)."""
     c = trainer.config
-    return setup_search(trainer, "es", noise_stdev=c.noise_stdev, stepsize=c.stepsize,
+    return setup_perturbations(trainer, "es", noise_stdev=c.noise_stdev, stepsize=c.stepsize,
                         l2_coeff=c.l2_coeff)
 
 
-def training_step(trainer: Trainer, search: SearchState) -> dict[str, float]:
+def training_step(trainer: Trainer, evolution: EvolutionState) -> dict[str, float]:
     """One generation: evaluate pairs on every rollout rank, apply the same update on each."""
     c = trainer.config
-    search.sync_workers()
+    evolution.sync_workers()
     generation = evaluate_generation(trainer, c.episodes_per_batch // 2, c.train_batch_size)
     check_same_weights(generation, trainer.iteration + 1)
     count_generation(trainer, generation)
-    return generation_stats(generation, search)
+    return generation_stats(generation, evolution)
