@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from harness import print_table, run_main, run_metadata, write_report
-
-from mpirl.envs.games import load_game
-from mpirl.models.alphazero_spec import uniform_evaluate
-from mpirl.search.mcts import SearchConfig
-from mpirl.workers.self_play import SelfPlay
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import SearchConfig
+from mpirl.algorithms.alphazero.self_play import SelfPlay
+from mpirl.algorithms.alphazero.spec import uniform_evaluate
 
 GAMES = ("openspiel/tic_tac_toe", "pettingzoo.classic.tictactoe_v3", "openspiel/connect_four",
          "pettingzoo.classic.connect_four_v3")

@@ -9,15 +9,20 @@ import numpy as np
 import pytest
 import torch
 from conftest import OS_C4, OS_TTT, PZ_TTT
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import SearchConfig
+from mpirl.algorithms.alphazero.network import (
+    AlphaZeroNet,
+    TorchEvaluator,
+    alphazero_loss,
+    masked_logits,
+)
+from mpirl.algorithms.alphazero.self_play import SelfPlay, SelfPlayBatch
+from mpirl.algorithms.alphazero.spec import AlphaZeroSpec, alphazero_spec, uniform_evaluate
+from mpirl.algorithms.alphazero.symmetries import augment, symmetries
 
-from mpirl.envs.games import load_game
 from mpirl.errors import ConfigError
-from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss, masked_logits
-from mpirl.models.alphazero_spec import AlphaZeroSpec, alphazero_spec, uniform_evaluate
 from mpirl.models.torch_model import build_torch_model
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.symmetries import augment, symmetries
-from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")

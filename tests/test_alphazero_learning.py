@@ -10,15 +10,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import SearchConfig
+from mpirl.algorithms.alphazero.network import AlphaZeroNet, TorchEvaluator, alphazero_loss
+from mpirl.algorithms.alphazero.players import (
+    MinimaxPlayer,
+    RandomPlayer,
+    RawPolicyPlayer,
+    play_match,
+)
+from mpirl.algorithms.alphazero.self_play import SelfPlay, SelfPlayBatch
+from mpirl.algorithms.alphazero.spec import alphazero_spec
+from mpirl.algorithms.alphazero.symmetries import augment, symmetries
 
-from mpirl.envs.games import load_game
-from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss
-from mpirl.models.alphazero_spec import alphazero_spec
 from mpirl.models.torch_model import build_torch_model
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import MinimaxPlayer, RandomPlayer, RawPolicyPlayer, play_match
-from mpirl.search.symmetries import augment, symmetries
-from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 
 pytest.importorskip("pyspiel")
 

@@ -21,12 +21,12 @@ from conftest import mpi_env
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import (
     ALGORITHMS,
+    OPTIONAL_PIECES,
     PIECES,
     AlgorithmModule,
+    env_spec_of,
     load_algorithm,
-    plays_games,
 )
-from mpirl.workers.env_spec import game_env_spec
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = REPO / "examples" / "plugins" / "vanilla_pg.py"
@@ -70,12 +70,13 @@ def test_the_pieces_are_the_protocols_names():
     assert [piece.name for piece in PIECES] == [
         "Config", "loss", "ROLLOUT_WORKER", "LEARNER", "RECURRENT", "model_spec", "check_config",
         "setup", "training_step"]
-    assert {piece.name for piece in PIECES} == members
+    assert [piece.name for piece in OPTIONAL_PIECES] == ["env_spec", "MATCHES"]
+    assert {piece.name for piece in PIECES + OPTIONAL_PIECES} == members
 
 
 def test_the_docs_table_lists_every_piece():
     text = (REPO / "docs" / "plugins.md").read_text()
-    for piece in PIECES:
+    for piece in PIECES + OPTIONAL_PIECES:
         assert f"| `{piece.name}`" in text, f"docs/plugins.md has no row for {piece.name}"
 
 
@@ -200,10 +201,10 @@ def pendulum():
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithms_workers_take_settings_from_its_config(name):
     module = load_algorithm(name)
-    games = plays_games(module)  # AlphaZero: a board game
+    games = name == "AlphaZero"  # a board game
     config = module.Config()
     continuous = name in ("PETS", "MBPO")  # Box actions only
-    env = (game_env_spec("openspiel/tic_tac_toe", None, {}, name) if games
+    env = (env_spec_of(module, "openspiel/tic_tac_toe", None, config) if games
            else pendulum() if continuous else cartpole())
     spec = module.model_spec(*env.spaces(), config)
     rollout = module.ROLLOUT_WORKER.Settings.from_config(config, env=env, policy=spec)

@@ -1,17 +1,18 @@
-"""Batched MCTS (mpirl.search.mcts): finds wins and blocks with a uniform evaluator, Gumbel's
-root search wins with 8 simulations, one evaluator call per simulation step over all searching
-games, subtree reuse, noise and temperature, and search that commutes with board symmetries."""
+"""Batched MCTS (mpirl.algorithms.alphazero.mcts): finds wins and blocks with a uniform evaluator,
+Gumbel's root search wins with 8 simulations, one evaluator call per simulation step over all
+searching games, subtree reuse, noise and temperature, and search that commutes with board
+symmetries."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import OS_C4, OS_TTT, PZ_C4, PZ_TTT
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import BatchedMCTS, SearchConfig, _considered_visits
+from mpirl.algorithms.alphazero.symmetries import symmetries
 
-from mpirl.envs.games import load_game
 from mpirl.errors import ConfigError
-from mpirl.search.mcts import BatchedMCTS, SearchConfig, _considered_visits
-from mpirl.search.symmetries import symmetries
 
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")

@@ -1,6 +1,6 @@
-"""Reference players and matches (mpirl.search.players): minimax is perfect and varied, mcts:N
-beats random, specs parse with clear errors, and a match alternates sides and forfeits an
-illegal move with a warning that names the player."""
+"""Reference players and matches (mpirl.algorithms.alphazero.players): minimax is perfect and
+varied, mcts:N beats random, specs parse with clear errors, and a match alternates sides and
+forfeits an illegal move with a warning that names the player."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import types
 import numpy as np
 import pytest
 from conftest import OS_C4, OS_TTT, PZ_TTT
-
-from mpirl.envs.games import load_game
-from mpirl.errors import ConfigError
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import (
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import SearchConfig
+from mpirl.algorithms.alphazero.players import (
     IllegalMoveWarning,
     MinimaxPlayer,
     ObservationPlayer,
@@ -25,6 +23,8 @@ from mpirl.search.players import (
     play_match,
     reference_opponents,
 )
+
+from mpirl.errors import ConfigError
 
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")

@@ -560,16 +560,6 @@ class SearchConfig(CommonConfig):
                               f"num_learners must be 0, got {self.num_learners}")
 
 
-@dataclass
-class GameConfig(CommonConfig):
-    """Algorithms that play two-player board games by search (AlphaZero): their ``--env`` is a
-    game (``openspiel/<name>`` or a PettingZoo classic module), loaded by
-    ``mpirl.envs.games.load_game`` on every rank that plays it, not a gymnasium env."""
-
-    num_envs_per_worker: int = 1
-    """Not used: a rollout rank's games in play are the algorithm's own key."""
-
-
 def field_docs(cls: type) -> dict[str, str]:
     """Each field of the dataclass ``cls`` -> its docstring, the most derived one along the MRO
     (a field redeclared without a docstring keeps its base's)."""

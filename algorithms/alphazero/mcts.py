@@ -34,8 +34,8 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from mpirl.algorithms.alphazero.games import Game, GameState
 
-from mpirl.envs.games import Game, GameState
 from mpirl.errors import ConfigError
 
 #: ``evaluate(observations [B, *obs_shape] float32, masks [B, A] bool) -> (priors [B, A],

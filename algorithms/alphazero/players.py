@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
+from mpirl.algorithms.alphazero.games import Game, GameState
+from mpirl.algorithms.alphazero.mcts import BatchedMCTS, Evaluator, SearchConfig
 
 from mpirl.config.imports import load_object
-from mpirl.envs.games import Game, GameState
 from mpirl.errors import ConfigError
-from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
 
 #: The forms of an opponent spec, for messages.
 SPEC_FORMS = ("random, mcts:N (N simulations, e.g. mcts:100), minimax, minimax:traps, or "

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from mpirl.algorithms.alphazero.games import Game
+from mpirl.algorithms.alphazero.mcts import BatchedMCTS, Evaluator, SearchConfig
 
 from mpirl.data.episode_recorder import EpisodeRecorder
-from mpirl.envs.games import Game
 from mpirl.errors import ConfigError
-from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
 
 
 @dataclass
@@ -80,6 +80,17 @@ class SelfPlayBatch:
                                for name in ("observations", "masks", "policies", "outcomes",
                                             "game_lengths", "first_player_returns",
                                             "game_slots")))
+
+
+@dataclass
+class VersionedPositions:
+    """A self-play batch on its way to a learner, with the version of the weights that played
+    it (the driver's count of the learners' updates, ``AlphaZeroLearner.version``). A game
+    still in play when new weights came is stamped with the newer version: its first moves'
+    lag is counted one short."""
+
+    batch: SelfPlayBatch
+    version: int
 
 
 def _empty(game: Game) -> SelfPlayBatch:
