@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -26,6 +27,7 @@ from mpirl.execution.contract import (
     AlgorithmModule,
     env_spec_of,
     load_algorithm,
+    matches_of,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,6 +122,54 @@ def test_a_piece_of_the_wrong_kind_is_refused_naming_it(plugins, piece, replacem
         load_algorithm(name)
     assert str(caught.value).startswith(
         f"algorithm module {name!r} defines {piece} as {shown}, but it should be ")
+
+
+def plugin_with(statements: str, directory: Path, name: str) -> str:
+    """A copy of the vanilla_pg plug-in in ``directory`` with ``statements`` appended; its
+    module name."""
+    (directory / f"{name}.py").write_text(f"{PLUGIN.read_text()}\n{statements}\n")
+    return name
+
+
+def test_optional_pieces_take_their_defaults_or_the_modules_own(plugins):
+    from mpirl.workers.env_spec import EnvSpec
+
+    plain = load_algorithm(plugin_with("", plugins, "vanilla_pg_plain"))
+    config = plain.Config()
+    assert env_spec_of(plain, "CartPole-v1", None, config) == EnvSpec("CartPole-v1")
+    assert matches_of(plain) is None
+    own = load_algorithm(plugin_with(
+        "def env_spec(env_id, env_module, config):\n"
+        "    from mpirl.workers.env_spec import EnvSpec\n\n"
+        "    return EnvSpec('CartPole-v1', env_config={'given': env_id})\n",
+        plugins, "vanilla_pg_own_env_spec"))
+    assert env_spec_of(own, "my-board", None, config).env_config == {"given": "my-board"}
+    assert matches_of(load_algorithm("AlphaZero")) is not None
+
+
+@pytest.mark.parametrize(("piece", "statement"), [
+    ("MATCHES", "MATCHES = 3"), ("env_spec", "env_spec = 'CartPole-v1'")])
+def test_an_optional_piece_of_the_wrong_kind_is_refused_naming_it(plugins, piece, statement):
+    name = plugin_with(statement, plugins, f"vanilla_pg_bad_{piece.lower()}")
+    with pytest.raises(ConfigError, match="see docs/plugins.md") as caught:
+        load_algorithm(name)
+    assert str(caught.value).startswith(f"algorithm module {name!r} defines {piece} as ")
+
+
+def test_a_spec_may_name_its_network_by_path():
+    from mpirl.models.torch_model import build_torch_model
+
+    @dataclasses.dataclass(frozen=True)
+    class IdentitySpec:
+        NETWORK: ClassVar[str] = "torch.nn:Identity"
+
+    @dataclasses.dataclass(frozen=True)
+    class MisnamedSpec:
+        NETWORK: ClassVar[str] = "torch.nn:NoSuchNetwork"
+
+    assert type(build_torch_model(IdentitySpec())).__name__ == "Identity"
+    with pytest.raises(ConfigError, match="MisnamedSpec.NETWORK"):
+        build_torch_model(MisnamedSpec())
 
 
 def test_a_config_that_subclasses_no_base_is_refused(plugins):
