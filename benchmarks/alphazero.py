@@ -354,7 +354,7 @@ class OpenSpielPlayer:
 def mpirl_player(run_dir: Path, game: Any, simulations: int, rng: Any) -> Any:
     """The run's newest checkpoint searching with its network (no noise)."""
     from mpirl.algorithms.alphazero.games import game_spaces
-    from mpirl.algorithms.alphazero.mcts import SearchConfig
+    from mpirl.algorithms.alphazero.mcts import MCTSConfig
     from mpirl.algorithms.alphazero.network import TorchEvaluator
     from mpirl.algorithms.alphazero.players import SearchPlayer
 
@@ -371,7 +371,7 @@ def mpirl_player(run_dir: Path, game: Any, simulations: int, rng: Any) -> Any:
     model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                            manifest["files"]["learner_0.pkl"])["weights"])
     model.eval()
-    search = SearchConfig(simulations=simulations, c_puct=config.c_puct)
+    search = MCTSConfig(simulations=simulations, c_puct=config.c_puct)
     return SearchPlayer(game, TorchEvaluator(model), search, rng, name="mpirl")
 
 

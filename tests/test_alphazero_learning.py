@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from mpirl.algorithms.alphazero.games import load_game
-from mpirl.algorithms.alphazero.mcts import SearchConfig
+from mpirl.algorithms.alphazero.mcts import MCTSConfig
 from mpirl.algorithms.alphazero.network import AlphaZeroNet, TorchEvaluator, alphazero_loss
 from mpirl.algorithms.alphazero.players import (
     MinimaxPlayer,
@@ -48,7 +48,7 @@ def train(seed: int, rounds: int = 40) -> tuple[dict[str, int], dict[str, int], 
     before = strength(game, net)
     # L2 through the optimizer's weight decay, as alphazero_loss leaves it.
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=1e-4)
-    play = SelfPlay(game, TorchEvaluator(net), SearchConfig(simulations=16, temperature_moves=2),
+    play = SelfPlay(game, TorchEvaluator(net), MCTSConfig(simulations=16, temperature_moves=2),
                     num_games=32, rng=rng)
     table = symmetries(game)
     recent: list[SelfPlayBatch] = []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import OS_C4, OS_TTT, PZ_TTT
 from mpirl.algorithms.alphazero.games import load_game
-from mpirl.algorithms.alphazero.mcts import SearchConfig
+from mpirl.algorithms.alphazero.mcts import MCTSConfig
 from mpirl.algorithms.alphazero.players import (
     IllegalMoveWarning,
     MinimaxPlayer,
@@ -83,7 +83,7 @@ def test_search_player_with_a_uniform_evaluator():
         return masks.astype(np.float32), np.zeros(len(masks), np.float32)
 
     rng = np.random.default_rng(0)
-    player = SearchPlayer(game, uniform, SearchConfig(simulations=300), rng)
+    player = SearchPlayer(game, uniform, MCTSConfig(simulations=300), rng)
     result = play_match(game, player, RandomPlayer(rng), 20, rng)
     # A value of 0 everywhere sees only the game's ends (300 simulations miss some early
     # forks), yet it wins most games; the position it is given is searched without noise.

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from mpirl.algorithms.alphazero.games import Game
-from mpirl.algorithms.alphazero.mcts import BatchedMCTS, Evaluator, SearchConfig
+from mpirl.algorithms.alphazero.mcts import BatchedMCTS, Evaluator, MCTSConfig
 
 from mpirl.data.episode_recorder import EpisodeRecorder
 from mpirl.errors import ConfigError
@@ -113,7 +113,7 @@ class _InPlay:
 class SelfPlay:
     """``num_games`` games of ``game`` played against themselves with ``BatchedMCTS``."""
 
-    def __init__(self, game: Game, evaluate: Evaluator, search_config: SearchConfig,
+    def __init__(self, game: Game, evaluate: Evaluator, search_config: MCTSConfig,
                  num_games: int, rng: np.random.Generator, max_moves: int | None = None,
                  recorder: EpisodeRecorder | None = None) -> None:
         if num_games < 1:

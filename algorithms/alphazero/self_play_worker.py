@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from mpirl.algorithms.alphazero.game_env import GameEnvSpec
-from mpirl.algorithms.alphazero.mcts import SearchConfig
+from mpirl.algorithms.alphazero.mcts import MCTSConfig
 from mpirl.algorithms.alphazero.network import TorchEvaluator
 from mpirl.algorithms.alphazero.players import Player, make_player, network_player, play_match
 from mpirl.algorithms.alphazero.self_play import SelfPlay, SelfPlayBatch, VersionedPositions
@@ -66,7 +66,7 @@ class SelfPlaySettings:
     env: GameEnvSpec
     """The game, loaded on the rollout rank."""
     policy: AlphaZeroSpec
-    search: SearchConfig
+    search: MCTSConfig
     games_per_worker: int
     """Games in play at once on the rank, searched together."""
     seed: int
@@ -88,9 +88,9 @@ class SelfPlaySettings:
                    callbacks=config.callbacks)
 
 
-def search_config(config: Any) -> SearchConfig:
+def search_config(config: Any) -> MCTSConfig:
     """The self-play search of an AlphaZero config."""
-    return SearchConfig(simulations=config.simulations, c_puct=config.c_puct,
+    return MCTSConfig(simulations=config.simulations, c_puct=config.c_puct,
                         gumbel=config.gumbel, temperature_moves=config.temperature_moves,
                         dirichlet_epsilon=config.dirichlet_epsilon)
 
