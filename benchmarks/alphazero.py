@@ -28,9 +28,9 @@ self-play-only rate (its ``positions_per_s`` column) is given too.
 
 The ladder: each trained agent searches with its own network (mpirl's batched MCTS, OpenSpiel's
 ``MCTSBot`` with its ``AlphaZeroEvaluator``, both with the training simulations and no noise) and
-plays ``--ladder-games`` games against each ``mcts:N`` of ``mpirl.search.players`` (UCT with
-random rollouts), half of them first; the two agents' matches run at the same time, one process
-each.
+plays ``--ladder-games`` games against each ``mcts:N`` of
+``mpirl.algorithms.alphazero.players`` (UCT with random rollouts), half of them first; the two
+agents' matches run at the same time, one process each.
 
 Weak scaling: mpirl alone on ``--scaling-game``, 1, 2, 4 rollout ranks of ``games_per_worker``
 games each; the self-play rate per rank relative to one rank. The mean inference batch (leaf
@@ -353,15 +353,16 @@ class OpenSpielPlayer:
 
 def mpirl_player(run_dir: Path, game: Any, simulations: int, rng: Any) -> Any:
     """The run's newest checkpoint searching with its network (no noise)."""
+    from mpirl.algorithms.alphazero.games import game_spaces
+    from mpirl.algorithms.alphazero.mcts import MCTSConfig
+    from mpirl.algorithms.alphazero.network import TorchEvaluator
+    from mpirl.algorithms.alphazero.players import SearchPlayer
+
     from mpirl.commands.evaluate import find_checkpoint
     from mpirl.config.parse import build
-    from mpirl.envs.games import game_spaces
     from mpirl.execution.contract import load_algorithm
-    from mpirl.models.alphazero import TorchEvaluator
     from mpirl.models.torch_model import build_torch_model
     from mpirl.runtime.state_files import read_state_file
-    from mpirl.search.mcts import SearchConfig
-    from mpirl.search.players import SearchPlayer
 
     checkpoint, manifest = find_checkpoint(run_dir)
     module = load_algorithm(manifest["algo"])
@@ -370,7 +371,7 @@ def mpirl_player(run_dir: Path, game: Any, simulations: int, rng: Any) -> Any:
     model.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                            manifest["files"]["learner_0.pkl"])["weights"])
     model.eval()
-    search = SearchConfig(simulations=simulations, c_puct=config.c_puct)
+    search = MCTSConfig(simulations=simulations, c_puct=config.c_puct)
     return SearchPlayer(game, TorchEvaluator(model), search, rng, name="mpirl")
 
 
@@ -378,9 +379,8 @@ def role_ladder(spec: dict[str, Any]) -> int:
     """One trained agent against each opponent of the ladder; emits the results."""
     import numpy as np
     import torch
-
-    from mpirl.envs.games import load_game
-    from mpirl.search.players import make_player, play_match
+    from mpirl.algorithms.alphazero.games import load_game
+    from mpirl.algorithms.alphazero.players import make_player, play_match
 
     torch.set_num_threads(1)
     game = load_game(f"openspiel/{spec['game']}", {})
@@ -440,14 +440,14 @@ def role_batch(spec: dict[str, Any]) -> int:
     untrained network of the run's size), and its positions/s in this one process."""
     import numpy as np
     import torch
-    from mpirl.algorithms.alphazero import Config, model_spec
+    from mpirl.algorithms.alphazero.alphazero import Config, model_spec
+    from mpirl.algorithms.alphazero.games import game_spaces, load_game
+    from mpirl.algorithms.alphazero.network import TorchEvaluator
+    from mpirl.algorithms.alphazero.self_play import SelfPlay
+    from mpirl.algorithms.alphazero.self_play_worker import search_config
 
     from mpirl.config.parse import build
-    from mpirl.envs.games import game_spaces, load_game
-    from mpirl.models.alphazero import TorchEvaluator
     from mpirl.models.torch_model import build_torch_model
-    from mpirl.workers.alphazero_workers import search_config
-    from mpirl.workers.self_play import SelfPlay
 
     torch.set_num_threads(1)
     config = build(Config, mpirl_config(spec["game"]))

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from harness import print_table, run_main, run_metadata, write_report
-
-from mpirl.envs.games import load_game
-from mpirl.models.alphazero_spec import uniform_evaluate
-from mpirl.search.mcts import SearchConfig
-from mpirl.workers.self_play import SelfPlay
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import MCTSConfig
+from mpirl.algorithms.alphazero.self_play import SelfPlay
+from mpirl.algorithms.alphazero.spec import uniform_evaluate
 
 GAMES = ("openspiel/tic_tac_toe", "pettingzoo.classic.tictactoe_v3", "openspiel/connect_four",
          "pettingzoo.classic.connect_four_v3")
@@ -39,7 +38,7 @@ class Plan:
 def measure(env_id: str, games: int, simulations: int, gumbel: bool, plan: Plan) -> dict:
     """Simulations/s and moves/s of SelfPlay over ``games`` games with a uniform evaluator."""
     game = load_game(env_id, {})
-    config = SearchConfig(simulations=simulations, gumbel=gumbel)
+    config = MCTSConfig(simulations=simulations, gumbel=gumbel)
     play = SelfPlay(game, uniform_evaluate, config, games, np.random.default_rng(0))
     moves = 0
     started = time.perf_counter()

@@ -6,6 +6,8 @@ that message alone (no traceback) and exits with the error's ``exit_code``.
 
 from __future__ import annotations
 
+__all__ = ["MissingPackage"]
+
 #: The run finished: a stop criterion was met, or the driver's program returned normally.
 EXIT_OK = 0
 #: Something failed during the run (an uncaught exception on some rank).

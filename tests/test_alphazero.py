@@ -9,15 +9,20 @@ import numpy as np
 import pytest
 import torch
 from conftest import OS_C4, OS_TTT, PZ_TTT
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import MCTSConfig
+from mpirl.algorithms.alphazero.network import (
+    AlphaZeroNet,
+    TorchEvaluator,
+    alphazero_loss,
+    masked_logits,
+)
+from mpirl.algorithms.alphazero.self_play import SelfPlay, SelfPlayBatch
+from mpirl.algorithms.alphazero.spec import AlphaZeroSpec, alphazero_spec, uniform_evaluate
+from mpirl.algorithms.alphazero.symmetries import augment, symmetries
 
-from mpirl.envs.games import load_game
 from mpirl.errors import ConfigError
-from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss, masked_logits
-from mpirl.models.alphazero_spec import AlphaZeroSpec, alphazero_spec, uniform_evaluate
 from mpirl.models.torch_model import build_torch_model
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.symmetries import augment, symmetries
-from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
@@ -170,7 +175,7 @@ def test_augment_with_the_identity_only_changes_nothing():
 @pytest.mark.parametrize("gumbel", [False, True])
 def test_self_play_scores_positions_for_their_mover_and_refills_slots(gumbel):
     game = load_game(OS_TTT)
-    config = SearchConfig(simulations=8, gumbel=gumbel, gumbel_actions=4)
+    config = MCTSConfig(simulations=8, gumbel=gumbel, gumbel_actions=4)
     play = SelfPlay(game, uniform_evaluate, config, num_games=6,
                     rng=np.random.default_rng(0))
     batch = play.play(20)
@@ -197,7 +202,7 @@ def test_self_play_scores_positions_for_their_mover_and_refills_slots(gumbel):
 
 def test_self_play_max_moves_ends_games_as_draws():
     game = load_game(OS_TTT)
-    play = SelfPlay(game, uniform_evaluate, SearchConfig(simulations=2), num_games=3,
+    play = SelfPlay(game, uniform_evaluate, MCTSConfig(simulations=2), num_games=3,
                     rng=np.random.default_rng(0), max_moves=2)
     assert play.step().games == 0  # one move each
     batch = play.step()
@@ -207,9 +212,9 @@ def test_self_play_max_moves_ends_games_as_draws():
 def test_self_play_checks_its_arguments_and_concatenates_nothing():
     game = load_game(OS_TTT)
     with pytest.raises(ConfigError):
-        SelfPlay(game, uniform_evaluate, SearchConfig(), 0, np.random.default_rng(0))
+        SelfPlay(game, uniform_evaluate, MCTSConfig(), 0, np.random.default_rng(0))
     with pytest.raises(ConfigError):
-        SelfPlay(game, uniform_evaluate, SearchConfig(), 1, np.random.default_rng(0),
+        SelfPlay(game, uniform_evaluate, MCTSConfig(), 1, np.random.default_rng(0),
                  max_moves=0)
     empty = SelfPlayBatch.concatenate([], game)
     assert len(empty) == 0 and empty.observations.shape == (0, 3, 3, 3)
@@ -223,7 +228,7 @@ def test_self_play_with_the_network_and_a_training_step(game_id):
     game = load_game(game_id)
     torch.manual_seed(0)
     net = build_torch_model(alphazero_spec(game, channels=8, blocks=1))
-    play = SelfPlay(game, TorchEvaluator(net), SearchConfig(simulations=4), num_games=4,
+    play = SelfPlay(game, TorchEvaluator(net), MCTSConfig(simulations=4), num_games=4,
                     rng=np.random.default_rng(0), max_moves=12)
     rng = np.random.default_rng(1)
     batch = play.play(4)
@@ -246,7 +251,7 @@ def test_self_play_restored_from_its_state_plays_on_identically(game_id, gumbel)
 
     game = load_game(game_id)
     net = build_torch_model(alphazero_spec(game, channels=4, blocks=1, value_hidden=8))
-    config = SearchConfig(simulations=8, gumbel=gumbel, temperature_moves=3)
+    config = MCTSConfig(simulations=8, gumbel=gumbel, temperature_moves=3)
 
     def run(rng):
         return SelfPlay(game, TorchEvaluator(net), config, num_games=5, rng=rng)

@@ -37,10 +37,11 @@ from conftest import (
     stop_signal_on_a_rollout_rank,
     train_refused,
 )
+from mpirl.algorithms.alphazero.alphazero import MATCHES
+from mpirl.algorithms.alphazero.players import MinimaxPlayer
 from test_train import MPIRL, rows, train
 
-from mpirl.commands.match import load_agent
-from mpirl.search.players import MinimaxPlayer
+from mpirl.commands.evaluate import find_checkpoint
 
 pytest.importorskip("pyspiel")
 
@@ -51,6 +52,11 @@ COLUMNS = {"positions_per_s", "games_this_iter", "game_length_mean", "policy_los
 #: A quick run's settings: few games and steps per iteration.
 QUICK = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size": 16,
          "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4}
+
+
+def load_agent(run_dir):
+    """The network of the run's newest checkpoint, as ``mpirl evaluate`` plays it."""
+    return MATCHES.load_agent(*find_checkpoint(run_dir))
 
 
 def raw_policy_optimal_share(run_dir) -> tuple[float, int]:

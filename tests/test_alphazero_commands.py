@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 from conftest import OS_TTT, mpi_env
-from mpirl.algorithms.alphazero import Config
+from mpirl.algorithms.alphazero.alphazero import Config
 from test_train import MPIRL
 
 from mpirl.commands.match import evaluate_match
@@ -116,8 +116,9 @@ def test_a_gating_runs_checkpoint_plays_its_best_network(tmp_path):
     import pickle
 
     import numpy as np
+    from mpirl.algorithms.alphazero.alphazero import MATCHES
 
-    from mpirl.commands.match import load_agent
+    from mpirl.commands.evaluate import find_checkpoint
 
     run = tmp_path / "gated"
     config = {**QUICK, "gating": True, "gating_games": 4, "evaluation_interval": 2,
@@ -132,6 +133,6 @@ def test_a_gating_runs_checkpoint_plays_its_best_network(tmp_path):
     with open(checkpoint / "learner_0.pkl", "rb") as file:
         newest = pickle.load(file)["weights"]
     assert not np.array_equal(best, newest)  # iteration 3 trained after the gating at 2
-    agent = load_agent(run)
+    agent = MATCHES.load_agent(*find_checkpoint(run))
     played = agent.evaluate.model.get_flat_weights()
     assert np.array_equal(played, best)

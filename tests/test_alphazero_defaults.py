@@ -61,10 +61,9 @@ def test_the_live_line_shows_the_evaluation_not_the_self_play_return():
     """Which columns the line shows is the algorithm's config's (``live_columns``): AlphaZero's
     are its opponents' win/draw/loss rates; self-play's return (the first player's outcome) and
     game length are left out. Other algorithms keep return and length."""
-    from mpirl.algorithms.alphazero import Config
+    from mpirl.algorithms.alphazero.alphazero import Config
+    from mpirl.algorithms.alphazero.game_env import GameEnvSpec
     from mpirl.algorithms.ppo import Config as PPOConfig
-
-    from mpirl.workers.env_spec import GameEnvSpec
 
     columns = Config().live_columns(GameEnvSpec("openspiel/tic_tac_toe"))
     assert [label for label, _ in columns] == ["eval random w/d/l", "eval minimax w/d/l"]

@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 from conftest import OS_TTT
 from mpi4py import MPI
+from mpirl.algorithms.alphazero.alphazero import AlphaZeroState, Config, split_match, training_step
+from mpirl.algorithms.alphazero.game_env import GameEnvSpec
+from mpirl.algorithms.alphazero.self_play_worker import MatchShare, SelfPlaySettings, SelfPlayWorker
+from mpirl.algorithms.alphazero.spec import alphazero_spec
 from test_train import rows, train
 
-from algorithms.alphazero import AlphaZeroState, Config, split_match, training_step
 from mpirl.commands.evaluate import find_checkpoint
-from mpirl.models.alphazero_spec import alphazero_spec
 from mpirl.runtime.core import RankContext
 from mpirl.runtime.layout import Layout
 from mpirl.runtime.state_files import read_state_file
-from mpirl.workers.alphazero_workers import MatchShare, SelfPlaySettings, SelfPlayWorker
-from mpirl.workers.env_spec import GameEnvSpec
 
 pytest.importorskip("pyspiel")
 
@@ -211,8 +211,8 @@ class FirstLegal:
 def test_play_match_moves_first_as_often_as_told():
     """Two players taking the first legal square: the one moving first wins (on the 2-4-6
     diagonal), so A's wins count the games A moved first in."""
-    from mpirl.envs.games import load_game
-    from mpirl.search.players import play_match
+    from mpirl.algorithms.alphazero.games import load_game
+    from mpirl.algorithms.alphazero.players import play_match
     game = load_game(OS_TTT)
     rng = np.random.default_rng(0)
     for first in (0, 3, 7):

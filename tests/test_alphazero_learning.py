@@ -10,15 +10,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import MCTSConfig
+from mpirl.algorithms.alphazero.network import AlphaZeroNet, TorchEvaluator, alphazero_loss
+from mpirl.algorithms.alphazero.players import (
+    MinimaxPlayer,
+    RandomPlayer,
+    RawPolicyPlayer,
+    play_match,
+)
+from mpirl.algorithms.alphazero.self_play import SelfPlay, SelfPlayBatch
+from mpirl.algorithms.alphazero.spec import alphazero_spec
+from mpirl.algorithms.alphazero.symmetries import augment, symmetries
 
-from mpirl.envs.games import load_game
-from mpirl.models.alphazero import AlphaZeroNet, TorchEvaluator, alphazero_loss
-from mpirl.models.alphazero_spec import alphazero_spec
 from mpirl.models.torch_model import build_torch_model
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import MinimaxPlayer, RandomPlayer, RawPolicyPlayer, play_match
-from mpirl.search.symmetries import augment, symmetries
-from mpirl.workers.self_play import SelfPlay, SelfPlayBatch
 
 pytest.importorskip("pyspiel")
 
@@ -43,7 +48,7 @@ def train(seed: int, rounds: int = 40) -> tuple[dict[str, int], dict[str, int], 
     before = strength(game, net)
     # L2 through the optimizer's weight decay, as alphazero_loss leaves it.
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=1e-4)
-    play = SelfPlay(game, TorchEvaluator(net), SearchConfig(simulations=16, temperature_moves=2),
+    play = SelfPlay(game, TorchEvaluator(net), MCTSConfig(simulations=16, temperature_moves=2),
                     num_games=32, rng=rng)
     table = symmetries(game)
     recent: list[SelfPlayBatch] = []

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +24,7 @@ from mpirl.config.parse import build
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import (
     ALGORITHMS,
+    OPTIONAL_PIECES,
     PIECES,
     AlgorithmModule,
     LearnerClass,
@@ -31,12 +33,12 @@ from mpirl.execution.contract import (
     PolicyRolloutWorkerClass,
     RolloutSettingsClass,
     RolloutWorkerClass,
+    env_spec_of,
     load_algorithm,
-    plays_games,
+    matches_of,
     protocol_members,
     worker_gaps,
 )
-from mpirl.workers.env_spec import game_env_spec
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = REPO / "examples" / "plugins" / "vanilla_pg.py"
@@ -80,12 +82,13 @@ def test_the_pieces_are_the_protocols_names():
     assert [piece.name for piece in PIECES] == [
         "Config", "loss", "ROLLOUT_WORKER", "LEARNER", "RECURRENT", "model_spec", "check_config",
         "setup", "training_step"]
-    assert {piece.name for piece in PIECES} == members
+    assert [piece.name for piece in OPTIONAL_PIECES] == ["env_spec", "MATCHES"]
+    assert {piece.name for piece in PIECES + OPTIONAL_PIECES} == members
 
 
 def test_the_docs_table_lists_every_piece():
     text = (REPO / "docs" / "plugins.md").read_text()
-    for piece in PIECES:
+    for piece in PIECES + OPTIONAL_PIECES:
         assert f"| `{piece.name}`" in text, f"docs/plugins.md has no row for {piece.name}"
 
 
@@ -207,6 +210,54 @@ def test_configs_answer_what_shared_code_asks_instead_of_being_probed():
         build(dqn.Config, {"normalize_observations": True})
 
 
+def plugin_with(statements: str, directory: Path, name: str) -> str:
+    """A copy of the vanilla_pg plug-in in ``directory`` with ``statements`` appended; its
+    module name."""
+    (directory / f"{name}.py").write_text(f"{PLUGIN.read_text()}\n{statements}\n")
+    return name
+
+
+def test_optional_pieces_take_their_defaults_or_the_modules_own(plugins):
+    from mpirl.workers.env_spec import EnvSpec
+
+    plain = load_algorithm(plugin_with("", plugins, "vanilla_pg_plain"))
+    config = plain.Config()
+    assert env_spec_of(plain, "CartPole-v1", None, config) == EnvSpec("CartPole-v1")
+    assert matches_of(plain) is None
+    own = load_algorithm(plugin_with(
+        "def env_spec(env_id, env_module, config):\n"
+        "    from mpirl.workers.env_spec import EnvSpec\n\n"
+        "    return EnvSpec('CartPole-v1', env_config={'given': env_id})\n",
+        plugins, "vanilla_pg_own_env_spec"))
+    assert env_spec_of(own, "my-board", None, config).env_config == {"given": "my-board"}
+    assert matches_of(load_algorithm("AlphaZero")) is not None
+
+
+@pytest.mark.parametrize(("piece", "statement"), [
+    ("MATCHES", "MATCHES = 3"), ("env_spec", "env_spec = 'CartPole-v1'")])
+def test_an_optional_piece_of_the_wrong_kind_is_refused_naming_it(plugins, piece, statement):
+    name = plugin_with(statement, plugins, f"vanilla_pg_bad_{piece.lower()}")
+    with pytest.raises(ConfigError, match="see docs/plugins.md") as caught:
+        load_algorithm(name)
+    assert str(caught.value).startswith(f"algorithm module {name!r} defines {piece} as ")
+
+
+def test_a_spec_may_name_its_network_by_path():
+    from mpirl.models.torch_model import build_torch_model
+
+    @dataclasses.dataclass(frozen=True)
+    class IdentitySpec:
+        NETWORK: ClassVar[str] = "torch.nn:Identity"
+
+    @dataclasses.dataclass(frozen=True)
+    class MisnamedSpec:
+        NETWORK: ClassVar[str] = "torch.nn:NoSuchNetwork"
+
+    assert type(build_torch_model(IdentitySpec())).__name__ == "Identity"
+    with pytest.raises(ConfigError, match="MisnamedSpec.NETWORK"):
+        build_torch_model(MisnamedSpec())
+
+
 def test_a_config_that_subclasses_no_base_is_refused(plugins):
     name = plugin_without("Config", plugins, "from dataclasses import dataclass as _dc\n"
                                              "Config = _dc(type('Config', (), {}))")
@@ -289,10 +340,10 @@ def pendulum():
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithms_workers_take_settings_from_its_config(name):
     module = load_algorithm(name)
-    games = plays_games(module)  # AlphaZero: a board game
+    games = name == "AlphaZero"  # a board game
     config = module.Config()
     continuous = name in ("PETS", "MBPO")  # Box actions only
-    env = (game_env_spec("openspiel/tic_tac_toe", None, {}, name) if games
+    env = (env_spec_of(module, "openspiel/tic_tac_toe", None, config) if games
            else pendulum() if continuous else cartpole())
     spec = module.model_spec(*env.spaces(), config)
     rollout = module.ROLLOUT_WORKER.Settings.from_config(config, env=env, policy=spec)

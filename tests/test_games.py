@@ -1,6 +1,7 @@
-"""The game adapter (mpirl.envs.games) and board symmetries (mpirl.search.symmetries): PettingZoo
-and OpenSpiel give the same tic-tac-toe, clones are independent, unsearchable games are refused
-with messages that say why, and symmetries map observations, masks and moves consistently."""
+"""The game adapter (mpirl.algorithms.alphazero.games) and board symmetries
+(mpirl.algorithms.alphazero.symmetries): PettingZoo and OpenSpiel give the same tic-tac-toe, clones
+are independent, unsearchable games are refused with messages that say why, and symmetries map
+observations, masks and moves consistently."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import OS_C4, OS_TTT, PZ_C4, PZ_TTT
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.players import MinimaxPlayer
+from mpirl.algorithms.alphazero.symmetries import symmetries
 
-from mpirl.envs.games import load_game
 from mpirl.errors import EXIT_USAGE, ConfigError
-from mpirl.search.players import MinimaxPlayer
-from mpirl.search.symmetries import symmetries
 
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")

@@ -1,17 +1,18 @@
-"""Batched MCTS (mpirl.search.mcts): finds wins and blocks with a uniform evaluator, Gumbel's
-root search wins with 8 simulations, one evaluator call per simulation step over all searching
-games, subtree reuse, noise and temperature, and search that commutes with board symmetries."""
+"""Batched MCTS (mpirl.algorithms.alphazero.mcts): finds wins and blocks with a uniform evaluator,
+Gumbel's root search wins with 8 simulations, one evaluator call per simulation step over all
+searching games, subtree reuse, noise and temperature, and search that commutes with board
+symmetries."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import OS_C4, OS_TTT, PZ_C4, PZ_TTT
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import BatchedMCTS, MCTSConfig, _considered_visits
+from mpirl.algorithms.alphazero.symmetries import symmetries
 
-from mpirl.envs.games import load_game
 from mpirl.errors import ConfigError
-from mpirl.search.mcts import BatchedMCTS, SearchConfig, _considered_visits
-from mpirl.search.symmetries import symmetries
 
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
@@ -70,7 +71,7 @@ C4_BLOCK = [0, 0, 1, 1, 2]
 ])
 def test_puct_finds_wins_and_blocks(game_id, moves, expected):
     game, state = _position(game_id, moves)
-    result = _best_move(game, state, SearchConfig(simulations=400, root_noise=False))
+    result = _best_move(game, state, MCTSConfig(simulations=400, root_noise=False))
     target = _ttt_cell(game_id, *expected) if isinstance(expected, tuple) else expected
     assert result.actions[0] == target
     assert result.visit_counts[0].argmax() == target
@@ -86,7 +87,7 @@ def test_puct_finds_wins_and_blocks(game_id, moves, expected):
 @pytest.mark.parametrize("seed", range(4))
 def test_gumbel_with_8_simulations_plays_the_win(game_id, moves, expected, seed):
     game, state = _position(game_id, moves)
-    config = SearchConfig(simulations=8, gumbel=True, root_noise=True)
+    config = MCTSConfig(simulations=8, gumbel=True, root_noise=True)
     result = _best_move(game, state, config, seed)
     target = _ttt_cell(game_id, *expected) if isinstance(expected, tuple) else expected
     assert result.actions[0] == target
@@ -108,7 +109,7 @@ def test_sequential_halving_schedule():
 def test_one_evaluator_call_per_simulation_step_over_searching_games(gumbel):
     game = load_game(OS_C4)
     evaluator = CountingEvaluator()
-    config = SearchConfig(simulations=12, gumbel=gumbel)
+    config = MCTSConfig(simulations=12, gumbel=gumbel)
     mcts = BatchedMCTS(game, evaluator, config, num_slots=6, rng=np.random.default_rng(0))
     for slot in range(6):
         mcts.reset(slot, game.new_initial_state())
@@ -125,7 +126,7 @@ def test_terminal_leaves_need_no_evaluation():
     """Near the end of a game most leaves are terminal: batches shrink, visits still count."""
     game, state = _position(OS_TTT, [(0, 0), (1, 0), (0, 1), (1, 1), (2, 2), (0, 2), (2, 0)])
     evaluator = CountingEvaluator()
-    mcts = BatchedMCTS(game, evaluator, SearchConfig(simulations=30), num_slots=1,
+    mcts = BatchedMCTS(game, evaluator, MCTSConfig(simulations=30), num_slots=1,
                        rng=np.random.default_rng(0))
     mcts.reset(0, state)
     result = mcts.search([0])
@@ -135,7 +136,7 @@ def test_terminal_leaves_need_no_evaluation():
 
 def test_subtree_is_reused_after_a_move():
     game = load_game(OS_C4)
-    config = SearchConfig(simulations=64, root_noise=False)
+    config = MCTSConfig(simulations=64, root_noise=False)
     mcts = BatchedMCTS(game, uniform, config, num_slots=2, rng=np.random.default_rng(0))
     mcts.reset(0, game.new_initial_state())
     mcts.reset(1, game.new_initial_state())
@@ -152,7 +153,7 @@ def test_subtree_is_reused_after_a_move():
 
 def test_no_reuse_when_disabled():
     game = load_game(OS_C4)
-    config = SearchConfig(simulations=32, reuse_tree=False)
+    config = MCTSConfig(simulations=32, reuse_tree=False)
     mcts = BatchedMCTS(game, uniform, config, num_slots=1, rng=np.random.default_rng(0))
     mcts.reset(0, game.new_initial_state())
     mcts.advance(0, int(mcts.search([0]).actions[0]))
@@ -164,7 +165,7 @@ def test_no_reuse_when_disabled():
 def test_self_play_to_the_end(game_id, gumbel):
     """Whole games on reused, growing trees; every move legal, every game ends."""
     game = load_game(game_id)
-    config = SearchConfig(simulations=40, gumbel=gumbel, temperature_moves=4)
+    config = MCTSConfig(simulations=40, gumbel=gumbel, temperature_moves=4)
     mcts = BatchedMCTS(game, uniform, config, num_slots=4, rng=np.random.default_rng(3))
     for slot in range(4):
         mcts.reset(slot, game.new_initial_state())
@@ -187,14 +188,14 @@ def test_root_noise_and_temperature_explore():
     state = game.new_initial_state()
     chosen = set()
     for seed in range(12):
-        mcts = BatchedMCTS(game, uniform, SearchConfig(simulations=20, temperature_moves=3),
+        mcts = BatchedMCTS(game, uniform, MCTSConfig(simulations=20, temperature_moves=3),
                            num_slots=1, rng=np.random.default_rng(seed))
         mcts.reset(0, state)
         chosen.add(int(mcts.search([0]).actions[0]))
     assert len(chosen) >= 4
     # Without noise the search is deterministic; past the temperature moves the most visited
     # move is played (ties broken at random).
-    greedy = [_best_move(game, state, SearchConfig(simulations=20, root_noise=False), seed)
+    greedy = [_best_move(game, state, MCTSConfig(simulations=20, root_noise=False), seed)
               for seed in range(5)]
     for result in greedy:
         assert np.array_equal(result.visit_counts, greedy[0].visit_counts)
@@ -204,15 +205,15 @@ def test_root_noise_and_temperature_explore():
 
 def test_bad_settings_and_evaluators_are_refused():
     with pytest.raises(ConfigError, match="simulations"):
-        SearchConfig(simulations=0)
+        MCTSConfig(simulations=0)
     with pytest.raises(ConfigError, match="dirichlet_epsilon"):
-        SearchConfig(dirichlet_epsilon=1.5)
+        MCTSConfig(dirichlet_epsilon=1.5)
     game = load_game(OS_TTT)
 
     def wrong_shape(observations, masks):
         return np.ones((len(masks), 3)), np.zeros(len(masks))
 
-    mcts = BatchedMCTS(game, wrong_shape, SearchConfig(simulations=2), 1, np.random.default_rng())
+    mcts = BatchedMCTS(game, wrong_shape, MCTSConfig(simulations=2), 1, np.random.default_rng())
     mcts.reset(0, game.new_initial_state())
     with pytest.raises(ValueError, match="evaluate returned priors"):
         mcts.search([0])
@@ -245,7 +246,7 @@ def test_search_commutes_with_symmetries(game_id, moves, gumbel):
     """A position mapped by a symmetry gets the mapped visit counts and policy."""
     game, state = _position(game_id, moves)
     evaluate = _equivariant_evaluator(game)
-    config = SearchConfig(simulations=60, root_noise=False, gumbel=gumbel)
+    config = MCTSConfig(simulations=60, root_noise=False, gumbel=gumbel)
     moves = [(_ttt_cell(game_id, *m) if "tic" in game_id else m) for m in moves]
     for symmetry in symmetries(game)[1:]:
         mapped = game.new_initial_state()

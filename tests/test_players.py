@@ -1,6 +1,6 @@
-"""Reference players and matches (mpirl.search.players): minimax is perfect and varied, mcts:N
-beats random, specs parse with clear errors, and a match alternates sides and forfeits an
-illegal move with a warning that names the player."""
+"""Reference players and matches (mpirl.algorithms.alphazero.players): minimax is perfect and
+varied, mcts:N beats random, specs parse with clear errors, and a match alternates sides and
+forfeits an illegal move with a warning that names the player."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import types
 import numpy as np
 import pytest
 from conftest import OS_C4, OS_TTT, PZ_TTT
-
-from mpirl.envs.games import load_game
-from mpirl.errors import ConfigError
-from mpirl.search.mcts import SearchConfig
-from mpirl.search.players import (
+from mpirl.algorithms.alphazero.games import load_game
+from mpirl.algorithms.alphazero.mcts import MCTSConfig
+from mpirl.algorithms.alphazero.players import (
     IllegalMoveWarning,
     MinimaxPlayer,
     ObservationPlayer,
@@ -25,6 +23,8 @@ from mpirl.search.players import (
     play_match,
     reference_opponents,
 )
+
+from mpirl.errors import ConfigError
 
 pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
@@ -83,7 +83,7 @@ def test_search_player_with_a_uniform_evaluator():
         return masks.astype(np.float32), np.zeros(len(masks), np.float32)
 
     rng = np.random.default_rng(0)
-    player = SearchPlayer(game, uniform, SearchConfig(simulations=300), rng)
+    player = SearchPlayer(game, uniform, MCTSConfig(simulations=300), rng)
     result = play_match(game, player, RandomPlayer(rng), 20, rng)
     # A value of 0 everywhere sees only the game's ends (300 simulations miss some early
     # forks), yet it wins most games; the position it is given is searched without noise.

@@ -19,7 +19,7 @@ from mpirl.config.fields import Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import CheckpointError, ConfigError, MpirlError
-from mpirl.execution.contract import algorithm_name, env_spec_of, load_algorithm, plays_games
+from mpirl.execution.contract import algorithm_name, env_spec_of, load_algorithm
 from mpirl.execution.multiagent import MultiAgentTrainer
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
 from mpirl.execution.trainer import MAX_ITERATIONS_ENV, STOP_KEYS, Trainer, stop_reached
@@ -125,10 +125,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     settings = build(RuntimeSettings, runtime_keys)
     checkpoints = build(CheckpointSettings, checkpoint_keys)
     dump = build(DumpSettings, dump_keys)
-    env = env_spec_of(module, algo, env_id, env_module, algo_config)
-    if plays_games(module) and algo_config.multiagent:
-        raise ConfigError(f"config key 'multiagent' is not for {algorithm_name(algo)}: "
-                          f"both players of its self-play are the one network")
+    env = env_spec_of(module, env_id, env_module, algo_config)
     setup = None
     if env.is_multi_agent():
         if algo_config.clip_rewards is True:

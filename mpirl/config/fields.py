@@ -29,7 +29,7 @@ from mpirl.errors import ConfigError
 
 __all__ = ["Range", "RANGES", "above", "at_least", "within", "ConfigHooks", "CommonConfig",
            "AllreduceConfig", "OnPolicyConfig", "ReplayConfig", "QLearningConfig", "OfflineConfig",
-           "GameConfig"]
+           ]
 
 
 @dataclass(frozen=True)
@@ -592,21 +592,6 @@ class OfflineConfig(CommonConfig, AllreduceConfig):
     def samples_per_iteration(self, rollout_slots: int) -> int:
         """Dataset rows trained on per iteration, over all learners."""
         return self.train_batch_size * self.num_sgd_steps_per_iteration
-
-
-@dataclass
-class GameConfig(CommonConfig):
-    """Algorithms that play two-player board games by search (AlphaZero): their ``--env`` is a
-    game (``openspiel/<name>`` or a PettingZoo classic module), loaded by
-    ``mpirl.envs.games.load_game`` on every rank that plays it, not a gymnasium env."""
-
-    num_envs_per_worker: int = 1
-    """Not used: a rollout rank's games in play are the algorithm's own key."""
-
-    def samples_per_iteration(self, rollout_slots: int) -> int:
-        """The algorithm's SGD batch (``train_batch_size``), not env steps: a game config's
-        self-play counts games."""
-        return self.train_batch_size  # type: ignore[attr-defined]
 
 
 def field_docs(cls: type) -> dict[str, str]:

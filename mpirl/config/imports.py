@@ -13,6 +13,8 @@ from typing import Any
 
 from mpirl.errors import ConfigError
 
+__all__ = ["load_object"]
+
 
 def load_object(spec: str, key: str, form: str = "module:Name") -> Any:
     """The object ``spec`` names: ``"package.module:Name"``, or ``"package.module:Class.attr"``

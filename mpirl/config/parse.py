@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from mpirl.config.fields import check_ranges
 from mpirl.errors import ConfigError
 
+__all__ = ["build"]
+
 T = TypeVar("T")
 
 

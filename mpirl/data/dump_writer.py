@@ -41,6 +41,8 @@ from typing import Any
 from mpirl.data.episode_file import EpisodeFile
 from mpirl.errors import ConfigError, MpirlError
 
+__all__ = ["DumpTarget"]
+
 #: Longest time a completed episode waits on its rollout rank before going to the writer.
 SEND_INTERVAL_S = 0.05
 

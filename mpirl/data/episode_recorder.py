@@ -15,6 +15,8 @@ from mpirl.data.dump_writer import SEND_INTERVAL_S, DumpTarget, _WriterProcess
 from mpirl.data.episode_file import EpisodeFile
 from mpirl.errors import ConfigError
 
+__all__ = ["EpisodeRecorder"]
+
 #: The fields of one recorded vector-env step, in the order EpisodeRecorder keeps them (plain
 #: tuples: this runs on the sampling loop). obs is the observation the step was taken from.
 STEP_FIELDS = ("obs", "actions", "rewards", "terminated", "truncated", "logp")

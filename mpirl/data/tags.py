@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from mpirl.runtime.host import STOP_STREAM_TAG
 
+__all__ = ["DataTags"]
+
 #: rollout -> learner: an on-policy batch
 BATCH = 21
 #: rollout -> learner: a streamed V-trace fragment (IMPALA's ``sample_fragments``)

@@ -7,9 +7,11 @@ names the piece (exit code 2). Nothing reads a module's names any other way. Def
 may import and assign: ``RolloutWorker``, ``Learner``, ``actor_critic_model``,
 ``no_config_checks`` and ``stateless`` (all in ``mpirl.execution``).
 
-What ``--env`` names follows from the base of a module's ``Config``: a ``GameConfig`` plays
-two-player board games (``env_spec_of`` reads a game), any other base a gymnasium or PettingZoo
-env.
+A few pieces are optional (``OPTIONAL_PIECES``): a module that leaves one out gets its default,
+which ``env_spec_of`` and ``matches_of`` supply. What ``--env`` names is the module's
+``env_spec`` (a gymnasium or PettingZoo env unless it says otherwise: AlphaZero's is a board
+game), and ``mpirl evaluate --opponent`` and ``mpirl play`` play the checkpoints of a module
+whose ``MATCHES`` is not None.
 
 What a plan keeps between iterations is its ``PlanState``, made by the module's ``setup``, given
 to every ``training_step`` and checkpointed with the run.
@@ -31,24 +33,26 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar, Generic, Protocol, cast, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, TextIO, cast, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
 
-from mpirl.config.fields import CommonConfig, GameConfig
+from mpirl.config.fields import CommonConfig
 from mpirl.errors import ConfigError
 from mpirl.runtime.core import WEIGHTS_KEY, RankContext, Worker
 from mpirl.runtime.dispatch import WorkerGroup
-from mpirl.workers.env_spec import EnvSpec, env_spec_for, game_env_spec
+from mpirl.workers.env_spec import EnvSpec, env_spec_for
 from mpirl.workers.learner import LossFn
 
 __all__ = ["ALGORITHMS", "WEIGHTS_KEY", "AlgorithmModule", "LearnerClass", "LearnerSettingsClass",
            "PlanState", "PolicyLearnerSettings", "PolicyRolloutWorkerClass", "RolloutSettingsClass",
            "RolloutWorkerClass", "algorithm_name", "check_contract", "drives_a_policy",
-           "env_spec_of", "load_algorithm", "name_of", "no_config_checks", "plays_games",
-           "policy_algorithms", "refuse_as_policy", "stateless", "worker_gaps"]
+           "env_spec_of", "gymnasium_env_spec", "load_algorithm", "Matches", "matches_of",
+           "name_of", "no_config_checks", "OPTIONAL_PIECES", "policy_algorithms",
+           "refuse_as_policy", "stateless", "worker_gaps"]
 
 #: Algorithm name on the command line -> module.
 ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
@@ -58,7 +62,8 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
               "ES": "mpirl.algorithms.evolution.es", "ARS": "mpirl.algorithms.evolution.ars",
-              "AlphaZero": "mpirl.algorithms.alphazero", "PETS": "mpirl.algorithms.pets",
+              "AlphaZero": "mpirl.algorithms.alphazero.alphazero",
+              "PETS": "mpirl.algorithms.pets",
               "MBPO": "mpirl.algorithms.mbpo"}
 #: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works); read
 #: only by ``algorithm_name``.
@@ -282,9 +287,34 @@ def worker_gaps(module: AlgorithmModule) -> list[str]:
     return gaps
 
 
+def gymnasium_env_spec(env_id: str, env_module: str | None, config: Any) -> EnvSpec:
+    """``env_spec`` of a module that leaves it out: ``--env`` is a gymnasium id,
+    ``module:Class`` or a PettingZoo env, with the config's ``env_config`` and Atari keys."""
+    return env_spec_for(env_id, env_module, dataclasses.asdict(config))
+
+
+class Matches(Protocol):
+    """How ``mpirl evaluate --opponent`` and ``mpirl play`` play a module's checkpoint, in one
+    process without MPI (nothing crosses ranks): a board-game agent (AlphaZero's) against a
+    reference player or a person. ``checkpoint`` is its folder, ``manifest`` its manifest."""
+
+    def evaluate(self, checkpoint: Path, manifest: dict[str, Any], opponent: str, games: int,
+                 simulations: int | None, seed: int) -> dict[str, Any]:
+        """Play ``games`` games against ``opponent`` (a player spec), half moving first; the
+        counts and rates from the agent's side, as a JSON-able dict."""
+
+    def describe(self, summary: dict[str, Any]) -> str:
+        """``evaluate``'s result as one line for the terminal."""
+
+    def play(self, checkpoint: Path, manifest: dict[str, Any], simulations: int | None,
+             first: bool, seed: int, stdin: TextIO, stdout: TextIO) -> int:
+        """A person against the agent, by moves on ``stdin``; the command's exit code."""
+
+
 class AlgorithmModule(Protocol):
-    """What an algorithm module defines. Every name is required; a module may assign the
-    defaults of ``mpirl.execution`` (``setup = stateless``, say)."""
+    """What an algorithm module defines. Every name is required but ``env_spec`` and
+    ``MATCHES`` (``OPTIONAL_PIECES``); a module may assign the defaults of ``mpirl.execution``
+    (``setup = stateless``, say)."""
 
     Config: type[CommonConfig]
     """Its ``--config`` keys: a dataclass that subclasses one of ``mpirl.config.fields``'
@@ -324,6 +354,16 @@ class AlgorithmModule(Protocol):
         """One iteration of its plan on the driver, over the operators of ``mpirl.execution``;
         ``state`` is what ``setup`` returned. Its floats join the progress row."""
 
+    MATCHES: Matches | None
+    """Optional (default None: its checkpoints are evaluated by episodes): how ``mpirl
+    evaluate --opponent`` and ``mpirl play`` play its checkpoints (AlphaZero's board games)."""
+
+    def env_spec(self, env_id: str, env_module: str | None, config: Any) -> EnvSpec:
+        """Optional (default ``gymnasium_env_spec``): what ``--env env_id`` is for a run with
+        ``config``, on the driver before anything starts; the ``EnvSpec`` then crosses to every
+        rank that builds envs. ConfigError, naming what would be right, for an id it cannot
+        run."""
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -332,6 +372,8 @@ class Piece:
     name: str
     should_be: str
     is_right_kind: Callable[[Any], bool]
+    default: Any = None
+    """What a module that leaves an optional piece out gets (``OPTIONAL_PIECES``)."""
 
 
 def _is_config(value: Any) -> bool:
@@ -368,7 +410,24 @@ PIECES = (
           "its plan", callable),
 )
 
+#: The pieces a module may leave out, each with its default.
+OPTIONAL_PIECES = (
+    Piece("env_spec", "env_spec(env_id, env_module, config) -> the EnvSpec of --env",
+          callable, gymnasium_env_spec),
+    Piece("MATCHES", "None, or an object with evaluate, describe and play (the Matches "
+          "protocol) for mpirl evaluate --opponent and mpirl play",
+          lambda value: value is None or all(callable(getattr(value, method, None))
+                                             for method in ("evaluate", "describe", "play"))),
+)
+
 _ABSENT = object()
+
+
+def _optional(module: AlgorithmModule, name: str) -> Any:
+    """The optional piece ``name`` of ``module``, or its default when the module leaves it
+    out."""
+    piece = next(piece for piece in OPTIONAL_PIECES if piece.name == name)
+    return vars(cast(ModuleType, module)).get(name, piece.default)
 
 
 def algorithm_name(name: str) -> str:
@@ -433,20 +492,17 @@ def refuse_as_policy(module: AlgorithmModule, name: str, policy_id: str) -> None
         f"or make the policy scripted with \"policy_class\"")
 
 
-def plays_games(module: AlgorithmModule) -> bool:
-    """Whether ``module``'s ``--env`` is a board game (its ``Config`` is a ``GameConfig``)."""
-    return issubclass(module.Config, GameConfig)
-
-
-def env_spec_of(module: AlgorithmModule, name: str, env_id: str, env_module: str | None,
+def env_spec_of(module: AlgorithmModule, env_id: str, env_module: str | None,
                 config: Any) -> EnvSpec:
-    """What ``--env env_id`` is for a run of ``module`` (named ``name``) with ``config``: a game
-    for a board-game algorithm, a gymnasium or PettingZoo env for the others; ConfigError,
-    naming what would be right, for an id it cannot run."""
-    keys = dataclasses.asdict(config)
-    if plays_games(module):
-        return game_env_spec(env_id, env_module, keys, algorithm_name(name))
-    return env_spec_for(env_id, env_module, keys)
+    """What ``--env env_id`` is for a run of ``module`` with ``config``: its ``env_spec``'s
+    answer (a gymnasium or PettingZoo env by default; a board game for AlphaZero)."""
+    return _optional(module, "env_spec")(env_id, env_module, config)
+
+
+def matches_of(module: AlgorithmModule) -> Matches | None:
+    """How ``mpirl evaluate --opponent`` and ``mpirl play`` play ``module``'s checkpoints (its
+    ``MATCHES``); None when they are evaluated by episodes."""
+    return _optional(module, "MATCHES")
 
 
 def check_contract(module: ModuleType, name: str) -> AlgorithmModule:
@@ -459,8 +515,8 @@ def check_contract(module: ModuleType, name: str) -> AlgorithmModule:
         also = f" (nor {', '.join(others)})" if others else ""
         raise ConfigError(f"algorithm module {name!r} does not define {first.name}{also}: "
                           f"{first.should_be}; see docs/plugins.md")
-    for piece in PIECES:
-        value = defined[piece.name]
+    for piece in PIECES + OPTIONAL_PIECES:
+        value = defined.get(piece.name, piece.default)
         if not piece.is_right_kind(value):
             shown = repr(value)
             shown = shown if len(shown) <= 60 else f"{shown[:57]}..."

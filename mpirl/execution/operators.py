@@ -5,8 +5,6 @@ Each is a plain function a ``training_step`` calls from top to bottom. What move
 * ``parallel_rollouts``: every rollout worker samples; batches go straight to learner ranks, the
   driver gets counts (env steps, env failures), episode metrics and observation-statistics
   deltas.
-* ``rollouts_to_learners``: the same routing for a rollout worker's own collecting method
-  (AlphaZero's self-play): batches to learner i mod L, counts and episodes to the driver.
 * ``train_one_step``: every learner receives its rollout ranks' batches and runs minibatch SGD
   with one gradient allreduce per step; the driver gets averaged loss statistics.
 * ``broadcast_weights``: learner 0's weights go to every rollout rank in one ``Bcast``.
@@ -36,11 +34,11 @@ from mpirl.runtime.gathered import decode_answers, gathers_answers
 from mpirl.workers.delivery import BROADCAST, IN_ANSWER, Gathered, ToLearnerOf, ToRank
 from mpirl.workers.env_guard import unwrap_env_failure
 
-__all__ = ["SampleResult", "parallel_rollouts", "rollouts_to_learners", "discard_lost_rollouts",
+__all__ = ["SampleResult", "parallel_rollouts", "discard_lost_rollouts",
            "train_one_step", "mean_stats", "train_on_dataset", "evaluate_policy",
            "broadcast_weights", "sample_with_new_weights", "replay_dest", "store_to_replay",
            "train_from_replay", "count_and_evaluate", "transitions_to_learner", "on_every_learner",
-           "settle_gathered", "add_sample_metrics", "weights_comm_collective"]
+           "settle_gathered", "add_sample_metrics", "weights_comm_collective", "add_samples"]
 
 
 @dataclass
@@ -79,28 +77,6 @@ def parallel_rollouts(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_en
         futures.append((target, worker, worker.call_async("sample", steps_per_env, filter_state,
                                                           deliver)))
     add_samples(result, futures, obs_filter)
-    discard_lost_rollouts(learners, rollouts)
-    return result
-
-
-def rollouts_to_learners(rollouts: WorkerGroup, learners: WorkerGroup, method: str,
-                         *args: Any) -> SampleResult:
-    """Every rollout worker runs ``method(*args, deliver=...)``, which collects a batch and
-    delivers it as told (``mpirl.workers.delivery``): rollout worker i's to learner i mod L over
-    the data channel (``ToLearnerOf``: one call, pickled once for all ranks), or in its answer
-    where the worker or the one learner is in the driver's process. The driver gets the counts
-    and episodes (``add_samples``) and where each learner's batches are (``sources``,
-    ``batches``), for ``train_one_step``. For workers whose collecting is not ``sample``'s
-    (AlphaZero's self-play, ``play``)."""
-    discard_lost_rollouts(learners, rollouts)
-    if len(learners) == 1 and learners[0].in_process or all(w.in_process for w in rollouts):
-        deliver: Any = IN_ANSWER
-    else:
-        deliver = ToLearnerOf(tuple(learner.rank for learner in learners))
-    futures = rollouts.call_async(method, *args, deliver=deliver)
-    result = SampleResult()
-    add_samples(result, [(worker.index % len(learners), worker, future)
-                         for worker, future in zip(rollouts, futures, strict=True)], None)
     discard_lost_rollouts(learners, rollouts)
     return result
 

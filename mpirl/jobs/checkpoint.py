@@ -48,6 +48,8 @@ from mpirl.errors import CheckpointError
 from mpirl.jobs.run_dir import fsync_directory, json_default
 from mpirl.runtime.state_files import check_file
 
+__all__ = ["capture_rng", "restore_rng"]
+
 #: Bumped when the layout of checkpoint files changes incompatibly. 2: rollout workers keep
 #: their envs in a sampling core (``mpirl.workers.env_runner``), plans their own state.
 FORMAT_VERSION = 2

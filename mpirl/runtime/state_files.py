@@ -11,6 +11,8 @@ from typing import Any
 
 from mpirl.errors import CheckpointError
 
+__all__ = ["read_state_file"]
+
 
 def write_state_file(path: str | Path, state: Any) -> dict[str, Any]:
     """Pickle ``state`` to ``path`` and fsync it; return its ``{"sha256", "bytes"}`` entry.

@@ -19,6 +19,8 @@ from typing import Any
 from mpirl.config.imports import load_object
 from mpirl.errors import CallbackError, ConfigError
 
+__all__ = ["Episode", "invoke", "make_callbacks"]
+
 
 @dataclass
 class Episode:

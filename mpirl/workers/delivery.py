@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+__all__ = ["Delivery", "IN_ANSWER", "ToLearnerOf", "ToRank"]
+
 
 class Source(Enum):
     """Which weights a worker samples with, besides a flat array given in the call. Members

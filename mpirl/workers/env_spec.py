@@ -23,12 +23,11 @@ from mpirl.envs.atari import (
     preprocess,
     register_ale,
 )
-from mpirl.envs.games import OPENSPIEL_PREFIX, Game, game_spaces, load_game
 from mpirl.envs.parallel import load_factory, make_parallel
-from mpirl.errors import ConfigError, MissingPackage
+from mpirl.errors import ConfigError
 from mpirl.models.spaces import flatten_structured
 
-__all__ = ["EnvSpec", "env_spec_for", "GameEnvSpec", "game_env_spec", "EnvWorkerSettings"]
+__all__ = ["EnvSpec", "env_spec_for", "EnvWorkerSettings"]
 
 
 @dataclass(frozen=True)
@@ -130,51 +129,6 @@ def env_spec_for(env_id: str, env_module: str | None, config: Mapping[str, Any])
     clip = config.get("clip_rewards", "auto")
     return dataclasses.replace(spec, atari=settings if atari else None,
                                clip_rewards=atari if clip == "auto" else bool(clip))
-
-
-@dataclass(frozen=True)
-class GameEnvSpec(EnvSpec):
-    """A two-player board game for search (``mpirl.envs.games``): ``openspiel/<name>`` or a
-    PettingZoo classic module, which ``load_game`` loads on every rank that plays it. Its
-    ``spaces()`` are ``game_spaces``': positions and actions, for the model spec."""
-
-    def is_multi_agent(self) -> bool:
-        return False  # both players are the one network, in self-play
-
-    def game(self) -> Game:
-        self._import_env_module()
-        return load_game(self.env_id, self.env_config)
-
-    def make(self) -> gym.Env:
-        raise ConfigError(f"{self.env_id!r} is a game for search, not a gymnasium env")
-
-    def check(self) -> None:
-        self.spaces()
-        return None
-
-    def spaces(self) -> tuple[gym.Space, gym.Space]:
-        cached = self.__dict__.get("_spaces")
-        if cached is None:
-            cached = game_spaces(self.game())
-            object.__setattr__(self, "_spaces", cached)
-        return cached
-
-
-def game_env_spec(env_id: str, env_module: str | None, config: Mapping[str, Any],
-                  algo: str) -> GameEnvSpec:
-    """The GameEnvSpec of ``algo``'s run on ``env_id``; ConfigError, naming what ids it
-    takes, when ``env_id`` is no game that search can play."""
-    spec = GameEnvSpec(env_id, env_module, dict(config.get("env_config") or {}))
-    try:
-        spec.check()
-    except MissingPackage:
-        raise
-    except ConfigError as error:
-        raise ConfigError(f"{algo} plays two-player board games: --env must be "
-                          f"{OPENSPIEL_PREFIX}<name> (OpenSpiel) or a PettingZoo classic module "
-                          f"(pettingzoo.classic.tictactoe_v3), and {env_id!r} is not one that "
-                          f"search can play: {error}") from None
-    return spec
 
 
 @dataclass(frozen=True, kw_only=True)

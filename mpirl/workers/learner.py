@@ -55,7 +55,8 @@ from mpirl.workers.batch_transfer import BatchTransfer
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.optimizer import Adam
 
-__all__ = ["LossFn", "StatefulLoss", "LearnerSettings", "Learner"]
+__all__ = ["LossFn", "StatefulLoss", "LearnerSettings", "Learner", "GradientAllreduce",
+           "share_gradient"]
 
 BACKENDS = ("auto", "mpi", "gloo", "nccl")
 
@@ -379,6 +380,29 @@ def minibatch_rows(minibatch: dict[str, torch.Tensor]) -> float:
     if "mask" in minibatch:
         return float(minibatch["mask"].sum())
     return float(len(next(iter(minibatch.values()))))
+
+
+def share_gradient(params: list[torch.nn.Parameter], allreduce: GradientAllreduce,
+                   rows: float) -> torch.Tensor | None:
+    """Replace the gradients of ``params`` (this learner's, of a mean over ``rows`` rows) by
+    the gradient of all learners' rows: one ``allreduce`` of the flat gradient and its row
+    count over the learner ranks. The flat shared gradient, or None when no learner had rows
+    (the gradients are then left as they were)."""
+    for p in params:
+        # A loss may leave a part unused (BC: the critic; SAC: the value head of a custom
+        # actor-critic module): zeros, so that the flat gradient keeps its layout.
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat, total = allreduce(flat, rows)
+    if not total:
+        return None
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
+    return flat
 
 
 LossFn = Callable[[Any, dict[str, torch.Tensor], Any], tuple[torch.Tensor, dict[str, float]]]
@@ -706,22 +730,11 @@ class Learner(Worker):
 
     def _apply_shared_gradient(self, rows: float) -> None:
         """Replace this learner's gradient (of a mean over ``rows`` rows) by the gradient of all
-        learners' rows (one allreduce), clip it and take the optimizer step; no step when no
-        learner had rows, since Adam would still move on its momentum."""
-        for p in self.params:
-            # A loss may leave a part unused (BC: the critic; SAC: the value head of a custom
-            # actor-critic module): zeros, so that the flat gradient keeps its layout.
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        flat, total = self.allreduce(flat, rows)
-        if not total:
+        learners' rows (``share_gradient``), clip it and take the optimizer step; no step when
+        no learner had rows, since Adam would still move on its momentum."""
+        flat = share_gradient(self.params, self.allreduce, rows)
+        if flat is None:
             return
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
         self.grad_norms.append(float(flat.norm()))
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)

@@ -4,8 +4,8 @@
   (conv-BN-ReLU-conv-BN plus the skip, as in AlphaGo Zero), then a policy head (1x1 conv, dense
   to ``num_actions`` logits) and a value head (1x1 conv, dense, tanh). Other observations go
   through an MLP trunk to the same two heads. ``forward(obs) -> (logits [B, A], values [B])``.
-* ``TorchEvaluator(model)``: the network as ``mpirl.search.mcts.Evaluator``: numpy in and out,
-  one forward per call, no grad, eval mode (batch norm's running statistics), illegal moves'
+* ``TorchEvaluator(model)``: the network as ``mcts.Evaluator``: numpy in and out, one
+  forward per call, no grad, eval mode (batch norm's running statistics), illegal moves'
   logits masked to -inf before the softmax.
 * ``alphazero_loss(model, batch)``: cross-entropy of the masked policy with the search's target
   plus the value's squared error to the outcome z. AlphaZero's L2 term is left to the optimizer
@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from mpirl.algorithms.alphazero.spec import AlphaZeroSpec
 from torch import nn
-
-from mpirl.models.alphazero_spec import AlphaZeroSpec
 
 __all__ = ["AlphaZeroNet", "alphazero_loss"]
 

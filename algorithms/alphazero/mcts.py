@@ -34,8 +34,8 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from mpirl.algorithms.alphazero.games import Game, GameState
 
-from mpirl.envs.games import Game, GameState
 from mpirl.errors import ConfigError
 
 #: ``evaluate(observations [B, *obs_shape] float32, masks [B, A] bool) -> (priors [B, A],
@@ -44,7 +44,7 @@ Evaluator = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
-class SearchConfig:
+class MCTSConfig:
     """How the search runs. Every field has an AlphaZero-like default."""
 
     simulations: int = 100
@@ -110,7 +110,7 @@ class BatchedMCTS:
 
     Loop::
 
-        mcts = BatchedMCTS(game, evaluate, SearchConfig(simulations=50), num_slots=64, rng=rng)
+        mcts = BatchedMCTS(game, evaluate, MCTSConfig(simulations=50), num_slots=64, rng=rng)
         for slot in range(64):
             mcts.reset(slot, game.new_initial_state())
         while playing:
@@ -120,7 +120,7 @@ class BatchedMCTS:
                 if mcts.root_state(slot).is_terminal(): ...
     """
 
-    def __init__(self, game: Game, evaluate: Evaluator, config: SearchConfig, num_slots: int,
+    def __init__(self, game: Game, evaluate: Evaluator, config: MCTSConfig, num_slots: int,
                  rng: np.random.Generator) -> None:
         if num_slots < 1:
             raise ConfigError(f"num_slots must be at least 1, not {num_slots}")
@@ -472,7 +472,7 @@ def _normalized_priors(priors: np.ndarray, masks: np.ndarray) -> np.ndarray:
 
 
 def _sigma_completed_q(visits: np.ndarray, value_sum: np.ndarray, prior: np.ndarray,
-                       estimate: np.ndarray, legal: np.ndarray, config: SearchConfig) -> np.ndarray:
+                       estimate: np.ndarray, legal: np.ndarray, config: MCTSConfig) -> np.ndarray:
     """sigma(completed Q) per edge, [K, A]: visited edges' Q, the others' the mixed value
     estimate (network value and the prior-weighted Q of visited edges), scaled to [0, 1] over
     the legal edges, times (c_visit + max N) * c_scale."""
@@ -493,7 +493,7 @@ def _sigma_completed_q(visits: np.ndarray, value_sum: np.ndarray, prior: np.ndar
 
 def _improved_policy(logits: np.ndarray, visits: np.ndarray, value_sum: np.ndarray,
                      prior: np.ndarray, estimate: np.ndarray, legal: np.ndarray,
-                     config: SearchConfig) -> np.ndarray:
+                     config: MCTSConfig) -> np.ndarray:
     """Gumbel AlphaZero's improved policy softmax(logits + sigma(completed Q)) over legal
     moves, [K, A]."""
     scores = np.where(legal, logits + _sigma_completed_q(visits, value_sum, prior, estimate,

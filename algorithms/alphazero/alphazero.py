@@ -39,27 +39,37 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from mpirl.algorithms.alphazero.game_env import GameEnvSpec, game_env_spec
+from mpirl.algorithms.alphazero.games import GameObservationSpace
+from mpirl.algorithms.alphazero.learner import AlphaZeroLearner
+from mpirl.algorithms.alphazero.match import CheckpointMatches
+from mpirl.algorithms.alphazero.network import AlphaZeroNet, alphazero_loss
+from mpirl.algorithms.alphazero.operators import rollouts_to_learners
+from mpirl.algorithms.alphazero.players import make_player, reference_opponents
+from mpirl.algorithms.alphazero.self_play_worker import MatchShare, SelfPlayWorker
+from mpirl.algorithms.alphazero.spec import AlphaZeroSpec
 
-from mpirl.config.fields import AllreduceConfig, GameConfig, Range, above, at_least, within
-from mpirl.envs.games import GameObservationSpace
+from mpirl.config.fields import AllreduceConfig, CommonConfig, Range, above, at_least, within
 from mpirl.errors import ConfigError, RankLost
 from mpirl.execution.contract import PlanState
-from mpirl.execution.operators import broadcast_weights, rollouts_to_learners, train_one_step
+from mpirl.execution.operators import broadcast_weights, train_one_step
 from mpirl.execution.trainer import Trainer
-from mpirl.models.alphazero import AlphaZeroNet, alphazero_loss
-from mpirl.models.alphazero_spec import AlphaZeroSpec
-from mpirl.search.players import make_player, reference_opponents
-from mpirl.workers.alphazero_workers import AlphaZeroLearner, MatchShare, SelfPlayWorker
-from mpirl.workers.env_spec import GameEnvSpec
 
 ROLLOUT_WORKER = SelfPlayWorker
 LEARNER = AlphaZeroLearner
 RECURRENT = False  # positions are stored one by one
+#: ``--env`` is a board game (``openspiel/<name>`` or a PettingZoo classic module).
+env_spec = game_env_spec
 
 
 @dataclass
-class Config(GameConfig, AllreduceConfig):
-    """AlphaZero's settings. Defaults suit tic-tac-toe; every field is a ``--config`` key."""
+class Config(CommonConfig, AllreduceConfig):
+    """AlphaZero's settings. Defaults suit tic-tac-toe; every field is a ``--config`` key.
+    ``--env`` is a game (``openspiel/<name>`` or a PettingZoo classic module), loaded by
+    ``games.load_game`` on every rank that plays it, not a gymnasium env."""
+
+    num_envs_per_worker: int = 1
+    """Not used: a rollout rank's games in play are the algorithm's own key."""
 
     # Self-play and search
     games_per_worker: int = 32
@@ -152,6 +162,16 @@ class Config(GameConfig, AllreduceConfig):
         "evaluation_simulations": at_least(0), "gating_threshold": within(0, 1),
         "gating_games": at_least(1), "gating_opening_moves": at_least(0)}
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.multiagent:
+            raise ConfigError("config key 'multiagent' is not for AlphaZero: both players of "
+                              "its self-play are the one network")
+
+    def samples_per_iteration(self, rollout_slots: int) -> int:
+        """The SGD batch (``train_batch_size``), not env steps: self-play counts games."""
+        return self.train_batch_size
+
     def opponents(self, env: GameEnvSpec) -> list[str]:
         """The players the evaluations of a run on ``env`` play against
         (``evaluation_opponents``; the game is loaded only for "auto")."""
@@ -180,6 +200,10 @@ def model_spec(observation_space: Any, action_space: Any, config: Config) -> Alp
                          channels=config.channels, blocks=config.blocks,
                          hidden_sizes=tuple(config.hidden_sizes),
                          value_hidden=config.value_hidden)
+
+
+#: ``mpirl evaluate --opponent`` and ``mpirl play`` play its checkpoints.
+MATCHES = CheckpointMatches(Config, model_spec)
 
 
 def loss(model: AlphaZeroNet, batch: dict[str, Any], config: Config):

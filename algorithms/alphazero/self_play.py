@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from mpirl.algorithms.alphazero.games import Game
+from mpirl.algorithms.alphazero.mcts import BatchedMCTS, Evaluator, MCTSConfig
 
 from mpirl.data.episode_recorder import EpisodeRecorder
-from mpirl.envs.games import Game
 from mpirl.errors import ConfigError
-from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
 
 
 @dataclass
@@ -82,6 +82,17 @@ class SelfPlayBatch:
                                             "game_slots")))
 
 
+@dataclass
+class VersionedPositions:
+    """A self-play batch on its way to a learner, with the version of the weights that played
+    it (the driver's count of the learners' updates, ``AlphaZeroLearner.version``). A game
+    still in play when new weights came is stamped with the newer version: its first moves'
+    lag is counted one short."""
+
+    batch: SelfPlayBatch
+    version: int
+
+
 def _empty(game: Game) -> SelfPlayBatch:
     actions = game.num_actions
     return SelfPlayBatch(np.zeros((0, *game.observation_shape), np.float32),
@@ -102,7 +113,7 @@ class _InPlay:
 class SelfPlay:
     """``num_games`` games of ``game`` played against themselves with ``BatchedMCTS``."""
 
-    def __init__(self, game: Game, evaluate: Evaluator, search_config: SearchConfig,
+    def __init__(self, game: Game, evaluate: Evaluator, search_config: MCTSConfig,
                  num_games: int, rng: np.random.Generator, max_moves: int | None = None,
                  recorder: EpisodeRecorder | None = None) -> None:
         if num_games < 1:

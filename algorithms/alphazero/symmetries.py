@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from mpirl.envs.games import Game
+from mpirl.algorithms.alphazero.games import Game
 
 
 @dataclass(frozen=True)

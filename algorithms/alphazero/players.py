@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
+from mpirl.algorithms.alphazero.games import Game, GameState
+from mpirl.algorithms.alphazero.mcts import BatchedMCTS, Evaluator, MCTSConfig
 
 from mpirl.config.imports import load_object
-from mpirl.envs.games import Game, GameState
 from mpirl.errors import ConfigError
-from mpirl.search.mcts import BatchedMCTS, Evaluator, SearchConfig
 
 __all__ = ["make_player", "reference_opponents"]
 
@@ -284,7 +284,7 @@ class SearchPlayer:
     """Batched MCTS as a player: one search per move with the given evaluator (a network's, or a
     uniform one), no root noise, the most visited move."""
 
-    def __init__(self, game: Game, evaluate: Evaluator, config: SearchConfig,
+    def __init__(self, game: Game, evaluate: Evaluator, config: MCTSConfig,
                  rng: np.random.Generator, name: str = "search") -> None:
         self.name = name
         self._search = BatchedMCTS(game, evaluate, replace(config, root_noise=False),
@@ -415,7 +415,7 @@ def _is_legal(action: Any, state: GameState) -> bool:
     return index == action and 0 <= index < mask.size and bool(mask[index])
 
 
-def network_player(game: Game, evaluate: Evaluator, search: SearchConfig, simulations: int,
+def network_player(game: Game, evaluate: Evaluator, search: MCTSConfig, simulations: int,
                    rng: np.random.Generator, name: str = "search") -> Player:
     """A network as a player: ``search`` with ``simulations`` a move and no root noise, or its
     raw policy for 0 simulations."""

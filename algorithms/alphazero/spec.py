@@ -1,7 +1,8 @@
 """AlphaZero's network spec and a uniform evaluator: torch-free, for ranks that only search.
 
 ``AlphaZeroSpec`` is what every rank needs to build the same network;
-``build_torch_model(spec)`` makes the torch ``AlphaZeroNet`` (``mpirl.models.alphazero``).
+``build_torch_model(spec)`` makes the torch ``AlphaZeroNet`` (``network``, named by the spec's
+``NETWORK``).
 
 Board layout: a rank-3 observation is a stack of board planes. PettingZoo's classic games give
 them channels last (tic-tac-toe [3, 3, 2], Connect Four [6, 7, 2]); OpenSpiel's give them
@@ -14,10 +15,11 @@ replay exactly as the game gives them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+from mpirl.algorithms.alphazero.games import OPENSPIEL_PREFIX, Game
 
-from mpirl.envs.games import OPENSPIEL_PREFIX, Game
 from mpirl.errors import ConfigError
 
 __all__ = ["AlphaZeroSpec"]
@@ -28,6 +30,9 @@ class AlphaZeroSpec:
     """What every rank needs to build the same AlphaZero network: a ResNet over board planes
     (rank-3 observations) or an MLP over anything else, with a policy head (logits [B, A]) and
     a value head (tanh, [B], from the mover's perspective)."""
+
+    #: The torch module ``build_torch_model`` makes of it, by path: a spec imports no torch.
+    NETWORK: ClassVar[str] = "mpirl.algorithms.alphazero.network:AlphaZeroNet"
 
     observation_shape: tuple[int, ...]
     """The game's ``observation_shape``."""

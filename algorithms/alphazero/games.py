@@ -126,11 +126,6 @@ def game_spaces(game: Game) -> tuple[GameObservationSpace, gym.spaces.Discrete]:
             gym.spaces.Discrete(game.num_actions))
 
 
-def is_game_id(env_id: str) -> bool:
-    """True for an id this module loads by its form alone: an OpenSpiel name."""
-    return env_id.startswith(OPENSPIEL_PREFIX)
-
-
 def load_game(env_id: str, env_config: dict[str, Any] | None = None) -> Game:
     """The game ``env_id`` names: ``openspiel/<name>`` or a PettingZoo AEC module (its ``env()``
     is called with ``env_config``). ConfigError for anything search cannot play."""
