@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 #: Columns that a run measures rather than computes (perf/: CPU time and bytes through the
 #: driver, which grow with the length of a worker class's module path): left out.
 MEASURED = re.compile(r"^perf/|time|_per_s|per_second|mem|_mb$|timestamp|date|hostname|pid|lag|"
-                      r"wait|_s$|throughput|utilization")
+                      r"wait|_s$|throughput|utilization|_mb_|rss|pss")
 #: Each algorithm: its env, its config (small: a few seconds of training) and its iterations.
 RUNS = {
     "PPO": ("CartPole-v1", {}, 3),
