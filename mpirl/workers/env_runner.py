@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,10 +38,10 @@ from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.workers.actors import ExploringActor, ScriptedActor, make_actor
+from mpirl.workers.actors import ExploringActor, PolicyActor, ScriptedActor, make_actor
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_guard import EPISODE_DROPPED
-from mpirl.workers.env_slots import ActingGroup, AgentEnvs, AgentPolicy, VectorEnvs
+from mpirl.workers.env_slots import ActingGroup, AgentEnvs, AgentPolicy, StepOutcome, VectorEnvs
 from mpirl.workers.env_spec import EnvSpec
 
 #: The policy id of a single-agent run's one policy.
@@ -244,7 +245,10 @@ class EnvRunner(Worker):
 
     Settings: ClassVar[type[RunnerSettings]] = RunnerSettings
 
-    def __init__(self, context: RankContext, settings: RunnerSettings) -> None:
+    def __init__(self, context: RankContext, settings: RunnerSettings,
+                 models: dict[str, Any] | None = None) -> None:
+        """``models``: policy id -> a model built already to act with, as it is (mpirl
+        evaluate's checkpoint or exported policy), instead of one built from the spec."""
         super().__init__(context)
         self.settings = settings
         index = context.role_index
@@ -279,8 +283,11 @@ class EnvRunner(Worker):
                 continue
             if policy.acting == SEARCH:
                 continue
-            actor = make_actor(policy.spec, self.seed, settings.torch_threads,
-                               exploring=policy.acting == EXPLORE)
+            if models and pid in models:
+                actor = PolicyActor(models[pid])
+            else:
+                actor = make_actor(policy.spec, self.seed, settings.torch_threads,
+                                   exploring=policy.acting == EXPLORE)
             if not policy.learns:
                 # No learner sends it weights: the same start on every rank.
                 actor.set_weights(_initial_weights(policy, settings.seed))
@@ -373,13 +380,9 @@ class EnvRunner(Worker):
             lane.block_version = lane.weights_version
         failures_before = self.env_failures
         for t in range(steps):
-            acted: dict[str, np.ndarray] = {}
             for lane in lanes.values():
                 lane.recording = None  # what its slots acted on at this step, for its dump
-            groups = self.envs.acting_groups()
-            for group in groups:
-                acted[group.key] = self._act(group, t)
-            outcome = self.envs.step(acted)
+            outcome = self._step(partial(self._act, t=t))
             if outcome.failures:
                 self._note_failures(outcome.failures, outcome.failure_note)
             for pid, result in outcome.policies.items():
@@ -400,6 +403,14 @@ class EnvRunner(Worker):
             lane.pending.append(self._finish_block(lane, failures))
             while len(lane.pending) > self.settings.max_pending_blocks:
                 lane.pending.popleft()
+
+    def _step(self, act: Callable[[ActingGroup], np.ndarray],
+              held: np.ndarray | None = None) -> StepOutcome:
+        """One step of every env (the stepping loop of sampling and of evaluation): each acting
+        group's actions from one forward pass, ``act(group)``, then the envs step with them
+        (``held`` envs wait: see ``VectorEnvs.step``)."""
+        acted = {group.key: act(group) for group in self.envs.acting_groups()}
+        return self.envs.step(acted, held=held)
 
     def _act(self, group: ActingGroup, t: int) -> np.ndarray:
         """One forward pass for ``group``; the learning policy's columns get its step."""
@@ -668,50 +679,61 @@ class EnvRunner(Worker):
 
     # Evaluation.
 
-    def evaluate(self, episodes: int, deterministic: bool = False) -> dict[str, Any]:
+    def evaluate(self, episodes: int, deterministic: bool = False, *, seed: int | None = None,
+                 standalone: bool = False) -> dict[str, Any]:
         """Play ``episodes`` whole episodes with the current weights from freshly reset envs
-        (each env a fixed share, so that short episodes are not favoured); nothing is trained
-        on or dumped, and the episodes sampling had in progress are abandoned. Returns the
-        env steps, the episodes' returns and lengths (a multi-agent env's summed over its
-        agents) and, per learning policy, its agents' returns (``policy_returns``)."""
+        (from ``seed``: env i from ``seed + i``; each env a fixed share, so that short episodes
+        are not favoured); nothing is trained on or dumped, and the episodes sampling had in
+        progress are abandoned. Returns the env steps, the episodes' returns and lengths (a
+        multi-agent env's summed over its agents) with the env each was played on
+        (``episode_envs``) and, per learning policy, its agents' returns (``policy_returns``).
+
+        ``standalone`` (single-agent: mpirl evaluate, whose runner samples nothing else): an env
+        whose share is played waits, neither stepped nor reset, on its last observation, still
+        a row of each forward pass, and returns sum the env's rewards as it gave them. Without
+        it every env steps throughout and returns sum the float32 rewards training sees: what
+        rollout ranks' evaluation has always done, and the episodes sampled after it depend on
+        those steps; the envs are then reset for sampling, not after a standalone one."""
         envs, lanes = self.envs, self.lanes
         quota = np.array([len(p) for p in np.array_split(np.arange(episodes), envs.num_envs)])
-        failures = envs.reset()
+        failures = envs.reset(seed=seed)
         returns, lengths, env_steps = [], [], 0
+        played_on: list[int] = []
         policy_returns: dict[str, list[float]] = {pid: [] for pid in lanes}
         policy_lengths: dict[str, list[int]] = {pid: [] for pid in lanes}
         slot_returns = {pid: np.zeros(lane.slots) for pid, lane in lanes.items()}
         slot_lengths = {pid: np.zeros(lane.slots, np.int64) for pid, lane in lanes.items()}
         states = {pid: lane.actor.initial_state(lane.slots) for pid, lane in lanes.items()}
+        acting_slots: dict[str, np.ndarray | None] = {}
+
+        def act(group: ActingGroup) -> np.ndarray:
+            lane = lanes.get(group.policy_id) if group.policy_id is not None else None
+            if lane is None:
+                return self._act_without_lane(group, deterministic)
+            rows = group.slots
+            state = states[lane.policy_id]
+            if state is not None and rows is not None:
+                state = state[rows]
+            result = lane.actor.act(lane.normalize(group.obs), state, group.critic,
+                                    deterministic)
+            if result.next_state is not None:
+                if rows is None:
+                    states[lane.policy_id] = result.next_state
+                else:
+                    states[lane.policy_id][rows] = result.next_state
+            acting_slots[lane.policy_id] = rows
+            return result.env_actions
+
         multi = self.settings.multi_agent
         while quota.any():
-            acted = {}
-            acting_slots: dict[str, np.ndarray | None] = {}
-            for group in envs.acting_groups():
-                lane = lanes.get(group.policy_id) if group.policy_id is not None else None
-                if lane is None:
-                    acted[group.key] = self._act_without_lane(group, deterministic)
-                    continue
-                rows = group.slots
-                state = states[lane.policy_id]
-                if state is not None and rows is not None:
-                    state = state[rows]
-                result = lane.actor.act(lane.normalize(group.obs), state, group.critic,
-                                        deterministic)
-                if result.next_state is not None:
-                    if rows is None:
-                        states[lane.policy_id] = result.next_state
-                    else:
-                        states[lane.policy_id][rows] = result.next_state
-                acted[group.key] = result.env_actions
-                acting_slots[lane.policy_id] = rows
+            acting_slots.clear()
             live = quota > 0
-            outcome = envs.step(acted)
+            outcome = self._step(act, held=~live if standalone else None)
             failures += outcome.failures
             env_steps += int(live.sum())
             for pid, result in outcome.policies.items():
                 rows = acting_slots.get(pid)
-                rewards = result.rewards
+                rewards = result.env_rewards if standalone else result.rewards
                 if rows is None:
                     slot_returns[pid] += rewards
                     slot_lengths[pid] += 1
@@ -728,6 +750,7 @@ class EnvRunner(Worker):
                         if not multi:
                             returns.append(float(slot_returns[pid][i]))
                             lengths.append(int(slot_lengths[pid][i]))
+                            played_on.append(int(i))
                             quota[i] -= 1
                 ended = done | dropped
                 slot_returns[pid][ended] = 0.0
@@ -738,12 +761,14 @@ class EnvRunner(Worker):
                 if live[e]:  # an env's episodes count while its share lasts
                     returns.append(ret)
                     lengths.append(length)
+                    played_on.append(e)
                     quota[e] -= 1
-        self._start_afresh()
+        if not standalone:  # sampling goes on from fresh episodes; mpirl evaluate's envs stop
+            self._start_afresh()
         self.env_failures += failures
         result = {"env_steps": env_steps, "episode_returns": returns, "episode_lengths": lengths,
-                  "env_failures": failures, "policy_returns": policy_returns,
-                  "policy_lengths": policy_lengths}
+                  "episode_envs": played_on, "env_failures": failures,
+                  "policy_returns": policy_returns, "policy_lengths": policy_lengths}
         return result
 
     def _start_afresh(self, seed: int | None = None) -> None:
