@@ -278,5 +278,6 @@ def test_evaluate_plays_at_once_the_episodes_it_played_in_turn():
     together = play(3, 7)
     assert set(rows) == {3}  # one forward pass a step over all three envs
     alone = [play(1, 7 + i) for i in range(3)]
-    assert together == tuple(list(sum(part, [])) for part in zip(*alone))
+    returns, lengths = zip(*alone, strict=True)  # each alone: ([its return], [its length])
+    assert together == ([r for (r,) in returns], [n for (n,) in lengths])
     assert len(set(together[1])) > 1, together
