@@ -154,10 +154,8 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
             playing[0] = min(runner.envs.num_envs, episodes - begin)
             played = runner.evaluate(playing[0], deterministic=not stochastic,
                                      seed=seed + begin, standalone=True)
-            # Reported in the order of the envs (episode i from seed + i), as each ended.
-            order = np.argsort(played["episode_envs"], kind="stable")
-            returns += [played["episode_returns"][i] for i in order]
-            lengths += [played["episode_lengths"][i] for i in order]
+            returns += played["episode_returns"]
+            lengths += played["episode_lengths"]
     except gym.error.DependencyNotInstalled as error:
         raise ConfigError(f"rendering {spec.env_id} needs a package that is missing: "
                           f"{error}") from None

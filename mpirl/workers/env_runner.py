@@ -685,12 +685,13 @@ class EnvRunner(Worker):
         (from ``seed``: env i from ``seed + i``; each env a fixed share, so that short episodes
         are not favoured); nothing is trained on or dumped, and the episodes sampling had in
         progress are abandoned. Returns the env steps, the episodes' returns and lengths (a
-        multi-agent env's summed over its agents) with the env each was played on
-        (``episode_envs``) and, per learning policy, its agents' returns (``policy_returns``).
+        multi-agent env's summed over its agents) and, per learning policy, its agents'
+        returns (``policy_returns``).
 
         ``standalone`` (single-agent: mpirl evaluate, whose runner samples nothing else): an env
         whose share is played waits, neither stepped nor reset, on its last observation, still
-        a row of each forward pass, and returns sum the env's rewards as it gave them. Without
+        a row of each forward pass; returns sum the env's rewards as it gave them, and are
+        listed in the order of the envs (env i's from ``seed + i`` first). Without
         it every env steps throughout and returns sum the float32 rewards training sees: what
         rollout ranks' evaluation has always done, and the episodes sampled after it depend on
         those steps; the envs are then reset for sampling, not after a standalone one."""
@@ -698,7 +699,7 @@ class EnvRunner(Worker):
         quota = np.array([len(p) for p in np.array_split(np.arange(episodes), envs.num_envs)])
         failures = envs.reset(seed=seed)
         returns, lengths, env_steps = [], [], 0
-        played_on: list[int] = []
+        played_on: list[int] = []  # the env of each episode in ``returns``
         policy_returns: dict[str, list[float]] = {pid: [] for pid in lanes}
         policy_lengths: dict[str, list[int]] = {pid: [] for pid in lanes}
         slot_returns = {pid: np.zeros(lane.slots) for pid, lane in lanes.items()}
@@ -763,12 +764,15 @@ class EnvRunner(Worker):
                     lengths.append(length)
                     played_on.append(e)
                     quota[e] -= 1
-        if not standalone:  # sampling goes on from fresh episodes; mpirl evaluate's envs stop
+        if standalone:  # mpirl evaluate's envs stop; its report lists them in order
+            order = np.argsort(played_on, kind="stable")
+            returns, lengths = [returns[i] for i in order], [lengths[i] for i in order]
+        else:  # sampling goes on from fresh episodes
             self._start_afresh()
         self.env_failures += failures
         result = {"env_steps": env_steps, "episode_returns": returns, "episode_lengths": lengths,
-                  "episode_envs": played_on, "env_failures": failures,
-                  "policy_returns": policy_returns, "policy_lengths": policy_lengths}
+                  "env_failures": failures, "policy_returns": policy_returns,
+                  "policy_lengths": policy_lengths}
         return result
 
     def _start_afresh(self, seed: int | None = None) -> None:
