@@ -10,6 +10,11 @@ steps not yet taken. It counts episodes and env failures, runs the rollout callb
 (GAE, V-trace fragments, sequences, replay chunks) is ``mpirl.workers.postprocess``; where it goes
 is the rollout worker's (``mpirl.workers.rollout``), chosen by the operator that called it.
 
+One step of every env is ``_step``: sampling (``collect``) and evaluation (``evaluate``: on
+rollout ranks, and ``mpirl evaluate``'s episodes in one process, one env each) go through it.
+``play_episodes`` (ES, ARS) steps the sub-envs one by one instead, each episode from its own
+reset with weights of its own, the envs that wait untouched.
+
 A single-agent rank has one lane and its rollout worker owns the runner. In a multi-agent run
 the runner is a worker of its own on the rank, and each learning policy's rollout worker (of its
 algorithm's kind) takes its blocks from it: a call for one policy steps every env once for all
