@@ -10,10 +10,9 @@ steps not yet taken. It counts episodes and env failures, runs the rollout callb
 (GAE, V-trace fragments, sequences, replay chunks) is ``mpirl.workers.postprocess``; where it goes
 is the rollout worker's (``mpirl.workers.rollout``), chosen by the operator that called it.
 
-One step of every env is ``_step``: sampling (``collect``) and evaluation (``evaluate``: on
-rollout ranks, and ``mpirl evaluate``'s episodes in one process, one env each) go through it.
-``play_episodes`` (ES, ARS) steps the sub-envs one by one instead, each episode from its own
-reset with weights of its own, the envs that wait untouched.
+One step of every env is ``_step``: sampling (``collect``), evaluation (``evaluate``: on
+rollout ranks, and ``mpirl evaluate``'s episodes in one process, one env each) and whole
+episodes played by a caller that acts itself (``play_episodes``: ES, ARS) go through it.
 
 A single-agent rank has one lane and its rollout worker owns the runner. In a multi-agent run
 the runner is a worker of its own on the rank, and each learning policy's rollout worker (of its
@@ -45,7 +44,6 @@ from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.workers.actors import ExploringActor, PolicyActor, ScriptedActor, make_actor
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
-from mpirl.workers.env_guard import EPISODE_DROPPED
 from mpirl.workers.env_slots import ActingGroup, AgentEnvs, AgentPolicy, StepOutcome, VectorEnvs
 from mpirl.workers.env_spec import EnvSpec
 
@@ -759,6 +757,9 @@ class EnvRunner(Worker):
                             played_on.append(int(i))
                             quota[i] -= 1
                 ended = done | dropped
+                if standalone:  # held steps reset nothing: an env with a share left goes on
+                    for i in np.flatnonzero(done & ~dropped & (quota > 0)):
+                        envs.reset_sub_env(int(i))
                 slot_returns[pid][ended] = 0.0
                 slot_lengths[pid][ended] = 0
                 if states[pid] is not None:
@@ -803,35 +804,39 @@ class EnvRunner(Worker):
         caller keeps what it plays, a perturbation of the weights, say), ``act(slots, obs)``
         gives the env actions of the slots playing, ``end(slot, return, length, failed)`` takes
         each episode that ended (``failed``: an env failure cut it short). Returns the env steps
-        played and the env failures met. Sampling's episodes in progress are abandoned."""
-        envs = self.envs.sub_envs()
-        count = len(envs)
-        playing = [False] * count
-        obs: list[Any] = [None] * count
+        played and the env failures met. Sampling's episodes in progress are abandoned; a slot
+        not playing waits, unstepped (``_step`` holds it)."""
+        envs = self.envs
+        count = len(envs.sub_envs())  # EnvPool's batch cannot play its envs one by one
+        playing = np.zeros(count, bool)
         returns, lengths = np.zeros(count), np.zeros(count, np.int64)
         steps = failures = 0
         while True:
             for i in range(count):
                 if not playing[i] and start(i):
                     playing[i] = True
-                    obs[i], _ = envs[i].reset()
+                    envs.reset_sub_env(i)
                     returns[i], lengths[i] = 0.0, 0
-            active = [i for i in range(count) if playing[i]]
-            if not active:
+            active = np.flatnonzero(playing)
+            if not len(active):
                 break
-            actions = act(active, np.stack([np.asarray(obs[i]) for i in active]))
-            for j, i in enumerate(active):
-                obs[i], reward, terminated, truncated, info = envs[i].step(actions[j])
-                steps += 1
-                returns[i] += float(reward)
+
+            def act_playing(group: ActingGroup, active: np.ndarray = active) -> np.ndarray:
+                actions = np.asarray(act(active.tolist(), group.obs[active]))
+                every = np.zeros((count, *actions.shape[1:]), actions.dtype)
+                every[active] = actions
+                return every
+
+            (result,) = self._step(act_playing, held=~playing).policies.values()
+            steps += len(active)
+            for i in active.tolist():
+                returns[i] += result.env_rewards[i]
                 lengths[i] += 1
-                if info.get(EPISODE_DROPPED):
-                    failures += 1
+                failed = result.dropped is not None and bool(result.dropped[i])
+                if failed or result.terminated[i] or result.truncated[i]:
+                    failures += failed
                     playing[i] = False
-                    end(i, float(returns[i]), int(lengths[i]), True)
-                elif terminated or truncated:
-                    playing[i] = False
-                    end(i, float(returns[i]), int(lengths[i]), False)
+                    end(i, float(returns[i]), int(lengths[i]), failed)
         self.env_failures += failures
         return steps, failures
 

@@ -133,9 +133,11 @@ class VectorEnvs:
 
     def step(self, acted: dict[str, np.ndarray], held: np.ndarray | None = None
              ) -> StepOutcome:
-        """Step every sub-env with its action; a ``held`` one (mpirl evaluate's, its episode
-        played) is neither stepped nor reset: it keeps its observation, with no reward."""
-        if held is not None and held.any():
+        """Step every sub-env with its action, one that ends its episode reset at once. With
+        ``held`` (a mask: ``EnvRunner`` playing whole episodes), only the others step, and
+        none is reset: a held one keeps its observation, with no reward, and one whose episode
+        ends keeps its final observation until ``reset_sub_env``."""
+        if held is not None:
             obs, rewards, terminated, truncated, infos = self._step_unheld(
                 acted[self.policy_id], held)
         else:
@@ -153,8 +155,12 @@ class VectorEnvs:
         self.obs = obs
         return StepOutcome({self.policy_id: outcome}, failures=failures, failure_note=note)
 
+    def reset_sub_env(self, index: int) -> None:
+        """Start sub-env ``index``'s next episode (after a ``held`` step ended one)."""
+        self.obs[index], _ = self.sub_envs()[index].reset()
+
     def _step_unheld(self, actions: np.ndarray, held: np.ndarray) -> tuple:
-        """The vector env's step (its same-step autoreset) on the sub-envs not ``held``."""
+        """The vector env's step, without its autoreset, on the sub-envs not ``held``."""
         vector = self.envs
         obs = np.array(self.obs)
         count = self.num_envs
@@ -167,7 +173,6 @@ class VectorEnvs:
             if terminated[i] or truncated[i]:
                 infos = vector._add_info(infos, {"final_obs": obs[i].copy(),
                                                  "final_info": info}, i)
-                obs[i], info = sub.reset()
             infos = vector._add_info(infos, info, i)
         return obs, rewards, terminated, truncated, infos
 
