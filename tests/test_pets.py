@@ -245,28 +245,38 @@ def test_a_note_shows_on_the_live_display_and_in_plain_output_and_the_log():
 
 
 def test_evaluate_plays_at_once_the_episodes_it_played_in_turn():
-    """Batched, episode i still starts from seed + i and plays as it did alone: a policy that
-    acts on each row alone gets the same returns, whether ended episodes wait in the batch."""
-    import gymnasium as gym
+    """Batched through the sampling core, episode i still starts from seed + i and plays as it
+    did alone: a policy that acts on each row alone gets the same returns, and an env whose
+    episode has ended waits in the batch, unstepped."""
+    from mpirl.commands.evaluate import _policy_runner
+    from mpirl.workers.env_spec import EnvSpec
 
-    from mpirl.commands.evaluate import _run_episodes
+    rows = []
 
-    class Swing:
-        """Pendulum's torque against the angular velocity; a batch of rows at once."""
+    class Lean:
+        """CartPole pushed the way the pole leans: episodes of different lengths."""
 
         def act(self, obs, deterministic):
-            return np.clip(-2.0 * obs[:, 2:3], -2, 2), None, None
+            rows.append(len(obs))
+            return (obs[:, 2] > 0).astype(np.int64), None, None
 
         def env_actions(self, actions):
             return actions
 
-    def make():
-        return gym.make("Pendulum-v1", max_episode_steps=50)
+    spec = EnvSpec("CartPole-v1")
+    probe = spec.make()
+    spaces = (probe.observation_space, probe.action_space)
 
-    envs = [make(), gym.make("Pendulum-v1", max_episode_steps=30), make()]
-    together: tuple[list, list] = ([], [])
-    _run_episodes(envs, Swing(), None, 7, False, *together)
-    alone: tuple[list, list] = ([], [])
-    for i, env in enumerate(envs):
-        _run_episodes([env], Swing(), None, 7 + i, False, *alone)
-    assert together == alone and together[1] == [50, 30, 50]
+    def play(count, seed):
+        runner = _policy_runner(spec, spaces, Lean(), None, count, seed)
+        played = runner.evaluate(count, deterministic=True, seed=seed, standalone=True)
+        lengths = played["episode_lengths"]  # in the order of the envs
+        assert [env.steps for env in runner.envs.sub_envs()] == lengths  # none stepped after
+        return played["episode_returns"], lengths
+
+    together = play(3, 7)
+    assert set(rows) == {3}  # one forward pass a step over all three envs
+    alone = [play(1, 7 + i) for i in range(3)]
+    returns, lengths = zip(*alone, strict=True)  # each alone: ([its return], [its length])
+    assert together == ([r for (r,) in returns], [n for (n,) in lengths])
+    assert len(set(together[1])) > 1, together

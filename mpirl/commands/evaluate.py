@@ -25,7 +25,7 @@ from mpirl.config.parse import build
 from mpirl.errors import CheckpointError, ConfigError
 from mpirl.execution.contract import WEIGHTS_KEY, load_algorithm
 from mpirl.jobs.checkpoint import CHECKPOINTS, MANIFEST, CheckpointStore, verify
-from mpirl.models.policy import RunningMeanStd, act_with_state
+from mpirl.models.policy import RunningMeanStd
 from mpirl.models.torch_model import build_torch_model
 from mpirl.runtime.state_files import read_state_file
 from mpirl.workers.env_spec import EnvSpec, env_spec_for
@@ -130,48 +130,39 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                         env_module if env_id or policy is not None else saved.get("env_module"),
                         {**manifest.get("config", {}), "env_config": env_config,
                          "env_backend": "gymnasium"})
-    envs = [spec.make() for _ in range(min(episodes, MAX_BATCH))]
-    first = envs[0]
-    if spaces is not None and (first.observation_space, first.action_space) != spaces:
-        for env in envs:
-            env.close()
-        raise ConfigError(f"{spec.env_id} has spaces {first.observation_space} and "
-                          f"{first.action_space}; the policy in {path} was trained on "
-                          f"{spaces[0]} and {spaces[1]}")
-    if video_dir is not None:
-        # One file per episode: each env's recorder names its episodes after the env.
-        recorded = []
-        for i, env in enumerate(envs):
-            with warnings.catch_warnings():
-                if i:  # the first recorder made the folder: the others need not warn of it
-                    warnings.simplefilter("ignore", UserWarning)
-                recorded.append(gym.wrappers.RecordVideo(
-                    env, video_dir, episode_trigger=lambda _: True,
-                    name_prefix=f"{manifest['algo']}-{checkpoint.name}-{i}",
-                    disable_logger=True))
-        envs = recorded
-    returns, lengths = [], []
     # The run's rollout ranks acted on torch_threads threads (1 by default); torch's default, a
     # thread per core, only contends on a busy machine (10 PETS episodes under load 50 on 2
     # cores: 28 CPU-s with 2 threads, 1 CPU-s with one).
     threads = torch.get_num_threads()
     torch.set_num_threads(int(manifest.get("config", {}).get("torch_threads", 1)))
+    runner = None
     try:
+        probe = spec.make()
+        here = (probe.observation_space, probe.action_space)
+        probe.close()
+        if spaces is not None and here != spaces:
+            raise ConfigError(f"{spec.env_id} has spaces {here[0]} and {here[1]}; the policy in "
+                              f"{path} was trained on {spaces[0]} and {spaces[1]}")
         if policy is None:
-            policy, obs_filter = _checkpoint_policy(checkpoint, manifest, envs[0])
-        # A policy carries recurrent state exactly when its run's config asks for an LSTM.
-        recurrent = build(load_algorithm(manifest["algo"]).Config, manifest["config"]).use_lstm
-        for begin in range(0, episodes, MAX_BATCH):
-            count = min(MAX_BATCH, episodes - begin)
-            _run_episodes(envs[:count], policy, obs_filter, seed + begin, stochastic, returns,
-                          lengths, recurrent=recurrent)
+            policy, obs_filter = _checkpoint_policy(checkpoint, manifest, *here)
+        runner = _policy_runner(spec, here, policy, obs_filter, min(episodes, MAX_BATCH), seed)
+        playing = [0]  # the envs that play in this round: only their episodes are filmed
+        if video_dir is not None:
+            _record_videos(runner, video_dir, f"{manifest['algo']}-{checkpoint.name}", playing)
+        returns, lengths = [], []
+        for begin in range(0, episodes, runner.envs.num_envs):
+            playing[0] = min(runner.envs.num_envs, episodes - begin)
+            played = runner.evaluate(playing[0], deterministic=not stochastic,
+                                     seed=seed + begin, standalone=True)
+            returns += played["episode_returns"]
+            lengths += played["episode_lengths"]
     except gym.error.DependencyNotInstalled as error:
         raise ConfigError(f"rendering {spec.env_id} needs a package that is missing: "
                           f"{error}") from None
     finally:
         torch.set_num_threads(threads)
-        for env in envs:
-            env.close()
+        if runner is not None:
+            runner.envs.close()
     if env_id is not None:  # the report names the environment that was run
         manifest = {**manifest, "env": {**saved, "env_id": env_id, "env_module": env_module}}
     return Evaluation(checkpoint, manifest, returns, lengths)
@@ -181,19 +172,15 @@ def _evaluate_multiagent(checkpoint: Path, manifest: dict[str, Any], env: EnvSpe
                          episodes: int, seed: int, stochastic: bool) -> Evaluation:
     """A multi-agent checkpoint: every policy (trained, frozen and scripted) plays, in one
     sampling core built here with rollout worker 0's weights and observation statistics."""
-    from mpi4py import MPI
-
     from mpirl.execution.multiagent import MultiAgentTrainer, runner_policy
     from mpirl.execution.multiagent_setup import resolve
-    from mpirl.runtime.core import RankContext
-    from mpirl.workers.env_runner import EnvRunner, RunnerSettings
+    from mpirl.workers.env_runner import RunnerSettings
 
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     setup = resolve(manifest["algo"], config, env)
     slots = MultiAgentTrainer.slot_agents_of(setup)
-    context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
-    runner = EnvRunner(context, RunnerSettings(
+    runner = _local_runner(RunnerSettings(
         env=env, num_envs=1, seed=seed, mapping=setup.mapping,
         possible_agents=tuple(setup.possible_agents), state_size=setup.state_size,
         policies=tuple(runner_policy(plan, slots[pid])
@@ -206,14 +193,56 @@ def _evaluate_multiagent(checkpoint: Path, manifest: dict[str, Any], env: EnvSpe
                       played["episode_lengths"], played["policy_returns"])
 
 
-def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
-                       ) -> tuple[Any, RunningMeanStd | None]:
+def _local_runner(settings: Any, models: dict[str, Any] | None = None) -> Any:
+    """A sampling core in this process alone (rollout worker 0 of one, no MPI traffic)."""
+    from mpi4py import MPI
+
+    from mpirl.runtime.core import RankContext
+    from mpirl.workers.env_runner import EnvRunner
+
+    context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
+    return EnvRunner(context, settings, models)
+
+
+def _policy_runner(spec: EnvSpec, spaces: tuple[gym.Space, gym.Space], policy: Any,
+                   obs_filter: RunningMeanStd | None, num_envs: int, seed: int) -> Any:
+    """A sampling core that plays a single-agent ``policy`` (the model itself, recurrent state
+    carried per episode) on ``num_envs`` envs, normalizing with ``obs_filter``: one forward
+    pass a step over every env's observation, so that PETS plans the episodes in one batch,
+    as its training's evaluation does."""
+    from mpirl.workers.env_runner import DEFAULT_POLICY, RunnerPolicy, RunnerSettings
+
+    runner = _local_runner(RunnerSettings(
+        env=spec, num_envs=num_envs, seed=seed,
+        policies=(RunnerPolicy(observation_space=spaces[0], action_space=spaces[1],
+                               normalize_observations=obs_filter is not None),)),
+        models={DEFAULT_POLICY: policy})
+    if obs_filter is not None:
+        runner.set_filter(DEFAULT_POLICY, (obs_filter.mean, obs_filter.var, obs_filter.count))
+    return runner
+
+
+def _record_videos(runner: Any, video_dir: str, prefix: str, playing: list[int]) -> None:
+    """A video file per episode: each env's recorder names its episodes after the env, and
+    films those of the envs that play (``playing[0]`` of them, in this round)."""
+    def wrap(i: int, env: gym.Env) -> gym.Env:
+        with warnings.catch_warnings():
+            if i:  # the first recorder made the folder: the others need not warn of it
+                warnings.simplefilter("ignore", UserWarning)
+            return gym.wrappers.RecordVideo(env, video_dir,
+                                            episode_trigger=lambda _: i < playing[0],
+                                            name_prefix=f"{prefix}-{i}", disable_logger=True)
+
+    runner.envs.wrap_sub_envs(wrap)
+
+
+def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], observation_space: gym.Space,
+                       action_space: gym.Space) -> tuple[Any, RunningMeanStd | None]:
     """Learner 0's model and the run's observation normalizer, unpickled from a checkpoint."""
     module = load_algorithm(manifest["algo"])
     config = build(module.Config, manifest["config"])
     files = manifest["files"]
-    policy = build_torch_model(module.model_spec(env.observation_space, env.action_space,
-                                                 config))
+    policy = build_torch_model(module.model_spec(observation_space, action_space, config))
     policy.set_flat_weights(read_state_file(checkpoint / "learner_0.pkl",
                                             files["learner_0.pkl"])[WEIGHTS_KEY])
     obs_filter = None
@@ -223,34 +252,6 @@ def _checkpoint_policy(checkpoint: Path, manifest: dict[str, Any], env: gym.Env
         obs_filter = RunningMeanStd(mean.shape)
         obs_filter.mean, obs_filter.var, obs_filter.count = mean, var, count
     return policy, obs_filter
-
-
-def _run_episodes(envs: list[gym.Env], policy: Any, obs_filter: RunningMeanStd | None,
-                  seed: int, stochastic: bool, returns: list[float], lengths: list[int], *,
-                  recurrent: bool = False) -> None:
-    """One episode on each of ``envs`` (env i reset from ``seed + i``), all at once: one forward
-    pass a step over every env's observation, so that PETS plans the episodes in one batch, as
-    its training's evaluation does. An env whose episode has ended keeps its last observation in
-    the batch, unstepped: the batch keeps its rows (a planner's warm starts are per row).
-    A ``recurrent`` policy (``use_lstm``) steps each env's state from zeros."""
-    count = len(envs)
-    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
-    totals, steps = np.zeros(count), np.zeros(count, np.int64)
-    live = np.ones(count, bool)
-    state = policy.initial_state(count) if recurrent else None
-    while live.any():
-        batch = np.stack([np.asarray(o) for o in obs])
-        if obs_filter is not None:
-            batch = obs_filter.normalize(batch)
-        actions, _, _, state = act_with_state(policy, batch, state, not stochastic)
-        env_actions = policy.env_actions(actions)
-        for i in np.flatnonzero(live):
-            obs[i], reward, terminated, truncated, _ = envs[i].step(env_actions[i])
-            totals[i] += float(reward)
-            steps[i] += 1
-            live[i] = not (terminated or truncated)
-    returns.extend(float(t) for t in totals)
-    lengths.extend(int(n) for n in steps)
 
 
 def report(evaluation: Evaluation, as_json: bool = False) -> str:

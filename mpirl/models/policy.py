@@ -27,7 +27,6 @@ from mpirl.models.encoders import (
 
 # Torch-free halves of this module, imported from here as before they moved.
 from mpirl.models.policy_spec import PolicySpec as PolicySpec
-from mpirl.models.policy_spec import act_with_state as act_with_state
 from mpirl.models.spaces import action_layout, env_actions
 from mpirl.models.statistics import RunningMeanStd as RunningMeanStd
 from mpirl.models.statistics import compute_gae as compute_gae

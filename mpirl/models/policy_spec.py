@@ -1,5 +1,4 @@
-"""What every rank needs to build the same actor-critic, without torch: ``PolicySpec``, and
-``act_with_state``, which acts with any model that has ``act`` (and ``step`` when recurrent).
+"""What every rank needs to build the same actor-critic, without torch: ``PolicySpec``.
 ``mpirl.models.torch_model.build_torch_model(spec)`` makes the torch ``Policy``
 (``mpirl.models.policy``); rollout ranks that only act may run
 ``mpirl.models.numpy_policy.NumpyPolicy`` on the same spec instead.
@@ -8,10 +7,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from mpirl.models.spaces import ModelOptions
 
@@ -31,11 +28,3 @@ class PolicySpec:
     #: The encoder (chosen from the observation space) or the user's own model.
     model: ModelOptions = field(default_factory=ModelOptions)
 
-
-def act_with_state(model: Any, obs: np.ndarray, state: np.ndarray | None,
-                   deterministic: bool = False):
-    """``(actions, log_probs, values, next_state)`` from any model: a recurrent policy steps
-    its ``state``; any other model (``state`` None) acts, and the state stays None."""
-    if state is None:
-        return (*model.act(obs, deterministic), None)
-    return model.step(obs, state, deterministic)

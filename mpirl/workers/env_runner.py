@@ -10,6 +10,10 @@ steps not yet taken. It counts episodes and env failures, runs the rollout callb
 (GAE, V-trace fragments, sequences, replay chunks) is ``mpirl.workers.postprocess``; where it goes
 is the rollout worker's (``mpirl.workers.rollout``), chosen by the operator that called it.
 
+One step of every env is ``_step``: sampling (``collect``), evaluation (``evaluate``: on
+rollout ranks, and ``mpirl evaluate``'s episodes in one process, one env each) and whole
+episodes played by a caller that acts itself (``play_episodes``: ES, ARS) go through it.
+
 A single-agent rank has one lane and its rollout worker owns the runner. In a multi-agent run
 the runner is a worker of its own on the rank, and each learning policy's rollout worker (of its
 algorithm's kind) takes its blocks from it: a call for one policy steps every env once for all
@@ -26,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,10 +42,9 @@ from mpirl.jobs.checkpoint import capture_rng, restore_rng
 from mpirl.models.spaces import has_image
 from mpirl.models.statistics import RunningMeanStd
 from mpirl.runtime.core import RankContext, Worker
-from mpirl.workers.actors import ExploringActor, ScriptedActor, make_actor
+from mpirl.workers.actors import ExploringActor, PolicyActor, ScriptedActor, make_actor
 from mpirl.workers.callbacks import Episode, invoke, make_callbacks
-from mpirl.workers.env_guard import EPISODE_DROPPED
-from mpirl.workers.env_slots import ActingGroup, AgentEnvs, AgentPolicy, VectorEnvs
+from mpirl.workers.env_slots import ActingGroup, AgentEnvs, AgentPolicy, StepOutcome, VectorEnvs
 from mpirl.workers.env_spec import EnvSpec
 
 __all__ = ["CALLER", "EnvRunner", "RunnerPolicy", "RunnerSettings"]
@@ -246,7 +250,10 @@ class EnvRunner(Worker):
 
     Settings: ClassVar[type[RunnerSettings]] = RunnerSettings
 
-    def __init__(self, context: RankContext, settings: RunnerSettings) -> None:
+    def __init__(self, context: RankContext, settings: RunnerSettings,
+                 models: dict[str, Any] | None = None) -> None:
+        """``models``: policy id -> a model built already to act with, as it is (mpirl
+        evaluate's checkpoint or exported policy), instead of one built from the spec."""
         super().__init__(context)
         self.settings = settings
         index = context.role_index
@@ -281,8 +288,11 @@ class EnvRunner(Worker):
                 continue
             if policy.acting == CALLER:
                 continue
-            actor = make_actor(policy.spec, self.seed, settings.torch_threads,
-                               exploring=policy.acting == EXPLORE)
+            if models and pid in models:
+                actor = PolicyActor(models[pid])
+            else:
+                actor = make_actor(policy.spec, self.seed, settings.torch_threads,
+                                   exploring=policy.acting == EXPLORE)
             if not policy.learns:
                 # No learner sends it weights: the same start on every rank.
                 actor.set_weights(_initial_weights(policy, settings.seed))
@@ -375,13 +385,9 @@ class EnvRunner(Worker):
             lane.block_version = lane.weights_version
         failures_before = self.env_failures
         for t in range(steps):
-            acted: dict[str, np.ndarray] = {}
             for lane in lanes.values():
                 lane.recording = None  # what its slots acted on at this step, for its dump
-            groups = self.envs.acting_groups()
-            for group in groups:
-                acted[group.key] = self._act(group, t)
-            outcome = self.envs.step(acted)
+            outcome = self._step(partial(self._act, t=t))
             if outcome.failures:
                 self._note_failures(outcome.failures, outcome.failure_note)
             for pid, result in outcome.policies.items():
@@ -402,6 +408,14 @@ class EnvRunner(Worker):
             lane.pending.append(self._finish_block(lane, failures))
             while len(lane.pending) > self.settings.max_pending_blocks:
                 lane.pending.popleft()
+
+    def _step(self, act: Callable[[ActingGroup], np.ndarray],
+              held: np.ndarray | None = None) -> StepOutcome:
+        """One step of every env (the stepping loop of sampling and of evaluation): each acting
+        group's actions from one forward pass, ``act(group)``, then the envs step with them
+        (``held`` envs wait: see ``VectorEnvs.step``)."""
+        acted = {group.key: act(group) for group in self.envs.acting_groups()}
+        return self.envs.step(acted, held=held)
 
     def _act(self, group: ActingGroup, t: int) -> np.ndarray:
         """One forward pass for ``group``; the learning policy's columns get its step."""
@@ -670,50 +684,62 @@ class EnvRunner(Worker):
 
     # Evaluation.
 
-    def evaluate(self, episodes: int, deterministic: bool = False) -> dict[str, Any]:
+    def evaluate(self, episodes: int, deterministic: bool = False, *, seed: int | None = None,
+                 standalone: bool = False) -> dict[str, Any]:
         """Play ``episodes`` whole episodes with the current weights from freshly reset envs
-        (each env a fixed share, so that short episodes are not favoured); nothing is trained
-        on or dumped, and the episodes sampling had in progress are abandoned. Returns the
-        env steps, the episodes' returns and lengths (a multi-agent env's summed over its
-        agents) and, per learning policy, its agents' returns (``policy_returns``)."""
+        (from ``seed``: env i from ``seed + i``; each env a fixed share, so that short episodes
+        are not favoured); nothing is trained on or dumped, and the episodes sampling had in
+        progress are abandoned. Returns the env steps, the episodes' returns and lengths (a
+        multi-agent env's summed over its agents) and, per learning policy, its agents'
+        returns (``policy_returns``).
+
+        ``standalone`` (single-agent: mpirl evaluate, whose runner samples nothing else): an env
+        whose share is played waits, neither stepped nor reset, on its last observation, still
+        a row of each forward pass; returns sum the env's rewards as it gave them, and are
+        listed in the order of the envs (env i's from ``seed + i`` first). Without
+        it every env steps throughout and returns sum the float32 rewards training sees: what
+        rollout ranks' evaluation has always done, and the episodes sampled after it depend on
+        those steps; the envs are then reset for sampling, not after a standalone one."""
         envs, lanes = self.envs, self.lanes
         quota = np.array([len(p) for p in np.array_split(np.arange(episodes), envs.num_envs)])
-        failures = envs.reset()
+        failures = envs.reset(seed=seed)
         returns, lengths, env_steps = [], [], 0
+        played_on: list[int] = []  # the env of each episode in ``returns``
         policy_returns: dict[str, list[float]] = {pid: [] for pid in lanes}
         policy_lengths: dict[str, list[int]] = {pid: [] for pid in lanes}
         slot_returns = {pid: np.zeros(lane.slots) for pid, lane in lanes.items()}
         slot_lengths = {pid: np.zeros(lane.slots, np.int64) for pid, lane in lanes.items()}
         states = {pid: lane.actor.initial_state(lane.slots) for pid, lane in lanes.items()}
+        acting_slots: dict[str, np.ndarray | None] = {}
+
+        def act(group: ActingGroup) -> np.ndarray:
+            lane = lanes.get(group.policy_id) if group.policy_id is not None else None
+            if lane is None:
+                return self._act_without_lane(group, deterministic)
+            rows = group.slots
+            state = states[lane.policy_id]
+            if state is not None and rows is not None:
+                state = state[rows]
+            result = lane.actor.act(lane.normalize(group.obs), state, group.critic,
+                                    deterministic)
+            if result.next_state is not None:
+                if rows is None:
+                    states[lane.policy_id] = result.next_state
+                else:
+                    states[lane.policy_id][rows] = result.next_state
+            acting_slots[lane.policy_id] = rows
+            return result.env_actions
+
         multi = self.settings.multi_agent
         while quota.any():
-            acted = {}
-            acting_slots: dict[str, np.ndarray | None] = {}
-            for group in envs.acting_groups():
-                lane = lanes.get(group.policy_id) if group.policy_id is not None else None
-                if lane is None:
-                    acted[group.key] = self._act_without_lane(group, deterministic)
-                    continue
-                rows = group.slots
-                state = states[lane.policy_id]
-                if state is not None and rows is not None:
-                    state = state[rows]
-                result = lane.actor.act(lane.normalize(group.obs), state, group.critic,
-                                        deterministic)
-                if result.next_state is not None:
-                    if rows is None:
-                        states[lane.policy_id] = result.next_state
-                    else:
-                        states[lane.policy_id][rows] = result.next_state
-                acted[group.key] = result.env_actions
-                acting_slots[lane.policy_id] = rows
+            acting_slots.clear()
             live = quota > 0
-            outcome = envs.step(acted)
+            outcome = self._step(act, held=~live if standalone else None)
             failures += outcome.failures
             env_steps += int(live.sum())
             for pid, result in outcome.policies.items():
                 rows = acting_slots.get(pid)
-                rewards = result.rewards
+                rewards = result.env_rewards if standalone else result.rewards
                 if rows is None:
                     slot_returns[pid] += rewards
                     slot_lengths[pid] += 1
@@ -730,8 +756,12 @@ class EnvRunner(Worker):
                         if not multi:
                             returns.append(float(slot_returns[pid][i]))
                             lengths.append(int(slot_lengths[pid][i]))
+                            played_on.append(int(i))
                             quota[i] -= 1
                 ended = done | dropped
+                if standalone:  # held steps reset nothing: an env with a share left goes on
+                    for i in np.flatnonzero(done & ~dropped & (quota > 0)):
+                        envs.reset_sub_env(int(i))
                 slot_returns[pid][ended] = 0.0
                 slot_lengths[pid][ended] = 0
                 if states[pid] is not None:
@@ -740,8 +770,13 @@ class EnvRunner(Worker):
                 if live[e]:  # an env's episodes count while its share lasts
                     returns.append(ret)
                     lengths.append(length)
+                    played_on.append(e)
                     quota[e] -= 1
-        self._start_afresh()
+        if standalone:  # mpirl evaluate's envs stop; its report lists them in order
+            order = np.argsort(played_on, kind="stable")
+            returns, lengths = [returns[i] for i in order], [lengths[i] for i in order]
+        else:  # sampling goes on from fresh episodes
+            self._start_afresh()
         self.env_failures += failures
         result = {"env_steps": env_steps, "episode_returns": returns, "episode_lengths": lengths,
                   "env_failures": failures, "policy_returns": policy_returns,
@@ -771,35 +806,39 @@ class EnvRunner(Worker):
         caller keeps what it plays, a perturbation of the weights, say), ``act(slots, obs)``
         gives the env actions of the slots playing, ``end(slot, return, length, failed)`` takes
         each episode that ended (``failed``: an env failure cut it short). Returns the env steps
-        played and the env failures met. Sampling's episodes in progress are abandoned."""
-        envs = self.envs.sub_envs()
-        count = len(envs)
-        playing = [False] * count
-        obs: list[Any] = [None] * count
+        played and the env failures met. Sampling's episodes in progress are abandoned; a slot
+        not playing waits, unstepped (``_step`` holds it)."""
+        envs = self.envs
+        count = len(envs.sub_envs())  # EnvPool's batch cannot play its envs one by one
+        playing = np.zeros(count, bool)
         returns, lengths = np.zeros(count), np.zeros(count, np.int64)
         steps = failures = 0
         while True:
             for i in range(count):
                 if not playing[i] and start(i):
                     playing[i] = True
-                    obs[i], _ = envs[i].reset()
+                    envs.reset_sub_env(i)
                     returns[i], lengths[i] = 0.0, 0
-            active = [i for i in range(count) if playing[i]]
-            if not active:
+            active = np.flatnonzero(playing)
+            if not len(active):
                 break
-            actions = act(active, np.stack([np.asarray(obs[i]) for i in active]))
-            for j, i in enumerate(active):
-                obs[i], reward, terminated, truncated, info = envs[i].step(actions[j])
-                steps += 1
-                returns[i] += float(reward)
+
+            def act_playing(group: ActingGroup, active: np.ndarray = active) -> np.ndarray:
+                actions = np.asarray(act(active.tolist(), group.obs[active]))
+                every = np.zeros((count, *actions.shape[1:]), actions.dtype)
+                every[active] = actions
+                return every
+
+            (result,) = self._step(act_playing, held=~playing).policies.values()
+            steps += len(active)
+            for i in active.tolist():
+                returns[i] += result.env_rewards[i]
                 lengths[i] += 1
-                if info.get(EPISODE_DROPPED):
-                    failures += 1
+                failed = result.dropped is not None and bool(result.dropped[i])
+                if failed or result.terminated[i] or result.truncated[i]:
+                    failures += failed
                     playing[i] = False
-                    end(i, float(returns[i]), int(lengths[i]), True)
-                elif terminated or truncated:
-                    playing[i] = False
-                    end(i, float(returns[i]), int(lengths[i]), False)
+                    end(i, float(returns[i]), int(lengths[i]), failed)
         self.env_failures += failures
         return steps, failures
 

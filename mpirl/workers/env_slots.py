@@ -17,6 +17,7 @@ and of whole envs are kept apart: the core counts a policy's episodes per slot, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -59,6 +60,9 @@ class PolicyOutcome:
     terminated: np.ndarray
     truncated: np.ndarray
     dropped: np.ndarray | None = None
+    #: single-agent: the env's rewards as it gave them (``rewards`` are float32, as training
+    #: takes them), for mpirl evaluate's returns
+    env_rewards: np.ndarray | None = None
     final_obs: dict[int, Any] = field(default_factory=dict)
     final_raw: dict[int, Any] = field(default_factory=dict)
     final_critic: dict[int, Any] = field(default_factory=dict)
@@ -121,9 +125,25 @@ class VectorEnvs:
     def acting_groups(self) -> list[ActingGroup]:
         return [ActingGroup(self.policy_id, self.policy_id, self.obs, self.obs)]
 
-    def step(self, acted: dict[str, np.ndarray]) -> StepOutcome:
-        obs, rewards, terminated, truncated, infos = self.envs.step(acted[self.policy_id])
-        outcome = PolicyOutcome(np.asarray(rewards, np.float32), terminated, truncated)
+    def wrap_sub_envs(self, wrap: Callable[[int, gym.Env], gym.Env]) -> None:
+        """Wrap each sub-env's own env, inside its guard, with ``wrap(index, env)``: mpirl
+        evaluate's video recorders (an env rebuilt after a failure is not wrapped)."""
+        for i, guarded in enumerate(self.sub_envs()):
+            guarded.env = wrap(i, guarded.env)
+
+    def step(self, acted: dict[str, np.ndarray], held: np.ndarray | None = None
+             ) -> StepOutcome:
+        """Step every sub-env with its action, one that ends its episode reset at once. With
+        ``held`` (a mask: ``EnvRunner`` playing whole episodes), only the others step, and
+        none is reset: a held one keeps its observation, with no reward, and one whose episode
+        ends keeps its final observation until ``reset_sub_env``."""
+        if held is not None:
+            obs, rewards, terminated, truncated, infos = self._step_unheld(
+                acted[self.policy_id], held)
+        else:
+            obs, rewards, terminated, truncated, infos = self.envs.step(acted[self.policy_id])
+        outcome = PolicyOutcome(np.asarray(rewards, np.float32), terminated, truncated,
+                                env_rewards=np.asarray(rewards, np.float64))
         done = terminated | truncated
         if done.any():
             finals = infos["final_obs"]
@@ -134,6 +154,27 @@ class VectorEnvs:
             outcome.dropped = infos.get(EPISODE_DROPPED, np.zeros(self.num_envs, bool))
         self.obs = obs
         return StepOutcome({self.policy_id: outcome}, failures=failures, failure_note=note)
+
+    def reset_sub_env(self, index: int) -> None:
+        """Start sub-env ``index``'s next episode (after a ``held`` step ended one)."""
+        self.obs[index], _ = self.sub_envs()[index].reset()
+
+    def _step_unheld(self, actions: np.ndarray, held: np.ndarray) -> tuple:
+        """The vector env's step, without its autoreset, on the sub-envs not ``held``."""
+        vector = self.envs
+        obs = np.array(self.obs)
+        count = self.num_envs
+        rewards = np.zeros(count)
+        terminated, truncated = np.zeros(count, bool), np.zeros(count, bool)
+        infos: dict[str, Any] = {}
+        for i in np.flatnonzero(~held).tolist():
+            sub = vector.envs[i]
+            obs[i], rewards[i], terminated[i], truncated[i], info = sub.step(actions[i])
+            if terminated[i] or truncated[i]:
+                infos = vector._add_info(infos, {"final_obs": obs[i].copy(),
+                                                 "final_info": info}, i)
+            infos = vector._add_info(infos, info, i)
+        return obs, rewards, terminated, truncated, infos
 
     def close(self) -> None:
         self.envs.close()
@@ -316,9 +357,12 @@ class AgentEnvs:
             groups.append(ActingGroup(key, base if learner else None, obs, raw, slots, critic))
         return groups
 
-    def step(self, acted: dict[str, np.ndarray]) -> StepOutcome:
+    def step(self, acted: dict[str, np.ndarray], held: np.ndarray | None = None
+             ) -> StepOutcome:
         """Step every env with the groups' actions (``acted[key]``, rows in the order of the
-        last ``acting_groups``)."""
+        last ``acting_groups``); none can be ``held``."""
+        if held is not None:
+            raise ValueError("a multi-agent env steps all its envs: none can be held")
         actions: list[dict[str, Any]] = [{} for _ in self.envs]
         for key, rows in self._members.items():
             for (e, agent), action in zip(rows, acted[key], strict=True):
