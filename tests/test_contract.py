@@ -160,16 +160,20 @@ def test_a_setup_that_returns_no_plan_state_ends_the_run_in_one_line(plugins, tm
 
 
 def worker_classes() -> list[type]:
+    from mpirl.algorithms.model_based.mbpo_learner import MBPOLearner
+    from mpirl.algorithms.model_based.pets_learner import DynamicsLearner
+    from mpirl.algorithms.model_based.rollout_workers import ModelRolloutWorker, RealStepWorker
+
     from mpirl.workers.env_runner import EnvRunner
     from mpirl.workers.es_worker import PerturbationWorker, SearchWeights
     from mpirl.workers.learner import Learner
-    from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
     from mpirl.workers.q_workers import QLearner, TransitionWorker
     from mpirl.workers.replay_shard import ReplayShard
     from mpirl.workers.rollout import RolloutWorker
 
     return [RolloutWorker, TransitionWorker, Learner, QLearner, ReplayShard, PerturbationWorker,
-            SearchWeights, EnvRunner, PlanningWorker, DynamicsLearner]
+            SearchWeights, EnvRunner, RealStepWorker, ModelRolloutWorker, DynamicsLearner,
+            MBPOLearner]
 
 
 @pytest.mark.parametrize("cls", worker_classes(), ids=lambda cls: cls.__name__)

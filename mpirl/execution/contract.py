@@ -46,8 +46,9 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "SAC": "mpirl.algorithms.sac",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
               "ES": "mpirl.algorithms.es", "ARS": "mpirl.algorithms.ars",
-              "AlphaZero": "mpirl.algorithms.alphazero", "PETS": "mpirl.algorithms.pets",
-              "MBPO": "mpirl.algorithms.mbpo"}
+              "AlphaZero": "mpirl.algorithms.alphazero",
+              "PETS": "mpirl.algorithms.model_based.pets",
+              "MBPO": "mpirl.algorithms.model_based.mbpo"}
 #: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works).
 _BY_UPPER = {name.upper(): name for name in ALGORITHMS}
 

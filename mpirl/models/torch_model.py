@@ -16,11 +16,10 @@ import gymnasium as gym
 import numpy as np
 from torch import nn
 
+from mpirl.config.imports import load_object
 from mpirl.errors import ConfigError
 from mpirl.models.alphazero import AlphaZeroNet
 from mpirl.models.alphazero_spec import AlphaZeroSpec
-from mpirl.models.dynamics import DynamicsEnsemble
-from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.evolution import DirectPolicy
 from mpirl.models.policy import Policy
 from mpirl.models.policy_spec import PolicySpec
@@ -32,12 +31,17 @@ from mpirl.models.soft_q import SACModel, SACSpec
 #: Each of mpirl's specs and the torch module built from it.
 NETWORKS: tuple[tuple[type, type[nn.Module]], ...] = (
     (PolicySpec, Policy), (QSpec, QNetwork), (DirectPolicySpec, DirectPolicy),
-    (SACSpec, SACModel), (AlphaZeroSpec, AlphaZeroNet), (DynamicsSpec, DynamicsEnsemble))
+    (SACSpec, SACModel), (AlphaZeroSpec, AlphaZeroNet))
 
 
 def build_torch_model(spec: Any, device: str = "cpu") -> Any:
-    """The torch network of ``spec`` on ``device``. A plug-in's ``model_spec`` may return a
+    """The torch network of ``spec`` on ``device``. A spec of an algorithm family's own names
+    its torch module by path, as a class attribute ``NETWORK = "module:Class"`` (a spec module
+    stays torch-free and never imports its network). A plug-in's ``model_spec`` may return a
     spec of its own: that one builds itself, with ``spec.build(device)``."""
+    path = getattr(type(spec), "NETWORK", None)
+    if isinstance(path, str):
+        return load_object(path, f"{type(spec).__name__}.NETWORK", "module:Class")(spec).to(device)
     for spec_type, network in NETWORKS:
         if isinstance(spec, spec_type):
             return network(spec).to(device)
@@ -45,8 +49,8 @@ def build_torch_model(spec: Any, device: str = "cpu") -> Any:
     if not callable(build):
         raise ConfigError(
             f"model_spec returned a {type(spec).__name__}, which mpirl cannot build: return a "
-            f"PolicySpec, QSpec, DirectPolicySpec, SACSpec, AlphaZeroSpec or DynamicsSpec, or a "
-            f"spec of your own with build(device) -> torch.nn.Module")
+            f"PolicySpec, QSpec, DirectPolicySpec, SACSpec or AlphaZeroSpec, or a spec of your "
+            f"own with build(device) -> torch.nn.Module")
     return build(device)
 
 
