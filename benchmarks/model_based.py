@@ -395,7 +395,7 @@ def plan_role(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
     from mpi4py import MPI
-    from mpirl.algorithms import pets
+    from mpirl.algorithms.model_based import pets
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -6,7 +6,7 @@ that message alone (no traceback) and exits with the error's ``exit_code``.
 
 from __future__ import annotations
 
-__all__ = ["MissingPackage"]
+__all__ = ["MissingPackage", "CheckpointError", "ModelDivergedError", "NonFiniteDataError"]
 
 #: The run finished: a stop criterion was met, or the driver's program returned normally.
 EXIT_OK = 0

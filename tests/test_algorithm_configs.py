@@ -233,3 +233,16 @@ def test_config_at_file_errors_name_the_file(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(ConfigError, match=r"must be a JSON object .* in .*bad\.json"):
         parse_json_object(f"@{bad}", "--config")
+
+
+def test_only_plans_that_evaluate_accept_a_stop_on_their_evaluations():
+    """``--stop eval_return_mean`` is reachable only where the config says its plan reports
+    that column (``reports_eval_return``): PETS and MBPO with evaluation_interval, no other
+    built-in (BC's and MARWIL's evaluations count as episodes, not in eval_return_mean)."""
+    for name in ALGORITHMS:
+        config = load_algorithm(name).Config
+        if name in ("PETS", "MBPO"):
+            assert config(evaluation_interval=2).reports_eval_return(), name
+            assert not config(evaluation_interval=0).reports_eval_return(), name
+        else:
+            assert not config().reports_eval_return(), name

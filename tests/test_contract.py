@@ -299,25 +299,32 @@ def test_a_setup_that_returns_no_plan_state_ends_the_run_in_one_line(plugins, tm
 def worker_classes() -> list[type]:
     from mpirl.algorithms.evolution.driver_weights import DriverWeights
     from mpirl.algorithms.evolution.perturbation_worker import PerturbationWorker
+    from mpirl.algorithms.model_based.mbpo_learner import MBPOLearner
+    from mpirl.algorithms.model_based.pets_learner import DynamicsLearner
+    from mpirl.algorithms.model_based.rollout_workers import ModelRolloutWorker, RealStepWorker
     from mpirl.algorithms.q_learning.apex_learner import ApexLearner
 
     from mpirl.workers.env_runner import EnvRunner
     from mpirl.workers.learner import Learner
-    from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
     from mpirl.workers.q_workers import QLearner, TransitionWorker
     from mpirl.workers.replay_shard import ReplayShard
     from mpirl.workers.rollout import RolloutWorker
 
     return [RolloutWorker, TransitionWorker, Learner, QLearner, ApexLearner, ReplayShard,
-            PerturbationWorker, DriverWeights, EnvRunner, PlanningWorker, DynamicsLearner]
+            PerturbationWorker, DriverWeights, EnvRunner, RealStepWorker, ModelRolloutWorker,
+            DynamicsLearner, MBPOLearner]
 
 
 @pytest.mark.parametrize("cls", worker_classes(), ids=lambda cls: cls.__name__)
 def test_every_worker_is_built_from_its_settings_alone(cls):
-    # A rollout worker may also be given the rank's sampling core (a multi-agent policy's).
-    parameters = list(inspect.signature(cls.__init__).parameters)
+    # A rollout worker may also be given the rank's sampling core (a multi-agent policy's); a
+    # keyword-only argument with a default serves in-process callers only (mpirl evaluate's
+    # models): a spawned worker gets its settings and nothing else.
+    signature = inspect.signature(cls.__init__).parameters.values()
+    parameters = [p.name for p in signature if p.kind is not p.KEYWORD_ONLY]
     assert parameters in (["self", "context", "settings"],
                           ["self", "context", "settings", "beside"])
+    assert all(p.default is not p.empty for p in signature if p.kind is p.KEYWORD_ONLY)
     settings = cls.Settings
     assert dataclasses.is_dataclass(settings) and settings.__dataclass_params__.frozen
     assert settings.__name__.endswith("Settings")

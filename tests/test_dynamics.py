@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mpirl.algorithms.model_based.dynamics import DynamicsEnsemble, EnsembleTrainer
+from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
 
 from mpirl.errors import EXIT_USAGE, ConfigError, ModelDivergedError
-from mpirl.models.dynamics import DynamicsEnsemble, EnsembleTrainer
-from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
 from mpirl.models.torch_model import build_torch_model
 
 torch.set_num_threads(1)

@@ -25,7 +25,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import local_train, mpi_env, train_refused
-from mpirl.algorithms.mbpo import Config, model_buffer_capacity, model_spec, rollout_length
+from mpirl.algorithms.model_based.mbpo import (
+    Config,
+    model_buffer_capacity,
+    model_spec,
+    rollout_length,
+)
 from test_train import MPIRL, rows, train
 
 COLUMNS = {"model_error", "model_error_max", "model_train_nll", "rollout_length",

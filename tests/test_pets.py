@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import mpi_env, train_refused
+from mpirl.algorithms.model_based.dynamics import pack_ensemble
+from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec
+from mpirl.algorithms.model_based.planner import PETSSpec, PlanningModel
 from test_train import MPIRL, rows, train
 
 from mpirl.commands.evaluate import evaluate
-from mpirl.models.dynamics_spec import DynamicsSpec
-from mpirl.models.planner import PETSSpec, PlanningModel, pack_ensemble
 from mpirl.report.progress import ProgressDisplay
 
 COLUMNS = {"model_error", "model_error_max", "model_train_nll", "model_epochs",

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import local_train, run_mpi, train_refused
+from mpirl.algorithms.model_based.dynamics import DynamicsEnsemble, EnsembleTrainer
+from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
+from mpirl.algorithms.model_based.pets_learner import member_block
 from test_pets import QUICK
 from test_train import MPIRL, rows, train
 
 from mpirl.errors import ModelDivergedError
-from mpirl.models.dynamics import DynamicsEnsemble, EnsembleTrainer
-from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
-from mpirl.workers.pets_workers import member_block
 
 #: Columns that follow from the data and the training alone.
 MODEL_COLUMNS = ("transitions", "model_error", "model_error_max", "model_train_nll",

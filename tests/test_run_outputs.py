@@ -627,11 +627,19 @@ def test_default_run_directories_are_one_folder_under_runs(algo, env, name):
 
 def test_the_line_shows_evaluation_and_model_error_when_a_run_reports_them():
     """PETS and MBPO report a learned model's held-out error and an evaluation's return; the
-    line shows both, and leaves them out while they are NaN (no evaluation yet)."""
+    line shows both (the model error because their configs' ``live_values`` name it), and
+    leaves them out while they are NaN (no evaluation yet)."""
+    from mpirl.algorithms.model_based.pets import Config as PETSConfig
+
     stream = io.StringIO()
-    display = ProgressDisplay("pets", stream=stream, mode="plain")
+    display = ProgressDisplay("pets", stream=stream, mode="plain",
+                              values=PETSConfig().live_values())
     display.update({**ROW, "eval_return_mean": -151.25, "model_error": 0.004567})
     display.update({**ROW, "eval_return_mean": math.nan, "model_error": 0.25})
     first, second = stream.getvalue().splitlines()
     assert "len 187.3  eval -151.2  model err 0.00457  time 10.5s" in first
     assert "eval" not in second and "model err 0.25  " in second
+    # Another plan's row with the same key: shared code shows only what a config names.
+    other = io.StringIO()
+    ProgressDisplay("ppo", stream=other, mode="plain").update({**ROW, "model_error": 0.25})
+    assert "model err" not in other.getvalue()

@@ -201,7 +201,7 @@ def _local_runner(settings: Any, models: dict[str, Any] | None = None) -> Any:
     from mpirl.workers.env_runner import EnvRunner
 
     context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
-    return EnvRunner(context, settings, models)
+    return EnvRunner(context, settings, models=models)
 
 
 def _policy_runner(spec: EnvSpec, spaces: tuple[gym.Space, gym.Space], policy: Any,

@@ -147,7 +147,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     if setup is None and "policy_return_mean_min" in stop:
         raise ConfigError("--stop policy_return_mean_min is for multi-agent runs; this env has "
                           "one agent: stop on episode_return_mean")
-    if "eval_return_mean" in stop and not getattr(algo_config, "evaluation_interval", 0):
+    if "eval_return_mean" in stop and not algo_config.reports_eval_return():
         raise ConfigError("--stop eval_return_mean needs evaluations: set the config key "
                           "evaluation_interval (PETS, MBPO)")
     if algo_config.callbacks:
@@ -291,7 +291,8 @@ def _train_locked(driver: Driver, request: TrainRequest, output: OutputLog) -> i
     with open_recorder(request, params, resumed_from is not None, trainer) as recorder, \
             ProgressDisplay(title, mode=mode, stream=output.terminal, stop=request.stop,
                             log=output.file,
-                            columns=request.config.live_columns(request.env)) as display, \
+                            columns=request.config.live_columns(request.env),
+                            values=request.config.live_values()) as display, \
             stop_signals.before_quitting(display.end_line):
         trainer.notes_to = display.note
         while True:

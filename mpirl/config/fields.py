@@ -426,6 +426,18 @@ class CommonConfig(ConfigHooks):
         keeps return and length, which is what most algorithms' episodes mean."""
         return None
 
+    def live_values(self) -> tuple[tuple[str, str], ...]:
+        """(label, progress-row key) pairs of the plan's own the live line shows after the
+        returns, as ``label 0.123``, while the row has a value; a narrow terminal drops them
+        after memory and env failures. Read on rank 0 only; nothing crosses ranks."""
+        return ()
+
+    def reports_eval_return(self) -> bool:
+        """Whether the plan's rows carry ``eval_return_mean`` (its own evaluations), so that
+        ``--stop eval_return_mean`` can be reached; checked on rank 0 before anything
+        starts."""
+        return False
+
 
 @dataclass
 class AllreduceConfig(ConfigHooks):

@@ -63,8 +63,8 @@ ALGORITHMS = {"PPO": "mpirl.algorithms.ppo", "A2C": "mpirl.algorithms.a2c",
               "IMPALA": "mpirl.algorithms.impala", "A3C": "mpirl.algorithms.a3c",
               "ES": "mpirl.algorithms.evolution.es", "ARS": "mpirl.algorithms.evolution.ars",
               "AlphaZero": "mpirl.algorithms.alphazero.alphazero",
-              "PETS": "mpirl.algorithms.pets",
-              "MBPO": "mpirl.algorithms.mbpo"}
+              "PETS": "mpirl.algorithms.model_based.pets",
+              "MBPO": "mpirl.algorithms.model_based.mbpo"}
 #: Each built-in name in capitals -> its name as written (ppo, alphazero: any case works); read
 #: only by ``algorithm_name``.
 _BY_UPPER = {name.upper(): name for name in ALGORITHMS}

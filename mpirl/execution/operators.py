@@ -37,7 +37,7 @@ from mpirl.workers.env_guard import unwrap_env_failure
 __all__ = ["SampleResult", "parallel_rollouts", "discard_lost_rollouts",
            "train_one_step", "mean_stats", "train_on_dataset", "evaluate_policy",
            "broadcast_weights", "sample_with_new_weights", "replay_dest", "store_to_replay",
-           "train_from_replay", "count_and_evaluate", "transitions_to_learner", "on_every_learner",
+           "train_from_replay", "count_and_evaluate",
            "settle_gathered", "add_sample_metrics", "weights_comm_collective", "add_samples"]
 
 
@@ -539,51 +539,3 @@ def count_and_evaluate(trainer: Any, train_stats: dict[str, float]) -> dict[str,
         played.env_steps = 0
         trainer.count(played)
     return {"evaluation_env_steps_total": float(trainer.evaluation_env_steps_total)}
-
-
-# Model-based algorithms (PETS, MBPO): real transitions go rollout rank -> learner 0, which
-# keeps them (and, with several learner ranks, passes them on over the learners' communicator).
-
-
-def transitions_to_learner(rollouts: WorkerGroup, learners: WorkerGroup, steps_per_env: int,
-                           epsilon: float) -> SampleResult:
-    """Every rollout worker steps its envs ``steps_per_env`` times (``sample_steps``;
-    ``epsilon`` 1: random actions) and sends its transitions straight to learner 0, which keeps
-    them (``add``) and, with several learner ranks, broadcasts them to the others: one send
-    per rollout rank whatever their number. A rank lost meanwhile (survived, under ULFM) is
-    left out, and the weight broadcast shrinks to the ranks left."""
-    learner = learners[0]
-    discard_lost_rollouts(learners, rollouts)
-    futures = [(worker, worker.call_async("sample_steps", steps_per_env, epsilon,
-                                          replay_dest(worker, learner)))
-               for worker in rollouts]
-    result, sources, batches = SampleResult(), [], []
-    for worker, future in futures:
-        try:
-            metrics = future.result()
-        except RankLost:  # its transitions are not waited for
-            continue
-        if "transitions" in metrics:
-            batches.append(metrics.pop("transitions"))
-        else:
-            sources.append(worker.rank)
-        add_sample_metrics(result, metrics)
-    on_every_learner(learners, "add", lambda i: (sources, batches) if i == 0 else ([], None))
-    discard_lost_rollouts(learners, rollouts)
-    return result
-
-
-def on_every_learner(learners: WorkerGroup, method: str, args: Any = lambda i: ()) -> Any:
-    """``method(*args(i))`` on every learner i at once (a collective over them with several);
-    learner 0's answer. When some raise, learner 0's error (they raise alike) is raised after
-    every answer is in, so no call is left running."""
-    futures = [learner.call_async(method, *args(i)) for i, learner in enumerate(learners)]
-    answers, errors = [], []
-    for future in futures:
-        try:
-            answers.append(future.result())
-        except RemoteError as error:
-            errors.append(error)
-    if errors:
-        raise errors[0]
-    return answers[0]

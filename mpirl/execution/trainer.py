@@ -54,7 +54,8 @@ STOP_KEYS = {"episode_return_mean": Range(), "timesteps_total": above(0),
              "training_iteration": above(0), "time_total_s": above(0),
              # multi-agent runs only: the lowest of the policies' episode_return_mean
              "policy_return_mean_min": Range(),
-             # PETS and MBPO, with evaluation_interval: the last evaluation's mean return
+             # the last evaluation's mean return, of a plan that reports one
+             # (``CommonConfig.reports_eval_return``)
              "eval_return_mean": Range()}
 
 #: The environment variable that caps every run the CLI starts at this many training

@@ -18,8 +18,6 @@ from torch import nn
 
 from mpirl.config.imports import load_object
 from mpirl.errors import ConfigError
-from mpirl.models.dynamics import DynamicsEnsemble
-from mpirl.models.dynamics_spec import DynamicsSpec
 from mpirl.models.policy import Policy
 from mpirl.models.policy_spec import PolicySpec
 from mpirl.models.soft_q import SACModel, SACSpec
@@ -28,8 +26,7 @@ __all__ = ["build_torch_model"]
 
 #: Each of mpirl's specs and the torch module built from it.
 NETWORKS: tuple[tuple[type, type[nn.Module]], ...] = (
-    (PolicySpec, Policy),
-    (SACSpec, SACModel), (DynamicsSpec, DynamicsEnsemble))
+    (PolicySpec, Policy), (SACSpec, SACModel))
 
 
 def build_torch_model(spec: Any, device: str = "cpu") -> Any:
@@ -47,8 +44,8 @@ def build_torch_model(spec: Any, device: str = "cpu") -> Any:
     if not callable(build):
         raise ConfigError(
             f"model_spec returned a {type(spec).__name__}, which mpirl cannot build: return a "
-            f"PolicySpec, QSpec, SACSpec or DynamicsSpec, or a spec of your own with "
-            f"build(device) -> torch.nn.Module")
+            f"PolicySpec, QSpec or SACSpec, or a spec of your own with build(device) -> "
+            f"torch.nn.Module")
     return build(device)
 
 

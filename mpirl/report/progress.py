@@ -130,16 +130,18 @@ def _target(value: float) -> str:
 _SHOWN = ("training_iteration", "timesteps_total", "episode_return_mean", "time_total_s",
           "eval_return_mean")
 #: Fields a live line too wide for its terminal drops, first to last (by how a field starts or
-#: ends). The iteration, steps, returns, stop criteria and time stay; what is still too wide
-#: is cut at the terminal's edge. The log always gets the whole line.
-_DROPPED_FIRST = ("mem driver", "env failures", "model err", "len ", "steps/s")
+#: ends); the plan's own values (``live_values``) go after env failures. The iteration, steps,
+#: returns, stop criteria and time stay; what is still too wide is cut at the terminal's edge.
+#: The log always gets the whole line.
+_DROPPED_FIRST = ("mem driver", "env failures", "len ", "steps/s")
 
 
-def fit(parts: list[str], width: int | None, separator: str = "  ") -> str:
-    """``parts`` joined, without the fields of ``_DROPPED_FIRST`` (in that order) that make the
-    line wider than ``width``; no more than ``width`` characters (None: no limit)."""
+def fit(parts: list[str], width: int | None, separator: str = "  ",
+        dropped: tuple[str, ...] = _DROPPED_FIRST) -> str:
+    """``parts`` joined, without the fields of ``dropped`` (in that order) that make the line
+    wider than ``width``; no more than ``width`` characters (None: no limit)."""
     parts = list(parts)
-    for field in _DROPPED_FIRST:
+    for field in dropped:
         if width is None or len(separator.join(parts)) <= width:
             break
         parts = [p for p in parts if not (p.startswith(field) or p.endswith(field))]
@@ -174,10 +176,15 @@ class ProgressDisplay:
     def __init__(self, title: str, total_steps: float | None = None, mode: str = "auto",
                  stream: TextIO | None = None, stop: dict[str, float] | None = None,
                  log: TextIO | None = None,
-                 columns: list[tuple[str, tuple[str, ...]]] | None = None) -> None:
+                 columns: list[tuple[str, tuple[str, ...]]] | None = None,
+                 values: tuple[tuple[str, str], ...] = ()) -> None:
         self.title = title
         #: The algorithm's own columns in place of return and length (``live_columns``).
         self.columns = columns
+        #: The plan's own (label, key) values shown after the returns (``live_values``).
+        self.values = tuple(values)
+        self._dropped = (*_DROPPED_FIRST[:2], *(label for label, _ in self.values),
+                         *_DROPPED_FIRST[2:])
         self.stop = dict(stop or {})
         self.total_steps = total_steps if total_steps is not None else self.stop.get(
             "timesteps_total")
@@ -276,10 +283,8 @@ class ProgressDisplay:
         if not _is_missing(row.get("eval_return_mean")) or "eval_return_mean" in self.stop:
             parts.append(self._of("eval_return_mean",
                                   f"eval {_decimal(row.get('eval_return_mean'))}"))
-        if not _is_missing(row.get("model_error")):
-            # A learned dynamics model's held-out one-step error (PETS, MBPO): 1 is no better
-            # than predicting the mean change, so a rise says the planner is misled.
-            parts.append(f"model err {float(row['model_error']):.3g}")
+        parts += [f"{label} {float(row[key]):.3g}" for label, key in self.values
+                  if not _is_missing(row.get(key))]
         if row.get("num_env_failures"):
             parts.append(f"env failures {_count(row['num_env_failures'])}")
         if not _is_missing(row.get("perf/driver_rss_mb")):
@@ -289,7 +294,7 @@ class ProgressDisplay:
                 memory += f", workers \u2264 {float(row['perf/max_worker_rss_mb']):,.0f} MB"
             parts.append(memory)
         parts.append(self._of("time_total_s", f"time {time_text}", "s"))
-        return fit(parts, width)
+        return fit(parts, width, dropped=self._dropped)
 
     def update(self, row: dict) -> None:
         """Show the state after one iteration; ``row`` is a progress row (see RunRecorder)."""

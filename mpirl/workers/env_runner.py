@@ -47,7 +47,7 @@ from mpirl.workers.callbacks import Episode, invoke, make_callbacks
 from mpirl.workers.env_slots import ActingGroup, AgentEnvs, AgentPolicy, StepOutcome, VectorEnvs
 from mpirl.workers.env_spec import EnvSpec
 
-__all__ = ["CALLER", "EnvRunner", "RunnerPolicy", "RunnerSettings"]
+__all__ = ["CALLER", "EnvRunner", "RunnerPolicy", "RunnerSettings", "EXPLORE"]
 
 #: The policy id of a single-agent run's one policy.
 DEFAULT_POLICY = "default"
@@ -250,7 +250,7 @@ class EnvRunner(Worker):
 
     Settings: ClassVar[type[RunnerSettings]] = RunnerSettings
 
-    def __init__(self, context: RankContext, settings: RunnerSettings,
+    def __init__(self, context: RankContext, settings: RunnerSettings, *,
                  models: dict[str, Any] | None = None) -> None:
         """``models``: policy id -> a model built already to act with, as it is (mpirl
         evaluate's checkpoint or exported policy), instead of one built from the spec."""

@@ -60,7 +60,8 @@ from mpirl.workers.env_runner import (
 from mpirl.workers.env_spec import EnvSpec, EnvWorkerSettings
 from mpirl.workers.postprocess import advantage_batch, fragment_batch
 
-__all__ = ["ADVANTAGES", "FRAGMENTS", "SamplingSettings", "RolloutSettings", "RolloutWorker"]
+__all__ = ["ADVANTAGES", "FRAGMENTS", "SamplingSettings", "RolloutSettings", "RolloutWorker",
+           "merge_sample_metrics"]
 
 #: The forms of batch a rollout worker makes: rows with GAE advantages (PPO, A2C, A3C) or one
 #: V-trace fragment per slot (IMPALA).

@@ -20,9 +20,8 @@ Gaussian perturbations (std ``mppi_noise_std`` x half the action range) of the w
 mean, scored by the same TS-inf particles; the new mean is the average of the candidates
 weighted by exp((return - best return) / ``mppi_temperature``).
 
-The weight vector a rollout rank receives carries the whole ensemble, not only its parameters:
-parameters, then the input and target normalizers (mean, std), then a mask of the elites
-(``pack_ensemble``/``unpack_ensemble``).
+The weight vector a rollout rank receives carries the whole ensemble, not only its parameters
+(``pack_ensemble``, ``mpirl.algorithms.model_based.dynamics``).
 """
 
 from __future__ import annotations
@@ -32,48 +31,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from mpirl.algorithms.model_based.dynamics import (
+    DynamicsEnsemble,
+    ensemble_vector_size,
+    pack_ensemble,
+    unpack_ensemble,
+)
+from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec
 from torch import nn
-
-from mpirl.models.dynamics import DynamicsEnsemble
-from mpirl.models.dynamics_spec import DynamicsSpec
-
-__all__ = ["PETSSpec", "PLANNERS"]
-
-
-def _buffers(model: DynamicsEnsemble) -> list[torch.Tensor]:
-    return [model.input_mean, model.input_std, model.target_mean, model.target_std]
-
-
-def ensemble_vector_size(model: DynamicsEnsemble) -> int:
-    """Length of ``pack_ensemble``'s vector."""
-    return (model.num_weights() + sum(b.numel() for b in _buffers(model))
-            + model.spec.ensemble_size)
-
-
-def pack_ensemble(model: DynamicsEnsemble) -> np.ndarray:
-    """Everything ``predict`` uses as one float32 vector: parameters, normalizers, elites."""
-    mask = np.zeros(model.spec.ensemble_size, np.float32)
-    mask[model.elites] = 1.0
-    buffers = [b.detach().reshape(-1).cpu().numpy() for b in _buffers(model)]
-    return np.concatenate([model.get_flat_weights(), *buffers, mask]).astype(np.float32)
-
-
-@torch.no_grad()
-def unpack_ensemble(model: DynamicsEnsemble, flat: np.ndarray) -> None:
-    """Load ``pack_ensemble``'s vector into ``model``."""
-    flat = np.asarray(flat, np.float32)
-    if flat.size != ensemble_vector_size(model):
-        raise ValueError(f"ensemble vector has {flat.size} values, the ensemble "
-                         f"{ensemble_vector_size(model)}")
-    n = model.num_weights()
-    model.set_flat_weights(flat[:n])
-    offset = n
-    for buffer in _buffers(model):
-        size = buffer.numel()
-        buffer.copy_(torch.as_tensor(flat[offset:offset + size]).view_as(buffer))
-        offset += size
-    model.elites = [int(k) for k in np.flatnonzero(flat[offset:] > 0.5)]
-
 
 #: The planners ``PETSSpec.planner`` names.
 PLANNERS = ("cem", "mppi")

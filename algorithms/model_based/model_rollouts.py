@@ -20,11 +20,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from mpirl.algorithms.model_based.dynamics import (
+    DynamicsEnsemble,
+    ensemble_vector_size,
+    pack_ensemble,
+    unpack_ensemble,
+)
+from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec
 from torch import nn
 
-from mpirl.models.dynamics import DynamicsEnsemble
-from mpirl.models.dynamics_spec import DynamicsSpec
-from mpirl.models.planner import ensemble_vector_size, pack_ensemble, unpack_ensemble
 from mpirl.models.soft_q import SACModel, SACSpec
 
 __all__ = ["MBPOSpec", "TRAJECTORY_SAMPLING"]

@@ -1,4 +1,4 @@
-"""A probabilistic dynamics ensemble (PETS, MBPO) and its trainer.
+"""A probabilistic dynamics ensemble (PETS, MBPO), its trainer and its weight vector.
 
 ``DynamicsEnsemble`` holds all K members in one batched module: every layer is an
 ``EnsembleLinear`` with weights ``[K, in, out]``, and one forward pass maps ``[K, B, in]`` to
@@ -17,6 +17,11 @@ held-out MSE are the ones ``predict`` uses. A NaN or infinite loss or prediction
 ``predict`` samples one step for planning and model rollouts: TS-inf trajectory sampling, where
 particle i always goes through member ``members[i]``, batched over all particles in one forward
 pass (particles grouped by member and padded to ``[U, M, in]``, through the U members in use).
+
+The vector the ensemble crosses ranks in (learner 0's broadcast to the rollout ranks, and the
+``weights`` of its checkpoint) carries the whole ensemble, not only its parameters: parameters,
+then the input and target normalizers (mean, std), then a mask of the elites
+(``pack_ensemble``/``unpack_ensemble``).
 """
 
 from __future__ import annotations
@@ -24,22 +29,25 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
+from mpirl.algorithms.model_based.transitions import DATASET_KEYS
 from torch import nn
 
 from mpirl.errors import ModelDivergedError
-from mpirl.models.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
 from mpirl.models.policy import FlatParameters
 from mpirl.models.statistics import RunningMeanStd
 
-ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
-#: The fields of a transitions dataset that ``EnsembleTrainer.train`` reads.
-DATASET_KEYS = ("obs", "actions", "rewards", "next_obs", "terminated")
+_ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 PREDICT_MODES = ("mean", "sample")
+#: The progress columns of a fit of the ensemble (``model_columns``), NaN until the first one.
+MODEL_STATS = ("model_error", "model_error_max", "model_train_nll", "model_epochs",
+               "model_epochs_total")
 
 
 class EnsembleLinear(nn.Module):
@@ -76,7 +84,7 @@ class DynamicsEnsemble(FlatParameters):
         sizes = [self.in_size, *spec.hidden_sizes, self.out_size]
         self.layers = nn.ModuleList(EnsembleLinear(k, sizes[i], sizes[i + 1])
                                     for i in range(len(sizes) - 1))
-        self.activation = ACTIVATIONS[spec.activation]()
+        self.activation = _ACTIVATIONS[spec.activation]()
         self.max_logvar = nn.Parameter(torch.full((k, 1, self.target_size), spec.max_logvar))
         self.min_logvar = nn.Parameter(torch.full((k, 1, self.target_size), spec.min_logvar))
         # Normalizers, as buffers (they travel with state_dict and .to(device)).
@@ -262,6 +270,26 @@ def _as_dataset(data: Mapping[str, Any], spec: DynamicsSpec) -> dict[str, np.nda
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class _FitData:
+    """One ``train`` call's dataset as the epochs use it: normalized, on the model's device."""
+
+    inputs: torch.Tensor
+    """Normalized (observation, action) of every row, ``[N, in]``."""
+    norm_targets: torch.Tensor
+    """Normalized targets of every row, ``[N, T]``."""
+    dones: torch.Tensor
+    """Whether each row ended its episode by termination, ``[N]``."""
+    target_weights: torch.Tensor | None
+    """0 for the observation change of rows whose next observation is unknown; None: all 1."""
+    pos_weight: torch.Tensor | None
+    """The termination classifier's weight of a terminated row; None: no row terminated."""
+    eval_idx: torch.Tensor
+    """The rows early stopping and the elites go by (held out, with a known next state)."""
+    termination_idx: torch.Tensor
+    """The rows the termination classifier is judged on (every held-out row)."""
+
+
 class EnsembleTrainer:
     """Fits a ``DynamicsEnsemble`` to real transitions (see the module's docstring).
 
@@ -308,14 +336,38 @@ class EnsembleTrainer:
         ``epochs``, ``train_nll`` (the last epoch's mean over members; ``member_train_nll``
         each member's) and ``model_error`` (the elites' mean held-out one-step MSE, normalized
         units)."""
-        model, spec, k = self.model, self.spec, self.model.spec.ensemble_size
+        model = self.model
         data = _as_dataset(data, model.spec)
         n = len(data["obs"])
         if n < 2:
             raise ValueError(f"the dynamics ensemble needs at least 2 transitions, got {n}")
+        hold_idx, train_idx = self._split(n)
+        fit = self._prepare(data, hold_idx, train_idx)
+        bootstrap = self._bootstraps(train_idx)
+        epochs, member_nll = self._fit_until_stale(fit, bootstrap)
+        model.eval()
+        mse = self._evaluate(fit.inputs, fit.norm_targets, fit.eval_idx, epochs)
+        elites = sorted(int(m) for m in np.argsort(mse, kind="stable")[:model.spec.elites])
+        model.elites = elites
+        self.trained_epochs += epochs
+        return {"member_mse": mse.tolist(), "elites": elites, "epochs": epochs,
+                "train_nll": float(np.mean(member_nll)), "member_train_nll": member_nll.tolist(),
+                "model_error": float(mse[elites].mean()),
+                "holdout_size": len(hold_idx), "train_size": len(train_idx)}
+
+    def _split(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The held-out rows and the training rows of ``n`` transitions (one permutation from
+        the trainer's generator)."""
         order = self.rng.permutation(n)
-        n_hold = min(int(n * spec.holdout_ratio), spec.max_holdout, n - 1)
-        hold_idx, train_idx = order[:n_hold], order[n_hold:]
+        n_hold = min(int(n * self.spec.holdout_ratio), self.spec.max_holdout, n - 1)
+        return order[:n_hold], order[n_hold:]
+
+    def _prepare(self, data: dict[str, np.ndarray], hold_idx: np.ndarray,
+                 train_idx: np.ndarray) -> _FitData:
+        """Fit the normalizers to the training split and put the whole dataset in normalized
+        tensors, with the rows each epoch is judged on."""
+        model = self.model
+        n = len(data["obs"])
         observed = data["next_obs_observed"]
         # Overflowing values are the members' to report (as a diverged loss), not NumPy's.
         with np.errstate(over="ignore", invalid="ignore"):
@@ -343,16 +395,31 @@ class EnsembleTrainer:
             weights[~observed, :model.spec.observation_size] = 0.0
             target_weights = torch.as_tensor(weights, device=device)
         # No held-out split (holdout_ratio 0): stop and choose elites on the training split.
-        eval_rows = hold_idx if n_hold else train_idx
+        eval_rows = hold_idx if len(hold_idx) else train_idx
         if observed[eval_rows].any():  # the one-step error is of known next observations
             eval_rows = eval_rows[observed[eval_rows]]
-        eval_idx = torch.as_tensor(eval_rows, device=device)
         # The classifier is judged on every held-out row: the terminated ones are its positives.
-        termination_idx = torch.as_tensor(hold_idx if n_hold else train_idx, device=device)
+        termination_rows = hold_idx if len(hold_idx) else train_idx
+        return _FitData(inputs=inputs, norm_targets=norm_targets, dones=dones,
+                        target_weights=target_weights, pos_weight=pos_weight,
+                        eval_idx=torch.as_tensor(eval_rows, device=device),
+                        termination_idx=torch.as_tensor(termination_rows, device=device))
+
+    def _bootstraps(self, train_idx: np.ndarray) -> np.ndarray:
+        """Each member's bootstrap of the training rows, ``[K, n_train]``, from its own
+        generator."""
         n_train = len(train_idx)
         bootstrap = np.stack([train_idx[rng.integers(0, n_train, size=n_train)]
                               for rng in self.member_rngs])
         self.last_bootstrap = bootstrap
+        return bootstrap
+
+    def _fit_until_stale(self, fit: _FitData, bootstrap: np.ndarray) -> tuple[int, np.ndarray]:
+        """Epochs until ``patience`` of them in a row improve no member (or ``max_epochs``);
+        each member ends with its best epoch's weights. With other shards (``agree``) all stop
+        at the same epoch, and all raise when one diverged. The epochs run and the last one's
+        training NLL of each member ``[K]``."""
+        model, spec, k = self.model, self.spec, self.model.spec.ensemble_size
         best = np.full(k, np.inf)
         best_states = [model.member_state(m) for m in range(k)]
         stale, epoch = 0, 0
@@ -360,8 +427,9 @@ class EnsembleTrainer:
         while epoch < spec.max_epochs and stale < spec.patience:
             epoch += 1
             try:
-                member_nll, mse = self._epoch(inputs, norm_targets, dones, bootstrap, eval_idx,
-                                              epoch, target_weights, pos_weight)
+                member_nll, mse = self._epoch(fit.inputs, fit.norm_targets, fit.dones, bootstrap,
+                                              fit.eval_idx, epoch, fit.target_weights,
+                                              fit.pos_weight)
                 diverged = None
             except ModelDivergedError as error:
                 diverged, mse = error, None
@@ -369,8 +437,8 @@ class EnsembleTrainer:
             if mse is not None:
                 # A member improves when its held-out error does, plus its classifier's
                 # held-out cross-entropy: the dynamics alone may settle before the classifier.
-                score = mse + self._termination_loss(inputs, dones, termination_idx,
-                                                     pos_weight)
+                score = mse + self._termination_loss(fit.inputs, fit.dones, fit.termination_idx,
+                                                     fit.pos_weight)
                 improved = ((best - score) / np.where(np.isfinite(best), best, 1.0)
                             > spec.improvement)
                 improved |= ~np.isfinite(best)
@@ -386,18 +454,9 @@ class EnsembleTrainer:
                 best[m] = score[m]
                 best_states[m] = model.member_state(int(m))
             stale = 0 if any_improved else stale + 1
-        train_nll = float(np.mean(member_nll))
         for m in range(k):
             model.load_member_state(m, best_states[m])
-        model.eval()
-        mse = self._evaluate(inputs, norm_targets, eval_idx, epoch)
-        elites = sorted(int(m) for m in np.argsort(mse, kind="stable")[:model.spec.elites])
-        model.elites = elites
-        self.trained_epochs += epoch
-        return {"member_mse": mse.tolist(), "elites": elites, "epochs": epoch,
-                "train_nll": train_nll, "member_train_nll": member_nll.tolist(),
-                "model_error": float(mse[elites].mean()),
-                "holdout_size": int(n_hold), "train_size": int(n_train)}
+        return epoch, member_nll
 
     def _epoch(self, inputs: torch.Tensor, norm_targets: torch.Tensor, dones: torch.Tensor,
                bootstrap: np.ndarray, eval_idx: torch.Tensor, epoch: int,
@@ -496,3 +555,53 @@ class EnsembleTrainer:
             rng.bit_generator.state = copy.deepcopy(saved)
         self.trained_epochs = int(state["trained_epochs"])
 
+
+
+def model_columns(stats: dict[str, Any], trained_epochs: int) -> dict[str, float]:
+    """The progress columns of one fit of the whole ensemble (``EnsembleTrainer.train``'s
+    ``stats``, or the gathered members'): the elites' and the worst member's held-out error,
+    the mean training NLL, the epochs of this fit and of the run."""
+    mse = np.asarray(stats["member_mse"])
+    return {"model_error": float(mse[stats["elites"]].mean()),
+            "model_error_max": float(np.max(mse)),
+            "model_train_nll": float(np.mean(stats["member_train_nll"])),
+            "model_epochs": float(stats["epochs"]),
+            "model_epochs_total": float(trained_epochs)}
+
+
+# -- the weight vector -----------------------------------------------------------------------
+
+
+def _buffers(model: DynamicsEnsemble) -> list[torch.Tensor]:
+    return [model.input_mean, model.input_std, model.target_mean, model.target_std]
+
+
+def ensemble_vector_size(model: DynamicsEnsemble) -> int:
+    """Length of ``pack_ensemble``'s vector."""
+    return (model.num_weights() + sum(b.numel() for b in _buffers(model))
+            + model.spec.ensemble_size)
+
+
+def pack_ensemble(model: DynamicsEnsemble) -> np.ndarray:
+    """Everything ``predict`` uses as one float32 vector: parameters, normalizers, elites."""
+    mask = np.zeros(model.spec.ensemble_size, np.float32)
+    mask[model.elites] = 1.0
+    buffers = [b.detach().reshape(-1).cpu().numpy() for b in _buffers(model)]
+    return np.concatenate([model.get_flat_weights(), *buffers, mask]).astype(np.float32)
+
+
+@torch.no_grad()
+def unpack_ensemble(model: DynamicsEnsemble, flat: np.ndarray) -> None:
+    """Load ``pack_ensemble``'s vector into ``model``."""
+    flat = np.asarray(flat, np.float32)
+    if flat.size != ensemble_vector_size(model):
+        raise ValueError(f"ensemble vector has {flat.size} values, the ensemble "
+                         f"{ensemble_vector_size(model)}")
+    n = model.num_weights()
+    model.set_flat_weights(flat[:n])
+    offset = n
+    for buffer in _buffers(model):
+        size = buffer.numel()
+        buffer.copy_(torch.as_tensor(flat[offset:offset + size]).view_as(buffer))
+        offset += size
+    model.elites = [int(k) for k in np.flatnonzero(flat[offset:] > 0.5)]

@@ -1,13 +1,8 @@
-"""MBPO's workers: rollout ranks that step their real envs with SAC's actor and run the branched
-model rollouts, and a learner that keeps both buffers and trains the ensemble and SAC.
+"""MBPO's learner: it keeps both buffers and trains the ensemble and SAC.
 
-``ModelRolloutWorker`` steps its envs like PETS's ``PlanningWorker`` (``sample_steps``) but keeps
-terminated steps: SAC needs them (with a discount of 0), though the ensemble does not (their next
-observation is unknown). Its ``model_rollouts`` takes start states (real ones, sampled by the
-learner and passed on by the driver: ``rollout_batch_size x obs`` floats, far less than the
-transitions they become), rolls the actor through the ensemble it was last sent for k steps
-(``MBPOActor.branched_rollouts``) and sends the model transitions straight to the learner's rank
-over the data channel (or in the answer when both are in the driver's process).
+Its rollout ranks (``ModelRolloutWorker``, ``rollout_workers``) send it real transitions, the
+terminated steps included: SAC needs them (with a discount of 0), though the ensemble does not
+(their next observation is unknown), and the model transitions of their branched rollouts.
 
 ``MBPOLearner`` is SAC's ``QLearner`` (its ``sac_loss`` steps and soft target updates) with the
 real buffer (``buffer_size`` newest), the model buffer (FIFO, its capacity set by the driver at
@@ -23,63 +18,27 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
-
-from mpirl.models.dynamics import DynamicsEnsemble, EnsembleTrainer
-from mpirl.models.dynamics_spec import EnsembleTrainerSpec
-from mpirl.models.model_rollouts import MBPOSpec
-from mpirl.models.planner import pack_ensemble, unpack_ensemble
-from mpirl.models.soft_q import SAC_STATS
-from mpirl.runtime.core import RankContext
-from mpirl.workers.learner import LearnerSettings, LossFn
-from mpirl.workers.pets_workers import (
-    PlanningWorker,
+from mpirl.algorithms.model_based.dynamics import (
+    MODEL_STATS,
+    DynamicsEnsemble,
+    EnsembleTrainer,
+    model_columns,
+    pack_ensemble,
+    unpack_ensemble,
+)
+from mpirl.algorithms.model_based.dynamics_spec import EnsembleTrainerSpec
+from mpirl.algorithms.model_based.model_rollouts import MBPOSpec
+from mpirl.algorithms.model_based.transitions import (
     append_transitions,
     check_finite,
     concat_transitions,
-    model_columns,
     received_transitions,
 )
+
+from mpirl.models.soft_q import SAC_STATS
+from mpirl.runtime.core import RankContext
+from mpirl.workers.learner import LearnerSettings, LossFn
 from mpirl.workers.q_workers import QLearner
-
-__all__ = ["MBPOLearner", "MODEL_STATS", "ModelRolloutWorker"]
-
-#: The stats of a model fit, NaN until the first one.
-MODEL_STATS = ("model_error", "model_error_max", "model_train_nll", "model_epochs",
-               "model_epochs_total")
-
-
-class ModelRolloutWorker(PlanningWorker):
-    """A rollout rank of MBPO: real steps with SAC's actor, and branched model rollouts."""
-
-    MESSAGES = (*PlanningWorker.MESSAGES, "model_rollouts")
-    #: SAC learns from terminated steps too (with a discount of 0).
-    keep_terminated = True
-
-    def __init__(self, context: RankContext, settings: Any, beside: Any = None) -> None:
-        super().__init__(context, settings, beside)
-        seed = getattr(settings, "seed", 0)
-        #: The model rollouts' draws (actions, members, model noise): checkpointed, so a
-        #: resumed run rolls out what one never stopped would.
-        self.model_rng = torch.Generator().manual_seed(seed * 1009 + 7 * context.role_index + 3)
-
-    def model_rollouts(self, start_obs: np.ndarray, length: int, dest: int | None
-                       ) -> dict[str, Any]:
-        """Roll the actor through the ensemble for ``length`` steps from each of ``start_obs``
-        and send the model transitions to rank ``dest`` (None: in the answer,
-        ``transitions``); returns their count."""
-        model = self.runner.actors[self.policy_id].model
-        transitions = model.branched_rollouts(start_obs, length, self.model_rng)
-        return self.deliver(transitions, dest, {"model_steps": len(transitions["obs"])})
-
-    def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "model_rng": self.model_rng.get_state()}
-
-    def set_state(self, state: dict[str, Any]) -> bool:
-        continued = super().set_state(state)
-        if "model_rng" in state:
-            self.model_rng.set_state(state["model_rng"])
-        return continued
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +57,10 @@ class MBPOLearnerSettings(LearnerSettings):
     @classmethod
     def from_config(cls, config: Any, *, policy: MBPOSpec, loss: LossFn
                     ) -> MBPOLearnerSettings:
-        base = LearnerSettings.from_config(config, policy=policy, loss=loss)
-        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(LearnerSettings)}
-        return cls(**values, trainer=config.trainer_spec(),
+        # One learner, no allreduce: the backend keys keep their defaults.
+        return cls(policy=policy, loss=loss, loss_config=config, lr=config.lr,
+                   grad_clip=config.grad_clip, seed=config.seed,
+                   torch_threads=config.torch_threads, trainer=config.trainer_spec(),
                    buffer_size=config.buffer_size, real_ratio=config.real_ratio,
                    train_batch_size=config.train_batch_size, gamma=config.gamma)
 

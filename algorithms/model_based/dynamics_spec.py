@@ -1,7 +1,8 @@
 """The dynamics ensemble's specs (model-based RL, PETS and MBPO): torch-free plain data.
 
 ``DynamicsSpec`` is what every rank needs to build the same ensemble;
-``build_torch_model(spec)`` makes the torch ``DynamicsEnsemble`` (``mpirl.models.dynamics``).
+``build_torch_model(spec)`` makes the torch ``DynamicsEnsemble`` its ``NETWORK`` names
+(``mpirl.algorithms.model_based.dynamics``), which this module never imports.
 ``EnsembleTrainerSpec`` holds what only the rank that trains it uses (``EnsembleTrainer``).
 Both check their values when they are made: a wrong one is a ``ConfigError`` of one line.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from mpirl.config.imports import load_object
 from mpirl.errors import ConfigError
@@ -30,6 +31,9 @@ class DynamicsSpec:
     """What every rank needs to build the same dynamics ensemble: K probabilistic members, each
     an MLP from (normalized observation, action) to a diagonal Gaussian over the normalized
     (observation change, reward), with learned soft bounds on its log-variance."""
+
+    #: The torch module ``build_torch_model`` makes of it.
+    NETWORK: ClassVar[str] = "mpirl.algorithms.model_based.dynamics:DynamicsEnsemble"
 
     observation_size: int
     """Length of the (flat) observation vector."""

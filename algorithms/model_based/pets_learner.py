@@ -1,14 +1,4 @@
-"""PETS's workers: rollout ranks that plan each action with CEM over the dynamics ensemble, and a
-learner that keeps the real transitions and fits the ensemble to them.
-
-``PlanningWorker`` steps its real envs through the rank's sampling core, acting with a
-``PlanningModel`` (``mpirl.models.planner``; epsilon 1: uniformly random actions), and turns the
-blocks of steps into transitions ``(obs, actions, rewards, next_obs, terminated)``: the next
-observation of a step is the following step's, the block's ``last_obs`` for its last step, or
-the final observation of a truncated episode. A step that ended its episode by termination has
-no observed next state, and a failed step no transition: neither is kept. The transitions go
-straight to the learner's rank over the data channel (or in the answer when both are in the
-driver's process).
+"""PETS's learner: it keeps the real transitions and fits the dynamics ensemble to them.
 
 ``DynamicsLearner`` keeps every transition it got (``buffer_size`` newest), trains the ensemble
 with ``EnsembleTrainer`` on all of them at each ``train`` call, and is the root of the weight
@@ -24,135 +14,27 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from mpirl.algorithms.model_based.dynamics import (
+    DynamicsEnsemble,
+    EnsembleTrainer,
+    model_columns,
+    pack_ensemble,
+    unpack_ensemble,
+)
+from mpirl.algorithms.model_based.dynamics_spec import EnsembleTrainerSpec
+from mpirl.algorithms.model_based.planner import PETSSpec
+from mpirl.algorithms.model_based.transitions import (
+    append_transitions,
+    check_finite,
+    received_transitions,
+)
 
-from mpirl.data.tags import DataTags
-from mpirl.errors import CheckpointError, ConfigError, NonFiniteDataError
+from mpirl.errors import CheckpointError
 from mpirl.jobs.checkpoint import capture_rng, restore_rng
-from mpirl.models.dynamics import DATASET_KEYS, DynamicsEnsemble, EnsembleTrainer
-from mpirl.models.dynamics_spec import EnsembleTrainerSpec
-from mpirl.models.planner import PETSSpec, pack_ensemble, unpack_ensemble
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.ulfm import bcast_weights
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.learner import LossFn
-from mpirl.workers.rollout import merge_sample_metrics
-from mpirl.workers.transition_worker import TransitionWorker
-
-__all__ = ["DynamicsLearner", "PlanningWorker"]
-
-
-def block_transitions(block: Any, keep_terminated: bool = False) -> dict[str, np.ndarray]:
-    """A block's steps as transitions (see the module's docstring). With ``keep_terminated``
-    the steps that ended their episode by termination are kept too, their ``next_obs`` the
-    step's own observation (a placeholder: the next state is not observed), and
-    ``next_obs_observed`` says which rows have a real one."""
-    obs, steps, slots = block.obs, block.steps, block.slots
-    next_obs = np.empty_like(obs)
-    next_obs[:-1] = obs[1:]
-    next_obs[-1] = block.last_obs
-    truncated = block.truncated & ~block.terminated & ~block.failed
-    t_idx, s_idx = np.nonzero(truncated)  # row-major (t, slot): final_obs's order
-    if len(t_idx):
-        next_obs[t_idx, s_idx] = np.asarray(block.final_obs).reshape(len(t_idx), *obs.shape[2:])
-    terminated = np.asarray(block.terminated, bool)
-    next_obs[terminated] = obs[terminated]
-    keep = ~block.failed & np.asarray(block.keep, bool)
-    if not keep_terminated:
-        keep &= ~terminated
-    if block.active is not None:
-        keep &= block.active
-    rows = keep.reshape(-1)
-    flat = (steps * slots,)
-    transitions = {
-        "obs": obs.reshape(*flat, -1)[rows].astype(np.float32),
-        "actions": np.asarray(block.actions, np.float32).reshape(*flat, -1)[rows],
-        "rewards": np.asarray(block.rewards, np.float32).reshape(-1)[rows],
-        "next_obs": next_obs.reshape(*flat, -1)[rows].astype(np.float32),
-        "terminated": terminated.astype(np.float32).reshape(-1)[rows]}
-    if keep_terminated:
-        transitions["next_obs_observed"] = ~terminated.reshape(-1)[rows]
-    return transitions
-
-
-#: What a transition may carry: the dataset's arrays, and where some next states are unknown,
-#: which are known.
-TRANSITION_KEYS = (*DATASET_KEYS, "next_obs_observed")
-
-
-def concat_transitions(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """``parts`` joined, with the keys every part has."""
-    return {key: np.concatenate([part[key] for part in parts]) for key in TRANSITION_KEYS
-            if all(key in part for part in parts)}
-
-
-def append_transitions(buffer: dict[str, np.ndarray], parts: list[dict[str, np.ndarray]],
-                       capacity: int) -> dict[str, np.ndarray]:
-    """``buffer`` with ``parts`` appended, the newest ``capacity`` rows kept (FIFO)."""
-    parts = [part for part in ([buffer] if buffer else []) + parts if len(part["obs"])]
-    if not parts:
-        return buffer
-    joined = concat_transitions(parts)
-    return {key: value[-capacity:] for key, value in joined.items()}
-
-
-def received_transitions(context: RankContext, sources: list[int],
-                         batches: list[dict[str, np.ndarray]] | None
-                         ) -> list[dict[str, np.ndarray]]:
-    """The transitions ``batches`` given in a call, then those rollout ranks ``sources`` sent
-    over the data channel."""
-    received = (context.data_channel.recv_each(sources, DataTags().batch) if sources else [])
-    return [*(batches or []), *received]
-
-
-def model_columns(stats: dict[str, Any], trained_epochs: int) -> dict[str, float]:
-    """The progress columns of one fit of the whole ensemble (``EnsembleTrainer.train``'s
-    ``stats``, or the gathered members'): the elites' and the worst member's held-out error,
-    the mean training NLL, the epochs of this fit and of the run."""
-    mse = np.asarray(stats["member_mse"])
-    return {"model_error": float(mse[stats["elites"]].mean()),
-            "model_error_max": float(np.max(mse)),
-            "model_train_nll": float(np.mean(stats["member_train_nll"])),
-            "model_epochs": float(stats["epochs"]),
-            "model_epochs_total": float(trained_epochs)}
-
-
-class PlanningWorker(TransitionWorker):
-    """A rollout rank of PETS: its envs act on CEM plans over the ensemble it was sent."""
-
-    MESSAGES = (*TransitionWorker.MESSAGES, "sample_steps")
-
-    @property
-    def keep_terminated(self) -> bool:
-        """Whether terminated steps are sent too: for a learned termination classifier."""
-        return bool(self.policy.spec.dynamics.learn_termination)
-
-    def sample_steps(self, steps_per_env: int, epsilon: float, dest: int | None
-                     ) -> dict[str, Any]:
-        """Step every env ``steps_per_env`` times (``epsilon`` 1: random actions, else planned)
-        and send the transitions to rank ``dest`` (None: in the answer, ``transitions``).
-        Returns counts and episode metrics like ``sample``."""
-        self.runner.set_epsilon(self.policy_id, epsilon)
-        parts, metrics = [], None
-        for block in self.runner.collect(self.policy_id, steps_per_env):
-            parts.append(block_transitions(block, self.keep_terminated))
-            metrics = (block.metrics() if metrics is None
-                       else merge_sample_metrics(metrics, block.metrics()))
-        transitions = concat_transitions(parts)
-        if self.callbacks is not None:
-            invoke(self.callbacks, "on_sample_end", self.where, worker=self, batch=transitions,
-                   metrics=metrics)
-        return self.deliver(transitions, dest, metrics)
-
-    def deliver(self, transitions: dict[str, np.ndarray], dest: int | None,
-                answer: dict[str, Any]) -> dict[str, Any]:
-        """Send ``transitions`` to rank ``dest`` over the data channel, or (None: the receiver
-        shares the driver's process) put them in ``answer`` as ``transitions``; ``answer``."""
-        if dest is None:
-            answer["transitions"] = transitions
-        else:
-            self.context.data_channel.flush()
-            self.context.data_channel.isend(transitions, dest, DataTags().batch)
-        return answer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,10 +82,8 @@ class DynamicsLearner(Worker):
         # The whole ensemble on every learner, initialized alike (the same seed): a learner's
         # block starts as the same members that one learner would train.
         self.model = DynamicsEnsemble(settings.policy.dynamics)
+        # Config refuses more learners than members: every learner has a block.
         k, learners = settings.policy.dynamics.ensemble_size, self.learners
-        if learners > k:
-            raise ConfigError(f"PETS trains at least one ensemble member per learner: "
-                              f"num_learners {learners} exceeds ensemble_size {k}")
         self.block = member_block(k, learners, context.role_index)
         self.shard = self.model
         agree = None
@@ -345,15 +225,3 @@ def member_block(members: int, learners: int, index: int) -> list[int]:
 def _span(block: list[int]) -> str:
     return f"{block[0]}..{block[-1]}" if block else "none"
 
-
-def check_finite(parts: list[dict[str, np.ndarray]]) -> None:
-    """Refuse transitions that hold NaN or infinite values: a model fitted to them is NaN."""
-    for part in parts:
-        for key in DATASET_KEYS:
-            values = np.asarray(part[key])
-            bad = ~np.isfinite(values.reshape(len(values), -1)).all(1)
-            if bad.any():
-                raise NonFiniteDataError(
-                    f"{int(bad.sum())} of {len(values)} new transitions have NaN or infinite "
-                    f"{key}: the environment returned them, and the dynamics model cannot "
-                    f"learn from them")

@@ -10,13 +10,13 @@ ensemble (parameters, normalizers, elites) to the rollout ranks. With several le
 each trains its own block of the members on the same transitions (learner 0 broadcasts them to
 the others), and learner 0 gathers the blocks (``DynamicsLearner``).
 
-Each rollout rank (``PlanningWorker``) steps its own real envs, planning every action with CEM
+Each rollout rank (``RealStepWorker``) steps its own real envs, planning every action with CEM
 over the ensemble: ``cem_iterations`` rounds of ``cem_population`` action sequences of
 ``planning_horizon`` steps, each scored by ``particles`` TS-inf particles through the elites,
-batched over envs x candidates x particles in one ``predict`` per horizon step
-(``mpirl.models.planner``); ``planner`` "mppi" plans with MPPI over the same particles. The
-first ``initial_random_steps`` env steps take uniformly random actions, to seed the data. The
-reward is learned with the dynamics.
+batched over envs x candidates x particles in one ``predict`` per horizon step (``planner``);
+``planner`` "mppi" plans with MPPI over the same particles. The first ``initial_random_steps``
+env steps take uniformly random actions, to seed the data. The reward is learned with the
+dynamics.
 
 A member whose loss becomes NaN, or transitions that are not finite, stop the run with one line
 naming the training iteration (exit 2; the last checkpoint stays the newest).
@@ -35,22 +35,19 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
+from mpirl.algorithms.model_based.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
+from mpirl.algorithms.model_based.operators import on_every_learner, transitions_to_learner
+from mpirl.algorithms.model_based.pets_learner import DynamicsLearner
+from mpirl.algorithms.model_based.planner import PLANNERS, PETSSpec
+from mpirl.algorithms.model_based.rollout_workers import RealStepWorker
 
 from mpirl.config.fields import CommonConfig, Range, above, at_least, within
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import PlanState
-from mpirl.execution.operators import (
-    broadcast_weights,
-    evaluate_policy,
-    on_every_learner,
-    transitions_to_learner,
-)
+from mpirl.execution.operators import broadcast_weights, evaluate_policy
 from mpirl.execution.trainer import Trainer
-from mpirl.models.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
-from mpirl.models.planner import PLANNERS, PETSSpec
-from mpirl.workers.pets_workers import DynamicsLearner, PlanningWorker
 
-ROLLOUT_WORKER = PlanningWorker
+ROLLOUT_WORKER = RealStepWorker
 LEARNER = DynamicsLearner
 RECURRENT = False  # it learns from single transitions
 loss = None  # the learner fits the ensemble with its own trainer
@@ -172,6 +169,14 @@ class Config(CommonConfig):
             raise ConfigError(f"PETS trains at least one ensemble member per learner rank: "
                               f"num_learners ({self.num_learners}) cannot exceed ensemble_size "
                               f"({self.ensemble_size})")
+
+    def live_values(self) -> tuple[tuple[str, str], ...]:
+        # The learned model's held-out one-step error: 1 is no better than predicting the mean
+        # change, so a rise says the planner is misled.
+        return (("model err", "model_error"),)
+
+    def reports_eval_return(self) -> bool:
+        return self.evaluation_interval > 0
 
     def trainer_spec(self) -> EnsembleTrainerSpec:
         return EnsembleTrainerSpec(

@@ -25,6 +25,12 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
+from mpirl.algorithms.model_based.dynamics import MODEL_STATS
+from mpirl.algorithms.model_based.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
+from mpirl.algorithms.model_based.mbpo_learner import MBPOLearner
+from mpirl.algorithms.model_based.model_rollouts import TRAJECTORY_SAMPLING, MBPOSpec
+from mpirl.algorithms.model_based.operators import transitions_to_learner
+from mpirl.algorithms.model_based.rollout_workers import ModelRolloutWorker
 
 from mpirl.config.fields import CommonConfig, Range, above, at_least, within
 from mpirl.errors import ConfigError, RankLost
@@ -34,13 +40,9 @@ from mpirl.execution.operators import (
     discard_lost_rollouts,
     evaluate_policy,
     replay_dest,
-    transitions_to_learner,
 )
 from mpirl.execution.trainer import Trainer
-from mpirl.models.dynamics_spec import EnsembleTrainerSpec, dynamics_spec_for
-from mpirl.models.model_rollouts import TRAJECTORY_SAMPLING, MBPOSpec
 from mpirl.models.soft_q import SAC_STATS, sac_loss, sac_model_spec
-from mpirl.workers.mbpo_workers import MODEL_STATS, MBPOLearner, ModelRolloutWorker
 
 ROLLOUT_WORKER = ModelRolloutWorker
 LEARNER = MBPOLearner
@@ -200,6 +202,14 @@ class Config(CommonConfig):
 
     def discount(self) -> float:
         return self.gamma
+
+    def live_values(self) -> tuple[tuple[str, str], ...]:
+        # The learned model's held-out one-step error: 1 is no better than predicting the mean
+        # change, so a rise says the model rollouts mislead SAC.
+        return (("model err", "model_error"),)
+
+    def reports_eval_return(self) -> bool:
+        return self.evaluation_interval > 0
 
     def trainer_spec(self) -> EnsembleTrainerSpec:
         return EnsembleTrainerSpec(
