@@ -112,7 +112,7 @@ def compare(before: dict, after: dict) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--algos", default=",".join(RUNS), help="comma-separated (all)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
