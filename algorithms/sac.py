@@ -76,6 +76,9 @@ class Config(ReplayConfig):
     def custom_models(self) -> list[str]:
         return [*super().custom_models(), *([self.custom_q_model] if self.custom_q_model else [])]
 
+    def target_updates(self) -> tuple[int, float]:
+        return 1, self.tau  # a soft update after every SGD step
+
 
 def check_config(config: Config, env) -> None:
     check_q_config(config, env, "SAC", continuous=True)

@@ -206,6 +206,9 @@ def test_configs_answer_what_shared_code_asks_instead_of_being_probed():
     assert es.Config().observation_normalization()
     assert sac.Config(custom_model="a:B", custom_q_model="c:D").custom_models() == ["a:B", "c:D"]
     assert (apex.Config(num_replay_shards=3).replay_ranks(), ppo.Config().replay_ranks()) == (3, 0)
+    assert dqn.Config(target_network_update_freq=7).target_updates() == (7, 1.0)
+    assert sac.Config(tau=0.01).target_updates() == (1, 0.01)
+    assert ppo.Config().target_updates() == (1, 1.0)
     with pytest.raises(ConfigError, match="normalize_observations"):
         build(dqn.Config, {"normalize_observations": True})
 

@@ -203,6 +203,9 @@ class Config(CommonConfig):
     def discount(self) -> float:
         return self.gamma
 
+    def target_updates(self) -> tuple[int, float]:
+        return 1, self.tau  # a soft update after every SGD step
+
     def live_values(self) -> tuple[tuple[str, str], ...]:
         # The learned model's held-out one-step error: 1 is no better than predicting the mean
         # change, so a rise says the model rollouts mislead SAC.

@@ -267,6 +267,12 @@ class ConfigHooks:
         config without replay."""
         return 0
 
+    def target_updates(self) -> tuple[int, float]:
+        """How a Q learner's target network follows the online one: copied every so many SGD
+        steps (``target_network_update_freq``), and moved by a soft update of this rate after
+        every step (``tau``; 1: none). Read on each learner rank; (1, 1.0) without targets."""
+        return 1, 1.0
+
     def advantage_lambda(self) -> float:
         """The GAE lambda of the advantages rollout workers compute (``gae_lambda``); 1 where
         they compute none or plain discounted returns."""
@@ -547,6 +553,9 @@ class QLearningConfig(ReplayConfig):
     """Split Q into a state value and action advantages."""
     hidden_sizes: tuple[int, ...] = (256, 256)
     """Hidden layer widths of the Q network."""
+
+    def target_updates(self) -> tuple[int, float]:
+        return self.target_network_update_freq, 1.0
 
 
 @dataclass

@@ -31,8 +31,7 @@ class QLearner(Learner):
     def __init__(self, context: RankContext, settings: LearnerSettings) -> None:
         super().__init__(context, settings)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
-        # SAC has no such key: its soft update (tau) runs after every step.
-        self.target_update_freq = getattr(self.loss_config, "target_network_update_freq", 1)
+        self.target_update_freq, self.tau = self.loss_config.target_updates()
         self.updates = 0
         self.posted = 0
 
@@ -102,7 +101,7 @@ class QLearner(Learner):
         loss.backward()
         self._apply_shared_gradient(minibatch_rows(tensors))
         self.updates += 1
-        tau = getattr(self.loss_config, "tau", 1.0)
+        tau = self.tau
         if tau < 1.0:  # soft update every step (SAC)
             with torch.no_grad():
                 for mine, theirs in zip(self.target.parameters(), self.policy.parameters(),
