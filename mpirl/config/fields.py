@@ -28,8 +28,7 @@ from typing import Any, ClassVar
 from mpirl.errors import ConfigError
 
 __all__ = ["Range", "RANGES", "above", "at_least", "within", "ConfigHooks", "CommonConfig",
-           "AllreduceConfig", "OnPolicyConfig", "ReplayConfig", "QLearningConfig", "OfflineConfig",
-           ]
+           "AllreduceConfig", "OnPolicyConfig", "ReplayConfig", "QLearningConfig", "OfflineConfig"]
 
 
 @dataclass(frozen=True)

@@ -101,12 +101,11 @@ class QLearner(Learner):
         loss.backward()
         self._apply_shared_gradient(minibatch_rows(tensors))
         self.updates += 1
-        tau = self.tau
-        if tau < 1.0:  # soft update every step (SAC)
+        if self.tau < 1.0:  # soft update every step (SAC)
             with torch.no_grad():
                 for mine, theirs in zip(self.target.parameters(), self.policy.parameters(),
                                         strict=True):
-                    mine.lerp_(theirs, tau)
+                    mine.lerp_(theirs, self.tau)
         elif self.updates % self.target_update_freq == 0:
             self.target.load_state_dict(self.policy.state_dict())
         for key, value in stats.items():
