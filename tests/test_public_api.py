@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,12 +30,9 @@ def imported_names() -> list[tuple[str, str, str]]:
 
 def published(module_name: str, name: str) -> bool:
     """Whether ``name``, as ``module_name`` has it, is in the ``__all__`` of that module or of
-    a package above it (the same object); a module imported by name publishes what its own
-    ``__all__`` lists."""
+    a package above it (the same object)."""
     module = importlib.import_module(module_name)
     value = getattr(module, name)
-    if isinstance(value, types.ModuleType):  # a public module: one that says what it publishes
-        return hasattr(value, "__all__")
     parts = module_name.split(".")
     for depth in range(len(parts), 0, -1):
         package = importlib.import_module(".".join(parts[:depth]))
