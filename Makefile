@@ -97,8 +97,15 @@ run: install
 # The Slurm tests start a two-node Slurm on localhost (slurm/local-cluster.sh). Install Debian's
 # packages first where apt-get and root allow; elsewhere those tests skip and say why. On CI
 # (CI=true) a failed install fails here, and a Slurm that does not start fails the tests.
+# Two pytest workers (pytest-xdist), one test file each at a time: the MPI tests wait on their
+# ranks, and CI's two cores idled about 40% of a serial run. The tests marked serial measure
+# throughput against the whole machine and run alone afterwards. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: install-test slurm-cluster
-	$(BIN)/python -m pytest
+	@status=0; \
+	$(BIN)/python -m pytest -m "not serial" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) || status=$$?; \
+	$(BIN)/python -m pytest -m serial || status=$$((status ? status : $$?)); \
+	exit $$status
 
 slurm-cluster:
 	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \

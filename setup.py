@@ -38,10 +38,11 @@ EXTRAS = {
     # output with their own readers; they build the docs and a wheel, and run Atari, EnvPool,
     # PettingZoo, MPE and OpenSpiel envs.
     "dev": ("what `make test` adds: pytest, ruff, build, Minari and every extra above but the "
-            "MPI ones", ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "build>=1.0",
-                         "minari==0.5.3", "moviepy>=1.0", "pygame>=2.1", "tensorboard>=2.15",
-                         "wandb>=0.19.10", "mlflow>=2.10", "mkdocs>=1.6", "pettingzoo>=1.25",
-                         "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8", "open-spiel>=1.6"]),
+            "MPI ones", ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "ruff>=0.6",
+                         "build>=1.0", "minari==0.5.3", "moviepy>=1.0", "pygame>=2.1",
+                         "tensorboard>=2.15", "wandb>=0.19.10", "mlflow>=2.10", "mkdocs>=1.6",
+                         "pettingzoo>=1.25", "mpe2>=1.0", "ale-py>=0.9", "envpool>=0.8",
+                         "open-spiel>=1.6"]),
     # opencv: RLlib's Atari wrapper (benchmarks/atari.py). jax, flax and chex: OpenSpiel's
     # Python AlphaZero (benchmarks/alphazero.py), which its wheel does not require; open-spiel
     # 2.0.2 runs on these (flax 0.12.8 pulls optax and orbax-checkpoint).

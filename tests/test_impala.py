@@ -88,6 +88,7 @@ def test_bad_in_flight_bound_is_one_clear_error(tmp_path, algo):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.serial
 def test_a_straggler_rank_costs_impala_little_throughput(tmp_path):
     """One rollout rank slowed 10x for real (sleeping in every env step, mpirl.testing's
     MpirlStragglerCartPole-v0): 2 healthy ranks plus the slow one sample at least 80% as fast
