@@ -97,16 +97,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     saved: dict[str, Any] = {}
     if resume is not None:
         saved = _saved_params(Path(resume))
-        for flag, given, recorded in (("--algo", algo and algorithm_name(algo), saved["algo"]),
-                                      ("--env", env_id, saved["env"]),
-                                      ("--run-dir", run_dir and str(Path(run_dir)),
-                                       str(Path(resume)))):
-            if given is not None and given != recorded:
-                raise ConfigError(
-                    f"{resume} holds a {saved['algo']} run on {saved['env']}, but {flag} "
-                    f"{given} was given. Leave out --algo, --env and --run-dir when resuming, or "
-                    f"start a new run without --resume."
-                )
+        _check_agrees_with_saved(saved, resume, algo, env_id, run_dir)
         algo, env_id, run_dir = saved["algo"], saved["env"], resume
         env_module = env_module or saved.get("env_module")
         stop = stop or saved.get("stop", {})
@@ -117,39 +108,13 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         config, module.Config, RuntimeSettings, CheckpointSettings, DumpSettings)
     if seed is not None:
         given_keys["seed"] = seed
-    config_keys = {**saved.get("config", {}), **given_keys}
-    runtime_keys = {**saved.get("runtime", {}), **runtime_keys}
-    checkpoint_keys = {**saved.get("checkpoints", {}), **checkpoint_keys}
-    dump_keys = {**saved.get("dumps", {}), **dump_keys}
-    algo_config = build(module.Config, config_keys)
-    settings = build(RuntimeSettings, runtime_keys)
-    checkpoints = build(CheckpointSettings, checkpoint_keys)
-    dump = build(DumpSettings, dump_keys)
+    algo_config = build(module.Config, {**saved.get("config", {}), **given_keys})
+    settings = build(RuntimeSettings, {**saved.get("runtime", {}), **runtime_keys})
+    checkpoints = build(CheckpointSettings, {**saved.get("checkpoints", {}), **checkpoint_keys})
+    dump = build(DumpSettings, {**saved.get("dumps", {}), **dump_keys})
     env = env_spec_of(module, env_id, env_module, algo_config)
-    setup = None
-    if env.is_multi_agent():
-        if algo_config.clip_rewards is True:
-            raise ConfigError("config key 'clip_rewards' is for single-agent runs; multi-agent "
-                              "rollouts train on the rewards as the env gives them")
-        setup = resolve(algorithm_name(algo), algo_config, env)
-        check_stop_keys(stop, setup)
-        setup.learner_slices(algo_config.num_learners)  # ConfigError if they don't fit
-    elif algo_config.multiagent:
-        raise ConfigError(f"config key 'multiagent' is for multi-agent envs; {env_id!r} is a "
-                          f"single-agent env. Give a PettingZoo env (module:ParallelEnvClass, or "
-                          f"a module with parallel_env()), or leave 'multiagent' out.")
-    per_policy = {k for k in stop if "/" in k} if setup is not None else set()
-    check_known_keys({k: v for k, v in stop.items() if k not in per_policy}, list(STOP_KEYS),
-                     "--stop")
-    for key, value in stop.items():
-        check_key(key, value, "float", STOP_KEYS.get(key.partition("/")[0], Range()),
-                  what="--stop criterion")
-    if setup is None and "policy_return_mean_min" in stop:
-        raise ConfigError("--stop policy_return_mean_min is for multi-agent runs; this env has "
-                          "one agent: stop on episode_return_mean")
-    if "eval_return_mean" in stop and not algo_config.reports_eval_return():
-        raise ConfigError("--stop eval_return_mean needs evaluations: set the config key "
-                          "evaluation_interval (PETS, MBPO)")
+    setup = _multiagent_setup(algo, env_id, algo_config, env, stop)
+    _check_stop(stop, setup, algo_config)
     if algo_config.callbacks:
         callbacks_class(algo_config.callbacks)  # ConfigError here, before anything starts
     check_logger_packages(algo_config)
@@ -162,35 +127,96 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
         run_dir = default_run_dir(algorithm_name(algo), env_id)
     changes = {}
     if resume is None:
-        if Path(run_dir).exists() and not Path(run_dir).is_dir():
-            raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; nothing was "
-                              f"written. Give a directory (it is made if missing), or leave "
-                              f"--run-dir out for a fresh timestamped one.")
-        existing = [name for name in ("progress.csv", "result.json")
-                    if (Path(run_dir) / name).exists()]
-        if existing:
-            raise ConfigError(
-                f"run directory {run_dir} already holds a run ({', '.join(existing)}); nothing "
-                f"was overwritten. Continue it with --resume {run_dir}, choose a new --run-dir, "
-                f"or leave it out for a fresh timestamped one."
-            )
+        _check_fresh_run_dir(Path(run_dir))
     else:
-        before = {**saved.get("config", {}), **saved.get("runtime", {}),
-                  **saved.get("checkpoints", {}),
-                  # Runs from before dumps existed had the defaults.
-                  **dataclasses.asdict(DumpSettings()), **saved.get("dumps", {})}
-        after = {**dataclasses.asdict(algo_config), **dataclasses.asdict(settings),
-                 **dataclasses.asdict(checkpoints), **dataclasses.asdict(dump)}
-        changes = {key: (before.get(key), value) for key, value in after.items()
-                   if _comparable(before.get(key)) != _comparable(value)}
-        # A --stop given on resume replaces the saved criteria as a whole (docs: checkpoints).
-        saved_stop = saved.get("stop") or {}
-        changes.update({f"--stop {key}": (saved_stop.get(key), stop.get(key))
-                        for key in sorted({*saved_stop, *stop})
-                        if stop and saved_stop.get(key) != stop.get(key)})
+        changes = _resume_changes(saved, stop, algo_config, settings, checkpoints, dump)
     return TrainRequest(algorithm_name(algo), env, algo_config, settings, checkpoints, dump,
                         stop or dict(DEFAULT_STOP), Path(run_dir), resume is not None, changes,
                         progress_mode(progress), multiagent=setup, max_iterations=max_iterations)
+
+
+def _check_agrees_with_saved(saved: dict[str, Any], resume: str, algo: str | None,
+                             env_id: str | None, run_dir: str | None) -> None:
+    """--algo, --env and --run-dir given with --resume must name the saved run's own."""
+    for flag, given, recorded in (("--algo", algo and algorithm_name(algo), saved["algo"]),
+                                  ("--env", env_id, saved["env"]),
+                                  ("--run-dir", run_dir and str(Path(run_dir)),
+                                   str(Path(resume)))):
+        if given is not None and given != recorded:
+            raise ConfigError(
+                f"{resume} holds a {saved['algo']} run on {saved['env']}, but {flag} "
+                f"{given} was given. Leave out --algo, --env and --run-dir when resuming, or "
+                f"start a new run without --resume."
+            )
+
+
+def _multiagent_setup(algo: str, env_id: str, algo_config: Any, env: EnvSpec,
+                      stop: dict[str, Any]) -> MultiAgentSetup | None:
+    """A multi-agent env's policies, checked against the config and --stop; None for one agent."""
+    if env.is_multi_agent():
+        if algo_config.clip_rewards is True:
+            raise ConfigError("config key 'clip_rewards' is for single-agent runs; multi-agent "
+                              "rollouts train on the rewards as the env gives them")
+        setup = resolve(algorithm_name(algo), algo_config, env)
+        check_stop_keys(stop, setup)
+        setup.learner_slices(algo_config.num_learners)  # ConfigError if they don't fit
+        return setup
+    if algo_config.multiagent:
+        raise ConfigError(f"config key 'multiagent' is for multi-agent envs; {env_id!r} is a "
+                          f"single-agent env. Give a PettingZoo env (module:ParallelEnvClass, or "
+                          f"a module with parallel_env()), or leave 'multiagent' out.")
+    return None
+
+
+def _check_stop(stop: dict[str, Any], setup: MultiAgentSetup | None, algo_config: Any) -> None:
+    """--stop's keys and values; per-policy keys (``return/POLICY``) only for multi-agent runs."""
+    per_policy = {k for k in stop if "/" in k} if setup is not None else set()
+    check_known_keys({k: v for k, v in stop.items() if k not in per_policy}, list(STOP_KEYS),
+                     "--stop")
+    for key, value in stop.items():
+        check_key(key, value, "float", STOP_KEYS.get(key.partition("/")[0], Range()),
+                  what="--stop criterion")
+    if setup is None and "policy_return_mean_min" in stop:
+        raise ConfigError("--stop policy_return_mean_min is for multi-agent runs; this env has "
+                          "one agent: stop on episode_return_mean")
+    if "eval_return_mean" in stop and not algo_config.reports_eval_return():
+        raise ConfigError("--stop eval_return_mean needs evaluations: set the config key "
+                          "evaluation_interval (PETS, MBPO)")
+
+
+def _check_fresh_run_dir(run_dir: Path) -> None:
+    """A new run's directory: absent, or a directory without a run in it."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; nothing was "
+                          f"written. Give a directory (it is made if missing), or leave "
+                          f"--run-dir out for a fresh timestamped one.")
+    existing = [name for name in ("progress.csv", "result.json") if (run_dir / name).exists()]
+    if existing:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run ({', '.join(existing)}); nothing "
+            f"was overwritten. Continue it with --resume {run_dir}, choose a new --run-dir, "
+            f"or leave it out for a fresh timestamped one."
+        )
+
+
+def _resume_changes(saved: dict[str, Any], stop: dict[str, Any], algo_config: Any,
+                    settings: RuntimeSettings, checkpoints: CheckpointSettings,
+                    dump: DumpSettings) -> dict[str, tuple[Any, Any]]:
+    """What a resume changes: each key whose value differs from the saved run's, (before, after)."""
+    before = {**saved.get("config", {}), **saved.get("runtime", {}),
+              **saved.get("checkpoints", {}),
+              # Runs from before dumps existed had the defaults.
+              **dataclasses.asdict(DumpSettings()), **saved.get("dumps", {})}
+    after = {**dataclasses.asdict(algo_config), **dataclasses.asdict(settings),
+             **dataclasses.asdict(checkpoints), **dataclasses.asdict(dump)}
+    changes = {key: (before.get(key), value) for key, value in after.items()
+               if _comparable(before.get(key)) != _comparable(value)}
+    # A --stop given on resume replaces the saved criteria as a whole (docs: checkpoints).
+    saved_stop = saved.get("stop") or {}
+    changes.update({f"--stop {key}": (saved_stop.get(key), stop.get(key))
+                    for key in sorted({*saved_stop, *stop})
+                    if stop and saved_stop.get(key) != stop.get(key)})
+    return changes
 
 
 def _comparable(value: Any) -> Any:
