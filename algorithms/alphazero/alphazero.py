@@ -44,7 +44,7 @@ from mpirl.algorithms.alphazero.games import GameObservationSpace
 from mpirl.algorithms.alphazero.learner import AlphaZeroLearner
 from mpirl.algorithms.alphazero.match import CheckpointMatches
 from mpirl.algorithms.alphazero.network import AlphaZeroNet, alphazero_loss
-from mpirl.algorithms.alphazero.operators import rollouts_to_learners
+from mpirl.algorithms.alphazero.operators import rollouts_to_learners, train_on_positions
 from mpirl.algorithms.alphazero.players import make_player, reference_opponents
 from mpirl.algorithms.alphazero.self_play_worker import MatchShare, SelfPlayWorker
 from mpirl.algorithms.alphazero.spec import AlphaZeroSpec
@@ -52,7 +52,7 @@ from mpirl.algorithms.alphazero.spec import AlphaZeroSpec
 from mpirl.config.fields import AllreduceConfig, CommonConfig, Range, above, at_least, within
 from mpirl.errors import ConfigError, RankLost
 from mpirl.execution.contract import PlanState
-from mpirl.execution.operators import broadcast_weights, train_one_step
+from mpirl.execution.operators import broadcast_weights
 from mpirl.execution.trainer import Trainer
 
 ROLLOUT_WORKER = SelfPlayWorker
@@ -381,10 +381,10 @@ def training_step(trainer: Trainer, state: AlphaZeroState) -> dict[str, float]:
                                    config.games_per_worker, state.weights_version)
     play_s = time.perf_counter() - start
     trainer.count(samples)
-    stats = train_one_step(trainer.learners, samples,
-                           sgd_steps=config.sgd_steps_per_iteration,
-                           batch_size=config.train_batch_size // len(trainer.learners),
-                           min_replay=config.train_batch_size)
+    stats = train_on_positions(trainer.learners, samples,
+                               sgd_steps=config.sgd_steps_per_iteration,
+                               batch_size=config.train_batch_size // len(trainer.learners),
+                               min_replay=config.train_batch_size)
     state.learner_version = int(stats["weights_version"])
     if not config.gating:  # with gating, self-play keeps the best network (state.gate)
         state.weights_version = state.learner_version

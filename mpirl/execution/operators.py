@@ -35,7 +35,7 @@ from mpirl.workers.delivery import BROADCAST, IN_ANSWER, Gathered, ToLearnerOf, 
 from mpirl.workers.env_guard import unwrap_env_failure
 
 __all__ = ["SampleResult", "parallel_rollouts", "discard_lost_rollouts",
-           "train_one_step", "mean_stats", "train_on_dataset", "evaluate_policy",
+           "train_one_step", "learner_stats", "mean_stats", "train_on_dataset", "evaluate_policy",
            "broadcast_weights", "sample_with_new_weights", "replay_dest", "store_to_replay",
            "train_from_replay", "count_and_evaluate",
            "settle_gathered", "add_sample_metrics", "weights_comm_collective", "add_samples"]
@@ -141,13 +141,16 @@ def rebuild_weights_comm(learners: WorkerGroup, rollouts: WorkerGroup) -> None:
             pass  # it died after the others began to shrink; MPI leaves it out
 
 
-def train_one_step(learners: WorkerGroup, samples: SampleResult, **train_args: Any
-                   ) -> dict[str, float]:
-    """Every learner trains on its share of ``samples``; returns statistics averaged over
-    learners. ``train_args`` go to ``Learner.train`` (epochs, minibatches, learning rate)."""
+def train_one_step(learners: WorkerGroup, samples: SampleResult, num_epochs: int,
+                   num_minibatches: int, lr: float | None = None,
+                   standardize: tuple[str, ...] = ("advantages",)) -> dict[str, float]:
+    """Every learner runs ``Learner.train`` on its share of ``samples``: ``num_epochs`` passes
+    of ``num_minibatches`` SGD steps (``lr`` replaces the optimizer's rate; ``standardize``
+    names the batch columns standardized first). Returns statistics averaged over learners."""
     futures = [
         learner.call_async("train", samples.sources.get(i, []), samples.batches.get(i),
-                           **train_args)
+                           num_epochs=num_epochs, num_minibatches=num_minibatches, lr=lr,
+                           standardize=standardize)
         for i, learner in enumerate(learners)
     ]
     return learner_stats([f.result() for f in futures])
