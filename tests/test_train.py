@@ -34,25 +34,8 @@ def rows(run_dir):
 # The learning tests run seed 5: the defaults were chosen on seeds 0-4, on which PPO reached a
 # 100-episode mean of 475 within 59k-136k steps and A2C 400 within 58k-151k, with 1 and with 2
 # rollout ranks (benchmarks/learning.py --thresholds, benchmarks/RESULTS.md).
-def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
-    proc, run_dir, result = train(
-        3, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "5",
-        "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}')
-    assert result["episode_return_mean"] >= 475, result
-    assert result["timesteps_total"] <= 150000
-    # The outputs a user reads.
-    progress = rows(run_dir)
-    assert REQUIRED_COLUMNS <= set(progress[0]) and len(progress) == result["iteration"]
-    params = json.loads((run_dir / "params.json").read_text())
-    assert params["algo"] == "PPO" and params["config"]["seed"] == 5
-    assert params["layout"]["summary"].startswith("driver 1, rollout 2, replay 0, learner 0")
-    assert params["layout"]["ranks"] == {"driver": [0], "rollout": [1, 2], "replay": [],
-                                         "learner": []}
-    assert list(run_dir.glob("events.out.tfevents.*"))
-    stopped, = (line for line in proc.stdout.splitlines() if line.startswith("stopped: "))
-    assert stopped.startswith("stopped: episode_return_mean reached (")
-    assert stopped.count("episode_return_mean") == 1, stopped  # not named again after its value
-    assert proc.stdout.count("mpirl layout:") == 1
+# PPO's learning test on 3 ranks, test_ppo_learns_cartpole_within_150k_steps, is in
+# test_evaluate.py: its trained run is the checkpoint evaluate's tests play.
 
 
 def test_ppo_with_two_learners_and_two_rollout_workers_learns_as_well(tmp_path):
