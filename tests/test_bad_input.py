@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import run_mpi
 
+from mpirl.commands.match import MAX_GAMES_ENV, max_games_from_env
 from mpirl.commands.train import make_request
 from mpirl.config.fields import numeric_fields, range_of
 from mpirl.config.parse import build
@@ -215,6 +216,17 @@ def test_an_iteration_cap_that_is_not_a_positive_integer_is_refused(text):
     assert max_iterations_from_env({MAX_ITERATIONS_ENV: " 7 "}) == 7
     assert max_iterations_from_env({MAX_ITERATIONS_ENV: ""}) is None
     assert max_iterations_from_env({}) is None
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "2.5", "ten"])
+def test_a_games_cap_that_is_not_a_positive_integer_is_refused(text):
+    with pytest.raises(ConfigError) as caught:
+        max_games_from_env({MAX_GAMES_ENV: text})
+    assert str(caught.value) == (f"$MPIRL_MAX_GAMES must be a positive integer (the most games "
+                                 f"an evaluation may play), got {text!r}")
+    assert max_games_from_env({MAX_GAMES_ENV: " 2 "}) == 2
+    assert max_games_from_env({MAX_GAMES_ENV: ""}) is None
+    assert max_games_from_env({}) is None
 
 
 @pytest.mark.parametrize("command", [

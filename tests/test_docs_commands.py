@@ -7,7 +7,8 @@ Each page runs in a fresh copy of the repository (the files git tracks or would 
 clone works as well as a working tree), with ``.venv`` a link to this venv, under
 ``bash -euo pipefail`` after ``source .venv/bin/activate``, as a reader would type them. Every
 training run stops after MPIRL_MAX_ITERATIONS iterations, whatever its --stop says, so a page of
-long examples takes seconds; CI is unset, as it is in a reader's shell."""
+long examples takes seconds, and every board-game evaluation plays at most MPIRL_MAX_GAMES games,
+whatever its --games says; CI is unset, as it is in a reader's shell."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ MARK = re.compile(r"^\s*<!--\s*docs-test:(.*?)-->\s*$")
 BLOCK_TIMEOUT_S = 180
 #: Training iterations per run: enough for a checkpoint, a progress row and a curve to plot.
 MAX_ITERATIONS = "2"
+#: Games per ``mpirl evaluate`` of a board-game checkpoint: one with each side moving first.
+MAX_GAMES = "2"
 
 
 @dataclasses.dataclass
@@ -125,7 +128,8 @@ def block_environment(activate: Path, home: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key != "CI"}
     # HOME in the copy: what the blocks write there (MLflow's database, W&B's settings) goes away
     # with it.
-    env.update(MPIRL_MAX_ITERATIONS=MAX_ITERATIONS, PYTHONUNBUFFERED="1", HOME=str(home))
+    env.update(MPIRL_MAX_ITERATIONS=MAX_ITERATIONS, MPIRL_MAX_GAMES=MAX_GAMES,
+               PYTHONUNBUFFERED="1", HOME=str(home))
     if "OMPI_ALLOW_RUN_AS_ROOT" in activate.read_text():
         # make ran as root and activate says what Open MPI needs: rely on it, as the docs do.
         env.pop("OMPI_ALLOW_RUN_AS_ROOT", None)
