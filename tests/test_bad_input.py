@@ -15,7 +15,7 @@ from conftest import run_mpi
 from mpirl.commands.match import MAX_GAMES_ENV, max_games_from_env
 from mpirl.commands.train import make_request
 from mpirl.config.fields import numeric_fields, range_of
-from mpirl.config.parse import build
+from mpirl.config.parse import build, parse_json_object
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import ALGORITHMS, load_algorithm
@@ -135,7 +135,8 @@ def test_a_negative_return_is_a_valid_stop_criterion(tmp_path):
     assert request.stop == {"episode_return_mean": -200}
 
 
-@pytest.mark.parametrize("flag, text, message", [
+#: Bad numbers the command line used to let through, and what they did then.
+BAD_NUMBERS = [
     # Divided by zero on the driver after every rank had started (a traceback, exit 1).
     ("--config", '{"minibatch_size": 0}',
      'config key "minibatch_size" = 0 is out of range: must be an integer >= 1'),
@@ -145,8 +146,23 @@ def test_a_negative_return_is_a_valid_stop_criterion(tmp_path):
     # Never reached: the run went on until the allocation ended.
     ("--stop", '{"timesteps_total": NaN}',
      '--stop criterion "timesteps_total" = NaN is out of range: must be a finite number > 0'),
-])
-def test_the_cli_refuses_bad_numbers_on_every_rank_at_once(tmp_path, flag, text, message):
+]
+
+
+@pytest.mark.parametrize("flag, text, message", BAD_NUMBERS)
+def test_bad_numbers_on_the_command_line_are_refused(tmp_path, flag, text, message):
+    """What the CLI does with --config and --stop (parse_json_object, then make_request), in
+    process; the next test runs one of them end to end on every rank."""
+    parsed = parse_json_object(text, flag)
+    config, stop = (parsed, {}) if flag == "--config" else ({}, parsed)
+    with pytest.raises(ConfigError) as caught:
+        make_request("PPO", "CartPole-v1", None, config, stop, None, str(tmp_path / "run"))
+    assert str(caught.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_refuses_bad_numbers_on_every_rank_at_once(tmp_path):
+    flag, text, message = BAD_NUMBERS[1]
     start = time.monotonic()
     proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
                    "--run-dir", str(tmp_path / "run"), flag, text, timeout=90,

@@ -106,20 +106,47 @@ def test_an_existing_run_is_never_overwritten(tmp_path):
     assert (run_dir / "progress.csv").read_bytes() == before
 
 
-@pytest.mark.parametrize("args, expected", [
+BAD_INPUT = [
     (["--config", '{"num_epoch": 3}'], "Did you mean 'num_epochs'?"),
     (["--config", '{"lr": "fast"}'], 'config key "lr" = "fast" is out of range: must be a '
                                      'finite number > 0'),
     (["--env", "CartPol-v1"], "unknown environment id 'CartPol-v1'. Did you mean 'CartPole-v1'"),
     (["--algo", "PPPO"], "unknown algorithm 'PPPO': neither a built-in one (PPO, A2C, BC, MARWIL"),
     (["--stop", '{"reward": 10}'], "unknown --stop key 'reward'"),
-    (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),
-])
-def test_bad_input_is_one_clear_error_on_every_rank(tmp_path, args, expected):
+]
+
+
+def _train_args(args):
     base = {"--algo": "PPO", "--env": "CartPole-v1"}
     for flag, value in zip(args[::2], args[1::2], strict=True):
         base[flag] = value
-    command = [*MPIRL, "train", *[x for kv in base.items() for x in kv],
+    return base
+
+
+@pytest.mark.parametrize("args, expected", BAD_INPUT)
+def test_bad_input_is_one_clear_error(tmp_path, args, expected):
+    """What the CLI checks before starting anything (make_request, in process); the next test
+    runs two kinds end to end on every rank."""
+    from mpirl.commands.train import make_request
+    from mpirl.config.parse import parse_json_object
+    from mpirl.errors import ConfigError
+
+    base = _train_args(args)
+    with pytest.raises(ConfigError) as caught:
+        make_request(base["--algo"], base["--env"], None,
+                     parse_json_object(base.get("--config", "{}"), "--config"),
+                     parse_json_object(base.get("--stop", "{}"), "--stop"), None,
+                     str(tmp_path / "run"))
+    assert expected in str(caught.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    BAD_INPUT[0],  # a config key, checked on rank 0 before any rank starts a worker
+    (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),  # the world's size
+])
+def test_bad_input_is_one_clear_error_on_every_rank(tmp_path, args, expected):
+    command = [*MPIRL, "train", *[x for kv in _train_args(args).items() for x in kv],
                "--run-dir", str(tmp_path / "run")]
     proc = run_mpi(3, *command, timeout=60)
     assert proc.returncode == 2, proc.stderr
