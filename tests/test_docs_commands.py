@@ -105,6 +105,25 @@ def shell_blocks(page: Path) -> list[Block]:
     return blocks
 
 
+#: Blocks another test runs as written (the same commands on as many ranks), by page and their
+#: text: not run here again while their text is the one recorded (a block edited since runs here
+#: again, and test_a_block_run_elsewhere_is_still_on_its_page fails until the entry is updated).
+RUN_ELSEWHERE = {
+    ("docs/python-api.md",
+     "mpiexec -n 3 python examples/train_ppo.py     # a driver and two rollout ranks\n"
+     "python examples/train_ppo.py                  # local mode: one process, no mpiexec"):
+    # examples/train_ppo.py under mpiexec -n 3 and in local mode, with a run directory named.
+    ("tests/test_api.py", "def test_train_example(", '@pytest.mark.parametrize("ranks", [1, 3])',
+     'EXAMPLES / "train_ppo.py"'),
+}
+
+
+def run_elsewhere(block: Block) -> str | None:
+    """The test that runs ``block`` as written, if one does."""
+    entry = RUN_ELSEWHERE.get((str(block.page.relative_to(REPO)), block.text))
+    return None if entry is None else f"{entry[0]}::{entry[1].removeprefix('def ').rstrip('(')}"
+
+
 ALL_BLOCKS = [block for page in PAGES for block in shell_blocks(page)]
 PAGES_WITH_BLOCKS = [page for page in PAGES if shell_blocks(page)]
 
@@ -169,8 +188,10 @@ def test_the_page_s_shell_blocks_run_in_order(page: Path, tmp_path: Path):
     home.mkdir()
     env = block_environment(tmp_path / ".venv" / "bin" / "activate", home)
     for block in blocks:
-        if block.skip_reason is None:
+        if block.skip_reason is None and run_elsewhere(block) is None:
             run_block(block, tmp_path, env)
+        elif block.skip_reason is None:
+            print(f"{block.where}: `{block.first_line}` is run by {run_elsewhere(block)}")
 
 
 @pytest.mark.parametrize("block", [block for block in ALL_BLOCKS if block.mark is not None],
@@ -179,6 +200,17 @@ def test_a_block_left_out_says_why(block: Block):
     """One skipped case per mark, so that the summary (-ra) lists every block not run and why."""
     reason = block.skip_reason  # ValueError, failing this case, for a mark without a reason
     pytest.skip(f"{block.where} `{block.first_line}` not run: {reason}")
+
+
+@pytest.mark.parametrize("where", RUN_ELSEWHERE, ids=lambda where: where[0])
+def test_a_block_run_elsewhere_is_still_on_its_page_and_its_test_runs_it(where):
+    page, text = where
+    assert text in [block.text for block in shell_blocks(REPO / page)], (
+        f"{page}: the block recorded in RUN_ELSEWHERE changed (it runs here again): check that "
+        f"{RUN_ELSEWHERE[where][0]} still runs it as written, and update the entry")
+    test_file, *lines = RUN_ELSEWHERE[where]
+    source = (REPO / test_file).read_text()
+    assert all(line in source for line in lines), (test_file, lines)
 
 
 def test_the_marks_are_read():
