@@ -57,9 +57,15 @@ def test_a2c_learns_cartpole_within_500k_steps(tmp_path):
     assert result["timesteps_total"] <= 500000
 
 
-def test_local_mode_trains_without_a_launcher(tmp_path):
-    proc, _, result = train(1, tmp_path, "--algo", "PPO", "--env", "CartPole-v1",
-                            "--stop", '{"training_iteration": 3}')
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """PPO in local mode, 3 iterations: checked itself, then plotted and not overwritten."""
+    return train(1, tmp_path_factory.mktemp("local"), "--algo", "PPO", "--env", "CartPole-v1",
+                 "--stop", '{"training_iteration": 3}')
+
+
+def test_local_mode_trains_without_a_launcher(local_run):
+    proc, _, result = local_run
     assert result["iteration"] == 3 and result["timesteps_total"] == 3 * 8 * 64
     assert "local mode" in proc.stdout
 
@@ -85,9 +91,8 @@ def test_box_actions_train_end_to_end(tmp_path):
     assert result["iteration"] == 4 and result["episode_return_mean"] < 0  # Pendulum's costs
 
 
-def test_plot_draws_the_runs(tmp_path):
-    _, run_dir, _ = train(1, tmp_path, "--algo", "A2C", "--env", "CartPole-v1",
-                          "--stop", '{"training_iteration": 20}')
+def test_plot_draws_the_runs(local_run, tmp_path):
+    _, run_dir, _ = local_run
     out = tmp_path / "curve.png"
     proc = subprocess.run([*MPIRL, "plot", str(run_dir), str(run_dir), "-o", str(out)],
                           capture_output=True, text=True, timeout=120, env=mpi_env())
@@ -95,9 +100,8 @@ def test_plot_draws_the_runs(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_an_existing_run_is_never_overwritten(tmp_path):
-    _, run_dir, _ = train(1, tmp_path, "--algo", "PPO", "--env", "CartPole-v1",
-                          "--stop", '{"training_iteration": 2}')
+def test_an_existing_run_is_never_overwritten(local_run):
+    _, run_dir, _ = local_run
     before = (run_dir / "progress.csv").read_bytes()
     proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
                    "--run-dir", str(run_dir), timeout=60)
