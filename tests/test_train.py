@@ -129,8 +129,8 @@ def _train_args(args):
 
 @pytest.mark.parametrize("args, expected", BAD_INPUT)
 def test_bad_input_is_one_clear_error(tmp_path, args, expected):
-    """What the CLI checks before starting anything (make_request, in process); the next test
-    runs two kinds end to end on every rank."""
+    """What the CLI checks before starting anything (make_request, in process); end to end on
+    every rank: the next test, and test_cli_outputs.py's one-line error under mpiexec."""
     from mpirl.commands.train import make_request
     from mpirl.config.parse import parse_json_object
     from mpirl.errors import ConfigError
@@ -145,8 +145,9 @@ def test_bad_input_is_one_clear_error(tmp_path, args, expected):
     assert not (tmp_path / "run").exists()
 
 
+# A bad config key under mpiexec -n 3, one line and nothing else, end to end:
+# test_cli_outputs.py's test_an_error_under_mpiexec_is_one_line_without_open_mpis_note.
 @pytest.mark.parametrize("args, expected", [
-    BAD_INPUT[0],  # a config key, checked on rank 0 before any rank starts a worker
     (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),  # the world's size
 ])
 def test_bad_input_is_one_clear_error_on_every_rank(tmp_path, args, expected):
