@@ -245,6 +245,28 @@ def test_a_games_cap_that_is_not_a_positive_integer_is_refused(text):
     assert max_games_from_env({}) is None
 
 
+def test_the_games_cap_plays_at_most_its_games_and_says_so(monkeypatch):
+    import mpirl.commands.match as match
+
+    played = []
+
+    class Matches:
+        def evaluate(self, checkpoint, manifest, opponent, games, simulations, seed):
+            played.append(games)
+            return {"games": games}
+
+    monkeypatch.setattr(match, "checkpoint_matches", lambda path, warn: (Matches(), None, {}))
+    warnings = []
+    monkeypatch.setenv(MAX_GAMES_ENV, "2")
+    assert match.evaluate_match("run", "minimax", 100, warn=warnings.append) == {"games": 2}
+    assert warnings == ["MPIRL_MAX_GAMES=2: this evaluation plays 2 games, whatever --games says"]
+    assert match.evaluate_match("run", "minimax", 1, warn=warnings.append) == {"games": 1}
+    assert len(warnings) == 1  # under the cap: nothing to say
+    monkeypatch.delenv(MAX_GAMES_ENV)
+    assert match.evaluate_match("run", "minimax", 100, warn=warnings.append) == {"games": 100}
+    assert played == [2, 1, 100]
+
+
 @pytest.mark.parametrize("command", [
     ["train", "--run-dir", "RUN", "--algo", "PPO", "--env", "CartPole-v1"],
     ["tune", "--run-dir", "RUN", "--ranks-per-trial", "1", "--search", "random",
