@@ -105,23 +105,39 @@ def shell_blocks(page: Path) -> list[Block]:
     return blocks
 
 
-#: Blocks another test runs as written (the same commands on as many ranks), by page and their
-#: text: not run here again while their text is the one recorded (a block edited since runs here
-#: again, and test_a_block_run_elsewhere_is_still_on_its_page fails until the entry is updated).
+#: Blocks another test, or another page's block, runs as written (the same commands on as many
+#: ranks; a --run-dir added at most, which names the run's folder and nothing else), by page and
+#: their text: not run here again while their text is the one recorded (a block edited since runs
+#: here again, and test_a_block_run_elsewhere_is_still_on_its_page_and_run_there fails until the
+#: entry is updated). Each names where it runs and the lines there that run it.
 RUN_ELSEWHERE = {
     ("docs/python-api.md",
      "mpiexec -n 3 python examples/train_ppo.py     # a driver and two rollout ranks\n"
      "python examples/train_ppo.py                  # local mode: one process, no mpiexec"):
     # examples/train_ppo.py under mpiexec -n 3 and in local mode, with a run directory named.
-    ("tests/test_api.py", "def test_train_example(", '@pytest.mark.parametrize("ranks", [1, 3])',
-     'EXAMPLES / "train_ppo.py"'),
+    ("tests/test_api.py", "test_train_example", "def test_train_example(",
+     '@pytest.mark.parametrize("ranks", [1, 3])', 'EXAMPLES / "train_ppo.py"'),
+    ("docs/algorithms.md",
+     "mpiexec -n 3 mpirl train --algo AlphaZero --env openspiel/tic_tac_toe \\\n"
+     "  --stop '{\"training_iteration\": 60}'      # about 20 s here; then 0 losses to minimax"):
+    ("docs/alphazero.md", "its first block, with --run-dir runs/alphazero-ttt",
+     "mpiexec -n 3 mpirl train --algo AlphaZero --env openspiel/tic_tac_toe \\\n"
+     "  --run-dir runs/alphazero-ttt --stop '{\"training_iteration\": 60}'\n"),
+    ("docs/install.md",
+     "source .venv/bin/activate\n"
+     "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
+     "--stop '{\"episode_return_mean\": 450}'"):
+    ("README.md", "its first run, with --run-dir runs/ppo-cartpole",
+     "source .venv/bin/activate\n"
+     "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
+     "--stop '{\"episode_return_mean\": 450}' \\\n    --run-dir runs/ppo-cartpole"),
 }
 
 
 def run_elsewhere(block: Block) -> str | None:
-    """The test that runs ``block`` as written, if one does."""
+    """Where ``block`` runs as written, if elsewhere."""
     entry = RUN_ELSEWHERE.get((str(block.page.relative_to(REPO)), block.text))
-    return None if entry is None else f"{entry[0]}::{entry[1].removeprefix('def ').rstrip('(')}"
+    return None if entry is None else f"{entry[0]} ({entry[1]})"
 
 
 ALL_BLOCKS = [block for page in PAGES for block in shell_blocks(page)]
@@ -203,14 +219,14 @@ def test_a_block_left_out_says_why(block: Block):
 
 
 @pytest.mark.parametrize("where", RUN_ELSEWHERE, ids=lambda where: where[0])
-def test_a_block_run_elsewhere_is_still_on_its_page_and_its_test_runs_it(where):
+def test_a_block_run_elsewhere_is_still_on_its_page_and_run_there(where):
     page, text = where
     assert text in [block.text for block in shell_blocks(REPO / page)], (
         f"{page}: the block recorded in RUN_ELSEWHERE changed (it runs here again): check that "
         f"{RUN_ELSEWHERE[where][0]} still runs it as written, and update the entry")
-    test_file, *lines = RUN_ELSEWHERE[where]
-    source = (REPO / test_file).read_text()
-    assert all(line in source for line in lines), (test_file, lines)
+    covering, _, *lines = RUN_ELSEWHERE[where]
+    source = (REPO / covering).read_text()
+    assert all(line in source for line in lines), (covering, lines)
 
 
 def test_the_marks_are_read():
