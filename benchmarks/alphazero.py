@@ -500,9 +500,14 @@ def compare_game(game: str, plan: Plan, peers: tuple[str, ...], tmp: Path) -> di
     return entry
 
 
-def scaling(plan: Plan, tmp: Path) -> dict[str, Any]:
+def scaling(plan: Plan, tmp: Path, measured: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """``measured``: runs already made of the scaling game for its seconds, by rollout ranks
+    (the quick mode's comparison run), taken as they are rather than run again."""
     runs = {}
     for ranks in plan.scaling_ranks:
+        if ranks in measured:
+            runs[str(ranks)] = {k: v for k, v in measured[ranks].items() if k != "ladder"}
+            continue
         runs[str(ranks)] = attempt(
             f"mpirl {plan.scaling_game} with {ranks} rollout rank(s)",
             lambda ranks=ranks: train_mpirl(plan.scaling_game, plan.scaling_seconds, ranks,
@@ -602,9 +607,9 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown game(s) {', '.join(unknown)}; choose from {','.join(NETWORKS)}")
     if args.quick:
-        plan = Plan(games=("tic_tac_toe",), train_seconds={"tic_tac_toe": 8.0},
+        plan = Plan(games=("tic_tac_toe",), train_seconds={"tic_tac_toe": 4.0},
                     rollout_ranks=1, ladder=("mcts:10",), ladder_games=2,
-                    scaling_game="tic_tac_toe", scaling_ranks=(1, 2), scaling_seconds=5.0,
+                    scaling_game="tic_tac_toe", scaling_ranks=(1, 2), scaling_seconds=4.0,
                     batch_seconds=1.0)
     else:
         default = {"tic_tac_toe": 90.0, "connect_four": 180.0}
@@ -620,7 +625,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="az-bench-") as name:
         tmp = Path(name)
         games = {game: compare_game(game, plan, args.peers, tmp) for game in plan.games}
-        report = {"metadata": metadata, "games": games, "scaling": scaling(plan, tmp)}
+        # Quick: the comparison's mpirl run is the scaling's run of as many rollout ranks (the
+        # same game, config and seconds): one launch fewer.
+        compared = games.get(plan.scaling_game, {}).get("mpirl", {})
+        measured = ({plan.rollout_ranks: compared} if args.quick and "positions" in compared
+                    and plan.train_seconds[plan.scaling_game] == plan.scaling_seconds else {})
+        report = {"metadata": metadata, "games": games,
+                  "scaling": scaling(plan, tmp, measured)}
     print_report(report)
     write_report(report, None if args.json is None else Path(args.json))
     return 0

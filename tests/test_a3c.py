@@ -5,8 +5,7 @@ import json
 import statistics
 
 import pytest
-from conftest import run_mpi
-from test_train import MPIRL, rows, train
+from test_train import rows, train
 
 
 def test_a3c_learns_cartpole_within_500k_steps(tmp_path):
@@ -40,9 +39,13 @@ def test_a3c_runs_with_a_learner_rank_and_in_local_mode(tmp_path, n, config):
 
 
 def test_a3c_refuses_several_learners(tmp_path):
-    proc = run_mpi(4, *MPIRL, "train", "--algo", "A3C", "--env", "CartPole-v1",
-                   "--config", '{"num_learners": 2}', "--run-dir", str(tmp_path / "run"),
-                   timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
-    assert "num_learners must be 0 or 1" in proc.stderr
+    """make_request, as mpirl train calls it on rank 0 before any rank starts (that a refusal
+    there is one line on every rank is test_train.py's test_bad_input_is_one_clear_error_on_
+    every_rank, under mpiexec)."""
+    from mpirl.commands.train import make_request
+    from mpirl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="num_learners must be 0 or 1, got 2"):
+        make_request("A3C", "CartPole-v1", None, {"num_learners": 2}, {}, None,
+                     str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()

@@ -12,9 +12,10 @@ import time
 import pytest
 from conftest import run_mpi
 
+from mpirl.commands.match import MAX_GAMES_ENV, max_games_from_env
 from mpirl.commands.train import make_request
 from mpirl.config.fields import numeric_fields, range_of
-from mpirl.config.parse import build
+from mpirl.config.parse import build, parse_json_object
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import ALGORITHMS, load_algorithm
@@ -134,7 +135,8 @@ def test_a_negative_return_is_a_valid_stop_criterion(tmp_path):
     assert request.stop == {"episode_return_mean": -200}
 
 
-@pytest.mark.parametrize("flag, text, message", [
+#: Bad numbers the command line used to let through, and what they did then.
+BAD_NUMBERS = [
     # Divided by zero on the driver after every rank had started (a traceback, exit 1).
     ("--config", '{"minibatch_size": 0}',
      'config key "minibatch_size" = 0 is out of range: must be an integer >= 1'),
@@ -144,8 +146,23 @@ def test_a_negative_return_is_a_valid_stop_criterion(tmp_path):
     # Never reached: the run went on until the allocation ended.
     ("--stop", '{"timesteps_total": NaN}',
      '--stop criterion "timesteps_total" = NaN is out of range: must be a finite number > 0'),
-])
-def test_the_cli_refuses_bad_numbers_on_every_rank_at_once(tmp_path, flag, text, message):
+]
+
+
+@pytest.mark.parametrize("flag, text, message", BAD_NUMBERS)
+def test_bad_numbers_on_the_command_line_are_refused(tmp_path, flag, text, message):
+    """What the CLI does with --config and --stop (parse_json_object, then make_request), in
+    process; the next test runs one of them end to end on every rank."""
+    parsed = parse_json_object(text, flag)
+    config, stop = (parsed, {}) if flag == "--config" else ({}, parsed)
+    with pytest.raises(ConfigError) as caught:
+        make_request("PPO", "CartPole-v1", None, config, stop, None, str(tmp_path / "run"))
+    assert str(caught.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_refuses_bad_numbers_on_every_rank_at_once(tmp_path):
+    flag, text, message = BAD_NUMBERS[1]
     start = time.monotonic()
     proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
                    "--run-dir", str(tmp_path / "run"), flag, text, timeout=90,
@@ -215,6 +232,39 @@ def test_an_iteration_cap_that_is_not_a_positive_integer_is_refused(text):
     assert max_iterations_from_env({MAX_ITERATIONS_ENV: " 7 "}) == 7
     assert max_iterations_from_env({MAX_ITERATIONS_ENV: ""}) is None
     assert max_iterations_from_env({}) is None
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "2.5", "ten"])
+def test_a_games_cap_that_is_not_a_positive_integer_is_refused(text):
+    with pytest.raises(ConfigError) as caught:
+        max_games_from_env({MAX_GAMES_ENV: text})
+    assert str(caught.value) == (f"$MPIRL_MAX_GAMES must be a positive integer (the most games "
+                                 f"an evaluation may play), got {text!r}")
+    assert max_games_from_env({MAX_GAMES_ENV: " 2 "}) == 2
+    assert max_games_from_env({MAX_GAMES_ENV: ""}) is None
+    assert max_games_from_env({}) is None
+
+
+def test_the_games_cap_plays_at_most_its_games_and_says_so(monkeypatch):
+    import mpirl.commands.match as match
+
+    played = []
+
+    class Matches:
+        def evaluate(self, checkpoint, manifest, opponent, games, simulations, seed):
+            played.append(games)
+            return {"games": games}
+
+    monkeypatch.setattr(match, "checkpoint_matches", lambda path, warn: (Matches(), None, {}))
+    warnings = []
+    monkeypatch.setenv(MAX_GAMES_ENV, "2")
+    assert match.evaluate_match("run", "minimax", 100, warn=warnings.append) == {"games": 2}
+    assert warnings == ["MPIRL_MAX_GAMES=2: this evaluation plays 2 games, whatever --games says"]
+    assert match.evaluate_match("run", "minimax", 1, warn=warnings.append) == {"games": 1}
+    assert len(warnings) == 1  # under the cap: nothing to say
+    monkeypatch.delenv(MAX_GAMES_ENV)
+    assert match.evaluate_match("run", "minimax", 100, warn=warnings.append) == {"games": 100}
+    assert played == [2, 1, 100]
 
 
 @pytest.mark.parametrize("command", [

@@ -7,7 +7,8 @@ Each page runs in a fresh copy of the repository (the files git tracks or would 
 clone works as well as a working tree), with ``.venv`` a link to this venv, under
 ``bash -euo pipefail`` after ``source .venv/bin/activate``, as a reader would type them. Every
 training run stops after MPIRL_MAX_ITERATIONS iterations, whatever its --stop says, so a page of
-long examples takes seconds; CI is unset, as it is in a reader's shell."""
+long examples takes seconds, and every board-game evaluation plays at most MPIRL_MAX_GAMES games,
+whatever its --games says; CI is unset, as it is in a reader's shell."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ MARK = re.compile(r"^\s*<!--\s*docs-test:(.*?)-->\s*$")
 BLOCK_TIMEOUT_S = 180
 #: Training iterations per run: enough for a checkpoint, a progress row and a curve to plot.
 MAX_ITERATIONS = "2"
+#: Games per ``mpirl evaluate`` of a board-game checkpoint: one with each side moving first.
+MAX_GAMES = "2"
 
 
 @dataclasses.dataclass
@@ -102,6 +105,41 @@ def shell_blocks(page: Path) -> list[Block]:
     return blocks
 
 
+#: Blocks another test, or another page's block, runs as written (the same commands on as many
+#: ranks; a --run-dir added at most, which names the run's folder and nothing else), by page and
+#: their text: not run here again while their text is the one recorded (a block edited since runs
+#: here again, and test_a_block_run_elsewhere_is_still_on_its_page_and_run_there fails until the
+#: entry is updated). Each names where it runs and the lines there that run it.
+RUN_ELSEWHERE = {
+    ("docs/python-api.md",
+     "mpiexec -n 3 python examples/train_ppo.py     # a driver and two rollout ranks\n"
+     "python examples/train_ppo.py                  # local mode: one process, no mpiexec"):
+    # examples/train_ppo.py under mpiexec -n 3 and in local mode, with a run directory named.
+    ("tests/test_api.py", "test_train_example", "def test_train_example(",
+     '@pytest.mark.parametrize("ranks", [1, 3])', 'EXAMPLES / "train_ppo.py"'),
+    ("docs/algorithms.md",
+     "mpiexec -n 3 mpirl train --algo AlphaZero --env openspiel/tic_tac_toe \\\n"
+     "  --stop '{\"training_iteration\": 60}'      # about 20 s here; then 0 losses to minimax"):
+    ("docs/alphazero.md", "its first block, with --run-dir runs/alphazero-ttt",
+     "mpiexec -n 3 mpirl train --algo AlphaZero --env openspiel/tic_tac_toe \\\n"
+     "  --run-dir runs/alphazero-ttt --stop '{\"training_iteration\": 60}'\n"),
+    ("docs/install.md",
+     "source .venv/bin/activate\n"
+     "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
+     "--stop '{\"episode_return_mean\": 450}'"):
+    ("README.md", "its first run, with --run-dir runs/ppo-cartpole",
+     "source .venv/bin/activate\n"
+     "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
+     "--stop '{\"episode_return_mean\": 450}' \\\n    --run-dir runs/ppo-cartpole"),
+}
+
+
+def run_elsewhere(block: Block) -> str | None:
+    """Where ``block`` runs as written, if elsewhere."""
+    entry = RUN_ELSEWHERE.get((str(block.page.relative_to(REPO)), block.text))
+    return None if entry is None else f"{entry[0]} ({entry[1]})"
+
+
 ALL_BLOCKS = [block for page in PAGES for block in shell_blocks(page)]
 PAGES_WITH_BLOCKS = [page for page in PAGES if shell_blocks(page)]
 
@@ -125,7 +163,8 @@ def block_environment(activate: Path, home: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key != "CI"}
     # HOME in the copy: what the blocks write there (MLflow's database, W&B's settings) goes away
     # with it.
-    env.update(MPIRL_MAX_ITERATIONS=MAX_ITERATIONS, PYTHONUNBUFFERED="1", HOME=str(home))
+    env.update(MPIRL_MAX_ITERATIONS=MAX_ITERATIONS, MPIRL_MAX_GAMES=MAX_GAMES,
+               PYTHONUNBUFFERED="1", HOME=str(home))
     if "OMPI_ALLOW_RUN_AS_ROOT" in activate.read_text():
         # make ran as root and activate says what Open MPI needs: rely on it, as the docs do.
         env.pop("OMPI_ALLOW_RUN_AS_ROOT", None)
@@ -165,8 +204,10 @@ def test_the_page_s_shell_blocks_run_in_order(page: Path, tmp_path: Path):
     home.mkdir()
     env = block_environment(tmp_path / ".venv" / "bin" / "activate", home)
     for block in blocks:
-        if block.skip_reason is None:
+        if block.skip_reason is None and run_elsewhere(block) is None:
             run_block(block, tmp_path, env)
+        elif block.skip_reason is None:
+            print(f"{block.where}: `{block.first_line}` is run by {run_elsewhere(block)}")
 
 
 @pytest.mark.parametrize("block", [block for block in ALL_BLOCKS if block.mark is not None],
@@ -175,6 +216,17 @@ def test_a_block_left_out_says_why(block: Block):
     """One skipped case per mark, so that the summary (-ra) lists every block not run and why."""
     reason = block.skip_reason  # ValueError, failing this case, for a mark without a reason
     pytest.skip(f"{block.where} `{block.first_line}` not run: {reason}")
+
+
+@pytest.mark.parametrize("where", RUN_ELSEWHERE, ids=lambda where: where[0])
+def test_a_block_run_elsewhere_is_still_on_its_page_and_run_there(where):
+    page, text = where
+    assert text in [block.text for block in shell_blocks(REPO / page)], (
+        f"{page}: the block recorded in RUN_ELSEWHERE changed (it runs here again): check that "
+        f"{RUN_ELSEWHERE[where][0]} still runs it as written, and update the entry")
+    covering, _, *lines = RUN_ELSEWHERE[where]
+    source = (REPO / covering).read_text()
+    assert all(line in source for line in lines), (covering, lines)
 
 
 def test_the_marks_are_read():

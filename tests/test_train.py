@@ -34,25 +34,8 @@ def rows(run_dir):
 # The learning tests run seed 5: the defaults were chosen on seeds 0-4, on which PPO reached a
 # 100-episode mean of 475 within 59k-136k steps and A2C 400 within 58k-151k, with 1 and with 2
 # rollout ranks (benchmarks/learning.py --thresholds, benchmarks/RESULTS.md).
-def test_ppo_learns_cartpole_within_150k_steps(tmp_path):
-    proc, run_dir, result = train(
-        3, tmp_path, "--algo", "PPO", "--env", "CartPole-v1", "--seed", "5",
-        "--stop", '{"episode_return_mean": 475, "timesteps_total": 150000}')
-    assert result["episode_return_mean"] >= 475, result
-    assert result["timesteps_total"] <= 150000
-    # The outputs a user reads.
-    progress = rows(run_dir)
-    assert REQUIRED_COLUMNS <= set(progress[0]) and len(progress) == result["iteration"]
-    params = json.loads((run_dir / "params.json").read_text())
-    assert params["algo"] == "PPO" and params["config"]["seed"] == 5
-    assert params["layout"]["summary"].startswith("driver 1, rollout 2, replay 0, learner 0")
-    assert params["layout"]["ranks"] == {"driver": [0], "rollout": [1, 2], "replay": [],
-                                         "learner": []}
-    assert list(run_dir.glob("events.out.tfevents.*"))
-    stopped, = (line for line in proc.stdout.splitlines() if line.startswith("stopped: "))
-    assert stopped.startswith("stopped: episode_return_mean reached (")
-    assert stopped.count("episode_return_mean") == 1, stopped  # not named again after its value
-    assert proc.stdout.count("mpirl layout:") == 1
+# PPO's learning test on 3 ranks, test_ppo_learns_cartpole_within_150k_steps, is in
+# test_evaluate.py: its trained run is the checkpoint evaluate's tests play.
 
 
 def test_ppo_with_two_learners_and_two_rollout_workers_learns_as_well(tmp_path):
@@ -74,9 +57,15 @@ def test_a2c_learns_cartpole_within_500k_steps(tmp_path):
     assert result["timesteps_total"] <= 500000
 
 
-def test_local_mode_trains_without_a_launcher(tmp_path):
-    proc, _, result = train(1, tmp_path, "--algo", "PPO", "--env", "CartPole-v1",
-                            "--stop", '{"training_iteration": 3}')
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """PPO in local mode, 3 iterations: checked itself, then plotted and not overwritten."""
+    return train(1, tmp_path_factory.mktemp("local"), "--algo", "PPO", "--env", "CartPole-v1",
+                 "--stop", '{"training_iteration": 3}')
+
+
+def test_local_mode_trains_without_a_launcher(local_run):
+    proc, _, result = local_run
     assert result["iteration"] == 3 and result["timesteps_total"] == 3 * 8 * 64
     assert "local mode" in proc.stdout
 
@@ -102,9 +91,8 @@ def test_box_actions_train_end_to_end(tmp_path):
     assert result["iteration"] == 4 and result["episode_return_mean"] < 0  # Pendulum's costs
 
 
-def test_plot_draws_the_runs(tmp_path):
-    _, run_dir, _ = train(1, tmp_path, "--algo", "A2C", "--env", "CartPole-v1",
-                          "--stop", '{"training_iteration": 20}')
+def test_plot_draws_the_runs(local_run, tmp_path):
+    _, run_dir, _ = local_run
     out = tmp_path / "curve.png"
     proc = subprocess.run([*MPIRL, "plot", str(run_dir), str(run_dir), "-o", str(out)],
                           capture_output=True, text=True, timeout=120, env=mpi_env())
@@ -112,9 +100,8 @@ def test_plot_draws_the_runs(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_an_existing_run_is_never_overwritten(tmp_path):
-    _, run_dir, _ = train(1, tmp_path, "--algo", "PPO", "--env", "CartPole-v1",
-                          "--stop", '{"training_iteration": 2}')
+def test_an_existing_run_is_never_overwritten(local_run):
+    _, run_dir, _ = local_run
     before = (run_dir / "progress.csv").read_bytes()
     proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
                    "--run-dir", str(run_dir), timeout=60)
@@ -123,20 +110,48 @@ def test_an_existing_run_is_never_overwritten(tmp_path):
     assert (run_dir / "progress.csv").read_bytes() == before
 
 
-@pytest.mark.parametrize("args, expected", [
+BAD_INPUT = [
     (["--config", '{"num_epoch": 3}'], "Did you mean 'num_epochs'?"),
     (["--config", '{"lr": "fast"}'], 'config key "lr" = "fast" is out of range: must be a '
                                      'finite number > 0'),
     (["--env", "CartPol-v1"], "unknown environment id 'CartPol-v1'. Did you mean 'CartPole-v1'"),
     (["--algo", "PPPO"], "unknown algorithm 'PPPO': neither a built-in one (PPO, A2C, BC, MARWIL"),
     (["--stop", '{"reward": 10}'], "unknown --stop key 'reward'"),
-    (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),
-])
-def test_bad_input_is_one_clear_error_on_every_rank(tmp_path, args, expected):
+]
+
+
+def _train_args(args):
     base = {"--algo": "PPO", "--env": "CartPole-v1"}
     for flag, value in zip(args[::2], args[1::2], strict=True):
         base[flag] = value
-    command = [*MPIRL, "train", *[x for kv in base.items() for x in kv],
+    return base
+
+
+@pytest.mark.parametrize("args, expected", BAD_INPUT)
+def test_bad_input_is_one_clear_error(tmp_path, args, expected):
+    """What the CLI checks before starting anything (make_request, in process); end to end on
+    every rank: the next test, and test_cli_outputs.py's one-line error under mpiexec."""
+    from mpirl.commands.train import make_request
+    from mpirl.config.parse import parse_json_object
+    from mpirl.errors import ConfigError
+
+    base = _train_args(args)
+    with pytest.raises(ConfigError) as caught:
+        make_request(base["--algo"], base["--env"], None,
+                     parse_json_object(base.get("--config", "{}"), "--config"),
+                     parse_json_object(base.get("--stop", "{}"), "--stop"), None,
+                     str(tmp_path / "run"))
+    assert expected in str(caught.value)
+    assert not (tmp_path / "run").exists()
+
+
+# A bad config key under mpiexec -n 3, one line and nothing else, end to end:
+# test_cli_outputs.py's test_an_error_under_mpiexec_is_one_line_without_open_mpis_note.
+@pytest.mark.parametrize("args, expected", [
+    (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),  # the world's size
+])
+def test_bad_input_is_one_clear_error_on_every_rank(tmp_path, args, expected):
+    command = [*MPIRL, "train", *[x for kv in _train_args(args).items() for x in kv],
                "--run-dir", str(tmp_path / "run")]
     proc = run_mpi(3, *command, timeout=60)
     assert proc.returncode == 2, proc.stderr

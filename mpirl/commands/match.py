@@ -8,7 +8,9 @@ This finds the checkpoint and its algorithm; the games themselves are the module
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -49,8 +51,36 @@ def evaluate_match(path: str | Path, opponent: str, games: int, simulations: int
     the counts from the agent's side. ``simulations`` None searches as the run's evaluation."""
     if games < 1:
         raise ConfigError(f"--games must be at least 1, got {games}")
+    cap = max_games_from_env()
+    if cap is not None and cap < games:
+        if warn is not None:
+            warn(f"{MAX_GAMES_ENV}={cap}: this evaluation plays {cap} games, whatever --games "
+                 "says")
+        games = cap
     matches, checkpoint, manifest = checkpoint_matches(path, warn)
     return matches.evaluate(checkpoint, manifest, opponent, games, simulations, seed)
+
+
+#: The environment variable that caps the games of every board-game evaluation (``mpirl
+#: evaluate --games``), as ``$MPIRL_MAX_ITERATIONS`` caps training: the docs' commands run as
+#: written, in seconds.
+MAX_GAMES_ENV = "MPIRL_MAX_GAMES"
+
+
+def max_games_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+    """``$MPIRL_MAX_GAMES`` as a number of games, None when unset or empty; ConfigError when it
+    is not a positive integer."""
+    text = environ.get(MAX_GAMES_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"${MAX_GAMES_ENV} must be a positive integer (the most games an "
+                          f"evaluation may play), got {environ[MAX_GAMES_ENV]!r}")
+    return value
 
 
 def match_report(summary: dict[str, Any], as_json: bool = False) -> str:

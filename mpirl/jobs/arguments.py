@@ -184,7 +184,8 @@ def _add_evaluate(commands: Any) -> None:
                             "rollouts, N simulations), minimax (small games), minimax:traps "
                             "(perfect, setting traps), or module:Class (act(observation, "
                             "action_mask) -> move)")
-    games.add_argument("--games", type=int, default=100, help="games to play (100)")
+    games.add_argument("--games", type=int, default=100,
+                       help="games to play (100; at most $MPIRL_MAX_GAMES where that is set)")
     games.add_argument("--simulations", type=int,
                        help="the agent's search simulations a move; 0 plays its raw policy "
                             "(default: the run's evaluation_simulations, 100 unless set)")
