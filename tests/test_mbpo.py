@@ -31,6 +31,7 @@ from mpirl.algorithms.model_based.mbpo import (
     model_spec,
     rollout_length,
 )
+from test_pets import refusal
 from test_train import MPIRL, rows, train
 
 COLUMNS = {"model_error", "model_error_max", "model_train_nll", "rollout_length",
@@ -160,8 +161,15 @@ def test_model_rollouts_stop_where_the_termination_function_says():
     (["--env", "Pendulum-v1", "--stop", '{"eval_return_mean": -200}'],
      "--stop eval_return_mean needs evaluations: set the config key evaluation_interval"),
 ])
-def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
-    assert message in train_refused(tmp_path, "--algo", "MBPO", *args)
+def test_bad_input_is_refused(tmp_path, args, message):
+    """In-process (test_pets.refusal); the first case end to end below."""
+    assert message in refusal(tmp_path, "--algo", "MBPO", *args)
+
+
+def test_bad_input_exits_2_in_one_line(tmp_path):
+    assert ("MBPO acts with SAC on continuous actions: it needs a Box action space, and this "
+            "environment's is Discrete(2)"
+            in train_refused(tmp_path, "--algo", "MBPO", "--env", "CartPole-v1"))
 
 
 #: A quick run on a walk whose observations go wrong after 25 steps of each env: checkpoints

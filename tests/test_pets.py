@@ -144,6 +144,33 @@ def test_the_broadcast_vector_carries_normalizers_and_elites():
 
 
 
+def refusal(tmp_path, *args: str) -> str:
+    """What ``mpirl train ARGS`` refuses, in-process: its argv parsed by the CLI's own parser
+    and checked by ``make_request``, rank 0's checks before anything starts, whose ConfigError
+    the command prints as its one line with exit 2 (the same code path as the subprocess
+    ``train_refused``, which each file keeps for one case end to end)."""
+    from mpirl.cli import _parser
+    from mpirl.commands.train import make_request
+    from mpirl.config.parse import parse_json_object
+    from mpirl.errors import ConfigError
+
+    parsed = _parser().parse_args(["train", *args, "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(ConfigError) as refused:
+        make_request(parsed.algo, parsed.env, parsed.env_module,
+                     parse_json_object(parsed.config, "--config"),
+                     parse_json_object(parsed.stop, "--stop"), parsed.seed, parsed.run_dir)
+    assert refused.value.exit_code == 2
+    assert not (tmp_path / "run").exists()
+    return str(refused.value)
+
+
+def test_bad_input_exits_2_in_one_line(tmp_path):
+    """End to end, one case: exit 2, one line on stderr, no traceback."""
+    assert ("PETS plans continuous actions: it needs a Box action space, and this "
+            "environment's is Discrete(2)"
+            in train_refused(tmp_path, "--algo", "PETS", "--env", "CartPole-v1"))
+
+
 @pytest.mark.parametrize("args, message", [
     (["--env", "CartPole-v1"], "PETS plans continuous actions: it needs a Box action space, "
                                "and this environment's is Discrete(2)"),
@@ -164,8 +191,8 @@ def test_the_broadcast_vector_carries_normalizers_and_elites():
     (["--env", "Pendulum-v1", "--config", '{"mppi_temperature": 0}'],
      '"mppi_temperature" = 0 is out of range'),
 ])
-def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
-    assert message in train_refused(tmp_path, "--algo", "PETS", *args)
+def test_bad_input_is_refused(tmp_path, args, message):
+    assert message in refusal(tmp_path, "--algo", "PETS", *args)
 
 
 def _walk_to_target_planner(planner: str, target: float = 0.5) -> PlanningModel:
