@@ -104,17 +104,20 @@ def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
     assert progress[3]["eval_return_mean"] != "nan"
 
 
-def test_a_learner_rank_keeps_the_transitions_and_broadcasts_the_ensemble(tmp_path):
+def test_a_learner_rank_keeps_the_transitions_and_mppi_plans(tmp_path):
     """num_learners 1: driver, learner rank, one rollout rank; the transitions travel from the
-    rollout rank to the learner's over the data plane."""
-    config = {**QUICK, "num_learners": 1}
+    rollout rank to the learner's over the data plane. The rollout rank plans with MPPI (the
+    CEM runs are the others): random actions below 40 steps, then planned ones, evaluated."""
+    config = {**QUICK, "num_learners": 1, "planner": "mppi", "mppi_population": 20,
+              "mppi_iterations": 2}
     _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
                           "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 3}', timeout=120)
+                          '{"training_iteration": 4}', timeout=120)
     progress = rows(run_dir)
-    assert [int(r["transitions"]) for r in progress] == [20, 40, 60]
+    assert [int(r["transitions"]) for r in progress] == [20, 40, 60, 80]
+    assert [r["random_actions"] for r in progress] == ["1.0", "1.0", "0.0", "0.0"]
     assert all(math.isfinite(float(r["model_error"])) for r in progress)
-    assert progress[1]["eval_return_mean"] != "nan"
+    assert all(math.isfinite(float(progress[i]["eval_return_mean"])) for i in (1, 3))
 
 
 def test_local_mode_plans_and_trains(tmp_path):
@@ -237,16 +240,6 @@ def test_the_planner_walks_to_the_target_on_an_exact_model(planner, seed):
     distances = np.array(distances)
     assert distances[2:].max() <= 0.2, distances
     assert distances.sum(0).max() <= 1.0, distances
-
-
-def test_a_quick_run_plans_with_mppi(tmp_path):
-    config = {**QUICK, "planner": "mppi", "mppi_population": 20, "mppi_iterations": 2}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
-                          "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 3}', timeout=120)
-    progress = rows(run_dir)
-    assert [r["random_actions"] for r in progress] == ["1.0", "0.0", "0.0"]
-    assert all(math.isfinite(float(r["eval_return_mean"])) for r in progress[1:])
 
 
 def test_a_note_shows_on_the_live_display_and_in_plain_output_and_the_log():
