@@ -241,7 +241,10 @@ def test_a_termination_fn_or_a_learned_one_keeps_the_plans_off_the_cliff(tmp_pat
     """The cliff walk pays more the further right, and ends past 0.8. Told where it ends
     (termination_fn), the planner stays near the edge; so it does once its classifier has
     learned the terminations (learn_termination, which also keeps the terminated steps, their
-    next state marked unknown); blind, it walks off within a few steps. Last evaluation after 5
+    next state marked unknown); blind, it walks off within a few steps. PETS's learning test in
+    the suite (its Pendulum goal is benchmarks/model_based.py's figure): the ensemble learns
+    the walk's dynamics and rewards from 800 real steps, and the plans over it must reach the
+    return thresholds. Last evaluation after 5
     iterations, seeds 0/1/2 when written: told 65.1/58.9/65.7, learned 59.2/52.3/54.1, blind
     7.5/7.6/8.6 (at most 40 x 1.8)."""
     told, data = _cliff_run(tmp_path, "told", termination_fn="mpirl.testing:cliff_walk_ended")

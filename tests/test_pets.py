@@ -1,17 +1,26 @@
 """PETS through the real CLI (issue 39): CEM planning over the dynamics ensemble on the rollout
-ranks, the ensemble trained on the learner in the driver's process; learning on Pendulum-v1,
-checkpoint and resume, and bad input.
+ranks, the ensemble trained on the learner in the driver's process; checkpoint and evaluate, and
+bad input.
 
-Measured when written (2026-11-28, 2 cores, mpiexec -n 3, defaults, 2,000 env steps, evaluated
-once after the last iteration on 10 deterministic episodes): seed 0 -132.2 in 96.6 s of
-training (100 s wall), seed 1 -155.6 in 83.8 s, seed 2 -169.1 in 118.0 s. The model's held-out
-error (normalized) falls from 0.07-0.15 after the 200 random steps to 0.004-0.009. With another
-job's tests sharing the two cores the same seed 0 run took 195 s (the same -132.2: a run is
-the same for the same seed on one machine), so the 150 s bound holds only on a quiet machine.
-With 3 particles instead of 2, seed 0 reached -131.7 but planned 3x slower. Since each member
-draws its bootstraps from a generator of its own (sharding over learner ranks), seed 0 reaches
--132.7 (380 s of training with 3 other agents' jobs on the 2 cores). With "planner": "mppi"
-seeds 0, 1, 2 reached -130.4, -153.7, -167.0 (673, 633, 636 s, as contended)."""
+Learning on Pendulum-v1 (the issue's goal: a mean of -200 over 10 deterministic evaluation
+episodes within 2,000 env steps, mpiexec -n 3, defaults) is benchmarks/model_based.py's figure
+(benchmarks/RESULTS.md, "Model-based RL: PETS vs SAC": -200 reached at 800-1,200 env steps on
+seeds 0-4). It was this file's test until issue 48: 327 CPU seconds, most of them CEM planning
+(every training step and every step of the 10 evaluation episodes), too dear for the suite. The
+suite's learning test of PETS is test_model_based_cli.py's cliff walk, where plans over the
+learned ensemble (and a learned termination classifier) must score above a return threshold
+within 5 iterations.
+
+The removed test's runs, measured when written (2026-11-28, 2 cores, mpiexec -n 3, defaults,
+2,000 env steps, evaluated once after the last iteration on 10 deterministic episodes): seed 0
+-132.2 in 96.6 s of training (100 s wall), seed 1 -155.6 in 83.8 s, seed 2 -169.1 in 118.0 s.
+The model's held-out error (normalized) falls from 0.07-0.15 after the 200 random steps to
+0.004-0.009. With another job's tests sharing the two cores the same seed 0 run took 195 s (the
+same -132.2: a run is the same for the same seed on one machine), so the 150 s bound holds only
+on a quiet machine. With 3 particles instead of 2, seed 0 reached -131.7 but planned 3x slower.
+Since each member draws its bootstraps from a generator of its own (sharding over learner
+ranks), seed 0 reaches -132.7 (380 s of training with 3 other agents' jobs on the 2 cores). With
+"planner": "mppi" seeds 0, 1, 2 reached -130.4, -153.7, -167.0 (673, 633, 636 s, as contended)."""
 
 from __future__ import annotations
 
@@ -39,21 +48,6 @@ QUICK = {"num_envs_per_worker": 2, "rollout_fragment_length": 10, "initial_rando
          "cem_population": 20, "cem_elites": 4, "cem_iterations": 2, "planning_horizon": 4,
          "particles": 2, "model_max_epochs": 3, "hidden_sizes": [32, 32],
          "evaluation_interval": 2, "evaluation_episodes": 2}
-
-
-@pytest.mark.timeout(900)  # CI's run took 231 s of its 300: room for a slower machine
-def test_pets_learns_pendulum_within_2000_env_steps(tmp_path):
-    """The issue's goal: 10 deterministic evaluation episodes with a mean of at least -200
-    after 2,000 env steps, with mpiexec -n 3 (driver and learner, 2 rollout ranks, 5 envs
-    each: 10 iterations of 200 steps, evaluated after the last). Its time is a benchmark's
-    figure (benchmarks/model_based.py), not this test's: CI's shared cores took 231 s."""
-    proc, run_dir, result = train(
-        3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--seed", "0",
-        "--config", json.dumps({"evaluation_interval": 10}),
-        "--stop", '{"timesteps_total": 2000}', timeout=600)
-    last = rows(run_dir)[-1]
-    assert int(last["timesteps_total"]) == 2000
-    assert float(last["eval_return_mean"]) >= -200, last
 
 
 def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
