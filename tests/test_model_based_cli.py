@@ -11,6 +11,8 @@ import pickle
 
 import numpy as np
 import pytest
+import test_mbpo
+import test_pets
 from conftest import (
     hook_log,
     hook_ranks,
@@ -67,21 +69,28 @@ def _reference_config(algo):
 @pytest.fixture(scope="module", params=ALGOS)
 def reference(request, tmp_path_factory):
     """One uninterrupted quick run of each algorithm, 8 iterations: the kill -9 test's
-    reference, and the run the export test exports (its last checkpoint)."""
+    reference, the run the export test exports (its last checkpoint), and the quick run whose
+    rows, output and checkpoint test_pets.py and test_mbpo.py check."""
     algo = request.param
     run_dir = tmp_path_factory.mktemp(f"reference_{algo}") / "run"
     proc = run_mpi(3, *MPIRL, "train", "--algo", algo, *PENDULUM, "--config",
                    _reference_config(algo), "--run-dir", str(run_dir), "--stop",
-                   json.dumps({"training_iteration": TOTAL}), timeout=120)
+                   json.dumps({"training_iteration": TOTAL}), timeout=120, env={"CI": "true"})
     assert proc.returncode == 0, proc.stderr
-    return algo, run_dir
+    return algo, run_dir, proc
+
+
+def test_a_quick_run_reports_its_columns_and_its_checkpoint_evaluates(reference, monkeypatch):
+    """test_pets.check_a_quick_run and test_mbpo.check_a_quick_run on the reference run."""
+    algo, run_dir, proc = reference
+    {"PETS": test_pets, "MBPO": test_mbpo}[algo].check_a_quick_run(proc, run_dir, monkeypatch)
 
 
 def test_resume_after_kill_9_is_bit_identical(tmp_path, reference):
     """The driver is killed with kill -9 after checkpoint 4 of 8; the resumed run's rows, its
     learner's buffers and weights (the ensemble and, for MBPO, SAC) and the rollout ranks'
     weights and observations equal those of a run never stopped, bit for bit."""
-    algo, reference = reference
+    algo, reference, _ = reference
     total, config = TOTAL, _reference_config(algo)
     interrupted = tmp_path / "interrupted"
     kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", algo, *PENDULUM,
@@ -153,7 +162,7 @@ def test_export_keeps_the_whole_model_and_acts_like_the_checkpoint(tmp_path, ref
     command itself is run end to end by test_pets.py and test_mbpo.py)."""
     from mpirl.commands.evaluate import evaluate
 
-    _, run_dir = reference
+    _, run_dir, _ = reference
     exported = tmp_path / "model.npz"
     proc = run_mpi(1, *MPIRL, "export", str(run_dir), "-o", str(exported), timeout=60)
     assert proc.returncode == 0, proc.stderr

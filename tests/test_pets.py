@@ -50,13 +50,12 @@ QUICK = {"num_envs_per_worker": 2, "rollout_fragment_length": 10, "initial_rando
          "evaluation_interval": 2, "evaluation_episodes": 2}
 
 
-def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
-        tmp_path, monkeypatch):
-    config = {**QUICK, "checkpoint_every": 4}
-    proc, run_dir, result = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
-                                  "--config", json.dumps(config), "--stop",
-                                  '{"training_iteration": 4}', timeout=120)
-    progress = rows(run_dir)
+def check_a_quick_run(proc, run_dir, monkeypatch):
+    """test_model_based_cli.py's reference run (QUICK, mpiexec -n 3, 8 iterations, a
+    checkpoint every 2), checked here: its model columns and evaluations, its notes, and its
+    last checkpoint evaluated by ``mpirl evaluate`` and in one batch by ``evaluate``."""
+    result = json.loads((run_dir / "result.json").read_text())
+    progress = rows(run_dir)[:4]
     assert COLUMNS <= set(progress[0])
     # The evaluation's episodes are the only ones that end here (each evaluation abandons the
     # sampling's, 20 steps into their 200): they are the run's episodes, shown and counted.
@@ -69,7 +68,7 @@ def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
     # Rank 0 says when an evaluation starts, before the iteration's line.
     lines = proc.stdout.splitlines()
     note = lines.index("iter 2: evaluating 2 episodes, every step planned, on 2 rollout ranks ...")
-    assert lines[note + 1].startswith("iter 2/4") and proc.stdout.count("evaluating") == 2
+    assert lines[note + 1].startswith("iter 2/8") and proc.stdout.count("evaluating") == 4
     # 2 rollout ranks x 2 envs x 10 steps an iteration; random actions while below 40 steps.
     assert [int(r["transitions"]) for r in progress] == [40, 80, 120, 160]
     assert [r["random_actions"] for r in progress] == ["1.0", "0.0", "0.0", "0.0"]
@@ -93,7 +92,7 @@ def test_a_quick_run_reports_the_model_columns_and_its_checkpoint_evaluates(
     monkeypatch.setattr(PlanningModel, "plan", counted)
     played = evaluate(run_dir, 3)
     assert batches == [(3, True)] * 200
-    # What the checkpoint's own evaluation (iteration 4) played: whole 200-step episodes.
+    # What the checkpoint's own evaluation (iteration 8) played: whole 200-step episodes.
     assert played.lengths == [200] * 3 and all(math.isfinite(r) for r in played.returns)
     assert progress[3]["eval_return_mean"] != "nan"
 
