@@ -97,22 +97,6 @@ def check_a_quick_run(proc, run_dir, monkeypatch):
     assert progress[3]["eval_return_mean"] != "nan"
 
 
-def test_a_learner_rank_keeps_the_transitions_and_mppi_plans(tmp_path):
-    """num_learners 1: driver, learner rank, one rollout rank; the transitions travel from the
-    rollout rank to the learner's over the data plane. The rollout rank plans with MPPI (the
-    CEM runs are the others): random actions below 40 steps, then planned ones, evaluated."""
-    config = {**QUICK, "num_learners": 1, "planner": "mppi", "mppi_population": 20,
-              "mppi_iterations": 2}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
-                          "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 4}', timeout=120)
-    progress = rows(run_dir)
-    assert [int(r["transitions"]) for r in progress] == [20, 40, 60, 80]
-    assert [r["random_actions"] for r in progress] == ["1.0", "1.0", "0.0", "0.0"]
-    assert all(math.isfinite(float(r["model_error"])) for r in progress)
-    assert all(math.isfinite(float(progress[i]["eval_return_mean"])) for i in (1, 3))
-
-
 def test_local_mode_plans_and_trains(tmp_path):
     _, run_dir, _ = train(1, tmp_path, "--algo", "PETS", "--env", "Pendulum-v1",
                           "--config", json.dumps(QUICK), "--stop",
