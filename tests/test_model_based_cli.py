@@ -184,7 +184,7 @@ SPACES = {"PETS": {"planning_horizon": {"randint": [3, 6]},
 @pytest.mark.parametrize("algo", ALGOS)
 def test_tune_searches_their_keys(tmp_path, algo):
     space = SPACES[algo]
-    proc = run_mpi(3, *MPIRL, "tune", "--search", "random", "--num-samples", "2", "--space",
+    proc = run_mpi(2, *MPIRL, "tune", "--search", "random", "--num-samples", "2", "--space",
                    json.dumps(space), "--ranks-per-trial", "1", "--metric", "eval_return_mean",
                    "--mode", "max", "--run-dir", str(tmp_path / "tune"), "--",
                    "--algo", algo, *PENDULUM, "--config", json.dumps(QUICK_OF[algo]),

@@ -12,11 +12,11 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import local_train, run_mpi, train_refused
+from conftest import local_train, run_mpi
 from mpirl.algorithms.model_based.dynamics import DynamicsEnsemble, EnsembleTrainer
 from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
 from mpirl.algorithms.model_based.pets_learner import member_block
-from test_pets import QUICK
+from test_pets import QUICK, refusal
 from test_train import MPIRL, rows, train
 
 from mpirl.errors import ModelDivergedError
@@ -139,8 +139,10 @@ def test_a_sharded_trainer_fits_the_same_members_as_the_whole():
 
 
 def test_more_learners_than_members_is_refused(tmp_path):
-    message = train_refused(tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--config",
-                            '{"num_learners": 6}')
+    """In-process (test_pets.refusal: make_request, rank 0's checks); test_pets.py and
+    test_mbpo.py run a refusal end to end."""
+    message = refusal(tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--config",
+                      '{"num_learners": 6}')
     assert "num_learners (6) cannot exceed ensemble_size (5)" in message
 
 
