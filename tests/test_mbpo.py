@@ -31,6 +31,7 @@ from mpirl.algorithms.model_based.mbpo import (
     model_spec,
     rollout_length,
 )
+from test_pets import refusal
 from test_train import MPIRL, rows, train
 
 COLUMNS = {"model_error", "model_error_max", "model_train_nll", "rollout_length",
@@ -67,12 +68,11 @@ def test_mbpo_learns_pendulum_within_5000_env_steps(tmp_path):
     assert int(last["timesteps_total"]) <= 5000
 
 
-def test_a_quick_run_follows_the_schedule_and_its_checkpoint_evaluates(tmp_path):
-    config = {**QUICK, "checkpoint_every": 4}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "MBPO", "--env", "Pendulum-v1",
-                          "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 4}', timeout=120)
-    progress = rows(run_dir)
+def check_a_quick_run(proc, run_dir, monkeypatch):
+    """test_model_based_cli.py's reference run (QUICK, mpiexec -n 3, 8 iterations, a
+    checkpoint every 2), checked here: its first 4 iterations follow the rollout-length
+    schedule, and ``mpirl evaluate`` acts with its last checkpoint."""
+    progress = rows(run_dir)[:4]
     assert COLUMNS <= set(progress[0])
     assert _ints(progress, "real_buffer_size") == [20, 40, 60, 80]
     assert [r["random_actions"] for r in progress] == ["1.0", "1.0", "0.0", "0.0"]
@@ -160,8 +160,15 @@ def test_model_rollouts_stop_where_the_termination_function_says():
     (["--env", "Pendulum-v1", "--stop", '{"eval_return_mean": -200}'],
      "--stop eval_return_mean needs evaluations: set the config key evaluation_interval"),
 ])
-def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
-    assert message in train_refused(tmp_path, "--algo", "MBPO", *args)
+def test_bad_input_is_refused(tmp_path, args, message):
+    """In-process (test_pets.refusal); the first case end to end below."""
+    assert message in refusal(tmp_path, "--algo", "MBPO", *args)
+
+
+def test_bad_input_exits_2_in_one_line(tmp_path):
+    assert ("MBPO acts with SAC on continuous actions: it needs a Box action space, and this "
+            "environment's is Discrete(2)"
+            in train_refused(tmp_path, "--algo", "MBPO", "--env", "CartPole-v1"))
 
 
 #: A quick run on a walk whose observations go wrong after 25 steps of each env: checkpoints

@@ -6,16 +6,17 @@ with one line naming the training iteration, exit 2, and the last good checkpoin
 from __future__ import annotations
 
 import json
+import math
 import threading
 
 import numpy as np
 import pytest
 import torch
-from conftest import local_train, run_mpi, train_refused
+from conftest import local_train, run_mpi
 from mpirl.algorithms.model_based.dynamics import DynamicsEnsemble, EnsembleTrainer
 from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
 from mpirl.algorithms.model_based.pets_learner import member_block
-from test_pets import QUICK
+from test_pets import QUICK, refusal
 from test_train import MPIRL, rows, train
 
 from mpirl.errors import ModelDivergedError
@@ -24,8 +25,9 @@ from mpirl.errors import ModelDivergedError
 MODEL_COLUMNS = ("transitions", "model_error", "model_error_max", "model_train_nll",
                  "model_epochs", "model_epochs_total", "eval_return_mean")
 #: Early stopping within the iteration (patience 1 of at most 40 epochs), so the learners must
-#: agree on when to stop.
-SHARDED = {**QUICK, "model_max_epochs": 40, "model_patience": 1, "evaluation_interval": 1}
+#: agree on when to stop. The rollout rank plans with MPPI (the other runs use CEM).
+SHARDED = {**QUICK, "model_max_epochs": 40, "model_patience": 1, "evaluation_interval": 1,
+           "planner": "mppi", "mppi_population": 20, "mppi_iterations": 2}
 
 
 def _model_rows(run_dir):
@@ -37,7 +39,9 @@ def test_two_learner_ranks_train_the_same_ensemble_as_one(tmp_path):
     two-learner run stopped after iteration 2 and resumed from its checkpoint to 4: the model
     columns agree within 1e-4 (relative; only floating-point summation may differ), and so
     do the evaluation returns, which the rollout rank plans with the whole broadcast
-    ensemble."""
+    ensemble. The one-learner run is also the check of a learner rank (driver, learner rank,
+    one rollout rank: the transitions travel from the rollout rank to the learner's over the
+    data plane) and of MPPI planning: random actions below 40 steps, then planned ones."""
     one = {**SHARDED, "num_learners": 1}
     two = {**SHARDED, "num_learners": 2, "checkpoint_every": 2}
     _, single, _ = train(3, tmp_path / "one", "--algo", "PETS", "--env", "Pendulum-v1",
@@ -47,6 +51,11 @@ def test_two_learner_ranks_train_the_same_ensemble_as_one(tmp_path):
     proc = run_mpi(4, *MPIRL, "train", "--resume", str(sharded), "--stop",
                    '{"training_iteration": 4}', timeout=120)
     assert proc.returncode == 0, proc.stderr
+    progress = rows(single)
+    assert [int(r["transitions"]) for r in progress] == [20, 40, 60, 80]
+    assert [r["random_actions"] for r in progress] == ["1.0", "1.0", "0.0", "0.0"]
+    assert all(math.isfinite(float(r["model_error"])) for r in progress)
+    assert all(math.isfinite(float(r["eval_return_mean"])) for r in progress)
     expected, got = _model_rows(single), _model_rows(sharded)
     assert len(got) == 4
     assert [r["transitions"] for r in got] == [20, 40, 60, 80]
@@ -130,8 +139,10 @@ def test_a_sharded_trainer_fits_the_same_members_as_the_whole():
 
 
 def test_more_learners_than_members_is_refused(tmp_path):
-    message = train_refused(tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--config",
-                            '{"num_learners": 6}')
+    """In-process (test_pets.refusal: make_request, rank 0's checks); test_pets.py and
+    test_mbpo.py run a refusal end to end."""
+    message = refusal(tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--config",
+                      '{"num_learners": 6}')
     assert "num_learners (6) cannot exceed ensemble_size (5)" in message
 
 
