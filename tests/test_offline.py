@@ -12,8 +12,10 @@ import torch
 from conftest import BIN, mpi_env, run_mpi
 from mpirl.algorithms import bc, marwil
 
+from mpirl.commands.train import make_request
 from mpirl.data.offline import EpisodeShard, OfflineInput
-from mpirl.data.reader import open_dataset, returns_to_go
+from mpirl.data.reader import DatasetError, open_dataset, returns_to_go
+from mpirl.errors import ConfigError
 from mpirl.models.policy import PolicySpec
 from mpirl.models.torch_model import build_torch_model
 
@@ -120,24 +122,29 @@ def _expect_usage_error(proc, *phrases):
     assert "Traceback" not in proc.stderr
 
 
+def _refused(algo, config, *phrases, env=ENV):
+    """make_request's verdict in-process: the same check every rank makes before MPI traffic."""
+    with pytest.raises((ConfigError, DatasetError)) as error:  # both exit 2 from the CLI
+        make_request(algo, env, None, config, {"training_iteration": 1}, None, None)
+    for phrase in phrases:
+        assert phrase in str(error.value), str(error.value)
+
+
 def test_bad_input_is_a_clear_error(small_dump, tmp_path):
-    """BC and MARWIL share these checks (mpirl.data.offline.check_config); each case runs on one."""
+    """BC and MARWIL share these checks (mpirl.data.offline.check_config, made by make_request
+    on every rank): most cases in-process; two through mpiexec, exit code 2 and one line."""
     stop = {"training_iteration": 1}
-    for algo in ("BC", "MARWIL"):
-        _expect_usage_error(_train(1, algo, tmp_path / algo, {}, stop), 'config key "input"')
-    algo = "BC"
-    _expect_usage_error(_train(2, algo, tmp_path / "b", {"input": str(tmp_path / "nope")}, stop),
-                        "no such file or directory")
+    _expect_usage_error(_train(1, "BC", tmp_path / "BC", {}, stop), 'config key "input"')
+    _refused("MARWIL", {}, 'config key "input"')
+    _refused("BC", {"input": str(tmp_path / "nope")}, "no such file or directory")
     (tmp_path / "empty").mkdir()
-    _expect_usage_error(_train(2, algo, tmp_path / "c", {"input": str(tmp_path / "empty")}, stop),
-                        str(tmp_path / "empty"))
-    proc = run_mpi(2, MPIRL, "train", "--algo", algo, "--env", "Acrobot-v1", "--run-dir",
+    _refused("BC", {"input": str(tmp_path / "empty")}, str(tmp_path / "empty"))
+    proc = run_mpi(2, MPIRL, "train", "--algo", "BC", "--env", "Acrobot-v1", "--run-dir",
                    str(tmp_path / "d"), "--config", json.dumps({"input": str(small_dump)}))
     _expect_usage_error(proc, "holds episodes of CartPole-v1", "--env is Acrobot-v1")
     episodes = open_dataset(small_dump).num_episodes
-    _expect_usage_error(_train(3, algo, tmp_path / "e", {"input": str(small_dump),
-                                                         "num_learners": episodes + 1}, stop),
-                        f"holds {episodes} episodes, fewer than the {episodes + 1} learners")
+    _refused("BC", {"input": str(small_dump), "num_learners": episodes + 1},
+             f"holds {episodes} episodes, fewer than the {episodes + 1} learners")
 
 
 def test_shards_split_the_episodes_and_carry_returns_to_go(small_dump):
