@@ -62,16 +62,37 @@ def _assert_same_learner(a, b):
             assert np.array_equal(np.asarray(va[name]), np.asarray(vb[name])), name
 
 
+REFERENCE_ITERATIONS = 12
+
+
+@pytest.fixture(scope="module")
+def reference_3_ranks(tmp_path_factory):
+    """PPO on 3 ranks (learner in the driver, 2 rollout ranks) for 12 iterations, checkpoints
+    at 3, 6, 9 and 12: the kill -9 test's reference, and the run the corrupt-checkpoint test
+    copies (never changed)."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", _config(),
+                  "--stop", json.dumps({"training_iteration": REFERENCE_ITERATIONS}))
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
 @pytest.mark.parametrize("n, extra, victim", [
     (3, {}, "driver"),                      # learner in the driver, 2 rollout ranks
     (4, {"num_learners": 1}, "learner"),    # a learner rank of its own
 ], ids=["kill-driver", "kill-learner"])
-def test_resume_after_kill_9_is_bit_identical(tmp_path, n, extra, victim):
-    total = 12
-    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    proc = _train(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(reference),
-                  "--config", _config(**extra), "--stop", json.dumps({"training_iteration": total}))
-    assert proc.returncode == 0, proc.stderr
+def test_resume_after_kill_9_is_bit_identical(tmp_path, request, n, extra, victim):
+    total = REFERENCE_ITERATIONS
+    interrupted = tmp_path / "interrupted"
+    if not extra:  # the 3-rank run, shared with the corrupt-checkpoint test
+        reference = request.getfixturevalue("reference_3_ranks")
+    else:
+        reference = tmp_path / "reference"
+        proc = _train(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(reference),
+                      "--config", _config(**extra),
+                      "--stop", json.dumps({"training_iteration": total}))
+        assert proc.returncode == 0, proc.stderr
 
     run = LiveRun(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(interrupted),
                   "--config", _config(**extra), "--stop", '{"training_iteration": 100000}')
@@ -122,7 +143,8 @@ def test_local_mode_resume_is_bit_identical(tmp_path, local_ppo):
 ], ids=["USR1-rollout", "USR2-learner", "TERM-driver"])
 def test_stop_signal_checkpoints_and_exits_resume_me(tmp_path, signum, victim):
     run_dir = tmp_path / "run"
-    run = LiveRun(4, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+    # Three ranks: the driver, one rollout rank, a learner rank (a role each).
+    run = LiveRun(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
                   "--config", _config(num_learners=1, checkpoint_every=0),
                   "--stop", '{"training_iteration": 100000}')
     run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
@@ -136,31 +158,29 @@ def test_stop_signal_checkpoints_and_exits_resume_me(tmp_path, signum, victim):
     assert _latest_iteration(run_dir) == stopped_at  # the checkpoint is of the last iteration
     verify(run_dir / "checkpoints" / f"checkpoint_{stopped_at:06d}")
 
-    proc = _train(4, "--resume", str(run_dir), "--stop",
+    proc = _train(3, "--resume", str(run_dir), "--stop",
                   json.dumps({"training_iteration": stopped_at + 2}))
     assert proc.returncode == 0, proc.stderr
     assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, stopped_at + 3))
 
 
-def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path):
+def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference_3_ranks):
     run_dir = tmp_path / "run"
-    proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                  "--config", _config(), "--stop", '{"training_iteration": 7}')
-    assert proc.returncode == 0, proc.stderr
+    shutil.copytree(reference_3_ranks, run_dir)
     checkpoints = run_dir / "checkpoints"
     # What a kill -9 in the middle of a write leaves: a temporary directory, never renamed.
-    partial = checkpoints / ".tmp-checkpoint_000008-99999"
+    partial = checkpoints / ".tmp-checkpoint_000013-99999"
     partial.mkdir()
     (partial / "learner_0.pkl").write_bytes(b"\x80\x05partial")
     # And the newest checkpoint damaged afterwards: one file truncated.
-    learner = checkpoints / "checkpoint_000007" / "learner_0.pkl"
+    learner = checkpoints / "checkpoint_000012" / "learner_0.pkl"
     learner.write_bytes(learner.read_bytes()[:1000])
-    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 9}')
+    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 14}')
     assert proc.returncode == 0, proc.stderr
-    assert "skipping checkpoint checkpoint_000007" in proc.stderr
+    assert "skipping checkpoint checkpoint_000012" in proc.stderr
     assert "learner_0.pkl" in proc.stderr and "truncated" in proc.stderr
-    assert "resumed from" in proc.stdout and "checkpoint_000006 (iteration 6" in proc.stdout
-    assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, 10))
+    assert "resumed from" in proc.stdout and "checkpoint_000009 (iteration 9" in proc.stdout
+    assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, 15))
     assert not partial.exists()  # stale temporary directories are cleaned up
 
 
