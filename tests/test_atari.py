@@ -230,14 +230,15 @@ STACK_BYTES = 4 * 84 * 84
 
 
 @pytest.mark.parametrize("algo", ["IMPALA", "PPO"])
-def test_ppo_and_impala_run_20k_frames_of_breakout_with_uint8_to_the_learner(tmp_path, algo):
-    # 5,000 agent steps of frame skip 4; one SGD pass keeps PPO's CNN within CI's time.
+def test_ppo_and_impala_run_12k_frames_of_breakout_with_uint8_to_the_learner(tmp_path, algo):
+    # 3,000 agent steps of frame skip 4 (several episodes over 8 envs); one SGD pass keeps PPO's
+    # CNN within CI's time.
     proc, run_dir, result = train(
-        3, tmp_path, "--algo", algo, "--env", BREAKOUT, "--stop", '{"timesteps_total": 5000}',
+        3, tmp_path, "--algo", algo, "--env", BREAKOUT, "--stop", '{"timesteps_total": 3000}',
         "--config", json.dumps({"num_envs_per_worker": 4, "callbacks":
                                 "mpirl.testing:BatchBytesProbe",
                                 **({"num_epochs": 1} if algo == "PPO" else {})}), timeout=180)
-    assert result["timesteps_total"] >= 5000 and result["episodes_total"] >= 5
+    assert result["timesteps_total"] >= 3000 and result["episodes_total"] >= 5
     assert result["episode_return_mean"] >= 0 and result["episode_len_mean"] > 20
     # What the learners received, as the rollout ranks sent it: uint8 frames.
     assert result["probe/obs_itemsize"] == 1

@@ -18,7 +18,8 @@ import pytest
 from conftest import BIN, LiveRun, mpi_env, run_mpi
 from conftest import latest_checkpoint_iteration as _latest_iteration
 
-from mpirl.errors import EXIT_RESUME, EXIT_USAGE, CheckpointError
+from mpirl.commands.train import make_request
+from mpirl.errors import EXIT_RESUME, EXIT_USAGE, CheckpointError, ConfigError
 from mpirl.jobs.checkpoint import CheckpointStore, verify
 
 MPIRL = str(BIN / "mpirl")
@@ -61,20 +62,41 @@ def _assert_same_learner(a, b):
             assert np.array_equal(np.asarray(va[name]), np.asarray(vb[name])), name
 
 
+REFERENCE_ITERATIONS = 12
+
+
+@pytest.fixture(scope="module")
+def reference_3_ranks(tmp_path_factory):
+    """PPO on 3 ranks (learner in the driver, 2 rollout ranks) for 12 iterations, checkpoints
+    at 3, 6, 9 and 12: the kill -9 test's reference, and the run the corrupt-checkpoint test
+    copies (never changed)."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", _config(),
+                  "--stop", json.dumps({"training_iteration": REFERENCE_ITERATIONS}))
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
 @pytest.mark.parametrize("n, extra, victim", [
     (3, {}, "driver"),                      # learner in the driver, 2 rollout ranks
     (4, {"num_learners": 1}, "learner"),    # a learner rank of its own
 ], ids=["kill-driver", "kill-learner"])
-def test_resume_after_kill_9_is_bit_identical(tmp_path, n, extra, victim):
-    total = 24
-    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    proc = _train(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(reference),
-                  "--config", _config(**extra), "--stop", json.dumps({"training_iteration": total}))
-    assert proc.returncode == 0, proc.stderr
+def test_resume_after_kill_9_is_bit_identical(tmp_path, request, n, extra, victim):
+    total = REFERENCE_ITERATIONS
+    interrupted = tmp_path / "interrupted"
+    if not extra:  # the 3-rank run, shared with the corrupt-checkpoint test
+        reference = request.getfixturevalue("reference_3_ranks")
+    else:
+        reference = tmp_path / "reference"
+        proc = _train(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(reference),
+                      "--config", _config(**extra),
+                      "--stop", json.dumps({"training_iteration": total}))
+        assert proc.returncode == 0, proc.stderr
 
     run = LiveRun(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(interrupted),
                   "--config", _config(**extra), "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: _latest_iteration(interrupted) >= 6, "a checkpoint at iteration 6")
+    run.wait_until(lambda: _latest_iteration(interrupted) >= 3, "a checkpoint at iteration 3")
     pid = next(pid for role, pid in run.pids().values() if role == victim)
     os.kill(pid, signal.SIGKILL)
     assert run.finish() != 0
@@ -90,13 +112,24 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path, n, extra, victim):
     assert _rows(interrupted) == _rows(reference)
 
 
-def test_local_mode_resume_is_bit_identical(tmp_path):
-    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    for run_dir, stop in ((reference, 8), (resumed, 5)):
-        proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                      "--config", _config(num_envs_per_worker=4),
-                      "--stop", json.dumps({"training_iteration": stop}))
-        assert proc.returncode == 0, proc.stderr
+@pytest.fixture(scope="module")
+def local_ppo(tmp_path_factory):
+    """A local-mode PPO run of 8 iterations, checkpoints at 3 and 6: the reference of the local
+    resume, and the run whose checkpoints the refusal tests copy or corrupt (never changed)."""
+    run_dir = tmp_path_factory.mktemp("local") / "ppo"
+    proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                  "--config", _config(num_envs_per_worker=4), "--stop",
+                  '{"training_iteration": 8}')
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def test_local_mode_resume_is_bit_identical(tmp_path, local_ppo):
+    reference, resumed = local_ppo, tmp_path / "resumed"
+    proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(resumed),
+                  "--config", _config(num_envs_per_worker=4),
+                  "--stop", json.dumps({"training_iteration": 5}))
+    assert proc.returncode == 0, proc.stderr
     proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 8}')
     assert proc.returncode == 0, proc.stderr
     # docs/checkpoints.md: the changes a resume makes are printed (a new --stop printed none).
@@ -110,7 +143,8 @@ def test_local_mode_resume_is_bit_identical(tmp_path):
 ], ids=["USR1-rollout", "USR2-learner", "TERM-driver"])
 def test_stop_signal_checkpoints_and_exits_resume_me(tmp_path, signum, victim):
     run_dir = tmp_path / "run"
-    run = LiveRun(4, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+    # Three ranks: the driver, one rollout rank, a learner rank (a role each).
+    run = LiveRun(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
                   "--config", _config(num_learners=1, checkpoint_every=0),
                   "--stop", '{"training_iteration": 100000}')
     run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
@@ -124,65 +158,63 @@ def test_stop_signal_checkpoints_and_exits_resume_me(tmp_path, signum, victim):
     assert _latest_iteration(run_dir) == stopped_at  # the checkpoint is of the last iteration
     verify(run_dir / "checkpoints" / f"checkpoint_{stopped_at:06d}")
 
-    proc = _train(4, "--resume", str(run_dir), "--stop",
+    proc = _train(3, "--resume", str(run_dir), "--stop",
                   json.dumps({"training_iteration": stopped_at + 2}))
     assert proc.returncode == 0, proc.stderr
     assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, stopped_at + 3))
 
 
-def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path):
+def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference_3_ranks):
     run_dir = tmp_path / "run"
-    proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                  "--config", _config(), "--stop", '{"training_iteration": 7}')
-    assert proc.returncode == 0, proc.stderr
+    shutil.copytree(reference_3_ranks, run_dir)
     checkpoints = run_dir / "checkpoints"
     # What a kill -9 in the middle of a write leaves: a temporary directory, never renamed.
-    partial = checkpoints / ".tmp-checkpoint_000008-99999"
+    partial = checkpoints / ".tmp-checkpoint_000013-99999"
     partial.mkdir()
     (partial / "learner_0.pkl").write_bytes(b"\x80\x05partial")
     # And the newest checkpoint damaged afterwards: one file truncated.
-    learner = checkpoints / "checkpoint_000007" / "learner_0.pkl"
+    learner = checkpoints / "checkpoint_000012" / "learner_0.pkl"
     learner.write_bytes(learner.read_bytes()[:1000])
-    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 9}')
+    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 14}')
     assert proc.returncode == 0, proc.stderr
-    assert "skipping checkpoint checkpoint_000007" in proc.stderr
+    assert "skipping checkpoint checkpoint_000012" in proc.stderr
     assert "learner_0.pkl" in proc.stderr and "truncated" in proc.stderr
-    assert "resumed from" in proc.stdout and "checkpoint_000006 (iteration 6" in proc.stdout
-    assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, 10))
+    assert "resumed from" in proc.stdout and "checkpoint_000009 (iteration 9" in proc.stdout
+    assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, 15))
     assert not partial.exists()  # stale temporary directories are cleaned up
 
 
-def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path):
+def test_every_checkpoint_corrupt_is_a_clear_error(tmp_path, local_ppo):
     run_dir = tmp_path / "run"
-    proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                  "--config", _config(num_envs_per_worker=2), "--stop",
-                  '{"training_iteration": 3}')
-    assert proc.returncode == 0, proc.stderr
-    (run_dir / "checkpoints" / "checkpoint_000003" / "manifest.json").write_text("{not json")
+    shutil.copytree(local_ppo, run_dir)
+    manifests = list((run_dir / "checkpoints").glob("checkpoint_*/manifest.json"))
+    assert len(manifests) >= 2
+    for manifest in manifests:
+        manifest.write_text("{not json")
     proc = _train(1, "--resume", str(run_dir))
     assert proc.returncode == EXIT_USAGE
     assert "no valid checkpoint" in proc.stderr and "not valid JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-def test_checkpoint_of_another_run_is_refused(tmp_path):
-    ppo, a2c = tmp_path / "ppo", tmp_path / "a2c"
-    for algo, run_dir in (("PPO", ppo), ("A2C", a2c)):
-        proc = _train(1, "--algo", algo, "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                      "--config", _config(num_envs_per_worker=2),
-                      "--stop", '{"training_iteration": 3}')
-        assert proc.returncode == 0, proc.stderr
+def test_checkpoint_of_another_run_is_refused(tmp_path, local_ppo):
+    ppo, a2c = local_ppo, tmp_path / "a2c"
+    proc = _train(1, "--algo", "A2C", "--env", "CartPole-v1", "--run-dir", str(a2c),
+                  "--config", _config(num_envs_per_worker=2),
+                  "--stop", '{"training_iteration": 3}')
+    assert proc.returncode == 0, proc.stderr
     shutil.rmtree(a2c / "checkpoints")
     shutil.copytree(ppo / "checkpoints", a2c / "checkpoints")
     proc = _train(1, "--resume", str(a2c), "--stop", '{"training_iteration": 5}')
     assert proc.returncode == EXIT_USAGE
     assert "is a checkpoint of PPO on CartPole-v1, not of A2C" in proc.stderr
-    # Naming another algorithm on the command line is refused before anything starts.
-    proc = _train(1, "--resume", str(ppo), "--algo", "A2C")
-    assert proc.returncode == EXIT_USAGE
-    assert "holds a PPO run on CartPole-v1, but --algo A2C was given" in proc.stderr
-    proc = _train(1, "--resume", str(tmp_path / "nowhere"))
-    assert proc.returncode == EXIT_USAGE and "no such directory" in proc.stderr
+    # Naming another algorithm on the command line is refused before anything starts (by
+    # make_request, in-process here; the refusal above went through the CLI).
+    with pytest.raises(ConfigError, match="holds a PPO run on CartPole-v1, but --algo A2C was "
+                                          "given"):
+        make_request("A2C", None, None, {}, {}, None, None, resume=str(ppo))
+    with pytest.raises(ConfigError, match="no such directory"):
+        make_request(None, None, None, {}, {}, None, None, resume=str(tmp_path / "nowhere"))
 
 
 def test_resume_onto_fewer_rollout_workers(tmp_path):

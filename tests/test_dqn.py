@@ -10,6 +10,7 @@ tuning saw.
 
 import json
 import pickle
+import re
 import subprocess
 
 import pytest
@@ -17,6 +18,8 @@ from conftest import mpi_env, run_mpi
 from mpirl.algorithms.q_learning.dqn import Config
 from test_train import MPIRL, rows, train
 
+from mpirl.commands.train import make_request
+from mpirl.errors import ConfigError
 from mpirl.workers.optimizer import decayed_lr
 
 LEARN = ["--algo", "DQN", "--env", "CartPole-v1", "--seed", "5"]
@@ -75,17 +78,25 @@ def test_dqn_with_replay_shards_and_a_learner_rank_trains_and_resumes(tmp_path):
     assert shard["written"].sum() == 6 * 4 * 64  # its rows from before the resume, kept
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--algo", "DQN", "--env", "Pendulum-v1"], "DQN needs a Discrete action space"),
-    (["--algo", "DQN", "--env", "CartPole-v1", "--config",
-      '{"prioritized_replay_alpha": -1}'], '"prioritized_replay_alpha" = -1 is out of range'),
-    (["--algo", "DQN", "--env", "CartPole-v1", "--config",
-      '{"buffer_size": 40, "train_batch_size": 64}'], "fewer rows per shard than"),
-    (["--algo", "APEX", "--env", "MountainCarContinuous-v0"], "APEX needs a Discrete"),
+@pytest.mark.parametrize("algo, env, config, expected", [
+    ("DQN", "Pendulum-v1", {}, "DQN needs a Discrete action space"),
+    ("DQN", "CartPole-v1", {"prioritized_replay_alpha": -1},
+     '"prioritized_replay_alpha" = -1 is out of range'),
+    ("DQN", "CartPole-v1", {"buffer_size": 40, "train_batch_size": 64},
+     "fewer rows per shard than"),
+    ("APEX", "MountainCarContinuous-v0", {}, "APEX needs a Discrete"),
 ])
-def test_bad_dqn_config_is_one_clear_error(tmp_path, args, expected):
-    proc = run_mpi(3, *MPIRL, "train", *args, "--run-dir", str(tmp_path / "run"), timeout=60)
+def test_bad_dqn_config_is_one_clear_error(algo, env, config, expected):
+    # make_request's checks (every rank makes them before anything starts), in-process.
+    with pytest.raises(ConfigError, match=re.escape(expected)) as error:
+        make_request(algo, env, None, config, {}, None, None)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_dqn_config_through_mpiexec_exits_2_with_one_line(tmp_path):
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "DQN", "--env", "Pendulum-v1",
+                   "--run-dir", str(tmp_path / "run"), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
-    assert expected in proc.stderr
+    assert "DQN needs a Discrete action space" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -158,7 +158,7 @@ def test_sac_trains_a_custom_actor_critic_whose_value_head_it_leaves_unused(tmp_
                    json.dumps({"custom_model": "custom_models:ActorCritic", "learning_starts": 64,
                                "custom_q_model": "custom_models:TwinCritic",
                                "num_learners": 1}),
-                   "--stop", '{"timesteps_total": 1500}',
+                   "--stop", '{"timesteps_total": 400}',  # some 300 SGD steps
                    env={"PYTHONPATH": EXAMPLES, "CI": "true"}, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(run_dir / "progress.csv") as file:
@@ -179,17 +179,17 @@ def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_p
         policy.set_flat_weights(params[k].numpy())
         np.testing.assert_allclose(policy(torch.as_tensor(obs[k:k + 1])).detach().numpy()[0],
                                    together[k].numpy(), rtol=1e-5, atol=1e-6)
-    train(3, tmp_path / "es", "--algo", "ES", "--env", f"{PROBES}:PixelTarget", "--config",
+    train(2, tmp_path / "es", "--algo", "ES", "--env", f"{PROBES}:PixelTarget", "--config",
           '{"cnn_dense_size": 64}', "--stop", '{"training_iteration": 2}')
     # Dumps keep the images as uint8 in gzip chunks; BC trains its CNN on them.
     dump = tmp_path / "dump"
-    train(3, tmp_path / "ppo", "--algo", "PPO", "--env", f"{PROBES}:PixelTarget",
+    train(2, tmp_path / "ppo", "--algo", "PPO", "--env", f"{PROBES}:PixelTarget",
           "--dump-trajectories", str(dump), "--config", '{"dump_compression_min_bytes": 0}',
           "--stop", '{"training_iteration": 1}')
     with h5py.File(next(dump.glob("rollout-*.hdf5"))) as file:
         observations = file["episode_0/observations"]
         assert observations.dtype == np.uint8 and observations.compression == "gzip"
-    _, _, result = train(3, tmp_path / "bc", "--algo", "BC", "--env", f"{PROBES}:PixelTarget",
+    _, _, result = train(2, tmp_path / "bc", "--algo", "BC", "--env", f"{PROBES}:PixelTarget",
                          "--config", json.dumps({"input": str(dump)}),
                          "--stop", '{"training_iteration": 1}')
     assert np.isfinite(result["episode_return_mean"])
@@ -233,10 +233,12 @@ def test_a_custom_model_from_a_users_module_trains_ppo_and_dqn(tmp_path):
     proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1", "--run-dir",
                    str(ppo), "--config", '{"custom_model": "custom_models:ActorCritic", '
                    '"custom_model_config": {"hidden": 64}}',
-                   "--stop", '{"episode_return_mean": 450, "timesteps_total": 200000}',
+                   "--stop", '{"episode_return_mean": 200, "timesteps_total": 60000}',
                    timeout=300, env=user)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _result(ppo)["episode_return_mean"] >= 450
+    # Seeds 0-4 reached 200 at 28.7k-30.7k steps (2026-11-29): it learns (random play is
+    # about 22; PPO's own learning test to 475 is in tests/test_train.py).
+    assert _result(ppo)["episode_return_mean"] >= 200
     dqn = tmp_path / "dqn"
     proc = subprocess.run([*MPIRL, "train", "--algo", "DQN", "--env", "CartPole-v1",
                            "--run-dir", str(dqn), "--config",
@@ -296,13 +298,16 @@ def test_lstm_carries_its_state_across_fragments_and_resets_it_at_episode_starts
 
 
 def test_ppo_with_lstm_remembers_the_cue_and_without_it_stays_at_chance(tmp_path):
-    # Chance is 0.5: the answer step looks the same whatever the cue was.
+    # Chance is 0.5: the answer step looks the same whatever the cue was. Without the LSTM the
+    # run gets the steps the LSTM took to remember (and never more than its 40k).
+    budget = 40000
     for use_lstm, stop in (("true", 0.9), ("false", 2.0)):
         _, run_dir, result = train(
             3, tmp_path / use_lstm, "--algo", "PPO", "--env", f"{PROBES}:RecallCue",
             "--config", f'{{"use_lstm": {use_lstm}}}',
-            "--stop", f'{{"episode_return_mean": {stop}, "timesteps_total": 40000}}')
+            "--stop", f'{{"episode_return_mean": {stop}, "timesteps_total": {budget}}}')
         if use_lstm == "true":
+            budget = result["timesteps_total"]
             assert result["episode_return_mean"] >= 0.9, result
             # mpirl evaluate carries the state along each episode, as sampling did.
             proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "20",
@@ -319,24 +324,24 @@ def test_lstm_runs_resume_bit_identical_and_serve_a2c_a3c_and_impala(tmp_path):
     config = ('{"use_lstm": true, "checkpoint_every": 1, "num_envs_per_worker": 3, '
               '"rollout_fragment_length": 25}')
     runs = {}
-    for name, stop in (("reference", 6), ("resumed", 3)):
+    for name, stop in (("reference", 4), ("resumed", 2)):
         runs[name] = tmp_path / name
         proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", f"{PROBES}:RecallCue",
                        "--run-dir", str(runs[name]), "--config", config,
                        "--stop", f'{{"training_iteration": {stop}}}', timeout=180)
         assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(runs["resumed"]),
-                   "--stop", '{"training_iteration": 6}', timeout=180)
+                   "--stop", '{"training_iteration": 4}', timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    weights = [_checkpoint(runs[name], 6, "learner_0.pkl")["weights"] for name in runs]
+    weights = [_checkpoint(runs[name], 4, "learner_0.pkl")["weights"] for name in runs]
     assert np.array_equal(*weights)
     # The rollout ranks' states went into the checkpoint and came back.
-    assert _checkpoint(runs["reference"], 5, "rollout_0.pkl")["runner"]["lanes"]["default"][
+    assert _checkpoint(runs["reference"], 3, "rollout_0.pkl")["runner"]["lanes"]["default"][
         "state"].any()
-    for algo in ("A2C", "A3C", "IMPALA"):
+    for algo in ("A2C", "A3C", "IMPALA"):  # one rollout rank: the state still crosses ranks
         _, run_dir, result = train(
-            3, tmp_path / algo, "--algo", algo, "--env", f"{PROBES}:RecallCue",
-            "--config", '{"use_lstm": true}', "--stop", '{"timesteps_total": 3000}')
+            2, tmp_path / algo, "--algo", algo, "--env", f"{PROBES}:RecallCue",
+            "--config", '{"use_lstm": true}', "--stop", '{"timesteps_total": 1000}')
         assert result["episodes_total"] > 0 and np.isfinite(result["episode_return_mean"])
 
 

@@ -12,8 +12,10 @@ import torch
 from conftest import BIN, mpi_env, run_mpi
 from mpirl.algorithms import bc, marwil
 
+from mpirl.commands.train import make_request
 from mpirl.data.offline import EpisodeShard, OfflineInput
-from mpirl.data.reader import open_dataset, returns_to_go
+from mpirl.data.reader import DatasetError, open_dataset, returns_to_go
+from mpirl.errors import ConfigError
 from mpirl.models.policy import PolicySpec
 from mpirl.models.torch_model import build_torch_model
 
@@ -88,10 +90,10 @@ def _untrained_dump(root, envs: int, steps: int, episodes: int):
 
 
 @pytest.fixture(scope="module")
-def small_dump(tmp_path_factory):
-    """The first iteration of an untrained PPO, dumped (about ten short CartPole episodes):
-    data for the error, shard and resume tests."""
-    return _untrained_dump(tmp_path_factory.mktemp("small"), envs=2, steps=128, episodes=4)
+def small_dump(poor_behaviour_dump):
+    """An untrained PPO's first iteration, dumped: data for the error, shard and resume tests
+    (the dump MARWIL's improvement test uses; one run fewer than a dump of their own)."""
+    return poor_behaviour_dump
 
 
 def test_resume_continues_identically(small_dump, tmp_path):
@@ -99,11 +101,12 @@ def test_resume_continues_identically(small_dump, tmp_path):
     exactly as an uninterrupted run (weights, optimizer, shard sampling RNG, moving average)."""
     config = {"input": str(small_dump), "num_learners": 2, "num_sgd_steps_per_iteration": 20,
               "checkpoint_every": 1}
-    whole = _train(4, "MARWIL", tmp_path / "whole", config, {"training_iteration": 3})
+    # Three ranks: the driver (which plays the evaluation episodes itself) and two learners.
+    whole = _train(3, "MARWIL", tmp_path / "whole", config, {"training_iteration": 3})
     assert whole.returncode == 0, whole.stderr
-    part = _train(4, "MARWIL", tmp_path / "part", config, {"training_iteration": 2})
+    part = _train(3, "MARWIL", tmp_path / "part", config, {"training_iteration": 2})
     assert part.returncode == 0, part.stderr
-    resumed = run_mpi(4, MPIRL, "train", "--resume", str(tmp_path / "part"), "--stop",
+    resumed = run_mpi(3, MPIRL, "train", "--resume", str(tmp_path / "part"), "--stop",
                       '{"training_iteration": 3}', timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
@@ -120,24 +123,29 @@ def _expect_usage_error(proc, *phrases):
     assert "Traceback" not in proc.stderr
 
 
+def _refused(algo, config, *phrases, env=ENV):
+    """make_request's verdict in-process: the same check every rank makes before MPI traffic."""
+    with pytest.raises((ConfigError, DatasetError)) as error:  # both exit 2 from the CLI
+        make_request(algo, env, None, config, {"training_iteration": 1}, None, None)
+    for phrase in phrases:
+        assert phrase in str(error.value), str(error.value)
+
+
 def test_bad_input_is_a_clear_error(small_dump, tmp_path):
-    """BC and MARWIL share these checks (mpirl.data.offline.check_config); each case runs on one."""
+    """BC and MARWIL share these checks (mpirl.data.offline.check_config, made by make_request
+    on every rank): most cases in-process; two through mpiexec, exit code 2 and one line."""
     stop = {"training_iteration": 1}
-    for algo in ("BC", "MARWIL"):
-        _expect_usage_error(_train(1, algo, tmp_path / algo, {}, stop), 'config key "input"')
-    algo = "BC"
-    _expect_usage_error(_train(2, algo, tmp_path / "b", {"input": str(tmp_path / "nope")}, stop),
-                        "no such file or directory")
+    _expect_usage_error(_train(1, "BC", tmp_path / "BC", {}, stop), 'config key "input"')
+    _refused("MARWIL", {}, 'config key "input"')
+    _refused("BC", {"input": str(tmp_path / "nope")}, "no such file or directory")
     (tmp_path / "empty").mkdir()
-    _expect_usage_error(_train(2, algo, tmp_path / "c", {"input": str(tmp_path / "empty")}, stop),
-                        str(tmp_path / "empty"))
-    proc = run_mpi(2, MPIRL, "train", "--algo", algo, "--env", "Acrobot-v1", "--run-dir",
+    _refused("BC", {"input": str(tmp_path / "empty")}, str(tmp_path / "empty"))
+    proc = run_mpi(2, MPIRL, "train", "--algo", "BC", "--env", "Acrobot-v1", "--run-dir",
                    str(tmp_path / "d"), "--config", json.dumps({"input": str(small_dump)}))
     _expect_usage_error(proc, "holds episodes of CartPole-v1", "--env is Acrobot-v1")
     episodes = open_dataset(small_dump).num_episodes
-    _expect_usage_error(_train(3, algo, tmp_path / "e", {"input": str(small_dump),
-                                                         "num_learners": episodes + 1}, stop),
-                        f"holds {episodes} episodes, fewer than the {episodes + 1} learners")
+    _refused("BC", {"input": str(small_dump), "num_learners": episodes + 1},
+             f"holds {episodes} episodes, fewer than the {episodes + 1} learners")
 
 
 def test_shards_split_the_episodes_and_carry_returns_to_go(small_dump):

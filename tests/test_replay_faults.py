@@ -129,8 +129,9 @@ def test_dqn_with_two_learner_ranks_keeps_them_identical_and_learns(tmp_path):
     assert np.array_equal(first["target"], second["target"])
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_apex_exits_cleanly_with_weight_posts_in_flight(tmp_path, seed):
+def test_apex_exits_cleanly_with_weight_posts_in_flight(tmp_path):
+    # One seed (a second, run on every commit, doubled the cost and never failed alone).
+    seed = 1
     # Learner 0 posts its weights (1 MB: sent by rendezvous, not eagerly) to both rollout ranks
     # after every SGD step, and the run stops a moment after training starts: posts are still
     # unreceived when the stop criterion is met. The job must end at once, exit 0.

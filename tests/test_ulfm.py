@@ -22,7 +22,9 @@ from conftest import assert_every_rank_ended, mpi_env, mpiexec_command
 from mpirl.runtime.layout import parse_layout_row
 
 LIMIT_S = 90  # the whole run, start-up included; the test fails rather than hangs past it
-STOP = {"episode_return_mean": 450, "timesteps_total": 300_000}
+#: PPO's stop: 200 comes at about 20 iterations of 3 rollout ranks (30k steps), well after the
+#: loss at iteration 5; the learning goes on without the rank.
+STOP = {"episode_return_mean": 200, "timesteps_total": 300_000}
 
 
 class LiveRun:
@@ -170,9 +172,9 @@ def test_alphazero_goes_on_without_a_lost_self_play_rank(tmp_path):
     config = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size": 16,
               "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4}
     run = LiveRun(4, run_dir, config, algo="AlphaZero", env="openspiel/tic_tac_toe",
-                  stop={"training_iteration": 8})
+                  stop={"training_iteration": 6})
     table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
-    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 7))
     assert int(rows[0]["num_rollout_workers"]) == 3 and int(rows[-1]["num_rollout_workers"]) == 2
     # The ranks left keep playing and training: games and SGD steps after the loss.
     assert int(rows[-1]["games_this_iter"]) >= 8 and int(rows[-1]["sgd_steps"]) == 4
@@ -188,9 +190,9 @@ def test_pets_goes_on_without_a_lost_planning_rank(tmp_path):
 
     run_dir = tmp_path / "run"
     run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 1, "evaluation_episodes": 3},
-                  algo="PETS", env="Pendulum-v1", stop={"training_iteration": 8})
+                  algo="PETS", env="Pendulum-v1", stop={"training_iteration": 6})
     table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
-    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 7))
     assert int(rows[0]["num_rollout_workers"]) == 3 and int(rows[-1]["num_rollout_workers"]) == 2
     # 3 ranks x 2 envs x 10 steps an iteration, then 2 ranks' 40 once the loss is seen.
     grown = np.diff([int(r["transitions"]) for r in rows]).tolist()
@@ -207,9 +209,9 @@ def test_mbpo_goes_on_without_a_lost_rollout_rank(tmp_path):
 
     run_dir = tmp_path / "run"
     run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 1, "evaluation_episodes": 3},
-                  algo="MBPO", env="Pendulum-v1", stop={"training_iteration": 8})
+                  algo="MBPO", env="Pendulum-v1", stop={"training_iteration": 6})
     table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
-    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 7))
     assert int(rows[0]["num_rollout_workers"]) == 3 and int(rows[-1]["num_rollout_workers"]) == 2
     # 3 ranks x 1 env x 10 steps an iteration, then 2 ranks' 20 once the loss is seen.
     grown = np.diff([int(float(r["real_buffer_size"])) for r in rows]).tolist()
