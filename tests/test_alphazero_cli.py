@@ -23,7 +23,6 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import (
-    OS_C4,
     OS_TTT,
     PROGRAMS,
     PZ_TTT,
@@ -153,35 +152,6 @@ def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
                           "--config", json.dumps(config),
                           "--stop", '{"training_iteration": 40}', timeout=300)
     assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax",))  # traps: not measured
-
-
-C4_CONFIG = {"channels": 32, "blocks": 2, "simulations": 32, "games_per_worker": 32,
-             "temperature_moves": 8, "evaluation_interval": 50, "evaluation_games": 40,
-             "evaluation_opponents": "random,mcts:100", "evaluation_simulations": 32}
-
-
-@pytest.mark.timeout(900)  # the run's own limit: pytest's 300 s cut it first under load
-def test_alphazero_learns_connect_four(tmp_path):
-    """Connect Four: 50 iterations of 64+ self-play games (32 simulations a move, a tower of 2
-    blocks of 32 channels), then 40 games against random and 40 against mcts:100 (plain UCT,
-    100 random-rollout simulations), the network searching 32 simulations a move.
-
-    Measured when written (2026-11-28, -n 3 on 2 cores shared with two other helpers' jobs),
-    seeds 0, 1, 2 at iteration 50: 100%, 97.5%, 97.5% wins against random (seed 2's
-    checkpoint then won 40 of 40 in a separate match) and 55%, 37.5%, 27.5% against mcts:100.
-    Strength against mcts:100 moves a lot between evaluations: at iteration 25 50%, 27.5%, 20%;
-    in runs stopped at 40, 47.5%, 12.5%, 17.5% (random 100% each), hence 50 iterations and the
-    15% bar. The value loss falls slowly (0.90-0.94 to 0.77-0.94 by iteration 50). Wall time
-    depends on the load: a run stopped at 40 took 98-132 s when the machine was calmer, 206 s
-    (seed 0, this test at 40 iterations) with the other jobs running, and runs to 50 with two
-    evaluations 273-671 s. This test took 126 s (121 s of training) in a calm moment, seed 0
-    winning 97.5% against random and 57.5% against mcts:100."""
-    _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_C4, "--seed", "0",
-                          "--config", json.dumps(C4_CONFIG),
-                          "--stop", '{"training_iteration": 50}', timeout=900)
-    last = rows(run_dir)[-1]
-    assert float(last["eval_random_win"]) >= 0.95, last
-    assert float(last["eval_mcts_100_win"]) >= 0.15, last
 
 
 def test_a_resumed_run_keeps_its_replay_and_counters(tmp_path):
