@@ -154,28 +154,10 @@ def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax",))  # traps: not measured
 
 
-def test_a_resumed_run_keeps_its_replay_and_counters(tmp_path):
-    config = {**QUICK, "checkpoint_every": 2}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", PZ_TTT,
-                          "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 4}', timeout=120)
-    before = rows(run_dir)
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir), "--stop",
-                   '{"training_iteration": 6}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    after = rows(run_dir)
-    assert [int(r["iteration"]) for r in after] == [1, 2, 3, 4, 5, 6]
-    fourth, fifth = before[3], after[4]
-    assert int(fifth["sgd_steps_total"]) == int(fourth["sgd_steps_total"]) + 4
-    assert int(fifth["replay_size"]) > int(fourth["replay_size"])
-    assert int(fifth["timesteps_total"]) > int(fourth["timesteps_total"])
-    # The evaluation of iteration 4 is carried until iteration 6's.
-    assert fifth["eval_random_win"] == fourth["eval_random_win"] != "nan"
-
-
 #: Columns that follow from the games and the training alone (not from wall time).
-DETERMINISTIC = ("iteration", "timesteps_total", "episodes_total", "policy_loss", "value_loss",
-                 "replay_size", "first_player_win_rate", "eval_random_win", "eval_minimax_loss")
+DETERMINISTIC = ("iteration", "timesteps_total", "episodes_total", "sgd_steps_total",
+                 "policy_loss", "value_loss", "replay_size", "first_player_win_rate",
+                 "eval_random_win", "eval_minimax_loss")
 
 
 def _deterministic(run_dir):
@@ -190,22 +172,40 @@ def _checkpointed(run_dir, iteration, name):
 
 def test_resume_after_kill_9_is_bit_identical(tmp_path):
     """Games in play and their trees, the replay, the optimizer and every rng are checkpointed:
-    the resumed run's rows and weights are the uninterrupted run's, bit for bit."""
+    the resumed run's rows and weights are the uninterrupted run's, bit for bit. The killed run
+    is resumed twice: to one iteration past its last checkpoint (a clean stop, which checkpoints
+    there), then on to the end; so a resumed run that stopped and is resumed again (its replay,
+    counters and carried evaluation) is checked against the uninterrupted run as well."""
     total = 8
     config = json.dumps({**QUICK, "checkpoint_every": 2, "keep_checkpoints": 10,
                          "print_layout": True})
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", PZ_TTT, "--config",
                    config, "--run-dir", str(reference), "--stop",
-                   json.dumps({"training_iteration": total}), timeout=120)
+                   json.dumps({"training_iteration": total}), timeout=300)
     assert proc.returncode == 0, proc.stderr
 
     kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", "AlphaZero", "--env", PZ_TTT,
                             "--config", config)
-    assert latest_checkpoint_iteration(interrupted) < total, "the kill came too late"
+    killed_at = latest_checkpoint_iteration(interrupted)
+    assert 4 <= killed_at < total - 1, "the kill came too late"
+
+    stop = killed_at + 1  # odd: no evaluation, no periodic checkpoint there
+    proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
+                   json.dumps({"training_iteration": stop}), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert latest_checkpoint_iteration(interrupted) == stop  # checkpointed at the stop
+    first = rows(interrupted)
+    assert [int(r["iteration"]) for r in first] == list(range(1, stop + 1))
+    last_saved, after = first[killed_at - 1], first[stop - 1]
+    assert int(after["sgd_steps_total"]) == int(last_saved["sgd_steps_total"]) + 4
+    assert int(after["replay_size"]) > int(last_saved["replay_size"])
+    assert int(after["timesteps_total"]) > int(last_saved["timesteps_total"])
+    # The evaluation of the checkpointed iteration is carried until the next one.
+    assert after["eval_random_win"] == last_saved["eval_random_win"] != "nan"
 
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
-                   json.dumps({"training_iteration": total}), timeout=120)
+                   json.dumps({"training_iteration": total}), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert _deterministic(interrupted) == _deterministic(reference)
     for name in ("learner_0.pkl", "rollout_0.pkl", "rollout_1.pkl"):

@@ -39,10 +39,8 @@ def strength(game, net: AlphaZeroNet) -> dict[str, int]:
             "minimax_draws": minimax.draws, "minimax_losses": minimax.losses}
 
 
-def train(seed: int, rounds: int = 40, gumbel: bool = False
-          ) -> tuple[dict[str, int], dict[str, int], list[float]]:
-    """Self-play and SGD, PUCT's or Gumbel's root search; the strength before and after, and
-    each round's value loss."""
+def train(seed: int, rounds: int = 40) -> tuple[dict[str, int], dict[str, int], list[float]]:
+    """Self-play and SGD; the strength before and after, and each round's value loss."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     game = load_game("openspiel/tic_tac_toe")
@@ -50,8 +48,7 @@ def train(seed: int, rounds: int = 40, gumbel: bool = False
     before = strength(game, net)
     # L2 through the optimizer's weight decay, as alphazero_loss leaves it.
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=1e-4)
-    play = SelfPlay(game, TorchEvaluator(net), MCTSConfig(simulations=16, temperature_moves=2,
-                                                        gumbel=gumbel),
+    play = SelfPlay(game, TorchEvaluator(net), MCTSConfig(simulations=16, temperature_moves=2),
                     num_games=32, rng=rng)
     table = symmetries(game)
     recent: list[SelfPlayBatch] = []
