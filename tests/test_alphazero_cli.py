@@ -94,7 +94,8 @@ def match(run_dir, opponent: str, games: int = 100) -> dict:
     return json.loads(proc.stdout)
 
 
-def assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax", "minimax:traps")) -> None:
+def assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax", "minimax:traps"),
+                                  against_random: bool = True) -> None:
     """Issues 38 and 47's bar, with ``mpirl evaluate``'s defaults, each side moving first in
     half the games: 0 losses in 100 games to a perfect player that picks at random among its
     optimal moves (minimax) and to one that sets traps (minimax:traps), at least 90% wins in
@@ -104,8 +105,9 @@ def assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax", "minimax:traps"))
     for player in perfect:
         against = match(run_dir, player)
         assert against["losses"] == 0 and against["simulations"] == 100, against
-    against_random = match(run_dir, "random")
-    assert against_random["win_rate"] >= 0.9 and against_random["losses"] == 0, against_random
+    if against_random:
+        result = match(run_dir, "random")
+        assert result["win_rate"] >= 0.9 and result["losses"] == 0, result
     share, positions = raw_policy_optimal_share(run_dir)
     assert positions == 4520 and share >= 0.9, share
 
@@ -138,8 +140,8 @@ def test_alphazero_learns_tic_tac_toe_and_never_loses_to_minimax(tmp_path):
 
 def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     """Gumbel's root search (sequential halving, 16 simulations) in self-play learns as PUCT
-    does: after 40 iterations, the same bar as PUCT's (``assert_plays_tic_tac_toe_well``;
-    ``mpirl evaluate`` searches with PUCT unless ``evaluation_gumbel`` is set).
+    does: after 40 iterations, PUCT's bar (``assert_plays_tic_tac_toe_well``; ``mpirl evaluate``
+    searches with PUCT unless ``evaluation_gumbel`` is set) less the match against random.
 
     Measured when written (2026-11-28, -n 3 on 2 cores shared with two other jobs, so slow),
     seeds 0, 1, 2: 0 losses of 100 to minimax each; 94%, 95%, 94% wins against random at 64
@@ -151,7 +153,10 @@ def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT, "--seed", "0",
                           "--config", json.dumps(config),
                           "--stop", '{"training_iteration": 40}', timeout=300)
-    assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax",))  # traps: not measured
+    # traps: not measured. The 100 games against random (18 CPU-s) are left to the PUCT test,
+    # which plays the same ``mpirl evaluate`` search; the raw policy's share of optimal moves
+    # checks what Gumbel's self-play learned.
+    assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax",), against_random=False)
 
 
 #: Columns that follow from the games and the training alone (not from wall time).
@@ -307,7 +312,7 @@ def test_local_mode_plays_and_trains(tmp_path, gating):
         assert progress[-1]["gating_accepted"] in ("0", "1")
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["--env", OS_TTT, "--config", '{"simulations": 0}'], '"simulations" = 0 is out of range'),
     (["--env", "CartPole-v1"], "AlphaZero plays two-player board games"),
     (["--env", "openspiel/catch"], "1 player"),
@@ -316,9 +321,28 @@ def test_local_mode_plays_and_trains(tmp_path, gating):
     (["--env", OS_TTT, "--config", '{"evaluation_opponents": "nobody"}'], "not a player"),
     (["--env", OS_TTT, "--config", '{"num_learners": 3}'],
      '"train_batch_size" = 128 does not split evenly over 3 learners'),
-])
-def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
+]
+
+
+def test_bad_input_exits_2_in_one_line(tmp_path):
+    """One refusal end to end, through the console script in local mode."""
+    args, message = BAD_INPUT[0]
     assert message in train_refused(tmp_path, "--algo", "AlphaZero", *args)
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_is_refused_in_one_line(tmp_path, capsys, args, message):
+    """Each refusal through the CLI's main in this process (local mode's code path, without
+    an interpreter's start-up per case): exit 2, one line, no traceback."""
+    from mpirl.cli import main
+
+    try:
+        code = main(["train", "--algo", "AlphaZero", *args, "--run-dir", str(tmp_path / "run")])
+    except SystemExit as error:  # argparse's own refusals
+        code = error.code
+    stderr = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
 
 
 def test_other_algorithms_still_refuse_a_game_id(tmp_path):
