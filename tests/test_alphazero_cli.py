@@ -247,16 +247,25 @@ def test_tune_searches_c_puct_lr_and_simulations(tmp_path):
         assert len(rows(tmp_path / "tune" / trial)) == 2
 
 
-def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(tmp_path):
-    probe, run_dir = tmp_path / "probe", tmp_path / "run"
+@pytest.fixture(scope="module")
+def probed_dumped_run(tmp_path_factory):
+    """One quick run (2 iterations, -n 3) with the probe's callbacks and its self-play games
+    dumped to HDF5: (run dir, probe dir, dump dir) for the two tests below."""
+    root = tmp_path_factory.mktemp("probed_dumped")
+    probe, run_dir, dump = root / "probe", root / "run", root / "games"
     probe.mkdir()
     config = {**QUICK, "callbacks": "callbacks_probe:Probe", "num_learners": 1,
               "checkpoint_every": 2}
     proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir",
-                   str(run_dir), "--config", json.dumps(config), "--stop",
-                   '{"training_iteration": 2}', timeout=120,
+                   str(run_dir), "--config", json.dumps(config), "--dump-trajectories",
+                   str(dump), "--stop", '{"training_iteration": 2}', timeout=120,
                    env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
     assert proc.returncode == 0, proc.stderr
+    return run_dir, probe, dump
+
+
+def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(probed_dumped_run):
+    run_dir, probe, _ = probed_dumped_run
     log = hook_log(probe)
     ranks_of = hook_ranks(log)
     # The driver (rank 0), one self-play rank (1) and one learner rank (2).
@@ -274,14 +283,10 @@ def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(tmp_path)
         assert int(float(row["iteration_twice"])) == 2 * int(row["iteration"])
 
 
-def test_self_play_games_are_dumped_to_hdf5(tmp_path):
+def test_self_play_games_are_dumped_to_hdf5(probed_dumped_run):
     from mpirl.data.reader import open_dataset
 
-    run_dir, dump = tmp_path / "run", tmp_path / "games"
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir",
-                   str(run_dir), "--config", json.dumps(QUICK), "--dump-trajectories",
-                   str(dump), "--stop", '{"training_iteration": 2}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    run_dir, _, dump = probed_dumped_run
     last = rows(run_dir)[-1]
     dataset = open_dataset(dump)
     # Every game that ended is in the dump, with each of its moves; games still in play at the
@@ -294,8 +299,6 @@ def test_self_play_games_are_dumped_to_hdf5(tmp_path):
         assert np.all(episode.rewards[:-1] == 0)  # only the last move is rewarded
         assert episode.rewards[-1] in (1.0, 0.0)  # the winner moves last, or a draw
         assert np.all(episode.infos["action_logp"] <= 0)
-
-
 
 
 @pytest.mark.parametrize("gating", [False, True])
