@@ -23,7 +23,6 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import (
-    OS_C4,
     OS_TTT,
     PROGRAMS,
     PZ_TTT,
@@ -95,7 +94,8 @@ def match(run_dir, opponent: str, games: int = 100) -> dict:
     return json.loads(proc.stdout)
 
 
-def assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax", "minimax:traps")) -> None:
+def assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax", "minimax:traps"),
+                                  against_random: bool = True) -> None:
     """Issues 38 and 47's bar, with ``mpirl evaluate``'s defaults, each side moving first in
     half the games: 0 losses in 100 games to a perfect player that picks at random among its
     optimal moves (minimax) and to one that sets traps (minimax:traps), at least 90% wins in
@@ -105,8 +105,9 @@ def assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax", "minimax:traps"))
     for player in perfect:
         against = match(run_dir, player)
         assert against["losses"] == 0 and against["simulations"] == 100, against
-    against_random = match(run_dir, "random")
-    assert against_random["win_rate"] >= 0.9 and against_random["losses"] == 0, against_random
+    if against_random:
+        result = match(run_dir, "random")
+        assert result["win_rate"] >= 0.9 and result["losses"] == 0, result
     share, positions = raw_policy_optimal_share(run_dir)
     assert positions == 4520 and share >= 0.9, share
 
@@ -139,8 +140,8 @@ def test_alphazero_learns_tic_tac_toe_and_never_loses_to_minimax(tmp_path):
 
 def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     """Gumbel's root search (sequential halving, 16 simulations) in self-play learns as PUCT
-    does: after 40 iterations, the same bar as PUCT's (``assert_plays_tic_tac_toe_well``;
-    ``mpirl evaluate`` searches with PUCT unless ``evaluation_gumbel`` is set).
+    does: after 40 iterations, PUCT's bar (``assert_plays_tic_tac_toe_well``; ``mpirl evaluate``
+    searches with PUCT unless ``evaluation_gumbel`` is set) less the match against random.
 
     Measured when written (2026-11-28, -n 3 on 2 cores shared with two other jobs, so slow),
     seeds 0, 1, 2: 0 losses of 100 to minimax each; 94%, 95%, 94% wins against random at 64
@@ -152,60 +153,16 @@ def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT, "--seed", "0",
                           "--config", json.dumps(config),
                           "--stop", '{"training_iteration": 40}', timeout=300)
-    assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax",))  # traps: not measured
-
-
-C4_CONFIG = {"channels": 32, "blocks": 2, "simulations": 32, "games_per_worker": 32,
-             "temperature_moves": 8, "evaluation_interval": 50, "evaluation_games": 40,
-             "evaluation_opponents": "random,mcts:100", "evaluation_simulations": 32}
-
-
-@pytest.mark.timeout(900)  # the run's own limit: pytest's 300 s cut it first under load
-def test_alphazero_learns_connect_four(tmp_path):
-    """Connect Four: 50 iterations of 64+ self-play games (32 simulations a move, a tower of 2
-    blocks of 32 channels), then 40 games against random and 40 against mcts:100 (plain UCT,
-    100 random-rollout simulations), the network searching 32 simulations a move.
-
-    Measured when written (2026-11-28, -n 3 on 2 cores shared with two other helpers' jobs),
-    seeds 0, 1, 2 at iteration 50: 100%, 97.5%, 97.5% wins against random (seed 2's
-    checkpoint then won 40 of 40 in a separate match) and 55%, 37.5%, 27.5% against mcts:100.
-    Strength against mcts:100 moves a lot between evaluations: at iteration 25 50%, 27.5%, 20%;
-    in runs stopped at 40, 47.5%, 12.5%, 17.5% (random 100% each), hence 50 iterations and the
-    15% bar. The value loss falls slowly (0.90-0.94 to 0.77-0.94 by iteration 50). Wall time
-    depends on the load: a run stopped at 40 took 98-132 s when the machine was calmer, 206 s
-    (seed 0, this test at 40 iterations) with the other jobs running, and runs to 50 with two
-    evaluations 273-671 s. This test took 126 s (121 s of training) in a calm moment, seed 0
-    winning 97.5% against random and 57.5% against mcts:100."""
-    _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_C4, "--seed", "0",
-                          "--config", json.dumps(C4_CONFIG),
-                          "--stop", '{"training_iteration": 50}', timeout=900)
-    last = rows(run_dir)[-1]
-    assert float(last["eval_random_win"]) >= 0.95, last
-    assert float(last["eval_mcts_100_win"]) >= 0.15, last
-
-
-def test_a_resumed_run_keeps_its_replay_and_counters(tmp_path):
-    config = {**QUICK, "checkpoint_every": 2}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", PZ_TTT,
-                          "--config", json.dumps(config), "--stop",
-                          '{"training_iteration": 4}', timeout=120)
-    before = rows(run_dir)
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(run_dir), "--stop",
-                   '{"training_iteration": 6}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    after = rows(run_dir)
-    assert [int(r["iteration"]) for r in after] == [1, 2, 3, 4, 5, 6]
-    fourth, fifth = before[3], after[4]
-    assert int(fifth["sgd_steps_total"]) == int(fourth["sgd_steps_total"]) + 4
-    assert int(fifth["replay_size"]) > int(fourth["replay_size"])
-    assert int(fifth["timesteps_total"]) > int(fourth["timesteps_total"])
-    # The evaluation of iteration 4 is carried until iteration 6's.
-    assert fifth["eval_random_win"] == fourth["eval_random_win"] != "nan"
+    # traps: not measured. The 100 games against random (18 CPU-s) are left to the PUCT test,
+    # which plays the same ``mpirl evaluate`` search; the raw policy's share of optimal moves
+    # checks what Gumbel's self-play learned.
+    assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax",), against_random=False)
 
 
 #: Columns that follow from the games and the training alone (not from wall time).
-DETERMINISTIC = ("iteration", "timesteps_total", "episodes_total", "policy_loss", "value_loss",
-                 "replay_size", "first_player_win_rate", "eval_random_win", "eval_minimax_loss")
+DETERMINISTIC = ("iteration", "timesteps_total", "episodes_total", "sgd_steps_total",
+                 "policy_loss", "value_loss", "replay_size", "first_player_win_rate",
+                 "eval_random_win", "eval_minimax_loss")
 
 
 def _deterministic(run_dir):
@@ -220,22 +177,40 @@ def _checkpointed(run_dir, iteration, name):
 
 def test_resume_after_kill_9_is_bit_identical(tmp_path):
     """Games in play and their trees, the replay, the optimizer and every rng are checkpointed:
-    the resumed run's rows and weights are the uninterrupted run's, bit for bit."""
+    the resumed run's rows and weights are the uninterrupted run's, bit for bit. The killed run
+    is resumed twice: to one iteration past its last checkpoint (a clean stop, which checkpoints
+    there), then on to the end; so a resumed run that stopped and is resumed again (its replay,
+    counters and carried evaluation) is checked against the uninterrupted run as well."""
     total = 8
     config = json.dumps({**QUICK, "checkpoint_every": 2, "keep_checkpoints": 10,
                          "print_layout": True})
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", PZ_TTT, "--config",
                    config, "--run-dir", str(reference), "--stop",
-                   json.dumps({"training_iteration": total}), timeout=120)
+                   json.dumps({"training_iteration": total}), timeout=300)
     assert proc.returncode == 0, proc.stderr
 
     kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", "AlphaZero", "--env", PZ_TTT,
                             "--config", config)
-    assert latest_checkpoint_iteration(interrupted) < total, "the kill came too late"
+    killed_at = latest_checkpoint_iteration(interrupted)
+    assert 4 <= killed_at < total - 1, "the kill came too late"
+
+    stop = killed_at + 1  # odd: no evaluation, no periodic checkpoint there
+    proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
+                   json.dumps({"training_iteration": stop}), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert latest_checkpoint_iteration(interrupted) == stop  # checkpointed at the stop
+    first = rows(interrupted)
+    assert [int(r["iteration"]) for r in first] == list(range(1, stop + 1))
+    last_saved, after = first[killed_at - 1], first[stop - 1]
+    assert int(after["sgd_steps_total"]) == int(last_saved["sgd_steps_total"]) + 4
+    assert int(after["replay_size"]) > int(last_saved["replay_size"])
+    assert int(after["timesteps_total"]) > int(last_saved["timesteps_total"])
+    # The evaluation of the checkpointed iteration is carried until the next one.
+    assert after["eval_random_win"] == last_saved["eval_random_win"] != "nan"
 
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
-                   json.dumps({"training_iteration": total}), timeout=120)
+                   json.dumps({"training_iteration": total}), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert _deterministic(interrupted) == _deterministic(reference)
     for name in ("learner_0.pkl", "rollout_0.pkl", "rollout_1.pkl"):
@@ -272,16 +247,25 @@ def test_tune_searches_c_puct_lr_and_simulations(tmp_path):
         assert len(rows(tmp_path / "tune" / trial)) == 2
 
 
-def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(tmp_path):
-    probe, run_dir = tmp_path / "probe", tmp_path / "run"
+@pytest.fixture(scope="module")
+def probed_dumped_run(tmp_path_factory):
+    """One quick run (2 iterations, -n 3) with the probe's callbacks and its self-play games
+    dumped to HDF5: (run dir, probe dir, dump dir) for the two tests below."""
+    root = tmp_path_factory.mktemp("probed_dumped")
+    probe, run_dir, dump = root / "probe", root / "run", root / "games"
     probe.mkdir()
     config = {**QUICK, "callbacks": "callbacks_probe:Probe", "num_learners": 1,
               "checkpoint_every": 2}
     proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir",
-                   str(run_dir), "--config", json.dumps(config), "--stop",
-                   '{"training_iteration": 2}', timeout=120,
+                   str(run_dir), "--config", json.dumps(config), "--dump-trajectories",
+                   str(dump), "--stop", '{"training_iteration": 2}', timeout=120,
                    env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
     assert proc.returncode == 0, proc.stderr
+    return run_dir, probe, dump
+
+
+def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(probed_dumped_run):
+    run_dir, probe, _ = probed_dumped_run
     log = hook_log(probe)
     ranks_of = hook_ranks(log)
     # The driver (rank 0), one self-play rank (1) and one learner rank (2).
@@ -299,14 +283,10 @@ def test_callbacks_run_on_every_role_and_custom_metrics_reach_progress(tmp_path)
         assert int(float(row["iteration_twice"])) == 2 * int(row["iteration"])
 
 
-def test_self_play_games_are_dumped_to_hdf5(tmp_path):
+def test_self_play_games_are_dumped_to_hdf5(probed_dumped_run):
     from mpirl.data.reader import open_dataset
 
-    run_dir, dump = tmp_path / "run", tmp_path / "games"
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "AlphaZero", "--env", OS_TTT, "--run-dir",
-                   str(run_dir), "--config", json.dumps(QUICK), "--dump-trajectories",
-                   str(dump), "--stop", '{"training_iteration": 2}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    run_dir, _, dump = probed_dumped_run
     last = rows(run_dir)[-1]
     dataset = open_dataset(dump)
     # Every game that ended is in the dump, with each of its moves; games still in play at the
@@ -319,8 +299,6 @@ def test_self_play_games_are_dumped_to_hdf5(tmp_path):
         assert np.all(episode.rewards[:-1] == 0)  # only the last move is rewarded
         assert episode.rewards[-1] in (1.0, 0.0)  # the winner moves last, or a draw
         assert np.all(episode.infos["action_logp"] <= 0)
-
-
 
 
 @pytest.mark.parametrize("gating", [False, True])
@@ -337,7 +315,7 @@ def test_local_mode_plays_and_trains(tmp_path, gating):
         assert progress[-1]["gating_accepted"] in ("0", "1")
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["--env", OS_TTT, "--config", '{"simulations": 0}'], '"simulations" = 0 is out of range'),
     (["--env", "CartPole-v1"], "AlphaZero plays two-player board games"),
     (["--env", "openspiel/catch"], "1 player"),
@@ -346,9 +324,28 @@ def test_local_mode_plays_and_trains(tmp_path, gating):
     (["--env", OS_TTT, "--config", '{"evaluation_opponents": "nobody"}'], "not a player"),
     (["--env", OS_TTT, "--config", '{"num_learners": 3}'],
      '"train_batch_size" = 128 does not split evenly over 3 learners'),
-])
-def test_bad_input_exits_2_in_one_line(tmp_path, args, message):
+]
+
+
+def test_bad_input_exits_2_in_one_line(tmp_path):
+    """One refusal end to end, through the console script in local mode."""
+    args, message = BAD_INPUT[0]
     assert message in train_refused(tmp_path, "--algo", "AlphaZero", *args)
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_is_refused_in_one_line(tmp_path, capsys, args, message):
+    """Each refusal through the CLI's main in this process (local mode's code path, without
+    an interpreter's start-up per case): exit 2, one line, no traceback."""
+    from mpirl.cli import main
+
+    try:
+        code = main(["train", "--algo", "AlphaZero", *args, "--run-dir", str(tmp_path / "run")])
+    except SystemExit as error:  # argparse's own refusals
+        code = error.code
+    stderr = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
 
 
 def test_other_algorithms_still_refuse_a_game_id(tmp_path):

@@ -74,28 +74,53 @@ def test_a_user_player_that_moves_illegally_forfeits_with_a_warning(run_dir, tmp
     assert "player cheater:Cheater returned the illegal move" in proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
+def refused_in_process(capsys, *argv: str) -> tuple[int, str]:
+    """``mpirl ARGV`` run by the CLI's main in this process (the code path of the console
+    script): its exit code and stderr."""
+    from mpirl.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as error:  # argparse's own refusals
+        code = error.code
+    return code, capsys.readouterr().err
+
+
+BAD_MATCH_INPUT = [
     (["--opponent", "nobody"], "is not a player"),
     (["--opponent", "mcts:-3"], "mcts needs a positive whole number"),
     (["--opponent", "mcts:0"], "mcts needs a positive whole number"),
     (["--games", "0"], "--games must be at least 1"),
     (["--simulations", "-1"], "--simulations must be 0"),
-])
-def test_bad_match_input_exits_2_in_one_line(run_dir, args, message):
+]
+
+
+def test_bad_match_input_exits_2_in_one_line(run_dir):
+    """One refusal end to end, through the console script."""
+    args, message = BAD_MATCH_INPUT[0]
     proc = mpirl("evaluate", str(run_dir), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_an_opponent_for_a_gymnasium_checkpoint_is_refused(tmp_path):
+@pytest.mark.parametrize("args, message", BAD_MATCH_INPUT)
+def test_bad_match_input_is_refused_in_one_line(run_dir, capsys, args, message):
+    """Each refusal, the CLI's main called in process (the same code path, no interpreter
+    start-up per case)."""
+    code, stderr = refused_in_process(capsys, "evaluate", str(run_dir), *args)
+    assert code == 2, stderr
+    assert message in stderr and "Traceback" not in stderr, stderr
+
+
+def test_an_opponent_for_a_gymnasium_checkpoint_is_refused(tmp_path, capsys):
     run = tmp_path / "ppo"
     proc = mpirl("train", "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run),
                  "--stop", '{"training_iteration": 1}')
     assert proc.returncode == 0, proc.stderr
     proc = mpirl("evaluate", str(run), "--opponent", "random")
     assert proc.returncode == 2 and "not of a board game" in proc.stderr, proc.stderr
-    proc = mpirl("play", str(run))
-    assert proc.returncode == 2 and "not of a board game" in proc.stderr, proc.stderr
+    code, stderr = refused_in_process(capsys, "play", str(run))  # the same check, in process
+    assert code == 2 and "not of a board game" in stderr, stderr
 
 
 def test_play_in_the_terminal(run_dir):

@@ -170,9 +170,12 @@ def test_self_play_gets_the_best_weights_after_a_restore():
 
 def test_gating_through_the_cli_on_tic_tac_toe(tmp_path):
     """Gating every 2 iterations with 20 games; the columns agree with one another, and the
-    rollout ranks' checkpointed (self-play) weights are the driver's best network."""
+    rollout ranks' checkpointed (self-play) weights are the driver's best network. The
+    evaluation beside it (every 2 iterations, 2 games per opponent: only its columns are
+    checked) does not change the gating: each match's seeds come from the driver's rng, one per
+    rollout rank whatever the number of games."""
     config = {"gating": True, "gating_games": 20, "evaluation_interval": 2,
-              "evaluation_games": 10, "games_per_worker": 8, "sgd_steps_per_iteration": 10,
+              "evaluation_games": 2, "games_per_worker": 8, "sgd_steps_per_iteration": 10,
               "simulations": 8}
     _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT, "--seed", "0",
                           "--config", json.dumps(config), "--stop",
