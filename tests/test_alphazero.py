@@ -28,16 +28,6 @@ pytest.importorskip("pyspiel")
 pytest.importorskip("pettingzoo")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One compute thread, as mpirl's ranks run (``torch_threads`` 1). With torch's default of
-    one per core, each small convolution here waits on the second thread: on a busy 2-core
-    machine the Connect Four self-play tests took 7-11 CPU-s each, against 0.4 with one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 
 def positions(game, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -20,8 +20,6 @@ from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec, EnsembleTra
 from mpirl.errors import EXIT_USAGE, ConfigError, ModelDivergedError
 from mpirl.models.torch_model import build_torch_model
 
-torch.set_num_threads(1)
-
 SMALL = (64, 64)
 
 
