@@ -222,9 +222,6 @@ MA = {"policies": {"a": {}, "b": {}}, "policy_mapping": {"cart_0": "a", "cart_1"
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "ES"}, "b": {}}}},
      "policy 'a': ES cannot drive a policy of a multi-agent run (its PerturbationWorker and "
      "DriverWeights serve a whole run"),
-    (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "IMPALA",
-                                                         "fragments_per_call": 2}, "b": {}}}},
-     "set fragments_per_call 0 for policy 'a'"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"algo": "SAC"}, "b": {}}}},
      "policy 'a' (SAC): SAC needs a continuous (Box) action space"),
     (CARTPOLES, {"multiagent": {**MA, "policies": {"a": {"num_learners": 2}, "b": {}}}},
@@ -241,7 +238,36 @@ MA = {"policies": {"a": {}, "b": {}}, "policy_mapping": {"cart_0": "a", "cart_1"
      "does not declare metadata['is_parallelizable']"),
 ])
 def test_bad_multiagent_config_is_one_clear_error(tmp_path, env, config, message):
-    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", env, "--run-dir",
+    """The request's checks, in-process: the same make_request that ``mpirl train`` calls on
+    rank 0 before anything starts (the CLI prints the ConfigError and exits with its code,
+    checked end to end by test_a_bad_multiagent_config_ends_the_cli_with_one_line)."""
+    error = _refused(tmp_path, env, config)
+    assert error.exit_code == 2
+    assert message in str(error), str(error)
+    assert not (tmp_path / "run" / "progress.csv").exists()
+
+
+def _refused(tmp_path, env, config, stop=None):
+    from mpirl.commands.train import make_request
+    from mpirl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        make_request("PPO", env, None, config, stop or {}, None, str(tmp_path / "run"))
+    return raised.value
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"multiagent": {**MA, "policy_mapping": {"cart_0": "a", "cart_1": "c"}}},
+     "names unknown policy ids ['c']"),
+    # Refused by the policy's plan as the run starts, not by make_request.
+    ({"multiagent": {**MA, "policies": {"a": {"algo": "IMPALA", "fragments_per_call": 2},
+                                        "b": {}}}},
+     "set fragments_per_call 0 for policy 'a'"),
+])
+def test_a_bad_multiagent_config_ends_the_cli_with_one_line(tmp_path, config, message):
+    """End to end through the console script: exit 2, the message on stderr, no traceback, and
+    nothing written."""
+    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", CARTPOLES, "--run-dir",
                            str(tmp_path / "run"), "--config", json.dumps(config)],
                           capture_output=True, text=True, timeout=120, env=mpi_env())
     assert proc.returncode == 2, proc.stderr
@@ -251,12 +277,10 @@ def test_bad_multiagent_config_is_one_clear_error(tmp_path, env, config, message
 
 
 def test_per_policy_stop_keys_are_checked(tmp_path):
-    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", CARTPOLES, "--run-dir",
-                           str(tmp_path / "run"), "--config", json.dumps({"multiagent": MA}),
-                           "--stop", '{"episode_return_mean/nobody": 100}'],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
-    assert proc.returncode == 2
-    assert "per-policy criteria are episode_return_mean/<id>" in proc.stderr
+    error = _refused(tmp_path, CARTPOLES, {"multiagent": MA},
+                     {"episode_return_mean/nobody": 100})
+    assert error.exit_code == 2
+    assert "per-policy criteria are episode_return_mean/<id>" in str(error)
 
 
 def test_centralized_critic_sees_the_global_state_and_learns(tmp_path):
@@ -325,11 +349,9 @@ def test_self_play_needs_two_agents_on_the_policy(tmp_path):
     config = {"multiagent": {**MA, "policies": {"a": {"self_play": {"snapshot_every": 2,
                                                                       "pool_size": 2}},
                                                 "b": {}}}}
-    proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", CARTPOLES, "--run-dir",
-                           str(tmp_path / "run"), "--config", json.dumps(config)],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
-    assert proc.returncode == 2
-    assert "self_play needs at least two agents mapped to the policy" in proc.stderr
+    error = _refused(tmp_path, CARTPOLES, config)
+    assert error.exit_code == 2
+    assert "self_play needs at least two agents mapped to the policy" in str(error)
 
 
 def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(tmp_path):
@@ -524,29 +546,6 @@ def test_export_writes_one_policy_of_a_multiagent_checkpoint(tmp_path):
     proc = subprocess.run([MPIRL, "evaluate", str(tmp_path / "a.npz")], capture_output=True,
                           text=True, timeout=120, env=mpi_env())
     assert proc.returncode == 2 and "evaluate the run's checkpoint instead" in proc.stderr
-
-
-@pytest.mark.parametrize("on_policy, off_policy, env, mapping", [
-    ("A2C", "DQN", "mpirl.envs.examples:FourAgentCartPole",
-     {"cart_[02]": "on", "cart_[13]": "off"}),
-    ("A2C", "SAC", "mpirl.envs.examples:MixedAgents", {"picker": "on", "steerer": "off"}),
-    ("PPO", "SAC", "mpirl.envs.examples:MixedAgents", {"picker": "on", "steerer": "off"}),
-    ("IMPALA", "DQN", "mpirl.envs.examples:FourAgentCartPole",
-     {"cart_[02]": "on", "cart_[13]": "off"}),
-])
-def test_every_on_policy_and_off_policy_pair_composes(tmp_path, on_policy, off_policy, env,
-                                                      mapping):
-    run_dir = tmp_path / "run"
-    config = {"rollout_fragment_length": 32, "multiagent": {
-        "policies": {"on": {"algo": on_policy}, "off": {"algo": off_policy,
-                                                        "learning_starts": 100}},
-        "policy_mapping": mapping}}
-    _ok(_train(1, "--algo", "PPO", "--env", env, "--run-dir", str(run_dir), "--config",
-               json.dumps(config), "--stop", '{"training_iteration": 3}'))
-    last = _rows(run_dir)[-1]
-    assert np.isfinite(_f(last, "on/policy_loss")) and _f(last, "on/learner_samples") > 0
-    loss = "off/td_loss" if off_policy == "DQN" else "off/critic_loss"
-    assert np.isfinite(_f(last, loss)) and _f(last, "off/sgd_steps") > 0
 
 
 def test_a_pettingzoo_module_with_parallel_env(tmp_path):
