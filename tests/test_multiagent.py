@@ -53,29 +53,9 @@ def _f(row, key):
 
 
 # Learning. The defaults are PPO's and DQN's single-agent ones; seed 5 was not used to choose
-# anything (benchmarks/multiagent.py runs seeds 0-4).
-
-
-def test_two_cartpoles_each_policy_reaches_450_within_300k_steps(tmp_path):
-    run_dir = tmp_path / "run"
-    config = {"num_learners": 2, "seed": 5, "multiagent": {
-        "policies": {"left": {"num_learners": 1}, "right": {"num_learners": 1}},
-        "policy_mapping": {"cart_0": "left", "cart_1": "right"}}}
-    proc = _train(5, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
-                  "--config", json.dumps(config),
-                  "--stop", '{"policy_return_mean_min": 450, "timesteps_total": 300000}')
-    _ok(proc)
-    rows = _rows(run_dir)
-    hit = _first_row(rows, lambda r: _f(r, "episode_return_mean/left") >= 450
-                     and _f(r, "episode_return_mean/right") >= 450)
-    assert hit is not None, (f"not both at 450 within 300k env steps; last: left "
-                             f"{rows[-1]['episode_return_mean/left']}, right "
-                             f"{rows[-1]['episode_return_mean/right']}")
-    assert int(hit["timesteps_total"]) <= 300_512
-    # The two policies trained on their own learner ranks, each on its own agent's steps.
-    assert float(rows[-1]["left/learner_samples"]) > 0
-    assert float(rows[-1]["right/learner_samples"]) > 0
-    assert "layout: driver 1, rollout 2, replay 0, learner 2" in proc.stdout
+# anything. Two CartPoles with a PPO policy each to 450 is benchmarks/multiagent.py's figure
+# (the README's table, seeds 0-4), not a test: the tests below keep PPO policies learning, on
+# learner ranks of their own (PPO and DQN composed) and in the driver.
 
 
 def test_agents_with_different_spaces_that_join_and_leave(tmp_path):
@@ -672,8 +652,13 @@ def test_gloo_learners_average_each_policys_gradients(tmp_path):
     config = {"num_learners": 4, "checkpoint_every": 2, "learner_backend": "gloo",
               "multiagent": {"policies": {"a": {"num_learners": 2}, "b": {"num_learners": 2}},
                              "policy_mapping": {"cart_0": "a", "cart_1": "b"}}}
-    _ok(_train(6, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
-               "--config", json.dumps(config), "--stop", '{"training_iteration": 2}'))
+    proc = _train(6, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+                  "--config", json.dumps(config), "--stop", '{"training_iteration": 2}')
+    _ok(proc)
+    assert "layout: driver 1, rollout 1, replay 0, learner 4" in proc.stdout
+    # The two policies trained on their own learner ranks, each on its own agent's steps.
+    last = _rows(run_dir)[-1]
+    assert _f(last, "a/learner_samples") > 0 and _f(last, "b/learner_samples") > 0
     for pid in ("a", "b"):
         first = _state(run_dir, 2, f"learner-{pid}_0.pkl")["weights"]
         second = _state(run_dir, 2, f"learner-{pid}_1.pkl")["weights"]
