@@ -167,15 +167,22 @@ def test_multiagent_resume_after_kill_9_is_bit_identical(tmp_path):
     assert [{k: r[k] for k in DETERMINISTIC} for r in _rows(interrupted)] == keep
 
 
-def test_scripted_opponent_and_an_aec_env_converted(tmp_path):
-    """rps_v2 as an AEC env (``env()``), converted with aec_to_parallel; the scripted opponent
-    plays what beats its opponent's last move, and never learns."""
-    run_dir = tmp_path / "run"
-    config = {"multiagent": RPS}
+@pytest.fixture(scope="module")
+def rps_local(tmp_path_factory):
+    """rps_v2 in local mode: as an AEC env (``env()``), converted with aec_to_parallel, the
+    learned policy with a centralized critic against the scripted opponent; 3 iterations."""
+    run_dir = tmp_path_factory.mktemp("rps") / "run"
+    config = {"centralized_critic": True, "checkpoint_every": 3, "multiagent": RPS}
     _ok(_train(1, "--algo", "PPO", "--env", "pettingzoo.classic.rps_v2:env", "--run-dir",
                str(run_dir), "--config", json.dumps(config), "--stop",
                '{"training_iteration": 3}'))
-    last = _rows(run_dir)[-1]
+    return run_dir
+
+
+def test_scripted_opponent_and_an_aec_env_converted(rps_local):
+    """rps_v2 as an AEC env (``env()``), converted with aec_to_parallel; the scripted opponent
+    plays what beats its opponent's last move, and never learns."""
+    last = _rows(rps_local)[-1]
     assert _f(last, "episode_len_mean/learned") == 15
     # Zero-sum: the two policies' returns cancel.
     assert _f(last, "episode_return_mean/learned") == pytest.approx(
@@ -287,19 +294,14 @@ def test_centralized_critic_sees_the_global_state_and_learns(tmp_path):
     assert len(weights) == central
 
 
-def test_centralized_critic_without_a_state_concatenates_every_agents_observation(tmp_path):
+def test_centralized_critic_without_a_state_concatenates_every_agents_observation(rps_local):
     """rps_v2 has no state(): the critic takes both players' one-hot observations (4 + 4)."""
     from gymnasium.spaces import Discrete
 
     from mpirl.models.policy import PolicySpec
     from mpirl.models.torch_model import build_torch_model
 
-    run_dir = tmp_path / "run"
-    config = {"centralized_critic": True, "checkpoint_every": 2, "multiagent": RPS}
-    _ok(_train(1, "--algo", "PPO", "--env", "pettingzoo.classic.rps_v2", "--run-dir",
-               str(run_dir), "--config", json.dumps(config), "--stop",
-               '{"training_iteration": 2}'))
-    weights = _state(run_dir, 2, "learner-learned_0.pkl")["weights"]
+    weights = _state(rps_local, 3, "learner-learned_0.pkl")["weights"]
     assert len(weights) == build_torch_model(PolicySpec(Discrete(4), Discrete(3),
                                                         critic_inputs=8)).num_weights()
 
