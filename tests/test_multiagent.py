@@ -501,7 +501,10 @@ def test_observation_statistics_are_kept_per_policy(tmp_path):
     assert mean.shape == (4,) and (var > 0).all()
 
 
-def test_export_writes_one_policy_of_a_multiagent_checkpoint(tmp_path):
+def test_export_writes_one_policy_of_a_multiagent_checkpoint(tmp_path, capsys):
+    """Through the console script: the refusal without --policy and a's export; b's export and
+    evaluate's refusal of an exported file in-process (mpirl.cli.main, outside MPI)."""
+    from mpirl.cli import main
     from mpirl.commands.export import load_exported
 
     run_dir = tmp_path / "run"
@@ -516,20 +519,20 @@ def test_export_writes_one_policy_of_a_multiagent_checkpoint(tmp_path):
 
     refused = export("-o", str(tmp_path / "x.npz"))
     assert refused.returncode == 2 and "name the one to export with --policy ID" in refused.stderr
+    _ok(export("--policy", "a", "-o", str(tmp_path / "a.npz")))
+    assert main(["export", str(run_dir), "--policy", "b", "-o", str(tmp_path / "b.npz")]) == 0
     rollout = _state(run_dir, 2, "rollout_0.pkl")["weights"]
     for pid, algo, model in (("a", "PPO", "Policy"), ("b", "DQN", "QNetwork")):
-        path = tmp_path / f"{pid}.npz"
-        _ok(export("--policy", pid, "-o", str(path)))
-        header, policy, _ = load_exported(path)
+        header, policy, _ = load_exported(tmp_path / f"{pid}.npz")
         assert (header["algo"], header["policy_id"], type(policy).__name__) == (algo,
                                                                                 pid, model)
         # b is frozen: its weights are the rollout workers', as exported.
         assert np.array_equal(policy.get_flat_weights(), rollout[pid])
         actions = policy.act(np.zeros((3, 4), np.float32))[0]
         assert actions.shape == (3,)
-    proc = subprocess.run([MPIRL, "evaluate", str(tmp_path / "a.npz")], capture_output=True,
-                          text=True, timeout=120, env=mpi_env())
-    assert proc.returncode == 2 and "evaluate the run's checkpoint instead" in proc.stderr
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "a.npz")]) == 2
+    assert "evaluate the run's checkpoint instead" in capsys.readouterr().err
 
 
 def test_a_pettingzoo_module_with_parallel_env(tmp_path):
