@@ -176,30 +176,15 @@ def plugin_train(n: int, *args: str, timeout: float = 180) -> subprocess.Complet
                    env=PLUGIN_ENV)
 
 
-def test_plugin_checkpoints_dumps_and_resume(tmp_path):
+def test_plugin_checkpoints_dumps_stops_on_a_signal_and_resumes(tmp_path):
+    """A plug-in run with its own config key, checkpoints and dumps: SIGUSR1 to mpiexec after two
+    iterations checkpoints it where it is and exits 75; --resume goes on to two more and
+    checkpoints at the end."""
     run_dir, dumps = tmp_path / "run", tmp_path / "dumps"
-    proc = plugin_train(3, "--algo", "vanilla_pg", "--env", "CartPole-v1", "--run-dir",
-                        str(run_dir), "--dump-trajectories", str(dumps),
-                        "--config", '{"checkpoint_every": 2, "sgd_steps": 2}',
-                        "--stop", '{"training_iteration": 4}')
-    assert proc.returncode == 0, proc.stderr
-    params = json.loads((run_dir / "params.json").read_text())
-    assert params["algo"] == "vanilla_pg" and params["config"]["sgd_steps"] == 2
-    assert latest_checkpoint_iteration(run_dir) == 4
-    assert "policy_loss" in rows(run_dir)[0]
-    inspect = run_local(MPIRL, "inspect", str(dumps), "--json")
-    assert inspect.returncode == 0, inspect.stderr
-    assert json.loads(inspect.stdout)["episodes"] > 0
-    proc = plugin_train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 6}')
-    assert proc.returncode == 0, proc.stderr
-    assert "resumed from" in proc.stdout
-    assert [int(r["iteration"]) for r in rows(run_dir)] == [1, 2, 3, 4, 5, 6]
-
-
-def test_plugin_stops_on_a_signal_and_resumes(tmp_path):
-    run_dir = tmp_path / "run"
     command = mpiexec_command(3, MPIRL, "train", "--progress", "plain", "--algo", "vanilla_pg",
                               "--env", "CartPole-v1", "--run-dir", str(run_dir),
+                              "--dump-trajectories", str(dumps),
+                              "--config", '{"checkpoint_every": 2, "sgd_steps": 2}',
                               "--stop", '{"timesteps_total": 100000000}')
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=mpi_env(PLUGIN_ENV))
@@ -216,10 +201,18 @@ def test_plugin_stops_on_a_signal_and_resumes(tmp_path):
     assert proc.returncode == 75, err
     stopped_at = latest_checkpoint_iteration(run_dir)
     assert stopped_at >= 2
+    params = json.loads((run_dir / "params.json").read_text())
+    assert params["algo"] == "vanilla_pg" and params["config"]["sgd_steps"] == 2
+    assert "policy_loss" in rows(run_dir)[0]
+    inspect = run_local(MPIRL, "inspect", str(dumps), "--json")
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["episodes"] > 0
     proc = plugin_train(3, "--resume", str(run_dir), "--stop",
-                        json.dumps({"training_iteration": stopped_at + 1}))
+                        json.dumps({"training_iteration": stopped_at + 2}))
     assert proc.returncode == 0, proc.stderr
-    assert int(rows(run_dir)[-1]["iteration"]) == stopped_at + 1
+    assert "resumed from" in proc.stdout
+    assert [int(r["iteration"]) for r in rows(run_dir)] == list(range(1, stopped_at + 3))
+    assert latest_checkpoint_iteration(run_dir) == stopped_at + 2
 
 
 def test_plugin_slurm_script(tmp_path):
@@ -230,12 +223,19 @@ def test_plugin_slurm_script(tmp_path):
     assert "--algo vanilla_pg" in proc.stdout
 
 
-@pytest.mark.parametrize(("module", "message"), [
-    ("no_such_plugin", "no module named 'no_such_plugin'"),
-    ("json", "algorithm module 'json' does not define Config (nor loss, ROLLOUT_WORKER"),
-])
-def test_plugin_errors(module, message):
-    proc = run_local(MPIRL, "train", "--algo", module, "--env", "CartPole-v1", timeout=60)
+def test_plugin_errors(tmp_path):
+    """A missing plug-in through the CLI; a module that is no algorithm in-process, through the
+    make_request that ``mpirl train`` calls first."""
+    from mpirl.commands.train import make_request
+    from mpirl.errors import ConfigError
+
+    proc = run_local(MPIRL, "train", "--algo", "no_such_plugin", "--env", "CartPole-v1",
+                     timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
+    assert "no module named 'no_such_plugin'" in proc.stderr
     assert "Traceback" not in proc.stderr
+    with pytest.raises(ConfigError) as raised:
+        make_request("json", "CartPole-v1", None, {}, {}, None, str(tmp_path / "run"))
+    assert raised.value.exit_code == 2
+    assert "algorithm module 'json' does not define Config (nor loss, ROLLOUT_WORKER" in str(
+        raised.value)

@@ -98,10 +98,27 @@ def test_a_raising_hook_ends_the_run_with_one_line(tmp_path, hook, where, ranks)
     ("callbacks_probe:NotCallbacks", "NotCallbacks is not a subclass of mpirl.Callbacks"),
     ("callbacks_probe", "give it as 'module:Class'"),
 ])
-def test_a_bad_spec_is_one_clear_error(tmp_path, spec, message):
-    proc = train(1, train_args(tmp_path / "run", spec=spec))
+def test_a_bad_spec_is_one_clear_error(tmp_path, monkeypatch, spec, message):
+    """In-process: make_request, which ``mpirl train`` calls before anything starts (end to
+    end: test_a_bad_spec_ends_the_cli_with_one_line)."""
+    from mpirl.commands.train import make_request
+    from mpirl.errors import ConfigError
+
+    monkeypatch.syspath_prepend(str(PROGRAMS))  # as the CLI's PYTHONPATH gives it
+    config = {"callbacks": spec, "num_envs_per_worker": 2}
+    with pytest.raises(ConfigError) as raised:
+        make_request("PPO", "CartPole-v1", None, config, {"training_iteration": 3}, None,
+                     str(tmp_path / "run"))
+    assert raised.value.exit_code == 2
+    assert message in str(raised.value), str(raised.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_spec_ends_the_cli_with_one_line(tmp_path):
+    proc = train(1, train_args(tmp_path / "run", spec="callbacks_probe:Missing"))
     assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert "module callbacks_probe has no class Missing" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -216,7 +216,7 @@ def test_a_stopped_or_killed_population_resumes(tmp_path):
     assert all(d["time_attr"] == "timesteps_total" for d in decisions)
 
 
-@pytest.mark.parametrize("n, args, message", [
+BAD_TUNE_COMMAND_LINES = [
     (4, ["--ranks-per-trial", "2", "--", *CARTPOLE],
      "the job needs 1 + a multiple of 2 ranks; it has 4. Launch it with e.g. mpiexec -n 3"),
     (3, ["--scheduler", "pbt", "--population", "4", "--ranks-per-trial", "1",
@@ -237,8 +237,35 @@ def test_a_stopped_or_killed_population_resumes(tmp_path):
     (3, ["--ranks-per-trial", "2", "--space", '{"num_learners": [0, 1]}', "--", *CARTPOLE,
          "--config", '{"learner_backend": "gloo"}'],
      "--space varies num_learners with learner_backend 'gloo'"),
-])
+]
+
+
+@pytest.mark.parametrize("n, args, message", BAD_TUNE_COMMAND_LINES)
 def test_bad_tune_command_lines_get_one_clear_error(tmp_path, n, args, message):
+    """In-process, the checks tune_main makes on every rank before it splits the world: the
+    request (make_tune_request), the trials' train commands (rank 0's new_trials) and the
+    world's size (check_world, with the job's n). End to end through mpiexec:
+    test_a_bad_tune_command_line_ends_the_job_with_one_line."""
+    from mpirl.cli import _parser
+    from mpirl.errors import ConfigError
+    from mpirl.tune.controller import new_trials
+    from mpirl.tune.request import check_world, make_tune_request
+
+    parsed = _parser().parse_args(["tune", "--run-dir", str(tmp_path / "t"), *args])
+    with pytest.raises(ConfigError) as raised:
+        request, _ = make_tune_request(parsed, "")
+        check_world(request, n, len(new_trials(request, request.trial_configs())))
+    assert raised.value.exit_code == 2
+    assert "\n" not in str(raised.value)
+    assert message in str(raised.value), str(raised.value)
+    assert not (tmp_path / "t" / "tune_state.json").exists()
+
+
+@pytest.mark.parametrize("n, args, message",
+                         [BAD_TUNE_COMMAND_LINES[0], BAD_TUNE_COMMAND_LINES[2]])
+def test_a_bad_tune_command_line_ends_the_job_with_one_line(tmp_path, n, args, message):
+    """Through mpiexec: a world of the wrong size (found on every rank after rank 0 checked the
+    trials) and a request refused before anything is imported: exit 2, one line."""
     proc = tune(n, "--run-dir", str(tmp_path / "t"), *args, timeout=90)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
