@@ -42,6 +42,8 @@ class Plan:
     rounds: int
     iterations: int
     warmup_iterations: int = 5
+    import_rounds: int = 3
+    """Rounds of the two imports (at least ``rounds``); one with ``--quick``."""
 
 
 VARIANTS = {
@@ -78,17 +80,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=40)
-    parser.add_argument("--quick", action="store_true", help="1 round of 10 iterations")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 round of 10 iterations, the imports once")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    plan = Plan(1, 10) if args.quick else Plan(args.rounds, args.iterations)
+    plan = Plan(1, 10, import_rounds=1) if args.quick else Plan(args.rounds, args.iterations)
     report = {"meta": run_metadata(args.quick, plan, ["torch", "tensorboardX"])}
 
     imports: dict[str, list[dict]] = {"engine": [], "everything": []}
     throughput: dict[str, list[float]] = {name: [] for name in VARIANTS}
 
     def measure() -> dict:
-        for _ in range(max(plan.rounds, 3)):  # alternating, so drift hits both alike
+        # Alternating, so drift hits both alike.
+        for _ in range(max(plan.rounds, plan.import_rounds)):
             imports["engine"].append(measure_import(ENGINE))
             imports["everything"].append(measure_import(EVERYTHING))
         for _ in range(plan.rounds):

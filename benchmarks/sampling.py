@@ -75,7 +75,7 @@ class Plan:
 
 
 FULL = Plan(warmup_s=2.0, block_s=3.0, reps=5)
-QUICK = Plan(warmup_s=0.3, block_s=0.5, reps=2)
+QUICK = Plan(warmup_s=0.1, block_s=0.2, reps=2)
 
 
 def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:
