@@ -8,7 +8,7 @@ what the shared noise table costs in memory.
   ARS 1M); whole process, launch to exit, per seed.
 * Bytes: ``bytes_per_rank_per_generation`` (results, update message and answer, between the
   driver and one rollout rank) for a 226-weight policy and a 1,008,002-weight one (two hidden
-  layers of 1000), 2 generations each under ``-n 3``.
+  layers of 1000), 2 generations each under ``-n 3`` (``--quick``: the large one alone).
 * Memory: the summed proportional set size (PSS) of 3 rollout ranks with a 4 MB and a 381 MB
   noise table; one copy per node grows it by about one table, one per rank would by three.
 """
@@ -92,9 +92,11 @@ def learning(seeds: int, quick: bool) -> dict[str, Any]:
     return report
 
 
-def message_bytes() -> dict[str, Any]:
+def message_bytes(quick: bool) -> dict[str, Any]:
+    """Bytes per generation of the small and the large policy (the large one alone if quick)."""
     sent = {}
-    for name, hidden in (("226_weights", [32]), ("1008002_weights", [1000, 1000])):
+    nets = (("226_weights", [32]), ("1008002_weights", [1000, 1000]))
+    for name, hidden in nets[1:] if quick else nets:
         _, rows = train(3, "ES", {"hidden_sizes": hidden, "episodes_per_batch": 8,
                                   "train_batch_size": 0, "num_envs_per_worker": 2,
                                   "eval_prob": 0.0, "noise_size": 20_000_000},
@@ -126,7 +128,8 @@ def main() -> int:
     seeds = 1 if args.quick else args.seeds
     report = {"meta": run_metadata(args.quick, Plan(seeds), ["torch", "numpy"])}
     report["learning"] = learning(seeds, args.quick)
-    report["bytes"] = attempt("bytes per generation, 226 vs 1M weights", message_bytes)
+    report["bytes"] = attempt("bytes per generation, 226 vs 1M weights",
+                              lambda: message_bytes(args.quick))
     report["memory"] = attempt("noise table memory, 3 rollout ranks", noise_memory)
     rows = [["what", "ES", "ARS"]]
     for key, label in (("reached", "reached"), ("wall_s_median", "wall s (median)"),
