@@ -129,11 +129,11 @@ TASKS = {
                          {"MBPO": 100_000, "SAC": 100_000, "SB3-SAC": 100_000},
                          ("MBPO", "SAC"), (0,)),
 }
-#: Small enough for a test: one seed, one evaluation of two episodes, a cheap planner.
+#: Small enough for a test: one seed, one evaluation of one episode, a cheap planner.
 QUICK = Task("Pendulum-v1", -200.0, dict.fromkeys(ALGOS, 200), dict.fromkeys(ALGOS, 200),
              ("PETS", "SAC"), (0,),
              {"PETS": {"planning_horizon": 10, "cem_population": 50, "cem_iterations": 2}})
-QUICK_EVAL_EPISODES = 2
+QUICK_EVAL_EPISODES = 1
 
 
 @dataclass
