@@ -8,9 +8,10 @@ what the shared noise table costs in memory.
   ARS 1M); whole process, launch to exit, per seed.
 * Bytes: ``bytes_per_rank_per_generation`` (results, update message and answer, between the
   driver and one rollout rank) for a 226-weight policy and a 1,008,002-weight one (two hidden
-  layers of 1000), 2 generations each under ``-n 3``.
+  layers of 1000), 2 generations each under ``-n 3`` (``--quick``: the large one alone).
 * Memory: the summed proportional set size (PSS) of 3 rollout ranks with a 4 MB and a 381 MB
-  noise table; one copy per node grows it by about one table, one per rank would by three.
+  noise table (95 MB with ``--quick``); one copy per node grows it by about one table, one per
+  rank would by three.
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ def learning(seeds: int, quick: bool) -> dict[str, Any]:
     return report
 
 
-def message_bytes() -> dict[str, Any]:
+def message_bytes(quick: bool) -> dict[str, Any]:
+    """Bytes per generation of the small and the large policy (the large one alone if quick)."""
     sent = {}
-    for name, hidden in (("226_weights", [32]), ("1008002_weights", [1000, 1000])):
+    nets = (("226_weights", [32]), ("1008002_weights", [1000, 1000]))
+    for name, hidden in nets[1:] if quick else nets:
         _, rows = train(3, "ES", {"hidden_sizes": hidden, "episodes_per_batch": 8,
                                   "train_batch_size": 0, "num_envs_per_worker": 2,
                                   "eval_prob": 0.0, "noise_size": 20_000_000},
@@ -104,16 +107,19 @@ def message_bytes() -> dict[str, Any]:
     return sent
 
 
-def noise_memory() -> dict[str, Any]:
+def noise_memory(quick: bool) -> dict[str, Any]:
+    """The rollout ranks' PSS with a small and a large table (25M numbers instead of 100M if
+    quick: 95 MB, still far above what else differs between the two runs)."""
+    small, large = 1_000_000, 25_000_000 if quick else 100_000_000
     totals = {}
-    for size in (1_000_000, 100_000_000):
+    for size in (small, large):
         _, rows = train(4, "ES", {"noise_size": size}, {"training_iteration": 2})
         totals[size] = (float(rows[-1]["rollout_pss_mb_total"]),
                         float(rows[-1]["noise_table_mb"]))
-    growth = totals[100_000_000][0] - totals[1_000_000][0]
-    table = totals[100_000_000][1]
-    return {"pss_mb_small_table": totals[1_000_000][0], "pss_mb_large_table":
-            totals[100_000_000][0], "table_mb": table, "growth_mb": growth,
+    growth = totals[large][0] - totals[small][0]
+    table = totals[large][1]
+    return {"pss_mb_small_table": totals[small][0], "pss_mb_large_table":
+            totals[large][0], "table_mb": table, "growth_mb": growth,
             "growth_over_table": growth / table}
 
 
@@ -126,8 +132,10 @@ def main() -> int:
     seeds = 1 if args.quick else args.seeds
     report = {"meta": run_metadata(args.quick, Plan(seeds), ["torch", "numpy"])}
     report["learning"] = learning(seeds, args.quick)
-    report["bytes"] = attempt("bytes per generation, 226 vs 1M weights", message_bytes)
-    report["memory"] = attempt("noise table memory, 3 rollout ranks", noise_memory)
+    report["bytes"] = attempt("bytes per generation, 226 vs 1M weights",
+                              lambda: message_bytes(args.quick))
+    report["memory"] = attempt("noise table memory, 3 rollout ranks",
+                               lambda: noise_memory(args.quick))
     rows = [["what", "ES", "ARS"]]
     for key, label in (("reached", "reached"), ("wall_s_median", "wall s (median)"),
                        ("env_steps_median", "env steps (median)"),

@@ -42,6 +42,10 @@ class Plan:
     rounds: int
     iterations: int
     warmup_iterations: int = 5
+    import_rounds: int = 3
+    """Rounds of the two imports (at least ``rounds``); one with ``--quick``."""
+    ranks: int = 3
+    """Ranks of each PPO run; 2 (one rollout rank) with ``--quick``."""
 
 
 VARIANTS = {
@@ -59,12 +63,13 @@ def measure_import(code: str) -> dict[str, float]:
 
 
 def measure_ppo(variant: str, plan: Plan) -> float:
-    """Mean env steps/s over the iterations after the warm-up, PPO on CartPole, 3 ranks."""
+    """Mean env steps/s over the iterations after the warm-up, PPO on CartPole, ``plan.ranks``
+    ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         config = {**VARIANTS[variant], "checkpoint_every": 0}
         run_process(
-            [str(Path(sys.executable).parent / "mpiexec"), "-n", "3", "--oversubscribe",
+            [str(Path(sys.executable).parent / "mpiexec"), "-n", str(plan.ranks), "--oversubscribe",
              "--bind-to", "none", MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
              "--run-dir", str(run_dir), "--progress", "off", "--config", json.dumps(config),
              "--stop", json.dumps({"training_iteration": plan.iterations})],
@@ -78,17 +83,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=40)
-    parser.add_argument("--quick", action="store_true", help="1 round of 10 iterations")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 round of 10 iterations on 2 ranks, the imports once")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    plan = Plan(1, 10) if args.quick else Plan(args.rounds, args.iterations)
+    plan = (Plan(1, 10, import_rounds=1, ranks=2) if args.quick
+            else Plan(args.rounds, args.iterations))
     report = {"meta": run_metadata(args.quick, plan, ["torch", "tensorboardX"])}
 
     imports: dict[str, list[dict]] = {"engine": [], "everything": []}
     throughput: dict[str, list[float]] = {name: [] for name in VARIANTS}
 
     def measure() -> dict:
-        for _ in range(max(plan.rounds, 3)):  # alternating, so drift hits both alike
+        # Alternating, so drift hits both alike.
+        for _ in range(max(plan.rounds, plan.import_rounds)):
             imports["engine"].append(measure_import(ENGINE))
             imports["everything"].append(measure_import(EVERYTHING))
         for _ in range(plan.rounds):

@@ -129,11 +129,11 @@ TASKS = {
                          {"MBPO": 100_000, "SAC": 100_000, "SB3-SAC": 100_000},
                          ("MBPO", "SAC"), (0,)),
 }
-#: Small enough for a test: one seed, two evaluations of two episodes, a cheap planner.
-QUICK = Task("Pendulum-v1", -200.0, dict.fromkeys(ALGOS, 200), dict.fromkeys(ALGOS, 400),
+#: Small enough for a test: one seed, one evaluation of one episode, a cheap planner.
+QUICK = Task("Pendulum-v1", -200.0, dict.fromkeys(ALGOS, 200), dict.fromkeys(ALGOS, 200),
              ("PETS", "SAC"), (0,),
              {"PETS": {"planning_horizon": 10, "cem_population": 50, "cem_iterations": 2}})
-QUICK_EVAL_EPISODES = 2
+QUICK_EVAL_EPISODES = 1
 
 
 @dataclass
@@ -612,7 +612,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--throughput-seconds", type=float, default=20.0, metavar="S")
     p.add_argument("--json", type=Path, metavar="PATH")
     p.add_argument("--quick", action="store_true",
-                   help="a check that the script works: 1 seed, 400-step caps, cheap planning")
+                   help="a check that the script works: 1 seed, 200-step caps, cheap planning")
     # The measured programs' arguments.
     p.add_argument("--role", choices=["sb3", "plan"], help=argparse.SUPPRESS)
     p.add_argument("--env", help=argparse.SUPPRESS)
@@ -641,7 +641,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
                                      **dict(args.config).get(algo, {})}
                               for algo in ALGOS},
                 throughput_ranks=throughput_ranks,
-                throughput_seconds=2.0 if args.quick else args.throughput_seconds)
+                throughput_seconds=1.0 if args.quick else args.throughput_seconds)
 
 
 def main() -> int:

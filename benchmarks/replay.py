@@ -49,7 +49,7 @@ class Plan:
 
 
 FULL = Plan(40_000, (1, 2, 3))
-QUICK = Plan(6_000, (1, 2))
+QUICK = Plan(4_000, (1, 2))
 
 
 def raw_transition_bytes(space: gym.Space) -> int:
@@ -94,7 +94,7 @@ def measure_memory(quick: bool) -> dict[str, Any]:
 def measure_throughput(quick: bool) -> dict[str, Any]:
     space = OBSERVATIONS["cartpole"]
     rng = np.random.default_rng(1)
-    seconds = 0.5 if quick else 2.0
+    seconds = 0.2 if quick else 2.0
     report: dict[str, Any] = {}
     for kind in ("uniform", "prioritized"):
         buffer = ReplayBuffer(100_000, 8, space, ACTIONS,

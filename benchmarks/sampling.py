@@ -4,7 +4,8 @@
 
 CartPole-v1, ``NUM_ENVS`` environments per worker in a gymnasium ``SyncVectorEnv`` (same-step
 autoreset), mpirl's default policy (separate 64x64 tanh actor and critic MLPs), torch with one
-thread. Three programs, run one after another by this same file (``--role ROLE``):
+thread. Three programs, run one after another by this same file (``--role ROLE``; ``--quick``
+runs raw and local in one process):
 
 * raw: the vector env and ``Policy.act`` in a tight loop in one plain process, with no mpirl
   code on the path: the ceiling.
@@ -75,7 +76,7 @@ class Plan:
 
 
 FULL = Plan(warmup_s=2.0, block_s=3.0, reps=5)
-QUICK = Plan(warmup_s=0.3, block_s=0.5, reps=2)
+QUICK = Plan(warmup_s=0.1, block_s=0.2, reps=2)
 
 
 def measure_rate(step_block: Callable[[], int], plan: Plan) -> dict[str, Any]:
@@ -105,8 +106,7 @@ def _rollout_settings(dump: Any = None) -> Any:
 # The measured programs, one per --role.
 
 
-def role_raw(plan: Plan) -> int:
-    """The vector env and the policy's action sampling in a plain loop."""
+def _raw_rate(plan: Plan) -> dict[str, Any]:
     import gymnasium as gym
     import torch
 
@@ -126,24 +126,45 @@ def role_raw(plan: Plan) -> int:
             obs, _, _, _, _ = envs.step(policy.env_actions(actions))
         return ROLLOUT_FRAGMENT_LENGTH * NUM_ENVS
 
-    emit(measure_rate(block, plan))
+    return measure_rate(block, plan)
+
+
+def role_raw(plan: Plan) -> int:
+    """The vector env and the policy's action sampling in a plain loop."""
+    emit(_raw_rate(plan))
     return 0
 
 
-def role_local(plan: Plan) -> int:
-    """One RolloutWorker in the driver's process (world size 1), batches returned in-process."""
+def _local_rate(plan: Plan) -> dict[str, Any]:
     import mpirl
     from mpirl.workers.rollout import RolloutWorker
+
+    result: dict[str, Any] = {}
 
     def body(driver: mpirl.Driver) -> int:
         worker = driver.spawn("rollout", RolloutWorker, _rollout_settings(),
                               local_if_empty=True)[0]
-        emit(measure_rate(
+        result.update(measure_rate(
             lambda: worker.call("sample", ROLLOUT_FRAGMENT_LENGTH)["env_steps"], plan))
         return 0
 
-    return mpirl.run(body, mpirl.Layout(num_rollout_workers=1),
+    code = mpirl.run(body, mpirl.Layout(num_rollout_workers=1),
                      mpirl.RuntimeSettings(print_layout=False))
+    if code != 0:
+        raise RuntimeError(f"the local worker's run exited with code {code}")
+    return result
+
+
+def role_local(plan: Plan) -> int:
+    """One RolloutWorker in the driver's process (world size 1), batches returned in-process."""
+    emit(_local_rate(plan))
+    return 0
+
+
+def role_raw_and_local(plan: Plan) -> int:
+    """``raw``, then ``local``, in one process: ``--quick`` starts one process fewer."""
+    emit({"raw": _raw_rate(plan), "local": _local_rate(plan)})
+    return 0
 
 
 def role_mpirl(plan: Plan) -> int:
@@ -220,8 +241,8 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
 
 
 ROLES: dict[str, Callable[[Plan], int]] = {
-    "raw": role_raw, "local": role_local, "mpirl": role_mpirl, "dump": role_dump,
-    "dump_inline": role_dump_inline,
+    "raw": role_raw, "local": role_local, "raw_and_local": role_raw_and_local,
+    "mpirl": role_mpirl, "dump": role_dump, "dump_inline": role_dump_inline,
 }
 
 
@@ -245,8 +266,14 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
         "hidden_sizes": HIDDEN_SIZES,
         "torch_threads": 1,
     }
-    raw = attempt_role(SCRIPT, "raw", None, quick, describe_rate)
-    local = attempt_role(SCRIPT, "local", None, quick, describe_rate)
+    if quick:  # the two plain programs in one process
+        both = attempt_role(SCRIPT, "raw_and_local", None, quick,
+                            lambda r: f"raw {describe_rate(r['raw'])}, "
+                                      f"local {describe_rate(r['local'])}")
+        raw, local = (both, both) if "error" in both else (both["raw"], both["local"])
+    else:
+        raw = attempt_role(SCRIPT, "raw", None, quick, describe_rate)
+        local = attempt_role(SCRIPT, "local", None, quick, describe_rate)
     by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
                 for n in ROLLOUT_RANKS}
     # Trajectory dumps, side by side with the same 1-rollout-rank run without them.

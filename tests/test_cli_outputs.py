@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import BIN, mpi_env, mpiexec_command, run_mpi
 
 from mpirl.errors import EXIT_INTERRUPTED
@@ -107,11 +106,11 @@ def test_ctrl_c_on_the_ranks_of_an_mpiexec_job_ends_it_with_130(tmp_path):
         os.kill(holder["pid"], signal.SIGINT)
 
     proc = interrupt_when_training(
-        mpiexec_command(3, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir),
+        mpiexec_command(2, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir),
                         "--progress", "plain", "--stop", '{"training_iteration": 100000}'),
         run_dir, interrupt_rank_0)
     assert proc.returncode == EXIT_INTERRUPTED, proc.err
-    assert resume_command(proc.err, run_dir) == ["mpiexec", "-n", "3", "mpirl", "train",
+    assert resume_command(proc.err, run_dir) == ["mpiexec", "-n", "2", "mpirl", "train",
                                                  "--resume", str(run_dir)]
 
 
@@ -170,12 +169,12 @@ def run_in_terminal(command: list[str], run_dir: Path) -> str:
 
 
 def test_ctrl_c_in_a_terminal_running_mpiexec_checkpoints_and_says_the_true_exit_code(tmp_path):
-    """A real Ctrl-C typed into the terminal that ``mpiexec -n 3 mpirl train`` runs in. mpiexec
+    """A real Ctrl-C typed into the terminal that ``mpiexec -n 2 mpirl train`` runs in. mpiexec
     alone would end the job on it within 0.5 s (exit 1, often no checkpoint); rank 0 holds the
     terminal's foreground instead, so the SIGINT reaches it, every rank stops after a
     checkpoint, and the job exits 130, as its one line says."""
     run_dir = tmp_path / "run"
-    shown = run_in_terminal(mpiexec_command(3, MPIRL, "train", *CARTPOLE, "--run-dir",
+    shown = run_in_terminal(mpiexec_command(2, MPIRL, "train", *CARTPOLE, "--run-dir",
                                             str(run_dir), "--stop",
                                             '{"training_iteration": 100000}'), run_dir)
     visible = re.sub(r"\x1b\[\?25[hl]", "", shown)  # the live display's cursor off and on
@@ -187,7 +186,7 @@ def test_ctrl_c_in_a_terminal_running_mpiexec_checkpoints_and_says_the_true_exit
     assert len(lines) == 1, visible[-3000:]
     assert f"(exit code {code})" in lines[0]
     assert shlex.split(lines[0].split("Continue with: ")[1]) == [
-        "mpiexec", "-n", "3", "mpirl", "train", "--resume", str(run_dir)]
+        "mpiexec", "-n", "2", "mpirl", "train", "--resume", str(run_dir)]
     stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
     assert f"wrote {run_dir}/checkpoints/checkpoint_{stopped_at:06d} " in lines[0]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == \
@@ -198,10 +197,14 @@ def test_ctrl_c_in_a_terminal_running_mpiexec_checkpoints_and_says_the_true_exit
     assert after.endswith("\n") and "non-zero status" not in after, repr(after)
 
 
-def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_path):
+def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_path, capsys,
+                                                                         monkeypatch):
     """An ALE/ id, local mode with a layout of several workers, the iteration cap: one run
     directory under runs/, output.log, the folded roles said and recorded; then plot and export
-    without -o write into it."""
+    without -o write into it (in process: the CLI's main, as the console script calls it; both
+    commands run end to end in the PBT test below and in test_models.py)."""
+    from mpirl.cli import main
+
     config = {"num_rollout_workers": 2, "num_learners": 2, "num_envs_per_worker": 1,
               "rollout_fragment_length": 8, "minibatch_size": 8}
     proc = subprocess.run([MPIRL, "train", "--algo", "PPO", "--env", "ALE/Pong-v5",
@@ -227,18 +230,18 @@ def test_a_newcomers_atari_run_is_one_folder_with_its_log_plot_and_export(tmp_pa
                      "stopped: MPIRL_MAX_ITERATIONS reached (2)"):
         assert expected in log, log
 
-    plotted = subprocess.run([MPIRL, "plot", "runs"], capture_output=True, text=True,
-                             timeout=120, cwd=tmp_path, env=mpi_env())
-    assert plotted.returncode == 0, plotted.stderr
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["plot", "runs"]) == 0
+    plotted = capsys.readouterr()
     assert (tmp_path / "runs" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    exported = subprocess.run([MPIRL, "export", str(run_dir)], capture_output=True, text=True,
-                              timeout=120, env=mpi_env())
-    assert exported.returncode == 0, exported.stderr
-    assert (run_dir / "PPO-ALE-Pong-v5-000002.npz").is_file(), exported.stderr
+    assert main(["export", str(run_dir)]) == 0
+    exported = capsys.readouterr()
+    assert (run_dir / "PPO-ALE-Pong-v5-000002.npz").is_file(), exported.err
     # What a command made is its result, on stdout as evaluate's report is (they went to stderr).
-    assert plotted.stdout == f"wrote {Path('runs') / 'curve.png'}\n", plotted.stdout
-    assert exported.stdout.startswith(f"wrote {run_dir / 'PPO-ALE-Pong-v5-000002.npz'} (from "), \
-        exported.stdout
+    assert plotted.out == f"wrote {Path('runs') / 'curve.png'}\n", plotted.out
+    assert exported.out.startswith(f"wrote {run_dir / 'PPO-ALE-Pong-v5-000002.npz'} (from "), \
+        exported.out
 
 
 def test_the_iteration_cap_ends_every_pbt_member_and_the_tune_directory_plots(tmp_path):
@@ -271,20 +274,8 @@ def test_the_iteration_cap_ends_every_pbt_member_and_the_tune_directory_plots(tm
     assert (tune_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("progress", ["plain", "off"])
-def test_every_run_keeps_rank_0s_output_in_output_log(tmp_path, progress):
-    run_dir = tmp_path / "run"
-    proc = run_mpi(2, MPIRL, "train", *CARTPOLE, "--run-dir", str(run_dir), "--progress",
-                   progress, "--stop", '{"training_iteration": 3}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    log = (run_dir / "output.log").read_text().splitlines()
-    assert log[0].startswith("--- ") and " mpirl train, pid " in log[0]
-    assert log[1].startswith("mpirl layout: driver 1, rollout 1")
-    assert [line.split()[1] for line in log if line.startswith("iter ")] == ["1/3", "2/3", "3/3"]
-    assert log[-1].startswith("stopped: training_iteration reached (3)")
-    # What the terminal got is in it, and the log is plain text either way.
-    for line in proc.stdout.splitlines():
-        assert line in log
+# That every run keeps rank 0's output in output.log (--progress plain and off) is checked on
+# test_progress_output.py's plain/off runs (the same command): one launch each instead of two.
 
 
 def test_train_help_says_how_to_stop_a_run_its_exit_codes_and_its_variables():

@@ -288,14 +288,14 @@ def test_launch_survives_killed_rollout_and_learner_ranks(tmp_path):
     from conftest import LAUNCHER_FAILURES, LiveRun
 
     run_dir = tmp_path / "run"
-    every = 5
+    every = 3
     # Room for two more attempts than the kills need: Open MPI's launcher may fail before it
     # starts any rank (conftest.LAUNCHER_FAILURES), and mpirl launch then simply tries again.
     command = [str(BIN / "mpirl"), "launch", "--max-restarts", "5", "--restart-delay", "1", "--",
                *mpiexec_command(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env",
                                 "CartPole-v1", "--run-dir", str(run_dir), "--config",
                                 json.dumps({"num_learners": 1, "checkpoint_every": every}),
-                                "--stop", '{"training_iteration": 30}')]
+                                "--stop", '{"training_iteration": 15}')]
     run = LiveRun(0, command=command)
 
     def checkpoint_at_least(iteration):
@@ -318,4 +318,4 @@ def test_launch_survives_killed_rollout_and_learner_ranks(tmp_path):
     assert run.stdout.count(f"resumed from {run_dir}/checkpoints/checkpoint_") == 2
     with open(run_dir / "progress.csv") as file:
         rows = list(csv.DictReader(file))
-    assert [int(r["iteration"]) for r in rows] == list(range(1, 31))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 16))

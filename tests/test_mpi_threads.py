@@ -69,11 +69,11 @@ def test_the_thread_level_message_says_how_to_get_multiple_on_mpich(monkeypatch)
 
 
 def test_a_worker_stuck_in_a_task_is_reported_within_the_bound():
-    # stuck_task_timeout_s=3: a task computing for 6 s is progress; one blocked in a wait that
+    # stuck_task_timeout_s=3: a task computing for 4.5 s is progress; one blocked in a wait that
     # never returns (no CPU) is stuck, although its heartbeat thread keeps beating. The driver
     # waits on the stuck call with no timeout of its own (task_timeout_s is 3600 s).
     bound = 3.0
-    proc, results, _ = _run(3, "stuck_worker", "--compute-s", "6",
+    proc, results, _ = _run(3, "stuck_worker", "--compute-s", "4.5",
                             "--settings", json.dumps({"stuck_task_timeout_s": bound}))
     ended = time.time()
     assert proc.returncode == EXIT_RANK_LOST, (proc.returncode, proc.stderr)

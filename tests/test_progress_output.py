@@ -103,6 +103,16 @@ def test_progress_plain_prints_one_line_per_iteration_and_off_none(tmp_path, mod
     assert "stopped: training_iteration reached" in proc.stdout
     # The run records every iteration whatever is shown.
     assert len((tmp_path / "run" / "progress.csv").read_text().splitlines()) == 1 + 3
+    # ... and rank 0's output, in output.log: every line either mode, plain text (this was
+    # test_cli_outputs.py's test_every_run_keeps_rank_0s_output_in_output_log, the same run).
+    log = (tmp_path / "run" / "output.log").read_text().splitlines()
+    assert log[0].startswith("--- ") and " mpirl train, pid " in log[0]
+    assert log[1].startswith("mpirl layout: driver 1, rollout 1")
+    assert [line.split()[1] for line in log if line.startswith("iter ")] == ["1/3", "2/3", "3/3"]
+    assert log[-1].startswith("stopped: training_iteration reached (3)")
+    assert "\x1b" not in "\n".join(log)
+    for line in proc.stdout.splitlines():  # what the terminal got is in it
+        assert line in log
 
 
 def test_progress_live_is_drawn_even_into_a_file(tmp_path):
@@ -119,7 +129,8 @@ def test_mpirl_progress_sets_the_default_and_a_bad_value_is_refused(tmp_path, mo
     with pytest.raises(ConfigError, match=r"\$MPIRL_PROGRESS must be one of auto, live, plain, "
                                           r"off, got 'fancy'"):
         progress_mode(None)
-    proc = run_mpi(2, *train_args(tmp_path / "run"), timeout=90, env={"MPIRL_PROGRESS": "fancy"})
+    # End to end under mpiexec; one rank is enough for the line checked.
+    proc = run_mpi(1, *train_args(tmp_path / "run"), timeout=90, env={"MPIRL_PROGRESS": "fancy"})
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == ("mpirl: error: $MPIRL_PROGRESS must be one of auto, "
                                            "live, plain, off, got 'fancy'")
