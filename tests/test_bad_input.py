@@ -223,26 +223,22 @@ def test_a_run_directory_that_is_a_file_is_refused_and_kept(tmp_path):
     assert "Traceback" not in proc.stderr and taken.read_text() == "mine"
 
 
+CAPS = [
+    (max_iterations_from_env, MAX_ITERATIONS_ENV, "the most training iterations a run may take"),
+    (max_games_from_env, MAX_GAMES_ENV, "the most games an evaluation may play"),
+]
+
+
 @pytest.mark.parametrize("text", ["0", "-3", "2.5", "ten", "1e3"])
-def test_an_iteration_cap_that_is_not_a_positive_integer_is_refused(text):
+@pytest.mark.parametrize("read, name, what", CAPS, ids=["iterations", "games"])
+def test_a_cap_from_the_environment_that_is_not_a_positive_integer_is_refused(read, name, what,
+                                                                              text):
     with pytest.raises(ConfigError) as caught:
-        max_iterations_from_env({MAX_ITERATIONS_ENV: text})
-    assert str(caught.value) == (f"$MPIRL_MAX_ITERATIONS must be a positive integer (the most "
-                                 f"training iterations a run may take), got {text!r}")
-    assert max_iterations_from_env({MAX_ITERATIONS_ENV: " 7 "}) == 7
-    assert max_iterations_from_env({MAX_ITERATIONS_ENV: ""}) is None
-    assert max_iterations_from_env({}) is None
-
-
-@pytest.mark.parametrize("text", ["0", "-3", "2.5", "ten"])
-def test_a_games_cap_that_is_not_a_positive_integer_is_refused(text):
-    with pytest.raises(ConfigError) as caught:
-        max_games_from_env({MAX_GAMES_ENV: text})
-    assert str(caught.value) == (f"$MPIRL_MAX_GAMES must be a positive integer (the most games "
-                                 f"an evaluation may play), got {text!r}")
-    assert max_games_from_env({MAX_GAMES_ENV: " 2 "}) == 2
-    assert max_games_from_env({MAX_GAMES_ENV: ""}) is None
-    assert max_games_from_env({}) is None
+        read({name: text})
+    assert str(caught.value) == f"${name} must be a positive integer ({what}), got {text!r}"
+    assert read({name: " 7 "}) == 7
+    assert read({name: ""}) is None
+    assert read({}) is None
 
 
 def test_the_games_cap_plays_at_most_its_games_and_says_so(monkeypatch):

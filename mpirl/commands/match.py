@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mpirl.commands.evaluate import find_checkpoint
+from mpirl.config.parse import positive_int_from_env
 from mpirl.errors import ConfigError
 from mpirl.execution.contract import Matches, load_algorithm, matches_of
 
@@ -70,17 +71,8 @@ MAX_GAMES_ENV = "MPIRL_MAX_GAMES"
 def max_games_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
     """``$MPIRL_MAX_GAMES`` as a number of games, None when unset or empty; ConfigError when it
     is not a positive integer."""
-    text = environ.get(MAX_GAMES_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"${MAX_GAMES_ENV} must be a positive integer (the most games an "
-                          f"evaluation may play), got {environ[MAX_GAMES_ENV]!r}")
-    return value
+    return positive_int_from_env(MAX_GAMES_ENV, "the most games an evaluation may play",
+                                 environ)
 
 
 def match_report(summary: dict[str, Any], as_json: bool = False) -> str:

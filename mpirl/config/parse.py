@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 from mpirl.config.fields import check_ranges
 from mpirl.errors import ConfigError
 
-__all__ = ["build"]
+__all__ = ["build", "positive_int_from_env"]
 
 T = TypeVar("T")
 
@@ -95,3 +96,19 @@ def build(cls: type[T], values: Mapping[str, Any]) -> T:
     values = {k: tuple(v) if isinstance(fields[k].default, tuple) and isinstance(v, list) else v
               for k, v in values.items()}
     return cls(**values)
+
+
+def positive_int_from_env(name: str, what: str, environ: Mapping[str, str] = os.environ
+                          ) -> int | None:
+    """``$name`` as a positive integer, None when unset or empty; ConfigError naming ``what``
+    (what the number counts) when it is anything else."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"${name} must be a positive integer ({what}), got {environ[name]!r}")
+    return value

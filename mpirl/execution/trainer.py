@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config.fields import Range, above
+from mpirl.config.parse import positive_int_from_env
 from mpirl.data.dump_index import DumpIndex
 from mpirl.data.dump_writer import DumpSettings, DumpWriterTimeout
 from mpirl.data.tags import DataTags
@@ -502,14 +503,5 @@ def stop_reached(row: dict[str, Any], stop: dict[str, float],
 def max_iterations_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
     """``$MPIRL_MAX_ITERATIONS`` as a number of iterations, None when unset or empty;
     ConfigError when it is not a positive integer."""
-    text = environ.get(MAX_ITERATIONS_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"${MAX_ITERATIONS_ENV} must be a positive integer (the most training "
-                          f"iterations a run may take), got {environ[MAX_ITERATIONS_ENV]!r}")
-    return value
+    return positive_int_from_env(MAX_ITERATIONS_ENV,
+                                 "the most training iterations a run may take", environ)
