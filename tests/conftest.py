@@ -115,7 +115,11 @@ def pytest_runtest_protocol(item, nextitem):
         own_now = resource.getrusage(resource.RUSAGE_SELF)
         children_now = resource.getrusage(resource.RUSAGE_CHILDREN)
         cost = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 3),
-                "cpu_s": _cpu_s(own_now, own), "children_cpu_s": _cpu_s(children_now, children)}
+                "cpu_s": _cpu_s(own_now, own), "children_cpu_s": _cpu_s(children_now, children),
+                # Which pytest-xdist worker ran it ("" when serial), and when it ended: the
+                # workers' timelines, to see whether one waited on the other at the end.
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                "ended": round(time.time(), 1)}
         with open(_COSTS, "a") as file:
             file.write(json.dumps(cost) + "\n")
 
