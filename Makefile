@@ -99,7 +99,7 @@ run: install
 # (CI=true) a failed install fails here, and a Slurm that does not start fails the tests.
 # Three pytest workers (pytest-xdist), one test file each at a time: the MPI tests wait on their
 # ranks, launches and signals, and a serial run kept CI's two cores about 60% busy (two workers:
-# 1.6 busy cores and 30.4 min of tests; three: 1.85 and 26.2 min, on this 2-core VM). The tests
+# 1.6 busy cores and 30.4 min of tests; three: 1.85 and 26.2-26.7 min, on this 2-core VM). The tests
 # marked serial measure throughput against the whole machine and run alone afterwards.
 # TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 3
