@@ -9,6 +9,7 @@ target critics after each; learner 0 broadcasts the weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mpirl.config.fields import ReplayConfig
 from mpirl.execution.operators import store_to_replay
@@ -21,12 +22,19 @@ from mpirl.execution.replay_ops import (
     untrained_replay_stats,
 )
 from mpirl.execution.trainer import Trainer
-from mpirl.models.soft_q import SAC_STATS, sac_loss, sac_model_spec
+from mpirl.models.soft_q import SAC_STATS, SACSpec, sac_loss, sac_model_spec
 from mpirl.workers.q_workers import QLearner, TransitionWorker
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 ROLLOUT_WORKER = TransitionWorker
 LEARNER = QLearner
-model_spec = sac_model_spec
+
+
+def model_spec(observation_space: gym.Space, action_space: gym.Space, config: Config
+               ) -> SACSpec:
+    return sac_model_spec(observation_space, action_space, config, config.custom_q_model)
 loss = sac_loss
 RECURRENT = False  # it learns from stored single steps
 

@@ -195,8 +195,10 @@ def sac_loss(model: SACModel, target: SACModel, batch: dict[str, torch.Tensor], 
     return critic_loss + actor_loss + alpha_loss, q1 - targets, stats
 
 
-def sac_model_spec(observation_space: gym.Space, action_space: gym.Space, config: Any
-                   ) -> SACSpec:
+def sac_model_spec(observation_space: gym.Space, action_space: gym.Space, config: Any,
+                   custom_q_model: str = "") -> SACSpec:
+    """The actor-critic of ``config`` (SAC's keys, which MBPO shares); ``custom_q_model`` is
+    SAC's own key (MBPO has none)."""
     return SACSpec(observation_space, action_space, tuple(config.hidden_sizes),
                    config.activation, config.initial_alpha, model_options(config),
-                   getattr(config, "custom_q_model", ""))
+                   custom_q_model)
