@@ -338,6 +338,28 @@ def train_refused(tmp_path: Path, *args: str) -> str:
     return proc.stderr
 
 
+def cli_in_process(capsys, *argv: str) -> tuple[int, str]:
+    """``mpirl ARGV`` by the CLI's main in pytest's process (the console script's code path,
+    without an interpreter's start-up per case): its exit code and stderr."""
+    from mpirl.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as error:  # argparse's own refusals
+        code = error.code
+    return code, capsys.readouterr().err
+
+
+def train_refused_in_process(tmp_path: Path, capsys, *args: str) -> str:
+    """``train_refused`` in pytest's process: ``mpirl train ARGS --run-dir TMP_PATH/run`` is
+    refused by rank 0's checks before anything starts, with exit 2, one line on stderr and no
+    traceback. That line. Each file keeps one case end to end through ``train_refused``."""
+    code, stderr = cli_in_process(capsys, "train", *args, "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    return stderr
+
+
 def doctor_learner_rows(stdout: str) -> list[list[str]]:
     """The rows of the doctor's learner table (rank, host, device, gpu, backend, torch, cuda,
     nccl). Cells are split on runs of two or more spaces: a GPU's name has single spaces."""

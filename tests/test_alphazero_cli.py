@@ -35,6 +35,7 @@ from conftest import (
     run_mpi,
     stop_signal_on_a_rollout_rank,
     train_refused,
+    train_refused_in_process,
 )
 from mpirl.algorithms.alphazero.alphazero import MATCHES
 from mpirl.algorithms.alphazero.players import MinimaxPlayer
@@ -337,15 +338,7 @@ def test_bad_input_exits_2_in_one_line(tmp_path):
 def test_bad_input_is_refused_in_one_line(tmp_path, capsys, args, message):
     """Each refusal through the CLI's main in this process (local mode's code path, without
     an interpreter's start-up per case): exit 2, one line, no traceback."""
-    from mpirl.cli import main
-
-    try:
-        code = main(["train", "--algo", "AlphaZero", *args, "--run-dir", str(tmp_path / "run")])
-    except SystemExit as error:  # argparse's own refusals
-        code = error.code
-    stderr = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
+    assert message in train_refused_in_process(tmp_path, capsys, "--algo", "AlphaZero", *args)
 
 
 def test_other_algorithms_still_refuse_a_game_id(tmp_path):

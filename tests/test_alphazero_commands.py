@@ -9,7 +9,7 @@ import subprocess
 import textwrap
 
 import pytest
-from conftest import OS_TTT, mpi_env
+from conftest import OS_TTT, cli_in_process, mpi_env
 from mpirl.algorithms.alphazero.alphazero import Config
 from test_train import MPIRL
 
@@ -74,18 +74,6 @@ def test_a_user_player_that_moves_illegally_forfeits_with_a_warning(run_dir, tmp
     assert "player cheater:Cheater returned the illegal move" in proc.stderr
 
 
-def refused_in_process(capsys, *argv: str) -> tuple[int, str]:
-    """``mpirl ARGV`` run by the CLI's main in this process (the code path of the console
-    script): its exit code and stderr."""
-    from mpirl.cli import main
-
-    try:
-        code = main(list(argv))
-    except SystemExit as error:  # argparse's own refusals
-        code = error.code
-    return code, capsys.readouterr().err
-
-
 BAD_MATCH_INPUT = [
     (["--opponent", "nobody"], "is not a player"),
     (["--opponent", "mcts:-3"], "mcts needs a positive whole number"),
@@ -107,7 +95,7 @@ def test_bad_match_input_exits_2_in_one_line(run_dir):
 def test_bad_match_input_is_refused_in_one_line(run_dir, capsys, args, message):
     """Each refusal, the CLI's main called in process (the same code path, no interpreter
     start-up per case)."""
-    code, stderr = refused_in_process(capsys, "evaluate", str(run_dir), *args)
+    code, stderr = cli_in_process(capsys, "evaluate", str(run_dir), *args)
     assert code == 2, stderr
     assert message in stderr and "Traceback" not in stderr, stderr
 
@@ -119,7 +107,7 @@ def test_an_opponent_for_a_gymnasium_checkpoint_is_refused(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     proc = mpirl("evaluate", str(run), "--opponent", "random")
     assert proc.returncode == 2 and "not of a board game" in proc.stderr, proc.stderr
-    code, stderr = refused_in_process(capsys, "play", str(run))  # the same check, in process
+    code, stderr = cli_in_process(capsys, "play", str(run))  # the same check, in process
     assert code == 2 and "not of a board game" in stderr, stderr
 
 

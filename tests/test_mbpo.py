@@ -160,9 +160,9 @@ def test_model_rollouts_stop_where_the_termination_function_says():
     (["--env", "Pendulum-v1", "--stop", '{"eval_return_mean": -200}'],
      "--stop eval_return_mean needs evaluations: set the config key evaluation_interval"),
 ])
-def test_bad_input_is_refused(tmp_path, args, message):
+def test_bad_input_is_refused(tmp_path, capsys, args, message):
     """In-process (test_pets.refusal); the first case end to end below."""
-    assert message in refusal(tmp_path, "--algo", "MBPO", *args)
+    assert message in refusal(tmp_path, capsys, "--algo", "MBPO", *args)
 
 
 def test_bad_input_exits_2_in_one_line(tmp_path):

@@ -32,7 +32,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from conftest import mpi_env, train_refused
+from conftest import mpi_env, train_refused, train_refused_in_process
 from mpirl.algorithms.model_based.dynamics import pack_ensemble
 from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec
 from mpirl.algorithms.model_based.planner import PETSSpec, PlanningModel
@@ -124,24 +124,12 @@ def test_the_broadcast_vector_carries_normalizers_and_elites():
 
 
 
-def refusal(tmp_path, *args: str) -> str:
-    """What ``mpirl train ARGS`` refuses, in-process: its argv parsed by the CLI's own parser
-    and checked by ``make_request``, rank 0's checks before anything starts, whose ConfigError
-    the command prints as its one line with exit 2 (the same code path as the subprocess
-    ``train_refused``, which each file keeps for one case end to end)."""
-    from mpirl.cli import _parser
-    from mpirl.commands.train import make_request
-    from mpirl.config.parse import parse_json_object
-    from mpirl.errors import ConfigError
-
-    parsed = _parser().parse_args(["train", *args, "--run-dir", str(tmp_path / "run")])
-    with pytest.raises(ConfigError) as refused:
-        make_request(parsed.algo, parsed.env, parsed.env_module,
-                     parse_json_object(parsed.config, "--config"),
-                     parse_json_object(parsed.stop, "--stop"), parsed.seed, parsed.run_dir)
-    assert refused.value.exit_code == 2
+def refusal(tmp_path, capsys, *args: str) -> str:
+    """What ``mpirl train ARGS`` refuses, in-process (``train_refused_in_process``: rank 0's
+    checks before anything starts, exit 2 and one line), with no run directory made."""
+    message = train_refused_in_process(tmp_path, capsys, *args)
     assert not (tmp_path / "run").exists()
-    return str(refused.value)
+    return message
 
 
 def test_bad_input_exits_2_in_one_line(tmp_path):
@@ -171,8 +159,8 @@ def test_bad_input_exits_2_in_one_line(tmp_path):
     (["--env", "Pendulum-v1", "--config", '{"mppi_temperature": 0}'],
      '"mppi_temperature" = 0 is out of range'),
 ])
-def test_bad_input_is_refused(tmp_path, args, message):
-    assert message in refusal(tmp_path, "--algo", "PETS", *args)
+def test_bad_input_is_refused(tmp_path, capsys, args, message):
+    assert message in refusal(tmp_path, capsys, "--algo", "PETS", *args)
 
 
 def _walk_to_target_planner(planner: str, target: float = 0.5) -> PlanningModel:

@@ -138,10 +138,10 @@ def test_a_sharded_trainer_fits_the_same_members_as_the_whole():
                                            atol=1e-5)
 
 
-def test_more_learners_than_members_is_refused(tmp_path):
-    """In-process (test_pets.refusal: make_request, rank 0's checks); test_pets.py and
+def test_more_learners_than_members_is_refused(tmp_path, capsys):
+    """In-process (test_pets.refusal: rank 0's checks, through the CLI's main); test_pets.py and
     test_mbpo.py run a refusal end to end."""
-    message = refusal(tmp_path, "--algo", "PETS", "--env", "Pendulum-v1", "--config",
+    message = refusal(tmp_path, capsys, "--algo", "PETS", "--env", "Pendulum-v1", "--config",
                       '{"num_learners": 6}')
     assert "num_learners (6) cannot exceed ensemble_size (5)" in message
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import mpi_env, run_mpi
+from conftest import mpi_env, run_mpi, train_refused_in_process
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 REQUIRED_COLUMNS = {"iteration", "timesteps_total", "episode_return_mean", "episode_len_mean",
@@ -120,28 +120,14 @@ BAD_INPUT = [
 ]
 
 
-def _train_args(args):
-    base = {"--algo": "PPO", "--env": "CartPole-v1"}
-    for flag, value in zip(args[::2], args[1::2], strict=True):
-        base[flag] = value
-    return base
-
-
 @pytest.mark.parametrize("args, expected", BAD_INPUT)
-def test_bad_input_is_one_clear_error(tmp_path, args, expected):
-    """What the CLI checks before starting anything (make_request, in process); end to end on
-    every rank: the next test, and test_cli_outputs.py's one-line error under mpiexec."""
-    from mpirl.commands.train import make_request
-    from mpirl.config.parse import parse_json_object
-    from mpirl.errors import ConfigError
-
-    base = _train_args(args)
-    with pytest.raises(ConfigError) as caught:
-        make_request(base["--algo"], base["--env"], None,
-                     parse_json_object(base.get("--config", "{}"), "--config"),
-                     parse_json_object(base.get("--stop", "{}"), "--stop"), None,
-                     str(tmp_path / "run"))
-    assert expected in str(caught.value)
+def test_bad_input_is_one_clear_error(tmp_path, capsys, args, expected):
+    """What the CLI checks before starting anything, through its main in process (exit 2, one
+    line); end to end on every rank: the next test, and test_cli_outputs.py's one-line error
+    under mpiexec."""
+    stderr = train_refused_in_process(tmp_path, capsys, "--algo", "PPO", "--env", "CartPole-v1",
+                                      *args)
+    assert expected in stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -151,7 +137,7 @@ def test_bad_input_is_one_clear_error(tmp_path, args, expected):
     (["--config", '{"num_rollout_workers": 5}'], "needs 6 ranks"),  # the world's size
 ])
 def test_bad_input_is_one_clear_error_on_every_rank(tmp_path, args, expected):
-    command = [*MPIRL, "train", *[x for kv in _train_args(args).items() for x in kv],
+    command = [*MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1", *args,
                "--run-dir", str(tmp_path / "run")]
     proc = run_mpi(3, *command, timeout=60)
     assert proc.returncode == 2, proc.stderr
