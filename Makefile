@@ -94,15 +94,16 @@ run: install
 	$(BIN)/mpiexec -n $(NP) $(BIN)/mpirl train --algo PPO --env CartPole-v1 \
 	    --stop '{"episode_return_mean": 475, "timesteps_total": 200000}'
 
+# Three pytest workers (pytest-xdist), one test file each at a time: the MPI tests wait on their
+# ranks, launches and signals, and a serial run kept CI's two cores about 60% busy (on this 2-core
+# VM, two workers: 1.6 busy cores and 30.4 min of tests; three: 1.85 and 26.2-26.7 min). The
+# tests marked serial measure throughput against the whole machine and run alone afterwards.
+# TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 3
+
 # The Slurm tests start a two-node Slurm on localhost (slurm/local-cluster.sh). Install Debian's
 # packages first where apt-get and root allow; elsewhere those tests skip and say why. On CI
 # (CI=true) a failed install fails here, and a Slurm that does not start fails the tests.
-# Three pytest workers (pytest-xdist), one test file each at a time: the MPI tests wait on their
-# ranks, launches and signals, and a serial run kept CI's two cores about 60% busy (two workers:
-# 1.6 busy cores and 30.4 min of tests; three: 1.85 and 26.2-26.7 min, on this 2-core VM). The tests
-# marked serial measure throughput against the whole machine and run alone afterwards.
-# TEST_WORKERS=0 runs serially.
-TEST_WORKERS ?= 3
 test: install-test slurm-cluster
 	@status=0; \
 	$(BIN)/python -m pytest -m "not serial" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) || status=$$?; \

@@ -35,6 +35,8 @@ LEARNER = QLearner
 def model_spec(observation_space: gym.Space, action_space: gym.Space, config: Config
                ) -> SACSpec:
     return sac_model_spec(observation_space, action_space, config, config.custom_q_model)
+
+
 loss = sac_loss
 RECURRENT = False  # it learns from stored single steps
 

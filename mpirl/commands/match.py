@@ -46,6 +46,19 @@ def checkpoint_matches(path: str | Path, warn=None
     return matches, checkpoint, manifest
 
 
+#: The environment variable that caps the games of every board-game evaluation (``mpirl
+#: evaluate --games``), as ``$MPIRL_MAX_ITERATIONS`` caps training: the docs' commands run as
+#: written, in seconds.
+MAX_GAMES_ENV = "MPIRL_MAX_GAMES"
+
+
+def max_games_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+    """``$MPIRL_MAX_GAMES`` as a number of games, None when unset or empty; ConfigError when it
+    is not a positive integer."""
+    return positive_int_from_env(MAX_GAMES_ENV, "the most games an evaluation may play",
+                                 environ)
+
+
 def evaluate_match(path: str | Path, opponent: str, games: int, simulations: int | None = None,
                    seed: int = 0, warn=None) -> dict[str, Any]:
     """Play ``games`` games of the checkpoint's agent against ``opponent``, half moving first;
@@ -60,19 +73,6 @@ def evaluate_match(path: str | Path, opponent: str, games: int, simulations: int
         games = cap
     matches, checkpoint, manifest = checkpoint_matches(path, warn)
     return matches.evaluate(checkpoint, manifest, opponent, games, simulations, seed)
-
-
-#: The environment variable that caps the games of every board-game evaluation (``mpirl
-#: evaluate --games``), as ``$MPIRL_MAX_ITERATIONS`` caps training: the docs' commands run as
-#: written, in seconds.
-MAX_GAMES_ENV = "MPIRL_MAX_GAMES"
-
-
-def max_games_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
-    """``$MPIRL_MAX_GAMES`` as a number of games, None when unset or empty; ConfigError when it
-    is not a positive integer."""
-    return positive_int_from_env(MAX_GAMES_ENV, "the most games an evaluation may play",
-                                 environ)
 
 
 def match_report(summary: dict[str, Any], as_json: bool = False) -> str:
