@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config.imports import load_object
+from mpirl.envs.simulation import Simulation
 from mpirl.errors import ConfigError
 
 
@@ -47,7 +48,7 @@ def load_factory(env_id: str) -> Callable[..., Any] | None:
             target = load_object(env_id, "environment")
         except ConfigError:
             return None  # EnvSpec.check reports it
-        if inspect.isclass(target) and issubclass(target, gym.Env):
+        if inspect.isclass(target) and issubclass(target, (gym.Env, Simulation)):
             return None
         return target
     try:

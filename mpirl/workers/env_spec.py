@@ -24,6 +24,7 @@ from mpirl.envs.atari import (
     register_ale,
 )
 from mpirl.envs.parallel import load_factory, make_parallel
+from mpirl.envs.simulation import Simulation, SimulationEnv
 from mpirl.errors import ConfigError
 from mpirl.models.spaces import flatten_structured
 
@@ -56,6 +57,10 @@ class EnvSpec:
         factory = load_factory(self.env_id)
         if factory is not None:
             return make_parallel(self.env_id, factory, self.env_config)
+        simulation = self.simulation_class()
+        if simulation is not None:
+            # k = 1 in the rollout process: local mode, ranks_per_env 0, mpirl evaluate.
+            return SimulationEnv(simulation, **self.env_config)
         cls = self.check()
         if self.atari is not None:
             env = preprocess(gym.make(self.env_id, **ale_kwargs(self.atari, self.env_config)),
@@ -66,6 +71,19 @@ class EnvSpec:
             env = gym.make(self.env_id, **self.env_config)
         # Dict and Tuple observations travel as one vector; the model cuts it apart again.
         return flatten_structured(env)
+
+    def simulation_class(self) -> type[Simulation] | None:
+        """The ``mpirl.Simulation`` subclass the id names (``module:Class``, or a gymnasium id
+        registered with such a class as its entry point), else None. Nothing is constructed."""
+        self._import_env_module()
+        if ":" in self.env_id and self.env_id not in gym.registry:
+            found = self.check()
+        elif self.env_id in gym.registry and isinstance(
+                gym.registry[self.env_id].entry_point, str):
+            found = load_object(gym.registry[self.env_id].entry_point, "environment")
+        else:
+            return None
+        return found if isinstance(found, type) and issubclass(found, Simulation) else None
 
     def check(self) -> type | None:
         """Raise ConfigError if the environment cannot be found; return the class for a
