@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if joins:
             # Before anything uses COMM_WORLD: an MPMD launch's solver processes leave it here.
-            from mpirl.runtime.apps import join_apps, startup_timeout_from
+            from mpirl.runtime.apps import join_apps
 
-            join_apps(startup_timeout_from(getattr(args, "config", None)))
+            join_apps(_startup_timeout(getattr(args, "config", None)))
         code = _COMMANDS[args.command](args)
     except LaunchError as error:
         # Every task may be a rank 0 of its own here (singletons): Slurm's task 0 speaks.
@@ -80,6 +80,20 @@ def main(argv: list[str] | None = None) -> int:
 
             end_solvers(code)
     return code
+
+
+def _startup_timeout(config_text: str | None) -> float:
+    """``startup_timeout_s`` from a ``--config`` value, read on every rank before the config
+    is checked (its errors come later, from rank 0's checks); else the run's default."""
+    from mpirl.runtime.apps import DEFAULT_TIMEOUT_S
+
+    try:
+        value = parse_json_object(config_text or "{}", "--config").get("startup_timeout_s")
+    except ConfigError:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return DEFAULT_TIMEOUT_S
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -145,23 +145,6 @@ def end_solvers(code: int) -> None:
         backoff.sleep()
 
 
-def startup_timeout_from(config_text: str | None) -> float:
-    """``startup_timeout_s`` from a ``--config`` value, read on every rank before the config
-    is checked (its errors come later, from rank 0's checks); else ``DEFAULT_TIMEOUT_S``."""
-    if not config_text:
-        return DEFAULT_TIMEOUT_S
-    from mpirl.config.parse import parse_json_object
-    from mpirl.errors import ConfigError
-
-    try:
-        value = parse_json_object(config_text, "--config").get("startup_timeout_s")
-    except ConfigError:
-        return DEFAULT_TIMEOUT_S
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return DEFAULT_TIMEOUT_S
-
-
 @dataclass(frozen=True)
 class _Hello:
     world_rank: int

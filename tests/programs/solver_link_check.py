@@ -112,6 +112,8 @@ def fail(link: MPI.Intercomm, roots: list[int]) -> dict:
             link.Probe(root, sim_link.TAG_ERROR, status)
             message = bytearray(status.Get_count(MPI.CHAR))
             link.Recv([message, MPI.CHAR], root, sim_link.TAG_ERROR)
+            # As the run's driver would: the other groups hear END too.
+            apps.end_solvers(2)
             return {"failed_at": t, "message": message.decode()}
     raise AssertionError("no ERROR reply")
 
