@@ -1,6 +1,8 @@
 /* mpirl_solver.c: the solver's side of mpirl's env-group protocol (see mpirl_solver.h and
  * mpirl/runtime/sim_link.py, whose numbers are repeated below). C99 and MPI, nothing else.
  *
+ * It also compiles as C++ (mpicxx treats a .c file as C++), hence the casts of malloc.
+ *
  * Every wait polls (MPI_Iprobe / MPI_Test): first a short spin that yields the core, then
  * sleeps doubling from 50 us to 1 ms, so a solver waiting for the next action costs next to no
  * CPU, and a rank that shares its core with the one it waits for lets that one run.
@@ -172,7 +174,7 @@ static int form_group(mpirl_solver *s) {
     int size;
     MPI_Comm_size(s->solver_comm, &size);
     int mine[2] = {(int)s->setup[SETUP_GROUP], (int)s->setup[SETUP_MEMBER]};
-    int *all = malloc(sizeof(int) * 2 * (size_t)size);
+    int *all = (int *)malloc(sizeof(int) * 2 * (size_t)size);
     MPI_Request request;
     MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, s->solver_comm, &request);
     backoff b;
@@ -223,7 +225,7 @@ static int take_setup(mpirl_solver *s) {
         die(message);
     }
     int bytes = (int)s->setup[SETUP_JSON_BYTES];
-    s->json = calloc((size_t)bytes + 1, 1);
+    s->json = (char *)calloc((size_t)bytes + 1, 1);
     if (!wait_message(s, s->link, source, TAG_SETUP_JSON, &status)) {
         take_end(s);
         return MPIRL_END;
@@ -231,13 +233,13 @@ static int take_setup(mpirl_solver *s) {
     MPI_Recv(s->json, bytes, MPI_CHAR, source, TAG_SETUP_JSON, s->link, MPI_STATUS_IGNORE);
     s->rollout_rank = source;
     s->member = (int)s->setup[SETUP_MEMBER];
-    s->command = calloc(COMMAND_HEADER + (size_t)s->setup[SETUP_ACTION_SIZE], sizeof(double));
-    s->reply = calloc(REPLY_HEADER + (size_t)s->setup[SETUP_OBS_SIZE], sizeof(double));
+    s->command = (double *)calloc(COMMAND_HEADER + (size_t)s->setup[SETUP_ACTION_SIZE], sizeof(double));
+    s->reply = (double *)calloc(REPLY_HEADER + (size_t)s->setup[SETUP_OBS_SIZE], sizeof(double));
     return form_group(s);
 }
 
 int mpirl_init(int *argc, char ***argv, mpirl_solver **solver) {
-    mpirl_solver *s = calloc(1, sizeof *s);
+    mpirl_solver *s = (mpirl_solver *)calloc(1, sizeof *s);
     *solver = s;
     s->solver_comm = s->link = s->group_comm = MPI_COMM_NULL;
     s->json = NULL;
