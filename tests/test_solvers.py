@@ -75,6 +75,15 @@ def test_a_solver_at_world_rank_0_says_mpirl_comes_first(built_solvers):
             f"mpiexec -n N mpirl ... : -n S {solver}") in proc.stderr
 
 
+def test_mpirl_processes_after_the_solvers_are_refused(built_solvers):
+    proc = run_mpi(1, PYTHON, CHECK, "steps", "1", ":", "-n", "1",
+                   built_solvers.path("echo_solver"), ":", "-n", "1", PYTHON, CHECK, "steps",
+                   "1", timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("mpirl: world rank 2 runs mpirl after the solver's first process (world rank 1); "
+            "an MPMD launch gives mpirl's processes first") in proc.stderr
+
+
 def test_mpirl_refusing_its_layout_ends_the_solvers_with_its_code(built_solvers):
     # The CLI joins the apps before anything else: the layout counts mpirl's 2 ranks only, and
     # its error (exit 2) reaches the solvers as END instead of leaving them waiting.

@@ -201,7 +201,8 @@ def _check_order(hellos: list[_Hello], first: int) -> None:
         return
     if MPIRL_KIND in kinds[first:]:
         late = [h.world_rank for h in hellos[first:] if h.kind == MPIRL_KIND]
-        _end_start_up(f"world {_rank_list(late)} run mpirl after the solver's first process "
+        verb = "run" if len(late) > 1 else "runs"
+        _end_start_up(f"world {_rank_list(late)} {verb} mpirl after the solver's first process "
                       f"(world rank {first}); an MPMD launch gives mpirl's processes first, then "
                       f"the solver's: mpiexec -n N mpirl ... : -n S ./solver", code=2)
 
