@@ -64,6 +64,7 @@ class _Apps:
     link: MPI.Intercomm | None = None
     joined: bool = False
     ended: bool = False
+    join_s: float = 0.0
 
 
 _state = _Apps()
@@ -76,6 +77,7 @@ def join_apps(timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     ranks that never came and ends the job (exit 70)."""
     if _state.joined:
         return len(_state.solvers)
+    started = time.perf_counter()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
@@ -104,6 +106,7 @@ def join_apps(timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     _state.solvers = mpirl_part.bcast(_state.solvers, root=0)
     _state.link = mpirl_part.Create_intercomm(0, comm, first, sim_link.TAG_INTERCOMM)
     world.set_app_comm(mpirl_part)
+    _state.join_s = time.perf_counter() - started
     return count
 
 
@@ -123,26 +126,38 @@ def solver_ranks() -> int:
     return len(_state.solvers)
 
 
+def join_seconds() -> float:
+    """How long the start-up with solvers took on this process (HELLOs, GO, the split and the
+    intercommunicator; for startup.json's ``solver_hello_s``); 0.0 without solvers."""
+    return _state.join_s
+
+
 def end_solvers(code: int) -> None:
     """Send END (``[END, code]``) to every solver process, once per process, from mpirl's rank
     0 (a no-op elsewhere and without solvers): how a run that ends before its groups started
     (a config error, a LayoutError) lets its solvers leave with ``code`` instead of hanging.
-    The driver's shutdown calls it too, so that a solver hears END once."""
+    The driver's shutdown should call it too (not send END on its own), so that a solver
+    hears END once."""
     link = _state.link
     if link is None or _state.ended or link.Get_rank() != 0:
         return
     _state.ended = True
     end = np.array([sim_link.END, code], dtype=np.int64)
-    requests = [link.Isend([end, MPI.INT64_T], r, sim_link.TAG_END)
-                for r in range(link.Get_remote_size())]
-    deadline = time.monotonic() + END_TIMEOUT_S
-    backoff = Backoff()
-    while not MPI.Request.Testall(requests):
-        if time.monotonic() > deadline:  # a solver gone already: nothing more to tell it
-            for request in requests:
-                request.Cancel()
-            return
-        backoff.sleep()
+    try:
+        requests = [link.Isend([end, MPI.INT64_T], r, sim_link.TAG_END)
+                    for r in range(link.Get_remote_size())]
+        deadline = time.monotonic() + END_TIMEOUT_S
+        backoff = Backoff()
+        while not MPI.Request.Testall(requests):
+            if time.monotonic() > deadline:
+                for request in requests:
+                    request.Cancel()
+                return
+            backoff.sleep()
+    except MPI.Exception:
+        # A solver that left already (after mpirl_fail, or lost) has nothing more to hear;
+        # the run's own exit code says what happened.
+        pass
 
 
 @dataclass(frozen=True)
