@@ -30,7 +30,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 .PHONY: install install-test run test lint bench bench-thresholds clean slurm-cluster \
-	slurm-examples docs docs-serve docs-tables mpi-defaults
+	slurm-examples docs docs-serve docs-tables mpi-defaults solvers fortran
 
 $(BIN)/python:
 	@echo "==> creating $(VENV) ($(PYTHON) -m venv)"
@@ -104,11 +104,27 @@ TEST_WORKERS ?= 3
 # The Slurm tests start a two-node Slurm on localhost (slurm/local-cluster.sh). Install Debian's
 # packages first where apt-get and root allow; elsewhere those tests skip and say why. On CI
 # (CI=true) a failed install fails here, and a Slurm that does not start fails the tests.
-test: install-test slurm-cluster
+test: install-test slurm-cluster solvers
 	@status=0; \
 	$(BIN)/python -m pytest -m "not serial" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) || status=$$?; \
 	$(BIN)/python -m pytest -m serial || status=$$((status ? status : $$?)); \
 	exit $$status
+
+# The example solvers of examples/solvers (C, and Fortran where gfortran is) with the venv's
+# mpicc, into examples/solvers/build/: the MPMD tests run them.
+solvers: install fortran
+	@$(MAKE) --no-print-directory -C examples/solvers MPICC=$(abspath $(BIN)/mpicc) all \
+	    $(if $(shell command -v gfortran),fortran)
+
+# Debian's gfortran for the Fortran example, where apt-get and root allow (as slurm-cluster);
+# elsewhere its tests skip and say why. On CI (CI=true) a failed install fails here.
+fortran:
+	@if command -v gfortran >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "==> installing gfortran (Debian's package) for the Fortran solver example"; \
+	    { apt-get install -y -qq gfortran >/dev/null || { apt-get update -qq && apt-get install -y -qq gfortran >/dev/null; }; } \
+	    || [ "$(CI)" != true ]; \
+	else echo "not installing gfortran (needs apt-get and root); the Fortran solver tests will skip"; fi
 
 slurm-cluster:
 	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \

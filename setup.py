@@ -66,8 +66,9 @@ setup(
     packages=[*find_packages(include=["mpirl", "mpirl.*"]), "mpirl.algorithms",
               *(f"mpirl.algorithms.{name}" for name in find_packages("algorithms"))],
     package_dir={"mpirl": "mpirl", "mpirl.algorithms": "algorithms"},
-    # The job script template of mpirl slurm.
-    package_data={"mpirl.jobs": ["templates/*.sbatch"]},
+    # The job script template of mpirl slurm; the C API and Fortran module solvers compile in.
+    package_data={"mpirl.jobs": ["templates/*.sbatch"],
+                  "mpirl.envs.solver": ["*.h", "*.c", "*.f90"]},
     install_requires=[
         "mpi4py>=4.0",
         "numpy>=1.26",

@@ -50,20 +50,50 @@ def main(argv: list[str] | None = None) -> int:
         return slurm.main(args, argv[argv.index("slurm") + 1:])  # outside MPI too
     if args.command == "inspect":
         return _inspect(args)  # outside MPI too
-    if args.command in ("train", "tune", "doctor"):
+    joins = args.command in MPMD_COMMANDS and (
+        args.command != "evaluate" or any(v in os.environ for v in LAUNCHER_VARIABLES))
+    if args.command in ("train", "tune", "doctor") or joins:
         # MPI_Init on its own, before the command's imports (torch): startup.json times each.
         # Importing the run's world initializes MPI and marks the point.
         from mpirl.runtime import startup, world  # noqa: F401
+    code = 2
     try:
-        return _COMMANDS[args.command](args)
+        if joins:
+            # Before anything uses COMM_WORLD: an MPMD launch's solver processes leave it here.
+            from mpirl.runtime.apps import join_apps
+
+            join_apps(_startup_timeout(getattr(args, "config", None)))
+        code = _COMMANDS[args.command](args)
     except LaunchError as error:
         # Every task may be a rank 0 of its own here (singletons): Slurm's task 0 speaks.
         if error.speaker:
             print(f"mpirl: error: {error}", file=sys.stderr, flush=True)
-        return error.exit_code
+        code = error.exit_code
     except MpirlError as error:
         _print_on_rank0(f"mpirl: error: {error}")
-        return error.exit_code
+        code = error.exit_code
+    finally:
+        if joins:
+            # A run that ended before its env groups started (a config error, a LayoutError)
+            # still owes the solvers an END, or they would wait for their setup forever.
+            from mpirl.runtime.apps import end_solvers
+
+            end_solvers(code)
+    return code
+
+
+def _startup_timeout(config_text: str | None) -> float:
+    """``startup_timeout_s`` from a ``--config`` value, read on every rank before the config
+    is checked (its errors come later, from rank 0's checks); else the run's default."""
+    from mpirl.runtime.apps import DEFAULT_TIMEOUT_S
+
+    try:
+        value = parse_json_object(config_text or "{}", "--config").get("startup_timeout_s")
+    except ConfigError:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return DEFAULT_TIMEOUT_S
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -163,6 +193,12 @@ def _plot(args: argparse.Namespace) -> int:
     _print_on_rank0(f"wrote {plot_runs(args.run_dirs, args.output)}", sys.stdout)
     return 0
 
+
+#: The commands that take part in an MPMD launch's start-up (``mpirl.runtime.apps``); evaluate
+#: only under a launcher (run without one it needs no MPI).
+MPMD_COMMANDS = ("train", "doctor", "evaluate")
+#: Set by MPI launchers in their ranks' environment.
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
 #: The commands that run after MPI is up where they need it (launch, slurm and inspect run
 #: outside MPI and are answered before).

@@ -20,6 +20,8 @@ BIN = Path(sys.executable).parent
 MPIEXEC = BIN / "mpiexec"
 PROGRAMS = Path(__file__).parent / "programs"
 SCENARIOS = PROGRAMS / "scenarios.py"
+#: The example solvers (C, Fortran) of the MPMD tests; built_solvers makes them.
+SOLVERS = Path(__file__).parent.parent / "examples" / "solvers"
 
 
 def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -380,3 +382,43 @@ PZ_TTT = "pettingzoo.classic.tictactoe_v3"
 PZ_C4 = "pettingzoo.classic.connect_four_v3"
 OS_TTT = "openspiel/tic_tac_toe"
 OS_C4 = "openspiel/connect_four"
+
+
+class BuiltSolvers:
+    """examples/solvers/build/, made for this session: each solver's path, or ``skip_fortran``
+    (why the Fortran one is missing) where gfortran is not installed outside CI."""
+
+    def __init__(self, build: Path, skip_fortran: str | None) -> None:
+        self.build = build
+        self.skip_fortran = skip_fortran
+
+    def path(self, name: str) -> str:
+        return str(self.build / name)
+
+    def fortran(self, name: str) -> str:
+        """The Fortran solver's path; skips saying why without gfortran (fails on CI)."""
+        if self.skip_fortran:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{self.skip_fortran} (CI=true: make test installs it)")
+            pytest.skip(self.skip_fortran)
+        return self.path(name)
+
+
+@pytest.fixture(scope="session")
+def built_solvers() -> BuiltSolvers:
+    """``make -C examples/solvers`` with the venv's mpicc (and the Fortran targets where
+    gfortran is), as ``make test`` does first; a bare pytest gets them here. A lock keeps
+    pytest-xdist's workers from building at once."""
+    import fcntl
+    import shutil
+
+    fortran = shutil.which("gfortran") is not None
+    skip_fortran = None if fortran else "gfortran is not installed (make fortran installs it)"
+    (SOLVERS / "build").mkdir(exist_ok=True)
+    with open(SOLVERS / "build" / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["make", "--no-print-directory", "-C", str(SOLVERS),
+                               f"MPICC={BIN / 'mpicc'}", "all", *(["fortran"] if fortran else [])],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return BuiltSolvers(SOLVERS / "build", skip_fortran)

@@ -43,6 +43,8 @@ TAG_ERROR = 7105
 TAG_END = 7106
 TAG_HELLO = 7107
 TAG_GO = 7108
+#: MPI_Intercomm_create's tag on COMM_WORLD, between the two parts' leaders (after GO).
+TAG_INTERCOMM = 7109
 
 # COMMAND codes (column 0 of a COMMAND).
 RESET = 1

@@ -13,6 +13,10 @@ then that communicator's rank 0 is the run's driver, the layout is resolved agai
 returns. ``running_on`` sets it around more than one run, or around what comes before a run (the
 checks ``make_request`` makes on every rank, where only rank 0 speaks). It is one per process,
 not per thread: the driver thread of ``mpirl.Algorithm`` and the script's own thread share it.
+
+In an MPMD launch with a solver program (``mpiexec -n 3 mpirl ... : -n 8 ./solver``) the world
+holds the solver's processes too: ``mpirl.runtime.apps`` then sets mpirl's own processes as the
+*app communicator* (``set_app_comm``), which takes COMM_WORLD's place everywhere here.
 """
 
 from __future__ import annotations
@@ -29,12 +33,30 @@ from mpirl.runtime import startup
 startup.mark("mpi_ready")
 
 _current: MPI.Comm | None = None
+_app: MPI.Comm | None = None
+
+
+def app_comm() -> MPI.Comm:
+    """mpirl's own processes: ``MPI.COMM_WORLD``, or in an MPMD launch with a solver program
+    the part of it that runs mpirl (``set_app_comm``)."""
+    return MPI.COMM_WORLD if _app is None else _app
+
+
+def set_app_comm(comm: MPI.Comm | None) -> None:
+    """Make ``comm`` (mpirl's processes of an MPMD world) stand for ``MPI.COMM_WORLD`` in this
+    process from now on: the default run communicator and the base of ``nested``. None: back
+    to COMM_WORLD. Called once, before anything uses the run's communicator."""
+    global _app
+    if comm is not None and comm == MPI.COMM_NULL:
+        raise ValueError("the app communicator must hold this rank, got COMM_NULL")
+    _app = comm
 
 
 def run_comm() -> MPI.Comm:
     """The communicator of the run this process is in (or about to start): the one given to
-    ``run`` or ``running_on``, else ``MPI.COMM_WORLD``."""
-    return MPI.COMM_WORLD if _current is None else _current
+    ``run`` or ``running_on``, else ``app_comm()`` (``MPI.COMM_WORLD`` unless an MPMD launch
+    set mpirl's part of it)."""
+    return app_comm() if _current is None else _current
 
 
 def run_rank() -> int:
@@ -48,8 +70,9 @@ def run_size() -> int:
 
 
 def nested() -> bool:
-    """True when the run's communicator is not ``MPI.COMM_WORLD``."""
-    return run_comm() != MPI.COMM_WORLD
+    """True when the run's communicator is not ``app_comm()`` (``MPI.COMM_WORLD`` unless an
+    MPMD launch set mpirl's part of it)."""
+    return run_comm() != app_comm()
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@
  * protocol of mpirl/runtime/sim_link.py, whose numbers this file repeats.
  *
  *     mpirl_solver *s;
- *     if (mpirl_init(&argc, &argv, &s) != 0) return mpirl_exit_code(s);
+ *     if (mpirl_init(&argc, &argv, &s) != 0) return mpirl_finalize(s);
  *     MPI_Comm group = mpirl_group_comm(s);      // decompose the domain over this
  *     double action[A]; long seed; int command;
  *     while ((command = mpirl_next(s, action, &seed)) != MPIRL_END) {
@@ -39,8 +39,10 @@ enum { MPIRL_RESET = 1, MPIRL_STEP = 2, MPIRL_END = 3 };
 typedef struct mpirl_solver mpirl_solver;
 
 /* Initialize MPI (unless the program did), introduce this process to the run, wait for its
- * group's setup. Returns 0, or MPIRL_END when the run ended before it began (then exit with
- * mpirl_exit_code). Collective over every solver process. */
+ * group's setup. Returns 0, or MPIRL_END when the run ended before it began (then leave with
+ * mpirl_finalize's code; mpirl_exit_code says the run's). Collective over every solver
+ * process. A solver at world rank 0 (mpirl must come first), a setup of another protocol
+ * version, or groups that do not match ranks_per_env: one line on stderr, MPI_Abort(2). */
 int mpirl_init(int *argc, char ***argv, mpirl_solver **solver);
 
 /* This env instance's ranks (k = ranks_per_env of them). */
@@ -52,7 +54,8 @@ int mpirl_num_groups(const mpirl_solver *solver);
 int mpirl_obs_size(const mpirl_solver *solver);     /* doubles mpirl_send sends */
 int mpirl_action_size(const mpirl_solver *solver);  /* doubles mpirl_next fills (1: Discrete) */
 long mpirl_seed(const mpirl_solver *solver);        /* the run's seed for this group */
-int mpirl_exit_code(const mpirl_solver *solver);    /* after MPIRL_END: the run's exit code */
+int mpirl_exit_code(const mpirl_solver *solver);    /* after MPIRL_END: the run's exit code
+                                                      (0: a normal end; 2 after mpirl_fail) */
 
 /* env_config as the run gave it: the JSON text, or one number by key (fallback if absent). */
 const char *mpirl_config_json(const mpirl_solver *solver);
@@ -68,11 +71,15 @@ int mpirl_send(mpirl_solver *solver, const double *obs, double reward, int termi
                int truncated);
 
 /* Report a failure the run should end on (exit 2, naming this group and the message), then
- * leave as after MPIRL_END. Any member may call it; the root's message is the one shown. */
+ * leave as after MPIRL_END (mpirl_next returns MPIRL_END from now on). Call it on every
+ * member of the group (the root sends the REPLY with ERROR_SEQ and the one-line message; the
+ * others only stop). Returns 2. */
 int mpirl_fail(mpirl_solver *solver, const char *message);
 
 /* Free the solver's communicators; MPI_Finalize if mpirl_init began MPI. Returns the exit
- * code to leave with. */
+ * code to leave with: 0, also after a run that failed or mpirl_fail. mpirl's rank 0 exits
+ * last with the run's code, so mpiexec reports it; a solver that left first with a non-zero
+ * code would have Open MPI kill mpirl's ranks before they say why. */
 int mpirl_finalize(mpirl_solver *solver);
 
 #ifdef __cplusplus
