@@ -141,7 +141,8 @@ class ReactionDiffusion(Simulation):
         self.sensors = sensor_indices(n, c["num_sensors"])
         self.num_actuators = m
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (c["num_sensors"],), np.float64)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (m,), np.float64)
+        # float32 as most Box envs: replay-based learners (SAC) keep actions in their dtype.
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (m,), np.float32)
         self.ext = np.zeros(self.block + 2)  # u with one ghost value each side
         self.u_global = np.zeros(n) if rank == 0 else None
         self.left = rank - 1 if rank > 0 else MPI.PROC_NULL
