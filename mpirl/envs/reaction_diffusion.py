@@ -12,6 +12,10 @@ neighbours. Every point is updated by one expression in one order, and the root 
 computes sensors and reward with plain loops in global order, so a trajectory is bitwise the
 same for any k, and the same as ``examples/solvers/rd_core.c``'s (the same maths in C).
 
+With the defaults, on the episodes of seeds 0-4: no action returns -901.8 on average, the best
+``ProportionalController`` of gains 0.5, 1, 2, 4, 8 (gain 2) -0.0395, a uniformly random policy
+about -5,400 (``best_gain``, ``zero_action_return``).
+
 Ids: ``mpirl/ReactionDiffusion-v0`` (Box actions) and ``mpirl/ReactionDiffusionDiscrete-v0``
 (a few fixed actuation patterns, for DQN).
 """
