@@ -14,7 +14,7 @@ same for any k, and the same as ``examples/solvers/rd_core.c``'s (the same maths
 
 With the defaults, on the episodes of seeds 0-4: no action returns -901.8 on average, the best
 ``ProportionalController`` of gains 0.5, 1, 2, 4, 8 (gain 2) -0.0395, a uniformly random policy
-about -5,400 (``best_gain``, ``zero_action_return``).
+about -5,400 (seeds 0-19). See ``best_gain`` and ``zero_action_return``.
 
 Ids: ``mpirl/ReactionDiffusion-v0`` (Box actions) and ``mpirl/ReactionDiffusionDiscrete-v0``
 (a few fixed actuation patterns, for DQN).
