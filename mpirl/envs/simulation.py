@@ -120,3 +120,16 @@ def solver_spaces(env_config: dict[str, Any]) -> tuple[gym.spaces.Box, gym.space
                           f"action_n (a Discrete action's choices); got action_size {a!r}")
     low, high = env_config.get("action_low", -1.0), env_config.get("action_high", 1.0)
     return observation, gym.spaces.Box(float(low), float(high), (a,), np.float64)
+
+
+# The bundled simulations, registered under gymnasium ids by their class's path (a string: nothing
+# is imported until one is made). EnvSpec recognises a Simulation entry point and wraps it
+# (SimulationEnv on one rank; an env group with ranks_per_env), so `--env
+# mpirl/ReactionDiffusion-v0` works wherever this module is imported (EnvSpec imports it).
+BUNDLED_IDS = {
+    "mpirl/ReactionDiffusion-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusion",
+    "mpirl/ReactionDiffusionDiscrete-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusionDiscrete",
+}
+for _id, _entry_point in BUNDLED_IDS.items():
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=_entry_point)
