@@ -119,7 +119,8 @@ def solver_spaces(env_config: dict[str, Any]) -> tuple[gym.spaces.Box, gym.space
         raise ConfigError(f"a Solver env needs env_config action_size (a Box action's floats) or "
                           f"action_n (a Discrete action's choices); got action_size {a!r}")
     low, high = env_config.get("action_low", -1.0), env_config.get("action_high", 1.0)
-    return observation, gym.spaces.Box(float(low), float(high), (a,), np.float64)
+    # float32 as the bundled simulations: SAC's critic takes actions beside float32 features.
+    return observation, gym.spaces.Box(float(low), float(high), (a,), np.float32)
 
 
 # The bundled simulations, registered under gymnasium ids by their class's path (a string: nothing
