@@ -78,6 +78,7 @@ from harness import (
 SCRIPT = Path(__file__)
 ROOT = SCRIPT.parent.parent
 ECHO_SOLVER = ROOT / "examples" / "solvers" / "build" / "echo_solver"
+RD_SOLVER = ROOT / "examples" / "solvers" / "build" / "rd_solver"
 FULL_SIZES = (8, 1_000, 100_000)
 QUICK_SIZES = (8, 1_000)
 ACTION_SIZE = 4
@@ -447,20 +448,27 @@ def diffusion_step(group_comm: Any, cells: int) -> Callable[[Any, Any], None]:
     return step
 
 
-def iterations_role(k: int, steps: int, iterations: int, cells: int) -> None:
+def iterations_role(k: int, steps: int, iterations: int, cells: int, env_side: str) -> None:
     """Under mpiexec -n 1+k: rank 0 runs ``iterations`` iterations of a RESET and ``steps``
-    steps over mpirl's link; ranks 1..k are the solver's group."""
+    steps over mpirl's link; ranks 1..k are the Python solver's group. With ``env_side`` c,
+    rank 0 alone, beside the C reaction-diffusion solver's k ranks (MPMD)."""
     from mpi4py import MPI
 
     from mpirl.runtime import sim_link as sl
 
-    world = MPI.COMM_WORLD
-    link = world.Dup()
-    group_comm = world.Split(0 if world.rank == 0 else 1, world.rank)
-    if world.rank > 0:
-        python_member(link, 0, group_comm, diffusion_step(group_comm, cells))
-        return
-    rollout = LinkRollout(link, list(range(1, k + 1)), 0, 8, {"cells": cells})
+    if env_side == "python":
+        world = MPI.COMM_WORLD
+        link = world.Dup()
+        group_comm = world.Split(0 if world.rank == 0 else 1, world.rank)
+        if world.rank > 0:
+            python_member(link, 0, group_comm, diffusion_step(group_comm, cells))
+            return
+        members = list(range(1, k + 1))
+    else:
+        link, _ = link_and_peer(env_side)
+        members = list(range(k))
+    # 8 observations and 4 actions: the reaction-diffusion env's 8 sensors and 4 actuators.
+    rollout = LinkRollout(link, members, 0, 8, {"cells": cells})
     seconds = []
     for _ in range(iterations):
         start = time.perf_counter()
@@ -608,22 +616,28 @@ def steps_args(plan: Plan) -> list[str]:
             "--slow-poll-steps", str(plan.slow_poll_steps), "--warmup", str(plan.warmup)]
 
 
+def iterations_job(plan: Plan, iterations: int, quick: bool, name: str) -> Any:
+    """One job of ``iterations`` iterations: the Python solver's k ranks beside the rollout
+    rank, or (``--env-side c``) the C reaction-diffusion solver's as a second program."""
+    args = ["--k", str(plan.relaunch_k), "--steps", str(plan.relaunch_steps), "--cells",
+            str(plan.relaunch_cells), "--iterations", str(iterations), "--env-side",
+            plan.env_side, *(["--quick"] if quick else [])]
+    if plan.env_side == "python":
+        return run_role(SCRIPT, "iterations", False, args, ranks=1 + plan.relaunch_k,
+                        name=name)
+    command = [*mpiexec_command(1, sys.executable, str(SCRIPT), "--role", "iterations", *args),
+               ":", "-n", str(plan.relaunch_k), str(RD_SOLVER)]
+    return run_process(command, name, 300, want_result=True)
+
+
 def relaunch(plan: Plan, quick: bool) -> dict[str, Any]:
     """Seconds per iteration: one job per iteration against one job for all of them."""
-    args = ["--k", str(plan.relaunch_k), "--steps", str(plan.relaunch_steps), "--cells",
-            str(plan.relaunch_cells)]
-    ranks = 1 + plan.relaunch_k
-    relaunched = []
-    for i in range(plan.relaunch_iterations):
-        finished = run_role(SCRIPT, "iterations", quick, [*args, "--iterations", "1"],
-                            ranks=ranks, name=f"relaunched iteration {i}")
-        relaunched.append(finished.wall_s)
-    kept = run_role(SCRIPT, "iterations", quick,
-                    [*args, "--iterations", str(plan.relaunch_iterations)], ranks=ranks,
-                    name="kept alive")
+    relaunched = [iterations_job(plan, 1, quick, f"relaunched iteration {i}").wall_s
+                  for i in range(plan.relaunch_iterations)]
+    kept = iterations_job(plan, plan.relaunch_iterations, quick, "kept alive")
     kept_s = kept.result["iteration_s"]
     result = {"k": plan.relaunch_k, "steps_per_iteration": plan.relaunch_steps,
-              "iterations": plan.relaunch_iterations,
+              "iterations": plan.relaunch_iterations, "solver": plan.env_side,
               "relaunched_s_per_iteration": statistics.median(relaunched),
               "relaunched_s": relaunched,
               "kept_alive_s_per_iteration": statistics.median(kept_s), "kept_alive_s": kept_s,
@@ -670,8 +684,8 @@ def main() -> int:
                         help="8 and 1,000 floats, fewer steps, 1 and 2 groups")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--env-side", choices=("python", "c"), default="python",
-                        help="mpirl link's env side: a Python echo member, or the C echo solver "
-                             f"({ECHO_SOLVER.relative_to(ROOT)}) in an MPMD launch")
+                        help="the solvers: Python programs, or the C echo and reaction-diffusion "
+                             "solvers of examples/solvers/build in MPMD launches")
     hidden = argparse.SUPPRESS
     parser.add_argument("--role", choices=["link", "redis", "tcp", "iterations", "groups"],
                         help=hidden)
@@ -684,8 +698,10 @@ def main() -> int:
     if args.role is not None:
         return run_measured(args)
     plan = Plan(**(QUICK if args.quick else FULL), env_side=args.env_side)
-    if plan.env_side == "c" and not os.access(ECHO_SOLVER, os.X_OK):
-        parser.error(f"--env-side c needs {ECHO_SOLVER} (make solvers)")
+    missing = [str(path.relative_to(ROOT)) for path in (ECHO_SOLVER, RD_SOLVER)
+               if not os.access(path, os.X_OK)]
+    if plan.env_side == "c" and missing:
+        parser.error(f"--env-side c needs {' and '.join(missing)} (make solvers)")
     legs = coupling_legs(plan, args.quick)
     print_problems(legs)
     print("one env step's round trip (action out, observation back), microseconds:")
@@ -731,7 +747,7 @@ def run_measured(args: argparse.Namespace) -> int:
     elif args.role == "tcp":
         tcp_role(sizes, plan)
     elif args.role == "iterations":
-        iterations_role(args.k, args.steps, args.iterations, args.cells)
+        iterations_role(args.k, args.steps, args.iterations, args.cells, args.env_side)
     else:
         groups_role(args.groups, args.k, args.steps, args.step_s)
     return 0
