@@ -88,7 +88,10 @@ TARGET_RATIO = 20.0
 GROUP_TARGET = 0.9
 """Per-group steps/s at the most groups, as a share of one group's (the issue's target)."""
 RELEXI_POLL_S = 0.01
-LEGS = ("mpirl_link", "redis_tight", "redis_10ms", "tcp")
+EAGER_LEG = "mpirl_link_eager_16k"
+EAGER_ENV = {"OMPI_MCA_btl_sm_eager_limit": "16384"}
+"""The link again with Open MPI's shared-memory eager limit at 16 kB (default 4 kB), so that a
+reply of 1,000 floats (8 kB) goes out in one message instead of a rendezvous."""
 
 
 @dataclass(frozen=True)
@@ -111,14 +114,16 @@ class Plan:
     groups_k: int
     groups_steps: int
     groups_step_s: float
+    eager_leg: bool
+    """Also the link with Open MPI's eager limit raised (``EAGER_LEG``)."""
 
 
 FULL = dict(sizes=FULL_SIZES, steps=5000, large_steps=1000, slow_poll_steps=200, warmup=100,
             relaunch_k=2, relaunch_steps=100, relaunch_iterations=8, relaunch_cells=20_000,
-            groups=(1, 4, 16), groups_k=2, groups_steps=300, groups_step_s=0.005)
+            groups=(1, 4, 16), groups_k=2, groups_steps=300, groups_step_s=0.005, eager_leg=True)
 QUICK = dict(sizes=QUICK_SIZES, steps=150, large_steps=50, slow_poll_steps=10, warmup=10,
              relaunch_k=2, relaunch_steps=20, relaunch_iterations=1, relaunch_cells=2_000,
-             groups=(1, 2), groups_k=2, groups_steps=40, groups_step_s=0.005)
+             groups=(1, 2), groups_k=2, groups_steps=40, groups_step_s=0.005, eager_leg=False)
 
 
 def steps_for(plan_steps: int, large_steps: int, size: int) -> int:
@@ -574,28 +579,32 @@ def with_redis_server(measure: Callable[[int], dict[str, Any]]) -> dict[str, Any
         end_session(server)
 
 
-def measure_link(plan: Plan, size: int, quick: bool) -> dict[str, Any]:
+def measure_link(plan: Plan, size: int, quick: bool,
+                 extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """mpirl's link at one observation size: the Python echo member as world rank 1, or the C
     echo solver as the second program of an MPMD launch."""
     steps = steps_for(plan.steps, plan.large_steps, size)
-    args = ["--size", str(size), "--steps", str(steps), "--warmup", str(plan.warmup),
-            "--env-side", plan.env_side]
+    args = [sys.executable, str(SCRIPT), "--role", "link", "--size", str(size), "--steps",
+            str(steps), "--warmup", str(plan.warmup), "--env-side", plan.env_side]
     name = f"mpirl link, {size} floats, {plan.env_side} echo"
     if plan.env_side == "python":
-        return run_role(SCRIPT, "link", quick, args, ranks=2, name=name).result
-    command = [*mpiexec_command(1, sys.executable, str(SCRIPT), "--role", "link", *args,
-                                *(["--quick"] if quick else [])),
-               ":", "-n", "1", str(ECHO_SOLVER)]
-    return run_process(command, name, 300, want_result=True).result
+        command = mpiexec_command(2, *args)
+    else:
+        command = [*mpiexec_command(1, *args), ":", "-n", "1", str(ECHO_SOLVER)]
+    return run_process(command, name, 300, extra_env, want_result=True).result
 
 
 def coupling_legs(plan: Plan, quick: bool) -> dict[str, Any]:
     """Every transport, every size: ``{leg: {size: summary}}`` or ``{leg: {"error"/"skipped"}}``."""
     legs: dict[str, Any] = {"mpirl_link": {}}
-    for size in plan.sizes:
-        legs["mpirl_link"][str(size)] = attempt(
-            f"mpirl link, {size} floats", lambda size=size: measure_link(plan, size, quick),
-            lambda r: f"median {r['median_us']:.1f} us, p90 {r['p90_us']:.1f} us")
+    links = [("mpirl_link", None)] + ([(EAGER_LEG, EAGER_ENV)] if plan.eager_leg else [])
+    for leg, extra_env in links:
+        legs[leg] = {}
+        for size in plan.sizes:
+            legs[leg][str(size)] = attempt(
+                f"{leg}, {size} floats",
+                lambda size=size, extra_env=extra_env: measure_link(plan, size, quick, extra_env),
+                lambda r: f"median {r['median_us']:.1f} us, p90 {r['p90_us']:.1f} us")
     sizes_args = ["--sizes", ",".join(map(str, plan.sizes)), *steps_args(plan)]
     missing = redis_missing()
     if missing:
@@ -668,8 +677,7 @@ def groups(plan: Plan, quick: bool) -> dict[str, Any]:
 
 def coupling_table(legs: dict[str, Any], sizes: tuple[int, ...]) -> None:
     rows = [("transport", *(f"{size:,} floats median / p90 us" for size in sizes))]
-    for leg in LEGS:
-        entry = legs[leg]
+    for leg, entry in legs.items():
         cells = [leg]
         for size in sizes:
             point = entry.get(str(size), {})
@@ -708,8 +716,8 @@ def main() -> int:
     coupling_table(legs, plan.sizes)
     link_median = legs["mpirl_link"].get(str(RATIO_SIZE), {}).get("median_us")
     over = {leg: ratio(legs[leg].get(str(RATIO_SIZE), {}).get("median_us"), link_median)
-            for leg in LEGS[1:]}
-    ran = [leg for leg in LEGS if legs[leg] and not ({"error", "skipped"} & set(legs[leg]))]
+            for leg in legs if leg != "mpirl_link"}
+    ran = [leg for leg, entry in legs.items() if entry and not ({"error", "skipped"} & set(entry))]
     print(f"at {RATIO_SIZE:,} floats, against mpirl's link: "
           + ", ".join(f"{leg} {fmt(value, 1)}x" for leg, value in over.items()))
     relaunched = attempt("relaunch vs kept alive", lambda: relaunch(plan, args.quick),
