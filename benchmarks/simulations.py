@@ -15,8 +15,10 @@ side; MPI only starts and ends them, except on mpirl's link), timed at the rollo
 - ``mpirl_link``: ``mpirl.runtime.sim_link``'s protocol: SETUP, then a COMMAND ``float64[2+A]``
   one way and a REPLY ``float64[4+O]`` back per step, preallocated buffers, persistent requests
   (``Send_init``/``Recv_init``, ``Startall``, ``Test`` polling with mpirl's ``Backoff``), then END.
-  The env side is a Python echo member here (``--env-side python``); ``--env-side c`` runs
-  ``examples/solvers/build/echo_solver`` as the second program of an MPMD launch.
+  The env side is a Python echo member (``--env-side python``, the default), or ``--env-side
+  c``: ``examples/solvers/build/echo_solver`` as the second program of an MPMD launch, joined
+  through ``mpirl.runtime.apps``. The full mode also runs ``mpirl_link_eager_16k``: the same
+  with Open MPI's shared-memory eager limit at 16 kB, so that 1,000 floats (8 kB) go eagerly.
 - ``redis_tight`` and ``redis_10ms``: a redis-server of this machine's (Debian's), started on a
   free port for the run and stopped after it, through redis-py, with Relexi's pattern per step:
   the env side puts ``state`` and ``reward``; the rollout side polls for each (``EXISTS``), gets
@@ -34,6 +36,7 @@ side; MPI only starts and ends them, except on mpirl's link), timed at the rollo
 exchange per step, its root answering over mpirl's link) runs ``steps`` steps per iteration: once
 started by ``mpiexec`` every iteration, as Relexi starts FLEXI, and once kept alive for every
 iteration. The relaunched job's rollout rank is started with it (a stand-in for the trainer).
+With ``--env-side c`` the solver is ``examples/solvers/build/rd_solver`` (its own defaults).
 
 **Groups.** One rollout rank drives 1, 4 or 16 groups of k = 2 ranks (oversubscribed on this
 machine: each member's step is a sleep, as a solver computing on cores of its own), stepping
