@@ -47,10 +47,13 @@ EXTRAS = {
     # Python AlphaZero (benchmarks/alphazero.py), which its wheel does not require; open-spiel
     # 2.0.2 runs on these (flax 0.12.8 pulls optax and orbax-checkpoint).
     # mujoco: the MuJoCo tasks of benchmarks/model_based.py (InvertedPendulum-v5, HalfCheetah-v5).
+    # redis: redis-py, the client of benchmarks/simulations.py's Redis coupling (Relexi's); the
+    # server is Debian's redis-server (make bench).
     "bench": ("peers for side-by-side benchmarks (`make bench`): Ray RLlib 2.60, "
-              "Stable-Baselines3, OpenCV, JAX/Flax for OpenSpiel's AlphaZero, and MuJoCo",
+              "Stable-Baselines3, OpenCV, JAX/Flax for OpenSpiel's AlphaZero, MuJoCo, and "
+              "redis-py",
               ["ray[rllib]==2.60.0", "stable-baselines3>=2.4", "opencv-python-headless>=4.8",
-               "jax==0.10.2", "flax==0.12.8", "chex>=0.1.92", "mujoco>=3.1"]),
+               "jax==0.10.2", "flax==0.12.8", "chex>=0.1.92", "mujoco>=3.1", "redis>=5.0"]),
 }
 
 setup(

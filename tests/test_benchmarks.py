@@ -5,7 +5,9 @@ results in benchmarks/RESULTS.md). The slow peers (Ray, RLlib, Stable-Baselines3
 with ``--peers``, which must record them as skipped and still measure mpirl.
 """
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -303,3 +305,35 @@ def test_model_based_benchmark_quick_writes_every_key(tmp_path):
 def test_model_based_benchmark_refuses_an_unknown_algorithm():
     proc = run_benchmark("model_based.py", "--algos", "PETS,DDPG", timeout=60)
     assert proc.returncode == 2 and "unknown algorithm(s) DDPG" in proc.stderr
+
+
+def test_simulations_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "simulations.json"
+    proc = run_benchmark("simulations.py", "--quick", "--json", str(out), timeout=240)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    coupling = report["coupling"]
+    redis_here = shutil.which("redis-server") is not None and importlib.util.find_spec("redis")
+    legs = ["mpirl_link", "tcp"] + (["redis_tight", "redis_10ms"] if redis_here else [])
+    assert sorted(report["legs_run"]) == sorted(legs)
+    for leg in legs:
+        assert set(coupling[leg]) == {"8", "1000"}, leg
+        for point in coupling[leg].values():
+            assert 0 < point["median_us"] <= point["p90_us"], (leg, point)
+            assert point["steps"] > 0 and point["rollout_cpu_us"] > 0, (leg, point)
+    over = report["over_mpirl_link_at_1000"]
+    if redis_here:
+        # Relexi's pattern: state, reward and actions each put, polled, got and deleted.
+        assert all(p["commands_per_step"] >= 10 for p in coupling["redis_tight"].values())
+        assert over["redis_tight"] > 1 and isinstance(report["target_20x_met"], bool)
+    else:
+        assert "skipped" in coupling["redis_tight"] and over["redis_tight"] is None
+    assert over["tcp"] > 0
+    relaunch = report["relaunch"]
+    assert relaunch["relaunched_s_per_iteration"] > relaunch["kept_alive_s_per_iteration"] > 0
+    assert len(relaunch["kept_alive_s"]) == relaunch["iterations"]
+    groups = report["groups"]
+    assert set(groups["by_groups"]) == {"1", "2"}
+    for entry in groups["by_groups"].values():
+        assert entry["steps_per_s_per_group"] > 0 and entry["rollout_cpu_us_per_group_step"] > 0
+    assert groups["per_group_vs_one"]["1"] == 1.0 and isinstance(groups["target_met"], bool)
