@@ -817,7 +817,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--nodes", type=int, default=1, metavar="N",
                      help="nodes (with --het: the CPU nodes for the driver and rollout ranks)")
     job.add_argument("--ntasks-per-node", type=int, default=4, metavar="T",
-                     help="MPI ranks per node (default 4)")
+                     help="MPI ranks per node (default 4; with --solver and no --het, the "
+                          "solver's processes count among them)")
     job.add_argument("--cpus-per-task", type=int, default=1, metavar="C",
                      help="CPUs per rank (default 1; rollout ranks step several envs each)")
     job.add_argument("--gpus-per-node", type=int, default=0, metavar="G",
