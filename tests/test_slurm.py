@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -21,14 +22,23 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, latest_checkpoint_iteration, mpi_env
+from conftest import (
+    BIN,
+    PROGRAMS,
+    latest_checkpoint_iteration,
+    mpi_env,
+    parse_result,
+    run_mpi,
+)
 
 from mpirl.errors import ConfigError, LaunchError
 from mpirl.jobs.slurm import (
     EXAMPLES,
+    MULTI_PROG_MAX_ARGS,
     JobSpec,
     example_scripts,
     load_site,
+    multi_prog_line,
     render,
     time_limit_seconds,
 )
@@ -219,8 +229,168 @@ def test_cli_prints_the_script_it_renders(tmp_path):
 def test_help_lists_the_options():
     proc = mpirl_slurm("--help")
     assert proc.returncode == 0, proc.stderr
-    for option in ("--signal-lead", "--max-requeues", "--het", "--site", "%x-%j.out"):
+    for option in ("--signal-lead", "--max-requeues", "--het", "--site", "%x-%j.out",
+                   "--solver", "--solver-tasks", "--solver-nodes", "--solver-tasks-per-node"):
         assert option in proc.stdout
+
+
+# --- an MPMD solver program in the job ----------------------------------------------------------
+
+#: Words that srun's --multi-prog parser would change unless quoted: a quote, %t and %o (task
+#: numbers), a backslash, a tab, an empty word, shell syntax.
+AWKWARD = ["it's %t & %o", "back\\slash", "", "tab\tin", "$HOME", '"dq"', "#x"]
+
+
+@pytest.fixture
+def solver(tmp_path) -> str:
+    """An executable file standing in for a solver program."""
+    path = tmp_path / "solver"
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def solver_job(program: str, **changes) -> JobSpec:
+    return JobSpec(**{"command": [*TRAIN, "--config", '{"ranks_per_env": 2}'], "time": "10",
+                      "nodes": 1, "ntasks_per_node": 6, "solver": f"{program} --size 'a b'",
+                      "solver_tasks": 4, "run_dir": "runs/m", "mpirl": "/x/mpirl", **changes})
+
+
+def test_mpmd_job_with_mpiexec_and_with_a_het_component(tmp_path, solver):
+    """mpirl's ranks first, then the solver's: one mpiexec with two app contexts, or a
+    heterogeneous step whose third component runs the solver. The job's tasks count both."""
+    spec = solver_job(solver, launcher="mpiexec")
+    assert (spec.num_mpirl_tasks, spec.num_solver_tasks, spec.num_tasks) == (2, 4, 6)
+    script, _ = render(spec)
+    lines = script.splitlines()
+    assert "#SBATCH --ntasks-per-node=6" in lines  # the allocation holds both programs
+    assert any(line.endswith(" -n 2 --bind-to none)") for line in lines
+               if line.startswith("launcher=(")), script
+    assert f"command+=(: -n 4 {solver} --size 'a b')" in lines
+    bash_syntax_ok(script, tmp_path)
+
+    het = solver_job(solver, het="steps", nodes=1, ntasks_per_node=3, learner_nodes=1,
+                     learners_per_node=2, solver_tasks=None, solver_nodes=2,
+                     solver_tasks_per_node=8)
+    assert (het.num_mpirl_tasks, het.num_solver_tasks, het.num_tasks) == (5, 16, 21)
+    script, _ = render(het)
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    components = [i for i, line in enumerate(header) if line == "#SBATCH hetjob"]
+    assert len(components) == 2, header
+    assert header[components[1] + 1:components[1] + 4] == [
+        "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --cpus-per-task=1"]
+    assert "launcher=(srun --mpi=pmix --het-group=0,1)" in script
+    assert f"command+=(: --het-group=2 {solver} --size 'a b')" in script
+    bash_syntax_ok(script, tmp_path)
+    by_count, _ = render(solver_job(solver, het="steps", ntasks_per_node=3, solver_tasks=6))
+    assert "#SBATCH --nodes=1\n#SBATCH --ntasks=6\n" in by_count
+
+
+def test_mpmd_job_under_srun_writes_a_multi_prog_file(tmp_path, solver):
+    """The script writes srun's --multi-prog file for the attempt's command (first, then
+    resume); every word reaches the program as it is. (Slurm 22.05 read these very lines back
+    byte for byte; the real job below runs one.)"""
+    run_dir = tmp_path / "run"
+    spec = solver_job(f"{solver} {shlex.join(AWKWARD)}", run_dir=str(run_dir),
+                      command=[*TRAIN, "--config", json.dumps({"tag": AWKWARD[0]})])
+    script, _ = render(spec)
+    assert "launcher=(srun --mpi=pmix)" in script
+    job = tmp_path / "job.sbatch"
+    job.write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # A stand-in srun: keeps the file it was given (the script deletes it at exit).
+    (bin_dir / "srun").write_text('#!/bin/bash\n[ "$2" = --multi-prog ] && cp "$3" "$KEEP"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(tmp_path), "HOME": "/nowhere"}
+    for attempt in ("first", "resume"):
+        keep = tmp_path / f"{attempt}.conf"
+        proc = subprocess.run(["bash", str(job)], capture_output=True, text=True, timeout=30,
+                              env={**env, "KEEP": str(keep)}, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "srun --mpi=pmix --multi-prog" in proc.stderr
+        mpirl = ["/x/mpirl", "train", *(["--resume", str(run_dir)] if attempt == "resume" else []),
+                 "--run-dir", str(run_dir), "--algo", "PPO", "--env", "CartPole-v1",
+                 "--config", json.dumps({"tag": AWKWARD[0]})]
+        lines = keep.read_text().splitlines()
+        program = [solver, *AWKWARD, "--size", "a b"]
+        assert lines == [multi_prog_line("0-1", mpirl), multi_prog_line("2-5", program)]
+        assert [parse_multi_prog_words(line) for line in lines] == [mpirl, program]
+        assert list(tmp_path.glob("mpirl-multi-prog.*")) == []  # removed at exit
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "params.json").write_text("{}")  # the requeued attempt resumes
+
+
+def parse_multi_prog_words(line: str) -> list[str]:
+    """Words of a --multi-prog line as slurmstepd splits them (src/slurmd/slurmstepd/
+    multi_prog.c): single quotes keep everything, a backslash keeps the next character, %t and
+    %o outside quotes would be task numbers (none are outside quotes here)."""
+    words, word, quoted, escaped, started = [], "", False, False, False
+    for char in line.split(" ", 1)[1]:
+        if quoted:
+            quoted = char != "'"
+            word += char if quoted else ""
+        elif escaped:
+            word, escaped = word + char, False
+        elif char == "'":
+            quoted = started = True
+        elif char == "\\":
+            escaped = started = True
+        elif char.isspace():
+            if started:
+                words.append(word)
+            word, started = "", False
+        else:
+            word, started = word + char, True
+    return [*words, word] if started else words
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"solver": "./rd_solvr"}, "--solver ./rd_solvr is not an executable file"),
+    ({"solver": "rd_solvr_nowhere"}, "--solver rd_solvr_nowhere is not on PATH"),
+    ({"solver": None}, "--solver-tasks needs --solver"),
+    ({"solver_tasks": None}, "--solver needs --solver-tasks N"),
+    ({"solver_tasks": 6}, "--solver-tasks 6 leaves no task for mpirl"),
+    ({"solver_tasks": 3}, "3 solver tasks do not make whole env groups of ranks_per_env 2"),
+    ({"solver_nodes": 2}, "--solver-nodes sizes the solver's own component of --het steps"),
+    ({"het": "nodes"}, "--solver with --het nodes is not supported"),
+    ({"het": "steps", "solver_tasks": None}, "needs --solver-tasks-per-node"),
+    ({"het": "steps", "solver_nodes": 2, "solver_tasks_per_node": 3},
+     "--solver-tasks 4 disagrees with --solver-nodes 2 x --solver-tasks-per-node 3"),
+    ({"command": ["tune", "--population", "2", "--", *TRAIN[1:]]},
+     "--solver works with -- train or -- doctor"),
+    ({"solver": "{solver} 'two\nlines'"}, "cannot carry the argument 'two\\nlines'"),
+    ({"command": [*TRAIN, "--config", '{"a":\n1}']}, "cannot carry the argument"),
+    ({"solver": "{solver}" + " x" * (MULTI_PROG_MAX_ARGS + 1)},
+     f"passes at most {MULTI_PROG_MAX_ARGS} arguments"),
+    ({"solver": "{solver} " + "x" * 17000}, "takes lines of at most 16381 bytes"),
+])
+def test_bad_mpmd_jobs_are_refused(solver, changes, message):
+    if isinstance(changes.get("solver"), str):
+        changes["solver"] = changes["solver"].replace("{solver}", solver)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        render(solver_job(solver, **changes))
+    # mpiexec takes any argument: no --multi-prog file.
+    if "carry" in message or "arguments" in message or "16381" in message:
+        render(solver_job(solver, launcher="mpiexec", **changes))
+
+
+def test_solvers_leave_mpirls_stop_signals_to_mpirl(built_solvers):
+    """srun and mpiexec pass a stop request (SIGUSR1/2, SIGTERM) to every process of the step.
+    A solver must outlive it: mpirl's ranks finish their iteration, which needs its replies,
+    then checkpoint, and END it. Signalled before their setup, the C solvers still answer."""
+    proc = run_mpi(1, sys.executable, str(PROGRAMS / "solver_link_check.py"), "signals", "1",
+                   "60", ":", "-n", "2", built_solvers.path("echo_solver"), timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = parse_result(proc.stdout)
+    assert result["signalled"] == 2 and result["steps_checked"] == 6, result
+
+
+def test_a_missing_solver_is_one_line_and_exit_2(tmp_path):
+    proc = mpirl_slurm("--time", "10", "--solver", "./rd_solvr", "--solver-tasks", "2", "--",
+                       *TRAIN, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "mpirl slurm: error: --solver ./rd_solvr is not an executable file\n"
 
 
 def test_the_scripts_in_slurm_dir_are_current():
@@ -564,6 +734,21 @@ def test_learners_run_on_the_learner_node(slurm, tmp_path, het):
                      2: ("learner", learner_node)}, log
     assert "world size 3" in log
     assert iterations(run_dir) == [1, 2]
+
+
+def test_mpmd_job_runs_mpirl_and_the_solver_in_one_world(slurm, tmp_path, built_solvers):
+    """--solver under srun: the script's --multi-prog file runs mpirl doctor on tasks 0-1 and
+    the C echo solver on task 2, one MPI world: the solver's mpirl_init joins mpirl's start-up
+    (a solver in a world of its own would be world rank 0 and abort), and mpirl's END ends it."""
+    job = slurm.submit(tmp_path, "--nodes", "1", "--ntasks-per-node", "3", "--time", "10",
+                       "--solver", built_solvers.path("echo_solver"), "--solver-tasks", "1",
+                       "--", "doctor")
+    info = slurm.wait(job, tmp_path, timeout=90)
+    log = job_log(tmp_path, job)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert "multi-prog: 0-1 '" in log and "multi-prog: 2 '" in log, log
+    assert "world size 2" in log and "doctor: 1 worker(s) answered" in log, log
+    assert "echo_solver: the run ended before it began (exit code 0)" in log, log
 
 
 def test_wrong_pmi_is_one_clear_error_not_singletons(slurm, tmp_path):

@@ -17,6 +17,12 @@ Three shapes of job:
   ``--nodes`` + ``--learner-nodes`` nodes; srun's arbitrary distribution (a host file) puts the
   driver and rollout ranks on the first nodes and the learners on the last ones.
 
+``--solver 'CMD ARGS'`` adds an MPMD solver program (a C or Fortran simulation built on
+``mpirl_solver.h``) to the one MPI world, after mpirl's ranks (``runtime/apps.py`` needs them
+first): in a homogeneous job the last ``--solver-tasks`` of its tasks run it (``mpiexec -n A
+mpirl ... : -n S CMD``, or an ``srun --multi-prog`` file the script writes); with ``--het
+steps`` it is a component of its own (``srun --het-group=0,1 mpirl ... : --het-group=2 CMD``).
+
 Site specifics come from flags or a small TOML/JSON site file (``SITE_KEYS``); flags win.
 Everything a user can get wrong is a ``ConfigError`` (exit 2), reported in one line.
 
@@ -34,6 +40,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
 import shlex
 import shutil
@@ -51,6 +58,8 @@ from mpirl.jobs.run_dir import PARAMS_FILE, TUNE_STATE_FILE
 
 LAUNCHERS = ("srun-pmix", "srun-pmi2", "mpiexec")
 HET_MODES = ("steps", "nodes")
+#: Subcommands that join an MPMD solver program (``cli.MPMD_COMMANDS`` that make a batch job).
+SOLVER_SUBCOMMANDS = ("train", "doctor")
 DEFAULT_LAUNCHER = "srun-pmix"
 DEFAULT_MAX_REQUEUES = 5
 DEFAULT_SIGNAL_LEAD_S = 120
@@ -253,6 +262,12 @@ class JobSpec:
     learner_nodes: int = 1
     learners_per_node: int | None = None
     mpirl: str | None = None
+    solver: str | None = None
+    """The MPMD solver's command line, one string as a shell would split it ('CMD ARGS')."""
+    solver_tasks: int | None = None
+    solver_nodes: int | None = None
+    """Nodes of the solver's component (``--het steps`` only; default 1)."""
+    solver_tasks_per_node: int | None = None
     rendered_by: tuple[str, ...] = ("mpirl", "slurm")
     """The command line that rendered the script, for its header."""
 
@@ -266,8 +281,27 @@ class JobSpec:
         return self.learner_nodes * self.learner_tasks_per_node if self.het else 0
 
     @property
+    def num_solver_tasks(self) -> int:
+        """The solver program's processes (0 without ``--solver``)."""
+        if self.solver is None:
+            return 0
+        if self.het == "steps" and self.solver_tasks is None:
+            return (self.solver_nodes or 1) * (self.solver_tasks_per_node or 0)
+        return self.solver_tasks or 0
+
+    @property
+    def num_mpirl_tasks(self) -> int:
+        """mpirl's ranks: world ranks 0 to this minus 1. A homogeneous job's solver takes its
+        last tasks; a heterogeneous job's has a component of its own."""
+        cpu_tasks = self.nodes * self.ntasks_per_node
+        if self.het:
+            return cpu_tasks + self.num_learners
+        return cpu_tasks - self.num_solver_tasks
+
+    @property
     def num_tasks(self) -> int:
-        return self.nodes * self.ntasks_per_node + self.num_learners
+        """Every task of the job step, mpirl's and the solver's."""
+        return self.num_mpirl_tasks + self.num_solver_tasks
 
 
 def _check_spec(spec: JobSpec) -> None:
@@ -300,6 +334,105 @@ def _check_spec(spec: JobSpec) -> None:
     for name, value in (("--partition", spec.partition), ("--account", spec.account)):
         if value is not None and (not value or any(c.isspace() for c in value)):
             raise ConfigError(f"{name} {value!r} must be one word without spaces")
+
+
+def _solver_words(spec: JobSpec, check_program: bool = True) -> list[str]:
+    """The solver's command line as words, checked with the job's shape ([] without one).
+    ``check_program``: that the program is an executable file or on PATH, here."""
+    if spec.solver is None:
+        for name in ("solver_tasks", "solver_nodes", "solver_tasks_per_node"):
+            if getattr(spec, name) is not None:
+                raise ConfigError(f"--{name.replace('_', '-')} needs --solver 'CMD ARGS', the "
+                                  f"solver program it sizes")
+        return []
+    try:
+        words = shlex.split(spec.solver)
+    except ValueError as error:
+        raise ConfigError(f"--solver {spec.solver!r} cannot be split into words as a shell "
+                          f"would: {error}") from None
+    if not words:
+        raise ConfigError("--solver is empty; give the program and its arguments, e.g. "
+                          "--solver './rd_solver --flag'")
+    if check_program:
+        _check_program(words[0])
+    if spec.command[:1] and spec.command[0] not in SOLVER_SUBCOMMANDS:
+        raise ConfigError(f"--solver works with -- {' or -- '.join(SOLVER_SUBCOMMANDS)}, "
+                          f"which join an MPMD solver; not with {spec.command[0]}")
+    if spec.het == "nodes":
+        raise ConfigError("--solver with --het nodes is not supported: use --het steps (the "
+                          "solver as a component of its own) or no --het (the solver's tasks "
+                          "share the job's nodes)")
+    for name in ("solver_tasks", "solver_nodes", "solver_tasks_per_node"):
+        value = getattr(spec, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be 1 or more, got {value}")
+    if spec.het == "steps":
+        _check_solver_component(spec)
+    else:
+        for name in ("solver_nodes", "solver_tasks_per_node"):
+            if getattr(spec, name) is not None:
+                raise ConfigError(f"--{name.replace('_', '-')} sizes the solver's own "
+                                  f"component of --het steps; without it the solver's "
+                                  f"--solver-tasks share the job's nodes")
+        if spec.solver_tasks is None:
+            raise ConfigError("--solver needs --solver-tasks N: how many of the job's tasks "
+                              "run the solver")
+        total = spec.nodes * spec.ntasks_per_node
+        if spec.num_mpirl_tasks < 1:
+            raise ConfigError(f"--solver-tasks {spec.solver_tasks} leaves no task for mpirl: "
+                              f"the job has --nodes {spec.nodes} x --ntasks-per-node "
+                              f"{spec.ntasks_per_node} = {total} tasks, mpirl's and the "
+                              f"solver's together; for 3 mpirl ranks, say, give "
+                              f"{spec.solver_tasks + 3} in all")
+    _check_group_size(spec)
+    return words
+
+
+def _check_solver_component(spec: JobSpec) -> None:
+    nodes = spec.solver_nodes or 1
+    if spec.solver_tasks is None and spec.solver_tasks_per_node is None:
+        raise ConfigError("--solver with --het steps needs --solver-tasks-per-node (or "
+                          "--solver-tasks): the solver's component has --solver-nodes "
+                          f"{nodes} node(s)")
+    if spec.solver_tasks is not None and spec.solver_tasks_per_node is not None and (
+            spec.solver_tasks != nodes * spec.solver_tasks_per_node):
+        raise ConfigError(f"--solver-tasks {spec.solver_tasks} disagrees with --solver-nodes "
+                          f"{nodes} x --solver-tasks-per-node {spec.solver_tasks_per_node}; "
+                          f"give one of them")
+    if spec.num_solver_tasks < nodes:
+        raise ConfigError(f"--solver-tasks {spec.num_solver_tasks} cannot fill --solver-nodes "
+                          f"{nodes}: every node needs one task at least")
+
+
+def _check_program(program: str) -> None:
+    """ConfigError unless ``program`` is an executable file (a path) or found on PATH: on the
+    login node, not after the job has waited in the queue."""
+    if "/" in program:
+        path = Path(program)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ConfigError(f"--solver {program} is not an executable file")
+    elif shutil.which(program) is None:
+        raise ConfigError(f"--solver {program} is not on PATH; give its path, e.g. "
+                          f"--solver ./{program}")
+
+
+def _check_group_size(spec: JobSpec) -> None:
+    """The solver's processes must make whole env groups of ``ranks_per_env`` from --config
+    (the run checks the rest of the layout at start-up)."""
+    args = spec.command[1:]
+    text = option_value(args, "--config")
+    try:
+        config = json.loads(text) if text is not None else {}
+    except json.JSONDecodeError:
+        return  # mpirl's own check names it, with the run's words
+    k = config.get("ranks_per_env") if isinstance(config, dict) else None
+    flag = option_value(args, "--ranks-per-env")
+    if flag is not None and flag.isdigit():
+        k = int(flag)
+    solver = spec.num_solver_tasks
+    if isinstance(k, int) and not isinstance(k, bool) and k > 0 and solver % k:
+        raise ConfigError(f"{solver} solver tasks do not make whole env groups of "
+                          f"ranks_per_env {k}; give a multiple of {k}")
 
 
 def _job_commands(spec: JobSpec) -> tuple[list[str], list[str], str | None]:
@@ -427,6 +560,12 @@ def _sbatch_lines(spec: JobSpec, site: Site, run_dir: str | None) -> tuple[list[
         learner_part = ["hetjob", f"--nodes={spec.learner_nodes}",
                         f"--ntasks-per-node={spec.learner_tasks_per_node}",
                         f"--cpus-per-task={spec.cpus_per_task}", *gpus, *shared]
+        if spec.solver is not None:
+            # Component 2: the solver's processes, after every mpirl rank in the MPI world.
+            tasks = (f"--ntasks-per-node={spec.solver_tasks_per_node}"
+                     if spec.solver_tasks_per_node else f"--ntasks={spec.num_solver_tasks}")
+            learner_part += ["hetjob", f"--nodes={spec.solver_nodes or 1}", tasks,
+                             "--cpus-per-task=1", *shared]
     elif spec.het == "nodes":
         # One allocation; the host file below decides which node runs which ranks.
         per_node = max(spec.ntasks_per_node, spec.learner_tasks_per_node)
@@ -446,7 +585,8 @@ def _launcher_lines(spec: JobSpec, site: Site) -> list[str]:
                         for a in site.mpiexec_args)
         # Inside the allocation mpiexec reads the nodes and slots from Slurm; --bind-to none
         # keeps each rank's torch threads from being pinned to one core.
-        return [f'launcher=({mpiexec} -n "$SLURM_NTASKS" --bind-to none{extra})']
+        ranks = str(spec.num_mpirl_tasks) if spec.solver is not None else '"$SLURM_NTASKS"'
+        return [f"launcher=({mpiexec} -n {ranks} --bind-to none{extra})"]
     mpi = spec.launcher.removeprefix("srun-")
     extra = "".join(f" {shell_word(a, 'site file srun_args entry')}" for a in site.srun_args)
     if spec.het == "steps":
@@ -473,6 +613,87 @@ def _launcher_lines(spec: JobSpec, site: Site) -> list[str]:
             f"{extra})",
         ]
     return [f"launcher=(srun --mpi={mpi}{extra})"]
+
+
+#: Writes one line of srun's --multi-prog file: a task range, then the words, each in single
+#: quotes (a quote inside as '\''). srun reads a quoted word back as it is: no %t or %o
+#: substitution, no backslash escapes, spaces kept.
+_MULTI_PROG_LINE = """\
+multi_prog_line() {
+    local line=$1 word q="'" escaped="'\\\\''"
+    shift
+    for word in "$@"; do line+=" '${word//$q/$escaped}'"; done
+    printf '%s\\n' "$line"
+}"""
+
+
+def _solver_lines(spec: JobSpec, solver: list[str], words: list[list[str]]) -> list[str]:
+    """Bash that adds the solver program to the job step, after ``command`` is chosen.
+    ``words``: the mpirl command lines (program first) that may reach srun's --multi-prog
+    file, to check."""
+    if not solver:
+        return []
+    mpirl, count = spec.num_mpirl_tasks, spec.num_solver_tasks
+    program = shell_join(solver, "a word of --solver")
+    intro = (f"# MPMD: {count} solver process(es) after mpirl's {mpirl} rank(s), one MPI world "
+             f"(world ranks {_task_range(mpirl, mpirl + count)}: mpirl's must come first).")
+    if spec.launcher == "mpiexec":
+        return [intro, f"command+=(: -n {count} {program})"]
+    if spec.het == "steps":
+        return [intro, f"command+=(: --het-group=2 {program})"]
+    tasks = _task_range(0, mpirl)
+    solver_tasks = _task_range(mpirl, mpirl + count)
+    for range_, group in [*((tasks, command) for command in words), (solver_tasks, solver)]:
+        _check_multi_prog_line(range_, group)
+    return [
+        intro,
+        f"# srun --multi-prog runs tasks {tasks} as mpirl and {solver_tasks} as the solver; "
+        f"the script writes its file",
+        "# for the command chosen above.",
+        _MULTI_PROG_LINE,
+        'MULTI_PROG=$(mktemp "${TMPDIR:-/tmp}/mpirl-multi-prog.XXXXXX")',
+        "trap 'rm -f \"$MULTI_PROG\"' EXIT",
+        "{",
+        f'    multi_prog_line {tasks} "${{command[@]}}"',
+        f"    multi_prog_line {solver_tasks} {program}",
+        '} >"$MULTI_PROG"',
+        'while IFS= read -r line; do say "multi-prog: $line"; done <"$MULTI_PROG"',
+        'command=(--multi-prog "$MULTI_PROG")',
+    ]
+
+
+#: What srun --multi-prog takes (Slurm 22.05, measured): a line below 16,383 bytes with its
+#: newline (a longer one is an error), and 126 arguments after the program: it drops the rest
+#: without a word.
+MULTI_PROG_MAX_LINE = 16381
+MULTI_PROG_MAX_ARGS = 126
+
+
+def multi_prog_line(tasks: str, words: list[str]) -> str:
+    """The line the job script's ``multi_prog_line`` writes (without its newline)."""
+    return tasks + "".join(" '" + word.replace("'", "'\\''") + "'" for word in words)
+
+
+def _check_multi_prog_line(tasks: str, words: list[str]) -> None:
+    """ConfigError for what srun's --multi-prog file cannot carry, before the job queues."""
+    what = f"srun --multi-prog (tasks {tasks}: {shell_join(words[:2], 'a program word')} ...)"
+    for word in words:
+        if "\n" in word or "\r" in word:
+            raise ConfigError(f"{what} reads its file line by line and cannot carry the "
+                              f"argument {word!r} (a line break); put it on one line, or use "
+                              f"--launcher mpiexec")
+    if len(words) - 1 > MULTI_PROG_MAX_ARGS:
+        raise ConfigError(f"{what} passes at most {MULTI_PROG_MAX_ARGS} arguments to a "
+                          f"program and drops the rest; this one has {len(words) - 1}. Merge "
+                          f"--config values into one, or use --launcher mpiexec")
+    size = len(_utf8(multi_prog_line(tasks, words), "an argument"))
+    if size > MULTI_PROG_MAX_LINE:
+        raise ConfigError(f"{what} takes lines of at most {MULTI_PROG_MAX_LINE} bytes; this one "
+                          f"has {size}. Shorten the command, or use --launcher mpiexec")
+
+
+def _task_range(first: int, end: int) -> str:
+    return str(first) if end - first == 1 else f"{first}-{end - 1}"
 
 
 def _setup_lines(site: Site) -> list[str]:
@@ -503,6 +724,17 @@ def _check_setup_command(command: str) -> None:
 
 def _describe(spec: JobSpec) -> str:
     what = f"mpirl {spec.command[0]}"
+    if spec.solver is not None:
+        solver = shell_join(shlex.split(spec.solver)[:1], "the solver program")
+        if spec.het == "steps":
+            return (f"{what} as a heterogeneous job: {spec.nodes} CPU node(s) x "
+                    f"{spec.ntasks_per_node} ranks (driver and rollout), "
+                    f"{spec.learner_nodes} GPU node(s) x {spec.learner_tasks_per_node} "
+                    f"learner ranks, then {spec.solver_nodes or 1} node(s) with the solver "
+                    f"{solver} ({spec.num_solver_tasks} processes); one MPI world.")
+        return (f"{what} on {spec.nodes} node(s) x {spec.ntasks_per_node} tasks, launched "
+                f"with {spec.launcher}: {spec.num_mpirl_tasks} mpirl ranks, then the solver "
+                f"{solver} ({spec.num_solver_tasks} processes); one MPI world.")
     if spec.het == "steps":
         return (f"{what} as a heterogeneous job: {spec.nodes} CPU node(s) x "
                 f"{spec.ntasks_per_node} ranks (driver and rollout), {spec.learner_nodes} GPU "
@@ -515,11 +747,15 @@ def _describe(spec: JobSpec) -> str:
             f"{spec.launcher}.")
 
 
-def render(spec: JobSpec, site: Site | None = None) -> tuple[str, str | None]:
-    """The job script for ``spec`` and its run directory (None for doctor)."""
+def render(spec: JobSpec, site: Site | None = None,
+           check_program: bool = True) -> tuple[str, str | None]:
+    """The job script for ``spec`` and its run directory (None for doctor).
+    ``check_program``: that --solver's program exists here (not for the examples, whose
+    programs are built where they run)."""
     site = site or Site()
     _check_spec(spec)
     first, resume, run_dir = _job_commands(spec)
+    solver = _solver_words(spec, check_program)
     mpirl = spec.mpirl or site.mpirl or _default_tool("mpirl")
     job_lines, component_lines = _sbatch_lines(spec, site, run_dir)
     values = {
@@ -536,6 +772,7 @@ def render(spec: JobSpec, site: Site | None = None) -> tuple[str, str | None]:
         "first_command": '"$MPIRL" ' + shell_join(first, "an argument of the mpirl command"),
         "resume_command": '"$MPIRL" ' + shell_join(resume, "an argument of the mpirl command"),
         "launcher": "\n".join(_launcher_lines(spec, site)),
+        "solver": "\n".join(_solver_lines(spec, solver, [[mpirl, *first], [mpirl, *resume]])),
     }
     template = TEMPLATE.read_text(encoding="utf-8")
     # A placeholder alone on its line that renders empty takes its line with it.
@@ -580,7 +817,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--nodes", type=int, default=1, metavar="N",
                      help="nodes (with --het: the CPU nodes for the driver and rollout ranks)")
     job.add_argument("--ntasks-per-node", type=int, default=4, metavar="T",
-                     help="MPI ranks per node (default 4)")
+                     help="MPI ranks per node (default 4; with --solver and no --het, the "
+                          "solver's processes count among them)")
     job.add_argument("--cpus-per-task", type=int, default=1, metavar="C",
                      help="CPUs per rank (default 1; rollout ranks step several envs each)")
     job.add_argument("--gpus-per-node", type=int, default=0, metavar="G",
@@ -603,6 +841,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="nodes for the learner ranks (default 1)")
     het.add_argument("--learners-per-node", type=int, metavar="K",
                      help="learner ranks per learner node (default: --gpus-per-node, or 1)")
+    solver = parser.add_argument_group(
+        "an MPMD solver program (a C or Fortran simulation built on mpirl_solver.h)")
+    solver.add_argument("--solver", metavar="'CMD ARGS'",
+                        help="run this program beside mpirl in one MPI world, after mpirl's "
+                             "ranks (one quoted string, split as a shell would; checked to be "
+                             "an executable file, or on PATH)")
+    solver.add_argument("--solver-tasks", type=int, metavar="S",
+                        help="the solver's processes; without --het they are the last S of "
+                             "the job's --nodes x --ntasks-per-node tasks, the rest run mpirl")
+    solver.add_argument("--solver-nodes", type=int, metavar="M",
+                        help="with --het steps: nodes of the solver's own component "
+                             "(default 1)")
+    solver.add_argument("--solver-tasks-per-node", type=int, metavar="U",
+                        help="with --het steps: solver processes per solver node")
     run = parser.add_argument_group("the job")
     run.add_argument("--launcher", choices=LAUNCHERS,
                      help=f"how the step starts (default: the site file's, else "
@@ -640,7 +892,9 @@ def spec_from_args(args: argparse.Namespace, site: Site, argv: list[str]) -> Job
         launcher=args.launcher or site.launcher or DEFAULT_LAUNCHER,
         max_requeues=args.max_requeues, signal_lead_s=args.signal_lead, run_dir=args.run_dir,
         het=args.het, learner_nodes=args.learner_nodes,
-        learners_per_node=args.learners_per_node, mpirl=args.mpirl,
+        learners_per_node=args.learners_per_node, mpirl=args.mpirl, solver=args.solver,
+        solver_tasks=args.solver_tasks, solver_nodes=args.solver_nodes,
+        solver_tasks_per_node=args.solver_tasks_per_node,
         rendered_by=("mpirl", "slurm", *argv),
     )
 
@@ -685,6 +939,17 @@ EXAMPLES = {
         "--mpirl", "mpirl", "--run-dir", "runs/ppo-pendulum-het", "--",
         "train", "--algo", "PPO", "--env", "Pendulum-v1", "--stop", '{"timesteps_total": 50000000}',
     ],
+    # The reaction-diffusion solver in C (make solvers) as an MPMD program: 2 mpirl ranks
+    # (driver, one rollout rank stepping 4 env groups) and 8 solver processes (4 groups x 2).
+    "mpmd-reaction-diffusion.sbatch": [
+        "--nodes", "1", "--ntasks-per-node", "10", "--time", "02:00:00", "--mpirl", "mpirl",
+        "--solver", "examples/solvers/build/rd_solver", "--solver-tasks", "8",
+        "--run-dir", "runs/ppo-rd-solver", "--",
+        "train", "--algo", "PPO", "--env", "mpirl.envs.simulation:Solver",
+        "--config", '{"ranks_per_env": 2, "num_envs_per_worker": 4, '
+                    '"env_config": {"observation_size": 8, "action_size": 4}}',
+        "--stop", '{"timesteps_total": 1000000}',
+    ],
 }
 
 
@@ -695,7 +960,7 @@ def example_scripts() -> dict[str, str]:
     scripts = {}
     for name, argv in EXAMPLES.items():
         args = parser.parse_args(argv)
-        scripts[name], _ = render(spec_from_args(args, Site(), argv))
+        scripts[name], _ = render(spec_from_args(args, Site(), argv), check_program=False)
     return scripts
 
 

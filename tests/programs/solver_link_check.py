@@ -9,6 +9,8 @@ It joins the apps (``mpirl.runtime.apps.join_apps``), sends each solver process 
   against echo_solver's formulas.
 * ``early``: no SETUP: ``end_solvers(3)``, as a run that ends before its groups start.
 * ``fail``: RESET, then STEPs until the reply says ERROR_SEQ; receives the message.
+* ``signals``: first SIGUSR1, SIGUSR2 and SIGTERM to every solver process (mpirl's stop
+  requests, which srun and mpiexec pass to the whole step), then as ``steps``.
 
 Prints one ``RESULT {json}`` line; an assertion failure ends it with a traceback.
 """
@@ -16,6 +18,8 @@ Prints one ``RESULT {json}`` line; an assertion failure ends it with a traceback
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 
@@ -132,6 +136,13 @@ def main() -> None:
         from mpirl.runtime.world import run_comm
 
         result["run_size"] = run_comm().Get_size()
+        if mode == "signals":
+            for solver in apps.solver_table():
+                for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+                    os.kill(solver.pid, signum)
+            time.sleep(0.3)  # long enough for a default action to end a process
+            result["signalled"] = count
+            mode = "steps"
         if mode == "early":
             apps.end_solvers(3)
         else:

@@ -12,6 +12,7 @@
 
 #include <ctype.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,7 +239,27 @@ static int take_setup(mpirl_solver *s) {
     return form_group(s);
 }
 
+/* The launcher (srun, mpiexec, the job script) passes a stop request (SIGUSR1/2, SIGTERM) to
+ * every process of the step, the solver's too. mpirl's ranks answer it by finishing their
+ * iteration, which needs the solver, then checkpointing; mpirl then ENDs the solver. A solver
+ * that died of the signal would leave that iteration without replies, and the checkpoint
+ * unwritten. So what the solver has not claimed itself (SIG_DFL) is ignored here. */
+static void leave_stop_signals_to_mpirl(void) {
+    const int stops[] = {SIGUSR1, SIGUSR2, SIGTERM};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        struct sigaction current;
+        if (sigaction(stops[i], NULL, &current) == 0 && current.sa_handler == SIG_DFL) {
+            struct sigaction ignore;
+            memset(&ignore, 0, sizeof ignore);
+            ignore.sa_handler = SIG_IGN;
+            sigemptyset(&ignore.sa_mask);
+            sigaction(stops[i], &ignore, NULL);
+        }
+    }
+}
+
 int mpirl_init(int *argc, char ***argv, mpirl_solver **solver) {
+    leave_stop_signals_to_mpirl();
     mpirl_solver *s = (mpirl_solver *)calloc(1, sizeof *s);
     *solver = s;
     s->solver_comm = s->link = s->group_comm = MPI_COMM_NULL;

@@ -42,7 +42,10 @@ typedef struct mpirl_solver mpirl_solver;
  * group's setup. Returns 0, or MPIRL_END when the run ended before it began (then leave with
  * mpirl_finalize's code; mpirl_exit_code says the run's). Collective over every solver
  * process. A solver at world rank 0 (mpirl must come first), a setup of another protocol
- * version, or groups that do not match ranks_per_env: one line on stderr, MPI_Abort(2). */
+ * version, or groups that do not match ranks_per_env: one line on stderr, MPI_Abort(2).
+ * SIGUSR1, SIGUSR2 and SIGTERM, unless the program set handlers for them first, are ignored
+ * from here on: they are mpirl's stop requests (checkpoint, then END), which launchers pass to
+ * every process of the job. */
 int mpirl_init(int *argc, char ***argv, mpirl_solver **solver);
 
 /* This env instance's ranks (k = ranks_per_env of them). */
