@@ -53,6 +53,7 @@ from mpirl.runtime.heartbeat import (
 from mpirl.runtime.host import WorkerHost
 from mpirl.runtime.layout import (
     DRIVER,
+    ENV_GROUP_TABLE_COLUMNS,
     LAYOUT_TABLE_COLUMNS,
     LEARNER,
     ROLLOUT,
@@ -478,6 +479,10 @@ def _print_layout(placement: Placement, rows: list[tuple]) -> str:
     """Print the start-up report: where each rank runs, and its resident memory once started;
     return what was printed."""
     text = f"mpirl layout: {placement.summary()}\n{format_table(LAYOUT_TABLE_COLUMNS, rows)}\n"
+    if placement.env_groups:
+        hosts = {row[0]: row[3] for row in rows}
+        text += (f"env groups\n"
+                 f"{format_table(ENV_GROUP_TABLE_COLUMNS, placement.env_group_rows(hosts))}\n")
     print(text, end="", flush=True)
     return text
 
