@@ -99,6 +99,9 @@ class RunnerSettings:
     max_env_failures: int = 10
     env_failure_window: int = 1_000
     callbacks: str = ""
+    #: env groups on ranks of their own (``ranks_per_env`` >= 1): their replies' deadline
+    ranks_per_env: int = 0
+    env_step_timeout_s: float = 120.0
     #: policy id -> where its episodes are dumped (empty: no dumps)
     dumps: dict[str, DumpTarget] = field(default_factory=dict)
     #: multi-agent: ``mapping(agent, info) -> policy id``, the env's agents, its global
@@ -277,7 +280,9 @@ class EnvRunner(Worker):
             (only,) = policies.values()
             self.envs = VectorEnvs(settings.env, settings.num_envs, self.seed, self.where,
                                    settings.max_env_failures, settings.env_failure_window,
-                                   only.policy_id)
+                                   only.policy_id,
+                                   vector=_env_groups_of(context, settings, self.seed,
+                                                         self.where))
         self.clip_rewards = settings.env.clip_rewards
         self.actors: dict[str, Any] = {}
         self.lanes: dict[str, _Lane] = {}
@@ -955,6 +960,25 @@ class EnvRunner(Worker):
                 # from it, but draw this run's own actions, or the two would stay clones.
                 actor.reseed([self.seed, self.restores])
         return continued
+
+
+def _env_groups_of(context: RankContext, settings: RunnerSettings, seed: int,
+                   where: str) -> Any:
+    """``SimEnvs`` over the env groups the placement gives this rank, when its env is a
+    Simulation with ranks of its own; else None (the envs step in this process)."""
+    groups = context.placement.groups_of(context.rank)
+    if (settings.ranks_per_env < 1 or not groups or context.sim_link is None
+            or settings.env.simulation_class() is None):
+        return None
+    from mpirl.workers.sim_envs import LinkedGroup, SimEnvs
+
+    observation_space, action_space = settings.env.spaces()
+    return SimEnvs(context.sim_link,
+                   [LinkedGroup(g.index, g.root, g.members, g.describe()) for g in groups],
+                   observation_space, action_space, dict(settings.env.env_config), seed,
+                   num_groups=len(context.placement.env_groups),
+                   timeout_s=settings.env_step_timeout_s, backoff=context.collective_backoff,
+                   where=where, max_failures=settings.max_env_failures)
 
 
 def _empty_tally() -> dict[str, Any]:

@@ -90,11 +90,15 @@ class VectorEnvs:
     multi_agent = False
 
     def __init__(self, env: EnvSpec, num_envs: int, seed: int, where: str, max_failures: int,
-                 failure_window: int, policy_id: str) -> None:
+                 failure_window: int, policy_id: str, vector: Any = None) -> None:
+        """``vector``: a vector env built already (``SimEnvs``: env groups on ranks of their
+        own) to step instead of one made here."""
         self.policy_id = policy_id
-        if env.atari is not None and env.atari.backend == "envpool":
+        if vector is not None:
+            self.envs: Any = vector
+        elif env.atari is not None and env.atari.backend == "envpool":
             # One C++ pool of envs; it recovers no failed env (GuardedEnv's job otherwise).
-            self.envs: Any = EnvPoolVectorEnv(env.env_id, env.atari, env.env_config, num_envs,
+            self.envs = EnvPoolVectorEnv(env.env_id, env.atari, env.env_config, num_envs,
                                               seed)
         else:
             self.envs = gym.vector.SyncVectorEnv(
@@ -115,6 +119,9 @@ class VectorEnvs:
         if isinstance(self.envs, EnvPoolVectorEnv):
             raise ValueError("env_backend 'envpool' runs its envs as one batch; episodes played "
                              "one by one (ES, ARS) need env_backend 'gymnasium'")
+        if not hasattr(self.envs, "envs"):
+            raise ValueError("env groups (ranks_per_env >= 1) step as one batch; episodes "
+                             "played one by one (ES, ARS) need ranks_per_env 0")
         return list(self.envs.envs)
 
     def reset(self, seed: int | None = None) -> int:
@@ -185,7 +192,7 @@ class VectorEnvs:
         return self.envs
 
     def set_envs(self, envs: Any, obs: Any) -> bool:
-        if envs.num_envs != self.num_envs:
+        if not getattr(self.envs, "picklable", True) or envs.num_envs != self.num_envs:
             envs.close()
             return False
         self.envs.close()
