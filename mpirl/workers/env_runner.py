@@ -966,9 +966,10 @@ def _env_groups_of(context: RankContext, settings: RunnerSettings, seed: int,
                    where: str) -> Any:
     """``SimEnvs`` over the env groups the placement gives this rank, when its env is a
     Simulation with ranks of its own; else None (the envs step in this process)."""
+    if settings.ranks_per_env < 1 or context.sim_link is None:
+        return None
     groups = context.placement.groups_of(context.rank)
-    if (settings.ranks_per_env < 1 or not groups or context.sim_link is None
-            or settings.env.simulation_class() is None):
+    if not groups or settings.env.simulation_class() is None:
         return None
     from mpirl.workers.sim_envs import LinkedGroup, SimEnvs
 

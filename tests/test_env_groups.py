@@ -1,0 +1,147 @@
+"""Env groups (ranks_per_env >= 1): a Python Simulation on env ranks of the run's world, driven
+by its rollout rank through the one sampling core.
+
+The protocol's two sides are checked in pytest's process (the member loop in a thread, the link
+a duplicate of COMM_SELF); one PPO run on 4 ranks (driver, rollout, one group of k = 2) feeds
+the end-to-end assertions, and its checkpoint is evaluated in-process (k = 1)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from conftest import BIN, run_mpi, train_refused_in_process
+from mpi4py import MPI
+
+from mpirl.envs.simulation import SimulationEnv
+from mpirl.errors import EnvFailureError, SimulationError
+from mpirl.runtime import sim_link
+from mpirl.runtime.layout import parse_layout_row
+from mpirl.runtime.waiting import Backoff
+from mpirl.testing import SplitVectorSimulation
+from mpirl.workers.env_guard import EPISODE_DROPPED, FAILURES
+from mpirl.workers.sim_envs import LinkedGroup, SimEnvs
+from mpirl.workers.sim_member import serve_group
+
+SIM = "mpirl.testing:SplitVectorSimulation"
+CONFIG = {"ranks_per_env": 2, "num_envs_per_worker": 1, "rollout_fragment_length": 32,
+          "num_epochs": 1, "minibatch_size": 32, "checkpoint_every": 1}
+
+
+class _OneGroup:
+    """A member loop in a thread and SimEnvs in this one, over a duplicate of COMM_SELF: the
+    root, the rollout rank and the driver are all rank 0 of the link."""
+
+    def __init__(self, timeout_s: float = 10.0, serve: bool = True, **env_config) -> None:
+        self.link = MPI.COMM_SELF.Dup()
+        self.code: list[int] = []
+        self.thread = None
+        if serve:
+            self.thread = threading.Thread(target=lambda: self.code.append(serve_group(
+                self.link, MPI.COMM_SELF, SplitVectorSimulation, 0, Backoff())), daemon=True)
+            self.thread.start()
+        probe = SplitVectorSimulation(MPI.COMM_SELF, **env_config)
+        self.envs = SimEnvs(self.link, [LinkedGroup(0, 0, (0,), "env group 0 (ranks 0)")],
+                            probe.observation_space, probe.action_space, env_config, seed=1,
+                            num_groups=1, timeout_s=timeout_s, backoff=None, where="the test",
+                            max_failures=3)
+
+    def end(self) -> int:
+        self.envs.close()
+        end = np.array([sim_link.END, 0], np.int64)
+        self.link.Send([end, MPI.INT64_T], 0, sim_link.TAG_END)  # the driver's, at shutdown
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+        return self.code[0]
+
+
+def test_simulation_envs_step_as_the_simulation_does_in_process():
+    group = _OneGroup(size=4, horizon=2)
+    reference = SimulationEnv(SplitVectorSimulation, size=4, horizon=2)
+    obs, _ = group.envs.reset(seed=3)
+    np.testing.assert_array_equal(obs[0], reference.reset(seed=3)[0])
+    action = np.array([[0.5, -1.0]])
+    obs, reward, terminated, truncated, infos = group.envs.step(action)
+    expected = reference.step(action[0])
+    np.testing.assert_array_equal(obs[0], expected[0])
+    assert reward[0] == expected[1] and not terminated[0] and not truncated[0]
+    assert not np.array_equal(obs[0], reference.step(-action[0])[0])  # an action changes it
+    # The episode's end: its last observation aside, the next episode's first in obs.
+    obs, _, _, truncated, infos = group.envs.step(action)
+    assert truncated[0] and infos["final_obs"][0].shape == (4,)
+    assert not np.array_equal(infos["final_obs"][0], obs[0])
+    assert group.end() == 0
+
+
+def test_non_finite_replies_are_env_failures_and_too_many_end_the_run():
+    group = _OneGroup(size=4, nan_at=1)
+    group.envs.reset(seed=0)
+    for failures in (1, 2):
+        obs, reward, _, _, infos = group.envs.step(np.zeros((1, 2)))
+        assert infos[FAILURES][0] == 1 and infos[EPISODE_DROPPED][0], failures
+        assert np.isfinite(obs).all() and reward[0] == 0.0
+    with pytest.raises(EnvFailureError, match="sent non-finite numbers .* 3 times in a row"):
+        group.envs.step(np.zeros((1, 2)))
+    assert group.end() == 0
+
+
+def test_a_failing_simulation_and_a_silent_group_are_named():
+    group = _OneGroup(size=4, fail_at=1)
+    group.envs.reset(seed=0)
+    with pytest.raises(SimulationError) as info:
+        group.envs.step(np.zeros((1, 2)))
+    assert str(info.value) == ("env group 0 (ranks 0) of the test failed at step 1: "
+                               "RuntimeError: the test simulation fails at step 1")
+    assert group.end() == 0
+    silent = _OneGroup(timeout_s=0.2, serve=False, size=4)
+    with pytest.raises(SimulationError, match=r"^env group 0 \(ranks 0\) of the test did not "
+                                              r"answer a reset within env_step_timeout_s 0.2 s$"):
+        silent.envs.reset()
+
+
+@pytest.fixture(scope="module")
+def group_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("env_groups") / "run"
+    proc = run_mpi(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SIM, "--config",
+                   json.dumps(CONFIG), "--stop", '{"training_iteration": 2}', "--run-dir",
+                   str(run_dir), timeout=180)
+    return proc, run_dir
+
+
+def test_ppo_trains_on_a_group_of_two_env_ranks(group_run):
+    proc, run_dir = group_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [row for row in map(parse_layout_row, proc.stdout.splitlines()) if row]
+    assert [(r["rank"], r["role"]) for r in rows] == [(0, "driver"), (1, "rollout"), (2, "env"),
+                                                      (3, "env")]
+    assert "mpirl layout: driver 1, rollout 1, env 2 (1 groups x 2)" in proc.stdout
+    table = proc.stdout.split("env groups\n", 1)[1].splitlines()
+    assert table[0].split() == ["group", "rollout", "ranks", "hosts"]
+    assert table[2].split()[:3] == ["0", "1", "2-3"]
+    layout = json.loads((run_dir / "params.json").read_text())["layout"]
+    assert layout["ranks_per_env"] == 2 and layout["ranks"]["env"] == [2, 3]
+    assert [(g["group"], g["rollout_rank"], g["ranks"]) for g in layout["env_groups"]] == [
+        (0, 1, [2, 3])]
+    startup = json.loads((run_dir / "startup.json").read_text())
+    assert startup["env_groups"] == {"groups": 1, "k": 2, "external": False}
+    progress = (run_dir / "progress.csv").read_text().splitlines()
+    assert len(progress) == 3
+    # Checkpoints cannot hold a simulation's state: said once, and a resume starts afresh.
+    assert proc.stderr.count("could not be pickled into checkpoints") == 1, proc.stderr
+
+
+def test_its_checkpoint_evaluates_in_process(group_run, capsys):
+    from mpirl.cli import main
+
+    _, run_dir = group_run
+    assert main(["evaluate", str(run_dir), "--episodes", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 2, result
+
+
+def test_ranks_per_env_is_for_simulations_only(tmp_path, capsys):
+    line = train_refused_in_process(tmp_path, capsys, "--algo", "PPO", "--env", "CartPole-v1",
+                                    "--config", '{"ranks_per_env": 2}')
+    assert "ranks_per_env 2 gives each env instance ranks of its own" in line
