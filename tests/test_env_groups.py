@@ -145,3 +145,23 @@ def test_ranks_per_env_is_for_simulations_only(tmp_path, capsys):
     line = train_refused_in_process(tmp_path, capsys, "--algo", "PPO", "--env", "CartPole-v1",
                                     "--config", '{"ranks_per_env": 2}')
     assert "ranks_per_env 2 gives each env instance ranks of its own" in line
+
+
+def test_a_simulation_that_raises_ends_the_run_with_one_line(tmp_path):
+    config = {**CONFIG, "env_config": {"fail_at": 3}, "print_layout": False}
+    proc = run_mpi(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SIM, "--config",
+                   json.dumps(config), "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mpirl:")]
+    assert lines == ["mpirl: env group 0 (ranks 2-3) of rollout worker 0 on rank 1 failed at "
+                     "step 3: RuntimeError: the test simulation fails at step 3"], proc.stderr
+
+
+def test_doctor_pings_env_ranks():
+    proc = run_mpi(4, str(BIN / "mpirl"), "doctor", "--pings", "3", "--config",
+                   '{"ranks_per_env": 2, "num_envs_per_worker": 1}', timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "doctor: 3 worker(s) answered, 0 payload error(s)" in proc.stdout
+    assert [line.split()[1] for line in proc.stdout.splitlines()
+            if line.split()[:1] in (["2"], ["3"]) and "ok" in line] == ["env", "env"]
