@@ -116,7 +116,7 @@ def test_ppo_trains_on_a_group_of_two_env_ranks(group_run):
     rows = [row for row in map(parse_layout_row, proc.stdout.splitlines()) if row]
     assert [(r["rank"], r["role"]) for r in rows] == [(0, "driver"), (1, "rollout"), (2, "env"),
                                                       (3, "env")]
-    assert "mpirl layout: driver 1, rollout 1, env 2 (1 groups x 2)" in proc.stdout
+    assert "mpirl layout: driver 1, rollout 1, env 2 (1 group x 2)" in proc.stdout
     table = proc.stdout.split("env groups\n", 1)[1].splitlines()
     assert table[0].split() == ["group", "rollout", "ranks", "hosts"]
     assert table[2].split()[:3] == ["0", "1", "2-3"]

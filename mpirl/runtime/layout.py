@@ -392,15 +392,18 @@ class Placement:
         for role in self._shown_roles():
             part = f"{role} {self.count(role)}"
             if role == ENV:
-                part += f" ({len(self.env_groups)} groups x {self.ranks_per_env})"
+                part += f" ({self._groups_x_k()})"
             parts.append(part)
         if self.solver_ranks:
-            parts.append(f"solver {self.solver_ranks} ({len(self.env_groups)} groups x "
-                         f"{self.ranks_per_env})")
+            parts.append(f"solver {self.solver_ranks} ({self._groups_x_k()})")
         mode = "local mode, all roles in-process" if self.local else f"world size {self.world_size}"
         if self.solver_ranks:
             mode += f" + {self.solver_ranks} solver ranks"
         return ", ".join(parts) + f" ({mode})"
+
+    def _groups_x_k(self) -> str:
+        n = len(self.env_groups)
+        return f"{n} group{'s' if n != 1 else ''} x {self.ranks_per_env}"
 
     def fold_note(self) -> str | None:
         """Local mode's one line on the roles it ran as one worker though the layout asks for

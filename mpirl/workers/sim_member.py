@@ -12,7 +12,6 @@ be gone (the heartbeat ends the job if one is).
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import numpy as np
@@ -66,9 +65,11 @@ def serve_group(link: MPI.Comm, group_comm: MPI.Comm, simulation_class: type[Sim
             setup[sim_link.SETUP_VERSION] != sim_link.VERSION:
         raise RuntimeError(f"SETUP from rank {rollout_rank} is not of protocol version "
                            f"{sim_link.VERSION}: {setup[:2].tolist()}")
-    text = bytearray(int(setup[sim_link.SETUP_JSON_BYTES]))
-    link.Recv([text, MPI.BYTE], rollout_rank, sim_link.TAG_SETUP_JSON)  # sent with SETUP
-    env_config: dict[str, Any] = json.loads(bytes(text).decode()) if text else {}
+    text = np.zeros(int(setup[sim_link.SETUP_JSON_BYTES]), np.uint8)
+    if not _take(link, rollout_rank, sim_link.TAG_SETUP_JSON, text, ended, driver_rank,
+                 backoff):
+        return ended.code
+    env_config: dict[str, Any] = json.loads(text.tobytes().decode()) if text.size else {}
     root = group_comm.Get_rank() == 0
     obs_size = int(setup[sim_link.SETUP_OBS_SIZE])
     discrete = setup[sim_link.SETUP_ACTION_KIND] == sim_link.ACTION_DISCRETE
@@ -123,6 +124,9 @@ def serve_group(link: MPI.Comm, group_comm: MPI.Comm, simulation_class: type[Sim
     return ended.code
 
 
+_DATATYPES = {"q": MPI.INT64_T, "l": MPI.INT64_T, "d": MPI.DOUBLE, "B": MPI.BYTE}
+
+
 class _Ended:
     """Whether the driver's END has reached this member, and its exit code."""
 
@@ -148,8 +152,7 @@ def _take(link: MPI.Comm, source: int, tag: int, buffer: np.ndarray | None, ende
     backoff.reset()
     while True:
         if source != MPI.PROC_NULL and link.Iprobe(source, tag):
-            link.Recv([buffer, MPI.INT64_T if buffer.dtype == np.int64 else MPI.DOUBLE],
-                      source, tag)
+            link.Recv([buffer, _DATATYPES[buffer.dtype.char]], source, tag)
             return True
         if _poll_end(link, ended, driver_rank):
             return False
@@ -180,11 +183,9 @@ def _broadcast(group_comm: MPI.Comm, row: np.ndarray, link: MPI.Comm, ended: _En
 
 def _send(link: MPI.Comm, data: np.ndarray, dest: int, tag: int, backoff: Backoff,
           datatype: MPI.Datatype = MPI.DOUBLE) -> None:
+    """Send with back-off; a rollout rank that is gone leaves this wait to the heartbeat,
+    which ends the job."""
     request = link.Isend([data, datatype], dest, tag)
     backoff.reset()
-    began = time.monotonic()
     while not request.Test():
-        if time.monotonic() - began > 3600.0:  # the rollout rank is gone: the heartbeat ends us
-            request.Cancel()
-            return
         backoff.sleep()
