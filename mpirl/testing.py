@@ -618,16 +618,24 @@ class SplitVectorSimulation(Simulation):
     ``x <- 0.9 x + 0.1 a0 + 0.05 a1 i / size`` (i the global index), and the root gathers the
     state as the observation. Reward ``-mean(x^2)``; ``horizon`` steps (default 16) truncate an
     episode. The start comes from the reset's seed alone (the same for any k). ``fail_at``:
-    step n of an episode raises on the root; ``nan_at``: step n's observation is NaN."""
+    step n of an episode raises on the root; ``nan_at``: step n's observation is NaN;
+    ``slow_s``: a step sleeps that long where step + world rank is even, so groups on ranks of
+    both parities take turns being the slow one."""
 
     def __init__(self, comm: Any, size: int = 8, horizon: int = 16, fail_at: int = 0,
-                 nan_at: int = 0) -> None:
+                 nan_at: int = 0, slow_s: float = 0.0) -> None:
         super().__init__(comm)
         k, rank = comm.Get_size(), comm.Get_rank()
         if size % k:
             raise ValueError(f"size {size} does not split over {k} ranks")
         block = size // k
         self.size, self.horizon, self.fail_at, self.nan_at = size, horizon, fail_at, nan_at
+        self.slow_s = slow_s
+        self.parity = 0
+        if slow_s:
+            from mpi4py import MPI
+
+            self.parity = MPI.COMM_WORLD.Get_rank() % 2
         self.index = np.arange(rank * block, (rank + 1) * block, dtype=np.float64)
         self.x = np.zeros(block)
         self.full = np.zeros(size) if rank == 0 else None
@@ -649,6 +657,8 @@ class SplitVectorSimulation(Simulation):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool] | None:
         self.t += 1
+        if self.slow_s and (self.t + self.parity) % 2 == 0:
+            time.sleep(self.slow_s)
         a = np.asarray(action, np.float64)
         self.x[:] = 0.9 * self.x + 0.1 * a[0] + 0.05 * a[1] * self.index / self.size
         obs = self._gathered()

@@ -165,3 +165,20 @@ def test_doctor_pings_env_ranks():
     assert "doctor: 3 worker(s) answered, 0 payload error(s)" in proc.stdout
     assert [line.split()[1] for line in proc.stdout.splitlines()
             if line.split()[:1] in (["2"], ["3"]) and "ok" in line] == ["env", "env"]
+
+
+def test_a_rollout_rank_steps_whichever_group_is_ready(tmp_path):
+    """Two groups (k = 1) take turns being slow (0.1 s every other step): stepped in lockstep a
+    block of 8 steps would last 8 x 0.1 s; each on its own clock, about 4 x 0.1 s."""
+    config = {**CONFIG, "ranks_per_env": 1, "num_envs_per_worker": 2,
+              "rollout_fragment_length": 8, "env_config": {"slow_s": 0.1},
+              "checkpoint_every": 0, "print_layout": False}
+    run_dir = tmp_path / "run"
+    proc = run_mpi(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SIM, "--config",
+                   json.dumps(config), "--stop", '{"training_iteration": 3}', "--run-dir",
+                   str(run_dir), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    header, *rows = [line.split(",") for line in
+                     (run_dir / "progress.csv").read_text().splitlines()]
+    seconds = [float(row[header.index("time_this_iter_s")]) for row in rows]
+    assert len(seconds) == 3 and min(seconds[1:]) < 0.7, seconds

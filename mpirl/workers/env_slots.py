@@ -149,6 +149,25 @@ class VectorEnvs:
                 acted[self.policy_id], held)
         else:
             obs, rewards, terminated, truncated, infos = self.envs.step(acted[self.policy_id])
+        return self._outcome(obs, rewards, terminated, truncated, infos)
+
+    def steps_when_ready(self) -> bool:
+        """Whether the slots can step each on its own clock: env groups (``SimEnvs``), more
+        than one, stepped as each replies (``start``, ``step_ready``)."""
+        return hasattr(self.envs, "wait_ready") and self.num_envs > 1
+
+    def start(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """Send the slots ``rows`` (idle ones) their actions; ``step_ready`` takes outcomes."""
+        self.envs.start(rows, actions)
+
+    def step_ready(self) -> tuple[np.ndarray, StepOutcome]:
+        """Wait until some slots' steps are done: a mask of them, and the outcome (arrays over
+        all slots; the others have no reward and did not end)."""
+        ready = self.envs.wait_ready()
+        return ready, self._outcome(*self.envs.finish(ready))
+
+    def _outcome(self, obs: Any, rewards: Any, terminated: np.ndarray, truncated: np.ndarray,
+                 infos: dict[str, Any]) -> StepOutcome:
         outcome = PolicyOutcome(np.asarray(rewards, np.float32), terminated, truncated,
                                 env_rewards=np.asarray(rewards, np.float64))
         done = terminated | truncated

@@ -85,7 +85,12 @@ class SimEnvs(gym.vector.VectorEnv):
              for j, grp in enumerate(self.groups)]
             + [link.Send_init([self.command[j], MPI.DOUBLE], grp.root, sim_link.TAG_COMMAND)
                for j, grp in enumerate(self.groups)])
-        self.seq = 0
+        #: each group's steps so far: its STEP's sequence number
+        self.seqs = np.zeros(g, np.int64)
+        #: stepping whichever group is ready: the groups with a step in flight, since when
+        self.in_flight = np.zeros(g, bool)
+        self.sent_at = np.zeros(g)
+        self._counts: dict[int, int] = {}
         self.failures_in_row = np.zeros(g, np.int64)
         self.seed, self.resets = seed, np.zeros(g, np.int64)
         self.closed = False
@@ -128,27 +133,80 @@ class SimEnvs(gym.vector.VectorEnv):
             self.command[j, :2] = (sim_link.RESET,
                                    self._next_seed(j) if seed is None else seed + j)
         self._exchange("a reset")
-        self._check_replies("a reset", None)
+        self._check_replies("a reset", False)
         self.obs[:] = self.reply[:, sim_link.REPLY_HEADER:-1].reshape(self.obs.shape)
         return self.obs.copy(), {}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                           dict[str, Any]]:
-        self.seq += 1
+        self.seqs += 1
         self.command[:, 0] = sim_link.STEP
-        self.command[:, 1] = self.seq
+        self.command[:, 1] = self.seqs
         self.command[:, 2:] = np.reshape(actions, (self.num_envs, self.action_size))
-        self._exchange(f"step {self.seq}")
-        bad = self._check_replies(f"step {self.seq}", self.seq)
+        what = f"step {int(self.seqs.max())}"
+        self._exchange(what)
+        bad = self._check_replies(what, True)
+        return self._outcome(np.ones(self.num_envs, bool), bad)
+
+    # Stepping whichever group is ready (``EnvRunner``'s per-slot clocks).
+
+    def start(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """Send STEP with ``actions[i]`` to group ``rows[i]``, each of them idle."""
+        now = time.monotonic()
+        g = self.num_envs
+        for i, j in enumerate(rows.tolist()):
+            self.seqs[j] += 1
+            self.command[j, :2] = (sim_link.STEP, self.seqs[j])
+            self.command[j, 2:] = np.reshape(actions[i], self.action_size)
+            self._requests[j].Start()
+            self._requests[g + j].Start()
+        self.in_flight[rows] = True
+        self.sent_at[rows] = now
+
+    def wait_ready(self) -> np.ndarray:
+        """Wait for at least one group in flight to reply; a mask of those that did (their
+        outcome comes from ``finish``). Each group's deadline runs from its own STEP."""
+        g = self.num_envs
+        self.backoff.reset()
+        while True:
+            ready = np.zeros(g, bool)
+            for j in np.flatnonzero(self.in_flight).tolist():
+                if self._requests[j].Test(self._statuses[j]):
+                    ready[j] = True
+            if ready.any():
+                for j in np.flatnonzero(ready).tolist():
+                    while not self._requests[g + j].Test():  # sent: the reply came after it
+                        self.backoff.sleep()
+                    self._counts[j] = self._statuses[j].Get_count(MPI.DOUBLE)
+                self.in_flight[ready] = False
+                return ready
+            late = self.in_flight & (time.monotonic() > self.sent_at + self.timeout_s)
+            if late.any():
+                j = int(np.flatnonzero(late)[0])
+                raise SimulationError(f"{self.groups[j].name} of {self.where} did not answer "
+                                      f"step {int(self.seqs[j])} within env_step_timeout_s "
+                                      f"{self.timeout_s:g} s")
+            self.backoff.sleep()
+
+    def finish(self, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                  np.ndarray, dict[str, Any]]:
+        """The outcome of the ``ready`` groups' steps, as ``step`` gives it for all (the other
+        rows: no reward, not ended, their observation unchanged)."""
+        rows = np.flatnonzero(ready).tolist()
+        bad = self._check_replies(f"step {int(self.seqs[rows].max())}", True, rows)
+        return self._outcome(ready, bad & ready)
+
+    def _outcome(self, rows: np.ndarray, bad: np.ndarray) -> tuple:
         header = self.reply[:, :sim_link.REPLY_HEADER]
-        rewards = header[:, 1].copy()
-        terminated, truncated = header[:, 2] != 0, header[:, 3] != 0
-        self.obs[:] = self.reply[:, sim_link.REPLY_HEADER:-1].reshape(self.obs.shape)
+        rewards = np.where(rows, header[:, 1], 0.0)
+        terminated, truncated = (header[:, 2] != 0) & rows, (header[:, 3] != 0) & rows
+        view = self.reply[:, sim_link.REPLY_HEADER:-1].reshape(self.obs.shape)
+        self.obs[rows] = view[rows]
         infos: dict[str, Any] = {}
         if bad.any():
             rewards[bad], terminated[bad], truncated[bad] = 0.0, False, False
             infos = self._recover(bad)
-        self.failures_in_row[~bad] = 0
+        self.failures_in_row[rows & ~bad] = 0
         done = terminated | truncated
         if done.any():
             index = np.flatnonzero(done)
@@ -164,7 +222,9 @@ class SimEnvs(gym.vector.VectorEnv):
             return
         self.closed = True
         self.command[:, :2] = (sim_link.END, 0)
-        sends = self._requests[self.num_envs:]
+        # A group with a step in flight (the run failed meanwhile) gets the driver's END only.
+        sends = [self._requests[self.num_envs + j] for j in range(self.num_envs)
+                 if not self.in_flight[j]]
         MPI.Prequest.Startall(sends)
         deadline = time.monotonic() + min(self.timeout_s, 10.0)
         while not MPI.Request.Testall(sends) and time.monotonic() < deadline:
@@ -202,9 +262,9 @@ class SimEnvs(gym.vector.VectorEnv):
                 f"has {self.obs_size} (observation_size): {sim_link.REPLY_HEADER} + "
                 f"{self.obs_size} are expected (seq, reward, terminated, truncated, obs)"
             ) from None
-        self._counts = {j: statuses[i].Get_count(MPI.DOUBLE)
-                        for i, j in enumerate(range(g) if only is None
-                                              else np.flatnonzero(only).tolist())}
+        self._counts.update({j: statuses[i].Get_count(MPI.DOUBLE)
+                             for i, j in enumerate(range(g) if only is None
+                                                   else np.flatnonzero(only).tolist())})
 
     def _wait(self, test: Any, what: str, requests: list[MPI.Request]) -> None:
         self.backoff.reset()
@@ -219,7 +279,7 @@ class SimEnvs(gym.vector.VectorEnv):
                                       f"env_step_timeout_s {self.timeout_s:g} s")
             self.backoff.sleep()
 
-    def _check_replies(self, what: str, seq: int | None,
+    def _check_replies(self, what: str, stepped: bool,
                        rows: list[int] | None = None) -> np.ndarray:
         """Raise for a failed group or a reply of the wrong size; the rows with non-finite
         numbers (an env failure each)."""
@@ -227,7 +287,8 @@ class SimEnvs(gym.vector.VectorEnv):
         rows = list(range(self.num_envs)) if rows is None else rows
         for j in rows:
             if self.reply[j, 0] == sim_link.ERROR_SEQ:
-                raise SimulationError(f"{self.groups[j].name} of {self.where} failed at {what}: "
+                at = f"step {int(self.seqs[j])}" if stepped else what
+                raise SimulationError(f"{self.groups[j].name} of {self.where} failed at {at}: "
                                       f"{self._error_text(j)}")
             count = self._counts[j]
             if count != width:
@@ -235,9 +296,10 @@ class SimEnvs(gym.vector.VectorEnv):
                     f"{self.groups[j].name} of {self.where} sent {count} numbers per reply at "
                     f"{what}; observation_size {self.obs_size} needs {width} (seq, reward, "
                     f"terminated, truncated, obs)")
-            if seq is not None and self.reply[j, 0] != seq:
-                raise SimulationError(f"{self.groups[j].name} of {self.where} answered "
-                                      f"{what} with the reply to step {self.reply[j, 0]:g}")
+            if stepped and self.reply[j, 0] != self.seqs[j]:
+                raise SimulationError(f"{self.groups[j].name} of {self.where} answered step "
+                                      f"{int(self.seqs[j])} with the reply to step "
+                                      f"{self.reply[j, 0]:g}")
         return ~np.isfinite(self.reply[:, :width]).all(axis=1)
 
     def _error_text(self, j: int) -> str:
@@ -257,7 +319,7 @@ class SimEnvs(gym.vector.VectorEnv):
             self.command[j, :2] = (sim_link.RESET, self._next_seed(j))
         self._exchange(what, which)
         rows = np.flatnonzero(which).tolist()
-        bad = self._check_replies(what, None, rows)
+        bad = self._check_replies(what, False, rows)
         if bad[rows].any():
             j = rows[int(np.flatnonzero(bad[rows])[0])]
             raise EnvFailureError(f"{self.groups[j].name} of {self.where} sent non-finite "
