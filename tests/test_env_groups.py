@@ -75,6 +75,19 @@ def test_simulation_envs_step_as_the_simulation_does_in_process():
     assert group.end() == 0
 
 
+def test_held_steps_play_whole_episodes_one_by_one():
+    """ES and ARS: a held group waits unstepped; an ended episode waits for its reset."""
+    group = _OneGroup(size=4, horizon=1)
+    first, _ = group.envs.reset(seed=5)
+    obs, reward, _, _, _ = group.envs.step_held(np.ones((1, 2)), np.array([True]))
+    np.testing.assert_array_equal(obs, first)
+    assert reward[0] == 0.0 and group.envs.seqs[0] == 0
+    obs, _, _, truncated, infos = group.envs.step_held(np.ones((1, 2)), np.array([False]))
+    assert truncated[0] and np.array_equal(infos["final_obs"][0], obs[0])  # not reset
+    assert not np.array_equal(group.envs.reset_one(0), obs[0])
+    assert group.end() == 0
+
+
 def test_non_finite_replies_are_env_failures_and_too_many_end_the_run():
     group = _OneGroup(size=4, nan_at=1)
     group.envs.reset(seed=0)
@@ -139,6 +152,17 @@ def test_its_checkpoint_evaluates_in_process(group_run, capsys):
     assert main(["evaluate", str(run_dir), "--episodes", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["episodes"] == 2, result
+
+
+def test_a_resume_restarts_the_episodes_with_resets(group_run):
+    _, run_dir = group_run
+    proc = run_mpi(4, str(BIN / "mpirl"), "train", "--resume", str(run_dir), "--stop",
+                   '{"training_iteration": 3}', timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("rollout worker 0's environments were reset from fresh seeds instead of continuing "
+            "their episodes: they could not be restored (TypeError: an env group's simulation "
+            "keeps its state on its own ranks") in proc.stderr
+    assert len((run_dir / "progress.csv").read_text().splitlines()) == 4
 
 
 def test_ranks_per_env_is_for_simulations_only(tmp_path, capsys):

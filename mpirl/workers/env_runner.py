@@ -875,7 +875,7 @@ class EnvRunner(Worker):
         played and the env failures met. Sampling's episodes in progress are abandoned; a slot
         not playing waits, unstepped (``_step`` holds it)."""
         envs = self.envs
-        count = len(envs.sub_envs())  # EnvPool's batch cannot play its envs one by one
+        count = envs.episode_slots()  # EnvPool's batch cannot play its envs one by one
         playing = np.zeros(count, bool)
         returns, lengths = np.zeros(count), np.zeros(count, np.int64)
         steps = failures = 0

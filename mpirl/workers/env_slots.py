@@ -120,8 +120,8 @@ class VectorEnvs:
             raise ValueError("env_backend 'envpool' runs its envs as one batch; episodes played "
                              "one by one (ES, ARS) need env_backend 'gymnasium'")
         if not hasattr(self.envs, "envs"):
-            raise ValueError("env groups (ranks_per_env >= 1) step as one batch; episodes "
-                             "played one by one (ES, ARS) need ranks_per_env 0")
+            raise ValueError("env groups (ranks_per_env >= 1) run on ranks of their own: no "
+                             "sub-env of theirs is in this process")
         return list(self.envs.envs)
 
     def reset(self, seed: int | None = None) -> int:
@@ -181,12 +181,24 @@ class VectorEnvs:
         self.obs = obs
         return StepOutcome({self.policy_id: outcome}, failures=failures, failure_note=note)
 
+    def episode_slots(self) -> int:
+        """How many sub-envs can play whole episodes one by one (ES, ARS); ValueError for
+        EnvPool's batch."""
+        if hasattr(self.envs, "step_held"):  # env groups
+            return self.num_envs
+        return len(self.sub_envs())
+
     def reset_sub_env(self, index: int) -> None:
         """Start sub-env ``index``'s next episode (after a ``held`` step ended one)."""
+        if hasattr(self.envs, "reset_one"):
+            self.obs[index] = self.envs.reset_one(index)
+            return
         self.obs[index], _ = self.sub_envs()[index].reset()
 
     def _step_unheld(self, actions: np.ndarray, held: np.ndarray) -> tuple:
         """The vector env's step, without its autoreset, on the sub-envs not ``held``."""
+        if hasattr(self.envs, "step_held"):
+            return self.envs.step_held(actions, held)
         vector = self.envs
         obs = np.array(self.obs)
         count = self.num_envs

@@ -196,6 +196,43 @@ class SimEnvs(gym.vector.VectorEnv):
         bad = self._check_replies(f"step {int(self.seqs[rows].max())}", True, rows)
         return self._outcome(ready, bad & ready)
 
+    # Episodes played one by one (ES, ARS: ``VectorEnvs.step`` with ``held``).
+
+    def step_held(self, actions: np.ndarray, held: np.ndarray) -> tuple:
+        """Step the groups not ``held``; none is reset: one whose episode ends keeps its last
+        observation until ``reset_one``. A non-finite reply is an env failure (the group is
+        reset, its episode dropped)."""
+        rows = np.flatnonzero(~held)
+        self.start(rows, np.asarray(actions)[rows])
+        stepped = np.zeros(self.num_envs, bool)
+        while self.in_flight.any():
+            stepped |= self.wait_ready()
+        bad = self._check_replies("a step", True, rows.tolist()) & stepped
+        header = self.reply[:, :sim_link.REPLY_HEADER]
+        rewards = np.where(stepped & ~bad, header[:, 1], 0.0)
+        terminated = (header[:, 2] != 0) & stepped & ~bad
+        truncated = (header[:, 3] != 0) & stepped & ~bad
+        view = self.reply[:, sim_link.REPLY_HEADER:-1].reshape(self.obs.shape)
+        self.obs[stepped] = view[stepped]
+        infos: dict[str, Any] = {}
+        if bad.any():
+            infos = self._recover(bad)
+        self.failures_in_row[stepped & ~bad] = 0
+        done = terminated | truncated
+        if done.any():
+            final = np.full(self.num_envs, None, dtype=object)
+            for j in np.flatnonzero(done).tolist():
+                final[j] = self.obs[j].copy()
+            infos.update({"final_obs": final, "_final_obs": done})
+        return self.obs.copy(), rewards, terminated, truncated, infos
+
+    def reset_one(self, index: int) -> np.ndarray:
+        """A fresh episode in group ``index``; its first observation."""
+        which = np.zeros(self.num_envs, bool)
+        which[index] = True
+        self._reset_some(which, "a reset")
+        return self.obs[index].copy()
+
     def _outcome(self, rows: np.ndarray, bad: np.ndarray) -> tuple:
         header = self.reply[:, :sim_link.REPLY_HEADER]
         rewards = np.where(rows, header[:, 1], 0.0)
@@ -209,9 +246,9 @@ class SimEnvs(gym.vector.VectorEnv):
         self.failures_in_row[rows & ~bad] = 0
         done = terminated | truncated
         if done.any():
-            index = np.flatnonzero(done)
             final = np.full(self.num_envs, None, dtype=object)
-            final[index] = list(self.obs[index].copy())
+            for j in np.flatnonzero(done).tolist():
+                final[j] = self.obs[j].copy()
             self._reset_some(done, "the reset after an episode's end")
             infos.update({"final_obs": final, "_final_obs": done})
         return self.obs.copy(), rewards, terminated, truncated, infos
