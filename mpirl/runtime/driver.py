@@ -300,16 +300,18 @@ class Driver:
         return WorkerGroup(role, cls, handles)
 
     def _end_env_groups(self, exit_code: int) -> None:
-        """END on the link to every member of every in-world env group, so that their long
-        ``serve`` calls return before the stop (sent once; a member takes it whenever it waits,
-        and an END its rollout rank sent already does not hurt)."""
+        """END on the link to every member of every env group, so that the long ``serve``
+        calls of env ranks return before the stop and a solver program's ranks leave their
+        loop (sent once; a member takes it whenever it waits, and an END its rollout rank sent
+        already does not hurt). External groups' members are the link's remote ranks."""
         link = self.context.sim_link
         if link is None or self._ended_groups:
             return
         self._ended_groups = True
         message = np.array([sim_link.END, exit_code], np.int64)
-        members = [r for g in self.placement.env_groups if not g.external for r in g.members
-                   if r not in self.dispatcher.lost]
+        lost = self.dispatcher.lost if self.dispatcher is not None else ()
+        members = [r for g in self.placement.env_groups for r in g.members
+                   if g.external or r not in lost]
         requests = [link.Isend([message, MPI.INT64_T], r, sim_link.TAG_END) for r in members]
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         backoff = Backoff(max_sleep_s=self.settings.poll_max_sleep_s)
@@ -318,9 +320,9 @@ class Driver:
 
     def _shutdown(self, exit_code: int, heartbeat: Heartbeat | None) -> bool:
         """Tell every worker rank to stop with ``exit_code``; True if all acknowledged in time."""
+        self._end_env_groups(exit_code)
         if self.dispatcher is None:
             return True
-        self._end_env_groups(exit_code)
         try:
             # Standing calls end before the stop that would end them; a run that failed may
             # fail here too, and then its ranks are ended the hard way.
@@ -483,7 +485,9 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
         driver.layout_report += _print_layout(
             placement, [(0, role, 0, host, os.getpid(), ctx.device, rss_mb)
                         for role, ctx in contexts.items()])
-    return _call_main(main, driver)
+    code = _call_main(main, driver)
+    driver._end_env_groups(code)  # a solver program's groups, driven from this process
+    return code
 
 
 def _print_note(placement: Placement) -> str:
