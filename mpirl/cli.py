@@ -102,8 +102,11 @@ def _doctor(args: argparse.Namespace) -> int:
     from mpirl.runtime.driver import RuntimeSettings, run
 
     startup.mark("imports_done")
+    config = parse_json_object(args.config, "--config")
+    if "num_envs_per_worker" in config:  # the env groups per rollout rank, as train names it
+        config["envs_per_rollout"] = config.pop("num_envs_per_worker")
     layout_keys, runtime_keys, learner_keys = split_by_dataclass(
-        parse_json_object(args.config, "--config"), Layout, RuntimeSettings, LearnerCheck
+        config, Layout, RuntimeSettings, LearnerCheck
     )
     layout = build(Layout, layout_keys)
     settings = build(RuntimeSettings, runtime_keys)

@@ -117,6 +117,14 @@ class EnvFailureError(MpirlError):
     """
 
 
+class SimulationError(MpirlError):
+    """An env group failed: its simulation raised, did not answer within env_step_timeout_s, or
+    sent a reply of the wrong size. Raised on the rollout rank, unwrapped on the driver as
+    ``EnvFailureError`` is; the message names the group and the step."""
+
+    exit_code = EXIT_USAGE
+
+
 def unwrap_remote(error: RemoteError, *kinds: type[MpirlError]) -> MpirlError:
     """The error a worker raised, as one of this process when its class is one of ``kinds`` (so
     the user reads its message alone, not a remote traceback); any other remote error as is."""

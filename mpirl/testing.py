@@ -21,6 +21,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from mpirl.envs.examples import MultiAgentCartPole
+from mpirl.envs.simulation import Simulation
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.memory import rss_bytes
 from mpirl.workers.callbacks import Callbacks
@@ -609,3 +610,62 @@ class ManyPickers:
 
     def close(self) -> None:
         pass
+
+
+class SplitVectorSimulation(Simulation):
+    """A test simulation whose state, ``size`` numbers (env_config, default 8), is split evenly
+    over its group's ranks: each step every rank updates its own block with no halo,
+    ``x <- 0.9 x + 0.1 a0 + 0.05 a1 i / size`` (i the global index), and the root gathers the
+    state as the observation. Reward ``-mean(x^2)``; ``horizon`` steps (default 16) truncate an
+    episode. The start comes from the reset's seed alone (the same for any k). ``fail_at``:
+    step n of an episode raises on the root; ``nan_at``: step n's observation is NaN;
+    ``slow_s``: a step sleeps that long where step + world rank is even, so groups on ranks of
+    both parities take turns being the slow one."""
+
+    def __init__(self, comm: Any, size: int = 8, horizon: int = 16, fail_at: int = 0,
+                 nan_at: int = 0, slow_s: float = 0.0) -> None:
+        super().__init__(comm)
+        k, rank = comm.Get_size(), comm.Get_rank()
+        if size % k:
+            raise ValueError(f"size {size} does not split over {k} ranks")
+        block = size // k
+        self.size, self.horizon, self.fail_at, self.nan_at = size, horizon, fail_at, nan_at
+        self.slow_s = slow_s
+        self.parity = 0
+        if slow_s:
+            from mpi4py import MPI
+
+            self.parity = MPI.COMM_WORLD.Get_rank() % 2
+        self.index = np.arange(rank * block, (rank + 1) * block, dtype=np.float64)
+        self.x = np.zeros(block)
+        self.full = np.zeros(size) if rank == 0 else None
+        self.t = self.episodes = 0
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float64)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float64)
+
+    def _gathered(self) -> np.ndarray | None:
+        self.comm.Gather(self.x, self.full, root=0)
+        return None if self.full is None else self.full.copy()
+
+    def reset(self, seed: int | None = None) -> np.ndarray | None:
+        self.episodes += 1
+        start = np.random.default_rng(self.episodes if seed is None else seed).uniform(
+            -1.0, 1.0, self.size)
+        self.x[:] = start[self.index.astype(int)]
+        self.t = 0
+        return self._gathered()
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool] | None:
+        self.t += 1
+        if self.slow_s and (self.t + self.parity) % 2 == 0:
+            time.sleep(self.slow_s)
+        a = np.asarray(action, np.float64)
+        self.x[:] = 0.9 * self.x + 0.1 * a[0] + 0.05 * a[1] * self.index / self.size
+        obs = self._gathered()
+        if obs is None:
+            return None
+        if self.t == self.fail_at:
+            raise RuntimeError(f"the test simulation fails at step {self.t}")
+        if self.t == self.nan_at:
+            obs[:] = np.nan
+        return obs, -float(np.mean(obs ** 2)), False, self.t >= self.horizon

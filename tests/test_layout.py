@@ -116,3 +116,68 @@ def test_an_automatic_rollout_count_with_no_rank_left_says_so_first():
     assert Layout(num_learners=2).resolve(4).note() is None
     assert Layout(num_rollout_workers=4).resolve(1).note() == \
         Layout(num_rollout_workers=4).resolve(1).fold_note()
+
+
+def test_env_groups_follow_their_rollout_rank_and_learners_stay_last():
+    placement = Layout(ranks_per_env=2, envs_per_rollout=2, num_learners=1).resolve(12)
+    assert placement.roles == ("driver", "rollout", "env", "env", "env", "env",
+                               "rollout", "env", "env", "env", "env", "learner")
+    assert [(g.index, g.rollout_rank, g.members) for g in placement.env_groups] == [
+        (0, 1, (2, 3)), (1, 1, (4, 5)), (2, 6, (7, 8)), (3, 6, (9, 10))]
+    assert [g.index for g in placement.groups_of(6)] == [2, 3]
+    assert placement.group_of(8).index == 2 and placement.group_of(6) is None
+    assert placement.role_index(7) == 4
+    assert placement.summary() == ("driver 1, rollout 2, env 8 (4 groups x 2), replay 0, "
+                                   "learner 1 (world size 12)")
+    record = placement.record(["n0"] * 6 + ["n1"] * 6)
+    assert record["ranks"]["env"] == [2, 3, 4, 5, 7, 8, 9, 10]
+    assert record["ranks_per_env"] == 2
+    assert record["env_groups"][3] == {"group": 3, "rollout_rank": 6, "ranks": [9, 10],
+                                       "external": False, "hosts": ["n1", "n1"]}
+    assert placement.env_group_rows(["n0"] * 6 + ["n1"] * 6)[0] == (0, 1, "2-3", "n0")
+    # An explicit rollout count that fits, too; without groups the record has no env role.
+    assert Layout(num_rollout_workers=2, ranks_per_env=1).resolve(5).count("env") == 2
+    assert "env" not in Layout().resolve(3).record()["ranks"]
+
+
+def test_a_world_env_groups_do_not_fit_is_one_line_with_the_sizes_that_would():
+    with pytest.raises(LayoutError) as info:
+        Layout(ranks_per_env=2, envs_per_rollout=4).resolve(12)
+    assert str(info.value) == (
+        "ranks_per_env 2 with num_envs_per_worker 4 needs 1 + R x (1 + 4 x 2) + 0 replay + "
+        "0 learner ranks: 10, 19 or 28 for 1, 2 or 3 rollout ranks; the MPI world has 12. "
+        "Launch with mpiexec -n 10 (or 19), or change ranks_per_env / num_envs_per_worker.")
+    with pytest.raises(LayoutError, match="19 for 2 rollout ranks .*world has 12"):
+        Layout(num_rollout_workers=2, ranks_per_env=2, envs_per_rollout=4).resolve(12)
+    with pytest.raises(LayoutError, match="needs rollout ranks"):
+        Layout(num_rollout_workers=0, ranks_per_env=2).resolve(3)
+    with pytest.raises(ConfigError, match="ranks_per_env must be >= 0"):
+        Layout(ranks_per_env=-1)
+
+
+def test_external_groups_are_consecutive_solver_ranks_owned_by_rollout_index():
+    placement = Layout(ranks_per_env=2, envs_per_rollout=2).resolve(3, solver_ranks=8)
+    assert placement.roles == ("driver", "rollout", "rollout")
+    assert [(g.rollout_rank, g.members, g.external) for g in placement.env_groups] == [
+        (1, (0, 1), True), (1, (2, 3), True), (2, (4, 5), True), (2, (6, 7), True)]
+    assert placement.group_of(1) is None and placement.env_groups[3].describe() == (
+        "env group 3 (solver ranks 6-7)")
+    assert placement.summary() == ("driver 1, rollout 2, replay 0, learner 0, solver 8 "
+                                   "(4 groups x 2) (world size 3 + 8 solver ranks)")
+    assert placement.record()["solver_ranks"] == 8
+    local = Layout(ranks_per_env=2).resolve(1, solver_ranks=2)
+    assert local.note() is None and local.groups_of(0)[0].members == (0, 1)
+    with pytest.raises(LayoutError) as info:
+        Layout(ranks_per_env=2, envs_per_rollout=4).resolve(3, solver_ranks=6)
+    assert str(info.value).startswith("the MPMD job has 6 solver ranks; 2 rollout x 4 envs "
+                                      "(num_envs_per_worker) x ranks_per_env 2 need 16.")
+    with pytest.raises(LayoutError, match="ranks_per_env is 0"):
+        Layout().resolve(2, solver_ranks=2)
+
+
+def test_local_mode_runs_env_groups_in_process():
+    placement = Layout(ranks_per_env=2, envs_per_rollout=4).resolve(1)
+    assert placement.env_groups == () and placement.count("env") == 0
+    assert placement.note() == (
+        "local mode (world size 1) runs one in-process worker per role: ranks_per_env 2 -> envs "
+        "in-process (k=1); launch 10 ranks (mpiexec -n 10) to run the layout as configured")

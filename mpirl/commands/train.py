@@ -78,7 +78,9 @@ class TrainRequest:
     def layout(self) -> Layout:
         return Layout(num_rollout_workers=self.config.num_rollout_workers,
                       num_replay_shards=self.config.replay_ranks(),
-                      num_learners=self.config.num_learners)
+                      num_learners=self.config.num_learners,
+                      ranks_per_env=getattr(self.config, "ranks_per_env", 0),
+                      envs_per_rollout=getattr(self.config, "num_envs_per_worker", 1))
 
 
 def make_request(algo: str | None, env_id: str | None, env_module: str | None,
@@ -113,6 +115,7 @@ def make_request(algo: str | None, env_id: str | None, env_module: str | None,
     checkpoints = build(CheckpointSettings, {**saved.get("checkpoints", {}), **checkpoint_keys})
     dump = build(DumpSettings, {**saved.get("dumps", {}), **dump_keys})
     env = env_spec_of(module, env_id, env_module, algo_config)
+    _check_ranks_per_env(algo_config, env)
     setup = _multiagent_setup(algo, env_id, algo_config, env, stop)
     _check_stop(stop, setup, algo_config)
     if algo_config.callbacks:
@@ -148,6 +151,18 @@ def _check_agrees_with_saved(saved: dict[str, Any], resume: str, algo: str | Non
                 f"{given} was given. Leave out --algo, --env and --run-dir when resuming, or "
                 f"start a new run without --resume."
             )
+
+
+def _check_ranks_per_env(algo_config: Any, env: EnvSpec) -> None:
+    """ranks_per_env gives env instances ranks of their own: only a Simulation has a use for
+    them, and only one agent steps on them (multi-agent simulations are not there yet)."""
+    k = getattr(algo_config, "ranks_per_env", 0)
+    if not k:
+        return
+    if env.simulation_class() is None:
+        raise ConfigError(f"ranks_per_env {k} gives each env instance ranks of its own, which "
+                          f"only an mpirl.Simulation env uses; {env.env_id!r} is not one. Leave "
+                          f"ranks_per_env at 0.")
 
 
 def _multiagent_setup(algo: str, env_id: str, algo_config: Any, env: EnvSpec,
@@ -411,7 +426,12 @@ def _write_startup(driver: Driver, run_dir: Path) -> None:
     if nested():
         return
     ranks = [host.get("startup", {}) for host in driver.hosts] or [startup.marks()]
-    startup.write_report(run_dir, startup.marks(), ranks)
+    placement = driver.placement
+    groups = None
+    if placement.env_groups:
+        groups = {"groups": len(placement.env_groups), "k": placement.ranks_per_env,
+                  "external": placement.env_groups[0].external}
+    startup.write_report(run_dir, startup.marks(), ranks, groups)
 
 
 def run_params(request: TrainRequest, driver: Driver, trainer: Trainer) -> dict[str, Any]:
@@ -422,7 +442,8 @@ def run_params(request: TrainRequest, driver: Driver, trainer: Trainer) -> dict[
         "runtime": dataclasses.asdict(request.settings),
         "checkpoints": dataclasses.asdict(request.checkpoints),
         "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
-        "layout": driver.placement.record(), "world_size": driver.placement.world_size,
+        "layout": driver.placement.record([h["host"] for h in driver.hosts] or None),
+        "world_size": driver.placement.world_size,
         "max_iterations": request.max_iterations,
         "train_batch_size": trainer.train_batch_size, "mpirl_version": mpirl.__version__,
     }

@@ -97,8 +97,11 @@ RANGES: dict[str, Range] = {
     "num_rollout_workers": at_least(-1),
     "num_learners": at_least(0),
     "num_replay_shards": at_least(0),
+    "ranks_per_env": at_least(0),
+    "envs_per_rollout": at_least(1),  # Layout's, filled from num_envs_per_worker
     # Sampling and exploration
     "num_envs_per_worker": at_least(1),
+    "env_step_timeout_s": above(0),
     "rollout_fragment_length": at_least(1),
     "max_env_failures": at_least(1),
     "env_failure_window": at_least(1),
@@ -352,6 +355,10 @@ class CommonConfig(ConfigHooks):
     """Rollout ranks; -1 takes every rank the learners leave. 0 samples in the driver."""
     num_learners: int = 0
     """Learner ranks (data-parallel SGD). 0 trains in the driver's process."""
+    ranks_per_env: int = 0
+    """Ranks of each env instance (an env group) for an mpirl.Simulation env: each rollout
+    rank's num_envs_per_worker groups of this many ranks follow it in the world. 0 steps the
+    envs inside the rollout process, as for any other env."""
 
     # Sampling
     num_envs_per_worker: int = 8
@@ -364,6 +371,9 @@ class CommonConfig(ConfigHooks):
     """Steps of one environment over which max_env_failures failures end the run even with
     successful steps between them (an env failing every 50 steps, say); 1 counts only failures
     in a row."""
+    env_step_timeout_s: float = 120.0
+    """Longest wait for one env group's reply to a reset or step (ranks_per_env >= 1); past it
+    the run ends naming the group and the step."""
 
     # Optimization
     lr: float = 1e-3

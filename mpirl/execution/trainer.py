@@ -43,11 +43,13 @@ from mpirl.models.policy import RunningMeanStd
 from mpirl.runtime.dispatch import WorkerGroup
 from mpirl.runtime.driver import Driver
 from mpirl.runtime.host import DRIVER_RANK
+from mpirl.runtime.layout import ENV
 from mpirl.runtime.state_files import read_state_file, write_state_file
 from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.env_spec import EnvSpec
 from mpirl.workers.rollout import SamplingSettings
+from mpirl.workers.sim_member import SimulationMember
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
 #: accepts: finite numbers only, as a NaN criterion is never reached and would burn the allocation.
@@ -151,6 +153,12 @@ class Trainer:
             rollout_settings = SamplingSettings.for_policy(
                 config, policy_id=place.policy_id, policy_index=place.index,
                 weights_from=self._learner_rank(place.learner_members[0]))
+        #: Env ranks (ranks_per_env >= 1): each serves its share of an env group's simulation
+        #: in one long call, until the rollout rank or the driver's shutdown ends it.
+        self.env_members = None
+        if place is None and driver.placement.count(ENV):
+            self.env_members = driver.spawn(ENV, SimulationMember, env)
+            self.env_serving = self.env_members.call_async("serve")
         try:
             # Each worker resets its envs here: one that always fails ends the run right away.
             self.rollouts = self.spawn("rollout", module.ROLLOUT_WORKER, rollout_settings,

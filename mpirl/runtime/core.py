@@ -58,6 +58,12 @@ class RankContext:
     #: (max_sleep_s, sleep_share) of the waits for the other members of a collective: the run's
     #: poll_max_sleep_s and poll_sleep_share; None: ``Backoff``'s defaults
     collective_backoff: tuple[float, float] | None = None
+    #: An env rank's env group: its k members (``mpirl.runtime.layout.EnvGroup``); else None
+    group_comm: MPI.Comm | None = None
+    #: Where rollout ranks and their env groups talk (``mpirl.runtime.sim_link``): a duplicate
+    #: of the run's communicator for env ranks in the world, the MPMD intercommunicator for a
+    #: solver program's; None in a run without env groups
+    sim_link: MPI.Comm | None = None
 
     @property
     def local(self) -> bool:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from mpirl.errors import (
@@ -41,7 +42,7 @@ from mpirl.errors import (
     RankLost,
 )
 from mpirl.runtime import signals as stop_signals
-from mpirl.runtime import startup
+from mpirl.runtime import sim_link, startup
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.runtime.heartbeat import (
@@ -53,6 +54,8 @@ from mpirl.runtime.heartbeat import (
 from mpirl.runtime.host import WorkerHost
 from mpirl.runtime.layout import (
     DRIVER,
+    ENV,
+    ENV_GROUP_TABLE_COLUMNS,
     LAYOUT_TABLE_COLUMNS,
     LEARNER,
     ROLLOUT,
@@ -153,6 +156,7 @@ class Driver:
         self._perf_mark = self._perf_counters()
         self._memory: dict[str, float] = {}  # the last memory report, and when it was made
         self._memory_at = -math.inf
+        self._ended_groups = False
 
     def stop_requested(self) -> str | None:
         """Whether a stop signal reached any rank: e.g. ``"SIGUSR2 on rank 3 (rollout 1)"``, or
@@ -295,8 +299,28 @@ class Driver:
             handle.shares_rank = beside is not None
         return WorkerGroup(role, cls, handles)
 
+    def _end_env_groups(self, exit_code: int) -> None:
+        """END on the link to every member of every env group, so that the long ``serve``
+        calls of env ranks return before the stop and a solver program's ranks leave their
+        loop (sent once; a member takes it whenever it waits, and an END its rollout rank sent
+        already does not hurt). External groups' members are the link's remote ranks."""
+        link = self.context.sim_link
+        if link is None or self._ended_groups:
+            return
+        self._ended_groups = True
+        message = np.array([sim_link.END, exit_code], np.int64)
+        lost = self.dispatcher.lost if self.dispatcher is not None else ()
+        members = [r for g in self.placement.env_groups for r in g.members
+                   if g.external or r not in lost]
+        requests = [link.Isend([message, MPI.INT64_T], r, sim_link.TAG_END) for r in members]
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        backoff = Backoff(max_sleep_s=self.settings.poll_max_sleep_s)
+        while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+            backoff.sleep()
+
     def _shutdown(self, exit_code: int, heartbeat: Heartbeat | None) -> bool:
         """Tell every worker rank to stop with ``exit_code``; True if all acknowledged in time."""
+        self._end_env_groups(exit_code)
         if self.dispatcher is None:
             return True
         try:
@@ -461,7 +485,9 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
         driver.layout_report += _print_layout(
             placement, [(0, role, 0, host, os.getpid(), ctx.device, rss_mb)
                         for role, ctx in contexts.items()])
-    return _call_main(main, driver)
+    code = _call_main(main, driver)
+    driver._end_env_groups(code)  # a solver program's groups, driven from this process
+    return code
 
 
 def _print_note(placement: Placement) -> str:
@@ -478,6 +504,10 @@ def _print_layout(placement: Placement, rows: list[tuple]) -> str:
     """Print the start-up report: where each rank runs, and its resident memory once started;
     return what was printed."""
     text = f"mpirl layout: {placement.summary()}\n{format_table(LAYOUT_TABLE_COLUMNS, rows)}\n"
+    if placement.env_groups:
+        hosts = {row[0]: row[3] for row in rows}
+        text += (f"env groups\n"
+                 f"{format_table(ENV_GROUP_TABLE_COLUMNS, placement.env_group_rows(hosts))}\n")
     print(text, end="", flush=True)
     return text
 
@@ -518,6 +548,13 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     role_comm = world.Split(color=(DRIVER, *WORKER_ROLES).index(role), key=rank)
     weights_comm = _split_weights_comm(world, placement)
     node_comm = role_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    group_comm = sim_link = None
+    if placement.env_groups and not placement.env_groups[0].external:
+        # Env ranks in the world: one message each way per env step with the rollout rank, on
+        # a communicator of their own (no other traffic matches their tags).
+        sim_link = world.Dup()
+        if role == ENV:
+            group_comm = role_comm.Split(placement.group_of(rank).index, key=rank)
     context = RankContext(
         rank=rank, role=role, role_index=placement.role_index(rank),
         role_size=role_comm.Get_size(), placement=placement, data_channel=data_channel,
@@ -525,6 +562,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         device=pick_device(role, node_comm.Get_rank(), settings.learner_device),
         collective_timeout_s=settings.task_timeout_s,
         collective_backoff=(settings.poll_max_sleep_s, settings.poll_sleep_share),
+        group_comm=group_comm, sim_link=sim_link,
     )
     node_comm.Free()
     startup.mark("ranks_connected")
@@ -555,7 +593,8 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
                   f"{traceback.format_exc()}", file=sys.stderr, flush=True)
             world.Abort(EXIT_FAILURE)
         heartbeat.stop()
-        _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm)
+        _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm, group_comm,
+                     sim_link)
         return exit_code
 
     layout_report = ""
@@ -575,12 +614,12 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
               f" s; aborting the job.", file=sys.stderr, flush=True)
         world.Abort(exit_code or EXIT_FAILURE)
     heartbeat.stop()
-    _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm)
+    _free_nested(heartbeat, channel, data_channel, role_comm, weights_comm, sim_link)
     return exit_code
 
 
 def _free_nested(heartbeat: Heartbeat, channel: Channel, data_channel: Channel,
-                 role_comm: MPI.Comm, weights_comm: MPI.Comm | None) -> None:
+                 role_comm: MPI.Comm, *comms: MPI.Comm | None) -> None:
     """At the end of a nested run, free the communicators it made: a trial slot runs many runs
     in sequence, and communicators (their context ids) are a bounded resource. A run on
     COMM_WORLD leaves them to ``MPI_Finalize``, as it always has; so does a run that lost a
@@ -590,7 +629,7 @@ def _free_nested(heartbeat: Heartbeat, channel: Channel, data_channel: Channel,
         return
     heartbeat.free()
     for comm in (channel.comm, channel.bulk, data_channel.comm, data_channel.bulk, role_comm,
-                 weights_comm):
+                 *comms):
         if comm is not None and comm != MPI.COMM_NULL:
             with contextlib.suppress(MPI.Exception):
                 comm.Free()

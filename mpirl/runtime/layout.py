@@ -1,8 +1,10 @@
 """Which rank does what: the layout of roles over the MPI world.
 
-Rank 0 is always the driver. The other ranks are assigned in this order: rollout workers, replay
-shards, learners. Every rank computes the same assignment from the same config, so no message is
-needed to agree on it, and a layout that does not fit the world fails on every rank at once.
+Rank 0 is always the driver. The other ranks are assigned in this order: rollout workers (each
+followed by the env ranks of its env groups, when ``ranks_per_env`` gives env instances ranks of
+their own), replay shards, learners. Every rank computes the same assignment from the same
+config, so no message is needed to agree on it, and a layout that does not fit the world fails
+on every rank at once.
 
 World size 1 is the embedded local mode: every role with a non-zero count becomes one in-process
 object on rank 0, behind the same handles the distributed mode uses.
@@ -20,10 +22,12 @@ from mpirl.errors import ConfigError, LaunchError, LayoutError
 
 DRIVER = "driver"
 ROLLOUT = "rollout"
+#: Ranks of env groups: one env instance (a ``mpirl.Simulation``) on ``ranks_per_env`` ranks.
+ENV = "env"
 REPLAY = "replay"
 LEARNER = "learner"
 #: Worker roles in the order their ranks are assigned after the driver.
-WORKER_ROLES = (ROLLOUT, REPLAY, LEARNER)
+WORKER_ROLES = (ROLLOUT, ENV, REPLAY, LEARNER)
 
 #: ``num_rollout_workers`` value meaning "every rank that the other roles leave".
 AUTO = -1
@@ -127,6 +131,32 @@ def srun_version() -> tuple[int, int] | None:
 
 
 @dataclass(frozen=True)
+class EnvGroup:
+    """One env instance on k ranks of its own: env ranks of the run's world (``external``
+    False; ``members`` are run ranks) or the ranks of a solver program launched beside the run
+    in an MPMD launch (``external`` True; ``members`` are ranks of the solver's side of the
+    link). Member 0 is the group's root, the one the rollout rank talks to."""
+
+    index: int
+    """0-based over the whole run."""
+    rollout_rank: int
+    """The run rank whose sampling core drives it (0 when the driver samples)."""
+    members: tuple[int, ...]
+    external: bool = False
+
+    @property
+    def root(self) -> int:
+        return self.members[0]
+
+    def describe(self) -> str:
+        """``env group 2 (ranks 5-6)`` or ``env group 2 (solver ranks 4-5)``."""
+        kind = "solver ranks" if self.external else "ranks"
+        first, last = self.members[0], self.members[-1]
+        span = f"{first}" if first == last else f"{first}-{last}"
+        return f"env group {self.index} ({kind} {span})"
+
+
+@dataclass(frozen=True)
 class Layout:
     """The requested number of ranks per role (rank 0, the driver, comes on top)."""
 
@@ -136,9 +166,14 @@ class Layout:
     """Ranks each holding one shard of the replay buffer."""
     num_learners: int = 0
     """Learner ranks doing data-parallel SGD. 0 keeps the learner in the driver process."""
+    ranks_per_env: int = 0
+    """Ranks of each env instance (an env group); 0 steps the envs inside the rollout process."""
+    envs_per_rollout: int = 1
+    """Env groups each rollout rank drives (``num_envs_per_worker``); used with ranks_per_env."""
 
     def __post_init__(self) -> None:
-        for name in ("num_rollout_workers", "num_replay_shards", "num_learners"):
+        for name in ("num_rollout_workers", "num_replay_shards", "num_learners",
+                     "ranks_per_env", "envs_per_rollout"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"{name} must be an integer, got {value!r}")
@@ -147,25 +182,35 @@ class Layout:
                 f"num_rollout_workers must be >= 0, or -1 for 'every rank left'; "
                 f"got {self.num_rollout_workers}"
             )
-        for name in ("num_replay_shards", "num_learners"):
+        for name in ("num_replay_shards", "num_learners", "ranks_per_env"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.envs_per_rollout < 1:
+            raise ConfigError(f"num_envs_per_worker must be >= 1, got {self.envs_per_rollout}")
 
-    def resolve(self, world_size: int) -> Placement:
-        """Assign roles to the ranks of a world of ``world_size``; raise LayoutError if it can't."""
+    def resolve(self, world_size: int, solver_ranks: int = 0) -> Placement:
+        """Assign roles to the ranks of a world of ``world_size``; raise LayoutError if it can't.
+
+        ``solver_ranks``: the ranks of a solver program launched beside the run (MPMD), outside
+        ``world_size``; they form the env groups, k consecutive ranks each, group g driven by
+        rollout worker g // num_envs_per_worker. 0: env groups (with ranks_per_env) are env
+        ranks of the run's own world, each rollout rank's right after it."""
         if world_size < 1:
             raise LayoutError(f"world size must be at least 1, got {world_size}")
+        k = self.ranks_per_env
+        if solver_ranks and not k:
+            raise LayoutError(
+                f"the MPMD job has {solver_ranks} solver ranks, but ranks_per_env is 0; set "
+                f"ranks_per_env to the ranks of one solver instance (an env group)")
         if world_size == 1:
-            # An automatic rollout count means "one" when there are no other ranks to fill.
-            counts = self._counts(auto_value=1)
-            local_roles = tuple(
-                role for role, count in zip(WORKER_ROLES, counts, strict=True) if count
-            )
-            folded = tuple((role, count) for role, count in zip(WORKER_ROLES, counts, strict=True)
-                           if count > 1)
-            return Placement(world_size=1, roles=(DRIVER,), local_roles=local_roles,
-                             folded=folded, configured_world_size=1 + sum(counts))
+            return self._resolve_local(solver_ranks)
         fixed = self.num_replay_shards + self.num_learners
+        in_world = k > 0 and not solver_ranks
+        per_rollout = 1 + self.envs_per_rollout * k if in_world else 1
+        if in_world and self.num_rollout_workers == 0:
+            raise LayoutError(
+                f"ranks_per_env {k} needs rollout ranks to drive its env groups; set "
+                f"num_rollout_workers to -1 or at least 1, or ranks_per_env 0")
         if self.num_rollout_workers == AUTO:
             if 1 + fixed > world_size:
                 raise LayoutError(
@@ -175,11 +220,16 @@ class Layout:
                     f"(mpiexec -n {1 + fixed} ..., or srun -n {1 + fixed} ...), or lower "
                     f"num_replay_shards / num_learners."
                 )
-            rollout = world_size - 1 - fixed
+            rest = world_size - 1 - fixed
+            if in_world and (rest % per_rollout or rest == 0):
+                raise LayoutError(self._env_fit_message(world_size, None))
+            rollout = rest // per_rollout
         else:
             rollout = self.num_rollout_workers
-            needed = 1 + rollout + fixed
+            needed = 1 + rollout * per_rollout + fixed
             if needed != world_size:
+                if in_world:
+                    raise LayoutError(self._env_fit_message(world_size, rollout))
                 raise LayoutError(
                     f"The layout needs {needed} ranks (1 driver + {rollout} rollout + "
                     f"{self.num_replay_shards} replay + {self.num_learners} learner) but the MPI "
@@ -189,18 +239,87 @@ class Layout:
                     f"takes every rank left."
                 )
         roles = [DRIVER]
-        for role, count in zip(
-            WORKER_ROLES, (rollout, self.num_replay_shards, self.num_learners), strict=True
-        ):
-            roles.extend([role] * count)
+        groups: list[EnvGroup] = []
+        for _ in range(rollout):
+            rollout_rank = len(roles)
+            roles.append(ROLLOUT)
+            if in_world:
+                for _j in range(self.envs_per_rollout):
+                    first = len(roles)
+                    groups.append(EnvGroup(len(groups), rollout_rank,
+                                           tuple(range(first, first + k))))
+                    roles.extend([ENV] * k)
+        roles.extend([REPLAY] * self.num_replay_shards)
+        roles.extend([LEARNER] * self.num_learners)
+        if solver_ranks:
+            groups = self._external_groups(solver_ranks, [r for r, role in enumerate(roles)
+                                                          if role == ROLLOUT] or [0])
         # None left is legitimate (the driver samples, as RLlib's num_env_runners 0), but
         # usually a launch one rank short: the placement's note says so.
         return Placement(world_size=world_size, roles=tuple(roles), local_roles=(),
-                         no_rollout_rank_left=self.num_rollout_workers == AUTO and rollout == 0)
+                         no_rollout_rank_left=self.num_rollout_workers == AUTO and rollout == 0,
+                         env_groups=tuple(groups), ranks_per_env=k, solver_ranks=solver_ranks)
+
+    def _resolve_local(self, solver_ranks: int) -> Placement:
+        # An automatic rollout count means "one" when there are no other ranks to fill.
+        counts = self._counts(auto_value=1)
+        local_roles = tuple(
+            role for role, count in zip(_COUNTED_ROLES, counts, strict=True) if count
+        )
+        folded = tuple((role, count) for role, count in zip(_COUNTED_ROLES, counts, strict=True)
+                       if count > 1)
+        groups: tuple[EnvGroup, ...] = ()
+        folded_k = 0
+        if solver_ranks:
+            groups = tuple(self._external_groups(solver_ranks, [0] * max(1, counts[0])))
+        elif self.ranks_per_env:
+            folded_k = self.ranks_per_env
+        configured = 1 + counts[0] * (1 + self.envs_per_rollout * folded_k) + sum(counts[1:])
+        return Placement(world_size=1, roles=(DRIVER,), local_roles=local_roles,
+                         folded=folded, configured_world_size=configured, env_groups=groups,
+                         ranks_per_env=self.ranks_per_env, solver_ranks=solver_ranks,
+                         folded_ranks_per_env=folded_k)
+
+    def _external_groups(self, solver_ranks: int, rollout_ranks: list[int]) -> list[EnvGroup]:
+        k, envs = self.ranks_per_env, self.envs_per_rollout
+        needed = len(rollout_ranks) * envs * k
+        if solver_ranks != needed:
+            raise LayoutError(
+                f"the MPMD job has {solver_ranks} solver ranks; {len(rollout_ranks)} rollout x "
+                f"{envs} envs (num_envs_per_worker) x ranks_per_env {k} need {needed}. Launch "
+                f"the solver with -n {needed} after ':', or change num_rollout_workers / "
+                f"num_envs_per_worker / ranks_per_env.")
+        return [EnvGroup(g, rollout_ranks[g // envs], tuple(range(g * k, (g + 1) * k)), True)
+                for g in range(needed // k)]
+
+    def _env_fit_message(self, world_size: int, rollout: int | None) -> str:
+        """The one line for a world that env groups do not fit: the sizes that would."""
+        k, envs = self.ranks_per_env, self.envs_per_rollout
+        fixed = self.num_replay_shards + self.num_learners
+        per = 1 + envs * k
+        formula = (f"1 + R x (1 + {envs} x {k}) + {self.num_replay_shards} replay + "
+                   f"{self.num_learners} learner ranks")
+        head = f"ranks_per_env {k} with num_envs_per_worker {envs} needs {formula}"
+        if rollout is not None:
+            needed = 1 + rollout * per + fixed
+            return (f"{head}: {needed} for {rollout} rollout ranks (num_rollout_workers); the "
+                    f"MPI world has {world_size}. Launch with mpiexec -n {needed}, or change "
+                    f"num_rollout_workers (-1 fits R to the world) / ranks_per_env / "
+                    f"num_envs_per_worker.")
+        sizes = [1 + r * per + fixed for r in range(1, 4)]
+        below = max(1, (world_size - 1 - fixed) // per)
+        suggest = sorted({1 + below * per + fixed, 1 + (below + 1) * per + fixed})
+        return (f"{head}: {sizes[0]}, {sizes[1]} or {sizes[2]} for 1, 2 or 3 rollout ranks; the "
+                f"MPI world has {world_size}. Launch with mpiexec -n {suggest[0]} (or "
+                f"{suggest[-1]}), or change ranks_per_env / num_envs_per_worker.")
 
     def _counts(self, auto_value: int) -> tuple[int, int, int]:
         rollout = auto_value if self.num_rollout_workers == AUTO else self.num_rollout_workers
         return rollout, self.num_replay_shards, self.num_learners
+
+
+#: The roles whose counts the layout gives directly (env ranks follow from ranks_per_env).
+_COUNTED_ROLES = (ROLLOUT, REPLAY, LEARNER)
 
 
 @dataclass(frozen=True)
@@ -208,7 +327,8 @@ class Placement:
     """A layout resolved against a world size: the role of every rank.
 
     ``roles[r]`` is the role of world rank ``r``. In local mode (``world_size == 1``) the worker
-    roles live in-process on rank 0 and are listed in ``local_roles``.
+    roles live in-process on rank 0 and are listed in ``local_roles``. ``env_groups``: the env
+    instances with ranks of their own, in-world (env ranks) or external (a solver program's).
     """
 
     world_size: int
@@ -221,6 +341,13 @@ class Placement:
     configured_world_size: int = 1
     #: ``num_rollout_workers`` -1 ("every rank left") found no rank left: the driver samples.
     no_rollout_rank_left: bool = False
+    env_groups: tuple[EnvGroup, ...] = ()
+    #: k, as configured (0: envs in the rollout process)
+    ranks_per_env: int = 0
+    #: ranks of a solver program beside the run (MPMD), outside ``world_size``
+    solver_ranks: int = 0
+    #: Local mode: the ranks_per_env that ran as in-process envs (k = 1) instead
+    folded_ranks_per_env: int = 0
 
     @property
     def local(self) -> bool:
@@ -243,29 +370,60 @@ class Placement:
         role = self.roles[rank]
         return self.roles[:rank].count(role)
 
+    def groups_of(self, rollout_rank: int) -> tuple[EnvGroup, ...]:
+        """The env groups the sampling core on ``rollout_rank`` drives, in order."""
+        return tuple(g for g in self.env_groups if g.rollout_rank == rollout_rank)
+
+    def group_of(self, rank: int) -> EnvGroup | None:
+        """The in-world env group that run rank ``rank`` is a member of, else None."""
+        for group in self.env_groups:
+            if not group.external and rank in group.members:
+                return group
+        return None
+
+    def _shown_roles(self) -> tuple[str, ...]:
+        """Roles the summary and record name: env only where there are env ranks."""
+        return tuple(r for r in (DRIVER, *WORKER_ROLES) if r != ENV or self.count(ENV))
+
     def summary(self) -> str:
-        """One line such as ``driver 1, rollout 4, replay 0, learner 2 (world size 7)``."""
-        parts = [f"{role} {self.count(role)}" for role in (DRIVER, *WORKER_ROLES)]
+        """One line such as ``driver 1, rollout 4, replay 0, learner 2 (world size 7)``, or
+        ``driver 1, rollout 2, env 16 (8 groups x 2), replay 0, learner 0 (world size 19)``."""
+        parts = []
+        for role in self._shown_roles():
+            part = f"{role} {self.count(role)}"
+            if role == ENV:
+                part += f" ({self._groups_x_k()})"
+            parts.append(part)
+        if self.solver_ranks:
+            parts.append(f"solver {self.solver_ranks} ({self._groups_x_k()})")
         mode = "local mode, all roles in-process" if self.local else f"world size {self.world_size}"
+        if self.solver_ranks:
+            mode += f" + {self.solver_ranks} solver ranks"
         return ", ".join(parts) + f" ({mode})"
+
+    def _groups_x_k(self) -> str:
+        n = len(self.env_groups)
+        return f"{n} group{'s' if n != 1 else ''} x {self.ranks_per_env}"
 
     def fold_note(self) -> str | None:
         """Local mode's one line on the roles it ran as one worker though the layout asks for
         more (None when it asks for no more): what ran differs from the config."""
-        if not self.folded:
+        if not self.folded and not self.folded_ranks_per_env:
             return None
         keys = {ROLLOUT: "num_rollout_workers", REPLAY: "num_replay_shards",
                 LEARNER: "num_learners"}
-        folded = ", ".join(f"{keys[role]} {count} -> 1" for role, count in self.folded)
-        return (f"local mode (world size 1) runs one in-process worker per role: {folded}; "
-                f"launch {self.configured_world_size} ranks (mpiexec -n "
+        folded = [f"{keys[role]} {count} -> 1" for role, count in self.folded]
+        if self.folded_ranks_per_env:
+            folded.append(f"ranks_per_env {self.folded_ranks_per_env} -> envs in-process (k=1)")
+        return (f"local mode (world size 1) runs one in-process worker per role: "
+                f"{', '.join(folded)}; launch {self.configured_world_size} ranks (mpiexec -n "
                 f"{self.configured_world_size}) to run the layout as configured")
 
     def note(self) -> str | None:
         """The one line to print first when what runs is likely not what was meant: local mode's
         folded roles, or an automatic rollout count that found no rank left (the driver
         samples); None otherwise."""
-        if self.folded:
+        if self.folded or self.folded_ranks_per_env:
             return self.fold_note()
         if not self.no_rollout_rank_left:
             return None
@@ -277,16 +435,46 @@ class Placement:
                 f"-n {needed}) for one rollout rank, or set num_rollout_workers 0 if none is "
                 f"meant")
 
-    def record(self) -> dict[str, Any]:
+    def env_group_rows(self, hosts: Mapping[int, str] | Sequence[str] | None = None
+                       ) -> list[tuple]:
+        """The rows of the start-up ``env groups`` table: group, rollout rank, its ranks (run
+        ranks, or ``solver a-b``), their hosts (in-world, when ``hosts`` by rank is given)."""
+        rows = []
+        for group in self.env_groups:
+            span = (f"{group.members[0]}-{group.members[-1]}" if len(group.members) > 1
+                    else str(group.members[0]))
+            where = "-"
+            if hosts is not None and not group.external:
+                where = ",".join(sorted({hosts[r] for r in group.members}))
+            rows.append((group.index, group.rollout_rank,
+                         f"solver {span}" if group.external else span, where))
+        return rows
+
+    def record(self, hosts: Mapping[int, str] | Sequence[str] | None = None) -> dict[str, Any]:
         """The layout that ran, as params.json keeps it: the world ranks of each role (in local
-        mode an in-process role is on rank 0), the world size, and what local mode folded."""
+        mode an in-process role is on rank 0), the world size, and what local mode folded;
+        with env groups, ``ranks_per_env`` and each group (``hosts``: each rank's host)."""
         record: dict[str, Any] = {
             "summary": self.summary(), "world_size": self.world_size, "local_mode": self.local,
-            "ranks": {role: self.ranks(role) for role in (DRIVER, *WORKER_ROLES)},
+            "ranks": {role: self.ranks(role) for role in self._shown_roles()},
         }
         if self.folded:
             record["folded"] = {role: count for role, count in self.folded}
+        if self.ranks_per_env:
+            record["ranks_per_env"] = self.ranks_per_env
+            record["env_groups"] = [
+                {"group": g.index, "rollout_rank": g.rollout_rank, "ranks": list(g.members),
+                 "external": g.external,
+                 **({"hosts": [hosts[r] for r in g.members]}
+                    if hosts is not None and not g.external else {})}
+                for g in self.env_groups]
+            if self.solver_ranks:
+                record["solver_ranks"] = self.solver_ranks
         return record
+
+
+#: The columns of the start-up ``env groups`` table.
+ENV_GROUP_TABLE_COLUMNS = ("group", "rollout", "ranks", "hosts")
 
 
 def _check_role(role: str) -> None:

@@ -54,7 +54,9 @@ PING = 4
 
 #: REPLY's seq when the group failed; TAG_ERROR's message follows.
 ERROR_SEQ = -1.0
-#: The seed a RESET carries when it has none.
+#: The seed a RESET carries when it has none. A RESET's REPLY echoes its seed as seq, so a
+#: RESET with NO_SEED would be answered with ERROR_SEQ's -1: mpirl's rollout side
+#: (``mpirl.workers.sim_envs``) therefore always sends a seed >= 0, drawn from the run's seed.
 NO_SEED = -1
 
 # SETUP fields (indices into the int64 array).

@@ -75,10 +75,11 @@ def phases(points: dict[str, float]) -> dict[str, float]:
             for earlier, later in zip(names, names[1:], strict=False)}
 
 
-def report(driver_points: dict[str, float], rank_points: list[dict[str, float]]
-           ) -> dict[str, Any]:
+def report(driver_points: dict[str, float], rank_points: list[dict[str, float]],
+           env_groups: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``startup.json`` holds: rank 0's phases, the slowest rank in each phase that every
-    rank passes, and the time from the first process start of the job to the first iteration."""
+    rank passes, and the time from the first process start of the job to the first iteration;
+    ``env_groups`` (``{groups, k, external}``) when the run has env groups."""
     slowest: dict[str, dict[str, float]] = {}
     for rank, points in enumerate(rank_points):
         for name, seconds in phases(points).items():
@@ -92,12 +93,15 @@ def report(driver_points: dict[str, float], rank_points: list[dict[str, float]]
     out["driver_phases_s"] = phases(driver_points)
     out["slowest_rank_phases_s"] = slowest
     out["driver_points"] = driver_points
+    if env_groups is not None:
+        out["env_groups"] = env_groups
     return out
 
 
 def write_report(run_dir: Path, driver_points: dict[str, float],
-                 rank_points: list[dict[str, float]]) -> Path:
+                 rank_points: list[dict[str, float]],
+                 env_groups: dict[str, Any] | None = None) -> Path:
     """Write ``startup.json`` into ``run_dir``; return its path."""
     path = Path(run_dir) / STARTUP_FILE
-    path.write_text(json.dumps(report(driver_points, rank_points), indent=1) + "\n")
+    path.write_text(json.dumps(report(driver_points, rank_points, env_groups), indent=1) + "\n")
     return path

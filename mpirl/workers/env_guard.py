@@ -24,7 +24,13 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config.fields import check_key
-from mpirl.errors import EnvFailureError, MpirlError, RemoteError, unwrap_remote
+from mpirl.errors import (
+    EnvFailureError,
+    MpirlError,
+    RemoteError,
+    SimulationError,
+    unwrap_remote,
+)
 
 __all__ = ["unwrap_env_failure"]
 
@@ -233,4 +239,4 @@ def _close_quietly(env: gym.Env) -> None:
 def unwrap_env_failure(error: RemoteError) -> MpirlError:
     """The ``EnvFailureError`` a rollout worker raised, as one of this process, so the driver
     reports its message alone; any other remote error unchanged."""
-    return unwrap_remote(error, EnvFailureError)
+    return unwrap_remote(error, EnvFailureError, SimulationError)

@@ -99,6 +99,9 @@ class RunnerSettings:
     max_env_failures: int = 10
     env_failure_window: int = 1_000
     callbacks: str = ""
+    #: env groups on ranks of their own (``ranks_per_env`` >= 1): their replies' deadline
+    ranks_per_env: int = 0
+    env_step_timeout_s: float = 120.0
     #: policy id -> where its episodes are dumped (empty: no dumps)
     dumps: dict[str, DumpTarget] = field(default_factory=dict)
     #: multi-agent: ``mapping(agent, info) -> policy id``, the env's agents, its global
@@ -277,7 +280,9 @@ class EnvRunner(Worker):
             (only,) = policies.values()
             self.envs = VectorEnvs(settings.env, settings.num_envs, self.seed, self.where,
                                    settings.max_env_failures, settings.env_failure_window,
-                                   only.policy_id)
+                                   only.policy_id,
+                                   vector=_env_groups_of(context, settings, self.seed,
+                                                         self.where))
         self.clip_rewards = settings.env.clip_rewards
         self.actors: dict[str, Any] = {}
         self.lanes: dict[str, _Lane] = {}
@@ -384,6 +389,20 @@ class EnvRunner(Worker):
             lane.active_seen = 0
             lane.block_version = lane.weights_version
         failures_before = self.env_failures
+        if self._steps_when_ready():
+            self._advance_ready(steps)
+        else:
+            self._advance_lockstep(steps)
+        failures = self.env_failures - failures_before
+        for lane in lanes.values():
+            lane.pending.append(self._finish_block(lane, failures))
+            while len(lane.pending) > self.settings.max_pending_blocks:
+                lane.pending.popleft()
+
+    def _advance_lockstep(self, steps: int) -> None:
+        """``_advance``'s steps where every env steps at once, ``steps`` times."""
+        lanes = self.lanes
+        multi = self.settings.multi_agent
         for t in range(steps):
             for lane in lanes.values():
                 lane.recording = None  # what its slots acted on at this step, for its dump
@@ -403,11 +422,38 @@ class EnvRunner(Worker):
                 for pid, count in outcome.other_steps.items():
                     tally["other_steps"][pid] = tally["other_steps"].get(pid, 0) + count
                 tally["other_episodes"] += outcome.other_episodes
-        failures = self.env_failures - failures_before
-        for lane in lanes.values():
-            lane.pending.append(self._finish_block(lane, failures))
-            while len(lane.pending) > self.settings.max_pending_blocks:
-                lane.pending.popleft()
+
+    def _steps_when_ready(self) -> bool:
+        """Whether this rank's slots step each on its own clock: several env groups, one
+        policy, no dump (its recorder books whole steps of every slot)."""
+        envs = self.envs
+        return (not self.settings.multi_agent and envs.steps_when_ready()
+                and all(lane.recorder is None for lane in self.lanes.values()))
+
+    def _advance_ready(self, steps: int) -> None:
+        """``_advance``'s steps where each slot (an env group) has its own clock: the groups
+        that replied get their next actions in one forward pass while the others are still
+        stepping, so a slow group holds back no other. A slot that has its ``steps`` parks;
+        the block ends when all have (its last observations are their next ones)."""
+        (lane,) = self.lanes.values()
+        envs, pid = self.envs, lane.policy_id
+        clock = np.zeros(envs.num_envs, np.int64)
+        idle = np.ones(envs.num_envs, bool)
+        while True:
+            rows = np.flatnonzero(idle & (clock < steps))
+            if rows.size:
+                obs = envs.obs[rows]
+                acting = ActingGroup(pid, pid, obs, obs, slots=rows)
+                envs.start(rows, self._act(acting, clock[rows], mark_active=False))
+                idle[rows] = False
+            if idle.all():
+                return
+            ready, outcome = envs.step_ready()
+            if outcome.failures:
+                self._note_failures(outcome.failures, outcome.failure_note)
+            self._record_outcome(lane, clock, outcome.policies[pid], ready)
+            clock[ready] += 1
+            idle |= ready
 
     def _step(self, act: Callable[[ActingGroup], np.ndarray],
               held: np.ndarray | None = None) -> StepOutcome:
@@ -417,8 +463,11 @@ class EnvRunner(Worker):
         acted = {group.key: act(group) for group in self.envs.acting_groups()}
         return self.envs.step(acted, held=held)
 
-    def _act(self, group: ActingGroup, t: int) -> np.ndarray:
-        """One forward pass for ``group``; the learning policy's columns get its step."""
+    def _act(self, group: ActingGroup, t: int | np.ndarray, mark_active: bool = True
+             ) -> np.ndarray:
+        """One forward pass for ``group``; the learning policy's columns get its step (at
+        ``t``, or for slots on clocks of their own at ``t[i]`` for the group's row i; those
+        ``mark_active`` False: every slot acts at every step of the block)."""
         lane = self.lanes.get(group.policy_id) if group.policy_id is not None else None
         if lane is None:
             return self._act_without_lane(group)
@@ -447,7 +496,8 @@ class EnvRunner(Worker):
             else:
                 lane.state[rows] = acted.next_state
         if rows is not None:
-            columns.put("active", t, rows, np.ones(len(rows), bool))
+            if mark_active:
+                columns.put("active", t, rows, np.ones(len(rows), bool))
             lane.active_seen += len(rows)
         else:
             lane.active_seen += lane.slots
@@ -468,10 +518,23 @@ class EnvRunner(Worker):
             state = actor.initial_state(len(obs))  # opponents act without memory
         return actor.act(obs, state, group.critic, deterministic).env_actions
 
-    def _record_outcome(self, lane: _Lane, t: int, result: Any) -> None:
+    def _record_outcome(self, lane: _Lane, t: int | np.ndarray, result: Any,
+                        ready: np.ndarray | None = None) -> None:
         """Book one env step's outcome for ``lane``: rewards, episode ends (returns, callbacks,
-        the critic's value where a time limit cut an episode), env failures, dumps."""
+        the critic's value where a time limit cut an episode), env failures, dumps. With
+        ``ready`` (slots on clocks of their own) only those slots stepped, slot i at ``t[i]``."""
         columns = lane.columns
+
+        def at(index: Any) -> Any:
+            return t if ready is None else t[index]
+
+        def put(name: str, value: np.ndarray) -> None:
+            if ready is None:
+                columns.put(name, t, None, value)
+            else:
+                rows = np.flatnonzero(ready)
+                columns.put(name, t[rows], rows, value[rows])
+
         env_rewards = result.rewards
         rewards = np.sign(env_rewards) if self.clip_rewards else env_rewards
         terminated, truncated = result.terminated, result.truncated
@@ -479,6 +542,8 @@ class EnvRunner(Worker):
         if self.settings.multi_agent:  # the slots that acted at this step (none: no column yet)
             acted = columns.arrays.get("active")
             active = np.zeros(columns.slots, bool) if acted is None else acted[t]
+        if ready is not None:
+            active = ready
         if active is None:
             lane.returns += env_rewards
             lane.lengths += 1
@@ -501,10 +566,11 @@ class EnvRunner(Worker):
                 state = None if lane.state is None else lane.state[slots]
                 critic = (np.stack([result.final_critic[int(i)] for i in slots])
                           if result.final_critic else None)
-                columns.put("final_values", t, slots, lane.actor.value(final, state, critic))
-        columns.put("rewards", t, None, rewards)
-        columns.put("terminated", t, None, terminated)
-        columns.put("truncated", t, None, truncated)
+                columns.put("final_values", at(slots), slots,
+                            lane.actor.value(final, state, critic))
+        put("rewards", rewards)
+        put("terminated", terminated)
+        put("truncated", truncated)
         if done.any():
             for i in np.flatnonzero(done if dropped is None else done & ~dropped):
                 self._episode_ended(lane, int(i))
@@ -517,17 +583,17 @@ class EnvRunner(Worker):
             for i in np.flatnonzero(dropped):
                 # The failed step is no transition, and its episode has no end to learn from:
                 # drop both. Rows sent in earlier blocks are gone already.
-                keep[lane.episode_start[i]:t + 1, i] = False
+                keep[lane.episode_start[i]:at(i) + 1, i] = False
             lane.returns[dropped] = 0.0
             lane.lengths[dropped] = 0
             done = done | dropped
-            columns.put("failed", t, None, dropped)
+            put("failed", dropped)
         if lane.recorder is not None:
             raw, env_actions, logp, rows = lane.recording or (None, None, None, None)
             lane.recorder.step(raw, env_actions, env_rewards, terminated, truncated, logp,
                                result.final_raw, failed, rows)
         if done.any():
-            lane.episode_start[done] = t + 1
+            lane.episode_start[done] = at(done) + 1
             lane.returns[done] = 0.0
             lane.lengths[done] = 0
             if lane.state is not None:
@@ -809,7 +875,7 @@ class EnvRunner(Worker):
         played and the env failures met. Sampling's episodes in progress are abandoned; a slot
         not playing waits, unstepped (``_step`` holds it)."""
         envs = self.envs
-        count = len(envs.sub_envs())  # EnvPool's batch cannot play its envs one by one
+        count = envs.episode_slots()  # EnvPool's batch cannot play its envs one by one
         playing = np.zeros(count, bool)
         returns, lengths = np.zeros(count), np.zeros(count, np.int64)
         steps = failures = 0
@@ -955,6 +1021,26 @@ class EnvRunner(Worker):
                 # from it, but draw this run's own actions, or the two would stay clones.
                 actor.reseed([self.seed, self.restores])
         return continued
+
+
+def _env_groups_of(context: RankContext, settings: RunnerSettings, seed: int,
+                   where: str) -> Any:
+    """``SimEnvs`` over the env groups the placement gives this rank, when its env is a
+    Simulation with ranks of its own; else None (the envs step in this process)."""
+    if settings.ranks_per_env < 1 or context.sim_link is None:
+        return None
+    groups = context.placement.groups_of(context.rank)
+    if not groups or settings.env.simulation_class() is None:
+        return None
+    from mpirl.workers.sim_envs import LinkedGroup, SimEnvs
+
+    observation_space, action_space = settings.env.spaces()
+    return SimEnvs(context.sim_link,
+                   [LinkedGroup(g.index, g.root, g.members, g.describe()) for g in groups],
+                   observation_space, action_space, dict(settings.env.env_config), seed,
+                   num_groups=len(context.placement.env_groups),
+                   timeout_s=settings.env_step_timeout_s, backoff=context.collective_backoff,
+                   where=where, max_failures=settings.max_env_failures)
 
 
 def _empty_tally() -> dict[str, Any]:

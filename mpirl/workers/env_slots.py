@@ -90,11 +90,15 @@ class VectorEnvs:
     multi_agent = False
 
     def __init__(self, env: EnvSpec, num_envs: int, seed: int, where: str, max_failures: int,
-                 failure_window: int, policy_id: str) -> None:
+                 failure_window: int, policy_id: str, vector: Any = None) -> None:
+        """``vector``: a vector env built already (``SimEnvs``: env groups on ranks of their
+        own) to step instead of one made here."""
         self.policy_id = policy_id
-        if env.atari is not None and env.atari.backend == "envpool":
+        if vector is not None:
+            self.envs: Any = vector
+        elif env.atari is not None and env.atari.backend == "envpool":
             # One C++ pool of envs; it recovers no failed env (GuardedEnv's job otherwise).
-            self.envs: Any = EnvPoolVectorEnv(env.env_id, env.atari, env.env_config, num_envs,
+            self.envs = EnvPoolVectorEnv(env.env_id, env.atari, env.env_config, num_envs,
                                               seed)
         else:
             self.envs = gym.vector.SyncVectorEnv(
@@ -115,6 +119,9 @@ class VectorEnvs:
         if isinstance(self.envs, EnvPoolVectorEnv):
             raise ValueError("env_backend 'envpool' runs its envs as one batch; episodes played "
                              "one by one (ES, ARS) need env_backend 'gymnasium'")
+        if not hasattr(self.envs, "envs"):
+            raise ValueError("env groups (ranks_per_env >= 1) run on ranks of their own: no "
+                             "sub-env of theirs is in this process")
         return list(self.envs.envs)
 
     def reset(self, seed: int | None = None) -> int:
@@ -142,6 +149,25 @@ class VectorEnvs:
                 acted[self.policy_id], held)
         else:
             obs, rewards, terminated, truncated, infos = self.envs.step(acted[self.policy_id])
+        return self._outcome(obs, rewards, terminated, truncated, infos)
+
+    def steps_when_ready(self) -> bool:
+        """Whether the slots can step each on its own clock: env groups (``SimEnvs``), more
+        than one, stepped as each replies (``start``, ``step_ready``)."""
+        return hasattr(self.envs, "wait_ready") and self.num_envs > 1
+
+    def start(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """Send the slots ``rows`` (idle ones) their actions; ``step_ready`` takes outcomes."""
+        self.envs.start(rows, actions)
+
+    def step_ready(self) -> tuple[np.ndarray, StepOutcome]:
+        """Wait until some slots' steps are done: a mask of them, and the outcome (arrays over
+        all slots; the others have no reward and did not end)."""
+        ready = self.envs.wait_ready()
+        return ready, self._outcome(*self.envs.finish(ready))
+
+    def _outcome(self, obs: Any, rewards: Any, terminated: np.ndarray, truncated: np.ndarray,
+                 infos: dict[str, Any]) -> StepOutcome:
         outcome = PolicyOutcome(np.asarray(rewards, np.float32), terminated, truncated,
                                 env_rewards=np.asarray(rewards, np.float64))
         done = terminated | truncated
@@ -155,12 +181,24 @@ class VectorEnvs:
         self.obs = obs
         return StepOutcome({self.policy_id: outcome}, failures=failures, failure_note=note)
 
+    def episode_slots(self) -> int:
+        """How many sub-envs can play whole episodes one by one (ES, ARS); ValueError for
+        EnvPool's batch."""
+        if hasattr(self.envs, "step_held"):  # env groups
+            return self.num_envs
+        return len(self.sub_envs())
+
     def reset_sub_env(self, index: int) -> None:
         """Start sub-env ``index``'s next episode (after a ``held`` step ended one)."""
+        if hasattr(self.envs, "reset_one"):
+            self.obs[index] = self.envs.reset_one(index)
+            return
         self.obs[index], _ = self.sub_envs()[index].reset()
 
     def _step_unheld(self, actions: np.ndarray, held: np.ndarray) -> tuple:
         """The vector env's step, without its autoreset, on the sub-envs not ``held``."""
+        if hasattr(self.envs, "step_held"):
+            return self.envs.step_held(actions, held)
         vector = self.envs
         obs = np.array(self.obs)
         count = self.num_envs
@@ -185,7 +223,7 @@ class VectorEnvs:
         return self.envs
 
     def set_envs(self, envs: Any, obs: Any) -> bool:
-        if envs.num_envs != self.num_envs:
+        if not getattr(self.envs, "picklable", True) or envs.num_envs != self.num_envs:
             envs.close()
             return False
         self.envs.close()

@@ -163,6 +163,10 @@ class EnvWorkerSettings:
     max_env_failures: int = 10
     """Failures of one sub-env within ``env_failure_window`` of its steps that end the run."""
     env_failure_window: int = 1_000
+    ranks_per_env: int = 0
+    """Ranks of each env instance (an env group on ranks of its own); 0: in-process envs."""
+    env_step_timeout_s: float = 120.0
+    """Longest wait for an env group's reply."""
 
     @staticmethod
     def config_values(config: Any) -> dict[str, Any]:
@@ -170,4 +174,6 @@ class EnvWorkerSettings:
         return {"num_envs": config.num_envs_per_worker, "seed": config.seed,
                 "torch_threads": config.torch_threads,
                 "max_env_failures": config.max_env_failures,
-                "env_failure_window": config.env_failure_window}
+                "env_failure_window": config.env_failure_window,
+                "ranks_per_env": getattr(config, "ranks_per_env", 0),
+                "env_step_timeout_s": getattr(config, "env_step_timeout_s", 120.0)}

@@ -133,6 +133,7 @@ class RolloutSettings(EnvWorkerSettings, SamplingSettings):
             env=self.env, num_envs=self.num_envs, seed=self.seed,
             torch_threads=self.torch_threads, max_env_failures=self.max_env_failures,
             env_failure_window=self.env_failure_window, callbacks=self.callbacks,
+            ranks_per_env=self.ranks_per_env, env_step_timeout_s=self.env_step_timeout_s,
             dumps={self.policy_id: self.dump} if self.dump is not None else {},
             policies=(RunnerPolicy(policy_id=self.policy_id, spec=self.policy, acting=acting,
                                    observation_space=observation_space,
