@@ -26,6 +26,7 @@ from conftest import (
     OS_TTT,
     PROGRAMS,
     PZ_TTT,
+    LiveRun,
     hook_log,
     hook_ranks,
     kill_9_after_checkpoint,
@@ -33,7 +34,6 @@ from conftest import (
     local_train,
     mpi_env,
     run_mpi,
-    stop_signal_on_a_rollout_rank,
     train_refused,
     train_refused_in_process,
 )
@@ -186,13 +186,21 @@ def _checkpointed(run_dir, iteration, name):
         return pickle.load(file)
 
 
-def test_resume_after_kill_9_is_bit_identical(tmp_path):
+def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path):
     """Games in play and their trees, the replay, the optimizer and every rng are checkpointed:
-    the resumed run's rows and weights are the uninterrupted run's, bit for bit. The killed run
-    is resumed twice: to one iteration past its last checkpoint (a clean stop, which checkpoints
-    there), then on to the end; so a resumed run that stopped and is resumed again (its replay,
-    counters and carried evaluation) is checked against the uninterrupted run as well."""
-    total = 8
+    the resumed run's rows and weights are the uninterrupted run's, bit for bit. The driver is
+    killed with kill -9 after checkpoint 4 of 10; the run resumed from there (with no periodic
+    checkpoints: ``checkpoint_every`` 0 given on resume) gets SIGUSR1 on a self-play rank once
+    it has played an iteration: it checkpoints where it stopped and exits 75 (resume me),
+    naming the rank; resumed again, on to the end. So a resumed run that stopped and is resumed
+    again (its replay, counters and carried evaluation) is checked against the uninterrupted
+    run as well. (The stop signal was a test of its own, 2 more launches.)"""
+    import os
+    import signal
+
+    from mpirl.errors import EXIT_RESUME
+
+    total = 10
     config = json.dumps({**QUICK, "checkpoint_every": 2, "keep_checkpoints": 10,
                          "print_layout": True})
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
@@ -204,16 +212,21 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
     kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", "AlphaZero", "--env", PZ_TTT,
                             "--config", config)
     killed_at = latest_checkpoint_iteration(interrupted)
-    assert 4 <= killed_at < total - 1, "the kill came too late"
+    assert 4 <= killed_at < total - 2, "the kill came too late"
 
-    stop = killed_at + 1  # odd: no evaluation, no periodic checkpoint there
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
-                   json.dumps({"training_iteration": stop}), timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert latest_checkpoint_iteration(interrupted) == stop  # checkpointed at the stop
+    run = LiveRun(3, "--resume", str(interrupted), "--config", '{"checkpoint_every": 0}',
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: len(rows(interrupted)) > killed_at, "an iteration after the resume")
+    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
+    os.kill(pid, signal.SIGUSR1)
+    assert run.finish() == EXIT_RESUME, run.stderr
+    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
+    stop = json.loads((interrupted / "result.json").read_text())["iteration"]
+    assert killed_at < stop < total, "the stop came too late"
+    assert latest_checkpoint_iteration(interrupted) == stop  # checkpointed where it stopped
     first = rows(interrupted)
     assert [int(r["iteration"]) for r in first] == list(range(1, stop + 1))
-    last_saved, after = first[killed_at - 1], first[stop - 1]
+    last_saved, after = first[killed_at - 1], first[killed_at]
     assert int(after["sgd_steps_total"]) == int(last_saved["sgd_steps_total"]) + 4
     assert int(after["replay_size"]) > int(last_saved["replay_size"])
     assert int(after["timesteps_total"]) > int(last_saved["timesteps_total"])
@@ -230,14 +243,6 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path):
     replay_a = _checkpointed(reference, total, "learner_0.pkl")["replay"]["arrays"]
     replay_b = _checkpointed(interrupted, total, "learner_0.pkl")["replay"]["arrays"]
     assert all(np.array_equal(replay_a[k], replay_b[k]) for k in replay_a)
-
-
-def test_a_stop_signal_on_a_self_play_rank_checkpoints_and_exits_resume_me(tmp_path):
-    run_dir = tmp_path / "run"
-    stopped_at = stop_signal_on_a_rollout_rank(
-        3, run_dir, "--algo", "AlphaZero", "--env", OS_TTT, "--config",
-        json.dumps({**QUICK, "checkpoint_every": 0, "print_layout": True}))
-    assert [int(r["iteration"]) for r in rows(run_dir)] == list(range(1, stopped_at + 3))
 
 
 def test_tune_searches_c_puct_lr_and_simulations(tmp_path):
