@@ -158,7 +158,10 @@ def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     s to iteration 40 under that load, 21 s on a calm machine. Gumbel's own search in evaluation
     was weaker: on seed 2's network, 4 losses in 20 games to minimax at 32 simulations, none
     with PUCT or the raw policy."""
-    config = {"gumbel": True, "evaluation_interval": 40, "evaluation_games": 20}
+    # No evaluation in the run (none is asserted on: the checkpoint's matches are): the
+    # network at 40 is the same bit for bit as with the 40 games of an evaluation at 40
+    # (seed 0, checked 2026-11-29), so the bar below holds as it did.
+    config = {"gumbel": True, "evaluation_interval": 1000}
     _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT, "--seed", "0",
                           "--config", json.dumps(config),
                           "--stop", '{"training_iteration": 40}', timeout=300)
