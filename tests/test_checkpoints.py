@@ -78,11 +78,18 @@ def reference_3_ranks(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.parametrize("n, extra, victim", [
-    (3, {}, "driver"),                      # learner in the driver, 2 rollout ranks
-    (4, {"num_learners": 1}, "learner"),    # a learner rank of its own
-], ids=["kill-driver", "kill-learner"])
-def test_resume_after_kill_9_is_bit_identical(tmp_path, request, n, extra, victim):
+@pytest.mark.parametrize("n, extra, victim, signum, stopped", [
+    (3, {}, "driver", signal.SIGTERM, "driver"),  # learner in the driver, 2 rollout ranks
+    (4, {"num_learners": 1}, "learner", signal.SIGUSR2, "learner"),  # a learner rank of its own
+], ids=["kill-driver-then-TERM-driver", "kill-learner-then-USR2-learner"])
+def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, request, n, extra,
+                                                                  victim, signum, stopped):
+    """kill -9 of ``victim`` after a checkpoint at 3 or later; the run resumed from there (with
+    no periodic checkpoints: checkpoint_every 0 given on resume) gets ``signum`` on its
+    ``stopped`` rank after an iteration: it checkpoints that iteration and exits 75 (resume me),
+    naming the rank and the command (test_stop_signal_checkpoints_and_exits_resume_me's checks,
+    which ran these two signals on runs of their own); resumed again, on to the comparison
+    point, it is the uninterrupted run bit for bit."""
     total = REFERENCE_ITERATIONS
     interrupted = tmp_path / "interrupted"
     if not extra:  # the 3-rank run, shared with the corrupt-checkpoint test
@@ -101,12 +108,26 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path, request, n, extra, victi
     os.kill(pid, signal.SIGKILL)
     assert run.finish() != 0
     killed_at = _latest_iteration(interrupted)
-    assert killed_at < total, "the run got past the comparison point before the kill took"
+    assert killed_at < total - 2, "the run got past the comparison point before the kill took"
+
+    run = LiveRun(n, "--resume", str(interrupted), "--config", '{"checkpoint_every": 0}',
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: len(_rows(interrupted)) > killed_at, "an iteration after the resume")
+    assert f"resumed from {interrupted}/checkpoints/checkpoint_" in run.stdout
+    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == stopped)
+    os.kill(pid, signum)
+    assert run.finish() == EXIT_RESUME, run.stderr
+    assert f"{signal.Signals(signum).name} on rank {rank} ({stopped}" in run.stderr
+    assert f"--resume {interrupted}" in run.stderr
+    stopped_at = json.loads((interrupted / "result.json").read_text())["iteration"]
+    assert killed_at < stopped_at < total, "the stop came too late"
+    assert _latest_iteration(interrupted) == stopped_at  # the checkpoint is of the last iteration
+    verify(interrupted / "checkpoints" / f"checkpoint_{stopped_at:06d}")
 
     proc = _train(n, "--resume", str(interrupted), "--stop",
                   json.dumps({"training_iteration": total}))
     assert proc.returncode == 0, proc.stderr
-    assert f"resumed from {interrupted}/checkpoints/checkpoint_" in proc.stdout
+    assert f"resumed from {interrupted}/checkpoints/checkpoint_{stopped_at:06d}" in proc.stdout
     _assert_same_learner(_learner_state(reference, total), _learner_state(interrupted, total))
     # progress.csv continues where the checkpoint was: no gap, no repeated iteration.
     assert _rows(interrupted) == _rows(reference)
@@ -138,9 +159,8 @@ def test_local_mode_resume_is_bit_identical(tmp_path, local_ppo):
     assert _rows(resumed) == _rows(reference)
 
 
-@pytest.mark.parametrize("signum, victim", [
-    (signal.SIGUSR1, "rollout"), (signal.SIGUSR2, "learner"), (signal.SIGTERM, "driver"),
-], ids=["USR1-rollout", "USR2-learner", "TERM-driver"])
+# SIGUSR2 on a learner rank and SIGTERM on the driver: in the kill -9 tests above.
+@pytest.mark.parametrize("signum, victim", [(signal.SIGUSR1, "rollout")], ids=["USR1-rollout"])
 def test_stop_signal_checkpoints_and_exits_resume_me(tmp_path, signum, victim):
     run_dir = tmp_path / "run"
     # Three ranks: the driver, one rollout rank, a learner rank (a role each).

@@ -19,7 +19,6 @@ from conftest import (
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
     run_mpi,
-    stop_signal_on_a_rollout_rank,
 )
 from test_mbpo import QUICK as MBPO_QUICK
 from test_pets import QUICK
@@ -86,16 +85,39 @@ def test_a_quick_run_reports_its_columns_and_its_checkpoint_evaluates(reference,
     {"PETS": test_pets, "MBPO": test_mbpo}[algo].check_a_quick_run(proc, run_dir, monkeypatch)
 
 
-def test_resume_after_kill_9_is_bit_identical(tmp_path, reference):
-    """The driver is killed with kill -9 after checkpoint 4 of 8; the resumed run's rows, its
-    learner's buffers and weights (the ensemble and, for MBPO, SAC) and the rollout ranks'
-    weights and observations equal those of a run never stopped, bit for bit."""
+def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, reference):
+    """The driver is killed with kill -9 after checkpoint 4 of 8; the run resumed from there
+    (with no periodic checkpoints: ``checkpoint_every`` 0 given on resume) gets SIGUSR1 on a
+    rollout rank once it has run an iteration: it checkpoints where it stopped and exits 75
+    (resume me), naming the rank; resumed again, on to 8. Its rows (the real transitions
+    column: the resumed learners kept every one), its learner's buffers and weights (the
+    ensemble and, for MBPO, SAC) and the rollout ranks' weights and observations equal those of
+    a run never stopped, bit for bit. (The stop signal was a test of its own, 2 launches.)"""
+    import os
+    import signal
+
+    from conftest import LiveRun
+
+    from mpirl.errors import EXIT_RESUME
+
     algo, reference, _ = reference
     total, config = TOTAL, _reference_config(algo)
     interrupted = tmp_path / "interrupted"
     kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", algo, *PENDULUM,
                             "--config", config)
-    assert latest_checkpoint_iteration(interrupted) < total, "the kill came too late"
+    killed_at = latest_checkpoint_iteration(interrupted)
+    assert killed_at < total - 2, "the kill came too late"
+    run = LiveRun(3, "--resume", str(interrupted), "--config", '{"checkpoint_every": 0}',
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: len(rows(interrupted)) > killed_at, "an iteration after the resume")
+    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
+    os.kill(pid, signal.SIGUSR1)
+    assert run.finish() == EXIT_RESUME, run.stderr
+    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
+    stopped_at = json.loads((interrupted / "result.json").read_text())["iteration"]
+    assert killed_at < stopped_at < total, "the stop came too late"
+    assert latest_checkpoint_iteration(interrupted) == stopped_at
+    assert [int(r["iteration"]) for r in rows(interrupted)] == list(range(1, stopped_at + 1))
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
                    json.dumps({"training_iteration": total}), timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -115,20 +137,6 @@ def test_resume_after_kill_9_is_bit_identical(tmp_path, reference):
         assert np.array_equal(ra["obs"], rb["obs"]), name
         if algo == "PETS":  # the broadcast arrived: the rank plans with the whole ensemble
             assert np.array_equal(ra["weights"]["default"], a["weights"]), name
-
-
-@pytest.mark.parametrize("algo", ALGOS)
-def test_stop_signal_on_a_rollout_rank_checkpoints_and_exits_resume_me(tmp_path, algo):
-    run_dir = tmp_path / "run"
-    stopped_at = stop_signal_on_a_rollout_rank(
-        3, run_dir, "--algo", algo, *PENDULUM, "--config",
-        json.dumps({**QUICK_OF[algo], "checkpoint_every": 0, "print_layout": True}))
-    progress = rows(run_dir)
-    assert [int(r["iteration"]) for r in progress] == list(range(1, stopped_at + 3))
-    # The resumed learner kept every real transition.
-    column, per_iteration = REAL[algo]
-    assert [int(float(r[column])) for r in progress] == [
-        per_iteration * i for i in range(1, stopped_at + 3)]
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -4,6 +4,7 @@ observations, MultiDiscrete and MultiBinary actions, custom models, and their ba
 import csv
 import json
 import pickle
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -323,16 +324,22 @@ def test_lstm_runs_resume_bit_identical_and_serve_a2c_a3c_and_impala(tmp_path):
     # Fragments of 25 steps end mid-episode (RecallCue's last 6): the state crosses checkpoints.
     config = ('{"use_lstm": true, "checkpoint_every": 1, "num_envs_per_worker": 3, '
               '"rollout_fragment_length": 25}')
-    runs = {}
-    for name, stop in (("reference", 4), ("resumed", 2)):
-        runs[name] = tmp_path / name
-        proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", f"{PROBES}:RecallCue",
-                       "--run-dir", str(runs[name]), "--config", config,
-                       "--stop", f'{{"training_iteration": {stop}}}', timeout=180)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {"reference": tmp_path / "reference", "resumed": tmp_path / "resumed"}
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", f"{PROBES}:RecallCue",
+                   "--run-dir", str(runs["reference"]), "--config", config,
+                   "--stop", '{"training_iteration": 4}', timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The resumed run: the reference rewound to its checkpoint at 2 (a copy without the later
+    # ones; the rows after it are dropped on resume), not a run of its own stopped there.
+    shutil.copytree(runs["reference"], runs["resumed"])
+    checkpoints = runs["resumed"] / "checkpoints"
+    for later in (3, 4):
+        shutil.rmtree(checkpoints / f"checkpoint_{later:06d}")
+    (checkpoints / "latest").write_text("checkpoint_000002")
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(runs["resumed"]),
                    "--stop", '{"training_iteration": 4}', timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {checkpoints}/checkpoint_000002" in proc.stdout, proc.stdout
     weights = [_checkpoint(runs[name], 4, "learner_0.pkl")["weights"] for name in runs]
     assert np.array_equal(*weights)
     # The rollout ranks' states went into the checkpoint and came back.

@@ -4,6 +4,7 @@ a missing or foreign input is a clear error (exit code 2)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -97,19 +98,24 @@ def small_dump(poor_behaviour_dump):
 
 
 def test_resume_continues_identically(small_dump, tmp_path):
-    """MARWIL over two learners: a run stopped after iteration 2 and resumed trains iteration 3
-    exactly as an uninterrupted run (weights, optimizer, shard sampling RNG, moving average)."""
+    """MARWIL over two learners: a run resumed from its checkpoint at iteration 2 trains
+    iteration 3 exactly as the uninterrupted run (weights, optimizer, shard sampling RNG, moving
+    average). The resumed run is the uninterrupted one rewound: a copy without its checkpoint
+    at 3 and its result (not a run of its own stopped at 2: one launch fewer)."""
     config = {"input": str(small_dump), "num_learners": 2, "num_sgd_steps_per_iteration": 20,
               "checkpoint_every": 1}
     # Three ranks: the driver (which plays the evaluation episodes itself) and two learners.
     whole = _train(3, "MARWIL", tmp_path / "whole", config, {"training_iteration": 3})
     assert whole.returncode == 0, whole.stderr
-    part = _train(3, "MARWIL", tmp_path / "part", config, {"training_iteration": 2})
-    assert part.returncode == 0, part.stderr
-    resumed = run_mpi(3, MPIRL, "train", "--resume", str(tmp_path / "part"), "--stop",
+    part = tmp_path / "part"
+    shutil.copytree(tmp_path / "whole", part)
+    shutil.rmtree(part / "checkpoints" / "checkpoint_000003")
+    (part / "checkpoints" / "latest").write_text("checkpoint_000002")
+    (part / "result.json").unlink()
+    resumed = run_mpi(3, MPIRL, "train", "--resume", str(part), "--stop",
                       '{"training_iteration": 3}', timeout=120)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from" in resumed.stdout
+    assert f"resumed from {part}/checkpoints/checkpoint_000002" in resumed.stdout
     rows = [json.loads((tmp_path / name / "result.json").read_text()) for name in ("whole",
                                                                                     "part")]
     for key in ("policy_loss", "vf_loss", "advantage_scale", "timesteps_total"):
