@@ -40,6 +40,7 @@ from mpirl.errors import (
     ConfigError,
     MpirlError,
     RankLost,
+    SimulationStuck,
 )
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime import sim_link, startup
@@ -157,6 +158,8 @@ class Driver:
         self._memory: dict[str, float] = {}  # the last memory report, and when it was made
         self._memory_at = -math.inf
         self._ended_groups = False
+        #: An env group did not answer in time (``SimulationStuck``): its ranks take no stop.
+        self.groups_stuck = False
 
     def stop_requested(self) -> str | None:
         """Whether a stop signal reached any rank: e.g. ``"SIGUSR2 on rank 3 (rollout 1)"``, or
@@ -487,7 +490,19 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
                         for role, ctx in contexts.items()])
     code = _call_main(main, driver)
     driver._end_env_groups(code)  # a solver program's groups, driven from this process
+    if driver.groups_stuck:
+        _abort_past_stuck_groups(MPI.COMM_WORLD, code)
     return code
+
+
+def _abort_past_stuck_groups(comm: MPI.Comm, code: int) -> None:
+    """End the job with ``code`` when an env group is stuck (the line naming it is printed):
+    its ranks, env ranks or a solver program's, take no stop and never reach MPI_Finalize, in
+    which every other process of the job would then wait for them. Only MPI_Abort ends them;
+    it ends every process of the MPMD job, on whichever communicator it is called."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    comm.Abort(code)
 
 
 def _print_note(placement: Placement) -> str:
@@ -609,6 +624,8 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts, heartbeat=heartbeat)
     driver.layout_report = layout_report
     exit_code = _call_main(main, driver, losses.end_job_for_process_failure)
+    if driver.groups_stuck:
+        _abort_past_stuck_groups(world, exit_code)
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
               f" s; aborting the job.", file=sys.stderr, flush=True)
@@ -756,6 +773,7 @@ def _call_main(main: Callable[[Driver], int | None], driver: Driver,
         code = main(driver)
     except MpirlError as error:
         print(f"mpirl: {error}", file=sys.stderr, flush=True)
+        driver.groups_stuck = isinstance(error, SimulationStuck)
         return error.exit_code
     except Exception as error:  # noqa: BLE001 - reported, then every rank ends with a failure code
         import traceback

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import EnvFailureError, SimulationError
+from mpirl.errors import EnvFailureError, SimulationError, SimulationStuck
 from mpirl.runtime import sim_link
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES
@@ -171,8 +171,13 @@ class SimEnvs(gym.vector.VectorEnv):
         while True:
             ready = np.zeros(g, bool)
             for j in np.flatnonzero(self.in_flight).tolist():
-                if self._requests[j].Test(self._statuses[j]):
-                    ready[j] = True
+                try:
+                    if self._requests[j].Test(self._statuses[j]):
+                        ready[j] = True
+                except MPI.Exception as error:
+                    if error.Get_error_class() != MPI.ERR_TRUNCATE:
+                        raise
+                    raise self._too_long(j, f"step {int(self.seqs[j])}") from None
             if ready.any():
                 for j in np.flatnonzero(ready).tolist():
                     while not self._requests[g + j].Test():  # sent: the reply came after it
@@ -183,7 +188,7 @@ class SimEnvs(gym.vector.VectorEnv):
             late = self.in_flight & (time.monotonic() > self.sent_at + self.timeout_s)
             if late.any():
                 j = int(np.flatnonzero(late)[0])
-                raise SimulationError(f"{self.groups[j].name} of {self.where} did not answer "
+                raise SimulationStuck(f"{self.groups[j].name} of {self.where} did not answer "
                                       f"step {int(self.seqs[j])} within env_step_timeout_s "
                                       f"{self.timeout_s:g} s")
             self.backoff.sleep()
@@ -288,20 +293,26 @@ class SimEnvs(gym.vector.VectorEnv):
                 [self._requests[g + j] for j in chosen]
         MPI.Prequest.Startall(requests)
         statuses = self._statuses[:len(requests)]
+        rows = list(range(g)) if only is None else np.flatnonzero(only).tolist()
         try:
             self._wait(lambda: MPI.Request.Testall(requests, statuses), what, requests)
         except MPI.Exception as error:
             if error.Get_error_class() not in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
                 raise
-            raise SimulationError(
-                f"an env group of {self.where} sent a reply longer than "
-                f"{sim_link.REPLY_HEADER + self.obs_size + 1} numbers at {what}; its observation "
-                f"has {self.obs_size} (observation_size): {sim_link.REPLY_HEADER} + "
-                f"{self.obs_size} are expected (seq, reward, terminated, truncated, obs)"
-            ) from None
-        self._counts.update({j: statuses[i].Get_count(MPI.DOUBLE)
-                             for i, j in enumerate(range(g) if only is None
-                                                   else np.flatnonzero(only).tolist())})
+            # The receives come first in ``requests``, one per row.
+            truncated = [j for i, j in enumerate(rows) if statuses[i].Get_error() != MPI.SUCCESS
+                         and MPI.Get_error_class(statuses[i].Get_error()) == MPI.ERR_TRUNCATE]
+            raise self._too_long(truncated[0] if truncated else None, what) from None
+        self._counts.update({j: statuses[i].Get_count(MPI.DOUBLE) for i, j in enumerate(rows)})
+
+    def _too_long(self, j: int | None, what: str) -> SimulationError:
+        """A reply longer than the row's spare column (MPI truncated it), from group ``j``."""
+        name = "an env group" if j is None else self.groups[j].name
+        width = sim_link.REPLY_HEADER + self.obs_size
+        return SimulationError(
+            f"{name} of {self.where} sent more than {width + 1} numbers per reply at {what}; "
+            f"observation_size {self.obs_size} needs {width} (seq, reward, terminated, "
+            f"truncated, obs)")
 
     def _wait(self, test: Any, what: str, requests: list[MPI.Request]) -> None:
         self.backoff.reset()
@@ -312,7 +323,7 @@ class SimEnvs(gym.vector.VectorEnv):
                         if any(not r.Get_status() for r in requests
                                if r in (self._requests[j], self._requests[self.num_envs + j]))]
                 names = ", ".join(late) or "an env group"
-                raise SimulationError(f"{names} of {self.where} did not answer {what} within "
+                raise SimulationStuck(f"{names} of {self.where} did not answer {what} within "
                                       f"env_step_timeout_s {self.timeout_s:g} s")
             self.backoff.sleep()
 
