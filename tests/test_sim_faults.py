@@ -10,6 +10,7 @@ killed solver, ``mpirl launch``."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -19,6 +20,7 @@ from mpirl.jobs.launch import check_mpmd_programs, lost_solver_rank, mpmd_progra
 
 CHECK = str(PROGRAMS / "sim_faults_check.py")
 RD = {"observation_size": 8, "action_size": 4}
+SOLVER_ENV = "mpirl.envs.simulation:Solver"
 
 
 def check(solver: str, faults: dict, steps: int = 6, solvers: int = 1,
@@ -131,3 +133,56 @@ def test_launch_names_a_lost_solver_rank_from_the_launchers_note(tmp_path):
     # An mpirl rank, or no note: launch says nothing more than it did.
     assert lost_solver_rank(note.replace("rank 5", "rank 1"), str(run_dir), command) is None
     assert lost_solver_rank("", str(run_dir), command) is None
+
+
+# --- runs beside a solver program (MPMD) ------------------------------------------------------
+
+def solver_train(tmp_path, n: int, solver: str, env_config: dict, *solver_args: str,
+                 **config) -> subprocess.CompletedProcess:
+    """``mpiexec -n N mpirl train (PPO, 8 steps an iteration) : -n 1 SOLVER``, to its end."""
+    settings = {"ranks_per_env": 1, "num_envs_per_worker": 1, "rollout_fragment_length": 8,
+                "num_epochs": 1, "minibatch_size": 8, "print_layout": False,
+                "env_step_timeout_s": 2, "env_config": {**RD, **env_config}, **config}
+    return run_mpi(n, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SOLVER_ENV,
+                   "--config", json.dumps(settings), "--stop", '{"training_iteration": 2}',
+                   "--run-dir", str(tmp_path / "run"), ":", "-n", "1", solver, *solver_args,
+                   timeout=90)
+
+
+def mpirl_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return [line for line in proc.stderr.splitlines() if line.startswith("mpirl:")]
+
+
+def test_a_hanging_solver_ends_the_job_naming_its_group_program_and_step(tmp_path,
+                                                                          built_solvers):
+    solver = built_solvers.path("rd_solver")
+    proc = solver_train(tmp_path, 2, solver, {"hang_at": 3})
+    # The solver sleeps on: only MPI_Abort ends it (and run_mpi's timeout would catch a hang).
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "rd_solver: env group 0 hangs at step 3 (hang_at)" in proc.stderr
+    assert mpirl_lines(proc) == [
+        f"mpirl: env group 0 ({solver}, solver ranks 0) of rollout worker 0 on rank 1 did not "
+        f"answer step 3 within env_step_timeout_s 2 s"], proc.stderr
+
+
+def test_a_solvers_own_failure_ends_the_run_with_its_message(tmp_path, built_solvers):
+    # Local mode (one mpirl process drives the group): the solver's message, exit 2, and the
+    # solver leaves quietly (mpirl's rank 0 gives the job's code).
+    solver = built_solvers.path("rd_solver")
+    proc = solver_train(tmp_path, 1, solver, {"fail_at": 3})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert mpirl_lines(proc) == [
+        f"mpirl: env group 0 ({solver}, solver ranks 0) of the driver's sampler failed at step "
+        f"3: rd_solver: fail_at step 3"], proc.stderr
+    assert "exited with non-zero status" not in proc.stderr
+
+
+def test_a_solver_that_never_calls_mpirl_init_is_named_at_the_start_up_deadline(
+        tmp_path, built_solvers):
+    proc = solver_train(tmp_path, 1, built_solvers.path("echo_solver"), {}, "--no-init", "30",
+                        startup_timeout_s=3)
+    assert proc.returncode == 70, proc.stdout + proc.stderr
+    assert mpirl_lines(proc) == [
+        "mpirl: world rank 1 did not arrive within startup_timeout_s 3 s; an MPMD solver must "
+        "call mpirl_init first (exit code 70)."], proc.stderr
