@@ -10,11 +10,24 @@ killed solver, ``mpirl launch``."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
-from conftest import BIN, PROGRAMS, cli_in_process, parse_result, run_mpi
+from conftest import (
+    BIN,
+    PROGRAMS,
+    cli_in_process,
+    latest_checkpoint_iteration,
+    mpi_env,
+    mpiexec_command,
+    parse_result,
+    run_mpi,
+)
 
 from mpirl.jobs.launch import check_mpmd_programs, lost_solver_rank, mpmd_programs
 
@@ -186,3 +199,47 @@ def test_a_solver_that_never_calls_mpirl_init_is_named_at_the_start_up_deadline(
     assert mpirl_lines(proc) == [
         "mpirl: world rank 1 did not arrive within startup_timeout_s 3 s; an MPMD solver must "
         "call mpirl_init first (exit code 70)."], proc.stderr
+
+
+def test_a_solver_killed_with_kill_9_is_named_and_the_run_resumes_under_launch(
+        tmp_path, built_solvers):
+    """The solver hangs at its 20th step (iteration 3; checkpoints at 1 and 2); kill -9 of its
+    pid ends the job (Open MPI's launcher names the world rank); mpirl launch names its env
+    group and resumes from checkpoint 2 with a new solver process, which finishes the run."""
+    solver = built_solvers.path("rd_solver")
+    run_dir = tmp_path / "run"
+    config = {"ranks_per_env": 1, "num_envs_per_worker": 1, "rollout_fragment_length": 8,
+              "num_epochs": 1, "minibatch_size": 8, "print_layout": False,
+              "checkpoint_every": 1, "env_config": {**RD, "hang_at": 20}}
+    train = mpiexec_command(1, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env",
+                            SOLVER_ENV, "--config", json.dumps(config), "--stop",
+                            '{"training_iteration": 3}', "--run-dir", str(run_dir), ":", "-n",
+                            "1", solver)
+    launch = subprocess.Popen([str(BIN / "mpirl"), "launch", "--max-restarts", "1",
+                               "--restart-delay", "0", "--", *train], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=mpi_env(),
+                              start_new_session=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(launch.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not ("hangs at step 20" in "".join(err) and
+                   latest_checkpoint_iteration(run_dir) == 2):
+            assert launch.poll() is None and time.monotonic() < deadline, "".join(err)
+            time.sleep(0.05)
+        layout = json.loads((run_dir / "params.json").read_text())["layout"]
+        pid = layout["env_groups"][0]["pids"][0]
+        os.kill(pid, signal.SIGKILL)
+        launch.wait(timeout=90)
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+    reader.join(timeout=10)
+    stderr = "".join(err)
+    assert launch.returncode == 0, stderr
+    assert (f"mpirl launch: world rank 1 was solver rank 0 of env group 0 ({solver}, pid "
+            f"{pid}); resuming from checkpoint 2") in stderr, stderr
+    assert stderr.count("hangs at step 20") == 1  # the new solver had 8 steps to take
+    assert len((run_dir / "progress.csv").read_text().splitlines()) == 1 + 3
