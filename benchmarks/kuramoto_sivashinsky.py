@@ -16,9 +16,13 @@ of ``GAINS`` on those very episodes (which favours it).
 Returns are in the tuned config's units (``reward_scale`` 0.01 of Bucci et al.'s -||u - E2||
 over the 64 grid values, 400 steps of 0.25 time units); ``mean_distance`` is ||u - E2|| averaged
 over an episode's steps (-return / (reward_scale x length); no episode here ends early), so 0 is
-the target held from the first step. ``gap_closed`` is how far PPO's mean return goes from doing
-nothing (0) towards holding the target exactly (1, return 0); ``vs_proportional`` the same from
-doing nothing to the proportional controller.
+the target held from the first step; ``held_distance`` the same over the last quarter of each
+episode (the last 25 time units), once the start's transient is over (for PPO's policy: played
+again on ``LastQuarter``, the env whose reward counts there only, with the env's defaults: the
+tuned config's episodes but for ``reward_scale``; ``--quick`` trains on shorter ones).
+``gap_closed`` is how far PPO's mean return goes from doing nothing (0) towards holding the
+target exactly (1, return 0); ``vs_proportional`` the same from doing nothing to the
+proportional controller.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import attempt, fmt, print_table, run_main, run_metadata, run_process, write_report
+
+from mpirl.envs.kuramoto_sivashinsky import DEFAULTS, KuramotoSivashinsky
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNED = ROOT / "examples" / "tuned" / "ppo_kuramoto_sivashinsky.json"
@@ -56,17 +62,33 @@ QUICK = dict(steps=320, eval_episodes=2, gains=(2.0, 4.0),
              overrides={"rollout_fragment_length": 40, "env_config": {"max_steps": 40}})
 
 
+class LastQuarter(KuramotoSivashinsky):
+    """The env whose reward counts over the last quarter of an episode only: evaluating a
+    policy on it gives the distance it holds the state at once the transient is over."""
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool] | None:
+        out = super().step(action)
+        if out is None:
+            return None
+        obs, reward, terminated, truncated = out
+        steps = self.config["max_steps"]
+        return obs, (reward if self.t > steps - steps // 4 else 0.0), terminated, truncated
+
+
 def tuned_config(plan: Plan) -> dict[str, Any]:
     config = json.loads(TUNED.read_text())
     env_config = {**config.get("env_config", {}), **plan.overrides.get("env_config", {})}
     return {**config, **plan.overrides, "env_config": env_config}
 
 
-def summarize(returns: list[float], lengths: list[int], scale: float) -> dict[str, Any]:
-    mean = sum(returns) / len(returns)
+def summarize(returns: list[float], lengths: list[int], held: list[float], scale: float
+              ) -> dict[str, Any]:
+    """Returns and lengths of the evaluation episodes, and the mean distance over the last
+    quarter of each."""
     distances = [-r / (scale * n) for r, n in zip(returns, lengths, strict=True)]
-    return {"return_mean": mean, "returns": returns, "lengths": lengths,
-            "mean_distance": sum(distances) / len(distances)}
+    return {"return_mean": sum(returns) / len(returns), "returns": returns, "lengths": lengths,
+            "mean_distance": sum(distances) / len(distances),
+            "held_distance": sum(held) / len(held)}
 
 
 def baselines(plan: Plan, env_config: dict[str, Any]) -> dict[str, Any]:
@@ -74,22 +96,25 @@ def baselines(plan: Plan, env_config: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     from mpi4py import MPI
 
-    from mpirl.envs.kuramoto_sivashinsky import KuramotoSivashinsky, ProportionalController
+    from mpirl.envs.kuramoto_sivashinsky import ProportionalController
 
     seeds = range(EVAL_SEED, EVAL_SEED + plan.eval_episodes)
     scale = env_config.get("reward_scale", 1.0)
 
     def play(policy: Any) -> dict[str, Any]:
         env = KuramotoSivashinsky(MPI.COMM_SELF, **env_config)
-        returns, lengths = [], []
+        tail = env.config["max_steps"] - env.config["max_steps"] // 4  # LastQuarter's start
+        returns, lengths, last_quarter = [], [], []
         for seed in seeds:
-            obs, total, steps, done = env.reset(seed), 0.0, 0, False
+            obs, rewards, done = env.reset(seed), [], False
             while not done:
                 obs, reward, terminated, truncated = env.step(policy(obs))
-                total, steps, done = total + reward, steps + 1, terminated or truncated
-            returns.append(total)
-            lengths.append(steps)
-        return summarize(returns, lengths, scale)
+                rewards.append(reward)
+                done = terminated or truncated
+            returns.append(sum(rewards))
+            lengths.append(len(rewards))
+            last_quarter.append(-sum(rewards[tail:]) / (scale * len(rewards[tail:])))
+        return summarize(returns, lengths, last_quarter, scale)
 
     zero = play(lambda obs: np.zeros(4))
     by_gain = {str(g): play(ProportionalController(g, **env_config)) for g in plan.gains}
@@ -116,12 +141,18 @@ def train_and_evaluate(plan: Plan, config: dict[str, Any], seed: int, where: Pat
     result = json.loads((run_dir / "result.json").read_text())
     # What `mpirl evaluate RUN_DIR --episodes E --seed 10000` plays, with every episode's return.
     played = evaluate(run_dir, plan.eval_episodes, seed=EVAL_SEED)
+    # An env named to evaluate gets its defaults (reward_scale 1, 400 steps): the tuned
+    # config's episodes, whose one env_config key is reward_scale.
+    last_quarter = evaluate(run_dir, plan.eval_episodes, seed=EVAL_SEED,
+                            env_id=f"{Path(__file__).stem}:LastQuarter")
+    quarter = DEFAULTS["max_steps"] // 4
     scale = config["env_config"].get("reward_scale", 1.0)
     return {"train_wall_s": train.wall_s,
             "train_cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
             "timesteps_total": result["timesteps_total"],
             "train_return_mean_last": result["episode_return_mean"],
-            **summarize(played.returns, played.lengths, scale)}
+            **summarize(played.returns, played.lengths,
+                        [-r / quarter for r in last_quarter.returns], scale)}
 
 
 def main() -> int:
@@ -169,13 +200,14 @@ def main() -> int:
     vs_proportional = ((ppo_mean - zero) / (proportional - zero)
                        if None not in (ppo_mean, zero, proportional) and proportional != zero
                        else None)
-    rows = [["policy", "return", "mean ||u - E2||"]]
+    rows = [["policy", "return", "mean ||u - E2||", "last quarter"]]
+    named = [(f"PPO seed {s}", r) for s, r in runs.items()]
     if "error" not in base:
-        rows += [["no action", fmt(zero, 2), fmt(base["zero_action"]["mean_distance"], 3)],
-                 [f"proportional, gain {base['proportional']['gain']:g}", fmt(proportional, 2),
-                  fmt(base["proportional"]["mean_distance"], 3)]]
-    rows += [[f"PPO seed {s}", fmt(r.get("return_mean"), 2), fmt(r.get("mean_distance"), 3)]
-             for s, r in runs.items()]
+        named = [("no action", base["zero_action"]),
+                 (f"proportional, gain {base['proportional']['gain']:g}",
+                  base["proportional"])] + named
+    rows += [[name, fmt(r.get("return_mean"), 2), fmt(r.get("mean_distance"), 3),
+              fmt(r.get("held_distance"), 3)] for name, r in named]
     print(f"{plan.eval_episodes} evaluation episodes (seeds {EVAL_SEED}-"
           f"{EVAL_SEED + plan.eval_episodes - 1}):")
     print_table(rows)

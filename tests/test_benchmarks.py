@@ -349,6 +349,7 @@ def test_kuramoto_sivashinsky_benchmark_quick_writes_every_key(tmp_path):
     for policy in (base["zero_action"], base["proportional"], report["ppo"]["0"]):
         assert len(policy["returns"]) == len(policy["lengths"]) == 2, policy
         assert policy["return_mean"] < 0 and policy["mean_distance"] > 0, policy
+        assert policy["held_distance"] > 0, policy
     assert set(base["proportional"]["return_by_gain"]) == {"2.0", "4.0"}
     run = report["ppo"]["0"]
     assert run["timesteps_total"] >= 320 and run["train_cpu_s"] > 0 and run["train_wall_s"] > 0
