@@ -56,7 +56,7 @@ class Plan:
     overrides: dict  # config keys on top of the tuned file (--quick: short episodes)
 
 
-FULL = dict(steps=600_000, eval_episodes=20, gains=GAINS, overrides={})
+FULL = dict(steps=400_000, eval_episodes=20, gains=GAINS, overrides={})
 # Episodes of 40 steps and one 320-step iteration: every key, in a few CPU-seconds.
 QUICK = dict(steps=320, eval_episodes=2, gains=(2.0, 4.0),
              overrides={"rollout_fragment_length": 40, "env_config": {"max_steps": 40}})
@@ -161,9 +161,9 @@ def main() -> int:
                         help="40-step episodes, one short training iteration, 2 evaluation "
                              "episodes: every key, cheaply")
     parser.add_argument("--json", type=Path, help="write the report here")
-    parser.add_argument("--seeds", default="0,1",
-                        help="training seeds, comma-separated (default 0,1)")
-    parser.add_argument("--steps", type=int, help="env steps per training run (default 600,000; "
+    parser.add_argument("--seeds", default="0,1,2",
+                        help="training seeds, comma-separated (default 0,1,2)")
+    parser.add_argument("--steps", type=int, help="env steps per training run (default 400,000; "
                                                   "--quick 320)")
     args = parser.parse_args()
     try:
