@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import train_refused_in_process
 from mpi4py import MPI
 
 from mpirl.envs.kuramoto_sivashinsky import (
@@ -148,3 +149,10 @@ def test_the_id_makes_a_simulation_env_in_process():
     _, reward, terminated, truncated, _ = env.step(np.ones(4, np.float32))
     assert reward < 0 and not terminated and not truncated
     assert env.step(np.zeros(4, np.float32))[3] is True
+
+
+def test_a_bad_env_config_refuses_the_run(tmp_path, capsys):
+    line = train_refused_in_process(
+        tmp_path, capsys, "--algo", "PPO", "--env", "mpirl/KuramotoSivashinsky-v0",
+        "--config", '{"env_config": {"target": 5}}')
+    assert "KuramotoSivashinsky env_config target must be 0 (u = 0) or 1, 2, 3" in line
