@@ -130,6 +130,7 @@ def solver_spaces(env_config: dict[str, Any]) -> tuple[gym.spaces.Box, gym.space
 BUNDLED_IDS = {
     "mpirl/ReactionDiffusion-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusion",
     "mpirl/ReactionDiffusionDiscrete-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusionDiscrete",
+    "mpirl/KuramotoSivashinsky-v0": "mpirl.envs.kuramoto_sivashinsky:KuramotoSivashinsky",
 }
 for _id, _entry_point in BUNDLED_IDS.items():
     if _id not in gym.registry:
