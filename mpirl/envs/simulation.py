@@ -130,6 +130,8 @@ def solver_spaces(env_config: dict[str, Any]) -> tuple[gym.spaces.Box, gym.space
 BUNDLED_IDS = {
     "mpirl/ReactionDiffusion-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusion",
     "mpirl/ReactionDiffusionDiscrete-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusionDiscrete",
+    # A solver program beside the run (MPMD); its spaces come from env_config.
+    "mpirl/Solver-v0": "mpirl.envs.simulation:Solver",
 }
 for _id, _entry_point in BUNDLED_IDS.items():
     if _id not in gym.registry:
