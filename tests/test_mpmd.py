@@ -98,3 +98,14 @@ def test_a_solver_count_that_does_not_fit_is_one_line_and_the_solvers_end_quietl
         "mpirl: error: the MPMD job has 3 solver ranks; 1 rollout x 1 envs "
         "(num_envs_per_worker) x ranks_per_env 2 need 2. Launch the solver with -n 2 after "
         "':', or change num_rollout_workers / num_envs_per_worker / ranks_per_env."]
+
+
+def test_doctor_checks_the_wiring_to_the_solver(built_solvers):
+    proc = run_mpi(2, MPIRL, "doctor", "--config", '{"ranks_per_env": 2}', ":", "-n", "2",
+                   built_solvers.path("rd_solver"), timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "solver 2 (1 group x 2)" in proc.stdout
+    assert [row["member"] for row in map(parse_solver_row, proc.stdout.splitlines()) if row] \
+        == [0, 1]
+    assert "doctor: 1 worker(s) answered, 0 payload error(s)" in proc.stdout
+    assert proc.stderr.strip() == "", proc.stderr  # the solvers ended quietly
