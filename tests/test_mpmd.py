@@ -9,8 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import BIN, run_mpi
+from conftest import BIN, run_mpi, train_refused_in_process
 
+from mpirl.errors import ConfigError
 from mpirl.runtime.layout import parse_layout_row, parse_solver_row
 
 MPIRL = str(BIN / "mpirl")
@@ -75,6 +76,18 @@ def test_the_c_solver_plays_the_episode_the_python_env_plays(rd_run, built_solve
     assert solver["env"] == "mpirl/Solver-v0" and python["env"] == "mpirl/ReactionDiffusion-v0"
     assert solver["length_mean"] == python["length_mean"] == 100
     assert solver["return_mean"] == pytest.approx(python["return_mean"], abs=1e-9, rel=0)
+    # Without its program (no MPMD launch here), the Solver checkpoint is one line.
+    with pytest.raises(ConfigError, match="is a solver program beside the run: evaluate it in "
+                                          "an MPMD launch"):
+        evaluate(run_dir, 1, 3)
+
+
+def test_a_solver_env_without_its_program_is_one_line(tmp_path, capsys):
+    line = train_refused_in_process(tmp_path, capsys, "--algo", "PPO", "--env",
+                                    "mpirl/Solver-v0", "--config", json.dumps(
+                                        {"ranks_per_env": 1, "env_config": RD_CONFIG}))
+    assert "'mpirl/Solver-v0' stands for a solver program launched beside the run, but none " \
+           "was: launch it after ':'" in line
 
 
 def test_the_fortran_solver_trains_one_iteration(built_solvers, tmp_path):
