@@ -130,9 +130,11 @@ def solver_spaces(env_config: dict[str, Any]) -> tuple[gym.spaces.Box, gym.space
 BUNDLED_IDS = {
     "mpirl/ReactionDiffusion-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusion",
     "mpirl/ReactionDiffusionDiscrete-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusionDiscrete",
-    # A solver program beside the run (MPMD); its spaces come from env_config.
-    "mpirl/Solver-v0": "mpirl.envs.simulation:Solver",
 }
 for _id, _entry_point in BUNDLED_IDS.items():
     if _id not in gym.registry:
         gym.register(_id, entry_point=_entry_point)
+# The solver program beside the run (MPMD), its spaces from env_config: --env mpirl/Solver-v0.
+SOLVER_ID = "mpirl/Solver-v0"
+if SOLVER_ID not in gym.registry:
+    gym.register(SOLVER_ID, entry_point="mpirl.envs.simulation:Solver")
