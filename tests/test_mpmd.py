@@ -22,10 +22,13 @@ SMALL = {"num_envs_per_worker": 1, "rollout_fragment_length": 32, "num_epochs": 
          "minibatch_size": 32, "checkpoint_every": 1}
 
 
-def train_args(run_dir: Path, k: int, env_config: dict, iterations: int) -> list[str]:
+def train_args(run_dir: Path, k: int, env_config: dict, iterations: int,
+               groups: int = 1) -> list[str]:
+    config = {**SMALL, "ranks_per_env": k, "num_envs_per_worker": groups,
+              "env_config": env_config}
     return [MPIRL, "train", "--algo", "PPO", "--env", "mpirl/Solver-v0", "--seed", "0",
             "--run-dir", str(run_dir), "--stop", json.dumps({"training_iteration": iterations}),
-            "--config", json.dumps({**SMALL, "ranks_per_env": k, "env_config": env_config})]
+            "--config", json.dumps(config)]
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +93,19 @@ def test_a_solver_env_without_its_program_is_one_line(tmp_path, capsys):
            "was: launch it after ':'" in line
 
 
-def test_the_fortran_solver_trains_one_iteration(built_solvers, tmp_path):
+def test_the_fortran_solver_trains_one_iteration_in_two_groups_of_one(built_solvers, tmp_path):
+    # Local mode (mpirl on one rank) driving two groups of k = 1, each on its own clock.
     solver = built_solvers.fortran("echo_solver_f")
-    proc = run_mpi(1, *train_args(tmp_path / "run", 2, {"observation_size": 4, "action_size": 2,
-                                                        "episode_length": 10}, 1),
+    env_config = {"observation_size": 4, "action_size": 2, "episode_length": 10}
+    proc = run_mpi(1, *train_args(tmp_path / "run", 1, env_config, 1, groups=2),
                    ":", "-n", "2", solver, timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert NON_ZERO_NOTE not in proc.stderr
+    assert "solver 2 (2 groups x 1)" in proc.stdout
     result = json.loads((tmp_path / "run" / "result.json").read_text())
-    # Episodes of 10 steps: 3 ended in the iteration's 32 steps.
-    assert result["timesteps_total"] == 32 and result["episode_len_mean"] == 10, result
+    # Episodes of 10 steps: 3 ended in each group's 32 steps.
+    assert result["timesteps_total"] == 64 and result["episode_len_mean"] == 10, result
+    assert result["episodes_total"] == 6, result
 
 
 def test_a_solver_count_that_does_not_fit_is_one_line_and_the_solvers_end_quietly(
