@@ -128,3 +128,15 @@ def test_doctor_checks_the_wiring_to_the_solver(built_solvers):
         == [0, 1]
     assert "doctor: 1 worker(s) answered, 0 payload error(s)" in proc.stdout
     assert proc.stderr.strip() == "", proc.stderr  # the solvers ended quietly
+
+
+def test_a_python_simulation_beside_a_solver_program_is_one_line(tmp_path, capsys,
+                                                                 monkeypatch):
+    from mpirl.runtime import apps
+
+    monkeypatch.setattr(apps, "solver_ranks", lambda: 2)  # as join_apps found them
+    line = train_refused_in_process(tmp_path, capsys, "--algo", "PPO", "--env",
+                                    "mpirl/ReactionDiffusion-v0", "--config",
+                                    '{"ranks_per_env": 2}')
+    assert "this MPMD launch has a solver program (2 solver ranks), but " \
+           "'mpirl/ReactionDiffusion-v0' is not mpirl.envs.simulation:Solver" in line

@@ -167,7 +167,8 @@ def _check_ranks_per_env(algo_config: Any, env: EnvSpec) -> None:
                               f"train ... : -n S ./solver), with ranks_per_env its ranks per "
                               f"env instance")
     elif solvers:
-        raise ConfigError(f"this MPMD launch has a solver program ({solvers} solver ranks), but "
+        ranks = f"{solvers} solver rank{'s' if solvers != 1 else ''}"
+        raise ConfigError(f"this MPMD launch has a solver program ({ranks}), but "
                           f"{env.env_id!r} is not mpirl.envs.simulation:Solver (the env that "
                           f"stands for it); use --env mpirl/Solver-v0, or launch without the "
                           f"program after ':'")
