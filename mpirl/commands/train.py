@@ -158,8 +158,10 @@ def _check_ranks_per_env(algo_config: Any, env: EnvSpec) -> None:
     """ranks_per_env gives env instances ranks of their own: only a Simulation has a use for
     them, and only one agent steps on them (multi-agent simulations are not there yet)."""
     k = getattr(algo_config, "ranks_per_env", 0)
-    simulation = env.simulation_class()
     solvers = apps.solver_ranks()
+    if not k and not solvers and "Solver" not in env.env_id:
+        return  # an ordinary run: its env's module is not imported here
+    simulation = env.simulation_class()
     if simulation is not None and issubclass(simulation, Solver):
         if not solvers:
             raise ConfigError(f"{env.env_id!r} stands for a solver program launched beside the "
