@@ -135,3 +135,7 @@ BUNDLED_IDS = {
 for _id, _entry_point in BUNDLED_IDS.items():
     if _id not in gym.registry:
         gym.register(_id, entry_point=_entry_point)
+# The solver program beside the run (MPMD), its spaces from env_config: --env mpirl/Solver-v0.
+SOLVER_ID = "mpirl/Solver-v0"
+if SOLVER_ID not in gym.registry:
+    gym.register(SOLVER_ID, entry_point="mpirl.envs.simulation:Solver")
