@@ -186,8 +186,8 @@ def test_a_solvers_own_failure_ends_the_run_with_its_message(tmp_path, built_sol
     proc = solver_train(tmp_path, 1, solver, {"fail_at": 3})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert mpirl_lines(proc) == [
-        f"mpirl: env group 0 ({solver}, solver ranks 0) of the driver's sampler failed at step "
-        f"3: rd_solver: fail_at step 3"], proc.stderr
+        f"mpirl: env group 0 ({solver}, solver ranks 0) of rollout worker 0 on rank 0 failed at "
+        f"step 3: rd_solver: fail_at step 3"], proc.stderr
     assert "exited with non-zero status" not in proc.stderr
 
 

@@ -332,7 +332,8 @@ class SimEnvs(gym.vector.VectorEnv):
             return
         text = bytearray(status.Get_count(MPI.BYTE))
         self.link.Recv([text, MPI.BYTE], status.Get_source(), sim_link.TAG_ERROR)
-        raise SimulationError(f"{self.groups[j].name} of {self.where} failed at {what(j)}: "
+        # Its root may wait for good in the collective the member left: a stuck group.
+        raise SimulationStuck(f"{self.groups[j].name} of {self.where} failed at {what(j)}: "
                               f"{text.decode(errors='replace').strip()}")
 
     def _wait(self, test: Any, what: str, requests: list[MPI.Request]) -> None:
