@@ -6,9 +6,9 @@ mpirl run around it:
 
 joins the apps, drives the solver's processes as groups of one through ``SimEnvs`` (CONFIG: the
 env_config JSON, with observation_size and action_size), resets, takes STEPS zero-action steps
-(whichever group is ready, as a rollout rank with several groups does), then ends the solvers
-with END as a run's driver does. Prints ``RESULT {json}``: the steps taken, the env failures
-seen, and the error that ended it (its class and message), if any.
+in each group (several groups: whichever is ready, as a rollout rank steps them), then ends the
+solvers with END as a run's driver does. Prints ``RESULT {json}``: the steps (rounds) taken,
+the env failures seen, and the error that ended it (its class and message), if any.
 """
 
 from __future__ import annotations
@@ -43,11 +43,16 @@ def main() -> None:
     try:
         envs.reset()
         actions = np.zeros((solvers, *action_space.shape))
-        for _ in range(steps):
+        while True:
             if solvers == 1:
+                if result["steps"] == steps:
+                    break
                 *_, infos = envs.step(actions)
-            else:
-                envs.start(np.flatnonzero(~envs.in_flight), actions[~envs.in_flight])
+            else:  # until every group has taken STEPS steps, each on its own clock
+                if (envs.seqs >= steps).all() and not envs.in_flight.any():
+                    break
+                idle = ~envs.in_flight & (envs.seqs < steps)
+                envs.start(np.flatnonzero(idle), actions[idle])
                 *_, infos = envs.finish(envs.wait_ready())
             result["steps"] += 1
             result["failures"] += int(np.sum(infos.get(FAILURES, 0)))
