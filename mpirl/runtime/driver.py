@@ -512,6 +512,9 @@ def _abort_past_stuck_groups(comm: MPI.Comm, code: int) -> None:
     it ends every process of the MPMD job, on whichever communicator it is called."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # The launcher forwards a rank's output on its own time, but prints the abort's note at
+    # once: a moment lets the line that names the group come first.
+    time.sleep(0.2)
     comm.Abort(code)
 
 
