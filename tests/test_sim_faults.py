@@ -205,16 +205,17 @@ def test_a_solver_that_never_calls_mpirl_init_is_named_at_the_start_up_deadline(
         "call mpirl_init first (exit code 70)."], proc.stderr
 
 
-def test_a_solver_killed_with_kill_9_is_named_and_the_run_resumes_under_launch(
-        tmp_path, built_solvers):
-    """The solver hangs at its 20th step (iteration 3; checkpoints at 1 and 2); kill -9 of its
-    pid ends the job (Open MPI's launcher names the world rank); mpirl launch names its env
-    group and resumes from checkpoint 2 with a new solver process, which finishes the run."""
+@pytest.fixture(scope="module")
+def killed_under_launch(tmp_path_factory, built_solvers):
+    """``mpirl launch`` of a run beside rd_solver (local mode, checkpoints every iteration, 3
+    iterations) whose solver hangs at its 20th step (iteration 3), where the test kills it with
+    kill -9: the solver, its pid, launch's exit code and stderr, the run directory."""
     solver = built_solvers.path("rd_solver")
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path_factory.mktemp("killed") / "run"
     config = {"ranks_per_env": 1, "num_envs_per_worker": 1, "rollout_fragment_length": 8,
               "num_epochs": 1, "minibatch_size": 8, "print_layout": False,
-              "checkpoint_every": 1, "env_config": {**RD, "hang_at": 20}}
+              "checkpoint_every": 1, "env_step_timeout_s": 10,
+              "env_config": {**RD, "hang_at": 20}}
     train = mpiexec_command(1, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env",
                             SOLVER_ENV, "--config", json.dumps(config), "--stop",
                             '{"training_iteration": 3}', "--run-dir", str(run_dir), ":", "-n",
@@ -241,9 +242,27 @@ def test_a_solver_killed_with_kill_9_is_named_and_the_run_resumes_under_launch(
             os.killpg(launch.pid, signal.SIGKILL)
             launch.wait()
     reader.join(timeout=10)
-    stderr = "".join(err)
-    assert launch.returncode == 0, stderr
+    return solver, pid, launch.returncode, "".join(err), run_dir
+
+
+def test_a_solver_killed_with_kill_9_is_named_and_the_run_resumes_under_launch(
+        killed_under_launch):
+    """Open MPI's launcher names the killed world rank; launch names its env group and resumes
+    from checkpoint 2 with a new solver process, which finishes the run."""
+    solver, pid, code, stderr, run_dir = killed_under_launch
+    assert code == 0, stderr
     assert (f"mpirl launch: world rank 1 was solver rank 0 of env group 0 ({solver}, pid "
             f"{pid}); resuming from checkpoint 2") in stderr, stderr
     assert stderr.count("hangs at step 20") == 1  # the new solver had 8 steps to take
     assert len((run_dir / "progress.csv").read_text().splitlines()) == 1 + 3
+
+
+def test_mpirl_evaluate_ends_past_a_hanging_solver(killed_under_launch):
+    # The run's env_config has the solver hang at its 20th step: within evaluate's episode.
+    solver, _, _, _, run_dir = killed_under_launch
+    proc = run_mpi(1, str(BIN / "mpirl"), "evaluate", str(run_dir), "--episodes", "1", ":",
+                   "-n", "1", solver, timeout=90)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = mpirl_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith("mpirl: error: env group 0 (") and \
+        lines[0].endswith("did not answer step 20 within env_step_timeout_s 10 s"), proc.stderr
