@@ -620,11 +620,13 @@ class SplitVectorSimulation(Simulation):
     episode. The start comes from the reset's seed alone (the same for any k). ``fail_at``:
     step n of an episode raises on the root; ``nan_at``: step n's observation is NaN;
     ``slow_s``: a step sleeps that long where step + world rank is even, so groups on ranks of
-    both parities take turns being the slow one."""
+    both parities take turns being the slow one. ``member_fails_at``: step n raises on the
+    group's last member before the gather, leaving the root waiting in it."""
 
     def __init__(self, comm: Any, size: int = 8, horizon: int = 16, fail_at: int = 0,
-                 nan_at: int = 0, slow_s: float = 0.0) -> None:
+                 nan_at: int = 0, slow_s: float = 0.0, member_fails_at: int = 0) -> None:
         super().__init__(comm)
+        self.member_fails_at = member_fails_at if comm.Get_rank() == comm.Get_size() - 1 else 0
         k, rank = comm.Get_size(), comm.Get_rank()
         if size % k:
             raise ValueError(f"size {size} does not split over {k} ranks")
@@ -661,6 +663,8 @@ class SplitVectorSimulation(Simulation):
             time.sleep(self.slow_s)
         a = np.asarray(action, np.float64)
         self.x[:] = 0.9 * self.x + 0.1 * a[0] + 0.05 * a[1] * self.index / self.size
+        if self.t == self.member_fails_at:
+            raise RuntimeError(f"a member of the test simulation fails at step {self.t}")
         obs = self._gathered()
         if obs is None:
             return None

@@ -337,3 +337,23 @@ def test_simulations_benchmark_quick_writes_every_key(tmp_path):
     for entry in groups["by_groups"].values():
         assert entry["steps_per_s_per_group"] > 0 and entry["rollout_cpu_us_per_group_step"] > 0
     assert groups["per_group_vs_one"]["1"] == 1.0 and isinstance(groups["target_met"], bool)
+
+
+def test_kuramoto_sivashinsky_benchmark_quick_writes_every_key(tmp_path):
+    out = tmp_path / "ks.json"
+    proc = run_benchmark("kuramoto_sivashinsky.py", "--quick", "--seeds", "0", "--json",
+                         str(out), timeout=240)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    base = report["baselines"]
+    for policy in (base["zero_action"], base["proportional"], report["ppo"]["0"]):
+        assert len(policy["returns"]) == len(policy["lengths"]) == 2, policy
+        assert policy["return_mean"] < 0 and policy["mean_distance"] > 0, policy
+        assert policy["held_distance"] > 0, policy
+    assert set(base["proportional"]["return_by_gain"]) == {"2.0", "4.0"}
+    run = report["ppo"]["0"]
+    assert run["timesteps_total"] >= 320 and run["train_cpu_s"] > 0 and run["train_wall_s"] > 0
+    assert report["ppo_return_mean"] == run["return_mean"]
+    assert isinstance(report["gap_closed"], float) and isinstance(report["vs_proportional"], float)
+    assert report["config"]["env_config"] == {"reward_scale": 0.01, "max_steps": 40}
+    assert report["meta"]["quick"] is True

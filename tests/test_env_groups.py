@@ -182,6 +182,23 @@ def test_a_simulation_that_raises_ends_the_run_with_one_line(tmp_path):
                      "step 3: RuntimeError: the test simulation fails at step 3"], proc.stderr
 
 
+def test_a_member_that_raises_is_named_though_its_root_waits_in_the_gather(tmp_path):
+    # The last member raises before the simulation's gather: the root waits in it for good,
+    # so the member tells the rollout rank itself; the stuck root ends with the job.
+    config = {**CONFIG, "env_config": {"member_fails_at": 3}, "print_layout": False,
+              "shutdown_timeout_s": 2}
+    proc = run_mpi(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SIM, "--config",
+                   json.dumps(config), "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mpirl:")]
+    assert lines[0] == ("mpirl: env group 0 (ranks 2-3) of rollout worker 0 on rank 1 failed at "
+                        "step 3: RuntimeError: a member of the test simulation fails at step 3 "
+                        "(member 1, rank 3)"), proc.stderr
+    assert lines[1:] == ["mpirl: workers did not acknowledge shutdown within 2 s; aborting the "
+                         "job."], proc.stderr
+
+
 def test_doctor_pings_env_ranks():
     proc = run_mpi(4, str(BIN / "mpirl"), "doctor", "--pings", "3", "--config",
                    '{"ranks_per_env": 2, "num_envs_per_worker": 1}', timeout=60)

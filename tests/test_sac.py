@@ -9,8 +9,12 @@ steps (random play scores about -1200). Seeds 0-4, on which the defaults were me
 
 import json
 
+import gymnasium as gym
+import numpy as np
 from conftest import run_mpi
 from test_train import MPIRL, rows, train
+
+import mpirl
 
 
 def test_sac_learns_pendulum_a_little(tmp_path):
@@ -32,3 +36,30 @@ def test_sac_on_discrete_actions_is_one_clear_error(tmp_path):
     assert proc.stderr.count("mpirl: error:") == 1, proc.stderr
     assert "SAC needs a continuous (Box) action space" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+class Float64Actions(gym.Env):
+    """A Box action space of float64 (replay keeps actions in the env's dtype)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-2.0, 2.0, (2,), np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return (np.full(3, 0.1 * self.t, np.float32), -float(np.sum(np.square(action))),
+                False, self.t >= 10, {})
+
+
+def test_sac_trains_on_float64_actions_in_process(tmp_path):
+    # The critics are float32: the learner casts replay's float64 actions before they meet.
+    row = mpirl.train("SAC", "test_sac:Float64Actions",
+                      config={"learning_starts": 8, "train_batch_size": 8,
+                              "hidden_sizes": [8], "sgd_steps_per_env_step": 0.25},
+                      stop={"timesteps_total": 32}, seed=0, run_dir=tmp_path / "run",
+                      progress="off")
+    assert row["timesteps_total"] >= 32 and np.isfinite(row["critic_loss"]), row

@@ -87,7 +87,8 @@ def test_mpirl_processes_after_the_solvers_are_refused(built_solvers):
 def test_mpirl_refusing_its_layout_ends_the_solvers_with_its_code(built_solvers):
     # The CLI joins the apps before anything else: the layout counts mpirl's 2 ranks only, and
     # its error (exit 2) reaches the solvers as END instead of leaving them waiting.
-    proc = run_mpi(2, str(BIN / "mpirl"), "doctor", "--config", '{"num_rollout_workers": 5}', ":",
+    proc = run_mpi(2, str(BIN / "mpirl"), "doctor", "--config",
+                   '{"num_rollout_workers": 5, "ranks_per_env": 1}', ":",
                    "-n", "2", built_solvers.path("echo_solver"), timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()

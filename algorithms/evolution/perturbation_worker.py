@@ -249,6 +249,7 @@ class PerturbationWorker(Worker):
             env=settings.env, num_envs=settings.num_envs, seed=settings.seed,
             max_env_failures=settings.max_env_failures,
             env_failure_window=settings.env_failure_window,
+            ranks_per_env=settings.ranks_per_env, env_step_timeout_s=settings.env_step_timeout_s,
             policies=(RunnerPolicy(acting=CALLER, observation_space=policy.observation_space,
                                    action_space=policy.action_space),)))
         self.seed = self.runner.seed

@@ -32,7 +32,8 @@ static void read_config(const mpirl_solver *s, rd_config *c) {
 
 int main(int argc, char **argv) {
     mpirl_solver *s;
-    if (mpirl_init(&argc, &argv, &s) != 0) return mpirl_exit_code(s);
+    /* 0 on an early END too: mpirl's rank 0 reports the run's code (mpirl_finalize). */
+    if (mpirl_init(&argc, &argv, &s) != 0) return mpirl_finalize(s);
     rd_config config;
     read_config(s, &config);
     char error[256];

@@ -145,7 +145,11 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
                               f"{path} was trained on {spaces[0]} and {spaces[1]}")
         if policy is None:
             policy, obs_filter = _checkpoint_policy(checkpoint, manifest, *here)
-        runner = _policy_runner(spec, here, policy, obs_filter, min(episodes, MAX_BATCH), seed)
+        groups = _solver_groups(spec, manifest)
+        runner = _policy_runner(spec, here, policy, obs_filter,
+                                groups or min(episodes, MAX_BATCH), seed,
+                                ranks_per_env=manifest.get("config", {}).get("ranks_per_env", 0)
+                                if groups else 0)
         playing = [0]  # the envs that play in this round: only their episodes are filmed
         if video_dir is not None:
             _record_videos(runner, video_dir, f"{manifest['algo']}-{checkpoint.name}", playing)
@@ -193,19 +197,55 @@ def _evaluate_multiagent(checkpoint: Path, manifest: dict[str, Any], env: EnvSpe
                       played["episode_lengths"], played["policy_returns"])
 
 
+def _solver_groups(spec: EnvSpec, manifest: dict[str, Any]) -> int:
+    """The env groups a Solver checkpoint plays on: the solver program launched beside this
+    evaluate (``mpiexec -n 1 mpirl evaluate CKPT : -n S ./solver``), S / ranks_per_env of
+    them; 0 for any other env. A Solver without its program, or with a count that does not
+    divide, is one line."""
+    from mpirl.envs.simulation import Solver
+    from mpirl.runtime import apps
+
+    simulation = spec.simulation_class()
+    solvers = apps.solver_ranks()
+    if simulation is None or not issubclass(simulation, Solver):
+        if solvers:
+            raise ConfigError(f"this MPMD launch has a solver program ({solvers} solver ranks), "
+                              f"but the policy plays {spec.env_id!r} in-process; launch "
+                              f"without the program after ':', or evaluate a Solver checkpoint")
+        return 0
+    k = int(manifest.get("config", {}).get("ranks_per_env") or 1)
+    if not solvers or solvers % k:
+        raise ConfigError(f"{spec.env_id!r} is a solver program beside the run: evaluate it in "
+                          f"an MPMD launch, mpiexec -n 1 mpirl evaluate ... : -n S ./solver "
+                          f"with S a multiple of the run's ranks_per_env {k} (got {solvers})")
+    return solvers // k
+
+
 def _local_runner(settings: Any, models: dict[str, Any] | None = None) -> Any:
-    """A sampling core in this process alone (rollout worker 0 of one, no MPI traffic)."""
+    """A sampling core in this process alone (rollout worker 0 of one, no MPI traffic but to
+    a solver program's env groups, when ``settings.ranks_per_env`` says it drives some)."""
     from mpi4py import MPI
 
     from mpirl.runtime.core import RankContext
     from mpirl.workers.env_runner import EnvRunner
 
-    context = RankContext(0, "rollout", 0, 1, None, None, MPI.COMM_SELF, None, "local", "cpu")
+    placement = link = None
+    if getattr(settings, "ranks_per_env", 0):
+        from mpirl.runtime import apps
+        from mpirl.runtime.layout import Layout
+
+        placement = Layout(num_rollout_workers=1, envs_per_rollout=settings.num_envs,
+                           ranks_per_env=settings.ranks_per_env).resolve(
+            1, solver_ranks=apps.solver_ranks())
+        link = apps.solver_link()
+    context = RankContext(0, "rollout", 0, 1, placement, None, MPI.COMM_SELF, None, "local",
+                          "cpu", sim_link=link)
     return EnvRunner(context, settings, models=models)
 
 
 def _policy_runner(spec: EnvSpec, spaces: tuple[gym.Space, gym.Space], policy: Any,
-                   obs_filter: RunningMeanStd | None, num_envs: int, seed: int) -> Any:
+                   obs_filter: RunningMeanStd | None, num_envs: int, seed: int,
+                   ranks_per_env: int = 0) -> Any:
     """A sampling core that plays a single-agent ``policy`` (the model itself, recurrent state
     carried per episode) on ``num_envs`` envs, normalizing with ``obs_filter``: one forward
     pass a step over every env's observation, so that PETS plans the episodes in one batch,
@@ -213,7 +253,7 @@ def _policy_runner(spec: EnvSpec, spaces: tuple[gym.Space, gym.Space], policy: A
     from mpirl.workers.env_runner import DEFAULT_POLICY, RunnerPolicy, RunnerSettings
 
     runner = _local_runner(RunnerSettings(
-        env=spec, num_envs=num_envs, seed=seed,
+        env=spec, num_envs=num_envs, seed=seed, ranks_per_env=ranks_per_env,
         policies=(RunnerPolicy(observation_space=spaces[0], action_space=spaces[1],
                                normalize_observations=obs_filter is not None),)),
         models={DEFAULT_POLICY: policy})

@@ -18,6 +18,7 @@ import mpirl
 from mpirl.config.fields import Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
+from mpirl.envs.simulation import Solver
 from mpirl.errors import CheckpointError, ConfigError, MpirlError
 from mpirl.execution.contract import algorithm_name, env_spec_of, load_algorithm
 from mpirl.execution.multiagent import MultiAgentTrainer
@@ -29,8 +30,8 @@ from mpirl.models.torch_model import check_model
 from mpirl.report.loggers import check_logger_packages, make_loggers
 from mpirl.report.output_log import OutputLog
 from mpirl.report.progress import ProgressDisplay, launcher_process, progress_mode, returns_reached
+from mpirl.runtime import apps, startup
 from mpirl.runtime import signals as stop_signals
-from mpirl.runtime import startup
 from mpirl.runtime.driver import Driver, RuntimeSettings, run
 from mpirl.runtime.layout import Layout
 from mpirl.runtime.world import nested
@@ -157,9 +158,25 @@ def _check_ranks_per_env(algo_config: Any, env: EnvSpec) -> None:
     """ranks_per_env gives env instances ranks of their own: only a Simulation has a use for
     them, and only one agent steps on them (multi-agent simulations are not there yet)."""
     k = getattr(algo_config, "ranks_per_env", 0)
+    solvers = apps.solver_ranks()
+    if not k and not solvers and "Solver" not in env.env_id:
+        return  # an ordinary run: its env's module is not imported here
+    simulation = env.simulation_class()
+    if simulation is not None and issubclass(simulation, Solver):
+        if not solvers:
+            raise ConfigError(f"{env.env_id!r} stands for a solver program launched beside the "
+                              f"run, but none was: launch it after ':' (mpiexec -n N mpirl "
+                              f"train ... : -n S ./solver), with ranks_per_env its ranks per "
+                              f"env instance")
+    elif solvers:
+        ranks = f"{solvers} solver rank{'s' if solvers != 1 else ''}"
+        raise ConfigError(f"this MPMD launch has a solver program ({ranks}), but "
+                          f"{env.env_id!r} is not mpirl.envs.simulation:Solver (the env that "
+                          f"stands for it); use --env mpirl/Solver-v0, or launch without the "
+                          f"program after ':'")
     if not k:
         return
-    if env.simulation_class() is None:
+    if simulation is None:
         raise ConfigError(f"ranks_per_env {k} gives each env instance ranks of its own, which "
                           f"only an mpirl.Simulation env uses; {env.env_id!r} is not one. Leave "
                           f"ranks_per_env at 0.")
@@ -431,6 +448,9 @@ def _write_startup(driver: Driver, run_dir: Path) -> None:
     if placement.env_groups:
         groups = {"groups": len(placement.env_groups), "k": placement.ranks_per_env,
                   "external": placement.env_groups[0].external}
+        if groups["external"]:
+            # The MPMD start-up (HELLOs, GO, the split, the intercommunicator) on rank 0.
+            groups["solver_hello_s"] = round(apps.join_seconds(), 3)
     startup.write_report(run_dir, startup.marks(), ranks, groups)
 
 
@@ -442,7 +462,8 @@ def run_params(request: TrainRequest, driver: Driver, trainer: Trainer) -> dict[
         "runtime": dataclasses.asdict(request.settings),
         "checkpoints": dataclasses.asdict(request.checkpoints),
         "dumps": dataclasses.asdict(request.dump), "stop": request.stop,
-        "layout": driver.placement.record([h["host"] for h in driver.hosts] or None),
+        "layout": driver.placement.record([h["host"] for h in driver.hosts] or None,
+                                          apps.solver_table()),
         "world_size": driver.placement.world_size,
         "max_iterations": request.max_iterations,
         "train_batch_size": trainer.train_batch_size, "mpirl_version": mpirl.__version__,

@@ -130,7 +130,12 @@ def solver_spaces(env_config: dict[str, Any]) -> tuple[gym.spaces.Box, gym.space
 BUNDLED_IDS = {
     "mpirl/ReactionDiffusion-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusion",
     "mpirl/ReactionDiffusionDiscrete-v0": "mpirl.envs.reaction_diffusion:ReactionDiffusionDiscrete",
+    "mpirl/KuramotoSivashinsky-v0": "mpirl.envs.kuramoto_sivashinsky:KuramotoSivashinsky",
 }
 for _id, _entry_point in BUNDLED_IDS.items():
     if _id not in gym.registry:
         gym.register(_id, entry_point=_entry_point)
+# The solver program beside the run (MPMD), its spaces from env_config: --env mpirl/Solver-v0.
+SOLVER_ID = "mpirl/Solver-v0"
+if SOLVER_ID not in gym.registry:
+    gym.register(SOLVER_ID, entry_point="mpirl.envs.simulation:Solver")

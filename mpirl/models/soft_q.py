@@ -147,8 +147,9 @@ class SACModel(FlatParameters):
         return self.action_mid + self.action_half * squashed
 
     def from_env(self, actions: torch.Tensor) -> torch.Tensor:
-        return ((actions.reshape(len(actions), -1) - self.action_mid) / self.action_half
-                ).clamp(-1, 1)
+        # Replay keeps actions in the env's dtype: a float64 Box's would meet float32 critics.
+        actions = actions.reshape(len(actions), -1).to(self.action_mid.dtype)
+        return ((actions - self.action_mid) / self.action_half).clamp(-1, 1)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = False):

@@ -41,8 +41,8 @@ from mpirl.errors import (
     MpirlError,
     RankLost,
 )
+from mpirl.runtime import apps, sim_link, startup
 from mpirl.runtime import signals as stop_signals
-from mpirl.runtime import sim_link, startup
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.dispatch import HOST, SIGNAL, Dispatcher, WorkerGroup, WorkerHandle
 from mpirl.runtime.heartbeat import (
@@ -59,11 +59,13 @@ from mpirl.runtime.layout import (
     LAYOUT_TABLE_COLUMNS,
     LEARNER,
     ROLLOUT,
+    SOLVER_TABLE_COLUMNS,
     WORKER_ROLES,
     Layout,
     Placement,
     check_slurm_step,
     format_table,
+    solver_rows,
 )
 from mpirl.runtime.memory import MIB, rss_bytes
 from mpirl.runtime.transport import Channel
@@ -308,6 +310,11 @@ class Driver:
         if link is None or self._ended_groups:
             return
         self._ended_groups = True
+        if self.placement.env_groups[0].external:
+            # One sender of END to a solver program, whoever ends first: the run here, or
+            # mpirl.cli on any exit (apps.end_solvers sends it once per process).
+            apps.end_solvers(exit_code)
+            return
         message = np.array([sim_link.END, exit_code], np.int64)
         lost = self.dispatcher.lost if self.dispatcher is not None else ()
         members = [r for g in self.placement.env_groups for r in g.members
@@ -370,7 +377,10 @@ def run(main: Callable[[Driver], int | None], layout: Layout,
     # Whether srun's tasks form one MPI world is a question about COMM_WORLD, nested or not.
     check_slurm_step(MPI.COMM_WORLD.Get_size())
     with running_on(comm) as world:
-        placement = layout.resolve(world.Get_size())
+        # An MPMD launch's solver processes are env groups of the run on the whole world (a
+        # run nested on a sub-communicator, a tune trial, has none of them).
+        placement = layout.resolve(world.Get_size(),
+                                   solver_ranks=apps.solver_ranks() if comm is None else 0)
         if not placement.local:
             require_thread_multiple()
         if stop_signals_enabled:
@@ -474,7 +484,7 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
     contexts = {
         role: RankContext(0, role, 0, 1, placement, None, MPI.COMM_SELF, None, host,
                           pick_device(role, 0, settings.learner_device),
-                          settings.task_timeout_s)
+                          settings.task_timeout_s, sim_link=_external_link(placement))
         for role in (DRIVER, *placement.local_roles)
     }
     driver = Driver(placement, contexts[DRIVER], settings, None, contexts)
@@ -506,10 +516,22 @@ def _print_layout(placement: Placement, rows: list[tuple]) -> str:
     text = f"mpirl layout: {placement.summary()}\n{format_table(LAYOUT_TABLE_COLUMNS, rows)}\n"
     if placement.env_groups:
         hosts = {row[0]: row[3] for row in rows}
-        text += (f"env groups\n"
-                 f"{format_table(ENV_GROUP_TABLE_COLUMNS, placement.env_group_rows(hosts))}\n")
+        groups = placement.env_group_rows(hosts, apps.solver_table())
+        text += f"env groups\n{format_table(ENV_GROUP_TABLE_COLUMNS, groups)}\n"
+    if placement.solver_ranks:
+        rows = solver_rows(placement, apps.solver_table())
+        text += f"solver ranks\n{format_table(SOLVER_TABLE_COLUMNS, rows)}\n"
     print(text, end="", flush=True)
     return text
+
+
+def _external_link(placement: Placement) -> MPI.Intercomm | None:
+    """The MPMD intercommunicator to a solver program's env groups, or None. It belongs to
+    ``mpirl.runtime.apps`` (made once per process, used by every run of it): a run never frees
+    it."""
+    if placement.env_groups and placement.env_groups[0].external:
+        return apps.solver_link()
+    return None
 
 
 def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
@@ -549,6 +571,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     weights_comm = _split_weights_comm(world, placement)
     node_comm = role_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     group_comm = sim_link = None
+    external_link = _external_link(placement)
     if placement.env_groups and not placement.env_groups[0].external:
         # Env ranks in the world: one message each way per env step with the rollout rank, on
         # a communicator of their own (no other traffic matches their tags).
@@ -562,7 +585,7 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
         device=pick_device(role, node_comm.Get_rank(), settings.learner_device),
         collective_timeout_s=settings.task_timeout_s,
         collective_backoff=(settings.poll_max_sleep_s, settings.poll_sleep_share),
-        group_comm=group_comm, sim_link=sim_link,
+        group_comm=group_comm, sim_link=sim_link or external_link,
     )
     node_comm.Free()
     startup.mark("ranks_connected")

@@ -435,10 +435,11 @@ class Placement:
                 f"-n {needed}) for one rollout rank, or set num_rollout_workers 0 if none is "
                 f"meant")
 
-    def env_group_rows(self, hosts: Mapping[int, str] | Sequence[str] | None = None
-                       ) -> list[tuple]:
+    def env_group_rows(self, hosts: Mapping[int, str] | Sequence[str] | None = None,
+                       solvers: Sequence[Any] = ()) -> list[tuple]:
         """The rows of the start-up ``env groups`` table: group, rollout rank, its ranks (run
-        ranks, or ``solver a-b``), their hosts (in-world, when ``hosts`` by rank is given)."""
+        ranks, or ``solver a-b``), their hosts (in-world, when ``hosts`` by rank is given;
+        external, from ``solvers``, ``apps.SolverProcess`` in rank order)."""
         rows = []
         for group in self.env_groups:
             span = (f"{group.members[0]}-{group.members[-1]}" if len(group.members) > 1
@@ -446,14 +447,20 @@ class Placement:
             where = "-"
             if hosts is not None and not group.external:
                 where = ",".join(sorted({hosts[r] for r in group.members}))
+            elif group.external and solvers:
+                where = ",".join(sorted({solvers[r].host for r in group.members
+                                         if r < len(solvers)}))
             rows.append((group.index, group.rollout_rank,
                          f"solver {span}" if group.external else span, where))
         return rows
 
-    def record(self, hosts: Mapping[int, str] | Sequence[str] | None = None) -> dict[str, Any]:
+    def record(self, hosts: Mapping[int, str] | Sequence[str] | None = None,
+               solvers: Sequence[Any] = ()) -> dict[str, Any]:
         """The layout that ran, as params.json keeps it: the world ranks of each role (in local
         mode an in-process role is on rank 0), the world size, and what local mode folded;
-        with env groups, ``ranks_per_env`` and each group (``hosts``: each rank's host)."""
+        with env groups, ``ranks_per_env`` and each group (``hosts``: each rank's host;
+        ``solvers``: a solver program's processes, ``apps.SolverProcess`` in rank order, whose
+        world ranks, hosts, pids and program an external group records)."""
         record: dict[str, Any] = {
             "summary": self.summary(), "world_size": self.world_size, "local_mode": self.local,
             "ranks": {role: self.ranks(role) for role in self._shown_roles()},
@@ -466,15 +473,44 @@ class Placement:
                 {"group": g.index, "rollout_rank": g.rollout_rank, "ranks": list(g.members),
                  "external": g.external,
                  **({"hosts": [hosts[r] for r in g.members]}
-                    if hosts is not None and not g.external else {})}
+                    if hosts is not None and not g.external else {}),
+                 **(_solver_record(g, solvers) if g.external and solvers else {})}
                 for g in self.env_groups]
             if self.solver_ranks:
                 record["solver_ranks"] = self.solver_ranks
         return record
 
 
+def _solver_record(group: EnvGroup, solvers: Sequence[Any]) -> dict[str, Any]:
+    members = [solvers[r] for r in group.members if r < len(solvers)]
+    return {"world_ranks": [p.world_rank for p in members], "hosts": [p.host for p in members],
+            "pids": [p.pid for p in members],
+            "program": members[0].program if members else ""}
+
+
 #: The columns of the start-up ``env groups`` table.
 ENV_GROUP_TABLE_COLUMNS = ("group", "rollout", "ranks", "hosts")
+#: The columns of the start-up ``solver ranks`` table (an MPMD launch with a solver program).
+SOLVER_TABLE_COLUMNS = ("world", "group", "member", "host", "pid", "program")
+
+
+def solver_rows(placement: Placement, solvers: Sequence[Any]) -> list[tuple]:
+    """The rows of the ``solver ranks`` table: each solver process (``apps.SolverProcess``, in
+    the solver program's rank order) with its world rank, env group and member in it."""
+    k = max(1, placement.ranks_per_env)
+    return [(p.world_rank, i // k, i % k, p.host, p.pid, p.program)
+            for i, p in enumerate(solvers)]
+
+
+def parse_solver_row(line: str) -> dict[str, Any] | None:
+    """One data row of the start-up ``solver ranks`` table as ``{"world", "group", "member",
+    "host", "pid", "program"}``, or None for any other line: how tests find a solver's pids."""
+    cells = line.split(maxsplit=len(SOLVER_TABLE_COLUMNS) - 1)
+    if len(cells) != len(SOLVER_TABLE_COLUMNS) or not all(
+            cells[i].isdigit() for i in (0, 1, 2, 4)):
+        return None
+    return {"world": int(cells[0]), "group": int(cells[1]), "member": int(cells[2]),
+            "host": cells[3], "pid": int(cells[4]), "program": cells[5]}
 
 
 def _check_role(role: str) -> None:

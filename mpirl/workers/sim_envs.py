@@ -94,6 +94,10 @@ class SimEnvs(gym.vector.VectorEnv):
         self.failures_in_row = np.zeros(g, np.int64)
         self.seed, self.resets = seed, np.zeros(g, np.int64)
         self.closed = False
+        #: a group's other members (not its root) on the link: one that fails tells this rank
+        #: itself (TAG_ERROR), as its root may be stuck in a collective the member left
+        self._member_groups = {rank: j for j, grp in enumerate(self.groups)
+                               for rank in grp.members[1:]}
         self._setup(env_config, seed, num_groups)
 
     def _setup(self, env_config: dict[str, Any], seed: int, num_groups: int) -> None:
@@ -186,6 +190,7 @@ class SimEnvs(gym.vector.VectorEnv):
                 raise SimulationError(f"{self.groups[j].name} of {self.where} did not answer "
                                       f"step {int(self.seqs[j])} within env_step_timeout_s "
                                       f"{self.timeout_s:g} s")
+            self._member_failure(lambda j: f"step {int(self.seqs[j])}")
             self.backoff.sleep()
 
     def finish(self, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
@@ -303,10 +308,27 @@ class SimEnvs(gym.vector.VectorEnv):
                              for i, j in enumerate(range(g) if only is None
                                                    else np.flatnonzero(only).tolist())})
 
+    def _member_failure(self, what: Any) -> None:
+        """Raise ``SimulationError`` with the message of a group member (not its root) that
+        failed, if one came; ``what(j)`` says what group j was doing."""
+        if not self._member_groups:
+            return
+        status = MPI.Status()
+        if not self.link.Iprobe(MPI.ANY_SOURCE, sim_link.TAG_ERROR, status):
+            return
+        j = self._member_groups.get(status.Get_source())
+        if j is None:  # a root's, read after its ERROR reply
+            return
+        text = bytearray(status.Get_count(MPI.BYTE))
+        self.link.Recv([text, MPI.BYTE], status.Get_source(), sim_link.TAG_ERROR)
+        raise SimulationError(f"{self.groups[j].name} of {self.where} failed at {what(j)}: "
+                              f"{text.decode(errors='replace').strip()}")
+
     def _wait(self, test: Any, what: str, requests: list[MPI.Request]) -> None:
         self.backoff.reset()
         deadline = time.monotonic() + self.timeout_s
         while not test():
+            self._member_failure(lambda j: what)
             if time.monotonic() > deadline:
                 late = [grp.name for j, grp in enumerate(self.groups)
                         if any(not r.Get_status() for r in requests

@@ -107,13 +107,27 @@ def serve_group(link: MPI.Comm, group_comm: MPI.Comm, simulation_class: type[Sim
                     reply[1:4] = (reward, bool(terminated), bool(truncated))
                     reply[4:] = np.ravel(obs)
         except Exception as error:  # noqa: BLE001 - the rollout rank names it and ends the run
-            if not root:
-                raise
-            failure = failure or f"{type(error).__name__}: {error}"
-            reply[0] = sim_link.ERROR_SEQ
-            _send(link, reply, rollout_rank, sim_link.TAG_REPLY, backoff)
-            _send(link, np.frombuffer(failure.encode()[:4096], np.uint8), rollout_rank,
-                  sim_link.TAG_ERROR, backoff, MPI.BYTE)
+            if failure is None:
+                failure = f"{type(error).__name__}: {error}"
+                if not root:
+                    failure += f" (member {group_comm.Get_rank()}, rank {link.Get_rank()})"
+                    # Straight to the rollout rank too: the root may be stuck in a collective
+                    # of the simulation that this member left.
+                    _send(link, _text(failure), rollout_rank, sim_link.TAG_ERROR, backoff,
+                          MPI.BYTE)
+        # Whether any member failed (a flag per command, over the group): the root then answers
+        # ERROR with the failed member's message, and no member computes again.
+        failed_member = _failed_member(group_comm, failure is not None, link, ended,
+                                       driver_rank, backoff)
+        if failed_member == _ABANDONED:
+            break
+        if failed_member >= 0:
+            failure = _member_failure(group_comm, failed_member, failure, backoff)
+            if root:
+                reply[0] = sim_link.ERROR_SEQ
+                _send(link, reply, rollout_rank, sim_link.TAG_REPLY, backoff)
+                _send(link, _text(failure), rollout_rank, sim_link.TAG_ERROR, backoff,
+                      MPI.BYTE)
             continue
         if root:
             _send(link, reply, rollout_rank, sim_link.TAG_REPLY, backoff)
@@ -124,6 +138,8 @@ def serve_group(link: MPI.Comm, group_comm: MPI.Comm, simulation_class: type[Sim
     return ended.code
 
 
+#: ``_failed_member``'s answer when the driver's END came first.
+_ABANDONED = -2
 _DATATYPES = {"q": MPI.INT64_T, "l": MPI.INT64_T, "d": MPI.DOUBLE, "B": MPI.BYTE}
 
 
@@ -179,6 +195,48 @@ def _broadcast(group_comm: MPI.Comm, row: np.ndarray, link: MPI.Comm, ended: _En
         if group_comm.Get_rank():
             _poll_end(link, ended, driver_rank)
         backoff.sleep()
+
+
+def _text(message: str) -> np.ndarray:
+    return np.frombuffer(message.encode()[:4096], np.uint8)
+
+
+def _failed_member(group_comm: MPI.Comm, failed: bool, link: MPI.Comm, ended: _Ended,
+                   driver_rank: int, backoff: Backoff) -> int:
+    """The lowest member that failed at this command (this one if ``failed``), or -1: one
+    small allreduce per command, polled with back-off. The driver's END ends the wait
+    (``_ABANDONED``): a member stuck in the simulation's own collective may never come, and
+    END reaches every member, so none waits here for one that left."""
+    size = group_comm.Get_size()
+    if size == 1:
+        return 0 if failed else -1
+    flag = np.array([group_comm.Get_rank() if failed else size], np.int64)
+    lowest = np.zeros(1, np.int64)
+    request = group_comm.Iallreduce([flag, MPI.INT64_T], [lowest, MPI.INT64_T], MPI.MIN)
+    backoff.reset()
+    while not request.Test():
+        if _poll_end(link, ended, driver_rank):
+            return _ABANDONED
+        backoff.sleep()
+    return int(lowest[0]) if lowest[0] < size else -1
+
+
+def _member_failure(group_comm: MPI.Comm, member: int, failure: str | None,
+                    backoff: Backoff) -> str:
+    """The failed member's message on every member (the root sends it to the rollout rank)."""
+    if group_comm.Get_size() == 1:
+        return failure or ""
+    data = np.zeros(4096, np.uint8)
+    length = np.zeros(1, np.int64)
+    if group_comm.Get_rank() == member:
+        text = _text(failure or "")
+        data[:text.size], length[0] = text, text.size
+    for buffer, datatype in ((length, MPI.INT64_T), (data, MPI.BYTE)):
+        request = group_comm.Ibcast([buffer, datatype], root=member)
+        backoff.reset()
+        while not request.Test():
+            backoff.sleep()
+    return data[:int(length[0])].tobytes().decode(errors="replace")
 
 
 def _send(link: MPI.Comm, data: np.ndarray, dest: int, tag: int, backoff: Backoff,
