@@ -98,22 +98,6 @@ def test_the_fortran_solver_steps_as_the_python_env(built_solvers, python_trajec
     assert np.abs(fortran - np.array(python_trajectories["1"])).max() <= 1e-12
 
 
-def test_the_solver_programs_answer_the_link_as_the_python_env(built_solvers,
-                                                               python_trajectories):
-    # Over sim_link (mpirl_next / mpirl_send), one group of 2 ranks of each program in one
-    # MPMD world; programs/rd_link_check.py plays the rollout side.
-    fortran = built_solvers.fortran("rd_solver_f")
-    proc = run_mpi(1, sys.executable, str(PROGRAMS / "rd_link_check.py"), "2",
-                   ":", "-n", "2", built_solvers.path("rd_solver"), ":", "-n", "2", fortran,
-                   timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    groups = parse_result(proc.stdout)["groups"]
-    assert [group["program"] for group in groups] == ["rd_solver", "rd_solver_f"]
-    for group in groups:
-        lines = np.array(group["lines"])
-        assert np.abs(lines - np.array(python_trajectories["1"])).max() <= 1e-12, group["program"]
-
-
 @pytest.mark.parametrize(("config", "message"), [
     ({"n_point": 32}, "no env_config key 'n_point'; its keys are n_points, nu"),
     ({"n_points": 0}, "n_points must be a positive integer, got 0"),

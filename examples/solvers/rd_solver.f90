@@ -3,8 +3,12 @@
 ! its processes:
 !
 !     mpiexec -n 2 mpirl train --algo PPO --env mpirl.envs.simulation:Solver \
-!         --config '{"ranks_per_env": 2, "env_config": {"observation_size": 8, "action_size": 4}}' \
+!         --config '{"ranks_per_env": 2, "num_envs_per_worker": 1,
+!                    "env_config": {"observation_size": 8, "action_size": 4}}' \
 !         : -n 2 examples/solvers/build/rd_solver_f
+!
+! (mpirl's 2 ranks: the driver and one rollout rank, which drives num_envs_per_worker groups
+! of ranks_per_env solver processes: -n after ':' is their product times the rollout ranks.)
 !
 !     u_t = nu u_xx + lam u + sum_i a_i g_i(x)   on [0, pi],  u = 0 at both ends.
 !
