@@ -358,16 +358,33 @@ def test_self_play_needs_two_agents_on_the_policy(tmp_path):
     assert "self_play needs at least two agents mapped to the policy" in str(error)
 
 
-def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(tmp_path):
+@pytest.fixture(scope="module")
+def mixed_probed_and_dumped(tmp_path_factory):
+    """One MixedAgents run (3 ranks, 2 iterations; DQN drives the picker, PPO the steerer) for
+    two tests: it dumps each policy's episodes and runs the callbacks probe (tests/programs/
+    callbacks_probe.py, logging each hook to PROBE_DIR)."""
+    base = tmp_path_factory.mktemp("mixed_probed")
+    probe, run_dir, dump = base / "probe", base / "run", base / "dump"
+    probe.mkdir()
+    config = {"callbacks": "callbacks_probe:Probe", "dump_trajectories": str(dump),
+              "checkpoint_every": 2,
+              "multiagent": {"policies": {"picker": {"algo": "DQN"}, "steerer": {}}}}
+    proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
+                   "--run-dir", str(run_dir), "--config", json.dumps(config), "--stop",
+                   '{"training_iteration": 2}', timeout=300,
+                   env={"CI": "true", "PYTHONPATH": PROGRAMS, "PROBE_DIR": str(probe)})
+    _ok(proc)
+    return run_dir, dump, probe
+
+
+def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(
+        mixed_probed_and_dumped):
     """A dump per policy, read back with mpirl.open_dataset: each episode is one agent's, with
-    its agent id and policy id; mpirl evaluate plays a multi-agent checkpoint."""
+    its agent id and policy id; mpirl evaluate plays a multi-agent checkpoint (a DQN and a PPO
+    policy)."""
     import mpirl
 
-    run_dir, dump = tmp_path / "run", tmp_path / "dump"
-    config = {"dump_trajectories": str(dump), "checkpoint_every": 3}
-    _ok(_train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents", "--run-dir",
-               str(run_dir), "--config", json.dumps(config), "--stop",
-               '{"training_iteration": 3}'))
+    run_dir, dump, _ = mixed_probed_and_dumped
     rows = _rows(run_dir)
     expected = {"picker": (20, 3, ()), "steerer": (12, 2, (1,))}
     for pid, (length, obs_size, action_shape) in expected.items():
@@ -382,7 +399,8 @@ def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(tmp_pat
     with pytest.raises(mpirl.data.reader.DatasetError, match="one dataset per policy: open"):
         mpirl.open_dataset(dump)
     proc = subprocess.run([MPIRL, "evaluate", str(run_dir), "--episodes", "3", "--json"],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
+                          capture_output=True, text=True, timeout=120,
+                          env=mpi_env({"PYTHONPATH": PROGRAMS}))  # the run's callbacks module
     _ok(proc)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["episodes"] == 3 and result["length_mean"] == 20
@@ -624,20 +642,11 @@ def test_apex_drives_a_policy_beside_ppo(tmp_path):
     assert _f(last, "picker/sgd_steps_total") > 0
 
 
-def test_rollout_callbacks_see_every_agents_episodes(tmp_path):
+def test_rollout_callbacks_see_every_agents_episodes(mixed_probed_and_dumped):
     """on_episode_end runs on the rollout ranks for each agent's episode (with its agent and
     policy ids), on_sample_end for each policy's sample call, and custom metrics reach the
     row; the driver's hooks run once for the run."""
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    run_dir = tmp_path / "run"
-    config = {"callbacks": "callbacks_probe:Probe",
-              "multiagent": {"policies": {"picker": {"algo": "DQN"}, "steerer": {}}}}
-    proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
-                   "--run-dir", str(run_dir), "--config", json.dumps(config), "--stop",
-                   '{"training_iteration": 2}', timeout=300,
-                   env={"CI": "true", "PYTHONPATH": PROGRAMS, "PROBE_DIR": str(probe)})
-    _ok(proc)
+    run_dir, _, probe = mixed_probed_and_dumped
     events = [json.loads(line) for path in probe.iterdir()
               for line in path.read_text().splitlines()]
     ends = [e for e in events if e["hook"] == "on_episode_end"]
