@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--quick", action="store_true",
                         help="shorter runs, a low return target (about 2 minutes)")
+    parser.add_argument("--min-ratio", type=float, metavar="R",
+                        help="exit 1 unless the throughput ratio is at least R and the run with "
+                             "the straggler converged (make bench: 0.8)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     started = time.perf_counter()
@@ -176,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         print(f"wrote {args.json}")
     failed = any("error" in r for r in (healthy_one, slow_one, convergence)) or not ratios
+    if args.min_ratio is not None and not failed and (
+            report["throughput_ratio"] < args.min_ratio or not convergence["reached"]):
+        print(f"below the bar: throughput ratio {report['throughput_ratio']:.2f} (at least "
+              f"{args.min_ratio:g}), converged {convergence['reached']}")
+        failed = True
     return 1 if failed else 0
 
 

@@ -65,18 +65,20 @@ _EXPORTS = {
     "train": "mpirl.api", "Algorithm": "mpirl.api", "RunFailed": "mpirl.api",
     "open_dataset": "mpirl.data.reader", "Callbacks": "mpirl.workers.callbacks",
     "CallbackError": "mpirl.errors",
+    "Simulation": "mpirl.envs.simulation", "SimulationError": "mpirl.errors",
 }
 
 __all__ = [
     "Algorithm", "CallbackError", "Callbacks", "RunFailed", "open_dataset", "train",
     "ConfigError", "Driver", "Future", "Layout", "LayoutError", "MpirlError", "Placement",
     "RankContext", "RankLost", "RemoteError", "RuntimeSettings", "TaskTimeout", "Worker",
-    "WorkerGroup", "WorkerHandle", "__version__", "run", "wait",
+    "WorkerGroup", "WorkerHandle", "__version__", "run", "wait", "Simulation", "SimulationError",
 ]
 
 if TYPE_CHECKING:
     from mpirl.api import Algorithm, RunFailed, train
     from mpirl.data.reader import open_dataset
+    from mpirl.envs.simulation import Simulation
     from mpirl.errors import (
         CallbackError,
         ConfigError,
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
         MpirlError,
         RankLost,
         RemoteError,
+        SimulationError,
         TaskTimeout,
     )
     from mpirl.runtime.core import RankContext, Worker

@@ -99,28 +99,6 @@ def test_bad_in_flight_bound_is_one_clear_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.serial
-def test_a_straggler_rank_costs_impala_little_throughput(tmp_path):
-    """One rollout rank slowed 10x for real (sleeping in every env step, mpirl.testing's
-    MpirlStragglerCartPole-v0): 2 healthy ranks plus the slow one sample at least 80% as fast
-    as the 2 healthy ranks alone, and training still learns. Every rank's env step also sleeps
-    a little, so that neither run saturates the 2 cores and the ratio measures the driver, not
-    the kernel's sharing of 2 cores among 3 or 4 busy processes (which had moved single pairs
-    from 0.69 to 1.02). Measured by the straggler benchmark's quick mode (medians over
-    iterations and 2 alternating pairs, see benchmarks/RESULTS.md). The policy lag is reported
-    but not compared: the slow rank's fragments are 1 in 20 of those used, and its largest lag
-    (about 2 updates per slow fragment here) tied the healthy runs' in a CI run."""
-    from test_benchmarks import run_benchmark
-
-    out = tmp_path / "straggler.json"
-    proc = run_benchmark("straggler.py", "--quick", "--json", str(out), timeout=300)
-    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
-    report = json.loads(out.read_text())
-    assert report["slowdown_factor"] >= 7, report["calibration"]
-    assert report["throughput_ratio"] >= 0.8, report["pairs"]
-    assert report["convergence"]["reached"], report["convergence"]
-
-
 def test_streamed_impala_without_rollout_ranks_is_one_clear_error(tmp_path):
     proc = run_mpi(1, *MPIRL, "train", "--algo", "IMPALA", "--env", "CartPole-v1",
                    "--config", '{"fragments_per_call": 2}',

@@ -1,7 +1,7 @@
 """Training on a solver program beside the run (MPMD): ``mpiexec -n N mpirl train --env
 mpirl/Solver-v0 ... : -n S ./solver``, with the example solvers of examples/solvers (the
-reaction-diffusion env in C, rd_solver; the Fortran echo solver). One mpiexec per test; the
-training run is shared by the tests that read its outputs."""
+reaction-diffusion env in C, rd_solver, and in Fortran, rd_solver_f; the Fortran echo solver).
+One mpiexec per test; the training run is shared by the tests that read its outputs."""
 
 from __future__ import annotations
 
@@ -106,6 +106,22 @@ def test_the_fortran_solver_trains_one_iteration_in_two_groups_of_one(built_solv
     # Episodes of 10 steps: 3 ended in each group's 32 steps.
     assert result["timesteps_total"] == 64 and result["episode_len_mean"] == 10, result
     assert result["episodes_total"] == 6, result
+
+
+def test_ppo_trains_one_iteration_on_the_fortran_reaction_diffusion_solver(built_solvers,
+                                                                           tmp_path):
+    # rd_solver.f90 in one group of k = 2 (its halo exchange every substep); its trajectory
+    # is the Python env's (test_reaction_diffusion.py).
+    solver = built_solvers.fortran("rd_solver_f")
+    proc = run_mpi(1, *train_args(tmp_path / "run", 2, {**RD_CONFIG, "max_steps": 10}, 1),
+                   ":", "-n", "2", solver, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert NON_ZERO_NOTE not in proc.stderr
+    assert "solver 2 (1 group x 2)" in proc.stdout and "rd_solver_f" in proc.stdout
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    # Episodes of max_steps 10: 3 ended in the iteration's 32 steps; rewards -(u^2 + c a^2).
+    assert result["timesteps_total"] == 32 and result["episode_len_mean"] == 10, result
+    assert result["episode_return_mean"] < 0, result
 
 
 def test_a_solver_count_that_does_not_fit_is_one_line_and_the_solvers_end_quietly(

@@ -62,10 +62,11 @@ def test_agents_with_different_spaces_that_join_and_leave(tmp_path):
     """``picker`` (Discrete actions) plays 20 steps; ``steerer`` (a Box action) joins at step 3
     and is truncated at step 15: one policy each by default, as their spaces differ."""
     run_dir = tmp_path / "run"
-    # 50k env steps: both thresholds first met at 26.6k-31.7k on seeds 1-5 (was 100k).
+    # 40k env steps (was 100k, then 50k): on seeds 1-5 both thresholds first met at
+    # 26.6k-31.7k, and at the end (40,960) the picker at 19.7-19.9, the steerer -2.3 to -2.5.
     proc = _train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
                   "--run-dir", str(run_dir), "--seed", "5",
-                  "--stop", '{"timesteps_total": 50000}')
+                  "--stop", '{"timesteps_total": 40000}')
     _ok(proc)
     rows = _rows(run_dir)
     last = rows[-1]
@@ -83,10 +84,13 @@ def test_agents_with_different_spaces_that_join_and_leave(tmp_path):
 
 def test_ppo_and_dqn_composed_on_four_cartpoles(tmp_path):
     """Even agents PPO, odd agents DQN, each algorithm on a learner rank of its own; both
-    policies reach 150 within 200k env steps (RLlib's two-trainer example's target)."""
+    policies reach 150 within 200k env steps (RLlib's two-trainer example's target). DQN's Q
+    network is 64 x 64 (its default 256 x 256 cost this run 47 CPU-s, this one 33): on seeds
+    1-5 PPO first reached 150 at 12.3k-15.9k env steps and DQN at 13.8k-22.5k."""
     run_dir = tmp_path / "run"
     config = {"num_learners": 2, "seed": 5, "multiagent": {
-        "policies": {"ppo": {"num_learners": 1}, "dqn": {"algo": "DQN", "num_learners": 1}},
+        "policies": {"ppo": {"num_learners": 1},
+                     "dqn": {"algo": "DQN", "num_learners": 1, "hidden_sizes": [64, 64]}},
         "policy_mapping": {"cart_[02]": "ppo", "cart_[13]": "dqn"}}}
     proc = _train(4, "--algo", "PPO", "--env", "mpirl.envs.examples:FourAgentCartPole",
                   "--run-dir", str(run_dir), "--config", json.dumps(config),
@@ -355,16 +359,33 @@ def test_self_play_needs_two_agents_on_the_policy(tmp_path):
     assert "self_play needs at least two agents mapped to the policy" in str(error)
 
 
-def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(tmp_path):
+@pytest.fixture(scope="module")
+def mixed_probed_and_dumped(tmp_path_factory):
+    """One MixedAgents run (3 ranks, 2 iterations; DQN drives the picker, PPO the steerer) for
+    two tests: it dumps each policy's episodes and runs the callbacks probe (tests/programs/
+    callbacks_probe.py, logging each hook to PROBE_DIR)."""
+    base = tmp_path_factory.mktemp("mixed_probed")
+    probe, run_dir, dump = base / "probe", base / "run", base / "dump"
+    probe.mkdir()
+    config = {"callbacks": "callbacks_probe:Probe", "dump_trajectories": str(dump),
+              "checkpoint_every": 2,
+              "multiagent": {"policies": {"picker": {"algo": "DQN"}, "steerer": {}}}}
+    proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
+                   "--run-dir", str(run_dir), "--config", json.dumps(config), "--stop",
+                   '{"training_iteration": 2}', timeout=300,
+                   env={"CI": "true", "PYTHONPATH": PROGRAMS, "PROBE_DIR": str(probe)})
+    _ok(proc)
+    return run_dir, dump, probe
+
+
+def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(
+        mixed_probed_and_dumped):
     """A dump per policy, read back with mpirl.open_dataset: each episode is one agent's, with
-    its agent id and policy id; mpirl evaluate plays a multi-agent checkpoint."""
+    its agent id and policy id; mpirl evaluate plays a multi-agent checkpoint (a DQN and a PPO
+    policy)."""
     import mpirl
 
-    run_dir, dump = tmp_path / "run", tmp_path / "dump"
-    config = {"dump_trajectories": str(dump), "checkpoint_every": 3}
-    _ok(_train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents", "--run-dir",
-               str(run_dir), "--config", json.dumps(config), "--stop",
-               '{"training_iteration": 3}'))
+    run_dir, dump, _ = mixed_probed_and_dumped
     rows = _rows(run_dir)
     expected = {"picker": (20, 3, ()), "steerer": (12, 2, (1,))}
     for pid, (length, obs_size, action_shape) in expected.items():
@@ -379,7 +400,8 @@ def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(tmp_pat
     with pytest.raises(mpirl.data.reader.DatasetError, match="one dataset per policy: open"):
         mpirl.open_dataset(dump)
     proc = subprocess.run([MPIRL, "evaluate", str(run_dir), "--episodes", "3", "--json"],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
+                          capture_output=True, text=True, timeout=120,
+                          env=mpi_env({"PYTHONPATH": PROGRAMS}))  # the run's callbacks module
     _ok(proc)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["episodes"] == 3 and result["length_mean"] == 20
@@ -602,9 +624,13 @@ def test_apex_drives_a_policy_beside_ppo(tmp_path):
     """Ape-X's asynchronous loop (per-worker epsilons, prioritized replay, weights posted by its
     learner) drives the picker while PPO drives the steerer: both learn."""
     run_dir = tmp_path / "run"
-    config = {"multiagent": {"policies": {"picker": {"algo": "APEX", "num_learners": 0},
-                                          "steerer": {}}}}
-    # 8k env steps: both first met at 5.6k on seeds 1-5 (was 12k).
+    config = {"multiagent": {"policies": {
+        "picker": {"algo": "APEX", "num_learners": 0, "hidden_sizes": [64, 64]},
+        "steerer": {}}}}
+    # 8k env steps: both first met at 5.6k on seeds 1-5 (was 12k). Ape-X's Q network 64 x 64
+    # (its default 256 x 256: 24.6 CPU-s for seed 0, this 14.1): the picker first at 15 at
+    # 5.6k-6.1k on seeds 0-5, the steerer 2 above its first mean at 4.1k-6.7k, and at the
+    # end 19.98-20.0 and +2.53 to +3.11.
     _ok(_train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents", "--run-dir",
                str(run_dir), "--config", json.dumps(config), "--stop",
                '{"timesteps_total": 8000}'))
@@ -617,20 +643,11 @@ def test_apex_drives_a_policy_beside_ppo(tmp_path):
     assert _f(last, "picker/sgd_steps_total") > 0
 
 
-def test_rollout_callbacks_see_every_agents_episodes(tmp_path):
+def test_rollout_callbacks_see_every_agents_episodes(mixed_probed_and_dumped):
     """on_episode_end runs on the rollout ranks for each agent's episode (with its agent and
     policy ids), on_sample_end for each policy's sample call, and custom metrics reach the
     row; the driver's hooks run once for the run."""
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    run_dir = tmp_path / "run"
-    config = {"callbacks": "callbacks_probe:Probe",
-              "multiagent": {"policies": {"picker": {"algo": "DQN"}, "steerer": {}}}}
-    proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
-                   "--run-dir", str(run_dir), "--config", json.dumps(config), "--stop",
-                   '{"training_iteration": 2}', timeout=300,
-                   env={"CI": "true", "PYTHONPATH": PROGRAMS, "PROBE_DIR": str(probe)})
-    _ok(proc)
+    run_dir, _, probe = mixed_probed_and_dumped
     events = [json.loads(line) for path in probe.iterdir()
               for line in path.read_text().splitlines()]
     ends = [e for e in events if e["hook"] == "on_episode_end"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,11 +16,12 @@ import torch
 from conftest import local_train, run_mpi
 from mpirl.algorithms.model_based.dynamics import DynamicsEnsemble, EnsembleTrainer
 from mpirl.algorithms.model_based.dynamics_spec import DynamicsSpec, EnsembleTrainerSpec
-from mpirl.algorithms.model_based.pets_learner import member_block
+from mpirl.algorithms.model_based.pets_learner import DynamicsLearner, member_block
 from test_pets import QUICK, refusal
 from test_train import MPIRL, rows, train
 
-from mpirl.errors import ModelDivergedError
+from mpirl.errors import CheckpointError, ModelDivergedError
+from mpirl.runtime.state_files import read_state_file
 
 #: Columns that follow from the data and the training alone.
 MODEL_COLUMNS = ("transitions", "model_error", "model_error_max", "model_train_nll",
@@ -51,6 +53,7 @@ def test_two_learner_ranks_train_the_same_ensemble_as_one(tmp_path):
     proc = run_mpi(4, *MPIRL, "train", "--resume", str(sharded), "--stop",
                    '{"training_iteration": 4}', timeout=120)
     assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout, proc.stdout
     progress = rows(single)
     assert [int(r["transitions"]) for r in progress] == [20, 40, 60, 80]
     assert [r["random_actions"] for r in progress] == ["1.0", "1.0", "0.0", "0.0"]
@@ -64,13 +67,23 @@ def test_two_learner_ranks_train_the_same_ensemble_as_one(tmp_path):
     for want, have in zip(expected, got, strict=True):
         for column in MODEL_COLUMNS:
             assert have[column] == pytest.approx(want[column], rel=1e-4, nan_ok=True), column
-    # Its checkpoint resumes only on two learner ranks.
-    proc = run_mpi(3, *MPIRL, "train", "--resume", str(sharded), "--stop",
-                   '{"training_iteration": 6}', "--config", '{"num_learners": 1}', timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert ("mpirl: this checkpoint's ensemble was trained on 2 learner ranks (this one's "
-            "members 0..2), this run has 1 (members 0..4): resume with num_learners 2"
-            in proc.stderr), proc.stderr
+    # Its checkpoint resumes only on two learner ranks: a learner of a one-learner run (members
+    # 0..4) refuses the state learner 0 of the two wrote, in-process here (it is the check
+    # load_state runs on the learner rank; a learner rank's error ending the run with exit 2
+    # and one line: test_a_diverging_member_stops_the_run_..., end to end).
+    checkpoint = sharded / "checkpoints" / _latest(sharded)
+    files = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    state = read_state_file(checkpoint / "learner_0.pkl", files["learner_0.pkl"])
+    assert state["block"] == [0, 1, 2] and state["learners"] == 2
+    alone = DynamicsLearner.__new__(DynamicsLearner)
+    alone.context, alone.block = SimpleNamespace(local=True), [0, 1, 2, 3, 4]
+    alone.model = SimpleNamespace(spec=SimpleNamespace(ensemble_size=5))
+    with pytest.raises(CheckpointError) as refused:
+        alone.set_state(state)
+    assert str(refused.value) == (
+        "this checkpoint's ensemble was trained on 2 learner ranks (this one's members 0..2), "
+        "this run has 1 (members 0..4): resume with num_learners 2")
+    assert CheckpointError.exit_code == 2
 
 
 def _fit_alone_and_in_blocks(blocks: list[list[int]]) -> tuple[dict, list[dict],

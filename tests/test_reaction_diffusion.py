@@ -1,6 +1,7 @@
-"""The bundled reaction-diffusion simulation: the same trajectory for k = 1, 2 and 4 ranks and in
-C (examples/solvers/rd_core.c), its config checks, and PPO closing most of the gap between doing
-nothing and a tuned proportional controller."""
+"""The bundled reaction-diffusion simulation: the same trajectory for k = 1, 2 and 4 ranks, in
+C (examples/solvers/rd_core.c) and in Fortran (examples/solvers/rd_solver.f90), its config
+checks, and PPO closing most of the gap between doing nothing and a tuned proportional
+controller."""
 
 from __future__ import annotations
 
@@ -52,12 +53,12 @@ def rd_trajectory() -> Path:
     return TRAJECTORY
 
 
-def c_trajectory(program: Path, k: int) -> list[list[float]]:
+def c_trajectory(program: Path, k: int, *args: str) -> list[list[float]]:
     if k == 1:  # a singleton: no launcher needed
-        proc = subprocess.run([str(program)], capture_output=True, text=True, timeout=60,
+        proc = subprocess.run([str(program), *args], capture_output=True, text=True, timeout=60,
                               env=mpi_env())
     else:
-        proc = run_mpi(k, str(program), timeout=60)
+        proc = run_mpi(k, str(program), *args, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return [[0.0 if words[0] == "reset" else 1.0, *map(float, words[1:])]
             for words in (line.split() for line in proc.stdout.splitlines())]
@@ -87,6 +88,14 @@ def test_an_uneven_split_is_a_clear_error(python_trajectories):
 def test_the_c_solver_core_steps_as_the_python_env(rd_trajectory, python_trajectories, k):
     c = np.array(c_trajectory(rd_trajectory, k))
     assert np.abs(c - np.array(python_trajectories["1"])).max() <= 1e-12
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_the_fortran_solver_steps_as_the_python_env(built_solvers, python_trajectories, k):
+    # rd_solver.f90's standalone mode runs rd_trajectory.c's sequence over its world.
+    program = Path(built_solvers.fortran("rd_solver_f"))
+    fortran = np.array(c_trajectory(program, k, "--trajectory"))
+    assert np.abs(fortran - np.array(python_trajectories["1"])).max() <= 1e-12
 
 
 @pytest.mark.parametrize(("config", "message"), [

@@ -2,9 +2,12 @@
  * rd_core.c) as a solver program beside an mpirl run (MPMD), one env group per ranks_per_env
  * of its processes:
  *
- *     mpiexec -n 2 mpirl train --algo PPO --env mpirl.envs.simulation:Solver \
- *         --config '{"ranks_per_env": 2, "env_config": {"observation_size": 8, "action_size": 4}}' \
+ *     mpiexec -n 2 mpirl train --algo PPO --env mpirl/Solver-v0 \
+ *         --config '{"ranks_per_env": 2, "num_envs_per_worker": 1,
+ *                    "env_config": {"observation_size": 8, "action_size": 4}}' \
  *         : -n 2 examples/solvers/build/rd_solver
+ *
+ * (one rollout rank x num_envs_per_worker groups x ranks_per_env ranks = the 2 after ':')
  *
  * env_config may set any key of ReactionDiffusion (n_points, nu, lam, ...); observation_size
  * must be num_sensors and action_size num_actuators. For tests, env_config may also ask for a

@@ -49,6 +49,7 @@ from mpirl.workers.callbacks import invoke, make_callbacks
 from mpirl.workers.env_guard import unwrap_env_failure
 from mpirl.workers.env_spec import EnvSpec
 from mpirl.workers.rollout import SamplingSettings
+from mpirl.workers.sim_envs import SIMULATION_NOT_SAVED
 from mpirl.workers.sim_member import SimulationMember
 
 #: Keys a ``--stop`` criterion may use (any one reached stops the run), and the values each
@@ -429,9 +430,7 @@ class Trainer:
                    if "envs_error" in entry}
         if unsaved and not self._warned_unsaved_envs:
             self._warned_unsaved_envs = True  # once a run: every checkpoint would repeat it
-            _warn(f"the environments of {', '.join(n.removesuffix('.pkl') for n in unsaved)} "
-                  f"could not be pickled into checkpoints ({next(iter(unsaved.values()))}); a "
-                  f"resume resets them from fresh seeds, and their episodes in progress are lost")
+            _note_unsaved_envs(unsaved)
         files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
         layout = {group.name: len(group) for group in groups}
         manifest = manifest_header(self.name, self.env, self.config, self.iteration,
@@ -492,6 +491,24 @@ class Trainer:
 
 def _warn(message: str) -> None:
     print(f"mpirl: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _note_unsaved_envs(unsaved: dict[str, str]) -> None:
+    """Say once that checkpoints lack some workers' episodes in progress: a note for env
+    groups, whose simulations hold them by design, a warning for envs that would not pickle."""
+    simulations = [n.removesuffix(".pkl") for n, error in unsaved.items()
+                   if SIMULATION_NOT_SAVED in error]
+    others = {n.removesuffix(".pkl"): error for n, error in unsaved.items()
+              if SIMULATION_NOT_SAVED not in error}
+    if simulations:
+        print(f"mpirl: note: checkpoints hold the policy, not the episodes in progress of "
+              f"{', '.join(simulations)}'s env groups (their simulations keep their state on "
+              f"their own ranks); a resume starts new episodes with resets", file=sys.stderr,
+              flush=True)
+    if others:
+        _warn(f"the environments of {', '.join(others)} could not be pickled into checkpoints "
+              f"({next(iter(others.values()))}); a resume resets them from fresh seeds, and "
+              f"their episodes in progress are lost")
 
 
 def stop_reached(row: dict[str, Any], stop: dict[str, float],

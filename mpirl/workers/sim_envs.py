@@ -31,6 +31,10 @@ from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES
 
 __all__ = ["LinkedGroup", "SimEnvs"]
 
+#: Why a checkpoint holds no env group's episodes (the trainer says it once, as a note).
+SIMULATION_NOT_SAVED = ("an env group's simulation keeps its state on its own ranks, which "
+                        "checkpoints do not hold")
+
 
 @dataclass(frozen=True)
 class LinkedGroup:
@@ -282,8 +286,7 @@ class SimEnvs(gym.vector.VectorEnv):
             request.Free()
 
     def __getstate__(self) -> Any:
-        raise TypeError("an env group's simulation keeps its state on its own ranks, which "
-                        "checkpoints do not hold")
+        raise TypeError(SIMULATION_NOT_SAVED)
 
     # The exchange.
 
