@@ -51,9 +51,10 @@ class SimEnvs(gym.vector.VectorEnv):
     """G env groups stepped in lockstep (every group's step in flight at once) over ``link``.
 
     ``seed`` is this rollout rank's: group j's first RESET carries ``seed + j``, and each
-    member's SETUP the same. A group that fails (its simulation raised; ERROR) or does not
-    answer within ``timeout_s`` ends the run with ``SimulationError``; one whose reply has the
-    wrong size too. Non-finite numbers in a reply are an env failure: the group is reset and
+    member's SETUP the same. A group that fails (its simulation raised; ERROR) ends the run
+    with ``SimulationError``, one whose reply has the wrong size too; one that does not answer
+    within ``timeout_s``, or whose non-root member failed (its root may wait for good), with
+    ``SimulationStuck``, on which the driver aborts the job. Non-finite numbers in a reply are an env failure: the group is reset and
     its episode dropped, and ``max_failures`` of them in a row end the run
     (``EnvFailureError``)."""
 
