@@ -54,9 +54,9 @@ class SimEnvs(gym.vector.VectorEnv):
     member's SETUP the same. A group that fails (its simulation raised; ERROR) ends the run
     with ``SimulationError``, one whose reply has the wrong size too; one that does not answer
     within ``timeout_s``, or whose non-root member failed (its root may wait for good), with
-    ``SimulationStuck``, on which the driver aborts the job. Non-finite numbers in a reply are an env failure: the group is reset and
-    its episode dropped, and ``max_failures`` of them in a row end the run
-    (``EnvFailureError``)."""
+    ``SimulationStuck``, on which the driver aborts the job. Non-finite numbers in a reply
+    are an env failure: the group is reset and its episode dropped, and ``max_failures`` of
+    them in a row end the run (``EnvFailureError``)."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     #: Checkpoints cannot hold what lives on other ranks (``VectorEnvs.set_envs``).
