@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mpirl.config.parse import build, parse_json_object, split_by_dataclass
-from mpirl.errors import ConfigError, LaunchError, MpirlError
+from mpirl.errors import ConfigError, LaunchError, MpirlError, SimulationStuck
 from mpirl.jobs import launch, slurm
 from mpirl.jobs.arguments import command_parser
 from mpirl.runtime.layout import Layout, het_exit_delay
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         # Importing the run's world initializes MPI and marks the point.
         from mpirl.runtime import startup, world  # noqa: F401
     code = 2
+    stuck = False
     try:
         if joins:
             # Before anything uses COMM_WORLD: an MPMD launch's solver processes leave it here.
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except MpirlError as error:
         _print_on_rank0(f"mpirl: error: {error}")
         code = error.exit_code
+        stuck = isinstance(error, SimulationStuck)
     finally:
         if joins:
             # A run that ended before its env groups started (a config error, a LayoutError)
@@ -79,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             from mpirl.runtime.apps import end_solvers
 
             end_solvers(code)
+    if stuck:
+        # A stuck env group (mpirl evaluate's, driven from here) never reaches MPI_Finalize,
+        # where this process would then wait for it: only an abort ends the job.
+        from mpirl.runtime.heartbeat import abort_this_rank
+
+        time.sleep(0.2)  # the launcher forwards the line above before its abort note
+        abort_this_rank(code)
     return code
 
 

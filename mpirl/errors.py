@@ -125,6 +125,12 @@ class SimulationError(MpirlError):
     exit_code = EXIT_USAGE
 
 
+class SimulationStuck(SimulationError):
+    """An env group did not answer within env_step_timeout_s. Its ranks may never return: they
+    take no stop and never reach MPI_Finalize, where every process of the job waits for all, so
+    the driver ends the job with MPI_Abort after the one line that names the group."""
+
+
 def unwrap_remote(error: RemoteError, *kinds: type[MpirlError]) -> MpirlError:
     """The error a worker raised, as one of this process when its class is one of ``kinds`` (so
     the user reads its message alone, not a remote traceback); any other remote error as is."""

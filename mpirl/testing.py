@@ -621,10 +621,13 @@ class SplitVectorSimulation(Simulation):
     step n of an episode raises on the root; ``nan_at``: step n's observation is NaN;
     ``slow_s``: a step sleeps that long where step + world rank is even, so groups on ranks of
     both parities take turns being the slow one. ``member_fails_at``: step n raises on the
-    group's last member before the gather, leaving the root waiting in it."""
+    group's last member before the gather, leaving the root waiting in it. ``hang_at``: step n
+    of the first episode never returns (every member sleeps until killed), as a simulation
+    stuck in a solve."""
 
     def __init__(self, comm: Any, size: int = 8, horizon: int = 16, fail_at: int = 0,
-                 nan_at: int = 0, slow_s: float = 0.0, member_fails_at: int = 0) -> None:
+                 nan_at: int = 0, slow_s: float = 0.0, member_fails_at: int = 0,
+                 hang_at: int = 0) -> None:
         super().__init__(comm)
         self.member_fails_at = member_fails_at if comm.Get_rank() == comm.Get_size() - 1 else 0
         k, rank = comm.Get_size(), comm.Get_rank()
@@ -632,7 +635,7 @@ class SplitVectorSimulation(Simulation):
             raise ValueError(f"size {size} does not split over {k} ranks")
         block = size // k
         self.size, self.horizon, self.fail_at, self.nan_at = size, horizon, fail_at, nan_at
-        self.slow_s = slow_s
+        self.slow_s, self.hang_at = slow_s, hang_at
         self.parity = 0
         if slow_s:
             from mpi4py import MPI
@@ -659,6 +662,8 @@ class SplitVectorSimulation(Simulation):
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool] | None:
         self.t += 1
+        while self.episodes == 1 and self.t == self.hang_at:
+            time.sleep(1.0)
         if self.slow_s and (self.t + self.parity) % 2 == 0:
             time.sleep(self.slow_s)
         a = np.asarray(action, np.float64)

@@ -186,9 +186,9 @@ def test_a_simulation_that_raises_ends_the_run_with_one_line(tmp_path):
 
 def test_a_member_that_raises_is_named_though_its_root_waits_in_the_gather(tmp_path):
     # The last member raises before the simulation's gather: the root waits in it for good,
-    # so the member tells the rollout rank itself; the stuck root ends with the job.
-    config = {**CONFIG, "env_config": {"member_fails_at": 3}, "print_layout": False,
-              "shutdown_timeout_s": 2}
+    # so the member tells the rollout rank itself; the stuck root takes no stop, so the driver
+    # aborts the job at once (no wait of shutdown_timeout_s for its acknowledgement).
+    config = {**CONFIG, "env_config": {"member_fails_at": 3}, "print_layout": False}
     proc = run_mpi(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SIM, "--config",
                    json.dumps(config), "--run-dir", str(tmp_path / "run"), timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -197,8 +197,7 @@ def test_a_member_that_raises_is_named_though_its_root_waits_in_the_gather(tmp_p
     assert lines[0] == ("mpirl: env group 0 (ranks 2-3) of rollout worker 0 on rank 1 failed at "
                         "step 3: RuntimeError: a member of the test simulation fails at step 3 "
                         "(member 1, rank 3)"), proc.stderr
-    assert lines[1:] == ["mpirl: workers did not acknowledge shutdown within 2 s; aborting the "
-                         "job."], proc.stderr
+    assert lines[1:] == [], proc.stderr
 
 
 def test_doctor_pings_env_ranks():

@@ -10,12 +10,15 @@
  * (one rollout rank x num_envs_per_worker groups x ranks_per_env ranks = the 2 after ':')
  *
  * env_config may set any key of ReactionDiffusion (n_points, nu, lam, ...); observation_size
- * must be num_sensors and action_size num_actuators. */
+ * must be num_sensors and action_size num_actuators. For tests, env_config may also ask for a
+ * fault at a given step (hang_at, wrong_size_at, nan_at, fail_at, exit_at: solver_faults.h). */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "mpirl_solver.h"
 #include "rd_core.h"
+#include "solver_faults.h"
 
 /* The config's keys over rd_config_defaults, read the same on every process. */
 static void read_config(const mpirl_solver *s, rd_config *c) {
@@ -53,18 +56,20 @@ int main(int argc, char **argv) {
         mpirl_fail(s, error);
         return mpirl_finalize(s);
     }
+    solver_faults faults;
+    solver_faults_read(s, "rd_solver", &faults);
     double *action = calloc((size_t)config.num_actuators, sizeof(double));
     double *obs = calloc((size_t)config.num_sensors, sizeof(double));
     double reward = 0.0;
     int truncated = 0, command;
-    long seed;
+    long seed, step = 0;
     while ((command = mpirl_next(s, action, &seed)) != MPIRL_END) {
         if (command == MPIRL_RESET) {
             rd_reset(sim, seed, seed != -1, obs);
             mpirl_send(s, obs, 0.0, 0, 0);
         } else {
             rd_step(sim, action, obs, &reward, &truncated);
-            mpirl_send(s, obs, reward, 0, truncated);
+            if (solver_faults_send(&faults, s, ++step, obs, reward, 0, truncated)) break;
         }
     }
     free(action);

@@ -146,10 +146,11 @@ def evaluate(path: str | Path, episodes: int, seed: int = 0, stochastic: bool = 
         if policy is None:
             policy, obs_filter = _checkpoint_policy(checkpoint, manifest, *here)
         groups = _solver_groups(spec, manifest)
+        config = manifest.get("config", {})
         runner = _policy_runner(spec, here, policy, obs_filter,
                                 groups or min(episodes, MAX_BATCH), seed,
-                                ranks_per_env=manifest.get("config", {}).get("ranks_per_env", 0)
-                                if groups else 0)
+                                ranks_per_env=config.get("ranks_per_env", 0) if groups else 0,
+                                env_step_timeout_s=config.get("env_step_timeout_s"))
         playing = [0]  # the envs that play in this round: only their episodes are filmed
         if video_dir is not None:
             _record_videos(runner, video_dir, f"{manifest['algo']}-{checkpoint.name}", playing)
@@ -245,7 +246,7 @@ def _local_runner(settings: Any, models: dict[str, Any] | None = None) -> Any:
 
 def _policy_runner(spec: EnvSpec, spaces: tuple[gym.Space, gym.Space], policy: Any,
                    obs_filter: RunningMeanStd | None, num_envs: int, seed: int,
-                   ranks_per_env: int = 0) -> Any:
+                   ranks_per_env: int = 0, env_step_timeout_s: float | None = None) -> Any:
     """A sampling core that plays a single-agent ``policy`` (the model itself, recurrent state
     carried per episode) on ``num_envs`` envs, normalizing with ``obs_filter``: one forward
     pass a step over every env's observation, so that PETS plans the episodes in one batch,
@@ -254,6 +255,8 @@ def _policy_runner(spec: EnvSpec, spaces: tuple[gym.Space, gym.Space], policy: A
 
     runner = _local_runner(RunnerSettings(
         env=spec, num_envs=num_envs, seed=seed, ranks_per_env=ranks_per_env,
+        # The run's deadline for a solver's reply: evaluate meets a stuck solver as the run did.
+        **({} if env_step_timeout_s is None else {"env_step_timeout_s": env_step_timeout_s}),
         policies=(RunnerPolicy(observation_space=spaces[0], action_space=spaces[1],
                                normalize_observations=obs_filter is not None),)),
         models={DEFAULT_POLICY: policy})

@@ -51,23 +51,36 @@ with 2 and 4 ranks that log every signal they get (Python handlers), on one node
 
 ``srun`` forwards signals to its tasks itself, and its tasks are not in launch's reach (they run
 under slurmstepd); the SIGTERM-to-SIGUSR2 rule is harmless there.
+
+An MPMD COMMAND (``mpiexec -n 2 mpirl train ... : -n 4 ./solver``, a solver program beside the
+run): launch checks, before starting anything, that every program after a ``:`` is an
+executable file (or on PATH), and refuses with exit 2 if one is not, instead of a launcher's
+note after the run's ranks have started. The attempts' stderr passes through launch, which
+reads Open MPI's note on the process whose end ended the job ("process rank 5 with PID 4321 on
+node n1 exited on signal 9"): a world rank of the solver program is then named by its env group
+from the run's params.json (``mpirl launch: world rank 5 was solver rank 1 of env group 0
+(./solver, pid 4321); resuming from checkpoint 12``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # errors.py imports nothing else from mpirl; launch must stay clear of mpi4py (see __init__.py).
 from mpirl.errors import EXIT_FAILURE, EXIT_OK, EXIT_RANK_LOST, EXIT_RESUME, EXIT_USAGE
@@ -169,6 +182,139 @@ def _insert_after_train(command: Sequence[str], call: TrainCall, *words: str) ->
     # Right after "train", not at the end: the end may belong to another program (MPMD ":").
     at = call.train_index + 1
     return [*command[:at], *words, *command[at:]]
+
+
+#: The options of mpiexec (Open MPI, MPICH) and srun that take a value, in a part of an MPMD
+#: command line before its program; ``--opt=value`` needs no entry. ``--mca`` takes two.
+_VALUE_OPTIONS = frozenset({
+    "-n", "-np", "--n", "--np", "-c", "-N", "--npernode", "-H", "--host", "-host",
+    "--hostfile", "-hostfile", "--machinefile", "-machinefile", "-f", "-x", "--x", "-env",
+    "-genv", "--wdir", "-wdir", "--wd", "-wd", "--chdir", "-D", "--map-by", "--rank-by",
+    "--bind-to", "--path", "--prefix", "--preload-files", "--app", "--ntasks", "--nodes",
+    "--cpus-per-task", "--ntasks-per-node", "-G", "--gpus", "--mem", "--partition", "-p",
+    "--nodelist", "-w", "--distribution", "-m", "--export", "--cpu-bind", "--label-every",
+})
+_TWO_VALUE_OPTIONS = frozenset({"--mca", "-mca", "--gmca", "-gmca", "--prtemca", "--pmixmca"})
+_COUNT_OPTIONS = frozenset({"-n", "-np", "--n", "--np", "--ntasks"})
+_WORKING_DIR_OPTIONS = ("--wdir", "-wdir", "--wd", "-wd", "--chdir", "-D")
+
+
+@dataclass(frozen=True)
+class MpmdProgram:
+    """A program after a ``:`` of an MPMD command line, with its process count if given."""
+
+    program: str
+    count: int | None
+
+
+def mpmd_programs(command: Sequence[str]) -> list[MpmdProgram]:
+    """The program of each part after a ``:`` in COMMAND (mpiexec's MPMD form, srun's
+    heterogeneous steps), in order, each with its ``-n``; empty for a command without one."""
+    parts: list[list[str]] = [[]]
+    for word in command:
+        if word == ":":
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    programs = []
+    for part in parts[1:]:
+        count, index = None, 0
+        while index < len(part):
+            word = part[index]
+            if word in _TWO_VALUE_OPTIONS:
+                index += 3
+                continue
+            if word in _VALUE_OPTIONS:
+                if word in _COUNT_OPTIONS and part[index + 1:index + 2] and \
+                        part[index + 1].isdigit():
+                    count = int(part[index + 1])
+                index += 2
+                continue
+            if word.startswith("-"):
+                name, _, value = word.partition("=")
+                if name in _COUNT_OPTIONS and value.isdigit():
+                    count = int(value)
+                index += 1
+                continue
+            programs.append(MpmdProgram(word, count))
+            break
+    return programs
+
+
+def check_mpmd_programs(command: Sequence[str]) -> list[str]:
+    """What is wrong with the programs after COMMAND's ``:`` (each one line): a path that is
+    not an executable file, a name not on PATH. Relative paths are not judged when COMMAND
+    sets a working directory for its processes."""
+    elsewhere = any(word in _WORKING_DIR_OPTIONS or word.split("=", 1)[0] in _WORKING_DIR_OPTIONS
+                    for word in command)
+    problems = []
+    for entry in mpmd_programs(command):
+        program = entry.program
+        if "/" in program:
+            if elsewhere and not os.path.isabs(program):
+                continue
+            if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+                problems.append(f"{program} (after ':') is not an executable file")
+        elif shutil.which(program) is None:
+            problems.append(f"{program} (after ':') is not on PATH; give its path, e.g. "
+                            f"./{program}")
+    return problems
+
+
+#: Open MPI 5's notes on the process whose end ended the job: killed by a signal, or the first
+#: to exit with a non-zero code ("[prterun-HOST-PID@JOB,RANK]"). Their lines wrap anywhere.
+_SIGNAL_NOTE = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal "
+                          r"(\d+)")
+_EXIT_NOTE = re.compile(r"Process name:\s*\[[^\]@]*@\d+,(\d+)\]\s*Exit code:\s*(\d+)")
+
+
+def lost_solver_rank(launcher_output: str, run_dir: str | None,
+                     command: Sequence[str]) -> str | None:
+    """``world rank 5 was solver rank 1 of env group 0 (./solver, pid 4321)`` when the
+    launcher's note in ``launcher_output`` names a world rank of the solver program beside the
+    run (the run's params.json gives its world size and env groups); else None."""
+    found = _SIGNAL_NOTE.search(launcher_output)
+    if found:
+        world_rank, what = int(found[1]), f"pid {found[2]}"
+    elif (found := _EXIT_NOTE.search(launcher_output)):
+        world_rank, what = int(found[1]), f"exit code {found[2]}"
+    else:
+        return None
+    if run_dir is None:
+        return None
+    try:
+        layout = json.loads((Path(run_dir) / "params.json").read_text())["layout"]
+        mpirl_ranks = int(layout["world_size"])
+        groups = [g for g in layout.get("env_groups", ()) if g.get("external")]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    solver_rank = world_rank - mpirl_ranks
+    group = next((g for g in groups if world_rank in g.get("world_ranks", ())), None) or \
+        next((g for g in groups if solver_rank in g.get("ranks", ())), None)
+    if solver_rank < 0 or group is None:
+        return None
+    program = group.get("program")  # the solver's argv[0], as it introduced itself
+    first = mpirl_ranks
+    for entry in mpmd_programs(command) if not program else ():
+        # Else the program of the part of the command line that holds that world rank.
+        if entry.count is None or world_rank < first + entry.count:
+            program = entry.program
+            break
+        first += entry.count
+    where = ", ".join(part for part in (program, what) if part)
+    return (f"world rank {world_rank} was solver rank {solver_rank} of env group "
+            f"{group['group']} ({where})")
+
+
+def latest_checkpoint(run_dir: str | None) -> int | None:
+    """The iteration of the run's newest checkpoint (its ``latest`` pointer), or None."""
+    if run_dir is None:
+        return None
+    try:
+        name = (Path(run_dir) / "checkpoints" / "latest").read_text().strip()
+        return int(name.rsplit("_", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def describe(returncode: int) -> str:
@@ -276,6 +422,9 @@ class Supervisor:
         self.child: subprocess.Popen | None = None
         self.received: list[int] = []  # every forwarded signal launch got, in order
         self.unsent: list[int] = []  # received while no child was running yet
+        #: An MPMD command: its stderr passes through launch, which reads the launcher's note.
+        self.mpmd = bool(mpmd_programs(self.command))
+        self.stderr_tail = ""
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED_SIGNALS}
@@ -294,6 +443,12 @@ class Supervisor:
                     _say(f"attempt 1 of {self.max_attempts}; run directory {self.run_dir}")
             else:
                 command = restart_command(self.command)
+                lost = lost_solver_rank(self.stderr_tail, self.run_dir, self.command)
+                if lost:
+                    checkpoint = latest_checkpoint(self.run_dir)
+                    _say(f"{lost}; " + (f"resuming from checkpoint {checkpoint}"
+                                        if checkpoint is not None and self.is_train else
+                                        "starting it again"))
                 target = f"resuming from {self.run_dir}" if self.run_dir else "running it again"
                 _say(f"attempt {attempt} of {self.max_attempts}: previous attempt {describe(code)};"
                      f" {target}")
@@ -315,11 +470,21 @@ class Supervisor:
             if code == EXIT_USAGE:
                 _say("the command exited with 2 (bad command line or config); not restarting")
                 return EXIT_USAGE
+        lost = lost_solver_rank(self.stderr_tail, self.run_dir, self.command)
+        if lost:
+            _say(lost)
         _say(f"giving up after {self.max_attempts} attempts: the last {describe(code)}")
         return exit_code(code)
 
     def _run_once(self, command: list[str]) -> int:
-        self.child = subprocess.Popen(command, start_new_session=True)
+        self.child = subprocess.Popen(command, start_new_session=True,
+                                      stderr=subprocess.PIPE if self.mpmd else None)
+        tee = None
+        if self.mpmd:
+            self.stderr_tail = ""
+            tee = threading.Thread(target=self._pass_stderr, args=(self.child.stderr,),
+                                   daemon=True)
+            tee.start()
         unsent, self.unsent = self.unsent, []
         for sig in unsent:
             self._forward(sig)
@@ -329,6 +494,8 @@ class Supervisor:
             session = self.child.pid
             self.child = None
         leftovers = kill_session(session)
+        if tee is not None:
+            tee.join(timeout=10)  # the pipe closes once the command's last process has gone
         if leftovers:
             _say(f"killed {len(leftovers)} process(es) the command left running: "
                  f"{' '.join(map(str, leftovers))}")
@@ -336,6 +503,19 @@ class Supervisor:
         # that exited cleanly has removed it already.
         remove_launcher_session_dir(session)
         return returncode
+
+    def _pass_stderr(self, stream: Any) -> None:
+        """Copy the command's stderr to launch's as it comes; keep its end for the launcher's
+        note on who ended the job."""
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:
+                sys.stderr.write(chunk.decode(errors="replace"))
+            self.stderr_tail = (self.stderr_tail + chunk.decode(errors="replace"))[-65536:]
+        stream.close()
 
     def _stopped_between_attempts(self, last_code: int) -> int:
         sig = self.received[-1]
@@ -427,6 +607,7 @@ def main(args: argparse.Namespace) -> int:
         problems.append(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     if not 0 <= args.restart_delay < math.inf:  # also rejects nan
         problems.append(f"--restart-delay must be 0 or more seconds, got {args.restart_delay:g}")
+    problems.extend(check_mpmd_programs(command))
     if problems:
         for problem in problems:
             _say(f"error: {problem}")

@@ -40,6 +40,7 @@ from mpirl.errors import (
     ConfigError,
     MpirlError,
     RankLost,
+    SimulationStuck,
 )
 from mpirl.runtime import apps, sim_link, startup
 from mpirl.runtime import signals as stop_signals
@@ -159,6 +160,8 @@ class Driver:
         self._memory: dict[str, float] = {}  # the last memory report, and when it was made
         self._memory_at = -math.inf
         self._ended_groups = False
+        #: An env group did not answer in time (``SimulationStuck``): its ranks take no stop.
+        self.groups_stuck = False
 
     def stop_requested(self) -> str | None:
         """Whether a stop signal reached any rank: e.g. ``"SIGUSR2 on rank 3 (rollout 1)"``, or
@@ -497,7 +500,22 @@ def _run_local(main: Callable[[Driver], int | None], placement: Placement,
                         for role, ctx in contexts.items()])
     code = _call_main(main, driver)
     driver._end_env_groups(code)  # a solver program's groups, driven from this process
+    if driver.groups_stuck:
+        _abort_past_stuck_groups(MPI.COMM_WORLD, code)
     return code
+
+
+def _abort_past_stuck_groups(comm: MPI.Comm, code: int) -> None:
+    """End the job with ``code`` when an env group is stuck (the line naming it is printed):
+    its ranks, env ranks or a solver program's, take no stop and never reach MPI_Finalize, in
+    which every other process of the job would then wait for them. Only MPI_Abort ends them;
+    it ends every process of the MPMD job, on whichever communicator it is called."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The launcher forwards a rank's output on its own time, but prints the abort's note at
+    # once: a moment lets the line that names the group come first.
+    time.sleep(0.2)
+    comm.Abort(code)
 
 
 def _print_note(placement: Placement) -> str:
@@ -632,6 +650,8 @@ def _run_distributed(main: Callable[[Driver], int | None], placement: Placement,
     driver = Driver(placement, context, settings, dispatcher, hosts=hosts, heartbeat=heartbeat)
     driver.layout_report = layout_report
     exit_code = _call_main(main, driver, losses.end_job_for_process_failure)
+    if driver.groups_stuck:
+        _abort_past_stuck_groups(world, exit_code)
     if not driver._shutdown(exit_code, heartbeat):
         print(f"mpirl: workers did not acknowledge shutdown within {settings.shutdown_timeout_s:g}"
               f" s; aborting the job.", file=sys.stderr, flush=True)
@@ -779,6 +799,7 @@ def _call_main(main: Callable[[Driver], int | None], driver: Driver,
         code = main(driver)
     except MpirlError as error:
         print(f"mpirl: {error}", file=sys.stderr, flush=True)
+        driver.groups_stuck = isinstance(error, SimulationStuck)
         return error.exit_code
     except Exception as error:  # noqa: BLE001 - reported, then every rank ends with a failure code
         import traceback

@@ -148,12 +148,13 @@ class EnvGroup:
     def root(self) -> int:
         return self.members[0]
 
-    def describe(self) -> str:
-        """``env group 2 (ranks 5-6)`` or ``env group 2 (solver ranks 4-5)``."""
+    def describe(self, program: str = "") -> str:
+        """``env group 2 (ranks 5-6)``, or ``env group 2 (./solver, solver ranks 4-5)`` for a
+        solver program's group (``program``: its name as it introduced itself)."""
         kind = "solver ranks" if self.external else "ranks"
         first, last = self.members[0], self.members[-1]
         span = f"{first}" if first == last else f"{first}-{last}"
-        return f"env group {self.index} ({kind} {span})"
+        return f"env group {self.index} ({program + ', ' if program else ''}{kind} {span})"
 
 
 @dataclass(frozen=True)

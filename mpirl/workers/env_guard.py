@@ -29,6 +29,7 @@ from mpirl.errors import (
     MpirlError,
     RemoteError,
     SimulationError,
+    SimulationStuck,
     unwrap_remote,
 )
 
@@ -239,4 +240,4 @@ def _close_quietly(env: gym.Env) -> None:
 def unwrap_env_failure(error: RemoteError) -> MpirlError:
     """The ``EnvFailureError`` a rollout worker raised, as one of this process, so the driver
     reports its message alone; any other remote error unchanged."""
-    return unwrap_remote(error, EnvFailureError, SimulationError)
+    return unwrap_remote(error, EnvFailureError, SimulationError, SimulationStuck)

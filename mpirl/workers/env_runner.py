@@ -1032,11 +1032,17 @@ def _env_groups_of(context: RankContext, settings: RunnerSettings, seed: int,
     groups = context.placement.groups_of(context.rank)
     if not groups or settings.env.simulation_class() is None:
         return None
+    from mpirl.runtime.apps import solver_table
     from mpirl.workers.sim_envs import LinkedGroup, SimEnvs
 
+    # A solver program's group is named by the program too: what its user recognizes.
+    solvers = solver_table()
+    programs = {g.index: solvers[g.root].program for g in groups
+                if g.external and g.root < len(solvers)}
     observation_space, action_space = settings.env.spaces()
     return SimEnvs(context.sim_link,
-                   [LinkedGroup(g.index, g.root, g.members, g.describe()) for g in groups],
+                   [LinkedGroup(g.index, g.root, g.members, g.describe(programs.get(g.index, "")))
+                    for g in groups],
                    observation_space, action_space, dict(settings.env.env_config), seed,
                    num_groups=len(context.placement.env_groups),
                    timeout_s=settings.env_step_timeout_s, backoff=context.collective_backoff,

@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import EnvFailureError, SimulationError
+from mpirl.errors import EnvFailureError, SimulationError, SimulationStuck
 from mpirl.runtime import sim_link
 from mpirl.runtime.waiting import Backoff
 from mpirl.workers.env_guard import EPISODE_DROPPED, ERROR, FAILURES
@@ -51,11 +51,12 @@ class SimEnvs(gym.vector.VectorEnv):
     """G env groups stepped in lockstep (every group's step in flight at once) over ``link``.
 
     ``seed`` is this rollout rank's: group j's first RESET carries ``seed + j``, and each
-    member's SETUP the same. A group that fails (its simulation raised; ERROR) or does not
-    answer within ``timeout_s`` ends the run with ``SimulationError``; one whose reply has the
-    wrong size too. Non-finite numbers in a reply are an env failure: the group is reset and
-    its episode dropped, and ``max_failures`` of them in a row end the run
-    (``EnvFailureError``)."""
+    member's SETUP the same. A group that fails (its simulation raised; ERROR) ends the run
+    with ``SimulationError``, one whose reply has the wrong size too; one that does not answer
+    within ``timeout_s``, or whose non-root member failed (its root may wait for good), with
+    ``SimulationStuck``, on which the driver aborts the job. Non-finite numbers in a reply
+    are an env failure: the group is reset and its episode dropped, and ``max_failures`` of
+    them in a row end the run (``EnvFailureError``)."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     #: Checkpoints cannot hold what lives on other ranks (``VectorEnvs.set_envs``).
@@ -179,8 +180,13 @@ class SimEnvs(gym.vector.VectorEnv):
         while True:
             ready = np.zeros(g, bool)
             for j in np.flatnonzero(self.in_flight).tolist():
-                if self._requests[j].Test(self._statuses[j]):
-                    ready[j] = True
+                try:
+                    if self._requests[j].Test(self._statuses[j]):
+                        ready[j] = True
+                except MPI.Exception as error:
+                    if error.Get_error_class() != MPI.ERR_TRUNCATE:
+                        raise
+                    raise self._too_long(j, f"step {int(self.seqs[j])}") from None
             if ready.any():
                 for j in np.flatnonzero(ready).tolist():
                     while not self._requests[g + j].Test():  # sent: the reply came after it
@@ -191,7 +197,7 @@ class SimEnvs(gym.vector.VectorEnv):
             late = self.in_flight & (time.monotonic() > self.sent_at + self.timeout_s)
             if late.any():
                 j = int(np.flatnonzero(late)[0])
-                raise SimulationError(f"{self.groups[j].name} of {self.where} did not answer "
+                raise SimulationStuck(f"{self.groups[j].name} of {self.where} did not answer "
                                       f"step {int(self.seqs[j])} within env_step_timeout_s "
                                       f"{self.timeout_s:g} s")
             self._member_failure(lambda j: f"step {int(self.seqs[j])}")
@@ -296,20 +302,26 @@ class SimEnvs(gym.vector.VectorEnv):
                 [self._requests[g + j] for j in chosen]
         MPI.Prequest.Startall(requests)
         statuses = self._statuses[:len(requests)]
+        rows = list(range(g)) if only is None else np.flatnonzero(only).tolist()
         try:
             self._wait(lambda: MPI.Request.Testall(requests, statuses), what, requests)
         except MPI.Exception as error:
             if error.Get_error_class() not in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
                 raise
-            raise SimulationError(
-                f"an env group of {self.where} sent a reply longer than "
-                f"{sim_link.REPLY_HEADER + self.obs_size + 1} numbers at {what}; its observation "
-                f"has {self.obs_size} (observation_size): {sim_link.REPLY_HEADER} + "
-                f"{self.obs_size} are expected (seq, reward, terminated, truncated, obs)"
-            ) from None
-        self._counts.update({j: statuses[i].Get_count(MPI.DOUBLE)
-                             for i, j in enumerate(range(g) if only is None
-                                                   else np.flatnonzero(only).tolist())})
+            # The receives come first in ``requests``, one per row.
+            truncated = [j for i, j in enumerate(rows) if statuses[i].Get_error() != MPI.SUCCESS
+                         and MPI.Get_error_class(statuses[i].Get_error()) == MPI.ERR_TRUNCATE]
+            raise self._too_long(truncated[0] if truncated else None, what) from None
+        self._counts.update({j: statuses[i].Get_count(MPI.DOUBLE) for i, j in enumerate(rows)})
+
+    def _too_long(self, j: int | None, what: str) -> SimulationError:
+        """A reply longer than the row's spare column (MPI truncated it), from group ``j``."""
+        name = "an env group" if j is None else self.groups[j].name
+        width = sim_link.REPLY_HEADER + self.obs_size
+        return SimulationError(
+            f"{name} of {self.where} sent more than {width + 1} numbers per reply at {what}; "
+            f"observation_size {self.obs_size} needs {width} (seq, reward, terminated, "
+            f"truncated, obs)")
 
     def _member_failure(self, what: Any) -> None:
         """Raise ``SimulationError`` with the message of a group member (not its root) that
@@ -324,7 +336,8 @@ class SimEnvs(gym.vector.VectorEnv):
             return
         text = bytearray(status.Get_count(MPI.BYTE))
         self.link.Recv([text, MPI.BYTE], status.Get_source(), sim_link.TAG_ERROR)
-        raise SimulationError(f"{self.groups[j].name} of {self.where} failed at {what(j)}: "
+        # Its root may wait for good in the collective the member left: a stuck group.
+        raise SimulationStuck(f"{self.groups[j].name} of {self.where} failed at {what(j)}: "
                               f"{text.decode(errors='replace').strip()}")
 
     def _wait(self, test: Any, what: str, requests: list[MPI.Request]) -> None:
@@ -337,7 +350,7 @@ class SimEnvs(gym.vector.VectorEnv):
                         if any(not r.Get_status() for r in requests
                                if r in (self._requests[j], self._requests[self.num_envs + j]))]
                 names = ", ".join(late) or "an env group"
-                raise SimulationError(f"{names} of {self.where} did not answer {what} within "
+                raise SimulationStuck(f"{names} of {self.where} did not answer {what} within "
                                       f"env_step_timeout_s {self.timeout_s:g} s")
             self.backoff.sleep()
 

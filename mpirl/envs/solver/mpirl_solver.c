@@ -420,6 +420,25 @@ int mpirl_send(mpirl_solver *s, const double *obs, double reward, int terminated
     return 0;
 }
 
+int mpirl_send_n(mpirl_solver *s, const double *obs, int n, double reward, int terminated,
+                 int truncated) {
+    if (n == mpirl_obs_size(s) || s->ended || s->member != 0)
+        return mpirl_send(s, obs, reward, terminated, truncated);
+    /* The wrong length: sent as it is, for mpirl's side to name (the run ends there). */
+    int width = REPLY_HEADER + (n > 0 ? n : 0);
+    double *reply = (double *)calloc((size_t)width, sizeof(double));
+    reply[0] = s->last_arg;
+    reply[1] = reward;
+    reply[2] = terminated ? 1.0 : 0.0;
+    reply[3] = truncated ? 1.0 : 0.0;
+    if (n > 0) memcpy(reply + REPLY_HEADER, obs, sizeof(double) * (size_t)n);
+    MPI_Request request;
+    MPI_Isend(reply, width, MPI_DOUBLE, s->rollout_rank, TAG_REPLY, s->link, &request);
+    wait_request(&request);
+    free(reply);
+    return 0;
+}
+
 int mpirl_fail(mpirl_solver *s, const char *message) {
     if (s->ended) return s->exit_code;
     s->ended = 1;

@@ -73,6 +73,13 @@ int mpirl_next(mpirl_solver *solver, double *action, long *seed);
 int mpirl_send(mpirl_solver *solver, const double *obs, double reward, int terminated,
                int truncated);
 
+/* mpirl_send with the observation's length n, for a solver whose observation length comes
+ * from its own data (a mesh, a sensor list): n numbers from obs are sent as they are, so that
+ * a length other than mpirl_obs_size ends the run with one line naming both sizes, instead of
+ * mpirl_send reading past the end of obs or leaving numbers out. */
+int mpirl_send_n(mpirl_solver *solver, const double *obs, int n, double reward, int terminated,
+                 int truncated);
+
 /* Report a failure the run should end on (exit 2, naming this group and the message), then
  * leave as after MPIRL_END (mpirl_next returns MPIRL_END from now on). Call it on every
  * member of the group (the root sends the REPLY with ERROR_SEQ and the one-line message; the
