@@ -46,6 +46,7 @@ import gymnasium as gym
 import numpy as np
 from mpi4py import MPI
 
+from mpirl.envs import simulation_baselines as baselines
 from mpirl.envs.simulation import Simulation
 from mpirl.errors import ConfigError
 
@@ -300,34 +301,24 @@ class ProportionalController:
 
 def episode_return(policy: Any, seed: int, **env_config: Any) -> float:
     """The return of one episode from ``seed`` on one rank; ``policy(obs) -> action``."""
-    env = KuramotoSivashinsky(MPI.COMM_SELF, **env_config)
-    obs, total, done = env.reset(seed), 0.0, False
-    while not done:
-        obs, reward, terminated, truncated = env.step(policy(obs))
-        total += reward
-        done = terminated or truncated
-    return total
+    return baselines.episode_return(KuramotoSivashinsky, policy, seed, **env_config)
 
 
 def controller_return(gain: float, seeds: Iterable[int] = range(5),
                       **env_config: Any) -> float:
     """The proportional controller's mean return over episodes from ``seeds``."""
     controller = ProportionalController(gain, **env_config)
-    returns = [episode_return(controller, seed, **env_config) for seed in seeds]
-    return sum(returns) / len(returns)
+    return baselines.mean_return(KuramotoSivashinsky, controller, seeds, **env_config)
 
 
 def zero_action_return(seeds: Iterable[int] = range(5), **env_config: Any) -> float:
     """The mean return over episodes from ``seeds`` with every actuator off."""
     m = check_config(env_config)["num_actuators"]
-    returns = [episode_return(lambda obs: np.zeros(m), seed, **env_config) for seed in seeds]
-    return sum(returns) / len(returns)
+    return baselines.mean_return(KuramotoSivashinsky, lambda obs: np.zeros(m), seeds, **env_config)
 
 
 def best_gain(gains: Sequence[float] = (0.5, 1, 2, 4, 8), seeds: Iterable[int] = range(5),
               **env_config: Any) -> tuple[float, float]:
     """(gain, mean return) of the best proportional controller among ``gains``."""
-    seeds = list(seeds)
-    scored = [(controller_return(g, seeds, **env_config), g) for g in gains]
-    value, gain = max(scored)
-    return gain, value
+    return baselines.best_gain(KuramotoSivashinsky, ProportionalController, gains, seeds,
+                               **env_config)
