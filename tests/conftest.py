@@ -286,6 +286,35 @@ def kill_9_after_checkpoint(n: int, run_dir: Path, role: str, iteration: int,
     assert run.finish() != 0
 
 
+def resume_then_stop_a_rollout_rank(n: int, run_dir: Path, killed_at: int, total: int) -> int:
+    """Resume the run in ``run_dir``, killed after checkpoint ``killed_at``, on ``n`` ranks with
+    no end in sight and no periodic checkpoints; once it has trained an iteration, send SIGUSR1
+    to its first rollout rank and check that it exited 75 (resume me) naming the rank, before
+    iteration ``total``, with a checkpoint where it stopped and every row up to it. The
+    iteration it stopped at."""
+    import json
+    import os
+    import signal
+
+    from mpirl.errors import EXIT_RESUME
+
+    progress = run_dir / "progress.csv"
+    run = LiveRun(n, "--resume", str(run_dir), "--config", '{"checkpoint_every": 0}',
+                  "--stop", '{"training_iteration": 100000}')
+    run.wait_until(lambda: len(progress.read_text().splitlines()) - 1 > killed_at,
+                   "an iteration after the resume")
+    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
+    os.kill(pid, signal.SIGUSR1)
+    assert run.finish() == EXIT_RESUME, run.stderr
+    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
+    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
+    assert killed_at < stopped_at < total, "the stop came too late"
+    assert latest_checkpoint_iteration(run_dir) == stopped_at  # checkpointed where it stopped
+    iterations = [int(line.split(",")[0]) for line in progress.read_text().splitlines()[1:]]
+    assert iterations == list(range(1, stopped_at + 1))
+    return stopped_at
+
+
 def stop_signal_on_a_rollout_rank(n: int, run_dir: Path, *train_args: str) -> int:
     """Start ``mpirl train TRAIN_ARGS --run-dir RUN_DIR`` on ``n`` ranks with no end in sight
     (its config must print the layout), send SIGUSR1 to its first rollout rank after the first

@@ -26,13 +26,13 @@ from conftest import (
     OS_TTT,
     PROGRAMS,
     PZ_TTT,
-    LiveRun,
     hook_log,
     hook_ranks,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
     local_train,
     mpi_env,
+    resume_then_stop_a_rollout_rank,
     run_mpi,
     train_refused,
     train_refused_in_process,
@@ -198,11 +198,6 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path):
     naming the rank; resumed again, on to the end. So a resumed run that stopped and is resumed
     again (its replay, counters and carried evaluation) is checked against the uninterrupted
     run as well. (The stop signal was a test of its own, 2 more launches.)"""
-    import os
-    import signal
-
-    from mpirl.errors import EXIT_RESUME
-
     total = 10
     config = json.dumps({**QUICK, "checkpoint_every": 2, "keep_checkpoints": 10,
                          "print_layout": True})
@@ -217,18 +212,8 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path):
     killed_at = latest_checkpoint_iteration(interrupted)
     assert 4 <= killed_at < total - 2, "the kill came too late"
 
-    run = LiveRun(3, "--resume", str(interrupted), "--config", '{"checkpoint_every": 0}',
-                  "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: len(rows(interrupted)) > killed_at, "an iteration after the resume")
-    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
-    os.kill(pid, signal.SIGUSR1)
-    assert run.finish() == EXIT_RESUME, run.stderr
-    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
-    stop = json.loads((interrupted / "result.json").read_text())["iteration"]
-    assert killed_at < stop < total, "the stop came too late"
-    assert latest_checkpoint_iteration(interrupted) == stop  # checkpointed where it stopped
+    resume_then_stop_a_rollout_rank(3, interrupted, killed_at, total)
     first = rows(interrupted)
-    assert [int(r["iteration"]) for r in first] == list(range(1, stop + 1))
     last_saved, after = first[killed_at - 1], first[killed_at]
     assert int(after["sgd_steps_total"]) == int(last_saved["sgd_steps_total"]) + 4
     assert int(after["replay_size"]) > int(last_saved["replay_size"])

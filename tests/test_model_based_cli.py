@@ -18,6 +18,7 @@ from conftest import (
     hook_ranks,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
+    resume_then_stop_a_rollout_rank,
     run_mpi,
 )
 from test_mbpo import QUICK as MBPO_QUICK
@@ -93,12 +94,8 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, refere
     column: the resumed learners kept every one), its learner's buffers and weights (the
     ensemble and, for MBPO, SAC) and the rollout ranks' weights and observations equal those of
     a run never stopped, bit for bit. (The stop signal was a test of its own, 2 launches.)"""
-    import os
-    import signal
 
-    from conftest import LiveRun
 
-    from mpirl.errors import EXIT_RESUME
 
     algo, reference, _ = reference
     total, config = TOTAL, _reference_config(algo)
@@ -107,17 +104,7 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, refere
                             "--config", config)
     killed_at = latest_checkpoint_iteration(interrupted)
     assert killed_at < total - 2, "the kill came too late"
-    run = LiveRun(3, "--resume", str(interrupted), "--config", '{"checkpoint_every": 0}',
-                  "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: len(rows(interrupted)) > killed_at, "an iteration after the resume")
-    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == "rollout")
-    os.kill(pid, signal.SIGUSR1)
-    assert run.finish() == EXIT_RESUME, run.stderr
-    assert f"SIGUSR1 on rank {rank} (rollout" in run.stderr
-    stopped_at = json.loads((interrupted / "result.json").read_text())["iteration"]
-    assert killed_at < stopped_at < total, "the stop came too late"
-    assert latest_checkpoint_iteration(interrupted) == stopped_at
-    assert [int(r["iteration"]) for r in rows(interrupted)] == list(range(1, stopped_at + 1))
+    resume_then_stop_a_rollout_rank(3, interrupted, killed_at, total)
     proc = run_mpi(3, *MPIRL, "train", "--resume", str(interrupted), "--stop",
                    json.dumps({"training_iteration": total}), timeout=120)
     assert proc.returncode == 0, proc.stderr
