@@ -133,6 +133,10 @@ class Plan:
     groups_step_s: float
     mpirl_legs: tuple[str, ...]
     """Which of ``MPIRL_LEGS`` to run."""
+    train_fragment: int
+    """The training runs' rollout_fragment_length; 0: no training runs (the quick mode)."""
+    train_warmup: int
+    train_iterations: int
     groups_side: str
     """The groups' solver: ``c`` (the echo solver, MPMD) or ``python`` (in-world members)."""
 
@@ -140,11 +144,13 @@ class Plan:
 FULL = dict(sizes=FULL_SIZES, steps=5000, large_steps=1000, slow_poll_steps=200, warmup=100,
             relaunch_k=2, relaunch_steps=100, relaunch_iterations=8, relaunch_cells=20_000,
             groups=(1, 4, 16), groups_k=2, groups_steps=300, groups_step_s=0.005,
-            mpirl_legs=tuple(MPIRL_LEGS), groups_side="c")
+            mpirl_legs=tuple(MPIRL_LEGS), groups_side="c", train_fragment=100, train_warmup=2,
+            train_iterations=5)
 QUICK = dict(sizes=QUICK_SIZES, steps=150, large_steps=50, slow_poll_steps=10, warmup=10,
              relaunch_k=2, relaunch_steps=20, relaunch_iterations=1, relaunch_cells=2_000,
              groups=(1, 2), groups_k=2, groups_steps=40, groups_step_s=0.005,
-             mpirl_legs=("mpirl_inworld_python",), groups_side="python")
+             mpirl_legs=("mpirl_inworld_python",), groups_side="python", train_fragment=0,
+             train_warmup=0, train_iterations=0)
 
 
 def steps_for(plan_steps: int, large_steps: int, size: int) -> int:
@@ -806,6 +812,61 @@ def groups(plan: Plan, quick: bool) -> dict[str, Any]:
             "target_met": most / one >= GROUP_TARGET}
 
 
+TRAIN_COLUMNS = ("env_steps_per_s", "time_this_iter_s", "perf/driver_cpu_ms_per_iter",
+                 "perf/driver_own_cpu_ms_per_iter", "perf/driver_msgs_per_iter")
+"""progress.csv's columns the training runs report (medians over the measured iterations)."""
+
+
+def train_run(plan: Plan, count: int, run_dir: Path) -> dict[str, Any]:
+    """``mpirl train`` (PPO, 2 mpirl ranks: the driver with the learner, one rollout rank)
+    beside the C echo solver's ``count`` groups of k ranks (MPMD), each step sleeping
+    ``step_s``; medians of progress.csv's ``TRAIN_COLUMNS`` after the first iterations."""
+    import csv
+
+    config = {"ranks_per_env": plan.groups_k, "num_envs_per_worker": count,
+              "rollout_fragment_length": plan.train_fragment, "num_epochs": 1,
+              # One SGD step per iteration whatever the groups: sampling dominates.
+              "minibatch_size": plan.train_fragment * max(plan.groups),
+              "env_config": {"observation_size": 8, "action_size": ACTION_SIZE,
+                             "step_s": plan.groups_step_s}}
+    iterations = plan.train_warmup + plan.train_iterations
+    mpirl = str(Path(sys.executable).with_name("mpirl"))
+    command = [*mpiexec_command(2, mpirl, "train", "--algo", "PPO", "--env", "mpirl/Solver-v0",
+                                "--progress", "off", "--run-dir", str(run_dir), "--stop",
+                                json.dumps({"training_iteration": iterations}), "--config",
+                                json.dumps(config)),
+               ":", "-n", str(count * plan.groups_k), str(ECHO_SOLVER)]
+    finished = run_process(command, f"mpirl train, {count} groups", 600)
+    with open(run_dir / "progress.csv", newline="") as file:
+        rows = list(csv.DictReader(file))[plan.train_warmup:]
+    if not rows:
+        raise BenchError(f"{run_dir}/progress.csv has no iteration after the first "
+                         f"{plan.train_warmup}")
+    medians = {column: statistics.median(float(row[column]) for row in rows)
+               for column in TRAIN_COLUMNS}
+    return {"iterations": len(rows), "job_s": finished.wall_s,
+            "env_steps_per_s_per_group": medians["env_steps_per_s"] / count,
+            "driver_cpu_ms_per_iter_per_group": medians["perf/driver_cpu_ms_per_iter"] / count,
+            **{column: value for column, value in medians.items()}}
+
+
+def train_groups(plan: Plan, run_root: Path) -> dict[str, Any]:
+    """The groups again in real training runs: per-group env steps/s against one group's, and
+    rank 0's (the driver's) CPU per iteration, per group."""
+    if solver_missing():
+        return {"skipped": solver_missing()}
+    by_groups = {str(count): train_run(plan, count, run_root / f"groups_{count}")
+                 for count in plan.groups}
+    one = by_groups[str(plan.groups[0])]["env_steps_per_s_per_group"]
+    most = by_groups[str(plan.groups[-1])]["env_steps_per_s_per_group"]
+    return {"algo": "PPO", "k": plan.groups_k, "step_s": plan.groups_step_s,
+            "rollout_fragment_length": plan.train_fragment, "solver": "c", "mpirl_ranks": 2,
+            "by_groups": by_groups,
+            "per_group_vs_one": {n: e["env_steps_per_s_per_group"] / one
+                                 for n, e in by_groups.items()},
+            "target_met": most / one >= GROUP_TARGET}
+
+
 def coupling_table(legs: dict[str, Any], sizes: tuple[int, ...]) -> None:
     rows = [("transport", *(f"{size:,} floats median / p90 us" for size in sizes))]
     for leg, entry in legs.items():
@@ -859,6 +920,16 @@ def main() -> int:
     scaling = attempt("groups", lambda: groups(plan, args.quick),
                       lambda r: "per-group steps/s against one group's: " + ", ".join(
                           f"{n} groups {v:.2f}" for n, v in r["per_group_vs_one"].items()))
+    if plan.train_fragment:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="mpirl-sim-bench-") as run_root:
+            training = attempt("groups in PPO runs", lambda: train_groups(plan, Path(run_root)),
+                               lambda r: "per-group env steps/s against one group's: " +
+                               ", ".join(f"{n} groups {v:.2f}"
+                                         for n, v in r.get("per_group_vs_one", {}).items()))
+    else:
+        training = {"skipped": "the full mode only (three training runs)"}
     report = {
         "meta": run_metadata(args.quick, plan, ("mpi4py", "numpy", "redis")),
         "legs_run": ran,
@@ -869,10 +940,12 @@ def main() -> int:
                            if over["redis_tight"] is not None else None),
         "relaunch": relaunched,
         "groups": scaling,
+        "groups_train": training,
     }
     write_report(report, args.json)
     failed = [name for name, entry in (*legs.items(), ("relaunch", relaunched),
-                                       ("groups", scaling)) if "error" in entry]
+                                       ("groups", scaling), ("groups_train", training))
+              if "error" in entry]
     return 1 if failed else 0
 
 

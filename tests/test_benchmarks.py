@@ -338,6 +338,8 @@ def test_simulations_benchmark_quick_writes_every_key(tmp_path):
     for entry in groups["by_groups"].values():
         assert entry["steps_per_s_per_group"] > 0 and entry["rollout_cpu_us_per_group_step"] > 0
     assert groups["per_group_vs_one"]["1"] == 1.0 and isinstance(groups["target_met"], bool)
+    assert groups["solver"] == "python"
+    assert "skipped" in report["groups_train"]  # three PPO runs: the full mode only
 
 
 def test_kuramoto_sivashinsky_benchmark_quick_writes_every_key(tmp_path):
