@@ -8,17 +8,25 @@ against one kept alive; and env steps per second per group for 1, 4 and 16 group
 
 **Coupling.** One round trip: the rollout side sends an action (4 float64) and the env side
 answers with an observation of 8, 1,000 or 100,000 float64, with reward and done flags. Each
-transport runs two processes under ``mpiexec -n 2`` (rank 0 the rollout side, rank 1 the env
-side; MPI only starts and ends them, except on mpirl's link), timed at the rollout side, the first
-``warmup`` steps left out:
+transport runs two processes (rank 0 the rollout side, the other the env side; MPI only starts
+and ends them, except on mpirl's legs), timed at the rollout side, the first ``warmup`` steps
+left out:
 
-- ``mpirl_link``: ``mpirl.runtime.sim_link``'s protocol: SETUP, then a COMMAND ``float64[2+A]``
-  one way and a REPLY ``float64[4+O]`` back per step, preallocated buffers, persistent requests
-  (``Send_init``/``Recv_init``, ``Startall``, ``Test`` polling with mpirl's ``Backoff``), then END.
-  The env side is a Python echo member (``--env-side python``, the default), or ``--env-side
-  c``: ``examples/solvers/build/echo_solver`` as the second program of an MPMD launch, joined
-  through ``mpirl.runtime.apps``. The full mode also runs ``mpirl_link_eager_16k``: the same
-  with Open MPI's shared-memory eager limit at 16 kB, so that 1,000 floats (8 kB) go eagerly.
+- ``mpirl_mpmd_c``: mpirl's own rollout side, ``mpirl.workers.sim_envs.SimEnvs``, built as
+  ``EnvRunner`` builds it (a Solver env's spaces, one ``LinkedGroup``) and stepped as it steps
+  env groups (``start``, ``wait_ready``, ``finish``: reply checks, outcome, autoreset), against
+  ``examples/solvers/build/echo_solver`` (C, ``mpirl_solver.h``) as the second program of an
+  MPMD launch, joined through ``mpirl.runtime.apps`` (HELLO/GO, the intercommunicator). The
+  full mode only (it needs ``make solvers``); the ratios are taken against it.
+- ``mpirl_inworld_python``: the same ``SimEnvs`` against mpirl's Python member loop
+  (``mpirl.workers.sim_member.serve_group``, an echo ``Simulation``) on world rank 1, the link
+  a duplicate of the world as in a run. The quick mode's only mpirl leg, and the ratios'
+  reference when the C leg did not run.
+- ``link_protocol_floor``: ``sim_link``'s protocol bare (``LinkRollout`` and
+  ``python_member`` below: persistent requests, ``Test`` polling with mpirl's ``Backoff``, no
+  checks, no vector-env bookkeeping), the floor under the two above. The full mode also runs
+  ``link_protocol_floor_eager_16k``: the same with Open MPI's shared-memory eager limit at
+  16 kB, so that 1,000 floats (8 kB) go eagerly.
 - ``redis_tight`` and ``redis_10ms``: a redis-server of this machine's (Debian's), started on a
   free port for the run and stopped after it, through redis-py, with Relexi's pattern per step:
   the env side puts ``state`` and ``reward``; the rollout side polls for each (``EXISTS``), gets
@@ -38,10 +46,19 @@ started by ``mpiexec`` every iteration, as Relexi starts FLEXI, and once kept al
 iteration. The relaunched job's rollout rank is started with it (a stand-in for the trainer).
 With ``--env-side c`` the solver is ``examples/solvers/build/rd_solver`` (its own defaults).
 
-**Groups.** One rollout rank drives 1, 4 or 16 groups of k = 2 ranks (oversubscribed on this
-machine: each member's step is a sleep, as a solver computing on cores of its own), stepping
-whichever group is ready. Per-group steps/s against one group's, and the rollout rank's CPU per
-group step. This is a plain mpi4py emulation of the rollout side, not mpirl's ``SimEnvs``.
+**Groups.** 1, 4 or 16 groups of k = 2 ranks (oversubscribed on this machine: each member's
+step sleeps ``step_s``, as a solver computing on cores of its own; ``echo_solver``'s
+``step_s``), twice:
+
+- ``groups``: one rollout rank's ``SimEnvs`` over the C echo solver's groups (MPMD), sending
+  the next STEP to whichever group answered (``start``/``wait_ready``/``finish``, as
+  ``EnvRunner``): per-group steps/s against one group's, and the rollout rank's CPU per group
+  step. The quick mode: 1 and 2 groups of the Python member, in-world.
+- ``groups_train`` (the full mode): ``mpirl train --algo PPO --env mpirl/Solver-v0`` on 2
+  mpirl ranks (the driver with the learner; one rollout rank) beside the solver's groups,
+  ``rollout_fragment_length`` 100, one SGD step per iteration (sampling dominates): per-group
+  env steps/s (progress.csv's ``env_steps_per_s``) against one group's, and rank 0's CPU per
+  iteration (``perf/driver_cpu_ms_per_iter``) per group; medians after 2 iterations.
 """
 
 from __future__ import annotations
@@ -813,7 +830,8 @@ def groups(plan: Plan, quick: bool) -> dict[str, Any]:
 
 
 TRAIN_COLUMNS = ("env_steps_per_s", "time_this_iter_s", "perf/driver_cpu_ms_per_iter",
-                 "perf/driver_own_cpu_ms_per_iter", "perf/driver_msgs_per_iter")
+                 "perf/driver_hosted_cpu_ms_per_iter", "perf/driver_idle_cpu_ms_per_iter",
+                 "perf/driver_threads_cpu_ms_per_iter", "perf/driver_own_cpu_ms_per_iter")
 """progress.csv's columns the training runs report (medians over the measured iterations)."""
 
 
@@ -847,6 +865,8 @@ def train_run(plan: Plan, count: int, run_dir: Path) -> dict[str, Any]:
     return {"iterations": len(rows), "job_s": finished.wall_s,
             "env_steps_per_s_per_group": medians["env_steps_per_s"] / count,
             "driver_cpu_ms_per_iter_per_group": medians["perf/driver_cpu_ms_per_iter"] / count,
+            "driver_own_cpu_ms_per_iter_per_group":
+                medians["perf/driver_own_cpu_ms_per_iter"] / count,
             **{column: value for column, value in medians.items()}}
 
 
@@ -884,8 +904,9 @@ def main() -> int:
                         help="8 and 1,000 floats, fewer steps, 1 and 2 groups")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--env-side", choices=("python", "c"), default="python",
-                        help="the solvers: Python programs, or the C echo and reaction-diffusion "
-                             "solvers of examples/solvers/build in MPMD launches")
+                        help="the relaunch leg's solver: a Python program, or the C "
+                             "reaction-diffusion solver of examples/solvers/build (MPMD); the "
+                             "other legs choose theirs (see the module's docstring)")
     hidden = argparse.SUPPRESS
     parser.add_argument("--role", help=hidden, choices=["simenvs", "link", "redis", "tcp",
                                                         "iterations", "groups"])
