@@ -8,17 +8,25 @@ against one kept alive; and env steps per second per group for 1, 4 and 16 group
 
 **Coupling.** One round trip: the rollout side sends an action (4 float64) and the env side
 answers with an observation of 8, 1,000 or 100,000 float64, with reward and done flags. Each
-transport runs two processes under ``mpiexec -n 2`` (rank 0 the rollout side, rank 1 the env
-side; MPI only starts and ends them, except on mpirl's link), timed at the rollout side, the first
-``warmup`` steps left out:
+transport runs two processes (rank 0 the rollout side, the other the env side; MPI only starts
+and ends them, except on mpirl's legs), timed at the rollout side, the first ``warmup`` steps
+left out:
 
-- ``mpirl_link``: ``mpirl.runtime.sim_link``'s protocol: SETUP, then a COMMAND ``float64[2+A]``
-  one way and a REPLY ``float64[4+O]`` back per step, preallocated buffers, persistent requests
-  (``Send_init``/``Recv_init``, ``Startall``, ``Test`` polling with mpirl's ``Backoff``), then END.
-  The env side is a Python echo member (``--env-side python``, the default), or ``--env-side
-  c``: ``examples/solvers/build/echo_solver`` as the second program of an MPMD launch, joined
-  through ``mpirl.runtime.apps``. The full mode also runs ``mpirl_link_eager_16k``: the same
-  with Open MPI's shared-memory eager limit at 16 kB, so that 1,000 floats (8 kB) go eagerly.
+- ``mpirl_mpmd_c``: mpirl's own rollout side, ``mpirl.workers.sim_envs.SimEnvs``, built as
+  ``EnvRunner`` builds it (a Solver env's spaces, one ``LinkedGroup``) and stepped as it steps
+  env groups (``start``, ``wait_ready``, ``finish``: reply checks, outcome, autoreset), against
+  ``examples/solvers/build/echo_solver`` (C, ``mpirl_solver.h``) as the second program of an
+  MPMD launch, joined through ``mpirl.runtime.apps`` (HELLO/GO, the intercommunicator). The
+  full mode only (it needs ``make solvers``); the ratios are taken against it.
+- ``mpirl_inworld_python``: the same ``SimEnvs`` against mpirl's Python member loop
+  (``mpirl.workers.sim_member.serve_group``, an echo ``Simulation``) on world rank 1, the link
+  a duplicate of the world as in a run. The quick mode's only mpirl leg, and the ratios'
+  reference when the C leg did not run.
+- ``link_protocol_floor``: ``sim_link``'s protocol bare (``LinkRollout`` and
+  ``python_member`` below: persistent requests, ``Test`` polling with mpirl's ``Backoff``, no
+  checks, no vector-env bookkeeping), the floor under the two above. The full mode also runs
+  ``link_protocol_floor_eager_16k``: the same with Open MPI's shared-memory eager limit at
+  16 kB, so that 1,000 floats (8 kB) go eagerly.
 - ``redis_tight`` and ``redis_10ms``: a redis-server of this machine's (Debian's), started on a
   free port for the run and stopped after it, through redis-py, with Relexi's pattern per step:
   the env side puts ``state`` and ``reward``; the rollout side polls for each (``EXISTS``), gets
@@ -38,10 +46,19 @@ started by ``mpiexec`` every iteration, as Relexi starts FLEXI, and once kept al
 iteration. The relaunched job's rollout rank is started with it (a stand-in for the trainer).
 With ``--env-side c`` the solver is ``examples/solvers/build/rd_solver`` (its own defaults).
 
-**Groups.** One rollout rank drives 1, 4 or 16 groups of k = 2 ranks (oversubscribed on this
-machine: each member's step is a sleep, as a solver computing on cores of its own), stepping
-whichever group is ready. Per-group steps/s against one group's, and the rollout rank's CPU per
-group step. This is a plain mpi4py emulation of the rollout side, not mpirl's ``SimEnvs``.
+**Groups.** 1, 4 or 16 groups of k = 2 ranks (oversubscribed on this machine: each member's
+step sleeps ``step_s``, as a solver computing on cores of its own; ``echo_solver``'s
+``step_s``), twice:
+
+- ``groups``: one rollout rank's ``SimEnvs`` over the C echo solver's groups (MPMD), sending
+  the next STEP to whichever group answered (``start``/``wait_ready``/``finish``, as
+  ``EnvRunner``): per-group steps/s against one group's, and the rollout rank's CPU per group
+  step. The quick mode: 1 and 2 groups of the Python member, in-world.
+- ``groups_train`` (the full mode): ``mpirl train --algo PPO --env mpirl/Solver-v0`` on 2
+  mpirl ranks (the driver with the learner; one rollout rank) beside the solver's groups,
+  ``rollout_fragment_length`` 100, one SGD step per iteration (sampling dominates): per-group
+  env steps/s (progress.csv's ``env_steps_per_s``) against one group's, and rank 0's CPU per
+  iteration (``perf/driver_cpu_ms_per_iter``) per group; medians after 2 iterations.
 """
 
 from __future__ import annotations
@@ -91,10 +108,24 @@ TARGET_RATIO = 20.0
 GROUP_TARGET = 0.9
 """Per-group steps/s at the most groups, as a share of one group's (the issue's target)."""
 RELEXI_POLL_S = 0.01
-EAGER_LEG = "mpirl_link_eager_16k"
+EAGER_LEG = "link_protocol_floor_eager_16k"
 EAGER_ENV = {"OMPI_MCA_btl_sm_eager_limit": "16384"}
 """The link again with Open MPI's shared-memory eager limit at 16 kB (default 4 kB), so that a
 reply of 1,000 floats (8 kB) goes out in one message instead of a rendezvous."""
+
+
+MPIRL_LEGS = {
+    "mpirl_mpmd_c": ("simenvs", "c"),
+    "mpirl_inworld_python": ("simenvs", "python"),
+    "link_protocol_floor": ("link", "python"),
+    EAGER_LEG: ("link", "python"),
+}
+"""mpirl's legs: the measured role and the env side. ``mpirl_*`` time mpirl's own rollout side
+(``SimEnvs``) against the C echo solver in an MPMD launch or the Python member loop
+(``serve_group``) on a world rank; ``link_protocol_floor*`` the bare protocol (``LinkRollout``
+and ``python_member``, no SimEnvs checks), the floor under them."""
+RATIO_LEGS = ("mpirl_mpmd_c", "mpirl_inworld_python")
+"""The leg the others are divided by at 1,000 floats: the first of these that ran."""
 
 
 @dataclass(frozen=True)
@@ -117,16 +148,26 @@ class Plan:
     groups_k: int
     groups_steps: int
     groups_step_s: float
-    eager_leg: bool
-    """Also the link with Open MPI's eager limit raised (``EAGER_LEG``)."""
+    mpirl_legs: tuple[str, ...]
+    """Which of ``MPIRL_LEGS`` to run."""
+    train_fragment: int
+    """The training runs' rollout_fragment_length; 0: no training runs (the quick mode)."""
+    train_warmup: int
+    train_iterations: int
+    groups_side: str
+    """The groups' solver: ``c`` (the echo solver, MPMD) or ``python`` (in-world members)."""
 
 
 FULL = dict(sizes=FULL_SIZES, steps=5000, large_steps=1000, slow_poll_steps=200, warmup=100,
             relaunch_k=2, relaunch_steps=100, relaunch_iterations=8, relaunch_cells=20_000,
-            groups=(1, 4, 16), groups_k=2, groups_steps=300, groups_step_s=0.005, eager_leg=True)
+            groups=(1, 4, 16), groups_k=2, groups_steps=300, groups_step_s=0.005,
+            mpirl_legs=tuple(MPIRL_LEGS), groups_side="c", train_fragment=100, train_warmup=2,
+            train_iterations=5)
 QUICK = dict(sizes=QUICK_SIZES, steps=150, large_steps=50, slow_poll_steps=10, warmup=10,
              relaunch_k=2, relaunch_steps=20, relaunch_iterations=1, relaunch_cells=2_000,
-             groups=(1, 2), groups_k=2, groups_steps=40, groups_step_s=0.005, eager_leg=False)
+             groups=(1, 2), groups_k=2, groups_steps=40, groups_step_s=0.005,
+             mpirl_legs=("mpirl_inworld_python",), groups_side="python", train_fragment=0,
+             train_warmup=0, train_iterations=0)
 
 
 def steps_for(plan_steps: int, large_steps: int, size: int) -> int:
@@ -295,6 +336,148 @@ def link_role(size: int, steps: int, warmup: int, env_side: str) -> None:
             cpu += time.thread_time() - start_cpu
     rollout.end()
     emit(summary(times, cpu))
+
+
+# The measured programs: mpirl's own rollout side (SimEnvs), as EnvRunner builds it.
+
+
+def echo_simulation() -> type:
+    """The in-world Python member's simulation: the echo solver's contract (its observation
+    left as it is, reward 0, never done), each member sleeping ``step_s`` per step. Built on
+    first use, so that the orchestrator need not import mpirl."""
+    import numpy as np
+
+    from mpirl.envs.simulation import Simulation, solver_spaces
+
+    class EchoSimulation(Simulation):
+        def __init__(self, comm: Any, **env_config: Any) -> None:
+            super().__init__(comm)
+            self.observation_space, self.action_space = solver_spaces(env_config)
+            self.obs = np.zeros(self.observation_space.shape)
+            self.step_s = float(env_config.get("step_s", 0.0))
+            self.root = comm.Get_rank() == 0
+
+        def reset(self, seed: int | None = None) -> Any:
+            return self.obs if self.root else None
+
+        def step(self, action: Any) -> Any:
+            if self.step_s:
+                time.sleep(self.step_s)
+            return (self.obs, 0.0, False, False) if self.root else None
+
+    return EchoSimulation
+
+
+def simenvs_groups(env_side: str, groups: int, k: int) -> tuple[Any, list[Any]] | None:
+    """The link and ``groups`` LinkedGroups of k members, at the rollout side (world rank 0);
+    None on a member (an in-world Python one, which has served its group by then)."""
+    from mpi4py import MPI
+
+    from mpirl.runtime.waiting import Backoff
+    from mpirl.workers.sim_envs import LinkedGroup
+    from mpirl.workers.sim_member import serve_group
+
+    if env_side == "python":
+        # As a run's env ranks: the link a duplicate of the world, the group a split of it.
+        world = MPI.COMM_WORLD
+        link = world.Dup()
+        group = -1 if world.rank == 0 else (world.rank - 1) // k
+        group_comm = world.Split(group + 1, world.rank)
+        if world.rank > 0:
+            serve_group(link, group_comm, echo_simulation(), 0, Backoff())
+            return None
+        first = 1
+    else:
+        link, first = link_and_peer(env_side)
+    members = [tuple(range(first + g * k, first + (g + 1) * k)) for g in range(groups)]
+    return link, [LinkedGroup(g, m[0], m, f"env group {g}") for g, m in enumerate(members)]
+
+
+def make_simenvs(link: Any, linked: list[Any], size: int, step_s: float) -> Any:
+    """``SimEnvs`` as ``EnvRunner._env_groups_of`` builds it (a Solver env's spaces)."""
+    from mpirl.envs.simulation import solver_spaces
+    from mpirl.workers.sim_envs import SimEnvs
+
+    env_config = {"observation_size": size, "action_size": ACTION_SIZE, "step_s": step_s}
+    observation_space, action_space = solver_spaces(env_config)
+    return SimEnvs(link, linked, observation_space, action_space, env_config, 0,
+                   num_groups=len(linked), timeout_s=120.0, backoff=None,
+                   where="the benchmark's rollout rank")
+
+
+def end_simenvs(envs: Any, link: Any, env_side: str) -> None:
+    """END to each group (SimEnvs.close), then the driver's END to every member, as a run's
+    shutdown sends them."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpirl.runtime import apps
+    from mpirl.runtime import sim_link as sl
+
+    envs.close()
+    if env_side != "python":
+        apps.end_solvers(0)
+        return
+    end = np.array([sl.END, 0], dtype=np.int64)
+    wait_all([link.Isend([end, MPI.INT64_T], rank, sl.TAG_END)
+              for group in envs.groups for rank in group.members])
+
+
+def simenvs_role(size: int, steps: int, warmup: int, env_side: str) -> None:
+    """World rank 0 times ``SimEnvs``' round trip with one group of one member, through
+    ``start``, ``wait_ready`` and ``finish`` as EnvRunner steps env groups."""
+    import numpy as np
+
+    made = simenvs_groups(env_side, 1, 1)
+    if made is None:
+        return
+    link, linked = made
+    envs = make_simenvs(link, linked, size, 0.0)
+    envs.reset()
+    rows, actions = np.arange(1), np.zeros((1, ACTION_SIZE), np.float32)
+    times, cpu, clock = [], 0.0, time.perf_counter_ns
+    for seq in range(warmup + steps):
+        start, start_cpu = clock(), time.thread_time()
+        actions[0] = seq % 3 - 1.0
+        envs.start(rows, actions)
+        envs.finish(envs.wait_ready())
+        if seq >= warmup:
+            times.append(clock() - start)
+            cpu += time.thread_time() - start_cpu
+    end_simenvs(envs, link, env_side)
+    emit(summary(times, cpu))
+
+
+def groups_role(groups: int, k: int, steps: int, step_s: float, env_side: str) -> None:
+    """World rank 0 drives ``groups`` groups of k members through ``SimEnvs``, sending the next
+    STEP to whichever group answered (``start``/``wait_ready``/``finish``, as EnvRunner); each
+    member's step sleeps ``step_s`` (the C echo solver's ``step_s``, or the Python member's)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    made = simenvs_groups(env_side, groups, k)
+    if made is None:
+        return
+    link, linked = made
+    envs = make_simenvs(link, linked, 8, step_s)
+    envs.reset()
+    actions = np.zeros((groups, ACTION_SIZE), np.float32)
+    done = np.zeros(groups, np.int64)
+    start, start_cpu = time.perf_counter(), time.thread_time()
+    envs.start(np.arange(groups), actions)
+    while envs.in_flight.any():
+        ready = envs.wait_ready()
+        envs.finish(ready)
+        rows = np.flatnonzero(ready)
+        done[rows] += 1
+        again = rows[done[rows] < steps]
+        if again.size:
+            envs.start(again, actions[:again.size])
+    wall, cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+    end_simenvs(envs, link, env_side)
+    ranks = MPI.COMM_WORLD.size
+    emit({"steps_per_s_per_group": steps / wall, "rollout_cpu_us_per_group_step":
+          cpu / (steps * groups) * 1e6, "ranks": ranks, "wall_s": wall, "solver": env_side})
 
 
 # The measured programs: Redis as Relexi, a TCP socket as RLlib's external env.
@@ -488,56 +671,6 @@ def iterations_role(k: int, steps: int, iterations: int, cells: int, env_side: s
     emit({"iteration_s": seconds})
 
 
-def sleep_step(step_s: float) -> Callable[[Any, Any], None]:
-    def step(action: Any, obs: Any) -> None:
-        time.sleep(step_s)
-
-    return step
-
-
-def groups_role(groups: int, k: int, steps: int, step_s: float) -> None:
-    """Under mpiexec -n 1+groups*k: rank 0 drives every group, sending the next command to
-    whichever group answered; each member's step sleeps ``step_s``."""
-    from mpi4py import MPI
-
-    from mpirl.runtime import sim_link as sl
-    from mpirl.runtime.waiting import Backoff
-
-    world = MPI.COMM_WORLD
-    link = world.Dup()
-    group = -1 if world.rank == 0 else (world.rank - 1) // k
-    group_comm = world.Split(group + 1, world.rank)
-    if world.rank > 0:
-        python_member(link, 0, group_comm, sleep_step(step_s))
-        return
-    rollouts = [LinkRollout(link, list(range(1 + g * k, 1 + (g + 1) * k)), g, 8, {})
-                for g in range(groups)]
-    for rollout in rollouts:
-        rollout.round_trip(sl.RESET, 0)
-    done = [0] * groups
-    start, start_cpu = time.perf_counter(), time.thread_time()
-    for rollout in rollouts:
-        rollout.start(sl.STEP, 1)
-    backoff, running = Backoff(), set(range(groups))
-    while running:
-        ready = [g for g in running if rollouts[g].ready()]
-        if not ready:
-            backoff.sleep()
-            continue
-        backoff.reset()
-        for g in ready:
-            done[g] += 1
-            if done[g] == steps:
-                running.discard(g)
-            else:
-                rollouts[g].start(sl.STEP, done[g] + 1)
-    wall, cpu = time.perf_counter() - start, time.thread_time() - start_cpu
-    for rollout in rollouts:
-        rollout.end()
-    emit({"steps_per_s_per_group": steps / wall, "rollout_cpu_us_per_group_step":
-          cpu / (steps * groups) * 1e6, "ranks": world.size, "wall_s": wall})
-
-
 # The orchestrator.
 
 
@@ -582,31 +715,44 @@ def with_redis_server(measure: Callable[[int], dict[str, Any]]) -> dict[str, Any
         end_session(server)
 
 
-def measure_link(plan: Plan, size: int, quick: bool,
-                 extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """mpirl's link at one observation size: the Python echo member as world rank 1, or the C
-    echo solver as the second program of an MPMD launch."""
+def mpmd_command(mpirl_ranks: int, args: list[str], solver_ranks: int) -> list[str]:
+    """This script's ``args`` on ``mpirl_ranks`` ranks beside the C echo solver's."""
+    return [*mpiexec_command(mpirl_ranks, sys.executable, str(SCRIPT), *args), ":", "-n",
+            str(solver_ranks), str(ECHO_SOLVER)]
+
+
+def measure_leg(plan: Plan, leg: str, size: int) -> dict[str, Any]:
+    """One of ``MPIRL_LEGS`` at one observation size."""
+    role, env_side = MPIRL_LEGS[leg]
     steps = steps_for(plan.steps, plan.large_steps, size)
-    args = [sys.executable, str(SCRIPT), "--role", "link", "--size", str(size), "--steps",
-            str(steps), "--warmup", str(plan.warmup), "--env-side", plan.env_side]
-    name = f"mpirl link, {size} floats, {plan.env_side} echo"
-    if plan.env_side == "python":
-        command = mpiexec_command(2, *args)
+    args = ["--role", role, "--size", str(size), "--steps", str(steps), "--warmup",
+            str(plan.warmup), "--env-side", env_side]
+    if env_side == "python":
+        command = mpiexec_command(2, sys.executable, str(SCRIPT), *args)
     else:
-        command = [*mpiexec_command(1, *args), ":", "-n", "1", str(ECHO_SOLVER)]
-    return run_process(command, name, 300, extra_env, want_result=True).result
+        command = mpmd_command(1, args, 1)
+    extra_env = EAGER_ENV if leg == EAGER_LEG else None
+    return run_process(command, f"{leg}, {size} floats", 300, extra_env,
+                       want_result=True).result
+
+
+def solver_missing() -> str | None:
+    if os.access(ECHO_SOLVER, os.X_OK):
+        return None
+    return f"{ECHO_SOLVER.relative_to(ROOT)} is not built (make solvers)"
 
 
 def coupling_legs(plan: Plan, quick: bool) -> dict[str, Any]:
     """Every transport, every size: ``{leg: {size: summary}}`` or ``{leg: {"error"/"skipped"}}``."""
-    legs: dict[str, Any] = {"mpirl_link": {}}
-    links = [("mpirl_link", None)] + ([(EAGER_LEG, EAGER_ENV)] if plan.eager_leg else [])
-    for leg, extra_env in links:
+    legs: dict[str, Any] = {}
+    for leg in plan.mpirl_legs:
+        if MPIRL_LEGS[leg][1] == "c" and solver_missing():
+            legs[leg] = {"skipped": solver_missing()}
+            continue
         legs[leg] = {}
         for size in plan.sizes:
             legs[leg][str(size)] = attempt(
-                f"{leg}, {size} floats",
-                lambda size=size, extra_env=extra_env: measure_link(plan, size, quick, extra_env),
+                f"{leg}, {size} floats", lambda leg=leg, size=size: measure_leg(plan, leg, size),
                 lambda r: f"median {r['median_us']:.1f} us, p90 {r['p90_us']:.1f} us")
     sizes_args = ["--sizes", ",".join(map(str, plan.sizes)), *steps_args(plan)]
     missing = redis_missing()
@@ -660,21 +806,84 @@ def relaunch(plan: Plan, quick: bool) -> dict[str, Any]:
 
 
 def groups(plan: Plan, quick: bool) -> dict[str, Any]:
-    """Per-group steps/s and the rollout rank's CPU per group step, by number of groups."""
+    """Per-group steps/s and the rollout rank's CPU per group step, by number of groups: one
+    rollout rank's SimEnvs over the C echo solver's groups (MPMD; the Python member's in-world
+    where the solver is not built or in the quick mode)."""
+    side = "c" if plan.groups_side == "c" and not solver_missing() else "python"
     by_groups: dict[str, Any] = {}
     for count in plan.groups:
-        ranks = 1 + count * plan.groups_k
-        by_groups[str(count)] = run_role(
-            SCRIPT, "groups", quick,
-            ["--groups", str(count), "--k", str(plan.groups_k), "--steps", str(plan.groups_steps),
-             "--step-s", str(plan.groups_step_s)], ranks=ranks, name=f"{count} groups",
-            timeout_s=600).result
+        args = ["--role", "groups", "--groups", str(count), "--k", str(plan.groups_k),
+                "--steps", str(plan.groups_steps), "--step-s", str(plan.groups_step_s),
+                "--env-side", side]
+        members = count * plan.groups_k
+        command = (mpiexec_command(1 + members, sys.executable, str(SCRIPT), *args)
+                   if side == "python" else mpmd_command(1, args, members))
+        by_groups[str(count)] = run_process(command, f"{count} groups", 600,
+                                            want_result=True).result
     one = by_groups[str(plan.groups[0])]["steps_per_s_per_group"]
     most = by_groups[str(plan.groups[-1])]["steps_per_s_per_group"]
     return {"k": plan.groups_k, "step_s": plan.groups_step_s, "steps": plan.groups_steps,
-            "by_groups": by_groups,
+            "solver": side, "by_groups": by_groups,
             "per_group_vs_one": {n: e["steps_per_s_per_group"] / one for n, e in
                                  by_groups.items()},
+            "target_met": most / one >= GROUP_TARGET}
+
+
+TRAIN_COLUMNS = ("env_steps_per_s", "time_this_iter_s", "perf/driver_cpu_ms_per_iter",
+                 "perf/driver_hosted_cpu_ms_per_iter", "perf/driver_idle_cpu_ms_per_iter",
+                 "perf/driver_threads_cpu_ms_per_iter", "perf/driver_own_cpu_ms_per_iter")
+"""progress.csv's columns the training runs report (medians over the measured iterations)."""
+
+
+def train_run(plan: Plan, count: int, run_dir: Path) -> dict[str, Any]:
+    """``mpirl train`` (PPO, 2 mpirl ranks: the driver with the learner, one rollout rank)
+    beside the C echo solver's ``count`` groups of k ranks (MPMD), each step sleeping
+    ``step_s``; medians of progress.csv's ``TRAIN_COLUMNS`` after the first iterations."""
+    import csv
+
+    config = {"ranks_per_env": plan.groups_k, "num_envs_per_worker": count,
+              "rollout_fragment_length": plan.train_fragment, "num_epochs": 1,
+              # One SGD step per iteration whatever the groups: sampling dominates.
+              "minibatch_size": plan.train_fragment * max(plan.groups),
+              "env_config": {"observation_size": 8, "action_size": ACTION_SIZE,
+                             "step_s": plan.groups_step_s}}
+    iterations = plan.train_warmup + plan.train_iterations
+    mpirl = str(Path(sys.executable).with_name("mpirl"))
+    command = [*mpiexec_command(2, mpirl, "train", "--algo", "PPO", "--env", "mpirl/Solver-v0",
+                                "--progress", "off", "--run-dir", str(run_dir), "--stop",
+                                json.dumps({"training_iteration": iterations}), "--config",
+                                json.dumps(config)),
+               ":", "-n", str(count * plan.groups_k), str(ECHO_SOLVER)]
+    finished = run_process(command, f"mpirl train, {count} groups", 600)
+    with open(run_dir / "progress.csv", newline="") as file:
+        rows = list(csv.DictReader(file))[plan.train_warmup:]
+    if not rows:
+        raise BenchError(f"{run_dir}/progress.csv has no iteration after the first "
+                         f"{plan.train_warmup}")
+    medians = {column: statistics.median(float(row[column]) for row in rows)
+               for column in TRAIN_COLUMNS}
+    return {"iterations": len(rows), "job_s": finished.wall_s,
+            "env_steps_per_s_per_group": medians["env_steps_per_s"] / count,
+            "driver_cpu_ms_per_iter_per_group": medians["perf/driver_cpu_ms_per_iter"] / count,
+            "driver_own_cpu_ms_per_iter_per_group":
+                medians["perf/driver_own_cpu_ms_per_iter"] / count,
+            **{column: value for column, value in medians.items()}}
+
+
+def train_groups(plan: Plan, run_root: Path) -> dict[str, Any]:
+    """The groups again in real training runs: per-group env steps/s against one group's, and
+    rank 0's (the driver's) CPU per iteration, per group."""
+    if solver_missing():
+        return {"skipped": solver_missing()}
+    by_groups = {str(count): train_run(plan, count, run_root / f"groups_{count}")
+                 for count in plan.groups}
+    one = by_groups[str(plan.groups[0])]["env_steps_per_s_per_group"]
+    most = by_groups[str(plan.groups[-1])]["env_steps_per_s_per_group"]
+    return {"algo": "PPO", "k": plan.groups_k, "step_s": plan.groups_step_s,
+            "rollout_fragment_length": plan.train_fragment, "solver": "c", "mpirl_ranks": 2,
+            "by_groups": by_groups,
+            "per_group_vs_one": {n: e["env_steps_per_s_per_group"] / one
+                                 for n, e in by_groups.items()},
             "target_met": most / one >= GROUP_TARGET}
 
 
@@ -695,11 +904,12 @@ def main() -> int:
                         help="8 and 1,000 floats, fewer steps, 1 and 2 groups")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--env-side", choices=("python", "c"), default="python",
-                        help="the solvers: Python programs, or the C echo and reaction-diffusion "
-                             "solvers of examples/solvers/build in MPMD launches")
+                        help="the relaunch leg's solver: a Python program, or the C "
+                             "reaction-diffusion solver of examples/solvers/build (MPMD); the "
+                             "other legs choose theirs (see the module's docstring)")
     hidden = argparse.SUPPRESS
-    parser.add_argument("--role", choices=["link", "redis", "tcp", "iterations", "groups"],
-                        help=hidden)
+    parser.add_argument("--role", help=hidden, choices=["simenvs", "link", "redis", "tcp",
+                                                        "iterations", "groups"])
     for name, kind in (("size", int), ("steps", int), ("large-steps", int),
                        ("slow-poll-steps", int), ("warmup", int), ("port", int), ("k", int),
                        ("iterations", int), ("cells", int), ("groups", int),
@@ -717,11 +927,12 @@ def main() -> int:
     print_problems(legs)
     print("one env step's round trip (action out, observation back), microseconds:")
     coupling_table(legs, plan.sizes)
-    link_median = legs["mpirl_link"].get(str(RATIO_SIZE), {}).get("median_us")
-    over = {leg: ratio(legs[leg].get(str(RATIO_SIZE), {}).get("median_us"), link_median)
-            for leg in legs if leg != "mpirl_link"}
     ran = [leg for leg, entry in legs.items() if entry and not ({"error", "skipped"} & set(entry))]
-    print(f"at {RATIO_SIZE:,} floats, against mpirl's link: "
+    reference = next((leg for leg in RATIO_LEGS if leg in ran), None)
+    link_median = legs[reference][str(RATIO_SIZE)]["median_us"] if reference else None
+    over = {leg: ratio(legs[leg].get(str(RATIO_SIZE), {}).get("median_us"), link_median)
+            for leg in legs if leg != reference}
+    print(f"at {RATIO_SIZE:,} floats, against {reference}: "
           + ", ".join(f"{leg} {fmt(value, 1)}x" for leg, value in over.items()))
     relaunched = attempt("relaunch vs kept alive", lambda: relaunch(plan, args.quick),
                          lambda r: f"{r['relaunched_s_per_iteration']:.3f} s per iteration "
@@ -730,19 +941,32 @@ def main() -> int:
     scaling = attempt("groups", lambda: groups(plan, args.quick),
                       lambda r: "per-group steps/s against one group's: " + ", ".join(
                           f"{n} groups {v:.2f}" for n, v in r["per_group_vs_one"].items()))
+    if plan.train_fragment:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="mpirl-sim-bench-") as run_root:
+            training = attempt("groups in PPO runs", lambda: train_groups(plan, Path(run_root)),
+                               lambda r: "per-group env steps/s against one group's: " +
+                               ", ".join(f"{n} groups {v:.2f}"
+                                         for n, v in r.get("per_group_vs_one", {}).items()))
+    else:
+        training = {"skipped": "the full mode only (three training runs)"}
     report = {
         "meta": run_metadata(args.quick, plan, ("mpi4py", "numpy", "redis")),
         "legs_run": ran,
         "coupling": legs,
-        "over_mpirl_link_at_1000": over,
+        "ratio_reference": reference,
+        "over_mpirl_at_1000": over,
         "target_20x_met": (over["redis_tight"] >= TARGET_RATIO
                            if over["redis_tight"] is not None else None),
         "relaunch": relaunched,
         "groups": scaling,
+        "groups_train": training,
     }
     write_report(report, args.json)
     failed = [name for name, entry in (*legs.items(), ("relaunch", relaunched),
-                                       ("groups", scaling)) if "error" in entry]
+                                       ("groups", scaling), ("groups_train", training))
+              if "error" in entry]
     return 1 if failed else 0
 
 
@@ -751,7 +975,9 @@ def run_measured(args: argparse.Namespace) -> int:
     plan = {"steps": args.steps, "large_steps": args.large_steps,
             "slow_poll_steps": args.slow_poll_steps, "warmup": args.warmup}
     sizes = [int(size) for size in (args.sizes or "").split(",") if size]
-    if args.role == "link":
+    if args.role == "simenvs":
+        simenvs_role(args.size, args.steps, args.warmup, args.env_side)
+    elif args.role == "link":
         link_role(args.size, args.steps, args.warmup, args.env_side)
     elif args.role == "redis":
         redis_role(args.port, sizes, plan)
@@ -760,7 +986,7 @@ def run_measured(args: argparse.Namespace) -> int:
     elif args.role == "iterations":
         iterations_role(args.k, args.steps, args.iterations, args.cells, args.env_side)
     else:
-        groups_role(args.groups, args.k, args.steps, args.step_s)
+        groups_role(args.groups, args.k, args.steps, args.step_s, args.env_side)
     return 0
 
 

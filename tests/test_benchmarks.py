@@ -314,14 +314,15 @@ def test_simulations_benchmark_quick_writes_every_key(tmp_path):
     report = json.loads(out.read_text())
     coupling = report["coupling"]
     redis_here = shutil.which("redis-server") is not None and importlib.util.find_spec("redis")
-    legs = ["mpirl_link", "tcp"] + (["redis_tight", "redis_10ms"] if redis_here else [])
+    legs = ["mpirl_inworld_python", "tcp"] + (["redis_tight", "redis_10ms"] if redis_here else [])
     assert sorted(report["legs_run"]) == sorted(legs)
     for leg in legs:
         assert set(coupling[leg]) == {"8", "1000"}, leg
         for point in coupling[leg].values():
             assert 0 < point["median_us"] <= point["p90_us"], (leg, point)
             assert point["steps"] > 0 and point["rollout_cpu_us"] > 0, (leg, point)
-    over = report["over_mpirl_link_at_1000"]
+    assert report["ratio_reference"] == "mpirl_inworld_python"
+    over = report["over_mpirl_at_1000"]
     if redis_here:
         # Relexi's pattern: state, reward and actions each put, polled, got and deleted.
         assert all(p["commands_per_step"] >= 10 for p in coupling["redis_tight"].values())
@@ -337,6 +338,8 @@ def test_simulations_benchmark_quick_writes_every_key(tmp_path):
     for entry in groups["by_groups"].values():
         assert entry["steps_per_s_per_group"] > 0 and entry["rollout_cpu_us_per_group_step"] > 0
     assert groups["per_group_vs_one"]["1"] == 1.0 and isinstance(groups["target_met"], bool)
+    assert groups["solver"] == "python"
+    assert "skipped" in report["groups_train"]  # three PPO runs: the full mode only
 
 
 def test_kuramoto_sivashinsky_benchmark_quick_writes_every_key(tmp_path):

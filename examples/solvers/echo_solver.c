@@ -7,7 +7,9 @@
  *                          obs[i] = a[i % A] + 1000 t + i,  reward = t + sum(a)
  *     truncated when t == episode_length (env_config; 0: never), never terminated.
  * The observation size is the run's observation_size (env_config), the action size its
- * action_size. env_config "fail_at": n calls mpirl_fail at step n (a test of the error path).
+ * action_size. env_config "fail_at": n calls mpirl_fail at step n (a test of the error path);
+ * "step_s": every rank sleeps that many seconds per STEP (a solver's fixed cost per step, on
+ * cores of its own: benchmarks/simulations.py's groups).
  *
  * Build: mpicc -I$(python -m mpirl.envs.solver --include) echo_solver.c \
  *            $(python -m mpirl.envs.solver --source) -o echo_solver
@@ -15,9 +17,11 @@
  * "--no-init S" (a test of the start-up deadline): MPI_Init, then sleep S seconds without
  * calling mpirl_init.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep under -std=c99 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mpirl_solver.h"
@@ -48,6 +52,8 @@ int main(int argc, char **argv) {
     int n_obs = mpirl_obs_size(s), n_act = mpirl_action_size(s);
     long episode_length = mpirl_config_long(s, "episode_length", 0);
     long fail_at = mpirl_config_long(s, "fail_at", 0);
+    double step_s = mpirl_config_double(s, "step_s", 0.0);
+    struct timespec step_sleep = {(time_t)step_s, (long)((step_s - (double)(time_t)step_s) * 1e9)};
 
     /* This rank's block of the observation: [first, first + counts[rank]). */
     int *counts = malloc(sizeof(int) * (size_t)k), *firsts = malloc(sizeof(int) * (size_t)k);
@@ -74,6 +80,7 @@ int main(int argc, char **argv) {
                 mpirl_fail(s, message);
                 break;
             }
+            if (step_s > 0.0) nanosleep(&step_sleep, NULL);
             for (int j = 0; j < counts[rank]; j++) {
                 int i = firsts[rank] + j;
                 block[j] = action[i % n_act] + 1000.0 * (double)t + (double)i;
