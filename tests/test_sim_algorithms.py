@@ -5,10 +5,12 @@ callbacks: one ``mpiexec -n 4`` runs one iteration of each in the same processes
 
 from __future__ import annotations
 
+import json
 import sys
 
+import numpy as np
 import pytest
-from conftest import PROGRAMS, parse_result, run_mpi
+from conftest import PROGRAMS, parse_result, run_mpi, train_refused_in_process
 from programs.sim_algorithms import CONFIGS, ENV_CONFIG, NO_DUMPS
 
 EPISODE = ENV_CONFIG["max_steps"]
@@ -58,3 +60,49 @@ def test_one_iteration_on_a_group_of_two_env_ranks(records, algo):
     assert dump["episodes"] >= row["episodes_total"] and dump["steps"] == EPISODE * dump[
         "episodes"], dump
     assert dump["obs_rows"] == [EPISODE + 1] and dump["obs_width"] == [OBS_WIDTH], dump
+
+
+def test_a_multi_agent_run_composes_policies_on_one_simulation_per_env(records):
+    """SimulationAgents: an agent per actuator of one reaction-diffusion simulation; PPO drives
+    two of them and SAC the other two, on the 3 rollout ranks (each steps its own simulation
+    in-process)."""
+    row = records[0]["multiagent"]
+    assert row["iteration"] == 1 and row["timesteps_total"] >= 3 * EPISODE, row
+    # Every env step is a step of each of the policy's two agents.
+    assert row["agent_steps_total/ppo"] == row["agent_steps_total/sac"] == 2 * row[
+        "timesteps_total"], row
+    assert row["episode_len_mean/ppo"] == row["episode_len_mean/sac"] == EPISODE, row
+
+
+def test_simulation_agents_step_the_one_simulation_with_the_joined_action():
+    from mpi4py import MPI
+
+    from mpirl.envs.reaction_diffusion import ReactionDiffusion
+    from mpirl.envs.simulation_agents import SimulationAgents
+
+    agents = SimulationAgents("mpirl/ReactionDiffusion-v0", **ENV_CONFIG)
+    alone = ReactionDiffusion(MPI.COMM_SELF, **ENV_CONFIG)
+    assert agents.possible_agents == [f"actuator_{i}" for i in range(4)]
+    assert agents.action_space("actuator_2").shape == (1,)
+    obs, _ = agents.reset(seed=3)
+    first = alone.reset(3)
+    np.testing.assert_allclose(obs["actuator_1"][:OBS_WIDTH], first, rtol=1e-6)
+    np.testing.assert_array_equal(obs["actuator_1"][OBS_WIDTH:], [0, 1, 0, 0])
+    action = np.array([0.5, -0.25, 1.0, 0.0], np.float32)
+    for t in range(EPISODE):
+        obs, rewards, terminated, truncated, _ = agents.step(
+            {agent: action[i:i + 1] for i, agent in enumerate(agents.possible_agents)})
+        expected, reward, _, done = alone.step(action)
+        np.testing.assert_allclose(agents.state(), expected, rtol=1e-6)
+        assert set(rewards.values()) == {reward} and set(truncated.values()) == {done}
+        assert agents.agents == ([] if t == EPISODE - 1 else agents.possible_agents)
+
+
+def test_env_groups_refuse_multi_agent_envs_with_one_line(tmp_path, capsys):
+    line = train_refused_in_process(
+        tmp_path, capsys, "--algo", "PPO", "--env",
+        "mpirl.envs.simulation_agents:SimulationAgents", "--config",
+        json.dumps({"ranks_per_env": 2, "env_config": {"max_steps": 8}}))
+    assert ("ranks_per_env 2: env groups drive single-agent simulations only; a multi-agent "
+            "env ('mpirl.envs.simulation_agents:SimulationAgents') steps in the rollout "
+            "process. Leave ranks_per_env at 0") in line, line

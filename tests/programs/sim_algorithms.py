@@ -106,6 +106,25 @@ def dumped(directory: str) -> dict[str, Any]:
             "obs_width": sorted({e.observations.shape[1] for e in episodes})}
 
 
+def multiagent(root: str) -> dict[str, Any] | None:
+    """A multi-agent run on SimulationAgents (one reaction-diffusion simulation, an agent per
+    actuator) composing PPO and SAC: every rank but the driver is a rollout rank stepping its
+    own simulation in-process (ranks_per_env 0)."""
+    config = {"env_config": {"simulation": "mpirl/ReactionDiffusion-v0", **ENV_CONFIG},
+              "num_envs_per_worker": 1, "rollout_fragment_length": 16, "num_epochs": 1,
+              "minibatch_size": 16, "hidden_sizes": [16], "print_layout": False,
+              "checkpoint_every": 0,
+              "multiagent": {"policies": {"ppo": {}, "sac": {
+                  "algo": "SAC", "learning_starts": 8, "train_batch_size": 8}},
+                  "policy_mapping": {"actuator_[01]": "ppo", "actuator_[23]": "sac"}}}
+    row = mpirl.train("PPO", "mpirl.envs.simulation_agents:SimulationAgents", config=config,
+                      stop={"training_iteration": 1}, seed=0, run_dir=f"{root}/multiagent",
+                      progress="off")
+    return None if row is None else {key: row.get(key) for key in (
+        "iteration", "timesteps_total", "episodes_total", "agent_steps_total/ppo",
+        "agent_steps_total/sac", "episode_len_mean/ppo", "episode_len_mean/sac")}
+
+
 def main() -> None:
     import sim_algorithms as shared  # the module the callbacks spec loads, not __main__
 
@@ -131,6 +150,8 @@ def main() -> None:
                 "iteration", "timesteps_total", "episodes_total", "custom/group_length_mean")}
             if dump:
                 record["rows"][algo]["dump"] = dumped(dump)
+    if not sys.argv[2:]:
+        record["multiagent"] = multiagent(root)
     record.update(steps=shared.STEPS, hooks=shared.HOOKS)
     # Rank 0 waits for the others without spinning a core.
     barrier = world.Ibarrier()
