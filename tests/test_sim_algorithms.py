@@ -1,7 +1,8 @@
 """Every algorithm that samples on rollout ranks trains on an env group (ranks_per_env 2, the
-Python reaction-diffusion simulation) through the one sampling core, with trajectory dumps and
-callbacks: one ``mpiexec -n 4`` runs one iteration of each in the same processes
-(tests/programs/sim_algorithms.py)."""
+Python reaction-diffusion simulation) through the one sampling core, with trajectory dumps,
+callbacks, checkpoints that ``mpirl evaluate`` plays in-process (k = 1) and resumes: one
+``mpiexec -n 4`` runs one iteration of each in the same processes, then resumes two, then a
+multi-agent run on SimulationAgents (tests/programs/sim_algorithms.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import PROGRAMS, parse_result, run_mpi, train_refused_in_process
-from programs.sim_algorithms import CONFIGS, ENV_CONFIG, NO_DUMPS
+from programs.sim_algorithms import CONFIGS, ENV_CONFIG, NO_DUMPS, RESUMED
 
 EPISODE = ENV_CONFIG["max_steps"]
 OBS_WIDTH = 8  # the default number of sensors
@@ -26,7 +27,7 @@ def records(tmp_path_factory):
     assert "Traceback" not in proc.stderr, proc.stderr
     found = parse_result(proc.stdout)
     assert found is not None, proc.stdout + proc.stderr
-    return {record["rank"]: record for record in found}
+    return {"root": root, **{record["rank"]: record for record in found}}
 
 
 def test_the_program_covers_every_algorithm_that_samples_on_rollout_ranks():
@@ -39,7 +40,7 @@ def test_the_program_covers_every_algorithm_that_samples_on_rollout_ranks():
 
 @pytest.mark.parametrize("algo", list(CONFIGS))
 def test_one_iteration_on_a_group_of_two_env_ranks(records, algo):
-    assert all(not record["errors"] for record in records.values()), records[0]["errors"]
+    assert all(not records[rank]["errors"] for rank in range(4)), records[0]["errors"]
     row = records[0]["rows"][algo]
     assert row["iteration"] == 1 and row["timesteps_total"] >= EPISODE, row
     assert row["episodes_total"] >= 1, row
@@ -64,10 +65,9 @@ def test_one_iteration_on_a_group_of_two_env_ranks(records, algo):
 
 def test_a_multi_agent_run_composes_policies_on_one_simulation_per_env(records):
     """SimulationAgents: an agent per actuator of one reaction-diffusion simulation; PPO drives
-    two of them and SAC the other two, on the 3 rollout ranks (each steps its own simulation
-    in-process)."""
+    two of them and SAC the other two, on a rollout rank that steps the simulation in-process."""
     row = records[0]["multiagent"]
-    assert row["iteration"] == 1 and row["timesteps_total"] >= 3 * EPISODE, row
+    assert row["iteration"] == 1 and row["timesteps_total"] >= EPISODE, row
     # Every env step is a step of each of the policy's two agents.
     assert row["agent_steps_total/ppo"] == row["agent_steps_total/sac"] == 2 * row[
         "timesteps_total"], row
@@ -106,3 +106,23 @@ def test_env_groups_refuse_multi_agent_envs_with_one_line(tmp_path, capsys):
     assert ("ranks_per_env 2: env groups drive single-agent simulations only; a multi-agent "
             "env ('mpirl.envs.simulation_agents:SimulationAgents') steps in the rollout "
             "process. Leave ranks_per_env at 0") in line, line
+
+
+@pytest.mark.parametrize("algo", RESUMED)
+def test_a_resume_goes_on_with_new_episodes_on_the_group(records, algo):
+    row = records[0]["rows"][f"{algo}-resumed"]
+    assert row["iteration"] == 2 and row["timesteps_total"] > records[0]["rows"][algo][
+        "timesteps_total"], row
+    steps = [records[rank]["steps"].get(f"{algo}-resumed", 0) for rank in (2, 3)]
+    assert steps[0] == steps[1] > 0, steps
+
+
+def test_every_checkpoint_evaluates_in_process(records, monkeypatch, capsys):
+    from mpirl.cli import main
+
+    monkeypatch.syspath_prepend(str(PROGRAMS))  # the runs' env is sim_algorithms:CountingRD
+    root = records["root"]
+    for algo in CONFIGS:
+        assert main(["evaluate", f"{root}/{algo}", "--episodes", "1", "--json"]) == 0, algo
+        result = json.loads(capsys.readouterr().out)
+        assert result["episodes"] == 1 and result["length_mean"] == EPISODE, (algo, result)

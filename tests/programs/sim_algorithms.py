@@ -3,7 +3,7 @@
 algorithm in the same processes (torch imported once per rank), each with a trajectory dump and
 callbacks.
 
-    mpiexec -n 4 python sim_algorithms.py ROOT [ALGO ...]
+    mpiexec -n 4 python sim_algorithms.py ROOT [ALGO ...]   # no ALGO: every one, and multi-agent
 
 The env is the bundled reaction-diffusion simulation (its Discrete variant for DQN and Ape-X),
 counting the steps each rank takes part in. Every rank records what it saw; world rank 0 gathers
@@ -25,7 +25,7 @@ from mpirl.envs.reaction_diffusion import ReactionDiffusion, ReactionDiffusionDi
 #: Short episodes on a coarse grid (split over the group's 2 ranks).
 ENV_CONFIG = {"max_steps": 8, "n_points": 8}
 COMMON = {"ranks_per_env": 2, "num_envs_per_worker": 1, "print_layout": False,
-          "checkpoint_every": 0, "hidden_sizes": [16], "env_config": ENV_CONFIG,
+          "checkpoint_every": 1, "hidden_sizes": [16], "env_config": ENV_CONFIG,
           "callbacks": "sim_algorithms:GroupSteps"}
 #: Each algorithm's smallest iteration that still ends episodes on the group.
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -55,6 +55,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 DISCRETE = {"DQN", "APEX"}
 #: Their episodes are played by perturbed policies: no trajectory dumps (refused).
 NO_DUMPS = {"ES", "ARS"}
+
+#: Resumed from their checkpoint for a second iteration: the groups start new episodes.
+RESUMED = ("SAC", "ES")
 
 #: The algorithm running now (set by main on every rank before its run).
 CURRENT = {"algo": ""}
@@ -106,10 +109,10 @@ def dumped(directory: str) -> dict[str, Any]:
             "obs_width": sorted({e.observations.shape[1] for e in episodes})}
 
 
-def multiagent(root: str) -> dict[str, Any] | None:
+def multiagent(root: str, comm: MPI.Comm) -> dict[str, Any] | None:
     """A multi-agent run on SimulationAgents (one reaction-diffusion simulation, an agent per
-    actuator) composing PPO and SAC: every rank but the driver is a rollout rank stepping its
-    own simulation in-process (ranks_per_env 0)."""
+    actuator) composing PPO and SAC on ``comm``: a driver and a rollout rank that steps its
+    simulation in-process (ranks_per_env 0)."""
     config = {"env_config": {"simulation": "mpirl/ReactionDiffusion-v0", **ENV_CONFIG},
               "num_envs_per_worker": 1, "rollout_fragment_length": 16, "num_epochs": 1,
               "minibatch_size": 16, "hidden_sizes": [16], "print_layout": False,
@@ -119,7 +122,7 @@ def multiagent(root: str) -> dict[str, Any] | None:
                   "policy_mapping": {"actuator_[01]": "ppo", "actuator_[23]": "sac"}}}
     row = mpirl.train("PPO", "mpirl.envs.simulation_agents:SimulationAgents", config=config,
                       stop={"training_iteration": 1}, seed=0, run_dir=f"{root}/multiagent",
-                      progress="off")
+                      progress="off", comm=comm)
     return None if row is None else {key: row.get(key) for key in (
         "iteration", "timesteps_total", "episodes_total", "agent_steps_total/ppo",
         "agent_steps_total/sac", "episode_len_mean/ppo", "episode_len_mean/sac")}
@@ -131,27 +134,43 @@ def main() -> None:
     world = MPI.COMM_WORLD
     root, algos = sys.argv[1], sys.argv[2:] or list(CONFIGS)
     record: dict[str, Any] = {"rank": world.Get_rank(), "rows": {}, "errors": {},
-                              "seconds": {}}
+                              "cpu_s": {}}
     for algo in algos:
         shared.CURRENT["algo"] = algo
         env = "sim_algorithms:" + ("CountingRDDiscrete" if algo in DISCRETE else "CountingRD")
         dump = None if algo in NO_DUMPS else f"{root}/{algo}-dump"
         config = {**COMMON, **CONFIGS[algo], **({"dump_trajectories": dump} if dump else {})}
-        start = time.perf_counter()
+        start = time.process_time()
         try:
             row = mpirl.train(algo, env, config=config, stop={"training_iteration": 1},
                               seed=0, run_dir=f"{root}/{algo}", progress="off")
         except mpirl.MpirlError as error:
             record["errors"][algo] = f"{type(error).__name__}: {error}"
             continue
-        record["seconds"][algo] = round(time.perf_counter() - start, 2)
+        record["cpu_s"][algo] = round(time.process_time() - start, 2)
         if row is not None:
             record["rows"][algo] = {key: row.get(key) for key in (
                 "iteration", "timesteps_total", "episodes_total", "custom/group_length_mean")}
             if dump:
                 record["rows"][algo]["dump"] = dumped(dump)
+    for algo in [algo for algo in RESUMED if algo in algos and algo not in record["errors"]]:
+        shared.CURRENT["algo"] = algo + "-resumed"
+        env = "sim_algorithms:" + ("CountingRDDiscrete" if algo in DISCRETE else "CountingRD")
+        try:
+            row = mpirl.train(algo, env, stop={"training_iteration": 2}, resume=f"{root}/{algo}",
+                              progress="off")
+        except mpirl.MpirlError as error:
+            record["errors"][algo + "-resumed"] = f"{type(error).__name__}: {error}"
+            continue
+        if row is not None:
+            record["rows"][algo + "-resumed"] = {key: row.get(key) for key in (
+                "iteration", "timesteps_total", "episodes_total")}
     if not sys.argv[2:]:
-        record["multiagent"] = multiagent(root)
+        # On world ranks 0 and 1 only: two more rollout ranks would add their start-up and
+        # nothing else to check.
+        pair = world.Split(0 if world.Get_rank() < 2 else MPI.UNDEFINED, key=world.Get_rank())
+        if pair != MPI.COMM_NULL:
+            record["multiagent"] = multiagent(root, pair)
     record.update(steps=shared.STEPS, hooks=shared.HOOKS)
     # Rank 0 waits for the others without spinning a core.
     barrier = world.Ibarrier()
