@@ -27,7 +27,7 @@ def records(tmp_path_factory):
     assert "Traceback" not in proc.stderr, proc.stderr
     found = parse_result(proc.stdout)
     assert found is not None, proc.stdout + proc.stderr
-    return {"root": root, **{record["rank"]: record for record in found}}
+    return {"root": root, "stderr": proc.stderr, **{record["rank"]: record for record in found}}
 
 
 def test_the_program_covers_every_algorithm_that_samples_on_rollout_ranks():
@@ -115,6 +115,17 @@ def test_a_resume_goes_on_with_new_episodes_on_the_group(records, algo):
         "timesteps_total"], row
     steps = [records[rank]["steps"].get(f"{algo}-resumed", 0) for rank in (2, 3)]
     assert steps[0] == steps[1] > 0, steps
+
+
+def test_checkpoints_and_resumes_say_why_the_episodes_start_afresh(records):
+    stderr = records["stderr"]
+    # Once per run that checkpointed (ES and ARS too: their workers sample on the groups).
+    assert stderr.count("mpirl: note: checkpoints hold the policy, not the episodes in progress "
+                        "of rollout_0's env groups") == len(CONFIGS) + len(RESUMED), stderr
+    assert stderr.count("rollout worker 0's environments were reset from fresh seeds instead of "
+                        "continuing their episodes: they could not be restored (TypeError: an "
+                        "env group's simulation keeps its state on its own ranks") == len(
+        RESUMED), stderr
 
 
 def test_every_checkpoint_evaluates_in_process(records, monkeypatch, capsys):
