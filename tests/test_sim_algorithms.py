@@ -74,6 +74,14 @@ def test_a_multi_agent_run_composes_policies_on_one_simulation_per_env(records):
     assert row["episode_len_mean/ppo"] == row["episode_len_mean/sac"] == EPISODE, row
 
 
+def test_the_multi_agent_checkpoint_evaluates_in_process(records, capsys):
+    from mpirl.cli import main
+
+    assert main(["evaluate", f"{records['root']}/multiagent", "--episodes", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 1, result
+
+
 def test_simulation_agents_step_the_one_simulation_with_the_joined_action():
     from mpi4py import MPI
 

@@ -116,7 +116,7 @@ def multiagent(root: str, comm: MPI.Comm) -> dict[str, Any] | None:
     config = {"env_config": {"simulation": "mpirl/ReactionDiffusion-v0", **ENV_CONFIG},
               "num_envs_per_worker": 1, "rollout_fragment_length": 16, "num_epochs": 1,
               "minibatch_size": 16, "hidden_sizes": [16], "print_layout": False,
-              "checkpoint_every": 0,
+              "checkpoint_every": 1,
               "multiagent": {"policies": {"ppo": {}, "sac": {
                   "algo": "SAC", "learning_starts": 8, "train_batch_size": 8}},
                   "policy_mapping": {"actuator_[01]": "ppo", "actuator_[23]": "sac"}}}
