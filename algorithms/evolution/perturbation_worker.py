@@ -450,6 +450,14 @@ class PerturbationWorker(Worker):
         return {**self.shared_state(), "rng": self.rng.bit_generator.state,
                 "runner": self.runner.get_state()}
 
+    def save_state(self, directory: str, name: str) -> dict[str, Any]:
+        """Worker.save_state's entry, plus ``envs_error`` when the environments were not saved
+        (env groups, envs that do not pickle): the driver says so, and a resume says why."""
+        entry = super().save_state(directory, name)
+        if self.runner.envs_error is not None:
+            entry["envs_error"] = self.runner.envs_error
+        return entry
+
     def set_state(self, state: dict[str, Any]) -> bool:
         self.set_shared_state(state)
         self.rng.bit_generator.state = state["rng"]

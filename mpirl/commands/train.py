@@ -176,6 +176,11 @@ def _check_ranks_per_env(algo_config: Any, env: EnvSpec) -> None:
                           f"program after ':'")
     if not k:
         return
+    if env.is_multi_agent():
+        raise ConfigError(f"ranks_per_env {k}: env groups drive single-agent simulations only; "
+                          f"a multi-agent env ({env.env_id!r}) steps in the rollout process. "
+                          f"Leave ranks_per_env at 0 (SimulationAgents runs its simulation "
+                          f"there, k = 1), or train the single-agent simulation on env groups")
     if simulation is None:
         raise ConfigError(f"ranks_per_env {k} gives each env instance ranks of its own, which "
                           f"only an mpirl.Simulation env uses; {env.env_id!r} is not one. Leave "
