@@ -8,6 +8,7 @@ the end-to-end assertions, and its checkpoint is evaluated in-process (k = 1).""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 
 import numpy as np
@@ -189,8 +190,14 @@ def test_a_member_that_raises_is_named_though_its_root_waits_in_the_gather(tmp_p
     # so the member tells the rollout rank itself; the stuck root takes no stop, so the driver
     # aborts the job at once (no wait of shutdown_timeout_s for its acknowledgement).
     config = {**CONFIG, "env_config": {"member_fails_at": 3}, "print_layout": False}
-    proc = run_mpi(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SIM, "--config",
-                   json.dumps(config), "--run-dir", str(tmp_path / "run"), timeout=120)
+    for attempt in range(2):
+        proc = run_mpi(4, str(BIN / "mpirl"), "train", "--algo", "PPO", "--env", SIM, "--config",
+                       json.dumps(config), "--run-dir", str(tmp_path / f"run{attempt}"),
+                       timeout=120)
+        # Open MPI 5's launcher itself has died of SIGSEGV while tearing down an aborted job
+        # on a machine at load 8-10 (3 runs in 7, mpirl's line already out): once more then.
+        if proc.returncode != -signal.SIGSEGV:
+            break
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("mpirl:")]
