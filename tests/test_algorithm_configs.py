@@ -24,7 +24,9 @@ COMMON = {"callbacks", "tensorboard_histograms_every", "wandb_project", "mlflow_
           "lstm_cell_size", "max_seq_len",
           # the environment's
           "env_config", "clip_rewards", "atari_noop_max", "atari_frame_skip", "atari_frame_size",
-          "atari_grayscale", "atari_frame_stack", "env_backend"}
+          "atari_grayscale", "atari_frame_stack", "env_backend",
+          # env groups (simulations as environments)
+          "ranks_per_env", "env_step_timeout_s"}
 #: Every algorithm but A3C, whose single learner makes no allreduce.
 ALLREDUCE = {"learner_backend", "learner_master_addr"}
 ON_POLICY = COMMON | {"rollout_fragment_length", "normalize_observations", "gamma", "vf_coef",
