@@ -737,18 +737,23 @@ def test_learners_run_on_the_learner_node(slurm, tmp_path, het):
 
 
 def test_mpmd_job_runs_mpirl_and_the_solver_in_one_world(slurm, tmp_path, built_solvers):
-    """--solver under srun: the script's --multi-prog file runs mpirl doctor on tasks 0-1 and
-    the C echo solver on task 2, one MPI world: the solver's mpirl_init joins mpirl's start-up
-    (a solver in a world of its own would be world rank 0 and abort), and mpirl's END ends it."""
+    """--solver under srun: the script's --multi-prog file runs mpirl train on tasks 0-1 and the
+    C reaction-diffusion solver on task 2, one MPI world: the solver's mpirl_init joins mpirl's
+    start-up (a solver in a world of its own would be world rank 0 and abort), PPO trains on
+    its env group, and mpirl's END ends it."""
+    config = {"ranks_per_env": 1, "num_envs_per_worker": 1, "rollout_fragment_length": 32,
+              "env_config": {"observation_size": 8, "action_size": 4, "max_steps": 16}}
     job = slurm.submit(tmp_path, "--nodes", "1", "--ntasks-per-node", "3", "--time", "10",
-                       "--solver", built_solvers.path("echo_solver"), "--solver-tasks", "1",
-                       "--", "doctor")
-    info = slurm.wait(job, tmp_path, timeout=90)
+                       "--solver", built_solvers.path("rd_solver"), "--solver-tasks", "1",
+                       "--", "train", "--algo", "PPO", "--env", "mpirl/Solver-v0",
+                       "--config", json.dumps(config),
+                       "--stop", '{"training_iteration": 2}')
+    info = slurm.wait(job, tmp_path, timeout=120)
     log = job_log(tmp_path, job)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
     assert "multi-prog: 0-1 '" in log and "multi-prog: 2 '" in log, log
-    assert "world size 2" in log and "doctor: 1 worker(s) answered" in log, log
-    assert "echo_solver: the run ended before it began (exit code 0)" in log, log
+    assert "solver 1 (1 group x 1)" in log and "world size 2 + 1 solver ranks" in log, log
+    assert "stopped: training_iteration reached (2) after 64 env steps" in log, log
 
 
 def test_wrong_pmi_is_one_clear_error_not_singletons(slurm, tmp_path):
