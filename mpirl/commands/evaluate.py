@@ -231,7 +231,7 @@ def _local_runner(settings: Any, models: dict[str, Any] | None = None) -> Any:
     from mpirl.workers.env_runner import EnvRunner
 
     placement = link = None
-    if getattr(settings, "ranks_per_env", 0):
+    if settings.ranks_per_env:
         from mpirl.runtime import apps
         from mpirl.runtime.layout import Layout
 

@@ -80,8 +80,8 @@ class TrainRequest:
         return Layout(num_rollout_workers=self.config.num_rollout_workers,
                       num_replay_shards=self.config.replay_ranks(),
                       num_learners=self.config.num_learners,
-                      ranks_per_env=getattr(self.config, "ranks_per_env", 0),
-                      envs_per_rollout=getattr(self.config, "num_envs_per_worker", 1))
+                      ranks_per_env=self.config.ranks_per_env,
+                      envs_per_rollout=self.config.num_envs_per_worker)
 
 
 def make_request(algo: str | None, env_id: str | None, env_module: str | None,
@@ -157,7 +157,7 @@ def _check_agrees_with_saved(saved: dict[str, Any], resume: str, algo: str | Non
 def _check_ranks_per_env(algo_config: Any, env: EnvSpec) -> None:
     """ranks_per_env gives env instances ranks of their own: only a Simulation has a use for
     them, and only one agent steps on them (multi-agent simulations are not there yet)."""
-    k = getattr(algo_config, "ranks_per_env", 0)
+    k = algo_config.ranks_per_env
     solvers = apps.solver_ranks()
     if not k and not solvers and "Solver" not in env.env_id:
         return  # an ordinary run: its env's module is not imported here

@@ -94,6 +94,8 @@ class VectorEnvs:
         """``vector``: a vector env built already (``SimEnvs``: env groups on ranks of their
         own) to step instead of one made here."""
         self.policy_id = policy_id
+        #: The env groups (``SimEnvs``) when the envs step on ranks of their own, else None.
+        self.groups = vector
         if vector is not None:
             self.envs: Any = vector
         elif env.atari is not None and env.atari.backend == "envpool":
@@ -119,7 +121,7 @@ class VectorEnvs:
         if isinstance(self.envs, EnvPoolVectorEnv):
             raise ValueError("env_backend 'envpool' runs its envs as one batch; episodes played "
                              "one by one (ES, ARS) need env_backend 'gymnasium'")
-        if not hasattr(self.envs, "envs"):
+        if self.groups is not None:
             raise ValueError("env groups (ranks_per_env >= 1) run on ranks of their own: no "
                              "sub-env of theirs is in this process")
         return list(self.envs.envs)
@@ -154,7 +156,7 @@ class VectorEnvs:
     def steps_when_ready(self) -> bool:
         """Whether the slots can step each on its own clock: env groups (``SimEnvs``), more
         than one, stepped as each replies (``start``, ``step_ready``)."""
-        return hasattr(self.envs, "wait_ready") and self.num_envs > 1
+        return self.groups is not None and self.num_envs > 1
 
     def start(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """Send the slots ``rows`` (idle ones) their actions; ``step_ready`` takes outcomes."""
@@ -184,21 +186,21 @@ class VectorEnvs:
     def episode_slots(self) -> int:
         """How many sub-envs can play whole episodes one by one (ES, ARS); ValueError for
         EnvPool's batch."""
-        if hasattr(self.envs, "step_held"):  # env groups
+        if self.groups is not None:
             return self.num_envs
         return len(self.sub_envs())
 
     def reset_sub_env(self, index: int) -> None:
         """Start sub-env ``index``'s next episode (after a ``held`` step ended one)."""
-        if hasattr(self.envs, "reset_one"):
-            self.obs[index] = self.envs.reset_one(index)
+        if self.groups is not None:
+            self.obs[index] = self.groups.reset_one(index)
             return
         self.obs[index], _ = self.sub_envs()[index].reset()
 
     def _step_unheld(self, actions: np.ndarray, held: np.ndarray) -> tuple:
         """The vector env's step, without its autoreset, on the sub-envs not ``held``."""
-        if hasattr(self.envs, "step_held"):
-            return self.envs.step_held(actions, held)
+        if self.groups is not None:
+            return self.groups.step_held(actions, held)
         vector = self.envs
         obs = np.array(self.obs)
         count = self.num_envs
@@ -223,7 +225,7 @@ class VectorEnvs:
         return self.envs
 
     def set_envs(self, envs: Any, obs: Any) -> bool:
-        if not getattr(self.envs, "picklable", True) or envs.num_envs != self.num_envs:
+        if self.groups is not None or envs.num_envs != self.num_envs:
             envs.close()
             return False
         self.envs.close()

@@ -175,5 +175,5 @@ class EnvWorkerSettings:
                 "torch_threads": config.torch_threads,
                 "max_env_failures": config.max_env_failures,
                 "env_failure_window": config.env_failure_window,
-                "ranks_per_env": getattr(config, "ranks_per_env", 0),
-                "env_step_timeout_s": getattr(config, "env_step_timeout_s", 120.0)}
+                "ranks_per_env": config.ranks_per_env,
+                "env_step_timeout_s": config.env_step_timeout_s}
