@@ -5,7 +5,7 @@
 CartPole-v1, ``NUM_ENVS`` environments per worker in a gymnasium ``SyncVectorEnv`` (same-step
 autoreset), mpirl's default policy (separate 64x64 tanh actor and critic MLPs), torch with one
 thread. Three programs, run one after another by this same file (``--role ROLE``; ``--quick``
-runs raw and local in one process):
+runs raw and local in one process, and mpirl with 1 rollout rank only):
 
 * raw: the vector env and ``Policy.act`` in a tight loop in one plain process, with no mpirl
   code on the path: the ceiling.
@@ -18,8 +18,9 @@ runs raw and local in one process):
 
 Each program warms up, then times ``reps`` blocks of about ``block_s`` seconds and reports the
 median rate. ``efficiency`` is the per-rank rate with 1 rollout rank over the raw rate;
-``efficiency_2`` the same with 2 rollout ranks. On a machine with 2 cores, 2 rollout ranks and
-the driver share them, so ``efficiency_2`` also shows whatever else runs on the machine.
+``efficiency_2`` the same with 2 rollout ranks (None with ``--quick``). On a machine with 2
+cores, 2 rollout ranks and the driver share them, so ``efficiency_2`` also shows whatever else
+runs on the machine.
 
 ``dump_efficiency``: the 1-rollout-rank rate with trajectory dumps on (``dump``: every completed
 episode written to HDF5 by the rank's writer process) over the same run without them. The two
@@ -274,8 +275,9 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     else:
         raw = attempt_role(SCRIPT, "raw", None, quick, describe_rate)
         local = attempt_role(SCRIPT, "local", None, quick, describe_rate)
+    # A quick run measures 1 rollout rank only: the same program, 3 processes fewer.
     by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
-                for n in ROLLOUT_RANKS}
+                for n in (ROLLOUT_RANKS[:1] if quick else ROLLOUT_RANKS)}
     # Trajectory dumps, side by side with the same 1-rollout-rank run without them.
     # A quick run pairs the dump with the 1-rank run just measured: one launch fewer.
     pairs = []

@@ -72,7 +72,7 @@ def test_sampling_benchmark_quick_writes_every_key(tmp_path):
     report = json.loads(out.read_text())
     assert report["raw_steps_per_s"] > 0
     per_rank = report["mpirl"]["steps_per_s_per_rank"]
-    assert set(per_rank) == {"1", "2"}
+    assert set(per_rank) == {"1"}  # quick: 1 rollout rank (the full run adds 2)
     assert all(rate > 0 for rate in per_rank.values()), per_rank
     assert 0 < report["efficiency"]
     # Trajectory dumps, side by side with the same run without them.
@@ -118,7 +118,7 @@ def test_replay_benchmark_quick_writes_every_key(tmp_path):
     for kind in ("uniform", "prioritized"):
         assert report["throughput"][kind]["sample_transitions_per_s"] > 0
     scaling = report["apex_scaling"]
-    assert set(scaling) == {"1", "2"}
+    assert set(scaling) == {"1"}  # quick: 1 rollout rank (the full run: 1, 2 and 3)
     for entry in scaling.values():
         assert entry["env_steps_per_s"] > 0 and entry["sgd_steps"] > 0, entry
 
