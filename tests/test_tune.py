@@ -92,15 +92,26 @@ def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
     assert "best: trial_" in proc.stdout
 
 
-def test_grid_search_runs_every_point_queued_on_fewer_slots(tmp_path):
-    """Four grid points on one slot of 2 ranks (a driver and a rollout worker): queued, run one
-    after another, each an ordinary run with its own values."""
-    tune_dir = tmp_path / "grid"
-    proc = tune(3, "--search", "grid", "--ranks-per-trial", "2", "--run-dir", str(tune_dir),
-                "--space", '{"lr": [1e-4, 1e-3], "num_epochs": [1, 2], '
-                           '"ent_coef": {"uniform": [0, 0.01]}}',
-                "--", *CARTPOLE, "--config", '{"num_envs_per_worker": 1}',
-                "--stop", '{"training_iteration": 2}')
+@pytest.fixture(scope="module")
+def nested_grid(tmp_path_factory):
+    """A grid population on the communicator the runtime gives it: ``mpiexec -n 4`` of
+    programs/nested_tune.py, world rank 0 left out, so the population is world ranks 1-3 (its
+    controller and one slot of 2 ranks: a driver and a rollout worker). Four grid points on that
+    one slot, queued and run one after another. Checked by the next two tests."""
+    tune_dir = tmp_path_factory.mktemp("nested") / "grid"
+    proc = run_mpi(4, sys.executable, str(PROGRAMS / "nested_tune.py"), str(tune_dir),
+                   "--search", "grid", "--ranks-per-trial", "2",
+                   "--space", '{"lr": [1e-4, 1e-3], "num_epochs": [1, 2], '
+                              '"ent_coef": {"uniform": [0, 0.01]}}',
+                   "--", *CARTPOLE, "--config", '{"num_envs_per_worker": 1}',
+                   "--stop", '{"training_iteration": 2}', timeout=240)
+    return proc, tune_dir
+
+
+def test_grid_search_runs_every_point_queued_on_fewer_slots(nested_grid):
+    """Four grid points on one slot of 2 ranks: queued, run one after another, each an ordinary
+    run with its own values."""
+    proc, tune_dir = nested_grid
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tune_dir / "result.json").read_text())
     points = sorted((t["config"]["lr"], t["config"]["num_epochs"]) for t in result["trials"])
@@ -359,19 +370,17 @@ def test_ars_nests_in_tune_unchanged(tmp_path):
         assert trial["last"]["episode_return_mean"] >= 475, trial
 
 
-def test_a_population_runs_on_the_communicator_the_runtime_gives_it(tmp_path):
+def test_a_population_runs_on_the_communicator_the_runtime_gives_it(nested_grid):
     """Given a sub-communicator (world rank 0 left out), the controller is its rank 0 (world
-    rank 1) and the slots its other ranks: nothing in tune reaches for COMM_WORLD."""
-    tune_dir = tmp_path / "nested"
-    proc = run_mpi(4, sys.executable, str(PROGRAMS / "nested_tune.py"), str(tune_dir),
-                   timeout=120)
+    rank 1) and the slot its other ranks: nothing in tune reaches for COMM_WORLD (on it the
+    population would have waited for world rank 0 until the timeout)."""
+    proc, tune_dir = nested_grid
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(re.findall(r"CODE (\d) (\d+)", proc.stdout)) == [("1", "0"), ("2", "0"),
                                                                    ("3", "0")]
     result = json.loads((tune_dir / "result.json").read_text())
-    assert [t["status"] for t in result["trials"]] == ["TERMINATED", "TERMINATED"]
-    # Each trial's driver is slot s's leader: population rank 1 + s (world rank 2 + s). On
-    # COMM_WORLD the population would have waited for world rank 0 until the timeout.
-    for slot in (0, 1):
-        log = (tune_dir / f"trial_00{slot}" / "output.log").read_text()
-        assert f"(population rank {1 + slot})" in log
+    assert [t["status"] for t in result["trials"]] == ["TERMINATED"] * 4
+    # Each trial's driver is the slot's leader: population rank 1 (world rank 2).
+    for trial in result["trials"]:
+        log = (tune_dir / trial["trial"] / "output.log").read_text()
+        assert "(population rank 1)" in log, log
