@@ -78,8 +78,8 @@ class Plan:
 
 FULL = Plan(warmup=200, sync_calls=20_000, async_s=10.0, mb_calls=2_000, max_loop_s=30.0,
             idle_rounds=3, idle_reps=5, idle_units=75_000)
-QUICK = Plan(warmup=100, sync_calls=1_000, async_s=0.5, mb_calls=100, max_loop_s=5.0,
-             idle_rounds=1, idle_reps=2, idle_units=20_000)
+QUICK = Plan(warmup=200, sync_calls=2_000, async_s=1.0, mb_calls=200, max_loop_s=5.0,
+             idle_rounds=1, idle_reps=3, idle_units=20_000)
 
 
 # Measurement, shared by every peer.
