@@ -4,6 +4,20 @@ strength on an MCTS ladder after equal wall time, and weak scaling over rollout 
     python benchmarks/alphazero.py [--games tic_tac_toe,connect_four] [--train-seconds S]
         [--ladder mcts:100,mcts:1000] [--ladder-games N] [--scaling-ranks 1,2,4]
         [--peers mpirl,openspiel] [--json PATH] [--quick]
+    python benchmarks/alphazero.py --tic-tac-toe-seeds 0-4 [--runs-dir DIR] [--json PATH]
+        [--markdown PATH] [--quick]
+
+``--tic-tac-toe-seeds`` is a mode of its own (README's row "AlphaZero on tic-tac-toe, the
+docs' command, then ``mpirl evaluate``'s defaults"): for each seed, docs/alphazero.md's
+training command as written, ``--seed S`` added (``mpiexec -n 3 mpirl train --algo AlphaZero
+--env openspiel/tic_tac_toe --run-dir RUN --stop '{"training_iteration": 60}'``), then ``mpirl
+evaluate RUN --opponent OPPONENT --json`` with every other option at its default (100 games,
+half moving first; the run's ``evaluation_simulations``, 100) against minimax, minimax:traps
+and random, one seed after the other. It reports each seed's wins/draws/losses (JSON, and a
+markdown table) and whether the docs' bar holds: no loss to either perfect player, at least 90%
+wins against random. ``--quick`` runs the same commands with the caps the docs' test uses
+(``MPIRL_MAX_ITERATIONS=1``, ``MPIRL_MAX_GAMES=2`` in their environment): the code path in
+seconds, no figure.
 
 For each game, one after the other on the same machine:
 
@@ -474,6 +488,112 @@ def role_batch(spec: dict[str, Any]) -> int:
     return 0
 
 
+# --- tic-tac-toe: the docs' command, then mpirl evaluate's defaults -------------------------------
+
+#: docs/alphazero.md's first block: its training command (RUN and the seed filled in) and the
+#: opponents of README's row. tests/test_benchmarks.py checks that the page still says it.
+DOCS_TRAIN = ("mpirl", "train", "--algo", "AlphaZero", "--env", "openspiel/tic_tac_toe",
+              "--run-dir", "{run}", "--stop", '{"training_iteration": 60}')
+DOCS_RANKS = 3
+TTT_OPPONENTS = ("minimax", "minimax:traps", "random")
+#: The docs' bar: no loss in 100 games to a perfect player, at least 90% wins against random.
+PERFECT = ("minimax", "minimax:traps")
+RANDOM_WIN_RATE = 0.9
+#: ``--quick``: the docs' test's caps on training iterations and games (same commands).
+QUICK_CAPS = {"MPIRL_MAX_ITERATIONS": "1", "MPIRL_MAX_GAMES": "2"}
+
+
+def seeds_of(text: str) -> tuple[int, ...]:
+    """``0-4`` or ``0,2,5`` (or both: ``0-2,7``) as seeds, in order, each once."""
+    seeds: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            first, _, last = part.partition("-")
+            span = range(int(first), int(last if last else first) + 1)
+            if not span:
+                raise ValueError
+            seeds += [seed for seed in span if seed not in seeds]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of seeds such as 0-4 or 0,2,5") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("give at least one seed")
+    return tuple(seeds)
+
+
+def docs_train_command(run_dir: Path, seed: int) -> list[str]:
+    """The docs' training command for ``seed``, under ``mpiexec -n 3``."""
+    args = [str(run_dir) if arg == "{run}" else arg for arg in DOCS_TRAIN]
+    return mpiexec_command(DOCS_RANKS, MPIRL, *args[1:], "--seed", str(seed))
+
+
+def tic_tac_toe_seed(seed: int, run_dir: Path, caps: dict[str, str]) -> dict[str, Any]:
+    """One seed: the docs' training run, then ``mpirl evaluate`` against each opponent."""
+    command = docs_train_command(run_dir, seed)
+    trained = run_process(command, f"seed {seed}: mpirl train", timeout_s=7200,
+                          extra_env=caps)
+    with open(run_dir / "progress.csv") as stream:
+        last = list(csv.DictReader(stream))[-1]
+    entry: dict[str, Any] = {
+        "seed": seed, "train_command": " ".join(command), "train_wall_s": trained.wall_s,
+        "iterations": int(last["iteration"]), "timesteps_total": int(last["timesteps_total"]),
+        "time_total_s": float(last["time_total_s"]), "evaluate": {}}
+    for opponent in TTT_OPPONENTS:
+        evaluate = [MPIRL, "evaluate", str(run_dir), "--opponent", opponent, "--json"]
+        finished = run_process(evaluate, f"seed {seed}: mpirl evaluate --opponent {opponent}",
+                               timeout_s=3600, extra_env=caps)
+        entry["evaluate"][opponent] = {**json.loads(finished.stdout),
+                                       "command": " ".join(evaluate), "wall_s": finished.wall_s}
+    return entry
+
+
+def bar_met(entry: dict[str, Any]) -> bool | None:
+    """The docs' bar for one seed; None where a match is missing."""
+    matches = entry.get("evaluate", {})
+    if any(opponent not in matches for opponent in TTT_OPPONENTS):
+        return None
+    return (all(matches[p]["losses"] == 0 for p in PERFECT)
+            and matches["random"]["win_rate"] >= RANDOM_WIN_RATE)
+
+
+def tic_tac_toe_markdown(seeds: dict[str, dict[str, Any]]) -> str:
+    """RESULTS.md's table: wins/draws/losses from the agent's side per seed and opponent."""
+    lines = ["| seed | " + " | ".join(TTT_OPPONENTS) + " | bar met |",
+             "| --- |" + " --- |" * (len(TTT_OPPONENTS) + 1)]
+    for seed, entry in seeds.items():
+        if "error" in entry:
+            lines.append(f"| {seed} | " + " | ".join(["-"] * len(TTT_OPPONENTS))
+                         + f" | error: {entry['error'].splitlines()[0]} |")
+            continue
+        cells = []
+        for opponent in TTT_OPPONENTS:
+            r = entry["evaluate"][opponent]
+            cells.append(f"{r['wins']}/{r['draws']}/{r['losses']}")
+        lines.append(f"| {seed} | " + " | ".join(cells) + f" | {fmt(bar_met(entry), 0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def tic_tac_toe_seeds(seeds: tuple[int, ...], runs_dir: Path, quick: bool) -> dict[str, Any]:
+    """Every seed, one after the other: their entries and the summary over them."""
+    caps = QUICK_CAPS if quick else {}
+    entries = {str(seed): attempt(
+        f"seed {seed}: the docs' command, then mpirl evaluate",
+        lambda seed=seed: tic_tac_toe_seed(seed, runs_dir / f"seed{seed}", caps),
+        lambda r: ", ".join(f"{o} {m['wins']}/{m['draws']}/{m['losses']}"
+                            for o, m in r["evaluate"].items())) for seed in seeds}
+    done = [e for e in entries.values() if "error" not in e]
+    summary: dict[str, Any] = {
+        "seeds": len(seeds), "completed": len(done),
+        "bar_met": sum(bool(bar_met(e)) for e in done),
+        "losses_to_perfect_max": max((e["evaluate"][p]["losses"] for e in done for p in PERFECT),
+                                     default=None),
+        "random_win_rate_range": [min(e["evaluate"]["random"]["win_rate"] for e in done),
+                                  max(e["evaluate"]["random"]["win_rate"] for e in done)]
+        if done else None}
+    return {"caps": caps, "runs_dir": str(runs_dir), "seeds": entries, "summary": summary,
+            "markdown": tic_tac_toe_markdown(entries)}
+
+
 # --- the orchestrator ---------------------------------------------------------------------------
 
 
@@ -594,7 +714,17 @@ def main() -> int:
     parser.add_argument("--scaling-seconds", type=float, default=60.0)
     parser.add_argument("--json", type=str, default=None)
     parser.add_argument("--quick", action="store_true",
-                        help="tic-tac-toe only, seconds of training, a ladder of mcts:10")
+                        help="tic-tac-toe only, seconds of training, a ladder of mcts:10; with "
+                             "--tic-tac-toe-seeds: 1 iteration and 2 games a match")
+    parser.add_argument("--tic-tac-toe-seeds", type=seeds_of, default=None, metavar="SEEDS",
+                        help="instead of the comparison: docs/alphazero.md's training command "
+                             "for each seed (0-4, or 0,2,5), then mpirl evaluate's defaults "
+                             "against minimax, minimax:traps and random")
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="with --tic-tac-toe-seeds: keep the runs here (seed<S> each; "
+                             "default a temporary directory, removed)")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="with --tic-tac-toe-seeds: write the table here too")
     add_peers_option(parser, PEERS)
     args = parser.parse_args()
     if args.role == "openspiel":
@@ -603,13 +733,19 @@ def main() -> int:
         return role_ladder(args.spec)
     if args.role == "batch":
         return role_batch(args.spec)
+    if args.tic_tac_toe_seeds is not None:
+        return main_tic_tac_toe(args)
+    if args.runs_dir is not None or args.markdown is not None:
+        parser.error("--runs-dir and --markdown go with --tic-tac-toe-seeds")
     unknown = [g for g in args.games if g not in NETWORKS]
     if unknown:
         parser.error(f"unknown game(s) {', '.join(unknown)}; choose from {','.join(NETWORKS)}")
     if args.quick:
-        plan = Plan(games=("tic_tac_toe",), train_seconds={"tic_tac_toe": 4.0},
+        # 2 s of training: at least one iteration (the stop is checked after each), and every
+        # figure computed, which is all --quick is for.
+        plan = Plan(games=("tic_tac_toe",), train_seconds={"tic_tac_toe": 2.0},
                     rollout_ranks=1, ladder=("mcts:10",), ladder_games=2,
-                    scaling_game="tic_tac_toe", scaling_ranks=(1, 2), scaling_seconds=4.0,
+                    scaling_game="tic_tac_toe", scaling_ranks=(1, 2), scaling_seconds=2.0,
                     batch_seconds=1.0)
     else:
         default = {"tic_tac_toe": 90.0, "connect_four": 180.0}
@@ -635,6 +771,39 @@ def main() -> int:
     print_report(report)
     write_report(report, None if args.json is None else Path(args.json))
     return 0
+
+
+def main_tic_tac_toe(args: argparse.Namespace) -> int:
+    """``--tic-tac-toe-seeds``: the report, the table on stdout (and in ``--markdown``)."""
+    metadata = run_metadata(args.quick, SeedsPlan(args.tic_tac_toe_seeds), ["torch", "numpy",
+                                                                            "open-spiel"])
+    if args.runs_dir is not None:
+        args.runs_dir.mkdir(parents=True, exist_ok=True)
+        result = tic_tac_toe_seeds(args.tic_tac_toe_seeds, args.runs_dir.resolve(), args.quick)
+    else:
+        with tempfile.TemporaryDirectory(prefix="az-ttt-") as name:
+            result = tic_tac_toe_seeds(args.tic_tac_toe_seeds, Path(name), args.quick)
+    report = {"metadata": metadata, "tic_tac_toe": result}
+    print(result["markdown"], end="")
+    summary = result["summary"]
+    print(f"bar met (0 losses to {' and '.join(PERFECT)}, >= {RANDOM_WIN_RATE:.0%} wins against "
+          f"random) on {summary['bar_met']} of {summary['seeds']} seeds")
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(result["markdown"])
+    write_report(report, None if args.json is None else Path(args.json))
+    print_problems({f"seed {seed}": entry for seed, entry in result["seeds"].items()})
+    return 0
+
+
+@dataclass
+class SeedsPlan:
+    """What ``--tic-tac-toe-seeds`` runs (the report's ``metadata.plan``)."""
+
+    seeds: tuple[int, ...]
+    ranks: int = DOCS_RANKS
+    train: tuple[str, ...] = DOCS_TRAIN
+    opponents: tuple[str, ...] = TTT_OPPONENTS
 
 
 if __name__ == "__main__":

@@ -2,6 +2,16 @@
 and SGD in the driver's process (several learner ranks: test_alphazero_learners.py), evaluation
 columns, checkpoint and resume, and bad input.
 
+The family's learning test here is Gumbel's tic-tac-toe (``test_gumbel_alphazero_learns_tic_tac_
+toe``). PUCT's (60 iterations of the docs' defaults, then ``mpirl evaluate`` against minimax,
+minimax:traps and random: 124 CPU-s, a third of this file) left the suite on 2026-11-29: its
+figure, README's row "AlphaZero on tic-tac-toe, the docs' command, then ``mpirl evaluate``'s
+defaults", comes from ``python benchmarks/alphazero.py --tic-tac-toe-seeds 0-4`` (benchmarks/
+RESULTS.md), and tests/test_benchmarks.py runs that mode's commands at a tiny size. Its checks
+that were not learning (the columns, the games of the default layout, result.json, the replay's
+size) are the Gumbel test's now; ``mpirl evaluate --json``'s console script at the run's default
+search is tests/test_benchmarks.py's (the tiny run of that mode).
+
 Measured when written (2026-11-28, 2 cores, -n 3, defaults, 40 iterations, evaluated every 10
 with search of 32 simulations, 50 games per opponent; 30-32 s of training, 35-37 s of wall time):
 at iteration 40 seeds 0, 1 and 2 lost none of the games to minimax or to random and won 94%, 92%
@@ -49,9 +59,12 @@ COLUMNS = {"positions_per_s", "games_this_iter", "game_length_mean", "policy_los
            "value_loss", "replay_size", "weights_version", "policy_lag_mean",
            "eval_random_win", "eval_random_draw", "eval_random_loss", "eval_minimax_win",
            "eval_minimax_draw", "eval_minimax_loss"}
-#: A quick run's settings: few games and steps per iteration.
+#: A quick run's settings: few games and steps per iteration, and evaluations that search 4
+#: simulations a move (the default 100, one position at a time, made the evaluations most of
+#: these runs' CPU; what they check does not depend on the evaluation's strength).
 QUICK = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size": 16,
-         "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4}
+         "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4,
+         "evaluation_simulations": 4}
 
 
 def load_agent(run_dir):
@@ -121,32 +134,6 @@ def assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax", "minimax:traps"),
     assert positions == 4520 and share >= 0.9, share
 
 
-def test_alphazero_learns_tic_tac_toe_and_never_loses_to_minimax(tmp_path):
-    """60 iterations of 64+ self-play games (16 simulations a move), about 20 s on a calm
-    machine; then the issue's bar (``assert_plays_tic_tac_toe_well``). Issue 47's figures,
-    with ``mpirl evaluate``'s default search (100 simulations), are in benchmarks/RESULTS.md.
-
-    Measured when written (2026-11-28, -n 3, defaults, 2 cores shared with other jobs): seeds
-    0-4 lost none of 100 games to minimax at 64 or 200 simulations; against random, with 200
-    simulations, seed 0 won 95.5% of 400 games, 1 96.0% of 1,000, 2 and 3 95.5% of 400, 4 93.5%
-    of 400 (at 64 simulations 91-98% of 100, at 16 92%: hence 200). At 40 iterations seeds 3 and
-    4 still lost 3 and 1 of 100 to minimax at 32 simulations."""
-    config = {"evaluation_interval": 60, "evaluation_games": 20}
-    _, run_dir, result = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT,
-                               "--seed", "0", "--config", json.dumps(config),
-                               "--stop", '{"training_iteration": 60}', timeout=300)
-    progress = rows(run_dir)
-    assert COLUMNS <= set(progress[0]), sorted(progress[0])
-    last = progress[-1]
-    assert int(last["iteration"]) == 60 and int(last["games_this_iter"]) >= 64
-    assert float(last["eval_minimax_draw"]) >= 0.5, last  # searched, 20 games
-    # The value head learned the outcomes: its loss fell well below the first iteration's.
-    assert float(last["value_loss"]) < 0.5 * float(progress[0]["value_loss"])
-    assert result["timesteps_total"] == int(last["timesteps_total"])
-    assert int(last["replay_size"]) == min(int(last["timesteps_total"]), 20_000)
-    assert_plays_tic_tac_toe_well(run_dir)
-
-
 def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     """Gumbel's root search (sequential halving, 16 simulations) in self-play learns as PUCT
     does: after 40 iterations, PUCT's bar (``assert_plays_tic_tac_toe_well``; ``mpirl evaluate``
@@ -162,13 +149,25 @@ def test_gumbel_alphazero_learns_tic_tac_toe(tmp_path):
     # network at 40 is the same bit for bit as with the 40 games of an evaluation at 40
     # (seed 0, checked 2026-11-29), so the bar below holds as it did.
     config = {"gumbel": True, "evaluation_interval": 1000}
-    _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT, "--seed", "0",
-                          "--config", json.dumps(config),
-                          "--stop", '{"training_iteration": 40}', timeout=300)
-    # traps: not measured. The 100 games against random (18 CPU-s) are left to the PUCT test,
-    # which plays the same ``mpirl evaluate`` search; the raw policy's share of optimal moves
-    # checks what Gumbel's self-play learned.
-    # Its match in this process: the PUCT test runs mpirl evaluate's console script.
+    _, run_dir, result = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT, "--seed",
+                               "0", "--config", json.dumps(config),
+                               "--stop", '{"training_iteration": 40}', timeout=300)
+    # What PUCT's learning test (now benchmarks/alphazero.py --tic-tac-toe-seeds) checked of
+    # the run besides learning: every column (the evaluation's nan until one), the default
+    # layout's games (2 rollout ranks of 32), result.json's counts, the replay's size.
+    progress = rows(run_dir)
+    assert COLUMNS <= set(progress[0]), sorted(progress[0])
+    last = progress[-1]
+    assert int(last["iteration"]) == 40 and int(last["games_this_iter"]) >= 64
+    assert result["timesteps_total"] == int(last["timesteps_total"])
+    assert int(last["replay_size"]) == min(int(last["timesteps_total"]), 20_000)
+    # The value head learned the outcomes: its loss fell well below the first iteration's.
+    assert float(last["value_loss"]) < 0.5 * float(progress[0]["value_loss"])
+    # traps: not measured. The 100 games against random (18 CPU-s) and against minimax:traps
+    # are benchmarks/alphazero.py --tic-tac-toe-seeds's (PUCT, the same ``mpirl evaluate``
+    # search); the raw policy's share of optimal moves checks what Gumbel's self-play learned.
+    # The match in this process (the same games): mpirl evaluate's console script at the run's
+    # default search is test_benchmarks' (--tic-tac-toe-seeds --quick: simulations 100, --json).
     assert_plays_tic_tac_toe_well(run_dir, perfect=("minimax",), against_random=False,
                                   console_script=False)
 

@@ -134,8 +134,10 @@ def test_a_gating_runs_checkpoint_plays_its_best_network(tmp_path):
     from mpirl.commands.evaluate import find_checkpoint
 
     run = tmp_path / "gated"
+    # Gating and evaluation search 4 simulations a move, not the default 100: whatever the
+    # gating at 2 decided, iteration 3 trained after it, so best and newest differ.
     config = {**QUICK, "gating": True, "gating_games": 4, "evaluation_interval": 2,
-              "evaluation_games": 2}
+              "evaluation_games": 2, "evaluation_simulations": 4}
     proc = mpirl("train", "--algo", "AlphaZero", "--env", OS_TTT, "--config",
                  json.dumps(config), "--stop", '{"training_iteration": 3}', "--run-dir",
                  str(run))

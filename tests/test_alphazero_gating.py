@@ -173,10 +173,16 @@ def test_gating_through_the_cli_on_tic_tac_toe(tmp_path):
     rollout ranks' checkpointed (self-play) weights are the driver's best network. The
     evaluation beside it (every 2 iterations, 2 games per opponent: only its columns are
     checked) does not change the gating: each match's seeds come from the driver's rng, one per
-    rollout rank whatever the number of games."""
+    rollout rank whatever the number of games.
+
+    Gating and evaluation games search 16 simulations a move (``evaluation_simulations``; the
+    default 100 made the 80 gating games most of the test's CPU: 28-33 CPU-s, 15 now). At 16,
+    seeds 0-4 (this run's command, 2026-11-29) each accepted a candidate: best_version 6, 6, 6,
+    8, 8; gating scores at 2/4/6/8 of 0.45/0.5/0.775/0.475, 0.625/0.45/0.55/0.475,
+    0.475/0.675/0.6/0.35, 0.475/0.5/0.625/0.55 and 0.325/0.55/0.325/0.65."""
     config = {"gating": True, "gating_games": 20, "evaluation_interval": 2,
               "evaluation_games": 2, "games_per_worker": 8, "sgd_steps_per_iteration": 10,
-              "simulations": 8}
+              "simulations": 8, "evaluation_simulations": 16}
     _, run_dir, _ = train(3, tmp_path, "--algo", "AlphaZero", "--env", OS_TTT, "--seed", "0",
                           "--config", json.dumps(config), "--stop",
                           '{"training_iteration": 8}', timeout=150)

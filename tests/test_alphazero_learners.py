@@ -19,10 +19,11 @@ from test_train import MPIRL, rows, train
 
 pytest.importorskip("pyspiel")
 
-#: A quick run: few games and steps per iteration, an evaluation against random only.
+#: A quick run: few games and steps per iteration, an evaluation against random only, searching
+#: 4 simulations a move (not the default 100: only that it runs is checked here).
 QUICK = {"games_per_worker": 4, "sgd_steps_per_iteration": 4, "train_batch_size": 16,
          "evaluation_interval": 2, "evaluation_games": 4, "simulations": 4,
-         "evaluation_opponents": "random", "checkpoint_every": 1}
+         "evaluation_opponents": "random", "evaluation_simulations": 4, "checkpoint_every": 1}
 
 
 def learner_states(run_dir, iteration, learners):

@@ -280,6 +280,36 @@ def test_alphazero_benchmark_quick_writes_every_key(tmp_path):
     lag = report["scaling"]["policy_lag"]
     assert lag["column"] == "policy_lag_mean" and lag["mean"]["1"] >= 0
 
+    # --tic-tac-toe-seeds (README's row: the docs' command, then mpirl evaluate's defaults, per
+    # seed), its commands as written under the docs' test's caps: 1 iteration, 2 games a match.
+    docs = (ROOT / "docs" / "alphazero.md").read_text()
+    assert ("mpiexec -n 3 mpirl train --algo AlphaZero --env openspiel/tic_tac_toe \\\n"
+            "  --run-dir runs/alphazero-ttt --stop '{\"training_iteration\": 60}'") in docs
+    out, table = tmp_path / "ttt.json", tmp_path / "ttt.md"
+    proc = run_benchmark("alphazero.py", "--tic-tac-toe-seeds", "3", "--quick", "--json",
+                         str(out), "--markdown", str(table), timeout=400)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    ttt = json.loads(out.read_text())["tic_tac_toe"]
+    assert ttt["caps"] == {"MPIRL_MAX_ITERATIONS": "1", "MPIRL_MAX_GAMES": "2"}
+    seed = ttt["seeds"]["3"]
+    assert "error" not in seed, seed
+    assert seed["train_command"].endswith(
+        "mpirl train --algo AlphaZero --env openspiel/tic_tac_toe --run-dir "
+        f"{ttt['runs_dir']}/seed3 --stop {{\"training_iteration\": 60}} --seed 3")
+    assert seed["iterations"] == 1 and seed["timesteps_total"] > 0
+    assert list(seed["evaluate"]) == ["minimax", "minimax:traps", "random"]
+    for opponent, match in seed["evaluate"].items():
+        # mpirl evaluate's defaults: the run's evaluation_simulations (100), seed 0.
+        assert (match["opponent"], match["games"], match["simulations"], match["seed"],
+                match["iteration"]) == (opponent, 2, 100, 0, 1), match
+        assert match["wins"] + match["draws"] + match["losses"] == 2
+        assert match["command"].endswith(f"--opponent {opponent} --json")
+    assert ttt["summary"]["seeds"] == ttt["summary"]["completed"] == 1
+    row = table.read_text().splitlines()[2]
+    assert row.startswith("| 3 | ") and row.count("|") == 6 and row in proc.stdout
+    proc = run_benchmark("alphazero.py", "--tic-tac-toe-seeds", "4-2", timeout=60)
+    assert proc.returncode == 2 and "is not a list of seeds" in proc.stderr, proc.stderr
+
 
 def test_model_based_benchmark_quick_writes_every_key(tmp_path):
     out = tmp_path / "model_based.json"
