@@ -167,7 +167,8 @@ def test_sac_trains_a_custom_actor_critic_whose_value_head_it_leaves_unused(tmp_
     assert np.isfinite(float(last["critic_loss"])), last
 
 
-def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_path):
+def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_path,
+                                                                          pixel_target_run):
     # ES: every weight vector of a population through the CNN at once, as one at a time.
     env = PixelTarget()
     policy = build_torch_model(DirectPolicySpec(env.observation_space, env.action_space))
@@ -182,11 +183,9 @@ def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_p
                                    together[k].numpy(), rtol=1e-5, atol=1e-6)
     train(2, tmp_path / "es", "--algo", "ES", "--env", f"{PROBES}:PixelTarget", "--config",
           '{"cnn_dense_size": 64}', "--stop", '{"training_iteration": 2}')
-    # Dumps keep the images as uint8 in gzip chunks; BC trains its CNN on them.
-    dump = tmp_path / "dump"
-    train(2, tmp_path / "ppo", "--algo", "PPO", "--env", f"{PROBES}:PixelTarget",
-          "--dump-trajectories", str(dump), "--config", '{"dump_compression_min_bytes": 0}',
-          "--stop", '{"training_iteration": 1}')
+    # Dumps keep the images as uint8 in gzip chunks (the pixel target's PPO run dumped every
+    # episode, compressing every chunk); BC trains its CNN on them.
+    dump = pixel_target_run[1]
     with h5py.File(next(dump.glob("rollout-*.hdf5"))) as file:
         observations = file["episode_0/observations"]
         assert observations.dtype == np.uint8 and observations.compression == "gzip"
@@ -198,34 +197,53 @@ def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_p
 
 # Learning, through the CLI.
 
-def test_ppo_with_the_default_cnn_reaches_the_pixel_target(tmp_path):
+def _cli(capsys, *argv):
+    """``mpirl ARGV`` in-process (mpirl.cli.main, outside MPI: export and evaluate need no
+    launcher); its exit code and stdout. The console script's own export and evaluate are run
+    end to end by test_multiagent.py and test_evaluate.py."""
+    from mpirl.cli import main
+
+    capsys.readouterr()
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def pixel_target_run(tmp_path_factory):
+    """PPO with the default CNN on the pixel target, dumping its episodes with every chunk
+    compressed (dumping changes no step of the run): its run directory and dump."""
+    base = tmp_path_factory.mktemp("pixel")
+    dump = base / "dump"
     _, run_dir, result = train(
-        3, tmp_path, "--algo", "PPO", "--env", f"{PROBES}:PixelTarget",
+        3, base, "--algo", "PPO", "--env", f"{PROBES}:PixelTarget",
+        "--dump-trajectories", str(dump), "--config", '{"dump_compression_min_bytes": 0}',
         "--stop", '{"episode_return_mean": 0.95, "timesteps_total": 60000}')
+    return run_dir, dump, result
+
+
+def test_ppo_with_the_default_cnn_reaches_the_pixel_target(pixel_target_run, capsys):
+    run_dir, _, result = pixel_target_run
     # Random play reaches the target in about a third of the episodes.
     assert result["episode_return_mean"] >= 0.95, result
-    proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "10"],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
-    assert proc.returncode == 0, proc.stderr
+    code, out = _cli(capsys, "evaluate", str(run_dir), "--episodes", "10", "--json")
+    assert code == 0 and json.loads(out)["episodes"] == 10, out
 
 
 @pytest.mark.parametrize("env, threshold, chance", [("DictCue", 9.0, 2.5),
                                                     ("MultiDiscreteMatch", 18.0, 5.8)])
-def test_dict_observations_and_multidiscrete_actions_learn(tmp_path, env, threshold, chance):
+def test_dict_observations_and_multidiscrete_actions_learn(tmp_path, env, threshold, chance,
+                                                          capsys):
     _, run_dir, result = train(
         3, tmp_path, "--algo", "PPO", "--env", f"{PROBES}:{env}",
         "--stop", f'{{"episode_return_mean": {threshold}, "timesteps_total": 60000}}')
     assert result["episode_return_mean"] >= threshold > 2 * chance, result
     # The exported file rebuilds the model from its spaces alone (a Dict's structure too).
     exported = tmp_path / "policy.npz"
-    proc = subprocess.run([*MPIRL, "export", str(run_dir), "-o", str(exported)],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
-    assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([*MPIRL, "evaluate", str(exported), "--env", f"{PROBES}:{env}",
-                           "--episodes", "10", "--json"],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["return_mean"] >= threshold - 1, proc.stdout
+    code, _ = _cli(capsys, "export", str(run_dir), "-o", str(exported))
+    assert code == 0 and exported.is_file()
+    code, out = _cli(capsys, "evaluate", str(exported), "--env", f"{PROBES}:{env}",
+                     "--episodes", "10", "--json")
+    assert code == 0 and json.loads(out)["return_mean"] >= threshold - 1, out
 
 
 def test_a_custom_model_from_a_users_module_trains_ppo_and_dqn(tmp_path):
@@ -298,7 +316,7 @@ def test_lstm_carries_its_state_across_fragments_and_resets_it_at_episode_starts
                                atol=1e-5)
 
 
-def test_ppo_with_lstm_remembers_the_cue_and_without_it_stays_at_chance(tmp_path):
+def test_ppo_with_lstm_remembers_the_cue_and_without_it_stays_at_chance(tmp_path, capsys):
     # Chance is 0.5: the answer step looks the same whatever the cue was. Without the LSTM the
     # run gets the steps the LSTM took to remember (and never more than its 40k).
     budget = 40000
@@ -311,11 +329,8 @@ def test_ppo_with_lstm_remembers_the_cue_and_without_it_stays_at_chance(tmp_path
             budget = result["timesteps_total"]
             assert result["episode_return_mean"] >= 0.9, result
             # mpirl evaluate carries the state along each episode, as sampling did.
-            proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "20",
-                                   "--json"], capture_output=True, text=True, timeout=120,
-                                  env=mpi_env())
-            assert proc.returncode == 0, proc.stderr
-            assert json.loads(proc.stdout)["return_mean"] >= 0.9, proc.stdout
+            code, out = _cli(capsys, "evaluate", str(run_dir), "--episodes", "20", "--json")
+            assert code == 0 and json.loads(out)["return_mean"] >= 0.9, out
         else:
             assert result["episode_return_mean"] <= 0.65, result
 

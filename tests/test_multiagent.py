@@ -58,30 +58,6 @@ def _f(row, key):
 # learner ranks of their own (PPO and DQN composed) and in the driver.
 
 
-def test_agents_with_different_spaces_that_join_and_leave(tmp_path):
-    """``picker`` (Discrete actions) plays 20 steps; ``steerer`` (a Box action) joins at step 3
-    and is truncated at step 15: one policy each by default, as their spaces differ."""
-    run_dir = tmp_path / "run"
-    # 40k env steps (was 100k, then 50k): on seeds 1-5 both thresholds first met at
-    # 26.6k-31.7k, and at the end (40,960) the picker at 19.7-19.9, the steerer -2.3 to -2.5.
-    proc = _train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
-                  "--run-dir", str(run_dir), "--seed", "5",
-                  "--stop", '{"timesteps_total": 40000}')
-    _ok(proc)
-    rows = _rows(run_dir)
-    last = rows[-1]
-    assert _f(last, "episode_len_mean/picker") == 20
-    assert _f(last, "episode_len_mean/steerer") == 12
-    assert _f(last, "episode_len_mean") == 20
-    assert _f(rows[0], "episode_return_mean/steerer") < -5  # a random Gaussian's distance
-    assert _f(last, "episode_return_mean/picker") >= 19
-    assert _f(last, "episode_return_mean/steerer") >= -3.5
-    # The env's return sums both agents' returns.
-    assert _f(last, "episode_return_mean") == pytest.approx(
-        _f(last, "episode_return_mean/picker") + _f(last, "episode_return_mean/steerer"),
-        abs=1.0)
-
-
 def test_ppo_and_dqn_composed_on_four_cartpoles(tmp_path):
     """Even agents PPO, odd agents DQN, each algorithm on a learner rank of its own; both
     policies reach 150 within 200k env steps (RLlib's two-trainer example's target). DQN's Q
@@ -116,14 +92,26 @@ def _state(run_dir: Path, iteration: int, name: str):
         return pickle.load(file)
 
 
-def test_a_frozen_policy_keeps_its_weights(tmp_path):
-    run_dir = tmp_path / "run"
-    config = {"checkpoint_every": 1, "keep_checkpoints": 10, "multiagent": {
-        "policies": {"learning": {}, "frozen": {}},
-        "policy_mapping": {"cart_0": "learning", "cart_1": "frozen"},
-        "policies_to_train": ["learning"]}}
+@pytest.fixture(scope="module")
+def frozen_and_normalized(tmp_path_factory):
+    """One run (3 ranks, 4 iterations, three carts) for two tests: a learning policy that
+    normalizes its observations, a frozen one, and a learning one that does not normalize."""
+    run_dir = tmp_path_factory.mktemp("frozen") / "run"
+    config = {"checkpoint_every": 1, "keep_checkpoints": 10, "normalize_observations": True,
+              "env_config": {"num_agents": 3},
+              "multiagent": {
+                  "policies": {"learning": {}, "frozen": {"normalize_observations": False},
+                               "plain": {"normalize_observations": False}},
+                  "policy_mapping": {"cart_0": "learning", "cart_1": "frozen",
+                                     "cart_2": "plain"},
+                  "policies_to_train": ["learning", "plain"]}}
     _ok(_train(3, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
                "--config", json.dumps(config), "--stop", '{"training_iteration": 4}'))
+    return run_dir
+
+
+def test_a_frozen_policy_keeps_its_weights(frozen_and_normalized):
+    run_dir = frozen_and_normalized
     first, last = (_state(run_dir, i, "rollout_0.pkl")["weights"] for i in (1, 4))
     assert np.array_equal(first["frozen"], last["frozen"])
     assert not np.array_equal(first["learning"], last["learning"])
@@ -280,13 +268,17 @@ def test_per_policy_stop_keys_are_checked(tmp_path):
 @pytest.fixture(scope="module")
 def flaky_central(tmp_path_factory):
     """One run for two claims: a MAPPO-style shared policy (its critic takes the env's state())
-    on two CartPoles whose env instances each raise on every 1500th step (rebuilt, the episode
-    dropped for both agents)."""
+    on two CartPoles whose env instances each raise on every 500th step (rebuilt, the episode
+    dropped for both agents), to 250 within 80k env steps. (It ran to 400 within 150k, with a
+    failure every 1500th step, which the 16 envs reached only after some 24k env steps.) On
+    seeds 1-5 it first reached 250 at 29.7k, 48.1k, 48.1k, 39.9k and 32.8k env steps, with 48
+    to 96 env failures."""
     run_dir = tmp_path_factory.mktemp("flaky_central") / "run"
+    config = {"centralized_critic": True, "checkpoint_every": 5,
+              "env_config": {"fail_every_steps": 500}}
     proc = _train(3, "--algo", "PPO", "--env", "mpirl.testing:FlakyMultiAgentCartPole",
-                  "--run-dir", str(run_dir), "--seed", "5",
-                  "--config", '{"centralized_critic": true, "checkpoint_every": 5}',
-                  "--stop", '{"episode_return_mean/shared": 400, "timesteps_total": 150000}')
+                  "--run-dir", str(run_dir), "--seed", "5", "--config", json.dumps(config),
+                  "--stop", '{"episode_return_mean/shared": 250, "timesteps_total": 80000}')
     _ok(proc)
     return proc, run_dir
 
@@ -300,12 +292,9 @@ def test_centralized_critic_sees_the_global_state_and_learns(flaky_central):
 
     _, run_dir = flaky_central
     rows = _rows(run_dir)
-    # The first row at 250, at or before the first at 80k env steps (where a run with that
-    # budget would have stopped).
-    hit = _first_row(rows, lambda r: _f(r, "episode_return_mean/shared") >= 250)
-    budget = _first_row(rows, lambda r: int(r["timesteps_total"]) >= 80_000)
-    assert hit is not None, rows[-1]
-    assert budget is None or int(hit["timesteps_total"]) <= int(budget["timesteps_total"]), hit
+    last = rows[-1]
+    assert _f(last, "episode_return_mean/shared") >= 250, last
+    assert int(last["timesteps_total"]) <= 80_000 + 2 * 8 * 64, last
     env = MultiAgentCartPole()
     spaces = env.observation_space("cart_0"), env.action_space("cart_0")
     central = build_torch_model(PolicySpec(*spaces, critic_inputs=8)).num_weights()
@@ -361,18 +350,23 @@ def test_self_play_needs_two_agents_on_the_policy(tmp_path):
 
 @pytest.fixture(scope="module")
 def mixed_probed_and_dumped(tmp_path_factory):
-    """One MixedAgents run (3 ranks, 2 iterations; DQN drives the picker, PPO the steerer) for
-    two tests: it dumps each policy's episodes and runs the callbacks probe (tests/programs/
-    callbacks_probe.py, logging each hook to PROBE_DIR)."""
+    """One MixedAgents run (3 ranks, 8k env steps; Ape-X drives the picker, PPO the steerer)
+    for four tests: both learn, it dumps each policy's episodes, and it runs the callbacks probe
+    (tests/programs/callbacks_probe.py, logging each hook to PROBE_DIR)."""
     base = tmp_path_factory.mktemp("mixed_probed")
     probe, run_dir, dump = base / "probe", base / "run", base / "dump"
     probe.mkdir()
     config = {"callbacks": "callbacks_probe:Probe", "dump_trajectories": str(dump),
-              "checkpoint_every": 2,
-              "multiagent": {"policies": {"picker": {"algo": "DQN"}, "steerer": {}}}}
+              "checkpoint_every": 2, "multiagent": {"policies": {
+                  "picker": {"algo": "APEX", "num_learners": 0, "hidden_sizes": [64, 64]},
+                  "steerer": {}}}}
+    # 8k env steps: both first met at 5.6k on seeds 1-5 (was 12k). Ape-X's Q network 64 x 64
+    # (its default 256 x 256: 24.6 CPU-s for seed 0, this 14.1): the picker first at 15 at
+    # 5.6k-6.1k on seeds 0-5, the steerer 2 above its first mean at 4.1k-6.7k, and at the
+    # end 19.98-20.0 and +2.53 to +3.11 (Ape-X beside PPO without the probe and the dumps).
     proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
                    "--run-dir", str(run_dir), "--config", json.dumps(config), "--stop",
-                   '{"training_iteration": 2}', timeout=300,
+                   '{"timesteps_total": 8000}', timeout=300,
                    env={"CI": "true", "PYTHONPATH": PROGRAMS, "PROBE_DIR": str(probe)})
     _ok(proc)
     return run_dir, dump, probe
@@ -381,17 +375,23 @@ def mixed_probed_and_dumped(tmp_path_factory):
 def test_dumps_hold_each_agents_episodes_and_evaluate_plays_every_policy(
         mixed_probed_and_dumped):
     """A dump per policy, read back with mpirl.open_dataset: each episode is one agent's, with
-    its agent id and policy id; mpirl evaluate plays a multi-agent checkpoint (a DQN and a PPO
-    policy)."""
+    its agent id and policy id; mpirl evaluate plays a multi-agent checkpoint (an Ape-X Q
+    network and a PPO policy)."""
     import mpirl
 
     run_dir, dump, _ = mixed_probed_and_dumped
     rows = _rows(run_dir)
+    finished = round(float(rows[-1]["episodes_total"]))  # env episodes, each one picker's
+    params = json.loads((run_dir / "params.json").read_text())["config"]
+    envs = params["num_envs_per_worker"] * int(rows[-1]["num_rollout_workers"])
     expected = {"picker": (20, 3, ()), "steerer": (12, 2, (1,))}
     for pid, (length, obs_size, action_shape) in expected.items():
         with mpirl.open_dataset(dump / pid) as data:
-            # Every finished agent-episode of the run is in its policy's dump.
-            assert data.num_episodes == round(float(rows[-1]["episodes_total"]))
+            # Every finished agent-episode of the run is in its policy's dump: the picker's
+            # end with their env's, a steerer's 5 steps before (in at most every env at the
+            # end of the run).
+            in_flight = data.num_episodes - finished
+            assert (in_flight == 0 if pid == "picker" else 0 <= in_flight <= envs), (pid, envs)
             assert set(data.episode_lengths.tolist()) == {length}
             episode = data.episode(0)
             assert (episode.agent_id, episode.policy_id) == (pid, pid)
@@ -452,11 +452,11 @@ def test_impala_and_sac_composed_on_agents_with_different_spaces(tmp_path):
 
 
 def test_multiagent_ppo_learns_through_env_failures(flaky_central):
-    """Each env instance raises on every 1500th step: it is rebuilt, the episode is dropped for
-    both agents, and the shared policy (with its centralized critic) still learns."""
+    """Each env instance raises on every 500th step: it is rebuilt, the episode is dropped for
+    both agents, and the shared policy (with its centralized critic) still learns (to 250)."""
     proc, run_dir = flaky_central
     last = _rows(run_dir)[-1]
-    assert _f(last, "episode_return_mean/shared") >= 400, last
+    assert _f(last, "episode_return_mean/shared") >= 250, last
     assert int(last["num_env_failures"]) > 0
     assert "Traceback" not in proc.stderr
 
@@ -472,14 +472,10 @@ def test_a_multiagent_env_that_always_fails_ends_the_run_with_one_error(tmp_path
     assert "Traceback" not in proc.stderr and "Remote traceback" not in proc.stderr
 
 
-def test_a_mapping_function_is_called_per_episode(tmp_path):
+def test_a_mapping_function_is_called_per_episode(swapped_sides):
     """policy_mapping as "module:function": the two policies swap carts every episode, so each
     drives both carts in turn; spaces are checked at the start with every agent."""
-    run_dir = tmp_path / "run"
-    config = {"checkpoint_every": 2, "multiagent": {
-        "policies": {"a": {}, "b": {}}, "policy_mapping": "mpirl.testing:swap_sides"}}
-    _ok(_train(1, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
-               "--config", json.dumps(config), "--stop", '{"training_iteration": 2}'))
+    run_dir = swapped_sides
     last = _rows(run_dir)[-1]
     steps = int(last["timesteps_total"])
     a, b = int(last["agent_steps_total/a"]), int(last["agent_steps_total/b"])
@@ -524,40 +520,45 @@ def test_the_python_api_acts_for_each_policy(tmp_path, ranks):
     assert "give policy_id" in errors[0] and "unknown policy id 'nobody'" in errors[1]
 
 
-def test_observation_statistics_are_kept_per_policy(tmp_path):
+def test_observation_statistics_are_kept_per_policy(frozen_and_normalized):
     """normalize_observations: each policy's running mean and variance count its own agents'
-    observations, merged on the driver from every rollout rank."""
-    run_dir = tmp_path / "run"
-    config = {"normalize_observations": True, "checkpoint_every": 3,
-              "multiagent": {**MA, "policies": {"a": {}, "b": {"normalize_observations": False}}}}
-    _ok(_train(3, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
-               "--config", json.dumps(config), "--stop", '{"training_iteration": 3}'))
-    policies = _state(run_dir, 3, "driver.pkl")["plan"]["policies"]
-    assert policies["b"]["obs_filter"] is None
-    mean, var, count = policies["a"]["obs_filter"]
-    assert count == pytest.approx(float(_rows(run_dir)[-1]["agent_steps_total/a"]), abs=1)
+    observations, merged on the driver from every rollout rank; a policy can turn it off."""
+    run_dir = frozen_and_normalized
+    policies = _state(run_dir, 4, "driver.pkl")["plan"]["policies"]
+    assert policies["plain"]["obs_filter"] is None
+    mean, var, count = policies["learning"]["obs_filter"]
+    assert count == pytest.approx(float(_rows(run_dir)[-1]["agent_steps_total/learning"]), abs=1)
     assert mean.shape == (4,) and (var > 0).all()
 
 
-def test_export_writes_one_policy_of_a_multiagent_checkpoint(tmp_path, capsys):
-    """Through the console script: the refusal without --policy and a's export; b's export and
+@pytest.fixture(scope="module")
+def swapped_sides(tmp_path_factory):
+    """One local run (2 iterations) for two tests: a trained PPO policy a and a frozen DQN
+    policy b, which policy_mapping "mpirl.testing:swap_sides" swaps between the carts every
+    episode."""
+    run_dir = tmp_path_factory.mktemp("swapped") / "run"
+    config = {"checkpoint_every": 2, "multiagent": {
+        "policies": {"a": {}, "b": {"algo": "DQN"}}, "policies_to_train": ["a"],
+        "policy_mapping": "mpirl.testing:swap_sides"}}
+    _ok(_train(1, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
+               "--config", json.dumps(config), "--stop", '{"training_iteration": 2}'))
+    return run_dir
+
+
+def test_export_writes_one_policy_of_a_multiagent_checkpoint(swapped_sides, tmp_path, capsys):
+    """Through the console script: a's export; the refusal without --policy, b's export and
     evaluate's refusal of an exported file in-process (mpirl.cli.main, outside MPI)."""
     from mpirl.cli import main
     from mpirl.commands.export import load_exported
 
-    run_dir = tmp_path / "run"
-    config = {"checkpoint_every": 2, "multiagent": {
-        **MA, "policies": {"a": {}, "b": {"algo": "DQN"}}, "policies_to_train": ["a"]}}
-    _ok(_train(1, "--algo", "PPO", "--env", CARTPOLES, "--run-dir", str(run_dir),
-               "--config", json.dumps(config), "--stop", '{"training_iteration": 2}'))
-
-    def export(*args):
-        return subprocess.run([MPIRL, "export", str(run_dir), *args], capture_output=True,
-                              text=True, timeout=120, env=mpi_env())
-
-    refused = export("-o", str(tmp_path / "x.npz"))
-    assert refused.returncode == 2 and "name the one to export with --policy ID" in refused.stderr
-    _ok(export("--policy", "a", "-o", str(tmp_path / "a.npz")))
+    run_dir = swapped_sides
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "-o", str(tmp_path / "x.npz")]) == 2
+    assert "name the one to export with --policy ID" in capsys.readouterr().err
+    assert not (tmp_path / "x.npz").exists()
+    _ok(subprocess.run([MPIRL, "export", str(run_dir), "--policy", "a", "-o",
+                        str(tmp_path / "a.npz")], capture_output=True, text=True, timeout=120,
+                       env=mpi_env()))
     assert main(["export", str(run_dir), "--policy", "b", "-o", str(tmp_path / "b.npz")]) == 0
     rollout = _state(run_dir, 2, "rollout_0.pkl")["weights"]
     for pid, algo, model in (("a", "PPO", "Policy"), ("b", "DQN", "QNetwork")):
@@ -592,13 +593,11 @@ def test_a_pettingzoo_module_with_parallel_env(tmp_path):
 PROGRAMS = str(Path(__file__).resolve().parent / "programs")
 
 
-def test_a_plugin_algorithm_and_a3c_each_drive_a_policy(tmp_path):
+@pytest.fixture(scope="module")
+def plugin_and_a3c(tmp_path_factory):
     """A plug-in (PPO's pieces under another module name, tests/programs/ppo_copy.py) drives the
-    Box steerer and A3C, whose gradients are computed on the rollout ranks and applied as they
-    come, the Discrete picker: both learn, through their own plans. (The other way round, A3C's
-    steerer gained 2.4-2.9 over random play in 50k steps, and 2.6-2.9 in 100k: at the bar, a
-    coin flip; PPO's steerer gains 4.5 and A3C's picker ends at 19.1.)"""
-    run_dir = tmp_path / "run"
+    Box steerer and A3C the Discrete picker of MixedAgents, 50k env steps on 3 ranks."""
+    run_dir = tmp_path_factory.mktemp("plugin") / "run"
     config = {"multiagent": {"policies": {"picker": {"algo": "A3C"},
                                           "steerer": {"algo": "ppo_copy"}}}}
     proc = run_mpi(3, MPIRL, "train", "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents",
@@ -606,6 +605,34 @@ def test_a_plugin_algorithm_and_a3c_each_drive_a_policy(tmp_path):
                    '{"timesteps_total": 50000}', timeout=300,
                    env={"CI": "true", "PYTHONPATH": PROGRAMS})
     _ok(proc)
+    return run_dir
+
+
+def test_agents_with_different_spaces_that_join_and_leave(plugin_and_a3c):
+    """``picker`` (Discrete actions) plays 20 steps; ``steerer`` (a Box action) joins at step 3
+    and is truncated at step 15: each policy's episodes are its agents', and the env's return
+    sums both. (Their own PPO run went: the plug-in and A3C run's rows show the same; the
+    default of one policy per space is test_the_python_api_acts_for_each_policy's.)"""
+    rows = _rows(plugin_and_a3c)
+    last = rows[-1]
+    assert _f(last, "episode_len_mean/picker") == 20
+    assert _f(last, "episode_len_mean/steerer") == 12
+    assert _f(last, "episode_len_mean") == 20
+    steerer = _first_row(rows, lambda r: not np.isnan(_f(r, "episode_return_mean/steerer")))
+    assert _f(steerer, "episode_return_mean/steerer") < -5  # a random Gaussian's distance
+    # The env's return sums both agents' returns.
+    assert _f(last, "episode_return_mean") == pytest.approx(
+        _f(last, "episode_return_mean/picker") + _f(last, "episode_return_mean/steerer"),
+        abs=1.0)
+
+
+def test_a_plugin_algorithm_and_a3c_each_drive_a_policy(plugin_and_a3c):
+    """A plug-in (PPO's pieces under another module name, tests/programs/ppo_copy.py) drives the
+    Box steerer and A3C, whose gradients are computed on the rollout ranks and applied as they
+    come, the Discrete picker: both learn, through their own plans. (The other way round, A3C's
+    steerer gained 2.4-2.9 over random play in 50k steps, and 2.6-2.9 in 100k: at the bar, a
+    coin flip; PPO's steerer gains 4.5 and A3C's picker ends at 19.1.)"""
+    run_dir = plugin_and_a3c
     rows = _rows(run_dir)
     last = rows[-1]
     # The first rows where each policy's agents had finished episodes: random play.
@@ -620,20 +647,10 @@ def test_a_plugin_algorithm_and_a3c_each_drive_a_policy(tmp_path):
     assert params["config"]["multiagent"]["policies"]["steerer"]["algo"] == "ppo_copy"
 
 
-def test_apex_drives_a_policy_beside_ppo(tmp_path):
+def test_apex_drives_a_policy_beside_ppo(mixed_probed_and_dumped):
     """Ape-X's asynchronous loop (per-worker epsilons, prioritized replay, weights posted by its
     learner) drives the picker while PPO drives the steerer: both learn."""
-    run_dir = tmp_path / "run"
-    config = {"multiagent": {"policies": {
-        "picker": {"algo": "APEX", "num_learners": 0, "hidden_sizes": [64, 64]},
-        "steerer": {}}}}
-    # 8k env steps: both first met at 5.6k on seeds 1-5 (was 12k). Ape-X's Q network 64 x 64
-    # (its default 256 x 256: 24.6 CPU-s for seed 0, this 14.1): the picker first at 15 at
-    # 5.6k-6.1k on seeds 0-5, the steerer 2 above its first mean at 4.1k-6.7k, and at the
-    # end 19.98-20.0 and +2.53 to +3.11.
-    _ok(_train(3, "--algo", "PPO", "--env", "mpirl.envs.examples:MixedAgents", "--run-dir",
-               str(run_dir), "--config", json.dumps(config), "--stop",
-               '{"timesteps_total": 8000}'))
+    run_dir = mixed_probed_and_dumped[0]
     rows = _rows(run_dir)
     last = rows[-1]
     steerer = _first_row(rows, lambda r: not np.isnan(_f(r, "episode_return_mean/steerer")))
@@ -656,7 +673,7 @@ def test_rollout_callbacks_see_every_agents_episodes(mixed_probed_and_dumped):
     finished = round(_f(rows[-1], "episodes_total"))  # env episodes: one per picker episode
     assert len(ends) >= 2 * finished  # a picker's and a steerer's episode each
     assert sum(e["hook"] == "on_algorithm_init" for e in events) == 1
-    assert sum(e["hook"] == "on_train_result" for e in events) == 2
+    assert sum(e["hook"] == "on_train_result" for e in events) == len(rows)
     assert any(e["hook"] == "on_sample_end" for e in events)
     assert "custom/length_copy_mean" in rows[-1]
     assert np.isfinite(_f(rows[-1], "custom/length_copy_mean"))
