@@ -126,19 +126,11 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, refere
             assert np.array_equal(ra["weights"]["default"], a["weights"]), name
 
 
-@pytest.mark.parametrize("algo", ALGOS)
-def test_real_transitions_are_dumped_to_hdf5(tmp_path, algo):
-    """Each env plays one whole 200-step Pendulum episode (4 iterations of 50 steps); the dump
-    holds every env's episode with the rewards the envs gave and actions inside the bounds."""
+def check_the_dump(run_dir, dump, envs):
+    """Each env played one whole 200-step Pendulum episode: the dump holds every env's episode
+    with the rewards the envs gave and actions inside the bounds."""
     from mpirl.data.reader import open_dataset
 
-    run_dir, dump = tmp_path / "run", tmp_path / "dump"
-    config = {**QUICK_OF[algo], "rollout_fragment_length": 50, "evaluation_interval": 0}
-    envs = 2 * config.get("num_envs_per_worker", 1)
-    proc = run_mpi(3, *MPIRL, "train", "--algo", algo, *PENDULUM, "--run-dir", str(run_dir),
-                   "--config", json.dumps(config), "--dump-trajectories", str(dump),
-                   "--stop", '{"training_iteration": 4}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
     last = rows(run_dir)[-1]
     dataset = open_dataset(dump)
     assert dataset.num_episodes == envs == int(last["episodes_total"])
@@ -148,6 +140,19 @@ def test_real_transitions_are_dumped_to_hdf5(tmp_path, algo):
         assert episode.observations.shape[1:] == (3,) and len(episode.actions) == 200
         assert np.all(np.abs(episode.actions) <= 2.0) and np.all(episode.rewards <= 0)
     assert float(last["episode_return_mean"]) == pytest.approx(np.mean(returns), rel=1e-5)
+
+
+def test_real_transitions_are_dumped_to_hdf5(tmp_path):
+    """MBPO: 2 rollout ranks, each env one whole episode in 4 iterations of 50 steps. PETS's
+    dump is checked on the callbacks test's run (test_pets_callbacks_run_on_every_role_and_
+    its_real_transitions_are_dumped: one planning rank, 2 envs, 2 iterations of 100 steps)."""
+    run_dir, dump = tmp_path / "run", tmp_path / "dump"
+    config = {**MBPO_QUICK, "rollout_fragment_length": 50, "evaluation_interval": 0}
+    proc = run_mpi(3, *MPIRL, "train", "--algo", "MBPO", *PENDULUM, "--run-dir", str(run_dir),
+                   "--config", json.dumps(config), "--dump-trajectories", str(dump),
+                   "--stop", '{"training_iteration": 4}', timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    check_the_dump(run_dir, dump, 2 * config.get("num_envs_per_worker", 1))
 
 
 def test_export_keeps_the_whole_model_and_acts_like_the_checkpoint(tmp_path, reference):
@@ -196,19 +201,22 @@ def test_tune_searches_their_keys(tmp_path, algo):
         assert len(progress) == 2 and progress[-1]["eval_return_mean"] != "nan"
 
 
-def test_pets_callbacks_run_on_every_role(tmp_path):
+def test_pets_callbacks_run_on_every_role_and_its_real_transitions_are_dumped(tmp_path):
     """The driver's hooks, the planning ranks' episodes and samples, and each learner rank's
-    training of its members (two learner ranks)."""
+    training of its members (two learner ranks); the same run dumps its real transitions to
+    HDF5 (check_the_dump: each of the planning rank's 2 envs one whole 200-step episode)."""
     from conftest import PROGRAMS
 
-    probe, run_dir = tmp_path / "probe", tmp_path / "run"
+    probe, run_dir, dump = tmp_path / "probe", tmp_path / "run", tmp_path / "dump"
     probe.mkdir()
     config = {**QUICK, "callbacks": "callbacks_probe:Probe", "num_learners": 2,
-              "rollout_fragment_length": 100, "checkpoint_every": 2}
+              "rollout_fragment_length": 100, "checkpoint_every": 2, "evaluation_interval": 0}
     proc = run_mpi(4, *MPIRL, "train", "--algo", "PETS", *PENDULUM, "--run-dir", str(run_dir),
-                   "--config", json.dumps(config), "--stop", '{"training_iteration": 2}',
+                   "--config", json.dumps(config), "--dump-trajectories", str(dump),
+                   "--stop", '{"training_iteration": 2}',
                    timeout=120, env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
     assert proc.returncode == 0, proc.stderr
+    check_the_dump(run_dir, dump, config["num_envs_per_worker"])
     log = hook_log(probe)
     ranks_of = hook_ranks(log)
     # The driver (rank 0), one planning rank (1) with 2 envs: one 200-step episode each in 2
