@@ -58,7 +58,20 @@ WALK = {"env_config": {"explode_after": 1_000_000}, "rollout_fragment_length": 5
         "gamma": 0.9, "real_ratio": 0.25}
 
 
-def test_mbpo_learns_to_walk_to_the_target_within_800_env_steps(tmp_path):
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory):
+    """The learning test's run, which also dumps its real transitions to HDF5."""
+    tmp_path = tmp_path_factory.mktemp("walk")
+    dump = tmp_path / "dump"
+    _, run_dir, _ = train(
+        2, tmp_path, "--algo", "MBPO", "--env-module", "mpirl.testing", "--env",
+        "MpirlOverflowing-v0", "--seed", "0", "--config", json.dumps(WALK),
+        "--dump-trajectories", str(dump),
+        "--stop", '{"eval_return_mean": -10, "timesteps_total": 800}', timeout=300)
+    return run_dir, dump
+
+
+def test_mbpo_learns_to_walk_to_the_target_within_800_env_steps(walk):
     """MBPO learns: 10 deterministic evaluation episodes (one every 100 env steps) with a mean
     of at least -10 within 800 env steps, mpiexec -n 2 (driver and learner, one rollout rank);
     the run stops at the first evaluation that passes. The same 10 episodes played with
@@ -80,10 +93,7 @@ def test_mbpo_learns_to_walk_to_the_target_within_800_env_steps(tmp_path):
     holds the learner, is the critical path: SAC's SGD steps, 10 per env step, take about 3 ms
     each there). With SAC's lr 1e-3 instead of 3e-4 seed 1 swung between -400 and -1,600 up to
     2,800 env steps."""
-    _, run_dir, _ = train(
-        2, tmp_path, "--algo", "MBPO", "--env-module", "mpirl.testing", "--env",
-        "MpirlOverflowing-v0", "--seed", "0", "--config", json.dumps(WALK),
-        "--stop", '{"eval_return_mean": -10, "timesteps_total": 800}', timeout=300)
+    run_dir, _ = walk
     progress = rows(run_dir)
     last = progress[-1]
     assert float(last["eval_return_mean"]) >= -10, last
@@ -91,6 +101,29 @@ def test_mbpo_learns_to_walk_to_the_target_within_800_env_steps(tmp_path):
     # It learned from model rollouts: the buffer held them, and SAC trained on them.
     assert int(float(last["model_buffer_size"])) > 0 and int(float(last["rollout_length"])) >= 1
     assert float(progress[1]["eval_return_mean"]) < -20, progress[1]
+
+
+def test_real_transitions_are_dumped_to_hdf5(walk):
+    """The learning run's dump (--dump-trajectories): the run stops at an evaluation, every
+    100 env steps, where the env's 100-step episodes end, so it holds every episode whole, with
+    the rewards the env gave (minus the distance from 0 after the step) and actions inside the
+    bounds. (test_model_based_cli.py checks PETS's dump.)"""
+    from mpirl.data.reader import open_dataset
+
+    run_dir, dump = walk
+    last = rows(run_dir)[-1]
+    dataset = open_dataset(dump)
+    steps = int(last["timesteps_total"])
+    assert dataset.num_episodes == steps // 100 == int(last["episodes_total"])
+    assert dataset.total_steps == steps
+    returns = []
+    for episode in dataset.iterate_episodes():
+        assert episode.observations.shape[1:] == (1,) and len(episode.actions) == 100
+        assert np.all(np.abs(episode.actions) <= 1.0) and np.all(episode.rewards <= 0)
+        np.testing.assert_allclose(episode.rewards[:-1],
+                                   -np.abs(episode.observations[1:100, 0]), rtol=1e-5)
+        returns.append(float(episode.rewards.sum()))
+    assert float(last["episode_return_mean"]) == pytest.approx(np.mean(returns), rel=1e-5)
 
 
 def check_a_quick_run(proc, run_dir, monkeypatch):

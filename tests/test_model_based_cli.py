@@ -128,7 +128,8 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, refere
 
 def check_the_dump(run_dir, dump, envs):
     """Each env played one whole 200-step Pendulum episode: the dump holds every env's episode
-    with the rewards the envs gave and actions inside the bounds."""
+    with the rewards the envs gave and actions inside the bounds. (MBPO's dump: test_mbpo.py's
+    test_real_transitions_are_dumped_to_hdf5, on its learning run.)"""
     from mpirl.data.reader import open_dataset
 
     last = rows(run_dir)[-1]
@@ -140,19 +141,6 @@ def check_the_dump(run_dir, dump, envs):
         assert episode.observations.shape[1:] == (3,) and len(episode.actions) == 200
         assert np.all(np.abs(episode.actions) <= 2.0) and np.all(episode.rewards <= 0)
     assert float(last["episode_return_mean"]) == pytest.approx(np.mean(returns), rel=1e-5)
-
-
-def test_real_transitions_are_dumped_to_hdf5(tmp_path):
-    """MBPO: 2 rollout ranks, each env one whole episode in 4 iterations of 50 steps. PETS's
-    dump is checked on the callbacks test's run (test_pets_callbacks_run_on_every_role_and_
-    its_real_transitions_are_dumped: one planning rank, 2 envs, 2 iterations of 100 steps)."""
-    run_dir, dump = tmp_path / "run", tmp_path / "dump"
-    config = {**MBPO_QUICK, "rollout_fragment_length": 50, "evaluation_interval": 0}
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "MBPO", *PENDULUM, "--run-dir", str(run_dir),
-                   "--config", json.dumps(config), "--dump-trajectories", str(dump),
-                   "--stop", '{"training_iteration": 4}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    check_the_dump(run_dir, dump, 2 * config.get("num_envs_per_worker", 1))
 
 
 def test_export_keeps_the_whole_model_and_acts_like_the_checkpoint(tmp_path, reference):
