@@ -129,10 +129,12 @@ TASKS = {
                          {"MBPO": 100_000, "SAC": 100_000, "SB3-SAC": 100_000},
                          ("MBPO", "SAC"), (0,)),
 }
-#: Small enough for a test: one seed, one evaluation of one episode, a cheap planner.
+#: Small enough for a test: one seed, one evaluation of one episode, a cheap planner, one
+#: rollout rank for every mpirl algorithm (QUICK_RANKS).
 QUICK = Task("Pendulum-v1", -200.0, dict.fromkeys(ALGOS, 200), dict.fromkeys(ALGOS, 200),
              ("PETS", "SAC"), (0,),
-             {"PETS": {"planning_horizon": 10, "cem_population": 50, "cem_iterations": 2}})
+             {"PETS": {"planning_horizon": 5, "cem_population": 20, "cem_iterations": 2}})
+QUICK_RANKS = dict.fromkeys(MPIRL_ALGOS, 2)
 QUICK_EVAL_EPISODES = 1
 
 
@@ -612,7 +614,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--throughput-seconds", type=float, default=20.0, metavar="S")
     p.add_argument("--json", type=Path, metavar="PATH")
     p.add_argument("--quick", action="store_true",
-                   help="a check that the script works: 1 seed, 200-step caps, cheap planning")
+                   help="a check that the script works: 1 seed, 200-step caps, cheap planning, "
+                        "one rollout rank")
     # The measured programs' arguments.
     p.add_argument("--role", choices=["sb3", "plan"], help=argparse.SUPPRESS)
     p.add_argument("--env", help=argparse.SUPPRESS)
@@ -636,7 +639,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 seeds=task.seeds if args.seeds is None else args.seeds,
                 eval_every={**task.eval_every, **args.eval_every},
                 eval_episodes=QUICK_EVAL_EPISODES if args.quick else args.eval_episodes,
-                caps={**task.caps, **args.caps}, ranks=dict(RANKS),
+                caps={**task.caps, **args.caps},
+                ranks=dict(QUICK_RANKS if args.quick else RANKS),
                 mpirl_config={algo: {**task.mpirl_config.get(algo, {}),
                                      **dict(args.config).get(algo, {})}
                               for algo in ALGOS},

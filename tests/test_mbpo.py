@@ -1,17 +1,8 @@
 """MBPO through the real CLI (issue 39): SAC's actor on the rollout ranks, branched model
-rollouts through the ensemble there, SAC and the ensemble trained on the learner; learning on
-Pendulum-v1, the rollout-length schedule and the buffers, checkpoint and resume, evaluate,
+rollouts through the ensemble there, SAC and the ensemble trained on the learner; learning (a
+1-D walk to a target; Pendulum-v1's -200 is benchmarks/model_based.py's figure, see the
+learning test), the rollout-length schedule and the buffers, checkpoint and resume, evaluate,
 local mode, a learner rank, and bad input.
-
-Measured when written (2026-11-28, mpiexec -n 3, defaults, evaluation every 8 iterations = 400
-env steps, stopping at the first mean of 10 deterministic episodes >= -200), on 2 cores shared
-with other agents' jobs (load 3.5-6): seed 0 -133.5 at 2,000 env steps in 47.5-71.4 s of
-training, seed 1 -196.9 at 2,800 in 91.5-98.5 s, seed 2 -152.3 at 4,000 in 124.0-144.7 s
-(103-107 s of CPU for all three ranks; the driver's process, which holds the learner, is the
-critical path: SAC's SGD steps, 10 per env step, take about 3 ms each there). This file's 13
-tests took 89 s at load 3.5. Under a load of 11-15 the same runs (the
-same returns) took 116, 188 and 215 s, so the 150 s bound holds only on a quiet machine. With
-SAC's lr 1e-3 instead of 3e-4 seed 1 swung between -400 and -1,600 up to 2,800 env steps.
 """
 
 from __future__ import annotations
@@ -53,19 +44,86 @@ def _ints(progress, column):
     return [int(float(row[column])) for row in progress]
 
 
-def test_mbpo_learns_pendulum_within_5000_env_steps(tmp_path):
-    """The issue's goal: 10 deterministic evaluation episodes with a mean of at least -200
-    within 5,000 env steps, with mpiexec -n 3 (driver and learner, 2 rollout ranks), evaluated
-    every 400 env steps (8 iterations: at the end of each rank's episode); the run stops at the
-    first evaluation that passes. Its time is a benchmark's figure (benchmarks/model_based.py),
-    not this test's: it took 95 s on CI and 248 s beside two other test runs here."""
+#: MBPO's learning test: a 1-D walk (MpirlOverflowing-v0, its observations kept finite for
+#: the whole run: explode_after far past the budget) that pays minus the distance from 0, 100
+#: steps an episode from a start in [-1, 1], the action moving the position by up to 0.1.
+#: Small networks, a short horizon (gamma 0.9), a low starting temperature and a quarter of
+#: each SAC minibatch real, the rest model rollouts of 1 to 3 steps.
+WALK = {"env_config": {"explode_after": 1_000_000}, "rollout_fragment_length": 50,
+        "initial_random_steps": 100, "model_train_freq": 100, "epoch_length": 100,
+        "rollout_batch_size": 400, "rollout_schedule": [0, 2, 1, 3],
+        "sgd_steps_per_env_step": 4, "train_batch_size": 64, "hidden_sizes": [32, 32],
+        "ensemble_size": 3, "elites": 2, "model_hidden_sizes": [32, 32], "model_batch_size": 32,
+        "evaluation_interval": 2, "evaluation_episodes": 10, "initial_alpha": 0.1,
+        "gamma": 0.9, "real_ratio": 0.25}
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory):
+    """The learning test's run, which also dumps its real transitions to HDF5."""
+    tmp_path = tmp_path_factory.mktemp("walk")
+    dump = tmp_path / "dump"
     _, run_dir, _ = train(
-        3, tmp_path, "--algo", "MBPO", "--env", "Pendulum-v1", "--seed", "0",
-        "--config", json.dumps({"evaluation_interval": 8}),
-        "--stop", '{"eval_return_mean": -200, "timesteps_total": 5000}', timeout=300)
+        2, tmp_path, "--algo", "MBPO", "--env-module", "mpirl.testing", "--env",
+        "MpirlOverflowing-v0", "--seed", "0", "--config", json.dumps(WALK),
+        "--dump-trajectories", str(dump),
+        "--stop", '{"eval_return_mean": -10, "timesteps_total": 800}', timeout=300)
+    return run_dir, dump
+
+
+def test_mbpo_learns_to_walk_to_the_target_within_800_env_steps(walk):
+    """MBPO learns: 10 deterministic evaluation episodes (one every 100 env steps) with a mean
+    of at least -10 within 800 env steps, mpiexec -n 2 (driver and learner, one rollout rank);
+    the run stops at the first evaluation that passes. The same 10 episodes played with
+    uniformly random actions average -59, standing still -49 (the best constant action is no
+    better), walking straight to 0 and staying there -1.4 (1,000 episodes each, 2026-11-29).
+    Seeds 0-4 with this command (2026-11-29, 2 loaded cores): -5.0 at 300 env steps, -5.0 at
+    300, -5.6 at 400, -7.6 at 500, -7.8 at 400; 10-13 CPU seconds each.
+
+    The issue's goal, 10 deterministic episodes of Pendulum-v1 with a mean of -200 within
+    5,000 env steps (mpiexec -n 3, the defaults), was this test until 2026-11-29: 117 CPU
+    seconds, too dear for the suite. It is benchmarks/model_based.py's figure (``--algos MBPO
+    --caps MBPO=5000``; benchmarks/RESULTS.md, "Model-based RL: MBPO vs SAC (Pendulum-v1)":
+    -200 reached at 1,400-3,200 env steps on seeds 0-3, and seed 4 at 4,000 with this
+    test's protocol). The removed test, measured when written (2026-11-28, evaluation every 8
+    iterations = 400 env steps, stopping at the first mean of 10 deterministic episodes >=
+    -200), on 2 cores shared with other agents' jobs (load 3.5-6): seed 0 -133.5 at 2,000 env
+    steps in 47.5-71.4 s of training, seed 1 -196.9 at 2,800 in 91.5-98.5 s, seed 2 -152.3 at
+    4,000 in 124.0-144.7 s (103-107 s of CPU for all three ranks; the driver's process, which
+    holds the learner, is the critical path: SAC's SGD steps, 10 per env step, take about 3 ms
+    each there). With SAC's lr 1e-3 instead of 3e-4 seed 1 swung between -400 and -1,600 up to
+    2,800 env steps."""
+    run_dir, _ = walk
+    progress = rows(run_dir)
+    last = progress[-1]
+    assert float(last["eval_return_mean"]) >= -10, last
+    assert int(last["timesteps_total"]) <= 800
+    # It learned from model rollouts: the buffer held them, and SAC trained on them.
+    assert int(float(last["model_buffer_size"])) > 0 and int(float(last["rollout_length"])) >= 1
+    assert float(progress[1]["eval_return_mean"]) < -20, progress[1]
+
+
+def test_real_transitions_are_dumped_to_hdf5(walk):
+    """The learning run's dump (--dump-trajectories): the run stops at an evaluation, every
+    100 env steps, where the env's 100-step episodes end, so it holds every episode whole, with
+    the rewards the env gave (minus the distance from 0 after the step) and actions inside the
+    bounds. (test_model_based_cli.py checks PETS's dump.)"""
+    from mpirl.data.reader import open_dataset
+
+    run_dir, dump = walk
     last = rows(run_dir)[-1]
-    assert float(last["eval_return_mean"]) >= -200, last
-    assert int(last["timesteps_total"]) <= 5000
+    dataset = open_dataset(dump)
+    steps = int(last["timesteps_total"])
+    assert dataset.num_episodes == steps // 100 == int(last["episodes_total"])
+    assert dataset.total_steps == steps
+    returns = []
+    for episode in dataset.iterate_episodes():
+        assert episode.observations.shape[1:] == (1,) and len(episode.actions) == 100
+        assert np.all(np.abs(episode.actions) <= 1.0) and np.all(episode.rewards <= 0)
+        np.testing.assert_allclose(episode.rewards[:-1],
+                                   -np.abs(episode.observations[1:100, 0]), rtol=1e-5)
+        returns.append(float(episode.rewards.sum()))
+    assert float(last["episode_return_mean"]) == pytest.approx(np.mean(returns), rel=1e-5)
 
 
 def check_a_quick_run(proc, run_dir, monkeypatch):

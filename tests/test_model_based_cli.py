@@ -126,19 +126,12 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, refere
             assert np.array_equal(ra["weights"]["default"], a["weights"]), name
 
 
-@pytest.mark.parametrize("algo", ALGOS)
-def test_real_transitions_are_dumped_to_hdf5(tmp_path, algo):
-    """Each env plays one whole 200-step Pendulum episode (4 iterations of 50 steps); the dump
-    holds every env's episode with the rewards the envs gave and actions inside the bounds."""
+def check_the_dump(run_dir, dump, envs):
+    """Each env played one whole 200-step Pendulum episode: the dump holds every env's episode
+    with the rewards the envs gave and actions inside the bounds. (MBPO's dump: test_mbpo.py's
+    test_real_transitions_are_dumped_to_hdf5, on its learning run.)"""
     from mpirl.data.reader import open_dataset
 
-    run_dir, dump = tmp_path / "run", tmp_path / "dump"
-    config = {**QUICK_OF[algo], "rollout_fragment_length": 50, "evaluation_interval": 0}
-    envs = 2 * config.get("num_envs_per_worker", 1)
-    proc = run_mpi(3, *MPIRL, "train", "--algo", algo, *PENDULUM, "--run-dir", str(run_dir),
-                   "--config", json.dumps(config), "--dump-trajectories", str(dump),
-                   "--stop", '{"training_iteration": 4}', timeout=120)
-    assert proc.returncode == 0, proc.stderr
     last = rows(run_dir)[-1]
     dataset = open_dataset(dump)
     assert dataset.num_episodes == envs == int(last["episodes_total"])
@@ -196,19 +189,22 @@ def test_tune_searches_their_keys(tmp_path, algo):
         assert len(progress) == 2 and progress[-1]["eval_return_mean"] != "nan"
 
 
-def test_pets_callbacks_run_on_every_role(tmp_path):
+def test_pets_callbacks_run_on_every_role_and_its_real_transitions_are_dumped(tmp_path):
     """The driver's hooks, the planning ranks' episodes and samples, and each learner rank's
-    training of its members (two learner ranks)."""
+    training of its members (two learner ranks); the same run dumps its real transitions to
+    HDF5 (check_the_dump: each of the planning rank's 2 envs one whole 200-step episode)."""
     from conftest import PROGRAMS
 
-    probe, run_dir = tmp_path / "probe", tmp_path / "run"
+    probe, run_dir, dump = tmp_path / "probe", tmp_path / "run", tmp_path / "dump"
     probe.mkdir()
     config = {**QUICK, "callbacks": "callbacks_probe:Probe", "num_learners": 2,
-              "rollout_fragment_length": 100, "checkpoint_every": 2}
+              "rollout_fragment_length": 100, "checkpoint_every": 2, "evaluation_interval": 0}
     proc = run_mpi(4, *MPIRL, "train", "--algo", "PETS", *PENDULUM, "--run-dir", str(run_dir),
-                   "--config", json.dumps(config), "--stop", '{"training_iteration": 2}',
+                   "--config", json.dumps(config), "--dump-trajectories", str(dump),
+                   "--stop", '{"training_iteration": 2}',
                    timeout=120, env={"PYTHONPATH": str(PROGRAMS), "PROBE_DIR": str(probe)})
     assert proc.returncode == 0, proc.stderr
+    check_the_dump(run_dir, dump, config["num_envs_per_worker"])
     log = hook_log(probe)
     ranks_of = hook_ranks(log)
     # The driver (rank 0), one planning rank (1) with 2 envs: one 200-step episode each in 2
@@ -225,15 +221,16 @@ def test_pets_callbacks_run_on_every_role(tmp_path):
     assert [int(float(r["iteration_twice"])) for r in rows(run_dir)] == [2, 4]
 
 
-#: PETS on the cliff walk: small plans, 2 ranks x 2 envs x 40 steps an iteration.
-CLIFF = {**QUICK, "rollout_fragment_length": 40, "initial_random_steps": 80,
-         "model_max_epochs": 10, "evaluation_interval": 1, "evaluation_episodes": 4,
-         "checkpoint_every": 5}
+#: PETS on the cliff walk: small plans, one rollout rank x 4 envs x 40 steps an iteration,
+#: one evaluation (4 episodes) after the last.
+CLIFF = {**QUICK, "num_envs_per_worker": 4, "rollout_fragment_length": 40,
+         "initial_random_steps": 80, "model_max_epochs": 10, "evaluation_interval": 5,
+         "evaluation_episodes": 4, "checkpoint_every": 5}
 
 
 def _cliff_run(tmp_path, name, **config):
     run_dir = tmp_path / name
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "PETS", "--env", "MpirlCliffWalk-v0",
+    proc = run_mpi(2, *MPIRL, "train", "--algo", "PETS", "--env", "MpirlCliffWalk-v0",
                    "--env-module", "mpirl.testing", "--run-dir", str(run_dir), "--config",
                    json.dumps({**CLIFF, **config}), "--stop", '{"training_iteration": 5}',
                    timeout=120)
@@ -248,9 +245,12 @@ def test_a_termination_fn_or_a_learned_one_keeps_the_plans_off_the_cliff(tmp_pat
     next state marked unknown); blind, it walks off within a few steps. PETS's learning test in
     the suite (its Pendulum goal is benchmarks/model_based.py's figure): the ensemble learns
     the walk's dynamics and rewards from 800 real steps, and the plans over it must reach the
-    return thresholds. Last evaluation after 5
-    iterations, seeds 0/1/2 when written: told 65.1/58.9/65.7, learned 59.2/52.3/54.1, blind
-    7.5/7.6/8.6 (at most 40 x 1.8)."""
+    return thresholds. The evaluation after the 5th iteration, mpiexec -n 2 (one rollout rank
+    of 4 envs), seeds 0/1/2/3/4 (2026-11-29): told 65.2/65.6/65.7/51.5/51.7, learned
+    55.2/56.3/61.4/58.0/60.8, blind 6.6/6.8/6.2/7.1/6.2 (at most 40 x 1.8; uniformly random
+    actions score about 24, standing still 40). Until 2026-11-29 it ran on 2 rollout ranks of 2
+    envs, evaluated every iteration (seeds 0/1/2: told 65.1/58.9/65.7, learned
+    59.2/52.3/54.1, blind 7.5/7.6/8.6), 36.5 CPU-s against about 24 now."""
     told, data = _cliff_run(tmp_path, "told", termination_fn="mpirl.testing:cliff_walk_ended")
     blind, _ = _cliff_run(tmp_path, "blind")
     learned, kept = _cliff_run(tmp_path, "learned", learn_termination=True,
