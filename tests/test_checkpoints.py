@@ -78,18 +78,21 @@ def reference_3_ranks(tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.parametrize("n, extra, victim, signum, stopped", [
-    (3, {}, "driver", signal.SIGTERM, "driver"),  # learner in the driver, 2 rollout ranks
-    (4, {"num_learners": 1}, "learner", signal.SIGUSR2, "learner"),  # a learner rank of its own
-], ids=["kill-driver-then-TERM-driver", "kill-learner-then-USR2-learner"])
+@pytest.mark.parametrize("n, extra, victim, stops", [
+    # Learner in the driver, 2 rollout ranks.
+    (3, {}, "driver", [(signal.SIGTERM, "driver")]),
+    # A learner rank of its own: a stop signal on it, then one on a rollout rank.
+    (4, {"num_learners": 1}, "learner", [(signal.SIGUSR2, "learner"),
+                                         (signal.SIGUSR1, "rollout")]),
+], ids=["kill-driver-then-TERM-driver", "kill-learner-then-USR2-learner-then-USR1-rollout"])
 def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, request, n, extra,
-                                                                  victim, signum, stopped):
+                                                                  victim, stops):
     """kill -9 of ``victim`` after a checkpoint at 3 or later; the run resumed from there (with
-    no periodic checkpoints: checkpoint_every 0 given on resume) gets ``signum`` on its
-    ``stopped`` rank after an iteration: it checkpoints that iteration and exits 75 (resume me),
-    naming the rank and the command (test_stop_signal_checkpoints_and_exits_resume_me's checks,
-    which ran these two signals on runs of their own); resumed again, on to the comparison
-    point, it is the uninterrupted run bit for bit."""
+    no periodic checkpoints: checkpoint_every 0 given on resume) gets each of ``stops``'s signals
+    on its rank of that role, one resume after another, after an iteration: it checkpoints that
+    iteration and exits 75 (resume me), naming the rank and the command (the checks of a stop
+    signal test that ran USR1 on a rollout rank on a run of its own); resumed again, on to the
+    comparison point, it is the uninterrupted run bit for bit."""
     total = REFERENCE_ITERATIONS
     interrupted = tmp_path / "interrupted"
     if not extra:  # the 3-rank run, shared with the corrupt-checkpoint test
@@ -110,19 +113,24 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, reques
     killed_at = _latest_iteration(interrupted)
     assert killed_at < total - 2, "the run got past the comparison point before the kill took"
 
-    run = LiveRun(n, "--resume", str(interrupted), "--config", '{"checkpoint_every": 0}',
-                  "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: len(_rows(interrupted)) > killed_at, "an iteration after the resume")
-    assert f"resumed from {interrupted}/checkpoints/checkpoint_" in run.stdout
-    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == stopped)
-    os.kill(pid, signum)
-    assert run.finish() == EXIT_RESUME, run.stderr
-    assert f"{signal.Signals(signum).name} on rank {rank} ({stopped}" in run.stderr
-    assert f"--resume {interrupted}" in run.stderr
-    stopped_at = json.loads((interrupted / "result.json").read_text())["iteration"]
-    assert killed_at < stopped_at < total, "the stop came too late"
-    assert _latest_iteration(interrupted) == stopped_at  # the checkpoint is of the last iteration
-    verify(interrupted / "checkpoints" / f"checkpoint_{stopped_at:06d}")
+    stopped_at = killed_at
+    for signum, stopped in stops:
+        resumed_at = stopped_at
+        run = LiveRun(n, "--resume", str(interrupted), "--config", '{"checkpoint_every": 0}',
+                      "--stop", '{"training_iteration": 100000}')
+        run.wait_until(lambda: len(_rows(interrupted)) > resumed_at,  # noqa: B023 (waited here)
+                       "an iteration after the resume")
+        assert f"resumed from {interrupted}/checkpoints/checkpoint_{resumed_at:06d}" in run.stdout
+        rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items()
+                         if role == stopped)
+        os.kill(pid, signum)
+        assert run.finish() == EXIT_RESUME, run.stderr
+        assert f"{signal.Signals(signum).name} on rank {rank} ({stopped}" in run.stderr
+        assert f"--resume {interrupted}" in run.stderr
+        stopped_at = json.loads((interrupted / "result.json").read_text())["iteration"]
+        assert resumed_at < stopped_at < total, "the stop came too late"
+        assert _latest_iteration(interrupted) == stopped_at  # the checkpoint of the last iteration
+        verify(interrupted / "checkpoints" / f"checkpoint_{stopped_at:06d}")
 
     proc = _train(n, "--resume", str(interrupted), "--stop",
                   json.dumps({"training_iteration": total}))
@@ -157,31 +165,6 @@ def test_local_mode_resume_is_bit_identical(tmp_path, local_ppo):
     assert "\n  changed: --stop training_iteration 5 -> 8\n" in proc.stdout, proc.stdout
     _assert_same_learner(_learner_state(reference, 8), _learner_state(resumed, 8))
     assert _rows(resumed) == _rows(reference)
-
-
-# SIGUSR2 on a learner rank and SIGTERM on the driver: in the kill -9 tests above.
-@pytest.mark.parametrize("signum, victim", [(signal.SIGUSR1, "rollout")], ids=["USR1-rollout"])
-def test_stop_signal_checkpoints_and_exits_resume_me(tmp_path, signum, victim):
-    run_dir = tmp_path / "run"
-    # Three ranks: the driver, one rollout rank, a learner rank (a role each).
-    run = LiveRun(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                  "--config", _config(num_learners=1, checkpoint_every=0),
-                  "--stop", '{"training_iteration": 100000}')
-    run.wait_until(lambda: (run_dir / "result.json").exists(), "a first iteration")
-    rank, pid = next((rank, pid) for rank, (role, pid) in run.pids().items() if role == victim)
-    os.kill(pid, signum)
-    assert run.finish() == EXIT_RESUME, run.stderr
-    name = signal.Signals(signum).name
-    assert f"{name} on rank {rank} ({victim}" in run.stderr
-    assert f"--resume {run_dir}" in run.stderr
-    stopped_at = json.loads((run_dir / "result.json").read_text())["iteration"]
-    assert _latest_iteration(run_dir) == stopped_at  # the checkpoint is of the last iteration
-    verify(run_dir / "checkpoints" / f"checkpoint_{stopped_at:06d}")
-
-    proc = _train(3, "--resume", str(run_dir), "--stop",
-                  json.dumps({"training_iteration": stopped_at + 2}))
-    assert proc.returncode == 0, proc.stderr
-    assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, stopped_at + 3))
 
 
 def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference_3_ranks):
@@ -277,9 +260,11 @@ def test_interrupted_commit_leaves_the_previous_checkpoint(tmp_path, monkeypatch
 
 def test_kill_9_while_a_checkpoint_is_written(tmp_path):
     """A model big enough that writing a checkpoint takes a while; kill -9 the learner rank
-    while the temporary directory exists. The resume uses the previous, complete checkpoint."""
+    while the temporary directory exists. The resume uses the previous, complete checkpoint.
+    Iterations of 32 steps: the model's size makes the write slow, not its training."""
     run_dir = tmp_path / "run"
     config = _config(num_learners=1, hidden_sizes=[1536, 1536], num_epochs=1,
+                     num_envs_per_worker=2, rollout_fragment_length=16,
                      checkpoint_every=1, keep_checkpoints=2)
     run = LiveRun(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
                   "--config", config, "--stop", '{"training_iteration": 100000}')

@@ -202,15 +202,15 @@ def test_doctor_reports_a_gpu_learner_and_its_nccl_version():
 
 
 
-@pytest.mark.parametrize("config, expected", [
-    pytest.param('{"num_learners": 2, "learner_backend": "nccl"}',
+@pytest.mark.parametrize("n, config, expected", [
+    pytest.param(4, '{"num_learners": 2, "learner_backend": "nccl"}',
                  "learner_backend 'nccl' needs CUDA learners; learner 0 runs on the CPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")),
-    ('{"num_learners": 1, "learner_backend": "ncl"}',
+    (3, '{"num_learners": 1, "learner_backend": "ncl"}',  # driver, rollout, learner
      "learner_backend must be one of auto, mpi, gloo, nccl, got 'ncl'"),
 ])
-def test_doctor_refuses_a_learner_backend_it_cannot_test(config, expected):
-    proc = run_mpi(4, sys.executable, "-m", "mpirl", "doctor", "--pings", "5", "--config", config,
+def test_doctor_refuses_a_learner_backend_it_cannot_test(n, config, expected):
+    proc = run_mpi(n, sys.executable, "-m", "mpirl", "doctor", "--pings", "5", "--config", config,
                    timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert expected in proc.stderr

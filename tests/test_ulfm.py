@@ -25,6 +25,9 @@ LIMIT_S = 90  # the whole run, start-up included; the test fails rather than han
 #: PPO's stop: 200 comes at about 20 iterations of 3 rollout ranks (30k steps), well after the
 #: loss at iteration 5; the learning goes on without the rank.
 STOP = {"episode_return_mean": 200, "timesteps_total": 300_000}
+#: The learner-in-driver case's stop: 4 iterations after the loss at iteration 5 (the learning
+#: that goes on without the rank is the learner-rank case's, to STOP).
+STOP_AFTER_LOSS = {"training_iteration": 9}
 
 
 class LiveRun:
@@ -91,13 +94,13 @@ class LiveRun:
         pytest.fail(with_output)
 
 
-@pytest.mark.parametrize("n, config", [
-    (4, {}),                   # learner in the driver's process, 3 rollout ranks
-    (5, {"num_learners": 1}),  # learner rank 4, 3 rollout ranks
+@pytest.mark.parametrize("n, config, stop", [
+    (4, {}, STOP_AFTER_LOSS),        # learner in the driver's process, 3 rollout ranks
+    (5, {"num_learners": 1}, STOP),  # learner rank 4, 3 rollout ranks
 ], ids=["learner-in-driver", "learner-rank"])
-def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config):
+def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config, stop):
     run_dir = tmp_path / "run"
-    run = LiveRun(n, run_dir, config)
+    run = LiveRun(n, run_dir, config, stop=stop)
     table = run.pids()
     victim = 2
     assert table[victim][0] == "rollout"
@@ -114,11 +117,14 @@ def test_ppo_run_finishes_after_losing_a_rollout_rank(tmp_path, n, config):
     assert "continuing with 2 rollout workers" in err and err.count("mpirl: lost") == 1, err
     assert "Traceback" not in err, err
     stopped = re.search(r"^stopped: (\w+) reached", out, re.MULTILINE)
-    assert stopped and stopped.group(1) in STOP, out[-2000:]
+    assert stopped and stopped.group(1) in stop, out[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["rollout_ranks_lost"] == 1 and result["num_rollout_workers"] == 2, result
-    assert (result["episode_return_mean"] >= STOP["episode_return_mean"]
-            or result["timesteps_total"] >= STOP["timesteps_total"]), result
+    if stop is STOP:
+        assert (result["episode_return_mean"] >= STOP["episode_return_mean"]
+                or result["timesteps_total"] >= STOP["timesteps_total"]), result
+    else:
+        assert result["iteration"] == stop["training_iteration"], result
     # One run, never restarted: one layout table, iterations 1..N in order, 3 workers then 2.
     assert out.count("mpirl layout:") == 1
     with open(run_dir / "progress.csv") as f:
@@ -153,10 +159,10 @@ def test_es_drops_a_lost_ranks_perturbations_and_goes_on(tmp_path):
     """ES under ULFM: kill -9 one of 3 rollout ranks mid-run; the generation in flight drops its
     pairs, the others keep applying identical updates (checksums agree) until the stop."""
     run_dir = tmp_path / "run"
-    stop = {"training_iteration": 14}
+    stop = {"training_iteration": 9}
     run = LiveRun(4, run_dir, {}, algo="ES", stop=stop)
     table, rows = lose_a_rollout_rank(run, run_dir, victim=3, after_iteration=4)
-    assert len(rows) == 14 and int(rows[-1]["num_rollout_workers"]) == 2
+    assert len(rows) == 9 and int(rows[-1]["num_rollout_workers"]) == 2
     assert int(rows[0]["num_rollout_workers"]) == 3
     # Generations went on after the loss, with updates the survivors agreed on (a checksum
     # mismatch would have ended the run) and that still improve the policy.
@@ -189,7 +195,9 @@ def test_pets_goes_on_without_a_lost_planning_rank(tmp_path):
     from test_pets import QUICK
 
     run_dir = tmp_path / "run"
-    run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 1, "evaluation_episodes": 3},
+    # Evaluations at iterations 3 (before the kill) and 6 (after the loss): 3 episodes, one a
+    # rank, then spread over the 2 ranks left.
+    run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 3, "evaluation_episodes": 3},
                   algo="PETS", env="Pendulum-v1", stop={"training_iteration": 6})
     table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
     assert [int(r["iteration"]) for r in rows] == list(range(1, 7))
@@ -197,7 +205,10 @@ def test_pets_goes_on_without_a_lost_planning_rank(tmp_path):
     # 3 ranks x 2 envs x 10 steps an iteration, then 2 ranks' 40 once the loss is seen.
     grown = np.diff([int(r["transitions"]) for r in rows]).tolist()
     assert grown[0] == 60 and grown[-1] == 40, grown
-    assert all(r["eval_return_mean"] != "nan" for r in rows[-3:])
+    # Both evaluations played their 3 whole episodes (200 steps), the second on the ranks left.
+    evaluated = [int(float(r["evaluation_env_steps_total"])) for r in rows]
+    assert evaluated == [0, 0, 600, 600, 600, 1200], evaluated
+    assert rows[2]["eval_return_mean"] != "nan" and rows[-1]["eval_return_mean"] != "nan"
     assert_every_rank_ended([pid for _, pid in table.values()])
 
 
@@ -208,7 +219,9 @@ def test_mbpo_goes_on_without_a_lost_rollout_rank(tmp_path):
     from test_mbpo import QUICK
 
     run_dir = tmp_path / "run"
-    run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 1, "evaluation_episodes": 3},
+    # Evaluations at iterations 3 (before the kill) and 6 (after the loss): 3 episodes, one a
+    # rank, then spread over the 2 ranks left.
+    run = LiveRun(4, run_dir, {**QUICK, "evaluation_interval": 3, "evaluation_episodes": 3},
                   algo="MBPO", env="Pendulum-v1", stop={"training_iteration": 6})
     table, rows = lose_a_rollout_rank(run, run_dir, victim=2, after_iteration=3)
     assert [int(r["iteration"]) for r in rows] == list(range(1, 7))
@@ -218,5 +231,8 @@ def test_mbpo_goes_on_without_a_lost_rollout_rank(tmp_path):
     assert grown[0] == 30 and grown[-1] == 20, grown
     # The model rollouts go on: all 20 start states rolled out by the ranks left.
     assert int(float(rows[-1]["model_buffer_size"])) > 0
-    assert all(r["eval_return_mean"] != "nan" for r in rows[-3:])
+    # An evaluation's return stays in the rows up to the next: a new one at 6, on the ranks left.
+    evals = [r["eval_return_mean"] for r in rows]
+    assert evals[:2] == ["nan", "nan"] and evals[2] == evals[3] == evals[4] != "nan", evals
+    assert evals[5] not in ("nan", evals[4]), evals
     assert_every_rank_ended([pid for _, pid in table.values()])

@@ -164,7 +164,8 @@ def bulk(driver, args):
 def huge(driver, args):
     """A payload over 2 GiB, both ways."""
     echo = driver.spawn("rollout", Echo)[0]
-    nbytes, seed = (2 << 30) + (256 << 20) + 13, 11
+    # Over 2 GiB: three 1 GiB chunks (CHUNK_BYTES), the last one of 13 bytes.
+    nbytes, seed = (2 << 30) + 13, 11
     payload = deterministic_bytes(nbytes, seed)
     digest = sha256(payload)
     start = time.monotonic()
