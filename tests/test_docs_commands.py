@@ -107,7 +107,11 @@ def shell_blocks(page: Path) -> list[Block]:
     return blocks
 
 
-#: README blocks that a page of their own runs (their text).
+#: README blocks that a page of their own runs (their text; every block runs after the
+#: activation, the README's first run names it too).
+PPO_CARTPOLE = ("mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
+                r"""--stop '{"episode_return_mean": 450}' \
+    --run-dir runs/ppo-cartpole     # about 10 s here""")
 MULTIAGENT_PPO_DQN = r"""mpiexec -n 4 mpirl train --algo PPO \
     --env mpirl.envs.examples:FourAgentCartPole --stop '{"policy_return_mean_min": 150}' \
     --config '{"num_learners": 2, "multiagent": {"policies": {"ppo": {"num_learners": 1},
@@ -139,14 +143,14 @@ RUN_ELSEWHERE = {
     ("docs/alphazero.md", "its first block, with --run-dir runs/alphazero-ttt",
      "mpiexec -n 3 mpirl train --algo AlphaZero --env openspiel/tic_tac_toe \\\n"
      "  --run-dir runs/alphazero-ttt --stop '{\"training_iteration\": 60}'\n"),
+    # The first run of the README and of install.md, after the activation every block has.
     ("docs/install.md",
      "source .venv/bin/activate\n"
      "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
      "--stop '{\"episode_return_mean\": 450}'"):
-    ("README.md", "its first run, with --run-dir runs/ppo-cartpole",
-     "source .venv/bin/activate\n"
-     "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
-     "--stop '{\"episode_return_mean\": 450}' \\\n    --run-dir runs/ppo-cartpole"),
+    ("docs/algorithms.md", "its first block, with --run-dir runs/ppo-cartpole", PPO_CARTPOLE),
+    ("README.md", "source .venv/bin/activate\n" + PPO_CARTPOLE):
+    ("docs/algorithms.md", "its first block", PPO_CARTPOLE),
     ("README.md", MULTIAGENT_PPO_DQN): ("docs/multiagent.md", "its PPO and DQN composition",
                                         MULTIAGENT_PPO_DQN),
     ("README.md", IMPALA_BREAKOUT_HOUR): ("docs/atari.md", "its first run", IMPALA_BREAKOUT_HOUR),
