@@ -23,6 +23,10 @@ tuned config's episodes but for ``reward_scale``; ``--quick`` trains on shorter 
 ``gap_closed`` is how far PPO's mean return goes from doing nothing (0) towards holding the
 target exactly (1, return 0); ``vs_proportional`` the same from doing nothing to the
 proportional controller.
+
+``$MPIRL_MAX_GAMES``, which caps the games of every board-game evaluation, caps the evaluation
+episodes here too (the baselines' and PPO's alike), as ``$MPIRL_MAX_ITERATIONS`` caps the
+training runs: the docs' command runs as written, in seconds.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 from harness import attempt, fmt, print_table, run_main, run_metadata, run_process, write_report
 
+from mpirl.commands.match import MAX_GAMES_ENV, max_games_from_env
 from mpirl.envs.kuramoto_sivashinsky import DEFAULTS, KuramotoSivashinsky
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,6 +182,10 @@ def main() -> int:
         if args.steps < 1:
             parser.error(f"--steps must be at least 1, got {args.steps}")
         plan.steps = args.steps
+    cap = max_games_from_env()
+    if cap is not None and cap < plan.eval_episodes:
+        print(f"{MAX_GAMES_ENV}={cap}: {cap} evaluation episodes, whatever the plan says")
+        plan.eval_episodes = cap
     config = tuned_config(plan)
     env_config = config["env_config"]
     base = attempt("baselines (no action, proportional controllers)",

@@ -8,13 +8,15 @@ clone works as well as a working tree), with ``.venv`` a link to this venv, unde
 ``bash -euo pipefail`` after ``source .venv/bin/activate``, as a reader would type them. Every
 training run stops after MPIRL_MAX_ITERATIONS iterations, whatever its --stop says, so a page of
 long examples takes seconds, and every board-game evaluation plays at most MPIRL_MAX_GAMES games,
-whatever its --games says; CI is unset, as it is in a reader's shell."""
+whatever its --games says (benchmarks/kuramoto_sivashinsky.py's evaluations as many episodes); CI
+is unset, as it is in a reader's shell."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -105,6 +107,24 @@ def shell_blocks(page: Path) -> list[Block]:
     return blocks
 
 
+#: README blocks that a page of their own runs (their text; every block runs after the
+#: activation, the README's first run names it too).
+PPO_CARTPOLE = ("mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
+                r"""--stop '{"episode_return_mean": 450}' \
+    --run-dir runs/ppo-cartpole     # about 10 s here""")
+MULTIAGENT_PPO_DQN = r"""mpiexec -n 4 mpirl train --algo PPO \
+    --env mpirl.envs.examples:FourAgentCartPole --stop '{"policy_return_mean_min": 150}' \
+    --config '{"num_learners": 2, "multiagent": {"policies": {"ppo": {"num_learners": 1},
+              "dqn": {"algo": "DQN", "num_learners": 1}},
+              "policy_mapping": {"cart_[02]": "ppo", "cart_[13]": "dqn"}}}'   # about 30 s here"""
+IMPALA_BREAKOUT_HOUR = r"""mpiexec -n 3 mpirl train --algo IMPALA --env ALE/Breakout-v5 \
+    --config @examples/tuned/impala_breakout.json --stop '{"time_total_s": 3600}'   # an hour"""
+PBT_CARTPOLE = r"""mpiexec -n 9 mpirl tune --scheduler pbt \
+    --population 4 --ranks-per-trial 2 --perturbation-interval 10 \
+    --mutations '{"lr": [1e-4, 3e-4, 1e-3], "ent_coef": {"uniform": [0, 0.01]}}' \
+    -- --algo PPO --env CartPole-v1 --stop '{"timesteps_total": 300000}'""" \
+    "   # about 2.5 minutes here"
+
 #: Blocks another test, or another page's block, runs as written (the same commands on as many
 #: ranks; a --run-dir added at most, which names the run's folder and nothing else), by page and
 #: their text: not run here again while their text is the one recorded (a block edited since runs
@@ -123,14 +143,18 @@ RUN_ELSEWHERE = {
     ("docs/alphazero.md", "its first block, with --run-dir runs/alphazero-ttt",
      "mpiexec -n 3 mpirl train --algo AlphaZero --env openspiel/tic_tac_toe \\\n"
      "  --run-dir runs/alphazero-ttt --stop '{\"training_iteration\": 60}'\n"),
+    # The first run of the README and of install.md, after the activation every block has.
     ("docs/install.md",
      "source .venv/bin/activate\n"
      "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
      "--stop '{\"episode_return_mean\": 450}'"):
-    ("README.md", "its first run, with --run-dir runs/ppo-cartpole",
-     "source .venv/bin/activate\n"
-     "mpiexec -n 3 mpirl train --algo PPO --env CartPole-v1 "
-     "--stop '{\"episode_return_mean\": 450}' \\\n    --run-dir runs/ppo-cartpole"),
+    ("docs/algorithms.md", "its first block, with --run-dir runs/ppo-cartpole", PPO_CARTPOLE),
+    ("README.md", "source .venv/bin/activate\n" + PPO_CARTPOLE):
+    ("docs/algorithms.md", "its first block", PPO_CARTPOLE),
+    ("README.md", MULTIAGENT_PPO_DQN): ("docs/multiagent.md", "its PPO and DQN composition",
+                                        MULTIAGENT_PPO_DQN),
+    ("README.md", IMPALA_BREAKOUT_HOUR): ("docs/atari.md", "its first run", IMPALA_BREAKOUT_HOUR),
+    ("README.md", PBT_CARTPOLE): ("docs/tune.md", "its first block", PBT_CARTPOLE),
 }
 
 
@@ -176,6 +200,7 @@ def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
     remove_dead_launchers_session_dirs()  # what killed launchers left could fail a launch
     script = "source .venv/bin/activate\n" + block.script() + "\n"
     started = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     # A session of its own, so that a timeout ends mpiexec and every rank it started.
     proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -187,8 +212,10 @@ def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
         output, _ = proc.communicate()
         pytest.fail(f"{block.where}: the block `{block.first_line}` ran past {BLOCK_TIMEOUT_S} s;"
                     f" its output ended:\n{output[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     print(f"{block.where}: `{block.first_line}` exit {proc.returncode}, "
-          f"{time.monotonic() - started:.1f} s")
+          f"{time.monotonic() - started:.1f} s, {cpu_s:.1f} CPU-s")
     if proc.returncode != 0:
         pytest.fail(f"{block.where}: the block `{block.first_line}` exited with "
                     f"{proc.returncode}; its output ended:\n{output[-3000:]}")
@@ -227,6 +254,10 @@ def test_a_block_run_elsewhere_is_still_on_its_page_and_run_there(where):
     covering, _, *lines = RUN_ELSEWHERE[where]
     source = (REPO / covering).read_text()
     assert all(line in source for line in lines), (covering, lines)
+    if covering.endswith(".md"):  # a page's block that its page's case runs, not one left out
+        running = [block.text for block in shell_blocks(REPO / covering)
+                   if block.mark is None and run_elsewhere(block) is None]
+        assert all(any(line in text for text in running) for line in lines), (covering, lines)
 
 
 def test_the_marks_are_read():
