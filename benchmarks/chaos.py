@@ -244,7 +244,8 @@ class ChaosRun:
         for line in proc.stderr:
             log.write(f"[{self.elapsed():8.2f}] {line}")
             log.flush()
-            if line.startswith("mpirl launch: attempt ") and " previous attempt " in line:
+            # Not startswith: the launcher's last note may leave the line unfinished.
+            if "mpirl launch: attempt " in line and " previous attempt " in line:
                 with self._lock:
                     self.attempts.append(now())
         log.close()
@@ -599,11 +600,18 @@ class ChaosRun:
         detects = [f.detect_s for f in self.faults if f.detect_s is not None]
         report["longest_detect_s"] = max(detects, default=None)
         for f in self.faults:
+            if f.detect_s is not None and f.kind in SETTLE_S and f.detect_s > SETTLE_S[f.kind]:
+                f.hang = True
+                f.note = f"the job took {f.detect_s} s to notice (limit {SETTLE_S[f.kind]} s)"
             if f.to_training_s is None and not f.hang:
                 self.problems.append(f"{f.kind} at {f.at_s} s: training did not start again "
                                      f"({f.note})")
             elif f.hang:
                 self.problems.append(f"{f.kind} at {f.at_s} s: {f.note}")
+        tracebacks = [log.name for log in sorted(self.workdir.glob("launch*.log"))
+                      if "Traceback (most recent call last)" in log.read_text(errors="replace")]
+        if tracebacks:
+            self.problems.append(f"a traceback reached the job's output: {tracebacks}")
         report["full_disk"] = "on" if self.mounted else f"left out: {self.mount_note}"
         report["launch_exits"] = self.launch_codes
         report["final"] = self.final
