@@ -102,6 +102,14 @@ SAMPLING = {"PPO", "A2C", "IMPALA", "A3C", "DQN", "APEX", "SAC", "ES", "ARS", "P
 #: Algorithms whose runs write trajectory dumps here.
 DUMPING = {"PPO", "A2C", "IMPALA", "A3C", "DQN", "APEX", "SAC"}
 QUICK_ALGOS = ("PPO", "DQN")
+#: ``PBT`` is a population under ``mpirl tune`` (docs/tune.md's command, smaller): 2 PPO members
+#: of 2 ranks each and the controller, a decision every 4 iterations.
+TUNE_NAME = "PBT"
+TUNE_PLAN = Plan(5, "CartPole-v1", algo="PPO")
+TUNE_OPTIONS = ("--scheduler", "pbt", "--population", "2", "--ranks-per-trial", "2",
+                "--perturbation-interval", "4", "--mutations",
+                json.dumps({"lr": [1e-4, 3e-4, 1e-3, 3e-3]}), "--metric",
+                "episode_return_mean", "--mode", "max")
 
 
 def now() -> float:
@@ -119,6 +127,7 @@ class Schedule:
     gap_s: list[float]
     baselines: int
     fs_mb: int
+    ulfm: bool
 
 
 @dataclass
@@ -140,6 +149,7 @@ class RowEvent:
     t: float
     iteration: int
     timesteps: int
+    run: str = ""  # the trial's directory name under tune
 
 
 @dataclass
@@ -156,6 +166,8 @@ class ChaosRun:
     fs_mb: int
     #: Inject each kind this many times (in a shuffled order), then stop; 0: until time is up.
     per_kind: int = 0
+    #: Launch with Open MPI's ULFM (``--with-ft ulfm``): a lost rollout rank is survived in place.
+    ulfm: bool = False
     tag: str = field(default_factory=lambda: uuid.uuid4().hex)
     mounted: bool = False
     mount_note: str = ""
@@ -195,6 +207,20 @@ class ChaosRun:
         return self.plan.algo or self.name
 
     @property
+    def tune(self) -> bool:
+        return self.name == TUNE_NAME
+
+    def run_dirs(self) -> list[Path]:
+        """The run directories to check: the run's, or each trial's under tune."""
+        if self.tune:
+            return sorted(p for p in self.run_dir.glob("trial_*") if p.is_dir())
+        return [self.run_dir]
+
+    def mpiexec(self, *command: str) -> list[str]:
+        words = mpiexec_command(self.plan.ranks, MPIRL, *command)
+        return [words[0], "--with-ft", "ulfm", *words[1:]] if self.ulfm else words
+
+    @property
     def samples_env(self) -> bool:
         return self.algo.upper() in SAMPLING and not self.plan.config.get("multiagent")
 
@@ -204,7 +230,8 @@ class ChaosRun:
     # --- the job -----------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         config = {**self.plan.config, **CHAOS_CONFIG}
-        if self.algo.upper() in DUMPING and not self.plan.config.get("multiagent"):
+        if (self.algo.upper() in DUMPING and not self.plan.config.get("multiagent")
+                and not self.tune):
             config["dump_trajectories"] = str(self.dump_dir)
         return config
 
@@ -225,13 +252,21 @@ class ChaosRun:
         return {**os.environ, **MPI_ENV, **THREAD_ENV, "MPIRL_CHAOS_TAG": self.tag}
 
     def start_launch(self) -> None:
-        if self.launches == 0:
+        forever = ["--stop", json.dumps({"timesteps_total": 10**12})]
+        if self.launches and self.tune:
+            job = ["tune", "--resume", str(self.run_dir)]
+        elif self.launches:
+            job = ["train", "--resume", str(self.run_dir), "--progress", "off"]
+        elif self.tune:
             train = self.train_args(0, self.run_dir, self.trigger_dir)
-            train += ["--stop", json.dumps({"timesteps_total": 10**12})]
+            del train[train.index("--run-dir"):train.index("--run-dir") + 2]
+            job = ["tune", *TUNE_OPTIONS, "--run-dir", str(self.run_dir), "--", *train[1:],
+                   *forever]
+            del job[job.index("--progress"):job.index("--progress") + 2]
         else:
-            train = ["train", "--resume", str(self.run_dir), "--progress", "off"]
+            job = [*self.train_args(0, self.run_dir, self.trigger_dir), *forever]
         command = [MPIRL, "launch", "--max-restarts", "100000", "--restart-delay",
-                   str(RESTART_DELAY_S), "--", *mpiexec_command(self.plan.ranks, MPIRL, *train)]
+                   str(RESTART_DELAY_S), "--", *self.mpiexec(*job)]
         log = open(self.workdir / f"launch{self.launches}.log", "w")  # noqa: SIM115
         self.launch = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True,
                                        env=self.environment(), start_new_session=True)
@@ -261,30 +296,32 @@ class ChaosRun:
 
     # --- watching ----------------------------------------------------------------------------
     def monitor(self) -> None:
-        """Every 0.1 s: the last progress row, and the checkpoint ``latest`` names (verified)."""
-        last_line = ""
+        """Every 0.1 s: each run directory's last progress row, and the checkpoint its
+        ``latest`` names (verified)."""
+        last_lines: dict[str, str] = {}
         while not self._stop_monitor.wait(0.1):
-            line = last_complete_row(self.run_dir / "progress.csv")
-            if line and line[1] != last_line:
-                last_line = line[1]
-                with self._lock:
-                    self.rows.append(RowEvent(now(), *line[0]))
-            self.check_latest()
+            for run_dir in self.run_dirs():
+                line = last_complete_row(run_dir / "progress.csv")
+                if line and line[1] != last_lines.get(run_dir.name):
+                    last_lines[run_dir.name] = line[1]
+                    with self._lock:
+                        self.rows.append(RowEvent(now(), *line[0], run=run_dir.name))
+                self.check_latest(run_dir)
 
-    def check_latest(self) -> None:
+    def check_latest(self, run_dir: Path) -> None:
         try:
-            name = (self.run_dir / "checkpoints" / "latest").read_text().strip()
+            name = (run_dir / "checkpoints" / "latest").read_text().strip()
         except OSError:
             return
-        if not name or name in self.latest_seen:
+        key = f"{run_dir.name}/{name}" if self.tune else name
+        if not name or key in self.latest_seen:
             return
         try:
-            verify(self.run_dir / "checkpoints" / name)
-            self.latest_seen[name] = "ok"
+            verify(run_dir / "checkpoints" / name)
+            self.latest_seen[key] = "ok"
         except CheckpointError as error:
-            if (self.run_dir / "checkpoints" / name).is_dir():
-                # A pointer read between the rename and the prune of a newer one: look again.
-                self.latest_seen[name] = f"failed to verify: {error}"
+            if (run_dir / "checkpoints" / name).is_dir():
+                self.latest_seen[key] = f"failed to verify: {error}"
         except OSError:
             pass  # pruned while being read; its successor is checked next time
 
@@ -297,7 +334,14 @@ class ChaosRun:
             return [a for a in self.attempts if a > t]
 
     def current_pids(self) -> dict[int, tuple[int, str]]:
-        """rank -> (pid, role) of the running attempt, once its start-up table is printed."""
+        """rank -> (pid, role) of the running attempt, once its start-up table is printed
+        (under tune, once all its ranks run: the controller and the trials' ranks)."""
+        if self.tune:
+            ranks = self.tagged_ranks()
+            if len(ranks) < self.plan.ranks:
+                return {}
+            return {rank: (pid, "controller" if rank == 0 else "trial")
+                    for rank, pid in ranks.items()}
         log = self.run_dir / "output.log"
         try:
             text = log.read_text(errors="replace")
@@ -306,6 +350,28 @@ class ChaosRun:
         rows = [row for line in text.rsplit("\n--- ", 1)[-1].splitlines()
                 if (row := parse_layout_row(line))]
         return {row["rank"]: (row["pid"], row["role"]) for row in rows if self.is_ours(row["pid"])}
+
+    def tagged_ranks(self) -> dict[int, int]:
+        """world rank -> pid of the job's live ranks (the newest pid where two attempts'
+        overlap), from their environments."""
+        found: dict[int, tuple[int, int]] = {}
+        marker = f"MPIRL_CHAOS_TAG={self.tag}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if marker not in environ or stat[0] == "Z":
+                continue
+            for item in environ.split(b"\0"):
+                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    rank, start = int(item.split(b"=")[1]), int(stat[19])
+                    if rank not in found or found[rank][1] < start:
+                        found[rank] = (int(entry.name), start)
+        return {rank: pid for rank, (pid, _) in found.items()}
 
     def is_ours(self, pid: int) -> bool:
         try:
@@ -411,9 +477,15 @@ class ChaosRun:
         elif kind == "stop_signal":
             sig = self.rng.choice([signal.SIGUSR1, signal.SIGTERM])
             assert self.launch is not None
+            if self.tune:  # during a PBT decision: right after its line is written
+                decisions = self.run_dir / "pbt.jsonl"
+                before = file_lines(decisions)
+                self.wait_for(lambda: file_lines(decisions) > before, 120.0, poll_s=0.005)
+                fault.detail = "after a PBT decision, "
+                fault.at_s = round(self.elapsed(), 2)
             os.kill(self.launch.pid, sig)
             code = self.wait_launch(120.0)
-            fault.detail = f"{sig.name} to launch: exit {code}"
+            fault.detail += f"{sig.name} to launch: exit {code}"
             if code != EXIT_RESUME:
                 fault.note = f"exit {code}, not {EXIT_RESUME}"
             t0 = now()
@@ -536,13 +608,15 @@ class ChaosRun:
         if code != EXIT_RESUME:
             self.problems.append(f"the final SIGUSR1 ended the job with {code}, not "
                                  f"{EXIT_RESUME}")
-        last = last_complete_row(self.run_dir / "progress.csv")
-        iteration = last[0][0] if last else 0
-        proc = subprocess.run(
-            mpiexec_command(self.plan.ranks, MPIRL, "train", "--resume", str(self.run_dir),
-                            "--progress", "off", "--stop",
-                            json.dumps({"training_iteration": iteration + 1})),
-            capture_output=True, text=True, timeout=300, env=self.environment())
+        iteration = max((row[0][0] for d in self.run_dirs()
+                         if (row := last_complete_row(d / "progress.csv"))), default=0)
+        # One more iteration of every trial (MPIRL_MAX_ITERATIONS ends a run there, whatever
+        # its --stop says, and tune counts such a trial as finished).
+        job = ("tune", "--resume", str(self.run_dir)) if self.tune else (
+            "train", "--resume", str(self.run_dir), "--progress", "off")
+        proc = subprocess.run(self.mpiexec(*job), capture_output=True, text=True, timeout=300,
+                              env={**self.environment(),
+                                   "MPIRL_MAX_ITERATIONS": str(iteration + 1)})
         self.final["resume_exit"] = proc.returncode
         if proc.returncode != 0:
             self.problems.append(f"the final resume exited {proc.returncode}: "
@@ -551,27 +625,15 @@ class ChaosRun:
     # --- the checks, from the files alone ---------------------------------------------------
     def check(self) -> dict[str, Any]:
         report: dict[str, Any] = {"algo": self.algo, "ranks": self.plan.ranks,
-                                  "env": self.plan.env, "minutes": self.minutes}
-        iterations, timesteps, returns = read_progress(self.run_dir / "progress.csv")
-        report["iterations"] = len(iterations)
-        lost = sorted(set(range(1, max(iterations, default=0) + 1)) - set(iterations))
-        repeated = sorted({i for i in iterations if iterations.count(i) > 1})
-        report["iterations_lost"] = len(lost)
-        report["iterations_repeated"] = len(repeated)
-        if iterations != list(range(1, len(iterations) + 1)):
-            self.problems.append(f"progress.csv's iterations are not 1..N once each: lost "
-                                 f"{lost[:10]}, repeated {repeated[:10]}")
-        steps = [b - a for a, b in itertools.pairwise(timesteps)]
-        report["timesteps_total"] = timesteps[-1] if timesteps else 0
-        if any(d <= 0 for d in steps):
-            self.problems.append("timesteps_total went backwards or stood still")
-        if steps:
-            median = statistics.median(steps)
-            report["max_step_ratio"] = round(max(steps) / median, 2) if median else None
-            if median and max(steps) > 2 * median:
-                self.problems.append(f"an iteration added {max(steps)} steps, over twice the "
-                                     f"median {median}: counted twice?")
-        report["final_return"] = returns[-1] if returns else None
+                                  "env": self.plan.env, "minutes": self.minutes,
+                                  "ulfm": self.ulfm, "iterations": 0, "iterations_lost": 0,
+                                  "iterations_repeated": 0, "timesteps_total": 0}
+        finals = []
+        for run_dir in self.run_dirs() or [self.run_dir]:
+            final = self.check_progress(run_dir, report)
+            if final is not None:
+                finals.append(final)
+        report["final_return"] = round(statistics.mean(finals), 2) if finals else None
         bad = {name: why for name, why in self.latest_seen.items() if why != "ok"}
         report["checkpoints_seen"] = len(self.latest_seen)
         unreadable = [f"checkpoint {name}: {why}" for name, why in bad.items()]
@@ -586,7 +648,8 @@ class ChaosRun:
         report["processes_left"] = len(left)
         if left:
             self.problems.append(f"processes left running: {left}")
-        lock = lock_holder(self.run_dir)
+        lock = next((held for d in [self.run_dir, *self.run_dirs()]
+                     if (held := lock_holder(d))), None)
         report["lock_left"] = lock
         if lock:
             self.problems.append(f"run.lock still held: {lock}")
@@ -616,6 +679,31 @@ class ChaosRun:
         report["launch_exits"] = self.launch_codes
         report["final"] = self.final
         return report
+
+    def check_progress(self, run_dir: Path, report: dict[str, Any]) -> float | None:
+        """Check one progress.csv, adding to ``report``'s counts; returns the last return."""
+        iterations, timesteps, returns = read_progress(run_dir / "progress.csv")
+        where = f"{run_dir.name}/progress.csv" if self.tune else "progress.csv"
+        report["iterations"] += len(iterations)
+        lost = sorted(set(range(1, max(iterations, default=0) + 1)) - set(iterations))
+        repeated = sorted({i for i in iterations if iterations.count(i) > 1})
+        report["iterations_lost"] += len(lost)
+        report["iterations_repeated"] += len(repeated)
+        if iterations != list(range(1, len(iterations) + 1)):
+            self.problems.append(f"{where}'s iterations are not 1..N once each: lost "
+                                 f"{lost[:10]}, repeated {repeated[:10]}")
+        steps = [b - a for a, b in itertools.pairwise(timesteps)]
+        report["timesteps_total"] += timesteps[-1] if timesteps else 0
+        if any(d <= 0 for d in steps):
+            self.problems.append(f"{where}: timesteps_total went backwards or stood still")
+        if steps:
+            median = statistics.median(steps)
+            ratio = round(max(steps) / median, 2) if median else None
+            report["max_step_ratio"] = max(report.get("max_step_ratio") or 0, ratio or 0)
+            if median and max(steps) > 2 * median:
+                self.problems.append(f"{where}: an iteration added {max(steps)} steps, over "
+                                     f"twice the median {median}: counted twice?")
+        return returns[-1] if returns else None
 
     def cleanup(self) -> None:
         if self.mounted:
@@ -649,6 +737,13 @@ def fill_disk(root: Path) -> Path:
                         raise
                     break
     return filler
+
+
+def file_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
 
 
 def last_complete_row(progress: Path) -> tuple[tuple[int, int], str] | None:
@@ -755,13 +850,17 @@ def baseline_returns(run: ChaosRun, steps: int, seeds: list[int]) -> list[float 
 
 
 def parse_algos(text: str | None, quick: bool) -> list[tuple[str, Plan]]:
-    names = text.split(",") if text else list(QUICK_ALGOS if quick else PLANS)
+    online = [name for name, plan in PLANS.items() if not plan.offline]
+    names = text.split(",") if text else list(QUICK_ALGOS) if quick else [*online, TUNE_NAME]
     plans = []
     for name in names:
         key = name.strip().upper()
+        if key == TUNE_NAME:
+            plans.append((key, TUNE_PLAN))
+            continue
         if key not in PLANS or PLANS[key].offline:
             raise SystemExit(f"chaos: unknown or offline algorithm {name!r}; choose from "
-                             f"{', '.join(k for k, p in PLANS.items() if not p.offline)}")
+                             f"{', '.join([*online, TUNE_NAME])}")
         plans.append((key, PLANS[key]))
     return plans
 
@@ -776,6 +875,8 @@ def main() -> int:
     parser.add_argument("--baselines", type=int, default=3)
     parser.add_argument("--fs-mb", type=int, default=1024)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--ulfm", action="store_true",
+                        help="launch with Open MPI's ULFM (--with-ft ulfm)")
     parser.add_argument("--per-kind", type=int, default=0,
                         help="inject each kind N times, then stop (0: until --minutes is up)")
     parser.add_argument("--quick", action="store_true",
@@ -795,7 +896,8 @@ def main() -> int:
     gap = tuple(float(x) for x in args.gap.split(","))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="mpirl-chaos-"))
     runs = [ChaosRun(name, plan, workdir / name, args.minutes,
-                     random.Random(f"{args.seed}-{name}"), kinds, gap, args.fs_mb, args.per_kind)
+                     random.Random(f"{args.seed}-{name}"), kinds, gap, args.fs_mb, args.per_kind,
+                     args.ulfm)
             for name, plan in parse_algos(args.algos, args.quick)]
     threads = [threading.Thread(target=r.run, name=r.name) for r in runs]
     for thread in threads:
@@ -805,7 +907,7 @@ def main() -> int:
     reports = {}
     for run in runs:
         report = run.check()
-        if args.baselines:
+        if args.baselines and not run.tune:
             seeds = list(range(1, args.baselines + 1))
             values = baseline_returns(run, report["timesteps_total"], seeds)
             report["baseline_returns"] = values
@@ -833,7 +935,7 @@ def main() -> int:
         for problem in r["problems"]:
             print(f"{name}: {problem}")
     schedule = Schedule(args.minutes, [r.name for r in runs], list(kinds), args.seed, list(gap),
-                        args.baselines, args.fs_mb)
+                        args.baselines, args.fs_mb, args.ulfm)
     report = {"meta": {**run_metadata(args.quick, schedule, ("torch", "mpi4py")),
                        "workdir": str(workdir)}, "runs": reports}
     write_report(report, args.json)
