@@ -539,14 +539,10 @@ class ChaosRun:
 
     def kill_in_checkpoint(self) -> str:
         """Kill -9 a random rank while a checkpoint's temporary directory exists."""
-        root = self.run_dir / "checkpoints"
+        roots = [d / "checkpoints" for d in self.run_dirs()]
         deadline = now() + 60.0
         while now() < deadline:
-            try:
-                writing = any(e.name.startswith(".tmp-checkpoint_") for e in os.scandir(root))
-            except OSError:
-                writing = False
-            if writing:
+            if any(checkpoint_being_written(root) for root in roots):
                 return self.kill_random_rank() + " while a checkpoint was written"
             time.sleep(0.0005)
         return self.kill_random_rank() + " (no checkpoint write seen within 60 s)"
@@ -737,6 +733,14 @@ def fill_disk(root: Path) -> Path:
                         raise
                     break
     return filler
+
+
+def checkpoint_being_written(root: Path) -> bool:
+    """Whether a checkpoint's temporary directory exists under ``root``."""
+    try:
+        return any(e.name.startswith(".tmp-checkpoint_") for e in os.scandir(root))
+    except OSError:
+        return False
 
 
 def file_lines(path: Path) -> int:
