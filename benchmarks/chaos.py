@@ -149,6 +149,7 @@ class RowEvent:
     t: float
     iteration: int
     timesteps: int
+    ranks_lost: int = 0  # rollout_ranks_lost: ranks the run goes on without (ULFM)
     run: str = ""  # the trial's directory name under tune
 
 
@@ -414,6 +415,8 @@ class ChaosRun:
         already under way when the fault struck says nothing."""
         deadline = t0 + limit_s
         settle = t0 + SETTLE_S.get(fault.kind, 0.0)
+        with self._lock:
+            lost_before = max((row.ranks_lost for row in self.rows), default=0)
         while now() < deadline:
             attempts = self.attempts_after(t0)
             if attempts:
@@ -421,7 +424,13 @@ class ChaosRun:
                 fault.detect_s = round(attempts[0] - t0, 2)
                 rows = self.rows_after(attempts[0])
             else:
-                rows = self.rows_after(settle) if now() > settle else []
+                # A rank lost and survived in place (ULFM) shows in the row's count at once.
+                rows = [row for row in self.rows_after(t0) if row.ranks_lost > lost_before]
+                if rows:
+                    fault.note = "survived in place"
+                    fault.detect_s = round(rows[0].t - t0, 2)
+                elif now() > settle:
+                    rows = self.rows_after(settle)
             if rows:
                 fault.to_training_s = round(rows[0].t - t0, 2)
                 return
@@ -750,8 +759,9 @@ def file_lines(path: Path) -> int:
         return 0
 
 
-def last_complete_row(progress: Path) -> tuple[tuple[int, int], str] | None:
-    """((iteration, timesteps_total), line) of progress.csv's last complete row."""
+def last_complete_row(progress: Path) -> tuple[tuple[int, int, int], str] | None:
+    """((iteration, timesteps_total, rollout_ranks_lost), line) of progress.csv's last
+    complete row."""
     try:
         with open(progress, "rb") as file:
             header = file.readline().decode().strip().split(",")
@@ -766,8 +776,10 @@ def last_complete_row(progress: Path) -> tuple[tuple[int, int], str] | None:
         cells = line.split(",")
         if len(cells) == len(header) and cells[0].isdigit():
             try:
+                lost = (int(float(cells[header.index("rollout_ranks_lost")] or 0))
+                        if "rollout_ranks_lost" in header else 0)
                 return ((int(cells[header.index("iteration")]),
-                         int(float(cells[header.index("timesteps_total")]))), line)
+                         int(float(cells[header.index("timesteps_total")])), lost), line)
             except ValueError:
                 return None
     return None
