@@ -450,7 +450,9 @@ class ChaosRun:
                    if roles is None or role in roles]
         if not choices:
             return ""
-        rank, pid, role = self.rng.choice(choices)
+        # A role first, then one of its ranks: the one driver is struck as often as any role.
+        role = self.rng.choice(sorted({role for _, _, role in choices}))
+        rank, pid, role = self.rng.choice([c for c in choices if c[2] == role])
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
