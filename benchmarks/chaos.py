@@ -85,6 +85,8 @@ KINDS = ("kill_rank", "stop_signal", "kill_in_checkpoint", "kill_in_resume", "se
 CHAOS_CONFIG = {"checkpoint_every": 3, "heartbeat_timeout_s": 10.0, "stuck_task_timeout_s": 10.0,
                 "keep_checkpoints": 3}
 RESTART_DELAY_S = 1.0
+#: The longest a disk stays full: the job must notice and a restart must fail on it by then.
+FULL_DISK_MAX_S = 60.0
 #: How long after a fault a row still says nothing about recovery in place: kills are seen by
 #: the launcher at once or by the heartbeat; a hung env by the stuck-task check.
 SETTLE_S = {
@@ -531,11 +533,18 @@ class ChaosRun:
                                f"{probe.to_training_s} s later"
             t0 = now()
         elif kind == "full_disk":
-            hold = self.rng.uniform(3.0, 10.0)
+            # Full until the attempt that notices has ended and the restart has failed on the
+            # full disk too (as on a cluster, where nobody frees the space in seconds), then a
+            # little longer.
+            t_fill = now()
             filled = fill_disk(self.fs)
-            time.sleep(hold)
+            self.wait_for(lambda: len(self.attempts_after(t_fill)) >= 2, FULL_DISK_MAX_S)
+            time.sleep(self.rng.uniform(0.0, 3.0))
+            failed = len(self.attempts_after(t_fill))
             filled.unlink()
-            fault.detail = f"full for {hold:.1f} s"
+            fault.detail = f"full for {now() - t_fill:.1f} s; {failed} attempt(s) ended on it"
+            if failed < 2:
+                fault.note = f"only {failed} attempt(s) ended on the full disk"
             t0 = now()  # recovery is counted from the moment the disk has room again
         elif kind in ("env_raises", "env_hangs"):
             what = "raise" if kind == "env_raises" else "hang"

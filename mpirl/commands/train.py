@@ -297,6 +297,20 @@ def _warn(message: str) -> None:
 
 
 def _drive(driver: Driver, request: TrainRequest) -> int:
+    """Rank 0's run (``_drive_holding_lock``), with a full disk reported in one line wherever it
+    strikes: also while taking the lock or opening the log, as a restart onto a disk still
+    full does."""
+    try:
+        return _drive_holding_lock(driver, request)
+    except DiskFull:
+        raise
+    except Exception as error:
+        if (no_room := no_room_cause(error)) is not None:
+            raise DiskFull(request.run_dir, no_room) from None
+        raise
+
+
+def _drive_holding_lock(driver: Driver, request: TrainRequest) -> int:
     """Rank 0: hold the run directory's lock for the whole run (exit 2 if a live job has it),
     copy what is printed into its output.log, and put back what a job killed inside a
     checkpoint commit left, before anything is read."""
