@@ -194,3 +194,37 @@ class NonFiniteDataError(MpirlError):
 #: The errors a learner raises that stop a run cleanly: the driver names the training iteration
 #: and exits with the error's code, writing no checkpoint of the state that failed.
 LEARNER_STOPS: tuple[type[MpirlError], ...] = (ModelDivergedError, NonFiniteDataError)
+
+
+#: errno values that mean "the file system has no room": ENOSPC, and EDQUOT (a quota).
+_NO_ROOM = {28: "No space left on device", 122: "Disk quota exceeded"}
+
+
+class DiskFull(MpirlError):
+    """A write failed for want of room (ENOSPC or EDQUOT): the run ends with ``EXIT_FAILURE``,
+    which ``mpirl launch`` and a requeue answer with a resume, and what was written before the
+    newest checkpoint is intact (checkpoints are written aside and renamed into place)."""
+
+    def __init__(self, run_dir: object, detail: str) -> None:
+        super().__init__(
+            f"the file system holding {run_dir} is full ({detail}). The newest checkpoint and "
+            f"everything before it are intact: free some space, then continue with --resume "
+            f"{run_dir} (mpirl launch does so by itself)")
+
+
+def no_room_cause(error: BaseException | None) -> str | None:
+    """What says "no room" in ``error``, its causes and contexts, or in a worker's error that
+    reached the driver (a ``RemoteError`` of an ``OSError``); None when nothing does."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_ROOM:
+            where = f": {error.filename}" if error.filename else ""
+            return f"{_NO_ROOM[error.errno]}{where}"
+        if isinstance(error, RemoteError):
+            for number, text in _NO_ROOM.items():
+                if f"[Errno {number}]" in error.cause_message or (
+                        f"[Errno {number}]" in error.remote_traceback):
+                    return f"{text}, on rank {error.rank} ({error.role})"
+        error = error.__cause__ or error.__context__
+    return None

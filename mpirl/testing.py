@@ -253,6 +253,47 @@ class TrialFailureCartPole(CartPoleEnv):
         return super().step(action)
 
 
+class TriggeredFaultEnv(gym.Env):
+    """The env ``env_id`` (made with ``env_kwargs``) that fails when told to, for fault drills
+    (``benchmarks/chaos.py``): before each step it looks for the file ``trigger_dir/fault``.
+    The first instance to rename it to its own name claims it, in whichever process, and then
+    does what the file says: ``raise`` raises ``InjectedFailure``; ``hang`` sleeps for
+    ``hang_s`` without using the CPU, as a simulator stuck on a lost licence server would."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    TRIGGER = "fault"
+
+    def __init__(self, env_id: str = "CartPole-v1", trigger_dir: str = ".",
+                 hang_s: float = 3600.0, env_kwargs: dict[str, Any] | None = None) -> None:
+        self.inner = gym.make(env_id, **(env_kwargs or {}))
+        self.observation_space = self.inner.observation_space
+        self.action_space = self.inner.action_space
+        self.trigger = Path(trigger_dir) / self.TRIGGER
+        self.hang_s = hang_s
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.trigger.exists():
+            self._obey()
+        return self.inner.step(action)
+
+    def _obey(self) -> None:
+        claimed = self.trigger.with_name(f"{self.TRIGGER}.taken-{os.getpid()}-{id(self)}")
+        try:
+            os.rename(self.trigger, claimed)
+        except OSError:
+            return  # another instance claimed it first
+        what = claimed.read_text().strip()
+        if what == "hang":
+            time.sleep(self.hang_s)
+        raise InjectedFailure(f"injected failure ({what}) by {self.trigger}")
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class UnpicklableCartPoleEnv(CartPoleEnv):
     """CartPole holding a lock, as an env holding a simulator handle would: pickle refuses it."""
 

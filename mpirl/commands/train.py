@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,7 +20,7 @@ from mpirl.config.fields import Range, check_key
 from mpirl.config.parse import build, check_known_keys, split_by_dataclass
 from mpirl.data.dump_writer import DumpSettings
 from mpirl.envs.simulation import Solver
-from mpirl.errors import CheckpointError, ConfigError, MpirlError
+from mpirl.errors import CheckpointError, ConfigError, DiskFull, MpirlError, no_room_cause
 from mpirl.execution.contract import algorithm_name, env_spec_of, load_algorithm
 from mpirl.execution.multiagent import MultiAgentTrainer
 from mpirl.execution.multiagent_setup import MultiAgentSetup, check_stop_keys, resolve
@@ -296,6 +297,20 @@ def _warn(message: str) -> None:
 
 
 def _drive(driver: Driver, request: TrainRequest) -> int:
+    """Rank 0's run (``_drive_holding_lock``), with a full disk reported in one line wherever it
+    strikes: also while taking the lock or opening the log, as a restart onto a disk still
+    full does."""
+    try:
+        return _drive_holding_lock(driver, request)
+    except DiskFull:
+        raise
+    except Exception as error:
+        if (no_room := no_room_cause(error)) is not None:
+            raise DiskFull(request.run_dir, no_room) from None
+        raise
+
+
+def _drive_holding_lock(driver: Driver, request: TrainRequest) -> int:
     """Rank 0: hold the run directory's lock for the whole run (exit 2 if a live job has it),
     copy what is printed into its output.log, and put back what a job killed inside a
     checkpoint commit left, before anything is read."""
@@ -310,12 +325,19 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
                     _warn(note)
                 with stop_signals.holding_terminal(_mpiexec_pid()):
                     return _train_locked(driver, request, output)
-            except MpirlError as error:
-                # The runtime prints it once this returns, after the log is closed.
-                output.write(f"mpirl: {error}\n")
-                raise
-            except Exception:
-                output.write(f"mpirl: the driver failed:\n{traceback.format_exc()}")
+            except Exception as error:
+                if (no_room := no_room_cause(error)) is not None:
+                    error = DiskFull(request.run_dir, no_room)
+                    text = f"mpirl: {error}\n"
+                elif isinstance(error, MpirlError):
+                    text = f"mpirl: {error}\n"
+                else:
+                    text = f"mpirl: the driver failed:\n{traceback.format_exc()}"
+                with contextlib.suppress(OSError):  # the log may sit on the full disk itself
+                    output.write(text)
+                if isinstance(error, DiskFull):
+                    # The runtime prints it once this returns, after the log is closed.
+                    raise error from None
                 raise
     finally:
         lock.release()

@@ -103,4 +103,7 @@ class OutputLog:
             stream.flush()
         sys.stdout, sys.stderr = self._saved
         OutputLog._open.pop(self._key, None)
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # its last lines could not be flushed to a full disk
+            pass

@@ -1,0 +1,106 @@
+"""Faults together: ``benchmarks/chaos.py`` checks, from the files alone, that nothing a run
+under faults wrote was lost, repeated or left unreadable. The checks are tried here on damaged
+files, so that a check that cannot fail is caught; the chaos runs themselves are benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+from conftest import mpi_env
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import chaos  # noqa: E402  (benchmarks/ is not a package)
+
+
+def test_a_full_disk_ends_each_attempt_with_one_line_and_the_run_goes_on_once_freed(tmp_path):
+    """A short chaos run of PPO (``--quick``'s whole list is a benchmark): the disk under the run
+    fills while it trains, stays full while launch restarts it (that attempt fails taking the
+    run's lock), then is freed; and an env raises. Every check of the chaos run passes, and each
+    attempt on the full disk ended with the one line, no traceback."""
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--quick", "--algos", "PPO",
+         "--kinds", "full_disk,env_raises", "--workdir", str(tmp_path / "w"), "--json",
+         str(out)], capture_output=True, text=True, timeout=300, env=mpi_env())
+    assert out.exists(), proc.stdout + proc.stderr
+    run = json.loads(out.read_text())["runs"]["PPO"]
+    assert proc.returncode == 0 and run["problems"] == [], (run["problems"], proc.stdout)
+    if run["full_disk"] != "on":
+        pytest.skip(f"no tmpfs could be mounted here: {run['full_disk']}")
+    assert sorted(f["kind"] for f in run["faults"]) == ["env_raises", "full_disk"]
+    disk = next(f for f in run["faults"] if f["kind"] == "full_disk")
+    assert disk["note"] == "" and disk["to_training_s"] is not None, disk
+    assert run["iterations_lost"] == 0 and run["dump"]["episodes"] > 0
+    assert run["final"] == {"stop_exit": 75, "resume_exit": 0}
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "w" / "PPO").glob("launch*"))
+    assert logs.count("is full (No space left on device)") >= 2 and "Traceback" not in logs
+
+
+# --- the checks, on damaged files -------------------------------------------------------------
+def _run(tmp_path: Path) -> chaos.ChaosRun:
+    run = chaos.ChaosRun("PPO", chaos.PLANS["PPO"], tmp_path, 1.0, chaos.random.Random(0),
+                         chaos.KINDS, (1.0, 2.0), 64)
+    run.run_dir.mkdir(parents=True)
+    return run
+
+
+def _progress(run: chaos.ChaosRun, rows: list[tuple[int, int]]) -> None:
+    lines = ["iteration,timesteps_total,episode_return_mean"]
+    lines += [f"{i},{t},10.0" for i, t in rows]
+    (run.run_dir / "progress.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_the_checks_find_a_repeated_or_lost_iteration_and_steps_counted_twice(tmp_path):
+    run = _run(tmp_path / "a")
+    _progress(run, [(1, 100), (2, 200), (3, 300)])
+    assert run.check()["iterations_lost"] == 0 and run.problems == []
+    for rows, what in (([(1, 100), (2, 200), (2, 300), (3, 400)], "repeated [2]"),
+                       ([(1, 100), (3, 200), (4, 300)], "lost [2]"),
+                       ([(1, 100), (2, 200), (3, 700), (4, 800)], "counted twice"),
+                       ([(1, 100), (2, 200), (3, 150)], "went backwards")):
+        run = _run(tmp_path / what.replace(" ", "_"))
+        _progress(run, rows)
+        run.check()
+        assert any(what in problem for problem in run.problems), (what, run.problems)
+
+
+def test_the_checks_find_an_unreadable_dump_a_held_lock_and_a_leftover_process(tmp_path):
+    run = _run(tmp_path)
+    _progress(run, [(1, 100)])
+    run.dump_dir.mkdir()
+    damaged = run.dump_dir / "rollout-s0-w0.hdf5"
+    with h5py.File(damaged, "w") as file:
+        file["x"] = list(range(1000))
+    damaged.write_bytes(damaged.read_bytes()[:200])
+    (run.run_dir / "run.lock").write_text(json.dumps({"pid": os.getpid()}))
+    sleeper = subprocess.Popen(["sleep", "30"], env={**os.environ, "MPIRL_CHAOS_TAG": run.tag})
+    try:
+        report = run.check()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert report["unreadable_files"] >= 1 and report["processes_left"] == 1
+    assert report["lock_left"] == f"pid {os.getpid()}"
+
+
+def test_no_room_is_found_behind_other_errors_and_in_a_workers_error():
+    from mpirl.errors import RemoteError, no_room_cause
+
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as error:
+            raise RuntimeError("closing the event file failed") from error
+    except RuntimeError as error:
+        assert no_room_cause(error) == "No space left on device"
+    remote = RemoteError(2, "rollout", "sample_rounds", "OSError",
+                         "[Errno 122] Disk quota exceeded", "Traceback ...")
+    assert no_room_cause(remote) == "Disk quota exceeded, on rank 2 (rollout)"
+    assert no_room_cause(OSError(5, "Input/output error")) is None
