@@ -59,7 +59,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from harness import (
     MPI_ENV,
@@ -178,6 +178,8 @@ class ChaosRun:
     launches: int = 0
     launch_started: float = 0.0
     launch_codes: list[int] = field(default_factory=list)
+    #: Set from --start-allowance for every run.
+    start_allowance_s: ClassVar[float] = START_ALLOWANCE_S
     attempts: list[float] = field(default_factory=list)  # when launch began each restart
     rows: list[RowEvent] = field(default_factory=list)
     latest_seen: dict[str, str] = field(default_factory=dict)  # checkpoint -> "ok" or error
@@ -577,13 +579,13 @@ class ChaosRun:
         if not self.samples_env:
             kinds = [k for k in kinds if not k.startswith("env_")]
         limit_s = CHAOS_CONFIG["heartbeat_timeout_s"] + CHAOS_CONFIG["stuck_task_timeout_s"] + \
-            RESTART_DELAY_S + START_ALLOWANCE_S
+            RESTART_DELAY_S + self.start_allowance_s
         self.started = now()
         monitor = threading.Thread(target=self.monitor, daemon=True)
         monitor.start()
         try:
             self.start_launch()
-            if not self.wait_for(lambda: bool(self.rows), START_ALLOWANCE_S * 2):
+            if not self.wait_for(lambda: bool(self.rows), self.start_allowance_s * 2):
                 self.problems.append("no first progress row")
                 return
             end = self.started + self.minutes * 60
@@ -894,14 +896,26 @@ def parse_algos(text: str | None, quick: bool) -> list[tuple[str, Plan]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=60.0)
-    parser.add_argument("--algos", help="comma-separated (default: every online algorithm)")
-    parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, default=60.0,
+                        help="how long each algorithm trains under faults (60)")
+    parser.add_argument("--algos", help="comma-separated (default: every online algorithm, "
+                        "MULTIAGENT and PBT)")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"the faults to inject (default: all of {', '.join(KINDS)})")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="draws the schedule, the ranks struck and the run's seed (0)")
     parser.add_argument("--gap", default="20,60", help="seconds between faults, MIN,MAX")
-    parser.add_argument("--baselines", type=int, default=3)
-    parser.add_argument("--fs-mb", type=int, default=1024)
-    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--baselines", type=int, default=3,
+                        help="uninterrupted runs of the same env steps to compare returns with")
+    parser.add_argument("--fs-mb", type=int, default=1024,
+                        help="size of each run's tmpfs (MB)")
+    parser.add_argument("--workdir", type=Path,
+                        help="where the runs go (default: a new temporary directory)")
+    parser.add_argument("--parallel", type=int, default=0,
+                        help="runs at once (default: all); each algorithm runs --minutes")
+    parser.add_argument("--start-allowance", type=float, default=START_ALLOWANCE_S,
+                        help="seconds a restart may take to train again (start-up and restore) "
+                        "before the fault counts as a hang; raise it on a crowded machine")
     parser.add_argument("--ulfm", action="store_true",
                         help="launch with Open MPI's ULFM (--with-ft ulfm)")
     parser.add_argument("--per-kind", type=int, default=0,
@@ -917,6 +931,7 @@ def main() -> int:
         args.baselines = 0
         args.fs_mb = min(args.fs_mb, 256)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    ChaosRun.start_allowance_s = args.start_allowance
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise SystemExit(f"chaos: unknown fault kinds {unknown}; choose from {', '.join(KINDS)}")
@@ -926,11 +941,15 @@ def main() -> int:
                      random.Random(f"{args.seed}-{name}"), kinds, gap, args.fs_mb, args.per_kind,
                      args.ulfm)
             for name, plan in parse_algos(args.algos, args.quick)]
-    threads = [threading.Thread(target=r.run, name=r.name) for r in runs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    pending = list(runs)
+    running: list[threading.Thread] = []
+    while pending or running:
+        running = [t for t in running if t.is_alive()]
+        while pending and len(running) < (args.parallel or len(runs)):
+            run = pending.pop(0)
+            running.append(threading.Thread(target=run.run, name=run.name))
+            running[-1].start()
+        time.sleep(0.5)
     reports = {}
     for run in runs:
         report = run.check()
