@@ -895,7 +895,7 @@ def parse_algos(text: str | None, quick: bool) -> list[tuple[str, Plan]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0,
                         help="how long each algorithm trains under faults (60)")
     parser.add_argument("--algos", help="comma-separated (default: every online algorithm, "
