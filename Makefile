@@ -94,13 +94,12 @@ run: install
 	$(BIN)/mpiexec -n $(NP) $(BIN)/mpirl train --algo PPO --env CartPole-v1 \
 	    --stop '{"episode_return_mean": 475, "timesteps_total": 200000}'
 
-# Four pytest workers (pytest-xdist), one test file each at a time: the MPI tests wait on their
+# Three pytest workers (pytest-xdist), one test file each at a time: the MPI tests wait on their
 # ranks, launches and signals, and a serial run kept CI's two cores about 60% busy (on this 2-core
-# VM, two workers: 1.6 busy cores; three: 1.82, 27.0 min of tests after issue 49's cuts). Four
-# became safe once no test took over 90 s at three (the longest single test left, Gumbel
-# AlphaZero, took 82 s; pytest's limit is 300). Throughput is measured by benchmarks/, not by the
-# tests. TEST_WORKERS=0 runs serially.
-TEST_WORKERS ?= 4
+# VM, two workers: 1.6 busy cores and 30.4 min of tests; three: 1.82-1.85 and 27.0 min after
+# issue 49's cuts; four: 29.3 min, the same tests' CPU-s 8% higher from the contention).
+# Throughput is measured by benchmarks/, not by the tests. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 3
 
 # The Slurm tests start a two-node Slurm on localhost (slurm/local-cluster.sh). Install Debian's
 # packages first where apt-get and root allow; elsewhere those tests skip and say why. On CI

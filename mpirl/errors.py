@@ -198,6 +198,7 @@ LEARNER_STOPS: tuple[type[MpirlError], ...] = (ModelDivergedError, NonFiniteData
 
 #: errno values that mean "the file system has no room": ENOSPC, and EDQUOT (a quota).
 _NO_ROOM = {28: "No space left on device", 122: "Disk quota exceeded"}
+NO_ROOM_ERRNOS = frozenset(_NO_ROOM)
 
 
 class DiskFull(MpirlError):

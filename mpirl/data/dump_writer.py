@@ -30,6 +30,7 @@ a lock daemon, Lustre mounted without flock), ``open_hdf5`` opens without the lo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mpirl.data.episode_file import EpisodeFile
-from mpirl.errors import ConfigError, MpirlError
+from mpirl.errors import NO_ROOM_ERRNOS, ConfigError, MpirlError
 
 __all__ = ["DumpTarget"]
 
@@ -162,6 +163,8 @@ class _WriterProcess:
 
     def _failed(self) -> None:
         self.proc.wait(timeout=10)
+        if self.proc.returncode == WRITER_NO_ROOM_EXIT:
+            raise OSError(errno.ENOSPC, f"No space left on device: {self.path}")
         raise RuntimeError(f"the trajectory writer of {self.path} ended (exit code "
                            f"{self.proc.returncode}); see its error above")
 
@@ -197,6 +200,7 @@ def _writer_main(spec_text: str) -> int:
     spec = json.loads(spec_text)
     writer = EpisodeFile(Path(spec["path"]), spec["attrs"], spec["level"], spec["min_bytes"])
     stdin, stdout = sys.stdin.fileno(), sys.stdout
+    code = 0
     try:
         while True:
             _wait_readable(stdin)
@@ -208,10 +212,23 @@ def _writer_main(spec_text: str) -> int:
             stdout.flush()
     except BrokenPipeError:
         pass  # the rank is gone; the file is closed below all the same
+    except OSError as error:
+        if error.errno not in NO_ROOM_ERRNOS:
+            raise
+        # Silent: the rollout rank turns this code into ENOSPC, and the driver says it once.
+        code = WRITER_NO_ROOM_EXIT
     finally:
-        writer.close()
-    return 0
+        try:
+            writer.close()
+        except OSError as error:
+            if error.errno not in NO_ROOM_ERRNOS:
+                raise
+            code = WRITER_NO_ROOM_EXIT
+    return code
 
+
+#: The writer's exit code when the file system under its file is full (ENOSPC or EDQUOT).
+WRITER_NO_ROOM_EXIT = 28
 
 #: How often the writer looks for new batches when it has none.
 WRITER_POLL_S = 0.02
