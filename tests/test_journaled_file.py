@@ -129,3 +129,43 @@ def test_the_dump_writer_process_answers_each_batch_after_its_commit(tmp_path):
     assert not list(tmp_path.glob("*.journal*"))
     writer.close()
     assert json.loads(json.dumps(_read_back(path))) == [0]
+
+
+def test_the_dump_writer_on_a_full_disk_ends_quietly_and_its_rank_raises_enospc(tmp_path, capfd):
+    # Found by benchmarks/chaos.py: on ENOSPC the writer process printed a traceback. It now
+    # exits with its own code, and the rank raises ENOSPC, which the driver reports in one line.
+    import errno
+    import subprocess
+
+    from mpirl.data.dump_writer import _WriterProcess
+
+    disk = tmp_path / "fs"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"no tmpfs could be mounted here: {mounted.stderr.strip()}")
+    try:
+        writer = _WriterProcess(disk / "rollout-s0-w0.hdf5", ATTRS, 1, 4096)
+        steps = 200
+        block = {"lo": 0, "ends": [(0, 0, 0, steps - 1, None)], "finals": [np.zeros(4, np.float32)],
+                 "obs": np.random.default_rng(0).random((steps, 1, 4), np.float32),
+                 "actions": np.zeros((steps, 1), np.int64), "rewards": np.ones((steps, 1)),
+                 "terminated": np.arange(steps)[:, None] == steps - 1,
+                 "truncated": np.zeros((steps, 1), bool), "logp": np.zeros((steps, 1), np.float32)}
+        writer.send(block)
+        assert writer.take_acked(wait=True, timeout=60) == [(0, steps)]
+        with open(disk / "filler", "wb", buffering=0) as filler:
+            with pytest.raises(OSError):
+                while True:
+                    filler.write(b"\0" * 4096)
+        with pytest.raises(OSError) as raised:
+            for k in range(1, 1000):
+                block["lo"] = k * steps
+                block["ends"] = [(k, 0, k * steps, (k + 1) * steps - 1, None)]
+                writer.send(block)
+                writer.take_acked(wait=True, timeout=60)
+        assert raised.value.errno == errno.ENOSPC, raised.value
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
