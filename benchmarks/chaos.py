@@ -356,26 +356,33 @@ class ChaosRun:
                 if (row := parse_layout_row(line))]
         return {row["rank"]: (row["pid"], row["role"]) for row in rows if self.is_ours(row["pid"])}
 
-    def tagged_ranks(self) -> dict[int, int]:
-        """world rank -> pid of the job's live ranks (the newest pid where two attempts'
-        overlap), from their environments."""
-        found: dict[int, tuple[int, int]] = {}
+    def tagged_processes(self) -> list[tuple[int, bytes, list[str]]]:
+        """(pid, environment, /proc stat fields after the name) of every live, not zombie,
+        process that carries this run's tag."""
+        found = []
         marker = f"MPIRL_CHAOS_TAG={self.tag}".encode()
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
                 environ = (entry / "environ").read_bytes()
                 stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if marker not in environ or stat[0] == "Z":
-                continue
+            if marker in environ and stat[0] != "Z":
+                found.append((int(entry.name), environ, stat))
+        return found
+
+    def tagged_ranks(self) -> dict[int, int]:
+        """world rank -> pid of the job's live ranks (the newest pid where two attempts'
+        overlap), from their environments."""
+        found: dict[int, tuple[int, int]] = {}
+        for pid, environ, stat in self.tagged_processes():
             for item in environ.split(b"\0"):
                 if item.startswith(b"OMPI_COMM_WORLD_RANK="):
                     rank, start = int(item.split(b"=")[1]), int(stat[19])
                     if rank not in found or found[rank][1] < start:
-                        found[rank] = (int(entry.name), start)
+                        found[rank] = (pid, start)
         return {rank: pid for rank, (pid, _) in found.items()}
 
     def is_ours(self, pid: int) -> bool:
@@ -385,19 +392,8 @@ class ChaosRun:
             return False
         return f"MPIRL_CHAOS_TAG={self.tag}".encode() in environ
 
-
     def leftover_processes(self) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and int(entry.name) != os.getpid() and self.is_ours(
-                    int(entry.name)):
-                try:
-                    state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                except (OSError, IndexError):
-                    continue
-                if state != "Z":
-                    found.append(int(entry.name))
-        return found
+        return [pid for pid, _, _ in self.tagged_processes()]
 
     # --- waiting ----------------------------------------------------------------------------
     def wait_for(self, condition, timeout_s: float, poll_s: float = 0.05) -> bool:
@@ -466,8 +462,8 @@ class ChaosRun:
     def wait_pids(self, since: float, timeout_s: float) -> bool:
         """Wait for an attempt started after ``since`` to print its start-up table."""
         def ready() -> bool:
-            return bool(self.attempts_after(since)) and bool(self.current_pids()) and (
-                self.table_after(since))
+            # current_pids keeps only live, tagged pids: the killed attempt's table yields none.
+            return bool(self.attempts_after(since)) and bool(self.current_pids())
         return self.wait_for(ready, timeout_s)
 
     def wait_steady(self, timeout_s: float) -> bool:
@@ -477,11 +473,6 @@ class ChaosRun:
             since = max([self.launch_started, *attempts])
             return bool(self.current_pids()) and bool(self.rows_after(since))
         return self.wait_for(steady, timeout_s)
-
-    def table_after(self, since: float) -> bool:
-        # The running attempt's table is the one printed after the attempt began: its pids are
-        # alive and carry the tag; the killed attempt's are gone.
-        return all(Path(f"/proc/{pid}").exists() for pid, _ in self.current_pids().values())
 
     def inject(self, kind: str, limit_s: float) -> Fault:
         fault = Fault(kind, round(self.elapsed(), 2))
@@ -861,7 +852,6 @@ def baseline_returns(run: ChaosRun, steps: int, seeds: list[int]) -> list[float 
     for seed in seeds:
         directory = run.workdir / f"baseline-{seed}"
         args = run.train_args(seed, directory, run.workdir / "no-triggers")
-        args = [a for a in args]
         config = json.loads(args[args.index("--config") + 1])
         config.pop("dump_trajectories", None)
         args[args.index("--config") + 1] = json.dumps(config)
