@@ -1,8 +1,9 @@
 """One algorithm trained for a while through the Python API, inspecting what every rank holds.
 
-Run under ``mpiexec -n K``: ``python long_run.py ALGO --config JSON --warmup-s W --run-s S``. Rank
-0 trains for ``W`` seconds, inspects every rank (the unfinished sends of its data channel, and
-its resident memory), trains ``S`` seconds more and inspects again, then prints
+Run under ``mpiexec -n K``: ``python long_run.py ALGO --config JSON --warmup-s W --run-iterations
+N``. Rank 0 trains for ``W`` seconds, inspects every rank (the unfinished sends of its data
+channel, and its resident memory), trains ``N`` iterations more (or ``--run-s S`` seconds) and
+inspects again, then prints
 ``RESULT {json}`` with both inspections, the iterations run and the memory columns of the last
 progress row.
 """
@@ -41,13 +42,17 @@ def main(driver, args) -> int:
     inspectors = [driver.spawn(role, RankInspector) for role in WORKER_ROLES
                   if driver.placement.count(role)]
     row, iterations = {}, []
-    for seconds in (args.warmup_s, args.run_s):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            row = trainer.train()
-        iterations.append(trainer.iteration)
-        if len(iterations) == 1:
-            first = inspect(driver, inspectors)
+    deadline = time.monotonic() + args.warmup_s
+    while time.monotonic() < deadline:
+        row = trainer.train()
+    iterations.append(trainer.iteration)
+    first = inspect(driver, inspectors)
+    # A count of iterations, not seconds, when given: a slow machine then measures the same work.
+    deadline = time.monotonic() + args.run_s
+    while (trainer.iteration < iterations[0] + args.run_iterations if args.run_iterations
+           else time.monotonic() < deadline):
+        row = trainer.train()
+    iterations.append(trainer.iteration)
     last = inspect(driver, inspectors)
     print("RESULT " + json.dumps({
         "iterations": iterations, "first": first, "last": last,
@@ -62,6 +67,8 @@ if __name__ == "__main__":
     parser.add_argument("--config", default="{}")
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--run-s", type=float, default=20.0)
+    parser.add_argument("--run-iterations", type=int, default=0,
+                        help="train this many iterations after the warm-up instead of --run-s")
     arguments = parser.parse_args()
     layout_config = json.loads(arguments.config)
     layout = Layout(num_rollout_workers=layout_config.get("num_rollout_workers", -1),
