@@ -236,3 +236,42 @@ def test_mbpo_goes_on_without_a_lost_rollout_rank(tmp_path):
     assert evals[:2] == ["nan", "nan"] and evals[2] == evals[3] == evals[4] != "nan", evals
     assert evals[5] not in ("nan", evals[4]), evals
     assert_every_rank_ended([pid for _, pid in table.values()])
+
+
+class _RevocableComm:
+    revoked = False
+
+    def Revoke(self):  # noqa: N802 (MPI's name)
+        self.revoked = True
+
+
+@pytest.mark.parametrize("error_class, failed, becomes_failure", [
+    ("ERR_PROC_FAILED", [], True),
+    ("ERR_REVOKED", [], True),
+    # libnbc once completed an Ibarrier with ERR_OTHER for a member's death (CI, the
+    # learner-in-driver case above): a traceback and exit 1 instead of going on without it.
+    ("ERR_OTHER", [2], True),
+    ("ERR_INTERN", [2], True),
+    ("ERR_OTHER", [], False),      # no failure known: a real error, raised as it is
+    ("ERR_TRUNCATE", [2], False),  # a failure known, but this error is not about it
+])
+def test_a_collective_that_a_death_breaks_is_revoked_and_named(monkeypatch, error_class, failed,
+                                                                becomes_failure):
+    from mpi4py import MPI
+
+    from mpirl.errors import ProcessFailure
+    from mpirl.runtime import ulfm
+
+    monkeypatch.setattr(ulfm, "fault_tolerant", lambda: True)
+    monkeypatch.setattr(ulfm, "failed_world_ranks", lambda comm=None: failed)
+    comm = _RevocableComm()
+    raised = MPI.Exception(getattr(MPI, error_class))
+    expected = ProcessFailure if becomes_failure else MPI.Exception
+    with pytest.raises(expected) as caught, ulfm.revoke_on_failure(comm, "the weight broadcast"):
+        raise raised
+    assert comm.revoked is becomes_failure
+    if becomes_failure:
+        assert str(caught.value).startswith("the weight broadcast failed: ")
+        assert f"ranks {failed or 'none yet'} as failed" in str(caught.value)
+    else:
+        assert caught.value is raised

@@ -55,6 +55,20 @@ def is_process_failure(error: BaseException) -> bool:
     return error.Get_error_class() in classes
 
 
+def is_collective_failure(comm: MPI.Comm, error: BaseException) -> bool:
+    """``is_process_failure``, or the vaguer error a nonblocking collective may give for the same
+    death: Open MPI's libnbc prints ``NBC_Progress: an error 75 was found during schedule`` and
+    has been seen to complete the request with ``ERR_OTHER`` (CI, in an ``Ibarrier`` of
+    ``wait_for_all``) or ``ERR_INTERN`` (``Ishrink``) instead of ``ERR_PROC_FAILED``. Those count
+    as a failure only when MPI knows a member of ``comm`` has failed."""
+    if is_process_failure(error):
+        return True
+    if not isinstance(error, MPI.Exception) or not fault_tolerant():
+        return False
+    return error.Get_error_class() in (MPI.ERR_OTHER, MPI.ERR_INTERN) and bool(
+        failed_world_ranks(comm))
+
+
 def failed_world_ranks(comm: MPI.Comm | None = None) -> list[int]:
     """Ranks of the run's world (``mpirl.runtime.world.run_comm()``: COMM_WORLD, or the
     sub-communicator of a nested run) that MPI knows have failed in ``comm`` (default: that
@@ -137,7 +151,7 @@ def revoke_on_failure(comm: MPI.Comm, what: str) -> Iterator[None]:
     try:
         yield
     except MPI.Exception as error:
-        if not is_process_failure(error):
+        if not is_collective_failure(comm, error):
             raise
         with contextlib.suppress(MPI.Exception):
             comm.Revoke()
