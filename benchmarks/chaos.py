@@ -73,9 +73,11 @@ from harness import (
 from soak import PLANS, Plan
 
 from mpirl.errors import EXIT_RESUME
+from mpirl.execution.contract import ALGORITHMS
 from mpirl.jobs.checkpoint import CheckpointError, verify
 from mpirl.jobs.launch import remove_dead_launchers_session_dirs
 from mpirl.runtime.layout import parse_layout_row
+from mpirl.testing import FaultTrigger
 
 MPIRL = str(Path(sys.executable).parent / "mpirl")
 KINDS = ("kill_rank", "stop_signal", "kill_in_checkpoint", "kill_in_resume", "second_kill",
@@ -104,6 +106,12 @@ SAMPLING = {"PPO", "A2C", "IMPALA", "A3C", "DQN", "APEX", "SAC", "ES", "ARS", "P
 #: Algorithms whose runs write trajectory dumps here.
 DUMPING = {"PPO", "A2C", "IMPALA", "A3C", "DQN", "APEX", "SAC"}
 QUICK_ALGOS = ("PPO", "DQN")
+#: The default: one algorithm of each kind the issue names (policy gradient, async, distributed
+#: replay, off-policy actor-critic, evolution, self-play, model-based, multi-agent, population).
+DEFAULT_ALGOS = ("PPO", "IMPALA", "APEX", "SAC", "ES", "ALPHAZERO", "PETS", "MULTIAGENT", "PBT")
+#: Plans for the algorithms soak.py runs on its default (3 ranks, CartPole-v1) that chaos runs
+#: as their docs do.
+CHAOS_PLANS = {"PETS": Plan(3, "Pendulum-v1", algo="PETS")}
 #: ``PBT`` is a population under ``mpirl tune`` (docs/tune.md's command, smaller): 2 PPO members
 #: of 2 ranks each and the controller, a decision every 4 iterations.
 TUNE_NAME = "PBT"
@@ -226,8 +234,14 @@ class ChaosRun:
         return [words[0], "--with-ft", "ulfm", *words[1:]] if self.ulfm else words
 
     @property
+    def multiagent(self) -> bool:
+        return bool(self.plan.config.get("multiagent"))
+
+    @property
     def samples_env(self) -> bool:
-        return self.algo.upper() in SAMPLING and not self.plan.config.get("multiagent")
+        """True where the job's envs can be told to fail (``FaultTrigger``): the sampling
+        algorithms' and multi-agent compositions' (not AlphaZero's games)."""
+        return self.algo.upper() in SAMPLING or self.multiagent
 
     def elapsed(self) -> float:
         return now() - self.started
@@ -243,12 +257,15 @@ class ChaosRun:
     def env_args(self) -> list[str]:
         if not self.samples_env:
             return ["--env", self.plan.env]
+        if self.multiagent:
+            return ["--env", "mpirl.testing:TriggeredFaultMultiAgentEnv"]
         return ["--env", "mpirl.testing:TriggeredFaultEnv"]
 
     def train_args(self, seed: int, run_dir: Path, triggers: Path) -> list[str]:
         config = self.config()
         if self.samples_env:
-            config["env_config"] = {**config.get("env_config", {}), "env_id": self.plan.env,
+            inner = {"env": self.plan.env} if self.multiagent else {"env_id": self.plan.env}
+            config["env_config"] = {**config.get("env_config", {}), **inner,
                                     "trigger_dir": str(triggers)}
         return ["train", "--algo", self.algo, *self.env_args(), "--config", json.dumps(config),
                 "--seed", str(seed), "--run-dir", str(run_dir), "--progress", "off"]
@@ -541,8 +558,8 @@ class ChaosRun:
             t0 = now()  # recovery is counted from the moment the disk has room again
         elif kind in ("env_raises", "env_hangs"):
             what = "raise" if kind == "env_raises" else "hang"
-            trigger = self.trigger_dir / "fault"
-            tmp = self.trigger_dir / "fault.tmp"
+            trigger = self.trigger_dir / FaultTrigger.NAME
+            tmp = self.trigger_dir / f"{FaultTrigger.NAME}.tmp"
             tmp.write_text(what)
             os.replace(tmp, trigger)
             fault.detail = what
@@ -868,28 +885,36 @@ def baseline_returns(run: ChaosRun, steps: int, seeds: list[int]) -> list[float 
     return returns
 
 
+def known_plans() -> dict[str, Plan]:
+    """Every algorithm that trains online, by name: soak.py's plans (docs/algorithms.md's
+    commands), ``CHAOS_PLANS``, 3 ranks on CartPole-v1 for the rest, and ``PBT``."""
+    plans = {name.upper(): Plan(3, algo=name) for name in ALGORITHMS}
+    plans.update(PLANS)
+    plans.update(CHAOS_PLANS)
+    plans = {name: plan for name, plan in plans.items() if not plan.offline}
+    return {**plans, TUNE_NAME: TUNE_PLAN}
+
+
 def parse_algos(text: str | None, quick: bool) -> list[tuple[str, Plan]]:
-    online = [name for name, plan in PLANS.items() if not plan.offline]
-    names = text.split(",") if text else list(QUICK_ALGOS) if quick else [*online, TUNE_NAME]
-    plans = []
+    plans = known_plans()
+    names = (text.split(",") if text else list(QUICK_ALGOS) if quick
+             else list(DEFAULT_ALGOS))
+    chosen = []
     for name in names:
         key = name.strip().upper()
-        if key == TUNE_NAME:
-            plans.append((key, TUNE_PLAN))
-            continue
-        if key not in PLANS or PLANS[key].offline:
+        if key not in plans:
             raise SystemExit(f"chaos: unknown or offline algorithm {name!r}; choose from "
-                             f"{', '.join([*online, TUNE_NAME])}")
-        plans.append((key, PLANS[key]))
-    return plans
+                             f"{', '.join(plans)}")
+        chosen.append((key, plans[key]))
+    return chosen
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=60.0,
                         help="how long each algorithm trains under faults (60)")
-    parser.add_argument("--algos", help="comma-separated (default: every online algorithm, "
-                        "MULTIAGENT and PBT)")
+    parser.add_argument("--algos", help="comma-separated (default: "
+                        f"{','.join(DEFAULT_ALGOS)}; any online algorithm, MULTIAGENT or PBT)")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"the faults to inject (default: all of {', '.join(KINDS)})")
     parser.add_argument("--seed", type=int, default=0,

@@ -253,45 +253,77 @@ class TrialFailureCartPole(CartPoleEnv):
         return super().step(action)
 
 
+class FaultTrigger:
+    """The file ``trigger_dir/fault`` that tells one env to fail (``benchmarks/chaos.py``): the
+    first instance to rename it to its own name claims it, in whichever process, and then does
+    what the file says: ``raise`` raises ``InjectedFailure``; ``hang`` sleeps for ``hang_s``
+    without using the CPU, as a simulator stuck on a lost licence server would, then raises."""
+
+    NAME = "fault"
+
+    def __init__(self, trigger_dir: str, hang_s: float) -> None:
+        self.path = Path(trigger_dir) / self.NAME
+        self.hang_s = hang_s
+
+    def check(self) -> None:
+        """Called before each step: obey the file if it is there and this instance claims it."""
+        if not self.path.exists():
+            return
+        claimed = self.path.with_name(f"{self.NAME}.taken-{os.getpid()}-{id(self)}")
+        try:
+            os.rename(self.path, claimed)
+        except OSError:
+            return  # another instance claimed it first
+        what = claimed.read_text().strip()
+        if what == "hang":
+            time.sleep(self.hang_s)
+        raise InjectedFailure(f"injected failure ({what}) by {self.path}")
+
+
 class TriggeredFaultEnv(gym.Env):
-    """The env ``env_id`` (made with ``env_kwargs``) that fails when told to, for fault drills
-    (``benchmarks/chaos.py``): before each step it looks for the file ``trigger_dir/fault``.
-    The first instance to rename it to its own name claims it, in whichever process, and then
-    does what the file says: ``raise`` raises ``InjectedFailure``; ``hang`` sleeps for
-    ``hang_s`` without using the CPU, as a simulator stuck on a lost licence server would."""
+    """The env ``env_id`` (made with ``env_kwargs``) that fails when ``trigger_dir/fault`` tells
+    it to (``FaultTrigger``), for fault drills."""
 
     metadata: dict[str, Any] = {"render_modes": []}
-    TRIGGER = "fault"
 
     def __init__(self, env_id: str = "CartPole-v1", trigger_dir: str = ".",
                  hang_s: float = 3600.0, env_kwargs: dict[str, Any] | None = None) -> None:
         self.inner = gym.make(env_id, **(env_kwargs or {}))
         self.observation_space = self.inner.observation_space
         self.action_space = self.inner.action_space
-        self.trigger = Path(trigger_dir) / self.TRIGGER
-        self.hang_s = hang_s
+        self.trigger = FaultTrigger(trigger_dir, hang_s)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         return self.inner.reset(seed=seed, options=options)
 
     def step(self, action):
-        if self.trigger.exists():
-            self._obey()
+        self.trigger.check()
         return self.inner.step(action)
-
-    def _obey(self) -> None:
-        claimed = self.trigger.with_name(f"{self.TRIGGER}.taken-{os.getpid()}-{id(self)}")
-        try:
-            os.rename(self.trigger, claimed)
-        except OSError:
-            return  # another instance claimed it first
-        what = claimed.read_text().strip()
-        if what == "hang":
-            time.sleep(self.hang_s)
-        raise InjectedFailure(f"injected failure ({what}) by {self.trigger}")
 
     def close(self) -> None:
         self.inner.close()
+
+
+class TriggeredFaultMultiAgentEnv:
+    """The multi-agent env ``env`` (``module:Name`` with PettingZoo's Parallel API, made with
+    ``env_kwargs``) that fails when ``trigger_dir/fault`` tells it to (``FaultTrigger``). Anything
+    else (``state()`` for a centralized critic, ``metadata``) is the inner env's."""
+
+    def __init__(self, env: str = "mpirl.envs.examples:FourAgentCartPole", trigger_dir: str = ".",
+                 hang_s: float = 3600.0, env_kwargs: dict[str, Any] | None = None) -> None:
+        from mpirl.config.imports import load_object
+
+        self.inner = load_object(env, "environment")(**(env_kwargs or {}))
+        self.trigger = FaultTrigger(trigger_dir, hang_s)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not built yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def step(self, actions: dict[str, Any]):
+        self.trigger.check()
+        return self.inner.step(actions)
 
 
 class UnpicklableCartPoleEnv(CartPoleEnv):

@@ -104,3 +104,34 @@ def test_no_room_is_found_behind_other_errors_and_in_a_workers_error():
                          "[Errno 122] Disk quota exceeded", "Traceback ...")
     assert no_room_cause(remote) == "Disk quota exceeded, on rank 2 (rollout)"
     assert no_room_cause(OSError(5, "Input/output error")) is None
+
+
+@pytest.mark.parametrize("multiagent", [False, True], ids=["env", "multiagent-env"])
+def test_the_trigger_file_makes_exactly_one_env_fail(tmp_path, multiagent):
+    from mpirl.envs.parallel import is_parallel_env
+    from mpirl.testing import (
+        FaultTrigger,
+        InjectedFailure,
+        TriggeredFaultEnv,
+        TriggeredFaultMultiAgentEnv,
+    )
+
+    def make():
+        if multiagent:
+            return TriggeredFaultMultiAgentEnv(trigger_dir=str(tmp_path), hang_s=0.2)
+        return TriggeredFaultEnv(trigger_dir=str(tmp_path), hang_s=0.2)
+
+    envs = [make(), make()]
+    actions = ({a: 0 for a in envs[0].possible_agents} if multiagent else 0)
+    for env in envs:
+        env.reset(seed=0)
+        env.step(actions)
+    if multiagent:  # what mpirl's multi-agent loader and a centralized critic ask of it
+        assert is_parallel_env(envs[0]) and len(envs[0].possible_agents) == 4
+        assert envs[0].state().shape == (16,)
+    for what in ("raise", "hang"):
+        (tmp_path / FaultTrigger.NAME).write_text(what)
+        with pytest.raises(InjectedFailure, match=f"injected failure \\({what}\\)"):
+            envs[0].step(actions)
+        envs[1].step(actions)  # claimed by the first: the second goes on
+        assert not (tmp_path / FaultTrigger.NAME).exists()
