@@ -8,8 +8,7 @@ clone works as well as a working tree), with ``.venv`` a link to this venv, unde
 ``bash -euo pipefail`` after ``source .venv/bin/activate``, as a reader would type them. Every
 training run stops after MPIRL_MAX_ITERATIONS iterations, whatever its --stop says, so a page of
 long examples takes seconds, and every board-game evaluation plays at most MPIRL_MAX_GAMES games,
-whatever its --games says (benchmarks/kuramoto_sivashinsky.py's evaluations as many episodes); CI
-is unset, as it is in a reader's shell."""
+whatever its --games says; CI is unset, as it is in a reader's shell."""
 
 from __future__ import annotations
 
