@@ -47,6 +47,7 @@ import csv
 import errno
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -111,7 +112,10 @@ QUICK_ALGOS = ("PPO", "DQN")
 DEFAULT_ALGOS = ("PPO", "IMPALA", "APEX", "SAC", "ES", "ALPHAZERO", "PETS", "MULTIAGENT", "PBT")
 #: Plans for the algorithms soak.py runs on its default (3 ranks, CartPole-v1) that chaos runs
 #: as their docs do.
-CHAOS_PLANS = {"PETS": Plan(3, "Pendulum-v1", algo="PETS")}
+#: PETS's 5 envs a rank take 10 iterations to end an episode, longer than the gaps between
+#: faults, which would leave no return to compare: one env a rank, 100 steps an iteration.
+CHAOS_PLANS = {"PETS": Plan(3, "Pendulum-v1", {"num_envs_per_worker": 1,
+                                              "rollout_fragment_length": 100}, algo="PETS")}
 #: ``PBT`` is a population under ``mpirl tune`` (docs/tune.md's command, smaller): 2 PPO members
 #: of 2 ranks each and the controller, a decision every 4 iterations.
 TUNE_NAME = "PBT"
@@ -729,7 +733,7 @@ class ChaosRun:
             if median and max(steps) > 2 * median:
                 self.problems.append(f"{where}: an iteration added {max(steps)} steps, over "
                                      f"twice the median {median}: counted twice?")
-        return returns[-1] if returns else None
+        return last_finite(returns)
 
     def cleanup(self) -> None:
         if self.mounted:
@@ -820,6 +824,12 @@ def read_progress(progress: Path) -> tuple[list[int], list[int], list[float]]:
     return iterations, timesteps, returns
 
 
+def last_finite(values: list[float]) -> float | None:
+    """The newest return that is a number: a row before any episode has ended since a restart
+    (PETS's 200-step episodes span iterations) has none."""
+    return next((v for v in reversed(values) if math.isfinite(v)), None)
+
+
 def check_dump(directory: Path) -> dict[str, Any]:
     """Open every HDF5 file of a dump, and read every episode its index lists."""
     import h5py
@@ -881,7 +891,7 @@ def baseline_returns(run: ChaosRun, steps: int, seeds: list[int]) -> list[float 
     for directory, proc in procs:
         proc.wait()
         _, _, values = read_progress(directory / "progress.csv")
-        returns.append(values[-1] if values and proc.returncode == 0 else None)
+        returns.append(last_finite(values) if proc.returncode == 0 else None)
     return returns
 
 
