@@ -81,9 +81,10 @@ def reference_3_ranks(tmp_path_factory):
 @pytest.mark.parametrize("n, extra, victim, stops", [
     # Learner in the driver, 2 rollout ranks.
     (3, {}, "driver", [(signal.SIGTERM, "driver")]),
-    # A learner rank of its own: a stop signal on it, then one on a rollout rank.
-    (4, {"num_learners": 1}, "learner", [(signal.SIGUSR2, "learner"),
-                                         (signal.SIGUSR1, "rollout")]),
+    # A learner rank of its own and one rollout rank (the run above has two): a stop signal on
+    # the learner, then one on the rollout rank.
+    (3, {"num_learners": 1, "num_rollout_workers": 1}, "learner",
+     [(signal.SIGUSR2, "learner"), (signal.SIGUSR1, "rollout")]),
 ], ids=["kill-driver-then-TERM-driver", "kill-learner-then-USR2-learner-then-USR1-rollout"])
 def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, request, n, extra,
                                                                   victim, stops):
@@ -222,16 +223,16 @@ def test_checkpoint_of_another_run_is_refused(tmp_path, local_ppo):
 
 def test_resume_onto_fewer_rollout_workers(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _train(4, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
+    proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
                   "--config", _config(), "--stop", '{"training_iteration": 3}')
     assert proc.returncode == 0, proc.stderr
-    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 5}')
+    proc = _train(2, "--resume", str(run_dir), "--stop", '{"training_iteration": 5}')
     assert proc.returncode == 0, proc.stderr
-    assert "rollout workers 3 -> 2" in proc.stdout
+    assert "rollout workers 2 -> 1" in proc.stdout
     rows = _rows(run_dir)
     assert [int(r["iteration"]) for r in rows] == [1, 2, 3, 4, 5]
-    # 3 workers x 8 envs x 64 steps per iteration, then 2 x 8 x 64.
-    assert [int(r["timesteps_total"]) for r in rows] == [1536, 3072, 4608, 5632, 6656]
+    # 2 workers x 8 envs x 64 steps per iteration, then 1 x 8 x 64.
+    assert [int(r["timesteps_total"]) for r in rows] == [1024, 2048, 3072, 3584, 4096]
 
 
 def test_interrupted_commit_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
