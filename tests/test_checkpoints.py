@@ -68,8 +68,8 @@ REFERENCE_ITERATIONS = 12
 @pytest.fixture(scope="module")
 def reference_3_ranks(tmp_path_factory):
     """PPO on 3 ranks (learner in the driver, 2 rollout ranks) for 12 iterations, a checkpoint
-    after each: the kill -9 test's reference, and the run the corrupt-checkpoint test copies
-    (never changed)."""
+    after each: the kill -9 test's reference, and the run the corrupt-checkpoint and the
+    fewer-rollout-workers tests copy (never changed)."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
                   "--config", _config(checkpoint_every=1),
@@ -219,13 +219,18 @@ def test_checkpoint_of_another_run_is_refused(tmp_path, local_ppo):
         make_request(None, None, None, {}, {}, None, None, resume=str(tmp_path / "nowhere"))
 
 
-def test_resume_onto_fewer_rollout_workers(tmp_path):
+def test_resume_onto_fewer_rollout_workers(tmp_path, reference_3_ranks):
+    """The 3-rank reference rewound to its checkpoint at 3 (a copy: the checkpoints after it
+    and its result removed, ``latest`` pointing at 3), resumed on 2 ranks."""
     run_dir = tmp_path / "run"
-    proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                  "--config", _config(), "--stop", '{"training_iteration": 3}')
-    assert proc.returncode == 0, proc.stderr
+    shutil.copytree(reference_3_ranks, run_dir)
+    for later in range(4, REFERENCE_ITERATIONS + 1):
+        shutil.rmtree(run_dir / "checkpoints" / f"checkpoint_{later:06d}")
+    (run_dir / "checkpoints" / "latest").write_text("checkpoint_000003")
+    (run_dir / "result.json").unlink()
     proc = _train(2, "--resume", str(run_dir), "--stop", '{"training_iteration": 5}')
     assert proc.returncode == 0, proc.stderr
+    assert "checkpoint_000003 (iteration 3" in proc.stdout
     assert "rollout workers 2 -> 1" in proc.stdout
     rows = _rows(run_dir)
     assert [int(r["iteration"]) for r in rows] == [1, 2, 3, 4, 5]
