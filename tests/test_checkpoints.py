@@ -153,17 +153,23 @@ def local_ppo(tmp_path_factory):
 
 
 def test_local_mode_resume_is_bit_identical(tmp_path, local_ppo):
+    """The local run rewound to its checkpoint at 3 (a copy: the later checkpoints and its
+    result removed) and resumed with a new --stop of 9: its checkpoint at 6 and its rows up to 8
+    are the uninterrupted run's."""
     reference, resumed = local_ppo, tmp_path / "resumed"
-    proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(resumed),
-                  "--config", _config(num_envs_per_worker=4),
-                  "--stop", json.dumps({"training_iteration": 5}))
+    shutil.copytree(reference, resumed)
+    for later in (6, 8):
+        shutil.rmtree(resumed / "checkpoints" / f"checkpoint_{later:06d}")
+    (resumed / "checkpoints" / "latest").write_text("checkpoint_000003")
+    (resumed / "result.json").unlink()
+    proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 9}')
     assert proc.returncode == 0, proc.stderr
-    proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 8}')
-    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint_000003 (iteration 3" in proc.stdout
     # docs/checkpoints.md: the changes a resume makes are printed (a new --stop printed none).
-    assert "\n  changed: --stop training_iteration 5 -> 8\n" in proc.stdout, proc.stdout
-    _assert_same_learner(_learner_state(reference, 8), _learner_state(resumed, 8))
-    assert _rows(resumed) == _rows(reference)
+    assert "\n  changed: --stop training_iteration 8 -> 9\n" in proc.stdout, proc.stdout
+    _assert_same_learner(_learner_state(reference, 6), _learner_state(resumed, 6))
+    assert _rows(resumed)[:8] == _rows(reference)
+    assert len(_rows(resumed)) == 9
 
 
 def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference_3_ranks):
