@@ -67,12 +67,12 @@ REFERENCE_ITERATIONS = 12
 
 @pytest.fixture(scope="module")
 def reference_3_ranks(tmp_path_factory):
-    """PPO on 3 ranks (learner in the driver, 2 rollout ranks) for 12 iterations, checkpoints
-    at 3, 6, 9 and 12: the kill -9 test's reference, and the run the corrupt-checkpoint test
-    copies (never changed)."""
+    """PPO on 3 ranks (learner in the driver, 2 rollout ranks) for 12 iterations, a checkpoint
+    after each: the kill -9 test's reference, and the run the corrupt-checkpoint and the
+    fewer-rollout-workers tests copy (never changed)."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     proc = _train(3, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                  "--config", _config(),
+                  "--config", _config(checkpoint_every=1),
                   "--stop", json.dumps({"training_iteration": REFERENCE_ITERATIONS}))
     assert proc.returncode == 0, proc.stderr
     return run_dir
@@ -81,9 +81,10 @@ def reference_3_ranks(tmp_path_factory):
 @pytest.mark.parametrize("n, extra, victim, stops", [
     # Learner in the driver, 2 rollout ranks.
     (3, {}, "driver", [(signal.SIGTERM, "driver")]),
-    # A learner rank of its own: a stop signal on it, then one on a rollout rank.
-    (4, {"num_learners": 1}, "learner", [(signal.SIGUSR2, "learner"),
-                                         (signal.SIGUSR1, "rollout")]),
+    # A learner rank of its own and one rollout rank (the run above has two): a stop signal on
+    # the learner, then one on the rollout rank.
+    (3, {"num_learners": 1, "num_rollout_workers": 1}, "learner",
+     [(signal.SIGUSR2, "learner"), (signal.SIGUSR1, "rollout")]),
 ], ids=["kill-driver-then-TERM-driver", "kill-learner-then-USR2-learner-then-USR1-rollout"])
 def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, request, n, extra,
                                                                   victim, stops):
@@ -91,8 +92,10 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, reques
     no periodic checkpoints: checkpoint_every 0 given on resume) gets each of ``stops``'s signals
     on its rank of that role, one resume after another, after an iteration: it checkpoints that
     iteration and exits 75 (resume me), naming the rank and the command (the checks of a stop
-    signal test that ran USR1 on a rollout rank on a run of its own); resumed again, on to the
-    comparison point, it is the uninterrupted run bit for bit."""
+    signal test that ran USR1 on a rollout rank on a run of its own). Each checkpoint a stop
+    wrote is the uninterrupted run's at that iteration bit for bit, and so is every row of
+    progress.csv up to it (the reference checkpoints every iteration). A resume from a stop's
+    checkpoint: the learner case's second resume, after USR2."""
     total = REFERENCE_ITERATIONS
     interrupted = tmp_path / "interrupted"
     if not extra:  # the 3-rank run, shared with the corrupt-checkpoint test
@@ -100,7 +103,7 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, reques
     else:
         reference = tmp_path / "reference"
         proc = _train(n, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(reference),
-                      "--config", _config(**extra),
+                      "--config", _config(**extra, checkpoint_every=1),
                       "--stop", json.dumps({"training_iteration": total}))
         assert proc.returncode == 0, proc.stderr
 
@@ -131,14 +134,10 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, reques
         assert resumed_at < stopped_at < total, "the stop came too late"
         assert _latest_iteration(interrupted) == stopped_at  # the checkpoint of the last iteration
         verify(interrupted / "checkpoints" / f"checkpoint_{stopped_at:06d}")
-
-    proc = _train(n, "--resume", str(interrupted), "--stop",
-                  json.dumps({"training_iteration": total}))
-    assert proc.returncode == 0, proc.stderr
-    assert f"resumed from {interrupted}/checkpoints/checkpoint_{stopped_at:06d}" in proc.stdout
-    _assert_same_learner(_learner_state(reference, total), _learner_state(interrupted, total))
-    # progress.csv continues where the checkpoint was: no gap, no repeated iteration.
-    assert _rows(interrupted) == _rows(reference)
+        _assert_same_learner(_learner_state(reference, stopped_at),
+                             _learner_state(interrupted, stopped_at))
+        # progress.csv continues where the checkpoint was: no gap, no repeated iteration.
+        assert _rows(interrupted) == _rows(reference)[:stopped_at]
 
 
 @pytest.fixture(scope="module")
@@ -154,17 +153,23 @@ def local_ppo(tmp_path_factory):
 
 
 def test_local_mode_resume_is_bit_identical(tmp_path, local_ppo):
+    """The local run rewound to its checkpoint at 3 (a copy: the later checkpoints and its
+    result removed) and resumed with a new --stop of 9: its checkpoint at 6 and its rows up to 8
+    are the uninterrupted run's."""
     reference, resumed = local_ppo, tmp_path / "resumed"
-    proc = _train(1, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(resumed),
-                  "--config", _config(num_envs_per_worker=4),
-                  "--stop", json.dumps({"training_iteration": 5}))
+    shutil.copytree(reference, resumed)
+    for later in (6, 8):
+        shutil.rmtree(resumed / "checkpoints" / f"checkpoint_{later:06d}")
+    (resumed / "checkpoints" / "latest").write_text("checkpoint_000003")
+    (resumed / "result.json").unlink()
+    proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 9}')
     assert proc.returncode == 0, proc.stderr
-    proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 8}')
-    assert proc.returncode == 0, proc.stderr
+    assert "checkpoint_000003 (iteration 3" in proc.stdout
     # docs/checkpoints.md: the changes a resume makes are printed (a new --stop printed none).
-    assert "\n  changed: --stop training_iteration 5 -> 8\n" in proc.stdout, proc.stdout
-    _assert_same_learner(_learner_state(reference, 8), _learner_state(resumed, 8))
-    assert _rows(resumed) == _rows(reference)
+    assert "\n  changed: --stop training_iteration 8 -> 9\n" in proc.stdout, proc.stdout
+    _assert_same_learner(_learner_state(reference, 6), _learner_state(resumed, 6))
+    assert _rows(resumed)[:8] == _rows(reference)
+    assert len(_rows(resumed)) == 9
 
 
 def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference_3_ranks):
@@ -182,7 +187,7 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference_
     assert proc.returncode == 0, proc.stderr
     assert "skipping checkpoint checkpoint_000012" in proc.stderr
     assert "learner_0.pkl" in proc.stderr and "truncated" in proc.stderr
-    assert "resumed from" in proc.stdout and "checkpoint_000009 (iteration 9" in proc.stdout
+    assert "resumed from" in proc.stdout and "checkpoint_000011 (iteration 11" in proc.stdout
     assert [int(r["iteration"]) for r in _rows(run_dir)] == list(range(1, 15))
     assert not partial.exists()  # stale temporary directories are cleaned up
 
@@ -220,18 +225,23 @@ def test_checkpoint_of_another_run_is_refused(tmp_path, local_ppo):
         make_request(None, None, None, {}, {}, None, None, resume=str(tmp_path / "nowhere"))
 
 
-def test_resume_onto_fewer_rollout_workers(tmp_path):
+def test_resume_onto_fewer_rollout_workers(tmp_path, reference_3_ranks):
+    """The 3-rank reference rewound to its checkpoint at 3 (a copy: the checkpoints after it
+    and its result removed, ``latest`` pointing at 3), resumed on 2 ranks."""
     run_dir = tmp_path / "run"
-    proc = _train(4, "--algo", "PPO", "--env", "CartPole-v1", "--run-dir", str(run_dir),
-                  "--config", _config(), "--stop", '{"training_iteration": 3}')
+    shutil.copytree(reference_3_ranks, run_dir)
+    for later in range(4, REFERENCE_ITERATIONS + 1):
+        shutil.rmtree(run_dir / "checkpoints" / f"checkpoint_{later:06d}")
+    (run_dir / "checkpoints" / "latest").write_text("checkpoint_000003")
+    (run_dir / "result.json").unlink()
+    proc = _train(2, "--resume", str(run_dir), "--stop", '{"training_iteration": 5}')
     assert proc.returncode == 0, proc.stderr
-    proc = _train(3, "--resume", str(run_dir), "--stop", '{"training_iteration": 5}')
-    assert proc.returncode == 0, proc.stderr
-    assert "rollout workers 3 -> 2" in proc.stdout
+    assert "checkpoint_000003 (iteration 3" in proc.stdout
+    assert "rollout workers 2 -> 1" in proc.stdout
     rows = _rows(run_dir)
     assert [int(r["iteration"]) for r in rows] == [1, 2, 3, 4, 5]
-    # 3 workers x 8 envs x 64 steps per iteration, then 2 x 8 x 64.
-    assert [int(r["timesteps_total"]) for r in rows] == [1536, 3072, 4608, 5632, 6656]
+    # 2 workers x 8 envs x 64 steps per iteration, then 1 x 8 x 64.
+    assert [int(r["timesteps_total"]) for r in rows] == [1024, 2048, 3072, 3584, 4096]
 
 
 def test_interrupted_commit_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ def test_impala_learns_cartpole(tmp_path, extra):
     (3, {}),
     # Streamed, with two learners (their updates pair up), an LSTM (each fragment carries its
     # first state) and observation statistics (each answer merges its fragments').
-    (5, STREAMED | {"num_learners": 2, "num_rollout_workers": 2, "use_lstm": True,
+    (4, STREAMED | {"num_learners": 2, "num_rollout_workers": 1, "use_lstm": True,
                     "normalize_observations": True}),
 ], ids=["driver-routed", "streamed"])
 def test_impala_resumes_from_a_checkpoint_taken_with_requests_in_flight(tmp_path, n, extra):

@@ -97,27 +97,36 @@ def small_dump(poor_behaviour_dump):
     return poor_behaviour_dump
 
 
-def test_resume_continues_identically(small_dump, tmp_path):
-    """MARWIL over two learners: a run resumed from its checkpoint at iteration 2 trains
-    iteration 3 exactly as the uninterrupted run (weights, optimizer, shard sampling RNG, moving
-    average). The resumed run is the uninterrupted one rewound: a copy without its checkpoint
-    at 3 and its result (not a run of its own stopped at 2: one launch fewer)."""
-    config = {"input": str(small_dump), "num_learners": 2, "num_sgd_steps_per_iteration": 20,
+@pytest.fixture(scope="module")
+def marwil_run(poor_behaviour_dump, tmp_path_factory):
+    """MARWIL over two learner ranks on the untrained policy's dump, 5 iterations with a
+    checkpoint after each, the driver playing 20 evaluation episodes an iteration itself: the
+    improvement test's run, and the uninterrupted run of the resume test."""
+    run_dir = tmp_path_factory.mktemp("marwil") / "whole"
+    config = {"input": str(poor_behaviour_dump), "num_learners": 2, "evaluation_episodes": 20,
               "checkpoint_every": 1}
-    # Three ranks: the driver (which plays the evaluation episodes itself) and two learners.
-    whole = _train(3, "MARWIL", tmp_path / "whole", config, {"training_iteration": 3})
-    assert whole.returncode == 0, whole.stderr
+    proc = _train(3, "MARWIL", run_dir, config, {"training_iteration": 5})
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def test_resume_continues_identically(marwil_run, tmp_path):
+    """MARWIL over two learners: a run resumed from its checkpoint at iteration 4 trains
+    iteration 5 exactly as the uninterrupted run (weights, optimizer, shard sampling RNG, moving
+    average). The resumed run is the uninterrupted one rewound: a copy without its checkpoint
+    at 5 and its result (not a run of its own stopped at 4: one launch fewer)."""
     part = tmp_path / "part"
-    shutil.copytree(tmp_path / "whole", part)
-    shutil.rmtree(part / "checkpoints" / "checkpoint_000003")
-    (part / "checkpoints" / "latest").write_text("checkpoint_000002")
+    shutil.copytree(marwil_run, part)
+    shutil.rmtree(part / "checkpoints" / "checkpoint_000005")
+    (part / "checkpoints" / "latest").write_text("checkpoint_000004")
     (part / "result.json").unlink()
+    # Three ranks: the driver (which plays the evaluation episodes itself) and two learners.
     resumed = run_mpi(3, MPIRL, "train", "--resume", str(part), "--stop",
-                      '{"training_iteration": 3}', timeout=120)
+                      '{"training_iteration": 5}', timeout=120)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {part}/checkpoints/checkpoint_000002" in resumed.stdout
-    rows = [json.loads((tmp_path / name / "result.json").read_text()) for name in ("whole",
-                                                                                    "part")]
+    assert f"resumed from {part}/checkpoints/checkpoint_000004" in resumed.stdout
+    rows = [json.loads((run / "result.json").read_text()) for run in (marwil_run, part)]
+    assert rows[0]["iteration"] == rows[1]["iteration"] == 5
     for key in ("policy_loss", "vf_loss", "advantage_scale", "timesteps_total"):
         assert rows[0][key] == rows[1][key], (key, rows)
 
@@ -213,17 +222,12 @@ def poor_behaviour_dump(tmp_path_factory):
     return _untrained_dump(tmp_path_factory.mktemp("poor"), envs=4, steps=256, episodes=30)
 
 
-def test_marwil_improves_on_a_poor_behaviour_policy(poor_behaviour_dump, tmp_path):
+def test_marwil_improves_on_a_poor_behaviour_policy(poor_behaviour_dump, marwil_run):
     """On an untrained policy's episodes, advantage weighting favours the actions that led to
     longer episodes: MARWIL plays clearly better than the data (BC can only imitate it)."""
-    small_dump = poor_behaviour_dump
-    dataset_return = float(np.mean([e.rewards.sum()
-                                     for e in open_dataset(small_dump).iterate_episodes()]))
-    proc = _train(3, "MARWIL", tmp_path / "run", {"input": str(small_dump),
-                                                   "evaluation_episodes": 20},
-                  {"training_iteration": 5})
-    assert proc.returncode == 0, proc.stderr
-    lines = (tmp_path / "run" / "progress.csv").read_text().splitlines()
+    episodes = open_dataset(poor_behaviour_dump).iterate_episodes()
+    dataset_return = float(np.mean([e.rewards.sum() for e in episodes]))
+    lines = (marwil_run / "progress.csv").read_text().splitlines()
     column = lines[0].split(",").index("episode_return_mean")
     returns = [float(line.split(",")[column]) for line in lines[1:]]
     print(f"MARWIL on an untrained policy's data: dataset return {dataset_return:.1f}, "

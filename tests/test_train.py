@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import mpi_env, run_mpi, train_refused_in_process
+from conftest import cli_in_process, mpi_env, run_mpi, train_refused_in_process
 
 MPIRL = [sys.executable, "-m", "mpirl"]
 REQUIRED_COLUMNS = {"iteration", "timesteps_total", "episode_return_mean", "episode_len_mean",
@@ -86,7 +86,7 @@ def test_custom_envs_and_action_spaces_train(tmp_path, env_args, config):
 
 def test_box_actions_train_end_to_end(tmp_path):
     # 4 x 64 steps per env: long enough to finish Pendulum's 200-step episodes.
-    _, run_dir, result = train(3, tmp_path, "--algo", "PPO", "--env", "Pendulum-v1",
+    _, run_dir, result = train(2, tmp_path, "--algo", "PPO", "--env", "Pendulum-v1",
                                "--stop", '{"training_iteration": 4}')
     assert result["iteration"] == 4 and result["episode_return_mean"] < 0  # Pendulum's costs
 
@@ -100,13 +100,15 @@ def test_plot_draws_the_runs(local_run, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_an_existing_run_is_never_overwritten(local_run):
+def test_an_existing_run_is_never_overwritten(local_run, capsys):
+    """Rank 0's check before anything starts, through the CLI's main in process (a usage error
+    under mpiexec is one line on every rank: test_bad_input_is_one_clear_error_on_every_rank)."""
     _, run_dir, _ = local_run
     before = (run_dir / "progress.csv").read_bytes()
-    proc = run_mpi(3, *MPIRL, "train", "--algo", "PPO", "--env", "CartPole-v1",
-                   "--run-dir", str(run_dir), timeout=60)
-    assert proc.returncode == 2
-    assert "already holds a run (progress.csv, result.json); nothing was overwritten" in proc.stderr
+    code, stderr = cli_in_process(capsys, "train", "--algo", "PPO", "--env", "CartPole-v1",
+                                  "--run-dir", str(run_dir))
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert "already holds a run (progress.csv, result.json); nothing was overwritten" in stderr
     assert (run_dir / "progress.csv").read_bytes() == before
 
 
