@@ -380,3 +380,21 @@ def test_generation_records_unpack_in_rank_order():
     bare = {**ranks[0], "delta": None}
     found = unpack_generations([pack_generation(**bare), pack_generation(**bare)])
     assert found["filter_means"].shape == (2, 0) and found["indices"].size == 4
+
+
+def test_a_generation_whose_pairs_were_all_abandoned_makes_a_row_with_no_update():
+    """Every pair of a generation may be left out after env failures (an env that fails at its
+    300th step, once the policy lasts that long; seen on one rollout rank): the ranks apply no
+    update, and the row says so with NaN returns instead of the driver raising ValueError."""
+    from types import SimpleNamespace
+
+    from mpirl.algorithms.evolution.operators import Generation, generation_stats
+
+    summary = {"indices": np.zeros(0, np.int64), "returns": np.zeros((0, 2)),
+               "len_mean": float("nan"), "pairs_abandoned": 25, "eval_returns": [],
+               "record_bytes": 100, "pss_mb": 70.0}
+    row = generation_stats(Generation(b"update", [(0, {"checksum": 1})], summary),
+                           SimpleNamespace(noise_table_mb=95.4))
+    assert row["pairs_this_iter"] == 0 and row["pairs_abandoned_this_iter"] == 25
+    assert np.isnan(row["perturbed_return_mean"]) and np.isnan(row["perturbed_return_max"])
+    assert np.isnan(row["grad_norm"])  # no update was made

@@ -242,8 +242,9 @@ def generation_stats(generation: Generation, evolution: EvolutionState) -> dict[
     # first rank's stands for all (each runs the same share of pairs).
     bytes_per_rank = (summary["record_bytes"] + len(generation.message)
                       + (len(pickle.dumps(applied[0][1], protocol=5)) if applied else 0))
-    return {"perturbed_return_mean": float(returns.mean()),
-            "perturbed_return_max": float(returns.max()),
+    # Every pair may have been abandoned to env failures: no update, and no returns to show.
+    return {"perturbed_return_mean": float(returns.mean()) if returns.size else math.nan,
+            "perturbed_return_max": float(returns.max()) if returns.size else math.nan,
             "perturbed_len_mean": summary["len_mean"],
             "pairs_this_iter": len(indices),
             "pairs_abandoned_this_iter": summary["pairs_abandoned"],
