@@ -55,6 +55,10 @@ def test_every_listed_game_trains_with_the_defaults(tmp_path):
     for line in lines:
         assert "eval random w/d/l -/-/-" in line and "return" not in line, line
     assert sum("eval minimax w/d/l" in line for line in lines) == 2, lines  # the tic-tac-toes
+    # No gating by default: none of its columns (test_alphazero_cli's local-mode test has them).
+    for i in range(len(games)):
+        header = (tmp_path / f"run{i}" / "progress.csv").read_text().splitlines()[0].split(",")
+        assert "sgd_steps_total" in header and not any("gating" in c for c in header), header
 
 
 def test_the_live_line_shows_the_evaluation_not_the_self_play_return():
