@@ -5,13 +5,14 @@ what the shared noise table costs in memory.
 
 * Learning: ``mpiexec -n 3 mpirl train --algo ES|ARS --env CartPole-v1`` with the defaults, until
   the 20-episode mean of the unperturbed policy's return reaches 475 (budgets: ES 3M env steps,
-  ARS 1M); whole process, launch to exit, per seed.
+  ARS 1M); whole process, launch to exit, per seed. (``--quick``: to 100, under ``-n 2``.)
 * Bytes: ``bytes_per_rank_per_generation`` (results, update message and answer, between the
   driver and one rollout rank) for a 226-weight policy and a 1,008,002-weight one (two hidden
-  layers of 1000), 2 generations each under ``-n 3`` (``--quick``: the large one alone).
+  layers of 1000), 2 generations each under ``-n 3`` (``--quick``: the large one alone, read
+  from the memory's runs below, which play it).
 * Memory: the summed proportional set size (PSS) of 3 rollout ranks with a 4 MB and a 381 MB
-  noise table (``--quick``: 2 rollout ranks and 95 MB); one copy per node grows it by about one
-  table, one per rank would by three (two).
+  noise table (``--quick``: 2 rollout ranks, the large policy, and 8 MB and 95 MB); one copy per
+  node grows it by about one table, one per rank would by three (two).
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def learning(seeds: int, quick: bool) -> dict[str, Any]:
         for seed in range(seeds):
             def measure(seed: int = seed, algo: str = algo, budget: int = budget) -> dict:
                 target = 100.0 if quick else TARGET
-                wall, rows = train(3, algo, {}, {"episode_return_mean": target,
-                                                 "timesteps_total": budget}, seed)
+                # Quick: 1 rollout rank, which plays each generation's episodes alone.
+                wall, rows = train(2 if quick else 3, algo, {},
+                                   {"episode_return_mean": target, "timesteps_total": budget},
+                                   seed)
                 last = rows[-1]
                 return {"wall_s": wall, "env_steps": int(last["timesteps_total"]),
                         "return": float(last["episode_return_mean"]),
@@ -93,15 +96,19 @@ def learning(seeds: int, quick: bool) -> dict[str, Any]:
     return report
 
 
+#: The policies whose bytes per generation are measured, and how their runs play.
+NETS = (("226_weights", [32]), ("1008002_weights", [1000, 1000]))
+BYTES_CONFIG = {"episodes_per_batch": 8, "train_batch_size": 0, "num_envs_per_worker": 2,
+                "eval_prob": 0.0}
+
+
 def message_bytes(quick: bool) -> dict[str, Any]:
-    """Bytes per generation of the small and the large policy (the large one alone if quick)."""
+    """Bytes per generation of the small and the large policy (quick: none here; the large
+    one's comes from ``noise_memory``'s runs)."""
     sent = {}
-    nets = (("226_weights", [32]), ("1008002_weights", [1000, 1000]))
-    for name, hidden in nets[1:] if quick else nets:
-        _, rows = train(3, "ES", {"hidden_sizes": hidden, "episodes_per_batch": 8,
-                                  "train_batch_size": 0, "num_envs_per_worker": 2,
-                                  "eval_prob": 0.0, "noise_size": 20_000_000},
-                        {"training_iteration": 2})
+    for name, hidden in () if quick else NETS:
+        _, rows = train(3, "ES", {"hidden_sizes": hidden, **BYTES_CONFIG,
+                                  "noise_size": 20_000_000}, {"training_iteration": 2})
         sent[name] = float(rows[-1]["bytes_per_rank_per_generation"])
     sent["weights_bytes_1008002"] = 4 * 1_008_002
     return sent
@@ -110,18 +117,25 @@ def message_bytes(quick: bool) -> dict[str, Any]:
 def noise_memory(quick: bool) -> dict[str, Any]:
     """The rollout ranks' PSS with a small and a large table (25M numbers instead of 100M if
     quick: 95 MB, still far above what else differs between the two runs; and 2 rollout ranks,
-    not 3: a copy per rank would still double the growth)."""
-    small, large = 1_000_000, 25_000_000 if quick else 100_000_000
-    totals = {}
+    not 3: a copy per rank would still double the growth). Quick: both runs play
+    ``message_bytes``'s large policy (a table of 2M numbers, not 1M, holds its 1M weights), and
+    the large table's run gives its bytes per generation (``bytes_1008002_weights``): two runs
+    instead of three."""
+    small, large = (2_000_000, 25_000_000) if quick else (1_000_000, 100_000_000)
+    config = {"hidden_sizes": NETS[1][1], **BYTES_CONFIG} if quick else {}
+    totals, sent = {}, None
     for size in (small, large):
-        _, rows = train(3 if quick else 4, "ES", {"noise_size": size}, {"training_iteration": 2})
+        _, rows = train(3 if quick else 4, "ES", {**config, "noise_size": size},
+                        {"training_iteration": 2})
         totals[size] = (float(rows[-1]["rollout_pss_mb_total"]),
                         float(rows[-1]["noise_table_mb"]))
+        sent = float(rows[-1]["bytes_per_rank_per_generation"])
     growth = totals[large][0] - totals[small][0]
     table = totals[large][1]
     return {"pss_mb_small_table": totals[small][0], "pss_mb_large_table":
             totals[large][0], "table_mb": table, "growth_mb": growth,
-            "growth_over_table": growth / table}
+            "growth_over_table": growth / table,
+            **({"bytes_1008002_weights": sent} if quick else {})}
 
 
 def main() -> int:
@@ -137,6 +151,8 @@ def main() -> int:
                               lambda: message_bytes(args.quick))
     report["memory"] = attempt(f"noise table memory, {2 if args.quick else 3} rollout ranks",
                                lambda: noise_memory(args.quick))
+    if args.quick and "bytes_1008002_weights" in report["memory"]:
+        report["bytes"]["1008002_weights"] = report["memory"].pop("bytes_1008002_weights")
     rows = [["what", "ES", "ARS"]]
     for key, label in (("reached", "reached"), ("wall_s_median", "wall s (median)"),
                        ("env_steps_median", "env steps (median)"),

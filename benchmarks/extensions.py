@@ -84,11 +84,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--quick", action="store_true",
-                        help="1 round of 6 iterations (3 measured) on 2 ranks, the imports once")
+                        help="1 round of 3 iterations (1 measured) on 2 ranks, the imports once")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    # Quick: the default histograms (every 10 iterations) write none in 6; every iteration does.
-    plan = (Plan(1, 6, warmup_iterations=3, import_rounds=1, ranks=2) if args.quick
+    # Quick: the default histograms (every 10 iterations) write none in 3; every iteration does.
+    plan = (Plan(1, 3, warmup_iterations=2, import_rounds=1, ranks=2) if args.quick
             else Plan(args.rounds, args.iterations))
     report = {"meta": run_metadata(args.quick, plan, ["torch", "tensorboardX"])}
 

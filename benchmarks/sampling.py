@@ -5,7 +5,8 @@
 CartPole-v1, ``NUM_ENVS`` environments per worker in a gymnasium ``SyncVectorEnv`` (same-step
 autoreset), mpirl's default policy (separate 64x64 tanh actor and critic MLPs), torch with one
 thread. Three programs, run one after another by this same file (``--role ROLE``; ``--quick``
-runs raw and local in one process, and mpirl with 1 rollout rank only):
+runs raw and local in one process, and mpirl with 1 rollout rank only, its runs with and without
+dumps one after the other in one ``mpiexec -n 2``):
 
 * raw: the vector env and ``Policy.act`` in a tight loop in one plain process, with no mpirl
   code on the path: the ceiling.
@@ -184,7 +185,20 @@ def role_dump_inline(plan: Plan) -> int:
     return _mpirl_sampling(plan, False)
 
 
-def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
+#: ``mpirl_and_dumps``'s measurements, in order: a ``dump_writer_process`` of each (None: no
+#: dump), by the role whose result it stands for.
+QUICK_DUMP_MODES = {"mpirl": None, "dump": True, "dump_inline": False}
+
+
+def role_mpirl_and_dumps(plan: Plan) -> int:
+    """``--quick``: ``mpirl``, ``dump`` and ``dump_inline`` one after the other in one job (the
+    rollout workers of each spawned anew), their results by role: one launch, not three."""
+    return _mpirl_sampling(plan, *QUICK_DUMP_MODES.values(), names=tuple(QUICK_DUMP_MODES))
+
+
+def _mpirl_sampling(plan: Plan, *dump_writer_processes: bool | None,
+                    names: tuple[str, ...] | None = None) -> int:
+    """Emits the result of each mode in turn (a dict of them by ``names`` if given)."""
     import shutil
     import tempfile
 
@@ -204,13 +218,18 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
             return sum(len(channel.recv(src, BATCH)["advantages"]) for src in sources)
 
     def body(driver: mpirl.Driver) -> int:
+        sink = driver.spawn("learner", BatchSink, local_if_empty=True)
+        results = [measure_mode(driver, sink, mode) for mode in dump_writer_processes]
+        emit(results[0] if names is None else dict(zip(names, results, strict=True)))
+        return 0
+
+    def measure_mode(driver: mpirl.Driver, sink: Any, dump_writer_process: bool | None) -> dict:
         from mpirl.data.dump_writer import DumpTarget
 
         directory = tempfile.mkdtemp(prefix="mpirl-dump-bench-")
         dump = (None if dump_writer_process is None else
                 DumpTarget(directory, 0, writer_process=dump_writer_process))
         rollouts = driver.spawn("rollout", RolloutWorker, _rollout_settings(dump))
-        sink = driver.spawn("learner", BatchSink, local_if_empty=True)
         dumped = {"episodes": 0, "steps": 0}
 
         def block() -> int:
@@ -234,8 +253,7 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
             result.update(dumped_episodes=dumped["episodes"], dumped_steps=dumped["steps"],
                           dump_bytes=size, dump_bytes_per_step=size / max(dumped["steps"], 1))
         shutil.rmtree(directory, ignore_errors=True)
-        emit(result)
-        return 0
+        return result
 
     return mpirl.run(body, mpirl.Layout(num_rollout_workers=-1),
                      mpirl.RuntimeSettings(print_layout=False))
@@ -244,6 +262,7 @@ def _mpirl_sampling(plan: Plan, dump_writer_process: bool | None) -> int:
 ROLES: dict[str, Callable[[Plan], int]] = {
     "raw": role_raw, "local": role_local, "raw_and_local": role_raw_and_local,
     "mpirl": role_mpirl, "dump": role_dump, "dump_inline": role_dump_inline,
+    "mpirl_and_dumps": role_mpirl_and_dumps,
 }
 
 
@@ -275,19 +294,26 @@ def orchestrate(plan: Plan, quick: bool, json_path: Path | None) -> int:
     else:
         raw = attempt_role(SCRIPT, "raw", None, quick, describe_rate)
         local = attempt_role(SCRIPT, "local", None, quick, describe_rate)
-    # A quick run measures 1 rollout rank only: the same program, 3 processes fewer.
-    by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
-                for n in (ROLLOUT_RANKS[:1] if quick else ROLLOUT_RANKS)}
-    # Trajectory dumps, side by side with the same 1-rollout-rank run without them.
-    # A quick run pairs the dump with the 1-rank run just measured: one launch fewer.
-    pairs = []
-    for _ in range(1 if quick else DUMP_PAIRS):
-        no_dump = by_ranks["1"] if quick else attempt_role(SCRIPT, "mpirl", 2, quick,
-                                                           describe_rate)
-        pairs.append((no_dump, attempt_role(SCRIPT, "dump", 2, quick, describe_rate)))
+    if quick:
+        # 1 rollout rank only, and the dumps' runs after it in the same job: one launch of 2
+        # ranks instead of three.
+        runs = attempt_role(SCRIPT, "mpirl_and_dumps", 2, quick,
+                            lambda r: ", ".join(f"{name} {describe_rate(r[name])}"
+                                                for name in QUICK_DUMP_MODES))
+        no_dump, dump, dump_inline = (runs if "error" in runs else runs[name]
+                                      for name in QUICK_DUMP_MODES)
+        by_ranks, pairs = {"1": no_dump}, [(no_dump, dump)]
+    else:
+        by_ranks = {str(n): attempt_role(SCRIPT, "mpirl", n + 1, quick, describe_rate)
+                    for n in ROLLOUT_RANKS}
+        # Trajectory dumps, side by side with the same 1-rollout-rank run without them.
+        pairs = []
+        for _ in range(DUMP_PAIRS):
+            no_dump = attempt_role(SCRIPT, "mpirl", 2, quick, describe_rate)
+            pairs.append((no_dump, attempt_role(SCRIPT, "dump", 2, quick, describe_rate)))
+        dump_inline = attempt_role(SCRIPT, "dump_inline", 2, quick, describe_rate)
     pair_ratios = [ratio(d.get("steps_per_s"), n.get("steps_per_s")) for n, d in pairs]
     no_dump, dump = pairs[-1]
-    dump_inline = attempt_role(SCRIPT, "dump_inline", 2, quick, describe_rate)
 
     mpirl: dict[str, Any] = {"steps_per_s_total": {}, "steps_per_s_per_rank": {}, "runs": by_ranks}
     errors = {n: r["error"] for n, r in by_ranks.items() if "error" in r}

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import mpi_env
+from conftest import mpi_env, train_refused_in_process
 
 from mpirl.report.progress import ProgressDisplay
 
@@ -55,6 +55,10 @@ def test_every_listed_game_trains_with_the_defaults(tmp_path):
     for line in lines:
         assert "eval random w/d/l -/-/-" in line and "return" not in line, line
     assert sum("eval minimax w/d/l" in line for line in lines) == 2, lines  # the tic-tac-toes
+    # No gating by default: none of its columns (test_alphazero_cli's local-mode test has them).
+    for i in range(len(games)):
+        header = (tmp_path / f"run{i}" / "progress.csv").read_text().splitlines()[0].split(",")
+        assert "sgd_steps_total" in header and not any("gating" in c for c in header), header
 
 
 def test_the_live_line_shows_the_evaluation_not_the_self_play_return():
@@ -86,15 +90,19 @@ def test_the_live_line_shows_the_evaluation_not_the_self_play_return():
     assert "return 0.3" in out.getvalue() and "len 8.3" in out.getvalue()
 
 
-@pytest.mark.parametrize("env, message", [
+MISSING = [
     ("openspiel/tic_tac_toe",
      "openspiel/tic_tac_toe needs OpenSpiel: pip install 'mpirl[openspiel]'"),
     ("pettingzoo.classic.connect_four_v3",
      "pettingzoo.classic.connect_four_v3 needs PettingZoo: pip install 'mpirl[games]'"),
-])
-def test_a_missing_game_package_is_named_first(tmp_path, env, message):
+]
+
+
+def test_a_missing_game_package_is_named_first(tmp_path):
     """``make run``'s venv has neither extra: the one line says which package and how to
-    install it, first (it came last, after a sentence on what --env may be)."""
+    install it, first (it came last, after a sentence on what --env may be). OpenSpiel's case
+    end to end, in a process of its own; PettingZoo's in this one (the next test)."""
+    env, message = MISSING[0]
     script = textwrap.dedent(f"""
         import sys
         sys.modules["pyspiel"] = sys.modules["pettingzoo"] = None  # as if not installed
@@ -106,3 +114,17 @@ def test_a_missing_game_package_is_named_first(tmp_path, env, message):
                           timeout=120, env=mpi_env())
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"mpirl: error: {message}", proc.stderr
+
+
+@pytest.mark.parametrize("env, message", MISSING)
+def test_a_missing_game_package_is_named_first_in_process(tmp_path, capsys, monkeypatch, env,
+                                                          message):
+    """Each case through the CLI's main in pytest's process (the same refusal, without an
+    interpreter's start-up and torch's import per case): every module of both packages,
+    whatever this worker imported before, is made unimportable."""
+    for name in [n for n in sys.modules if n.partition(".")[0] in ("pyspiel", "pettingzoo")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "pyspiel", None)
+    monkeypatch.setitem(sys.modules, "pettingzoo", None)
+    stderr = train_refused_in_process(tmp_path, capsys, "--algo", "AlphaZero", "--env", env)
+    assert stderr.strip() == f"mpirl: error: {message}", stderr

@@ -273,8 +273,9 @@ def test_alphazero_benchmark_quick_writes_every_key(tmp_path):
     if "error" not in openspiel:
         assert entry["speedup_positions_per_s"] is not None
     runs = report["scaling"]["runs"]
-    assert set(runs) == {"1", "2"}
-    assert runs["1"]["efficiency"] == 1.0 and runs["2"]["efficiency"] > 0
+    # Quick: one point, the comparison's run (the full run: 1, 2 and 4 rollout ranks).
+    assert set(runs) == {"1"} and runs["1"]["positions"] > 0
+    assert runs["1"]["efficiency"] == 1.0
     batch = report["scaling"]["inference_batch"]
     assert 1 <= batch["mean_batch"] <= batch["games_per_worker"]
     lag = report["scaling"]["policy_lag"]
