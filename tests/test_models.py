@@ -182,16 +182,19 @@ def test_es_perturbs_a_cnn_and_bc_learns_from_compressed_uint8_image_dumps(tmp_p
         np.testing.assert_allclose(policy(torch.as_tensor(obs[k:k + 1])).detach().numpy()[0],
                                    together[k].numpy(), rtol=1e-5, atol=1e-6)
     train(2, tmp_path / "es", "--algo", "ES", "--env", f"{PROBES}:PixelTarget", "--config",
-          '{"cnn_dense_size": 64}', "--stop", '{"training_iteration": 2}')
+          '{"cnn_dense_size": 64}', "--stop", '{"training_iteration": 1}')
     # Dumps keep the images as uint8 in gzip chunks (the pixel target's PPO run dumped every
-    # episode, compressing every chunk); BC trains its CNN on them.
+    # episode, compressing every chunk); BC trains its CNN on them: 10 SGD steps of 64 rows read
+    # from the dump (its defaults, 100 steps of 512 rows, took most of this test's CPU).
     dump = pixel_target_run[1]
     with h5py.File(next(dump.glob("rollout-*.hdf5"))) as file:
         observations = file["episode_0/observations"]
         assert observations.dtype == np.uint8 and observations.compression == "gzip"
     _, _, result = train(2, tmp_path / "bc", "--algo", "BC", "--env", f"{PROBES}:PixelTarget",
-                         "--config", json.dumps({"input": str(dump)}),
+                         "--config", json.dumps({"input": str(dump), "train_batch_size": 64,
+                                                 "num_sgd_steps_per_iteration": 10}),
                          "--stop", '{"training_iteration": 1}')
+    assert result["sgd_steps"] == 10 and result["learner_samples"] == 640, result
     assert np.isfinite(result["episode_return_mean"])
 
 
@@ -363,7 +366,7 @@ def test_lstm_runs_resume_bit_identical_and_serve_a2c_a3c_and_impala(tmp_path):
     for algo in ("A2C", "A3C", "IMPALA"):  # one rollout rank: the state still crosses ranks
         _, run_dir, result = train(
             2, tmp_path / algo, "--algo", algo, "--env", f"{PROBES}:RecallCue",
-            "--config", '{"use_lstm": true}', "--stop", '{"timesteps_total": 1000}')
+            "--config", '{"use_lstm": true}', "--stop", '{"timesteps_total": 300}')
         assert result["episodes_total"] > 0 and np.isfinite(result["episode_return_mean"])
 
 

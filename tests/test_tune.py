@@ -40,23 +40,24 @@ def iterations(run_dir: Path) -> list[int]:
 
 
 #: The PBT test's 100-episode mean and env-step budget per member (see its docstring).
-PBT_LEVEL, PBT_BUDGET = 150, 150_000
+PBT_LEVEL, PBT_BUDGET = 100, 60_000
 
 
 def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
-    """Four PPO members all start at lr 1e-5, with which PPO does not learn CartPole here: with
-    that lr fixed, the best of the 4 members is at 52 after 100k steps and at 104-124 after
-    200k. PBT's exploit and explore move the population to larger rates, and a member's
-    100-episode mean reaches PBT_LEVEL within PBT_BUDGET steps. Sized over seeds and
-    floating-point kernels, not on this test's seed (0): when a population reaches 450 follows
-    the last bits of every matrix product (seed 0 reached it at 175k on one CPU, at 269k with
-    MKL_CBWR=COMPATIBLE and not within 330k with the default kernels of an AVX-512 EPYC), while
-    150 came within 73k steps on every seed and kernels measured, 23k-73k (seeds 0-9 there,
-    both ways; benchmarks/RESULTS.md, issue 47). Each member is one rank (local mode), so the
-    job is 5 ranks on 2 cores."""
+    """Two PPO members start at lr 1e-5, with which PPO does not learn CartPole here (with that
+    lr fixed, the best of 4 members is at 52 after 100k steps: benchmarks/tune.py's fixed arm,
+    docs/tune.md). At each decision the loser takes the winner's state and draws a new lr from
+    the list (--resample-probability 1), so the population moves to a rate that learns and a
+    member's 100-episode mean reaches PBT_LEVEL within PBT_BUDGET steps: seeds 0-4 (--seed of
+    the train options) did at 22.0k-24.6k steps (2026-11-29). The figure (4 members from lr
+    1e-5 to 450, against the same population with lr fixed) is benchmarks/tune.py's, in
+    benchmarks/RESULTS.md. PBT's mechanics (exploit, explore, the loser's resume with the new
+    lr, pbt.jsonl, tune.csv, the members' run directories) are checked on the population of
+    test_a_stopped_or_killed_population_resumes. The job is 3 ranks: a controller and two
+    members of one rank (local mode)."""
     tune_dir = tmp_path / "pbt"
-    proc = tune(5, "--scheduler", "pbt", "--population", "4", "--ranks-per-trial", "1",
-                "--perturbation-interval", "10",
+    proc = tune(3, "--scheduler", "pbt", "--population", "2", "--ranks-per-trial", "1",
+                "--perturbation-interval", "10", "--resample-probability", "1",
                 "--mutations", '{"lr": [1e-5, 1e-4, 3e-4, 1e-3]}', "--run-dir", str(tune_dir),
                 "--", *CARTPOLE, "--config", '{"lr": 1e-5}',
                 "--stop", json.dumps({"episode_return_mean": PBT_LEVEL,
@@ -67,29 +68,9 @@ def test_pbt_finds_a_learning_rate_that_fixed_runs_lack(tmp_path):
     best = result["best_result"]
     assert (best["episode_return_mean"] >= PBT_LEVEL
             and best["timesteps_total"] <= PBT_BUDGET), result
-    decisions = [json.loads(line) for line in (tune_dir / "pbt.jsonl").read_text().splitlines()]
-    assert decisions, "no PBT decision was logged"
-    for decision in decisions:
-        assert {"time", "iteration", "from", "to", "old_config", "new_config"} <= set(decision)
-        assert decision["from"] != decision["to"]
     # Exploit copied state and explore moved lr off the start value.
+    decisions = [json.loads(line) for line in (tune_dir / "pbt.jsonl").read_text().splitlines()]
     assert any(d["exploited"] and d["new_config"]["lr"] > 1e-5 for d in decisions), decisions
-    # Every member is an ordinary run directory whose history has no gaps or repeats.
-    for index in range(4):
-        trial = tune_dir / f"trial_{index:03d}"
-        assert (trial / "params.json").is_file() and (trial / "checkpoints").is_dir()
-        its = iterations(trial)
-        assert its == list(range(1, len(its) + 1)), its
-    # A loser's run continued from its winner's checkpoint with the explored lr (explore may
-    # also draw the lr the winner had: then nothing changed to print).
-    moved = [d for d in decisions if d["new_config"]["lr"] != d["old_config"]["lr"]]
-    assert moved, decisions
-    loser = tune_dir / moved[0]["to"]
-    log = (loser / "output.log").read_text()
-    assert "resumed from" in log and "changed: lr" in log, log
-    table = rows(tune_dir / "tune.csv")
-    assert {row["trial"] for row in table} == {f"trial_{i:03d}" for i in range(4)}
-    assert "best: trial_" in proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -215,16 +196,33 @@ def test_a_stopped_or_killed_population_resumes(tmp_path):
 
     proc = tune(3, "--resume", str(tune_dir))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "best: trial_" in proc.stdout
     result = json.loads((tune_dir / "result.json").read_text())
     assert [t["last"]["iteration"] for t in result["trials"]] == [48, 48], result
     assert all(t["status"] == "TERMINATED" for t in result["trials"])
+    # Every member is an ordinary run directory whose history has no gaps or repeats.
     for trial in ("trial_000", "trial_001"):
+        assert (tune_dir / trial / "params.json").is_file()
+        assert (tune_dir / trial / "checkpoints").is_dir()
         assert iterations(tune_dir / trial) == list(range(1, 49))
+    assert {row["trial"] for row in rows(tune_dir / "tune.csv")} == {"trial_000", "trial_001"}
     decisions = [json.loads(line) for line in (tune_dir / "pbt.jsonl").read_text().splitlines()]
     # Boundaries every 256 env steps before the last (48 x 64 = 3072), the first three logged.
     boundaries = {d["boundary"] for d in decisions}
     assert {256, 512, 768} <= boundaries <= set(range(256, 3072, 256)), decisions
     assert all(d["time_attr"] == "timesteps_total" for d in decisions)
+    for decision in decisions:
+        assert {"time", "iteration", "from", "to", "old_config", "new_config"} <= set(decision)
+        assert decision["from"] != decision["to"]
+    # Exploit copied the winner's state to the loser (each of the 11 decisions has one of each).
+    assert any(d["exploited"] for d in decisions), decisions
+    # A loser's run continued from its winner's checkpoint with the explored lr (explore may
+    # also draw the lr the winner had: then nothing changed to print).
+    moved = [d for d in decisions if d["exploited"]
+             and d["new_config"]["lr"] != d["old_config"]["lr"]]
+    assert moved, decisions
+    log = (tune_dir / moved[0]["to"] / "output.log").read_text()
+    assert "resumed from" in log and "changed: lr" in log, log
 
 
 BAD_TUNE_COMMAND_LINES = [
