@@ -7,15 +7,16 @@ local mode, a learner rank, and bad input.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
-import subprocess
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import local_train, mpi_env, train_refused
+from conftest import local_train, train_refused
 from mpirl.algorithms.model_based.mbpo import (
     Config,
     model_buffer_capacity,
@@ -23,7 +24,7 @@ from mpirl.algorithms.model_based.mbpo import (
     rollout_length,
 )
 from test_pets import refusal
-from test_train import MPIRL, rows, train
+from test_train import rows, train
 
 COLUMNS = {"model_error", "model_error_max", "model_train_nll", "rollout_length",
            "model_buffer_size", "real_buffer_size", "critic_loss", "actor_loss", "alpha",
@@ -142,11 +143,15 @@ def check_a_quick_run(proc, run_dir, monkeypatch):
     assert _ints(progress, "sgd_steps_total") == [0, 0, 20, 40]
     assert all(math.isfinite(float(r["model_error"])) for r in progress[1:])
     assert progress[1]["eval_return_mean"] != "nan"
-    # mpirl evaluate acts with the checkpoint's SAC actor.
-    proc = subprocess.run([*MPIRL, "evaluate", str(run_dir), "--episodes", "1", "--json"],
-                          capture_output=True, text=True, timeout=120, env=mpi_env())
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    # mpirl evaluate acts with the checkpoint's SAC actor: the CLI's main in-process (the
+    # console script's code path outside a launcher; test_pets.check_a_quick_run runs the
+    # command end to end on PETS's checkpoint).
+    from mpirl.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["evaluate", str(run_dir), "--episodes", "1", "--json"]) == 0
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
     assert summary["episodes"] == 1 and math.isfinite(summary["return_mean"])
 
 

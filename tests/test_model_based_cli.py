@@ -18,6 +18,7 @@ from conftest import (
     hook_ranks,
     kill_9_after_checkpoint,
     latest_checkpoint_iteration,
+    local_train,
     resume_then_stop_a_rollout_rank,
     run_mpi,
 )
@@ -59,6 +60,8 @@ def _same_arrays(a: dict, b: dict) -> bool:
 
 #: The reference run's iterations: it checkpoints every 2 and keeps every checkpoint.
 TOTAL = 8
+#: Where the interrupted run of the kill -9 test ends, compared with the reference's checkpoint.
+RESUMED_TO = 6
 
 
 def _reference_config(algo):
@@ -87,20 +90,20 @@ def test_a_quick_run_reports_its_columns_and_its_checkpoint_evaluates(reference,
 
 
 def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, reference):
-    """The driver is killed with kill -9 after checkpoint 4 of 8; the run resumed from there
-    (with no periodic checkpoints: ``checkpoint_every`` 0 given on resume) gets SIGUSR1 on a
-    rollout rank once it has run an iteration: it checkpoints where it stopped and exits 75
-    (resume me), naming the rank; resumed again, on to 8. Its rows (the real transitions
-    column: the resumed learners kept every one), its learner's buffers and weights (the
-    ensemble and, for MBPO, SAC) and the rollout ranks' weights and observations equal those of
-    a run never stopped, bit for bit. (The stop signal was a test of its own, 2 launches.)"""
-
-
-
+    """The driver is killed with kill -9 after checkpoint 2 (the ensemble fitted, and for MBPO
+    its first model rollouts made); the run resumed from there (with no periodic checkpoints:
+    ``checkpoint_every`` 0 given on resume) gets SIGUSR1 on a rollout rank once it has run an
+    iteration: it checkpoints where it stopped and exits 75 (resume me), naming the rank;
+    resumed again, on to 6. Its rows (the real transitions column: the resumed learners kept
+    every one), its learner's buffers and weights (the ensemble and, for MBPO, SAC) and the
+    rollout ranks' weights and observations equal those of the reference run (never stopped)
+    at its checkpoint 6, bit for bit. (The stop signal was a test of its own, 2 launches. Until
+    2026-11-29 the kill came after checkpoint 4 and the resumed run went on to 8, the
+    reference's end: some 3 iterations more over the 3 launches.)"""
     algo, reference, _ = reference
-    total, config = TOTAL, _reference_config(algo)
+    total, config = RESUMED_TO, _reference_config(algo)
     interrupted = tmp_path / "interrupted"
-    kill_9_after_checkpoint(3, interrupted, "driver", 4, "--algo", algo, *PENDULUM,
+    kill_9_after_checkpoint(3, interrupted, "driver", 2, "--algo", algo, *PENDULUM,
                             "--config", config)
     killed_at = latest_checkpoint_iteration(interrupted)
     assert killed_at < total - 2, "the kill came too late"
@@ -109,14 +112,14 @@ def test_resume_after_kill_9_and_a_stop_signal_is_bit_identical(tmp_path, refere
                    json.dumps({"training_iteration": total}), timeout=120)
     assert proc.returncode == 0, proc.stderr
 
-    assert _deterministic(interrupted, algo) == _deterministic(reference, algo)
+    assert _deterministic(interrupted, algo) == _deterministic(reference, algo)[:total]
     a = _checkpointed(reference, total, "learner_0.pkl")
     b = _checkpointed(interrupted, total, "learner_0.pkl")
     assert np.array_equal(a["weights"], b["weights"])
     for buffer in BUFFERS[algo]:
         assert len(a[buffer]["obs"]) and _same_arrays(a[buffer], b[buffer]), buffer
     column, _ = REAL[algo]
-    assert len(a[BUFFERS[algo][0]]["obs"]) == int(float(rows(reference)[-1][column]))
+    assert len(a[BUFFERS[algo][0]]["obs"]) == int(float(rows(reference)[total - 1][column]))
     for name in ("rollout_0.pkl", "rollout_1.pkl"):
         ra = _checkpointed(reference, total, name)["runner"]
         rb = _checkpointed(interrupted, total, name)["runner"]
@@ -229,11 +232,13 @@ CLIFF = {**QUICK, "num_envs_per_worker": 4, "rollout_fragment_length": 40,
 
 
 def _cliff_run(tmp_path, name, **config):
+    """In local mode: its rows and checkpoint are bit for bit those of mpiexec -n 2 (one
+    rollout rank), checked 2026-11-29, without a second rank's start-up."""
     run_dir = tmp_path / name
-    proc = run_mpi(2, *MPIRL, "train", "--algo", "PETS", "--env", "MpirlCliffWalk-v0",
-                   "--env-module", "mpirl.testing", "--run-dir", str(run_dir), "--config",
-                   json.dumps({**CLIFF, **config}), "--stop", '{"training_iteration": 5}',
-                   timeout=120)
+    proc = local_train(run_dir, "--algo", "PETS", "--env", "MpirlCliffWalk-v0",
+                       "--env-module", "mpirl.testing", "--config",
+                       json.dumps({**CLIFF, **config}), "--stop", '{"training_iteration": 5}')
+    run_dir = run_dir / "run"
     assert proc.returncode == 0, proc.stderr
     return rows(run_dir), _checkpointed(run_dir, 5, "learner_0.pkl")["data"]
 
@@ -246,9 +251,10 @@ def test_a_termination_fn_or_a_learned_one_keeps_the_plans_off_the_cliff(tmp_pat
     the suite (its Pendulum goal is benchmarks/model_based.py's figure): the ensemble learns
     the walk's dynamics and rewards from 800 real steps, and the plans over it must reach the
     return thresholds. The evaluation after the 5th iteration, mpiexec -n 2 (one rollout rank
-    of 4 envs), seeds 0/1/2/3/4 (2026-11-29): told 65.2/65.6/65.7/51.5/51.7, learned
-    55.2/56.3/61.4/58.0/60.8, blind 6.6/6.8/6.2/7.1/6.2 (at most 40 x 1.8; uniformly random
-    actions score about 24, standing still 40). Until 2026-11-29 it ran on 2 rollout ranks of 2
+    of 4 envs; the local mode this test runs in plays the same, bit for bit), seeds 0/1/2/3/4
+    (2026-11-29): told 65.2/65.6/65.7/51.5/51.7, learned 55.2/56.3/61.4/58.0/60.8, blind
+    6.6/6.8/6.2/7.1/6.2 (at most 40 x 1.8; uniformly random actions score about 24, standing
+    still 40). Until 2026-11-29 it ran on 2 rollout ranks of 2
     envs, evaluated every iteration (seeds 0/1/2: told 65.1/58.9/65.7, learned
     59.2/52.3/54.1, blind 7.5/7.6/8.6), 36.5 CPU-s against about 24 now."""
     told, data = _cliff_run(tmp_path, "told", termination_fn="mpirl.testing:cliff_walk_ended")
