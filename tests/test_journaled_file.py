@@ -131,13 +131,10 @@ def test_the_dump_writer_process_answers_each_batch_after_its_commit(tmp_path):
     assert json.loads(json.dumps(_read_back(path))) == [0]
 
 
-def test_the_dump_writer_on_a_full_disk_ends_quietly_and_its_rank_raises_enospc(tmp_path, capfd):
-    # Found by benchmarks/chaos.py: on ENOSPC the writer process printed a traceback. It now
-    # exits with its own code, and the rank raises ENOSPC, which the driver reports in one line.
-    import errno
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs of its own (root can mount one; elsewhere the test is skipped)."""
     import subprocess
-
-    from mpirl.data.dump_writer import _WriterProcess
 
     disk = tmp_path / "fs"
     disk.mkdir()
@@ -146,26 +143,73 @@ def test_the_dump_writer_on_a_full_disk_ends_quietly_and_its_rank_raises_enospc(
     if mounted.returncode != 0:
         pytest.skip(f"no tmpfs could be mounted here: {mounted.stderr.strip()}")
     try:
-        writer = _WriterProcess(disk / "rollout-s0-w0.hdf5", ATTRS, 1, 4096)
-        steps = 200
-        block = {"lo": 0, "ends": [(0, 0, 0, steps - 1, None)], "finals": [np.zeros(4, np.float32)],
-                 "obs": np.random.default_rng(0).random((steps, 1, 4), np.float32),
-                 "actions": np.zeros((steps, 1), np.int64), "rewards": np.ones((steps, 1)),
-                 "terminated": np.arange(steps)[:, None] == steps - 1,
-                 "truncated": np.zeros((steps, 1), bool), "logp": np.zeros((steps, 1), np.float32)}
-        writer.send(block)
-        assert writer.take_acked(wait=True, timeout=60) == [(0, steps)]
-        with open(disk / "filler", "wb", buffering=0) as filler:
-            with pytest.raises(OSError):
-                while True:
-                    filler.write(b"\0" * 4096)
-        with pytest.raises(OSError) as raised:
-            for k in range(1, 1000):
-                block["lo"] = k * steps
-                block["ends"] = [(k, 0, k * steps, (k + 1) * steps - 1, None)]
-                writer.send(block)
-                writer.take_acked(wait=True, timeout=60)
-        assert raised.value.errno == errno.ENOSPC, raised.value
-        assert "Traceback" not in capfd.readouterr().err
+        yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk):
+    with open(disk / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:
+            filler.write(b"\0" * 4096)
+
+
+def test_the_dump_writer_on_a_full_disk_ends_quietly_and_its_rank_raises_enospc(small_disk,
+                                                                                  capfd):
+    # Found by benchmarks/chaos.py: on ENOSPC the writer process printed a traceback. It now
+    # exits with its own code, and the rank raises ENOSPC, which the driver reports in one line.
+    import errno
+
+    from mpirl.data.dump_writer import _WriterProcess
+
+    disk = small_disk
+    writer = _WriterProcess(disk / "rollout-s0-w0.hdf5", ATTRS, 1, 4096)
+    steps = 200
+    block = {"lo": 0, "ends": [(0, 0, 0, steps - 1, None)], "finals": [np.zeros(4, np.float32)],
+             "obs": np.random.default_rng(0).random((steps, 1, 4), np.float32),
+             "actions": np.zeros((steps, 1), np.int64), "rewards": np.ones((steps, 1)),
+             "terminated": np.arange(steps)[:, None] == steps - 1,
+             "truncated": np.zeros((steps, 1), bool), "logp": np.zeros((steps, 1), np.float32)}
+    writer.send(block)
+    assert writer.take_acked(wait=True, timeout=60) == [(0, steps)]
+    _fill(disk)
+    with pytest.raises(OSError) as raised:
+        for k in range(1, 1000):
+            block["lo"] = k * steps
+            block["ends"] = [(k, 0, k * steps, (k + 1) * steps - 1, None)]
+            writer.send(block)
+            writer.take_acked(wait=True, timeout=60)
+    assert raised.value.errno == errno.ENOSPC, raised.value
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_tensorboard_file_on_a_full_disk_raises_enospc_in_the_writer_s_thread(small_disk,
+                                                                                   capfd):
+    # Found by benchmarks/chaos.py: tensorboardX's own writer thread died on ENOSPC with a
+    # traceback, and the next writes blocked forever on its full queue (IMPALA hung). The events
+    # are now written in the caller's thread, so the run gets the OSError and ends in one line.
+    import errno
+    import threading
+
+    from mpirl.report.tensorboard import EventWriter
+
+    writer = EventWriter(small_disk / "run")
+    writer.add_scalars({"episode_return_mean": 1.0}, 1)
+    writer.flush()
+    _fill(small_disk)
+    raised: list[BaseException] = []
+
+    def write_rows():  # as the run's recorder does: rows, and a flush only now and then
+        try:
+            for step in range(2, 100_000):
+                writer.add_scalars({f"value_{k}": float(k) for k in range(30)}, step)
+                writer.add_histogram("weights", np.arange(100.0), step)
+        except OSError as error:
+            raised.append(error)
+
+    rows = threading.Thread(target=write_rows, daemon=True)
+    rows.start()
+    rows.join(timeout=60)
+    assert not rows.is_alive(), "the writes blocked on a full disk"
+    assert raised and raised[0].errno == errno.ENOSPC, raised
+    assert "Traceback" not in capfd.readouterr().err

@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +43,22 @@ class EventWriter:
         suffix = f".{os.getpid()}.{next(_writers)}"
         # Imported here: tensorboardX imports torch (1 s, 200 MB), and `mpirl --help` or the
         # `mpirl launch` supervisor import this module without writing any event.
-        from tensorboardX import FileWriter
         from tensorboardX import summary as summaries
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.proto.summary_pb2 import Summary
 
         # NaN is a value rows legitimately hold (no episode ended yet, a rank not heard from):
         # tensorboardX would warn on each one.
         logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
-        self._summary, self._summaries = Summary, summaries
+        self._summary, self._summaries, self._event = Summary, summaries, Event
         self._edges: list[float] | None = None
-        # flush_secs: the run's recorder flushes (an fsync, in tensorboardX) every few seconds
-        # and before each checkpoint itself (RunRecorder.sync); the writer's own thread then has
-        # nothing left to do in between.
-        self._writer = FileWriter(str(self.logdir), flush_secs=3600, filename_suffix=suffix)
+        # Written in the caller's thread, not by tensorboardX's FileWriter thread: on a full
+        # disk that thread died with a traceback of its own and the next writes then blocked
+        # forever on its full queue (benchmarks/chaos.py hung IMPALA so). Here the OSError
+        # reaches the run, which ends with one line. The run's recorder flushes every few
+        # seconds and before each checkpoint (RunRecorder.sync).
+        self._writer = EventsWriter(str(self.logdir / "events"), suffix)
         self.path = next(self.logdir.glob(f"events.out.tfevents.*{suffix}"))
         self._closed = False
 
@@ -74,7 +78,7 @@ class EventWriter:
         summary = self._summary(value=[value(tag=_NOT_IN_TAG.sub("_", tag).lstrip("/"),
                                              simple_value=float(number))
                                        for tag, number in values.items()])
-        self._writer.add_summary(summary, int(step), wall_time)
+        self._write(summary, step, wall_time)
 
     def add_histogram(self, tag: str, values: Any, step: int) -> None:
         """Append a histogram of ``values`` (any array; NaNs dropped)."""
@@ -85,8 +89,12 @@ class EventWriter:
         if values.size:
             if self._edges is None:
                 self._edges = _histogram_edges()
-            self._writer.add_summary(self._summaries.histogram(tag, values, self._edges),
-                                     int(step))
+            self._write(self._summaries.histogram(tag, values, self._edges), step)
+
+    def _write(self, summary: Any, step: int, wall_time: float | None = None) -> None:
+        event = self._event(summary=summary, step=int(step),
+                            wall_time=time.time() if wall_time is None else wall_time)
+        self._writer.write_event(event)
 
     def flush(self) -> None:
         if not self._closed:
