@@ -396,3 +396,18 @@ def test_a_reader_holding_its_lock_does_not_stop_the_writer(tmp_path):
     with open_dataset(path) as dataset:
         assert dataset.num_episodes == 2
     assert os.path.getsize(path) > 0
+
+
+def test_the_dataset_size_counts_a_file_renamed_while_it_is_counted_as_gone(tmp_path,
+                                                                            monkeypatch):
+    # Found by benchmarks/chaos.py: the driver summed the dump's file sizes while a rollout
+    # rank's writer renamed its journal's temporary file, and the run ended with
+    # FileNotFoundError. The file seen listed, then gone before its stat, counts 0.
+    from mpirl.data import dump_index
+
+    (tmp_path / "rollout-s0-w0.hdf5").write_bytes(b"\0" * 2_000_000)
+    gone = tmp_path / "rollout-s0-w1.hdf5.journal.tmp"
+    listed = [tmp_path / "rollout-s0-w0.hdf5", gone]
+    monkeypatch.setattr(Path, "iterdir", lambda self: iter(listed))
+    monkeypatch.setattr(Path, "is_file", lambda self: True)  # it was there when listed
+    assert dump_index._size_mb(tmp_path) == 2.0

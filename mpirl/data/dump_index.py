@@ -193,4 +193,13 @@ def _env_spec_json(env_id: str) -> str | None:
 
 
 def _size_mb(directory: Path) -> float:
-    return sum(p.stat().st_size for p in directory.iterdir() if p.is_file()) / 1e6
+    """The files' total size; a file that goes while it is counted counts 0: the rollout ranks'
+    writers rename their journals' temporary files as they please (seen by chaos.py)."""
+    total = 0
+    for path in directory.iterdir():
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total / 1e6
