@@ -566,7 +566,10 @@ class ChaosRun:
             tmp = self.trigger_dir / f"{FaultTrigger.NAME}.tmp"
             tmp.write_text(what)
             os.replace(tmp, trigger)
-            fault.detail = what
+            # The fault begins when an env claims the trigger at its next step, which load can
+            # delay by seconds: the time to notice counts from then.
+            claimed = self.wait_for(lambda: not trigger.exists(), 60.0, poll_s=0.01)
+            fault.detail = what if claimed else f"{what} (no env claimed it within 60 s)"
             t0 = now()
         self.wait_training(fault, t0, limit_s)
         return fault
