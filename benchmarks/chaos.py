@@ -110,10 +110,9 @@ QUICK_ALGOS = ("PPO", "DQN")
 #: The default: one algorithm of each kind the issue names (policy gradient, async, distributed
 #: replay, off-policy actor-critic, evolution, self-play, model-based, multi-agent, population).
 DEFAULT_ALGOS = ("PPO", "IMPALA", "APEX", "SAC", "ES", "ALPHAZERO", "PETS", "MULTIAGENT", "PBT")
-#: Plans for the algorithms soak.py runs on its default (3 ranks, CartPole-v1) that chaos runs
-#: as their docs do.
-#: PETS's 5 envs a rank take 10 iterations to end an episode, longer than the gaps between
-#: faults, which would leave no return to compare: one env a rank, 100 steps an iteration.
+#: Plans of chaos's own, for algorithms soak.py runs on its default (3 ranks, CartPole-v1): PETS
+#: on Pendulum as its docs, but one env a rank, 100 steps an iteration (its 5 envs a rank take 10
+#: iterations to end an episode, longer than the gaps between faults: no return to compare).
 CHAOS_PLANS = {"PETS": Plan(3, "Pendulum-v1", {"num_envs_per_worker": 1,
                                               "rollout_fragment_length": 100}, algo="PETS")}
 #: ``PBT`` is a population under ``mpirl tune`` (docs/tune.md's command, smaller): 2 PPO members

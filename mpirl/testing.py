@@ -21,7 +21,9 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from mpirl.envs.examples import MultiAgentCartPole
+from mpirl.envs.parallel import load_factory, make_parallel
 from mpirl.envs.simulation import Simulation
+from mpirl.errors import ConfigError
 from mpirl.runtime.core import RankContext, Worker
 from mpirl.runtime.memory import rss_bytes
 from mpirl.workers.callbacks import Callbacks
@@ -305,15 +307,17 @@ class TriggeredFaultEnv(gym.Env):
 
 
 class TriggeredFaultMultiAgentEnv:
-    """The multi-agent env ``env`` (``module:Name`` with PettingZoo's Parallel API, made with
-    ``env_kwargs``) that fails when ``trigger_dir/fault`` tells it to (``FaultTrigger``). Anything
-    else (``state()`` for a centralized critic, ``metadata``) is the inner env's."""
+    """The multi-agent env ``env`` (any id ``--env`` takes for one: ``module:Name``, a PettingZoo
+    module, an AEC env that may run as Parallel; made with ``env_kwargs``) that fails when
+    ``trigger_dir/fault`` tells it to (``FaultTrigger``). Anything else (``state()`` for a
+    centralized critic, ``metadata``) is the inner env's."""
 
     def __init__(self, env: str = "mpirl.envs.examples:FourAgentCartPole", trigger_dir: str = ".",
                  hang_s: float = 3600.0, env_kwargs: dict[str, Any] | None = None) -> None:
-        from mpirl.config.imports import load_object
-
-        self.inner = load_object(env, "environment")(**(env_kwargs or {}))
+        factory = load_factory(env)
+        if factory is None:
+            raise ConfigError(f"TriggeredFaultMultiAgentEnv: {env!r} names no multi-agent env")
+        self.inner = make_parallel(env, factory, env_kwargs or {})
         self.trigger = FaultTrigger(trigger_dir, hang_s)
 
     def __getattr__(self, name: str) -> Any:
