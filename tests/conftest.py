@@ -6,6 +6,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -85,6 +86,19 @@ def latest_checkpoint_iteration(run_dir: Path) -> int:
     if not latest.is_file():
         return 0
     return int(latest.read_text().strip().rsplit("_", 1)[1])
+
+
+def rewound_copy(run_dir: Path, to: Path, iteration: int) -> Path:
+    """A copy of the finished run ``run_dir`` at ``to`` as if it had stopped at its checkpoint
+    of ``iteration``: the later checkpoints and its result removed, ``latest`` pointing there.
+    A resume test's interrupted run without a launch of its own."""
+    shutil.copytree(run_dir, to)
+    for checkpoint in (to / "checkpoints").glob("checkpoint_*"):
+        if int(checkpoint.name.rsplit("_", 1)[1]) > iteration:
+            shutil.rmtree(checkpoint)
+    (to / "checkpoints" / "latest").write_text(f"checkpoint_{iteration:06d}")
+    (to / "result.json").unlink()
+    return to
 
 
 def parse_result(stdout: str) -> dict | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BIN, LiveRun, mpi_env, run_mpi
+from conftest import BIN, LiveRun, mpi_env, rewound_copy, run_mpi
 from conftest import latest_checkpoint_iteration as _latest_iteration
 
 from mpirl.commands.train import make_request
@@ -157,11 +157,7 @@ def test_local_mode_resume_is_bit_identical(tmp_path, local_ppo):
     result removed) and resumed with a new --stop of 9: its checkpoint at 6 and its rows up to 8
     are the uninterrupted run's."""
     reference, resumed = local_ppo, tmp_path / "resumed"
-    shutil.copytree(reference, resumed)
-    for later in (6, 8):
-        shutil.rmtree(resumed / "checkpoints" / f"checkpoint_{later:06d}")
-    (resumed / "checkpoints" / "latest").write_text("checkpoint_000003")
-    (resumed / "result.json").unlink()
+    rewound_copy(reference, resumed, 3)
     proc = _train(1, "--resume", str(resumed), "--stop", '{"training_iteration": 9}')
     assert proc.returncode == 0, proc.stderr
     assert "checkpoint_000003 (iteration 3" in proc.stdout
@@ -229,11 +225,7 @@ def test_resume_onto_fewer_rollout_workers(tmp_path, reference_3_ranks):
     """The 3-rank reference rewound to its checkpoint at 3 (a copy: the checkpoints after it
     and its result removed, ``latest`` pointing at 3), resumed on 2 ranks."""
     run_dir = tmp_path / "run"
-    shutil.copytree(reference_3_ranks, run_dir)
-    for later in range(4, REFERENCE_ITERATIONS + 1):
-        shutil.rmtree(run_dir / "checkpoints" / f"checkpoint_{later:06d}")
-    (run_dir / "checkpoints" / "latest").write_text("checkpoint_000003")
-    (run_dir / "result.json").unlink()
+    rewound_copy(reference_3_ranks, run_dir, 3)
     proc = _train(2, "--resume", str(run_dir), "--stop", '{"training_iteration": 5}')
     assert proc.returncode == 0, proc.stderr
     assert "checkpoint_000003 (iteration 3" in proc.stdout

@@ -4,13 +4,12 @@ a missing or foreign input is a clear error (exit code 2)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 import torch
-from conftest import BIN, mpi_env, run_mpi
+from conftest import BIN, mpi_env, rewound_copy, run_mpi
 from mpirl.algorithms import bc, marwil
 
 from mpirl.commands.train import make_request
@@ -116,11 +115,7 @@ def test_resume_continues_identically(marwil_run, tmp_path):
     iteration 5 exactly as the uninterrupted run (weights, optimizer, shard sampling RNG, moving
     average). The resumed run is the uninterrupted one rewound: a copy without its checkpoint
     at 5 and its result (not a run of its own stopped at 4: one launch fewer)."""
-    part = tmp_path / "part"
-    shutil.copytree(marwil_run, part)
-    shutil.rmtree(part / "checkpoints" / "checkpoint_000005")
-    (part / "checkpoints" / "latest").write_text("checkpoint_000004")
-    (part / "result.json").unlink()
+    part = rewound_copy(marwil_run, tmp_path / "part", 4)
     # Three ranks: the driver (which plays the evaluation episodes itself) and two learners.
     resumed = run_mpi(3, MPIRL, "train", "--resume", str(part), "--stop",
                       '{"training_iteration": 5}', timeout=120)
