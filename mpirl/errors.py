@@ -207,6 +207,7 @@ class DiskFull(MpirlError):
     newest checkpoint is intact (checkpoints are written aside and renamed into place)."""
 
     def __init__(self, run_dir: object, detail: str) -> None:
+        self.detail = detail
         super().__init__(
             f"the file system holding {run_dir} is full ({detail}). The newest checkpoint and "
             f"everything before it are intact: free some space, then continue with --resume "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -99,6 +100,37 @@ def rewound_copy(run_dir: Path, to: Path, iteration: int) -> Path:
     (to / "checkpoints" / "latest").write_text(f"checkpoint_{iteration:06d}")
     (to / "result.json").unlink()
     return to
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, size_mb: int):
+    """A tmpfs of ``size_mb`` mounted at ``path`` (created) for the block; root can mount one,
+    elsewhere the test is skipped."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs",
+                              str(path)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"no tmpfs could be mounted here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs of its own, to be filled on purpose."""
+    with mounted_tmpfs(tmp_path / "fs", 2) as disk:
+        yield disk
+
+
+def fill_disk(disk: Path) -> Path:
+    """Fill ``disk``'s file system to the last byte; returns the file to delete to free it."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as file, pytest.raises(OSError):
+        while True:
+            file.write(b"\0" * 4096)
+    return filler
 
 
 def parse_result(stdout: str) -> dict | None:

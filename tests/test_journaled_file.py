@@ -11,6 +11,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import fill_disk
 
 from mpirl.data import journaled_file
 from mpirl.data.dump_format import FORMAT_ATTR, serialize_space
@@ -131,29 +132,6 @@ def test_the_dump_writer_process_answers_each_batch_after_its_commit(tmp_path):
     assert json.loads(json.dumps(_read_back(path))) == [0]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MB tmpfs of its own (root can mount one; elsewhere the test is skipped)."""
-    import subprocess
-
-    disk = tmp_path / "fs"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"no tmpfs could be mounted here: {mounted.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def _fill(disk):
-    with open(disk / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
-        while True:
-            filler.write(b"\0" * 4096)
-
-
 def test_the_dump_writer_on_a_full_disk_ends_quietly_and_its_rank_raises_enospc(small_disk,
                                                                                   capfd):
     # Found by benchmarks/chaos.py: on ENOSPC the writer process printed a traceback. It now
@@ -172,7 +150,7 @@ def test_the_dump_writer_on_a_full_disk_ends_quietly_and_its_rank_raises_enospc(
              "truncated": np.zeros((steps, 1), bool), "logp": np.zeros((steps, 1), np.float32)}
     writer.send(block)
     assert writer.take_acked(wait=True, timeout=60) == [(0, steps)]
-    _fill(disk)
+    fill_disk(disk)
     with pytest.raises(OSError) as raised:
         for k in range(1, 1000):
             block["lo"] = k * steps
@@ -196,7 +174,7 @@ def test_the_tensorboard_file_on_a_full_disk_raises_enospc_in_the_writer_s_threa
     writer = EventWriter(small_disk / "run")
     writer.add_scalars({"episode_return_mean": 1.0}, 1)
     writer.flush()
-    _fill(small_disk)
+    fill_disk(small_disk)
     raised: list[BaseException] = []
 
     def write_rows():  # as the run's recorder does: rows, and a flush only now and then

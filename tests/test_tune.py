@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, PROGRAMS, LiveRun, mpiexec_command, run_mpi
+from conftest import (
+    BIN,
+    PROGRAMS,
+    LiveRun,
+    fill_disk,
+    mounted_tmpfs,
+    mpiexec_command,
+    run_mpi,
+)
 
 from mpirl.jobs.launch import find_train, first_command, restart_command
 from mpirl.tune.pbt import PBTSettings, decide, quantiles
@@ -223,6 +231,65 @@ def test_a_stopped_or_killed_population_resumes(tmp_path):
     assert moved, decisions
     log = (tune_dir / moved[0]["to"] / "output.log").read_text()
     assert "resumed from" in log and "changed: lr" in log, log
+
+
+@pytest.mark.parametrize("full", ["trial_001", "population"])
+def test_a_full_disk_ends_the_population_in_one_line_and_fails_no_trial(tmp_path, full):
+    """Found by benchmarks/chaos.py. The disk of one member's run directory, or of the whole
+    population's, fills while the members train: the job ends in DiskFull's one line (exit 1,
+    which launch answers with a resume), no traceback, and no member counts a failure (with
+    --max-failures 0 it would be failed for good). Once freed, --resume finishes every member
+    with each iteration once. A copy for PBT's exploit that finds no room keeps the loser's own
+    state (in-process test below)."""
+    tune_dir = tmp_path / "pop"
+    disk = tune_dir / "trial_001" if full == "trial_001" else tune_dir
+    args = ["--scheduler", "pbt", "--population", "2", "--ranks-per-trial", "1",
+            "--perturbation-interval", "4", "--mutations", '{"lr": [1e-4, 3e-4, 1e-3]}',
+            "--run-dir", str(tune_dir), "--", *CARTPOLE, "--config",
+            '{"num_envs_per_worker": 1, "checkpoint_every": 2}',
+            "--stop", '{"training_iteration": 400}']
+    with mounted_tmpfs(disk, 16):
+        job = LiveRun(3, command=mpiexec_command(3, MPIRL, "tune", *args))
+        job.wait_until(lambda: (tune_dir / "trial_001" / "progress.csv").is_file()
+                       and len(iterations(tune_dir / "trial_001")) >= 6, "six iterations")
+        filler = fill_disk(disk)
+        assert job.finish() == 1, job.stdout + job.stderr
+        assert "is full (No space left on device" in job.stderr, job.stderr
+        assert "Traceback" not in job.stdout + job.stderr, job.stdout + job.stderr
+        state = json.loads((tune_dir / "tune_state.json").read_text())
+        assert {t["failures"] for t in state["trials"]} == {0}, state["trials"]
+        assert {t["status"] for t in state["trials"]} <= {"PAUSED", "PENDING"}, state["trials"]
+        filler.unlink()
+        last = max(len(iterations(tune_dir / f"trial_{t['index']:03d}"))
+                   for t in state["trials"])
+        proc = tune(3, "--resume", str(tune_dir), env={"MPIRL_MAX_ITERATIONS": str(last + 4)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        result = json.loads((tune_dir / "result.json").read_text())
+        assert {(t["status"], t["failures"]) for t in result["trials"]} == {("TERMINATED", 0)}
+        for trial in ("trial_000", "trial_001"):
+            assert iterations(tune_dir / trial) == list(range(1, last + 5)), trial
+
+
+def test_an_exploit_copy_that_finds_no_room_keeps_the_loser_s_own_state(small_disk):
+    from mpirl.jobs.checkpoint import CheckpointStore
+    from mpirl.tune import slot
+
+    loser = CheckpointStore(small_disk / "trial_001")
+    tmp = loser.begin(4)
+    (tmp / "state.pt").write_bytes(b"own")
+    loser.commit(tmp, {"iteration": 4})
+
+    class Link:  # the winner's checkpoint, 4 MB: more than the 2 MB disk holds
+        def receive(self, source, tag, what):
+            return {"manifest": {"iteration": 8}, "files": {"state.pt": bytes(4 << 20)}}, source
+
+    reply = slot._transfer(Link(), {"kind": "receive_state", "run_dir": str(loser.root.parent),
+                                    "from": 1})
+    assert reply["ok"] is False and "No space left on device" in reply["no_room"], reply
+    path, manifest = loser.newest_valid()
+    assert manifest["iteration"] == 4 and (path / "state.pt").read_bytes() == b"own"
+    assert sorted(p.name for p in loser.root.iterdir()) == sorted(
+        [path.name, "latest"]), list(loser.root.iterdir())
 
 
 BAD_TUNE_COMMAND_LINES = [

@@ -62,6 +62,8 @@ class TrainRequest:
     progress: str = "auto"
     #: Rank 0, once the run has ended: its last row (what ``mpirl.train`` returns).
     final_row: dict[str, Any] | None = None
+    #: Rank 0, where the run ended on a full disk: what said so (a tune population ends on it).
+    no_room: str | None = None
     #: A multi-agent run's policies (None for a single-agent env).
     multiagent: MultiAgentSetup | None = None
     #: The cap on training iterations from outside (``$MPIRL_MAX_ITERATIONS``), on top of
@@ -302,12 +304,14 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
     full does."""
     try:
         return _drive_holding_lock(driver, request)
-    except DiskFull:
-        raise
     except Exception as error:
-        if (no_room := no_room_cause(error)) is not None:
-            raise DiskFull(request.run_dir, no_room) from None
-        raise
+        no_room = error.detail if isinstance(error, DiskFull) else no_room_cause(error)
+        if no_room is None:
+            raise
+        request.no_room = no_room
+        if isinstance(error, DiskFull):
+            raise
+        raise DiskFull(request.run_dir, no_room) from None
 
 
 def _drive_holding_lock(driver: Driver, request: TrainRequest) -> int:

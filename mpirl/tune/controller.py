@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_RESUME, EXIT_USAGE, ConfigError
+from mpirl.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_RESUME,
+    EXIT_USAGE,
+    ConfigError,
+    DiskFull,
+    no_room_cause,
+)
 from mpirl.execution.trainer import MAX_ITERATIONS_ENV, stop_reached
 from mpirl.jobs.run_dir import json_default
 from mpirl.runtime import signals as stop_signals
@@ -92,6 +100,8 @@ class Controller:
         self.stop_forwarded: set[int] = set()
         #: A mistake in the command line found only once trials report (exit code 2).
         self.fatal: str | None = None
+        #: What said "no room" where a trial or an exploit's copy could not write.
+        self.no_room: str | None = None
         self._last_stop: dict[int, dict[str, Any]] = {}  # trial -> its running segment's stop
         self._csv_fields = ["time_s", "trial", "status", *ROW_KEYS,
                             *([request.metric] if request.metric not in ROW_KEYS else []),
@@ -103,16 +113,23 @@ class Controller:
         """Run the population to its end (or to a stop signal); the job's exit code."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self._announce()
-        self.save()
         try:
+            self.save()
             if self.request.scheduler == "pbt":
                 self._run_pbt()
             else:
                 self._run_fifo()
-        except BaseException:
+            self.save()
+        except BaseException as error:
             self._quit_slots(EXIT_FAILURE)
+            if (no_room := no_room_cause(error)) is not None:
+                raise DiskFull(self.dir, no_room) from None
             raise
-        self.save()
+        if self.no_room:
+            # No trial failed: the population ends as a run on a full disk does (exit 1, which
+            # launch and a requeue answer with --resume), each trial from its newest checkpoint.
+            self._quit_slots(EXIT_FAILURE)
+            raise DiskFull(self.dir, self.no_room)
         if self.fatal:
             self._quit_slots(EXIT_USAGE)
             raise ConfigError(self.fatal)
@@ -213,6 +230,12 @@ class Controller:
     def _settle(self, trial: Trial, outcome: dict[str, Any]) -> str:
         """Record a segment's outcome; "retry" if the trial is to run the segment again."""
         code, row = outcome["code"], outcome["row"]
+        if outcome.get("no_room"):
+            # Not the trial's failure: its newest checkpoint is intact, and every other trial
+            # would meet the same disk. The population stops, the others checkpointing.
+            trial.status = PAUSED
+            self._no_room(outcome["no_room"], trial)
+            return PAUSED
         if row is not None:
             trial.last = {k: row[k] for k in (*ROW_KEYS, self.request.metric) if k in row}
             if self.request.metric not in row:
@@ -241,6 +264,10 @@ class Controller:
         self._report(trial)
         return trial.status
 
+    def _no_room(self, detail: str, trial: Trial) -> None:
+        self.no_room = self.no_room or detail
+        self.stopping = self.stopping or f"{trial.name} found the file system full"
+
     def _exploit(self, decisions: list, settings: PBTSettings,
                  boundaries: dict[int, float]) -> None:
         """Carry out PBT's decisions: each winner's newest checkpoint goes point to point from
@@ -268,6 +295,8 @@ class Controller:
         for decision in decisions:
             loser, winner = self.trials[decision.loser], self.trials[decision.winner]
             copied = received.get(decision.loser, {}).get("ok", False)
+            if received.get(decision.loser, {}).get("no_room"):
+                self._no_room(received[decision.loser]["no_room"], loser)
             record = {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "round": self.round,
                 "time_attr": settings.time_attr, "boundary": boundaries.get(loser.index),

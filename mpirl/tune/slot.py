@@ -22,7 +22,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpirl.errors import EXIT_FAILURE, MpirlError, TaskTimeout
+from mpirl.errors import EXIT_FAILURE, DiskFull, MpirlError, TaskTimeout, no_room_cause
 from mpirl.jobs.checkpoint import MANIFEST, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE
 from mpirl.report.output_log import OUTPUT_LOG, OutputLog
@@ -74,7 +74,7 @@ def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> d
     # The trial's processes know which trial they run (for users' envs and callbacks).
     os.environ[TRIAL_VARIABLE] = task["trial"]
     resume = (run_dir / PARAMS_FILE).is_file()
-    code, row, error = EXIT_FAILURE, None, None
+    code, row, error, no_room = EXIT_FAILURE, None, None, None
     watcher = _StopWatcher(link) if slot.Get_rank() == 0 else None
     with OutputLog(run_dir, echo=False):
         print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()} (population rank "
@@ -87,13 +87,15 @@ def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> d
                                    str(run_dir) if resume else None, "off",
                                    task.get("max_iterations"))
             code = train(request, comm=slot)
-            row = request.final_row
+            row, no_room = request.final_row, request.no_room
         except MpirlError as error_:
             print(f"mpirl: error: {error_}", flush=True)
             code, error = error_.exit_code, str(error_)
-        except Exception:  # noqa: BLE001 - a trial's failure must not end the population
+            no_room = error_.detail if isinstance(error_, DiskFull) else no_room_cause(error_)
+        except Exception as error_:  # noqa: BLE001 - a trial's failure must not end the population
             error = traceback.format_exc()
             print(error, flush=True)
+            no_room = no_room_cause(error_)
         finally:
             if watcher is not None:
                 watcher.stop()
@@ -101,7 +103,9 @@ def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> d
             stop_signals.install()
     if code != 0 and error is None:
         error = _log_tail(run_dir / TRIAL_LOG)
-    return {"trial": task["trial"], "code": code, "row": _summary(row), "error": error}
+    # A full disk is not the trial's failure: the controller ends the population on it.
+    return {"trial": task["trial"], "code": code, "row": _summary(row), "error": error,
+            "no_room": no_room}
 
 
 def _summary(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -159,12 +163,24 @@ def _transfer(link: PopulationLink, task: dict[str, Any]) -> dict[str, Any]:
     message, _ = link.receive(task["from"], CHECKPOINT, "checkpoint")
     if message is None:
         return {"ok": False, "iteration": None}
-    # The loser's own checkpoints go: its run continues from the winner's state alone.
-    shutil.rmtree(store.root, ignore_errors=True)
     manifest = message["manifest"]
     tmp = store.begin(manifest["iteration"])
-    for name, data in message["files"].items():
-        (tmp / name).write_bytes(data)
+    try:
+        for name, data in message["files"].items():
+            (tmp / name).write_bytes(data)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (no_room := no_room_cause(error)) is None:
+            raise
+        # Written aside first: on a full disk the loser keeps its own state, as a loser with
+        # nothing to copy does, and the controller ends the population with the one line.
+        return {"ok": False, "iteration": None, "no_room": no_room}
+    # The loser's own checkpoints go: its run continues from the winner's state alone.
+    for entry in store.root.iterdir():
+        if entry.is_dir() and entry != tmp:
+            shutil.rmtree(entry)
+        elif entry != tmp:
+            entry.unlink()
     store.commit(tmp, manifest)
     return {"ok": True, "iteration": manifest["iteration"]}
 
