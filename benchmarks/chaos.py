@@ -34,8 +34,9 @@ iteration, and checks from the files:
   holder keeps ``run.lock``;
 * no fault left the job without training for longer than the limit: heartbeat timeout (plus
   ``stuck_task_timeout_s`` for a hung env) to notice, then restart and start-up;
-* with ``--baselines K``, the final return lies within the spread of K uninterrupted runs of the
-  same number of steps (seeds 1..K; the chaos run has seed 0).
+* with ``--baselines K``, the final return lies within the spread of K uninterrupted runs
+  (seeds 1..K; the chaos run has seed 0), trained alongside the job for the same time under the
+  same load: every return their rows reached over the last tenth of the job's env steps.
 
 Exit status 1 when any check fails.
 """
@@ -182,6 +183,9 @@ class ChaosRun:
     per_kind: int = 0
     #: Launch with Open MPI's ULFM (``--with-ft ulfm``): a lost rollout rank is survived in place.
     ulfm: bool = False
+    #: Uninterrupted runs (seeds 1..K) trained alongside, under the same load, to compare with.
+    baselines: int = 0
+    baseline_jobs: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
     tag: str = field(default_factory=lambda: uuid.uuid4().hex)
     mounted: bool = False
     mount_note: str = ""
@@ -278,20 +282,66 @@ class ChaosRun:
     def environment(self) -> dict[str, str]:
         return {**os.environ, **MPI_ENV, **THREAD_ENV, "MPIRL_CHAOS_TAG": self.tag}
 
-    def start_launch(self) -> None:
+    def first_job(self, seed: int, run_dir: Path, triggers: Path) -> list[str]:
+        """The job's first command after ``mpirl``: training until stopped."""
         forever = ["--stop", json.dumps({"timesteps_total": 10**12})]
+        train = self.train_args(seed, run_dir, triggers)
+        if not self.tune:
+            return [*train, *forever]
+        del train[train.index("--run-dir"):train.index("--run-dir") + 2]
+        job = ["tune", *TUNE_OPTIONS, "--run-dir", str(run_dir), "--", *train[1:], *forever]
+        del job[job.index("--progress"):job.index("--progress") + 2]
+        return job
+
+    def start_baselines(self) -> None:
+        """The uninterrupted runs, seeds 1..K, each as the job's first command without dumps
+        or faults (the env wrapper stays, never triggered); untagged, so not the job's own."""
+        for seed in range(1, self.baselines + 1):
+            directory = self.workdir / f"baseline-{seed}"
+            job = self.first_job(seed, directory, self.workdir / "no-triggers")
+            config = json.loads(job[job.index("--config") + 1])
+            config.pop("dump_trajectories", None)
+            job[job.index("--config") + 1] = json.dumps(config)
+            log = open(self.workdir / f"baseline-{seed}.log", "w")  # noqa: SIM115
+            self.baseline_jobs.append((directory, subprocess.Popen(
+                mpiexec_command(self.plan.ranks, MPIRL, *job), stdout=log,
+                stderr=subprocess.STDOUT, env={**os.environ, **MPI_ENV, **THREAD_ENV},
+                start_new_session=True)))
+
+    def stop_baselines(self) -> None:
+        for _, proc in self.baseline_jobs:
+            if proc.poll() is None:
+                end_session(proc)
+            else:
+                self.problems.append(f"an uninterrupted run ended by itself with "
+                                     f"{proc.returncode}")
+
+    def baseline_returns(self, steps: float) -> dict[str, Any]:
+        """From the uninterrupted runs' files: each run's return at ``steps`` env steps (a
+        trial's, under tune), and every return their rows reached over the last
+        ``BASELINE_STRETCH`` of those steps (of their own, where one fell short of them)."""
+        finals: list[float | None] = []
+        stretch: list[float] = []
+        reached: list[int] = []
+        for directory, _ in self.baseline_jobs:
+            dirs = sorted(directory.glob("trial_*")) if self.tune else [directory]
+            for run_dir in dirs:
+                _, timesteps, values = read_progress(run_dir / "progress.csv")
+                rows = [(t, v) for t, v in zip(timesteps, values, strict=True) if t <= steps]
+                reached.append(max(timesteps, default=0))
+                top = rows[-1][0] if rows else 0
+                stretch += [v for t, v in rows
+                            if t >= (1 - BASELINE_STRETCH) * top and math.isfinite(v)]
+                finals.append(last_finite([v for _, v in rows]))
+        return {"finals": finals, "stretch": stretch, "steps_reached": reached}
+
+    def start_launch(self) -> None:
         if self.launches and self.tune:
             job = ["tune", "--resume", str(self.run_dir)]
         elif self.launches:
             job = ["train", "--resume", str(self.run_dir), "--progress", "off"]
-        elif self.tune:
-            train = self.train_args(0, self.run_dir, self.trigger_dir)
-            del train[train.index("--run-dir"):train.index("--run-dir") + 2]
-            job = ["tune", *TUNE_OPTIONS, "--run-dir", str(self.run_dir), "--", *train[1:],
-                   *forever]
-            del job[job.index("--progress"):job.index("--progress") + 2]
         else:
-            job = [*self.train_args(0, self.run_dir, self.trigger_dir), *forever]
+            job = self.first_job(0, self.run_dir, self.trigger_dir)
         command = [MPIRL, "launch", "--max-restarts", "100000", "--restart-delay",
                    str(RESTART_DELAY_S), "--", *self.mpiexec(*job)]
         log = open(self.workdir / f"launch{self.launches}.log", "w")  # noqa: SIM115
@@ -603,6 +653,7 @@ class ChaosRun:
         monitor.start()
         try:
             self.start_launch()
+            self.start_baselines()
             if not self.wait_for(lambda: bool(self.rows), self.start_allowance_s * 2):
                 self.problems.append("no first progress row")
                 return
@@ -628,10 +679,14 @@ class ChaosRun:
                 self.faults.append(fault)
                 if fault.hang or (fault.note and fault.note.startswith("launch exited")):
                     break
+            self.stop_baselines()
             self.stop_and_resume()
         finally:
             if self.launch is not None and self.launch.poll() is None:
                 end_session(self.launch)
+            for _, proc in self.baseline_jobs:
+                if proc.poll() is None:
+                    end_session(proc)
             self._stop_monitor.set()
             monitor.join()
 
@@ -901,26 +956,30 @@ def lock_holder(run_dir: Path) -> str | None:
     return None
 
 
-def baseline_returns(run: ChaosRun, steps: int, seeds: list[int]) -> list[float | None]:
-    """Final returns of uninterrupted runs of ``steps`` env steps, one per seed, side by side."""
-    procs = []
-    for seed in seeds:
-        directory = run.workdir / f"baseline-{seed}"
-        args = run.train_args(seed, directory, run.workdir / "no-triggers")
-        config = json.loads(args[args.index("--config") + 1])
-        config.pop("dump_trajectories", None)
-        args[args.index("--config") + 1] = json.dumps(config)
-        args += ["--stop", json.dumps({"timesteps_total": steps})]
-        procs.append((directory, subprocess.Popen(
-            mpiexec_command(run.plan.ranks, MPIRL, *args), stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env={**os.environ, **MPI_ENV, **THREAD_ENV},
-            start_new_session=True)))
-    returns: list[float | None] = []
-    for directory, proc in procs:
-        proc.wait()
-        _, _, values = read_progress(directory / "progress.csv")
-        returns.append(last_finite(values) if proc.returncode == 0 else None)
-    return returns
+#: The stretch of an uninterrupted run whose returns make up the spread: its last tenth of the
+#: chaos run's env steps (one row per run would make a spread of K points, which an unharmed
+#: run falls outside of half the time with K = 3).
+BASELINE_STRETCH = 0.1
+
+
+def compare_with_baselines(run: ChaosRun, report: dict[str, Any],
+                           baselines: dict[str, Any]) -> None:
+    """The final return against the uninterrupted runs' spread, into ``report``; a problem
+    for ``run`` where it lies outside."""
+    report["baseline_returns"] = baselines["finals"]
+    report["baseline_steps_reached"] = baselines.get("steps_reached")
+    spread, final = baselines["stretch"], report["final_return"]
+    if final is None:
+        return
+    if not spread:
+        run.problems.append("no uninterrupted run reached a return to compare with")
+        return
+    report["baseline_spread"] = [round(min(spread), 2), round(max(spread), 2)]
+    report["within_spread"] = min(spread) <= final <= max(spread)
+    if not report["within_spread"]:
+        run.problems.append(f"final return {final:.1f} is outside the uninterrupted runs' "
+                            f"{min(spread):.1f}..{max(spread):.1f} over their last "
+                            f"{BASELINE_STRETCH:.0%} of the steps")
 
 
 def known_plans() -> dict[str, Plan]:
@@ -958,8 +1017,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0,
                         help="draws the schedule, the ranks struck and the run's seed (0)")
     parser.add_argument("--gap", default="20,60", help="seconds between faults, MIN,MAX")
-    parser.add_argument("--baselines", type=int, default=3,
-                        help="uninterrupted runs of the same env steps to compare returns with")
+    parser.add_argument("--baselines", type=int, default=2,
+                        help="uninterrupted runs trained alongside each job, under the same "
+                        "load, to compare its final return with at the same env steps (2)")
     parser.add_argument("--fs-mb", type=int, default=1024,
                         help="size of each run's tmpfs (MB)")
     parser.add_argument("--workdir", type=Path,
@@ -992,7 +1052,7 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="mpirl-chaos-"))
     runs = [ChaosRun(name, plan, workdir / name, args.minutes,
                      random.Random(f"{args.seed}-{name}"), kinds, gap, args.fs_mb, args.per_kind,
-                     args.ulfm)
+                     args.ulfm, args.baselines)
             for name, plan in parse_algos(args.algos, args.quick)]
     pending = list(runs)
     running: list[threading.Thread] = []
@@ -1006,17 +1066,10 @@ def main() -> int:
     reports = {}
     for run in runs:
         report = run.check()
-        if args.baselines and not run.tune:
-            seeds = list(range(1, args.baselines + 1))
-            values = baseline_returns(run, report["timesteps_total"], seeds)
-            report["baseline_returns"] = values
-            finite = [v for v in values if v is not None]
-            final = report["final_return"]
-            if finite and final is not None:
-                report["within_spread"] = min(finite) <= final <= max(finite)
-                if not report["within_spread"]:
-                    run.problems.append(f"final return {final:.1f} is outside the "
-                                        f"uninterrupted runs' {min(finite):.1f}..{max(finite):.1f}")
+        if run.baseline_jobs:
+            # Under tune each trial's steps: the members train in step with each other.
+            steps = report["timesteps_total"] / max(1, len(run.run_dirs()))
+            compare_with_baselines(run, report, run.baseline_returns(steps))
         report["problems"] = run.problems
         reports[run.name] = report
         run.cleanup()

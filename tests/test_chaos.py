@@ -102,6 +102,17 @@ def test_an_iteration_as_large_away_from_any_resume_is_no_step_counted_twice(tmp
                                                                             run.problems)
 
 
+def test_a_final_return_outside_the_uninterrupted_runs_spread_is_a_problem(tmp_path):
+    for final, spread, flagged in ((480.0, [470.0, 500.0, 455.0], False),
+                                   (300.0, [470.0, 500.0, 455.0], True),
+                                   (300.0, [], True)):
+        run = _run(tmp_path / f"{final}-{len(spread)}")
+        report = {"final_return": final}
+        chaos.compare_with_baselines(run, report, {"finals": [500.0], "stretch": spread})
+        assert bool(run.problems) == flagged, (final, spread, run.problems)
+        assert report.get("within_spread", False) == (bool(spread) and not flagged)
+
+
 def test_the_checks_find_an_unreadable_dump_a_held_lock_and_a_leftover_process(tmp_path):
     run = _run(tmp_path)
     _progress(run, [(1, 100)])
