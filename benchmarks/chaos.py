@@ -794,14 +794,14 @@ class ChaosRun:
             # algorithms' iterations vary that much: IMPALA's take every finished fragment).
             near = self.near_resume(run_dir.name)
             usual = [d for i, d in zip(iterations[1:], steps, strict=True) if i not in near]
-            limit = max(2 * statistics.median(steps), max(usual, default=0))
-            worst = max(steps)
-            report["max_step_ratio"] = max(report.get("max_step_ratio") or 0,
-                                           round(worst / statistics.median(steps), 2))
-            if worst > limit:
-                self.problems.append(f"{where}: an iteration added {worst} steps, over twice "
-                                     f"the median {statistics.median(steps)} and more than any "
-                                     f"iteration away from a resume: counted twice?")
+            median, worst = statistics.median(steps), max(steps)
+            if median > 0:  # steps that stood still are flagged above
+                report["max_step_ratio"] = max(report.get("max_step_ratio") or 0,
+                                               round(worst / median, 2))
+                if worst > max(2 * median, max(usual, default=0)):
+                    self.problems.append(f"{where}: an iteration added {worst} steps, over "
+                                         f"twice the median {median} and more than any "
+                                         f"iteration away from a resume: counted twice?")
         return last_finite(returns)
 
     def near_resume(self, run: str) -> set[int]:

@@ -216,10 +216,13 @@ class DiskFull(MpirlError):
 
 def no_room_cause(error: BaseException | None) -> str | None:
     """What says "no room" in ``error``, its causes and contexts, or in a worker's error that
-    reached the driver (a ``RemoteError`` of an ``OSError``); None when nothing does."""
+    reached the driver (a ``RemoteError`` of an ``OSError``), or a ``DiskFull`` already made of
+    it; None when nothing does."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
+        if isinstance(error, DiskFull):
+            return error.detail
         if isinstance(error, OSError) and error.errno in _NO_ROOM:
             where = f": {error.filename}" if error.filename else ""
             return f"{_NO_ROOM[error.errno]}{where}"

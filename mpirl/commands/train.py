@@ -305,7 +305,7 @@ def _drive(driver: Driver, request: TrainRequest) -> int:
     try:
         return _drive_holding_lock(driver, request)
     except Exception as error:
-        no_room = error.detail if isinstance(error, DiskFull) else no_room_cause(error)
+        no_room = no_room_cause(error)
         if no_room is None:
             raise
         request.no_room = no_room

@@ -22,7 +22,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpirl.errors import EXIT_FAILURE, DiskFull, MpirlError, TaskTimeout, no_room_cause
+from mpirl.errors import EXIT_FAILURE, MpirlError, TaskTimeout, no_room_cause
 from mpirl.jobs.checkpoint import MANIFEST, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE
 from mpirl.report.output_log import OUTPUT_LOG, OutputLog
@@ -91,7 +91,7 @@ def run_segment(link: PopulationLink, slot: MPI.Comm, task: dict[str, Any]) -> d
         except MpirlError as error_:
             print(f"mpirl: error: {error_}", flush=True)
             code, error = error_.exit_code, str(error_)
-            no_room = error_.detail if isinstance(error_, DiskFull) else no_room_cause(error_)
+            no_room = no_room_cause(error_)
         except Exception as error_:  # noqa: BLE001 - a trial's failure must not end the population
             error = traceback.format_exc()
             print(error, flush=True)
