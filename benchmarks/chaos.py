@@ -89,6 +89,8 @@ KINDS = ("kill_rank", "stop_signal", "kill_in_checkpoint", "kill_in_resume", "se
 CHAOS_CONFIG = {"checkpoint_every": 3, "heartbeat_timeout_s": 10.0, "stuck_task_timeout_s": 10.0,
                 "keep_checkpoints": 3}
 RESTART_DELAY_S = 1.0
+#: How long a stop signal may take to end the job, beyond the iteration in progress.
+STOP_ALLOWANCE_S = 120.0
 #: The longest a disk stays full: the job must notice and a restart must fail on it by then.
 FULL_DISK_MAX_S = 60.0
 #: How long after a fault a row still says nothing about recovery in place: kills are seen by
@@ -364,6 +366,20 @@ class ChaosRun:
                     self.attempts.append(now())
         log.close()
 
+    def stop_allowance_s(self) -> float:
+        """How long a stop signal may take to end the job: it checkpoints when the iteration in
+        progress ends, so ``STOP_ALLOWANCE_S`` plus the longest iteration seen (PETS's can take
+        minutes at load 25)."""
+        longest = 0.0
+        with self._lock:
+            by_run: dict[str, list[RowEvent]] = {}
+            for row in self.rows:
+                by_run.setdefault(row.run, []).append(row)
+        for rows in by_run.values():
+            longest = max([longest, *(b.t - a.t for a, b in itertools.pairwise(rows)
+                                      if b.iteration == a.iteration + 1)])
+        return STOP_ALLOWANCE_S + longest
+
     def wait_launch(self, timeout_s: float) -> int | None:
         assert self.launch is not None
         try:
@@ -564,8 +580,15 @@ class ChaosRun:
                 fault.detail = "after a PBT decision, "
                 fault.at_s = round(self.elapsed(), 2)
             os.kill(self.launch.pid, sig)
-            code = self.wait_launch(120.0)
+            allowance = self.stop_allowance_s()
+            code = self.wait_launch(allowance)
             fault.detail += f"{sig.name} to launch: exit {code}"
+            if code is None:
+                # Never start a job on top of one still running: the second only finds the
+                # run directory in use.
+                fault.hang = True
+                fault.note = f"the job did not stop within {allowance:.0f} s of {sig.name}"
+                return fault
             if code != EXIT_RESUME:
                 fault.note = f"exit {code}, not {EXIT_RESUME}"
             t0 = now()
@@ -694,7 +717,7 @@ class ChaosRun:
         """SIGUSR1 to launch (exit 75 expected), then one more iteration with ``--resume``."""
         assert self.launch is not None
         os.kill(self.launch.pid, signal.SIGUSR1)
-        code = self.wait_launch(120.0)
+        code = self.wait_launch(self.stop_allowance_s())
         self.final["stop_exit"] = code
         if code != EXIT_RESUME:
             self.problems.append(f"the final SIGUSR1 ended the job with {code}, not "

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -177,3 +178,28 @@ def test_the_trigger_file_makes_exactly_one_env_fail(tmp_path, multiagent):
             envs[0].step(actions)
         envs[1].step(actions)  # claimed by the first: the second goes on
         assert not (tmp_path / FaultTrigger.NAME).exists()
+
+
+def test_a_job_slow_to_stop_is_waited_for_its_iteration_and_never_started_twice(tmp_path,
+                                                                                monkeypatch):
+    """A stop signal is answered when the iteration in progress ends (PETS's took 160 s at load
+    25); the wait allows the longest iteration seen, and a job that still runs after it is a
+    hang, not a second job started on its run directory."""
+    run = _run(tmp_path)
+    run.rows = [chaos.RowEvent(0.0, 1, 10), chaos.RowEvent(100.0, 2, 20),
+                chaos.RowEvent(101.0, 4, 40)]  # 2 -> 4 skips a row: not an iteration's length
+    assert run.stop_allowance_s() == chaos.STOP_ALLOWANCE_S + 100.0
+
+    monkeypatch.setattr(chaos, "STOP_ALLOWANCE_S", 0.5)
+    run.rows = []
+    deaf = "import signal, time\nfor s in (signal.SIGUSR1, signal.SIGTERM):\n" \
+           "    signal.signal(s, signal.SIG_IGN)\ntime.sleep(60)"
+    run.launch = subprocess.Popen([sys.executable, "-c", deaf])
+    try:
+        time.sleep(0.5)  # its handlers set
+        fault = run.inject("stop_signal", 5.0)
+        assert fault.hang and "did not stop within 0 s" in fault.note, fault
+        assert run.launches == 0 and run.launch.poll() is None
+    finally:
+        run.launch.kill()
+        run.launch.wait()
