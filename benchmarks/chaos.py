@@ -716,12 +716,16 @@ class ChaosRun:
     def stop_and_resume(self) -> None:
         """SIGUSR1 to launch (exit 75 expected), then one more iteration with ``--resume``."""
         assert self.launch is not None
-        os.kill(self.launch.pid, signal.SIGUSR1)
-        code = self.wait_launch(self.stop_allowance_s())
-        self.final["stop_exit"] = code
-        if code != EXIT_RESUME:
-            self.problems.append(f"the final SIGUSR1 ended the job with {code}, not "
-                                 f"{EXIT_RESUME}")
+        if self.launch.poll() is not None:  # ended already: a problem found before says why
+            self.final["stop_exit"] = None
+            self.problems.append(f"the job had ended with {self.launch.returncode} before the "
+                                 f"final SIGUSR1")
+        else:
+            os.kill(self.launch.pid, signal.SIGUSR1)
+            code = self.final["stop_exit"] = self.wait_launch(self.stop_allowance_s())
+            if code != EXIT_RESUME:
+                self.problems.append(f"the final SIGUSR1 ended the job with {code}, not "
+                                     f"{EXIT_RESUME}")
         iteration = max((row[0][0] for d in self.run_dirs()
                          if (row := last_complete_row(d / "progress.csv"))), default=0)
         # One more iteration of every trial (MPIRL_MAX_ITERATIONS ends a run there, whatever
