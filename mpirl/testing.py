@@ -338,6 +338,21 @@ class UnpicklableCartPoleEnv(CartPoleEnv):
         self.simulator_handle = threading.Lock()
 
 
+class SlowToSaveCartPole(CartPoleEnv):
+    """CartPole whose pickling (a checkpoint's ``save_state``) first writes
+    ``marker_dir/saving-<pid>`` and then sleeps ``save_s``: a test knows a rollout rank is in the
+    middle of a checkpoint, and can kill it there."""
+
+    def __init__(self, marker_dir: str = ".", save_s: float = 2.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marker_dir, self.save_s = marker_dir, save_s
+
+    def __getstate__(self) -> dict[str, Any]:
+        (Path(self.marker_dir) / f"saving-{os.getpid()}").touch()
+        time.sleep(self.save_s)
+        return self.__dict__.copy()
+
+
 class StragglerCartPoleEnv(CartPoleEnv):
     """CartPole that sleeps ``base_delay_s`` in every step on every rank, and ``step_delay_s``
     more on MPI rank ``slow_rank`` only, so that one rollout rank is slow for real (sleeping, it

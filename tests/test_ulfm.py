@@ -155,6 +155,44 @@ def lose_a_rollout_rank(run: LiveRun, run_dir, victim: int, after_iteration: int
         return table, list(csv.DictReader(f))
 
 
+def test_a_rollout_rank_lost_while_it_writes_a_checkpoint_is_left_out_of_it(tmp_path):
+    """kill -9 of a rollout rank in the middle of its ``save_state`` (its env sleeps while it is
+    pickled): the checkpoint is written again by the two ranks left, and the run goes on. Before,
+    the call that would never be answered ended the job with exit 70 (found by chaos.py)."""
+    from mpirl.jobs.checkpoint import verify
+
+    run_dir, markers = tmp_path / "run", tmp_path / "markers"
+    markers.mkdir()
+    config = {"checkpoint_every": 3, "keep_checkpoints": 5, "num_envs_per_worker": 1,
+              "env_config": {"marker_dir": str(markers), "save_s": 2.0}}
+    run = LiveRun(4, run_dir, config, env="mpirl.testing:SlowToSaveCartPole",
+                  stop={"training_iteration": 7})
+    table = run.pids()
+    rollouts = {pid: rank for rank, (role, pid) in table.items() if role == "rollout"}
+    while not (saving := list(markers.glob("saving-*"))):
+        if time.monotonic() - run.started > LIMIT_S or run.proc.poll() is not None:
+            run.fail("no rollout rank began a checkpoint")
+        time.sleep(0.01)
+    pid = int(saving[0].name.split("-")[1])
+    os.kill(pid, signal.SIGKILL)
+    run.wait_for_line(rf"^mpirl: lost rank {rollouts[pid]} ")
+    run.finish()
+    out, err = run.text("out"), run.text("err")
+    assert run.proc.returncode == 0, (run.proc.returncode, err)
+    assert "continuing with 2 rollout workers" in err, err
+    assert "Traceback" not in err and "exit code 70" not in err, err
+    assert re.search(r"^stopped: training_iteration reached", out, re.MULTILINE), out[-2000:]
+    with open(run_dir / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 8))
+    # The checkpoint of iteration 3 holds the two live rollout workers' states, and verifies.
+    manifest = verify(run_dir / "checkpoints" / "checkpoint_000003")
+    assert manifest["layout"]["rollout"] == 2, manifest["layout"]
+    assert sorted(n for n in manifest["files"] if n.startswith("rollout")) == [
+        "rollout_0.pkl", "rollout_1.pkl"]
+    assert_every_rank_ended([pid for _, pid in table.values()])
+
+
 def test_es_drops_a_lost_ranks_perturbations_and_goes_on(tmp_path):
     """ES under ULFM: kill -9 one of 3 rollout ranks mid-run; the generation in flight drops its
     pairs, the others keep applying identical updates (checksums agree) until the stop."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import time
 from collections import deque
@@ -418,21 +419,34 @@ class Trainer:
     def save_checkpoint(self, store: CheckpointStore, include_replay: bool = True) -> Path:
         """Write a checkpoint of the whole run: every worker writes its own file, in parallel."""
         self.settle()
-        tmp = store.begin(self.iteration)
         groups = [g for g in self.stateful_groups if include_replay or g.role != "replay"]
-        futures = [
-            (f"{group.name}_{i}.pkl", worker.call_async("save_state", str(tmp),
-                                                         f"{group.name}_{i}.pkl"))
-            for group in groups for i, worker in enumerate(group)
-        ]
-        files = {name: future.result() for name, future in futures}
+        while True:
+            tmp = store.begin(self.iteration)
+            # A rank lost before its group discarded it is left out; its group's next operator
+            # takes it out, so the files' indices are the live workers', as after a restore.
+            live = {group.name: [w for w in group if not w.lost] for group in groups}
+            futures = [
+                (f"{name}_{i}.pkl", worker.call_async("save_state", str(tmp), f"{name}_{i}.pkl"))
+                for name, workers in live.items() for i, worker in enumerate(workers)
+            ]
+            files, lost = {}, False
+            for name, future in futures:
+                try:
+                    files[name] = future.result()
+                except RankLost:
+                    # Survived (ULFM; any other loss has ended the job): the checkpoint would
+                    # lack its file, so it is written again by the workers still live.
+                    lost = True
+            if not lost:
+                break
+            shutil.rmtree(tmp, ignore_errors=True)
         unsaved = {name: entry["envs_error"] for name, entry in files.items()
                    if "envs_error" in entry}
         if unsaved and not self._warned_unsaved_envs:
             self._warned_unsaved_envs = True  # once a run: every checkpoint would repeat it
             _note_unsaved_envs(unsaved)
         files["driver.pkl"] = write_state_file(tmp / "driver.pkl", self.get_state())
-        layout = {group.name: len(group) for group in groups}
+        layout = {name: len(workers) for name, workers in live.items()}
         manifest = manifest_header(self.name, self.env, self.config, self.iteration,
                                    self.timesteps_total, layout)
         manifest["files"] = files
