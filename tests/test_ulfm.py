@@ -313,3 +313,49 @@ def test_a_collective_that_a_death_breaks_is_revoked_and_named(monkeypatch, erro
         assert f"ranks {failed or 'none yet'} as failed" in str(caught.value)
     else:
         assert caught.value is raised
+
+
+def _ranks_tagged(tag: str) -> dict[int, int]:
+    """World rank -> pid of the live processes whose environment carries ``MPIRL_TEST_TAG=tag``."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"MPIRL_TEST_TAG={tag}".encode() in environ:
+            for item in environ:
+                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    found[int(item.split(b"=")[1])] = int(entry)
+    return found
+
+
+def test_a_population_that_loses_its_controller_ends_in_one_line(tmp_path):
+    """kill -9 of ``mpirl tune``'s controller under ULFM: the members' waits on it raise MPI's
+    process-failure error, which now ends each the way their heartbeat does (one line, exit 70),
+    not with a traceback and MPI_Abort (found by chaos.py --ulfm on a PBT population)."""
+    tune_dir, tag = tmp_path / "pbt", f"{os.getpid()}-{time.monotonic_ns()}"
+    command = mpiexec_command(
+        3, sys.executable, "-m", "mpirl", "tune", "--scheduler", "pbt", "--population", "2",
+        "--ranks-per-trial", "1", "--perturbation-interval", "4", "--mutations",
+        '{"lr": [1e-4, 1e-3]}', "--run-dir", str(tune_dir), "--", "--algo", "PPO", "--env",
+        "CartPole-v1", "--config", '{"num_envs_per_worker": 1}', "--stop",
+        '{"training_iteration": 10000}', ulfm=True)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=mpi_env({"CI": "true", "MPIRL_TEST_TAG": tag}),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        while not ((tune_dir / "pbt.jsonl").exists() and len(ranks := _ranks_tagged(tag)) == 3):
+            assert time.monotonic() < deadline and proc.poll() is None, "no PBT decision"
+            time.sleep(0.05)
+        os.kill(ranks[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert "mpirl: lost the population controller (rank 0)" in err, err
+    assert "Traceback" not in err and "MPI_ABORT" not in err, err
+    assert_every_rank_ended(list(ranks.values()))

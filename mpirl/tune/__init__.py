@@ -21,6 +21,7 @@ from mpirl.jobs.run_dir import default_run_dir
 from mpirl.runtime import signals as stop_signals
 from mpirl.runtime.driver import RuntimeSettings
 from mpirl.runtime.heartbeat import require_thread_multiple
+from mpirl.runtime.ulfm import is_process_failure
 from mpirl.runtime.world import run_comm
 
 
@@ -89,6 +90,10 @@ def tune_main(args: argparse.Namespace) -> int:
     except BaseException as error:
         if rank == 0 and isinstance(error, MpirlError):
             raise  # the controller's own, after it let every slot go: one clear message
+        if is_process_failure(error):
+            # Under ULFM a wait on a dead rank raises here, racing the heartbeat's own report:
+            # the same one line and exit code, no traceback.
+            link.heartbeat.end_job_for_process_failure()
         import sys
         import traceback
 
