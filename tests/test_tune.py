@@ -292,6 +292,52 @@ def test_an_exploit_copy_that_finds_no_room_keeps_the_loser_s_own_state(small_di
         [path.name, "latest"]), list(loser.root.iterdir())
 
 
+@pytest.mark.parametrize("killed_at", range(4))
+def test_an_exploit_killed_at_any_point_leaves_latest_naming_a_whole_checkpoint(
+        tmp_path, monkeypatch, killed_at):
+    """Found by chaos.py: the loser's checkpoints were removed before the winner's copy went in
+    place, so a kill in between left ``latest`` naming a removed one, or no checkpoint at all.
+    The kill comes after the ``killed_at``-th removal of a directory; a resume (recover, then
+    newest_valid) must find the loser's own newest state or the winner's copy."""
+    import shutil
+
+    from mpirl.jobs.checkpoint import CheckpointStore
+    from mpirl.tune import slot
+
+    loser = CheckpointStore(tmp_path / "trial_001")
+    for iteration in (4, 8):
+        tmp = loser.begin(iteration)
+        (tmp / "state.pt").write_bytes(b"own")
+        loser.commit(tmp, {"iteration": iteration})
+
+    class Link:
+        def receive(self, source, tag, what):
+            return {"manifest": {"iteration": 8}, "files": {"state.pt": b"winner"}}, source
+
+    class Killed(BaseException):
+        pass
+
+    removals, remove = [], shutil.rmtree
+
+    def remove_then_die(path, *args, **kwargs):
+        remove(path, *args, **kwargs)
+        removals.append(path)
+        if len(removals) > killed_at:
+            raise Killed
+
+    monkeypatch.setattr(shutil, "rmtree", remove_then_die)
+    try:
+        slot._transfer(Link(), {"kind": "receive_state", "run_dir": str(loser.root.parent),
+                                "from": 1})
+    except Killed:
+        pass
+    monkeypatch.setattr(shutil, "rmtree", remove)
+    loser.recover()
+    path, manifest = loser.newest_valid()
+    assert manifest["iteration"] == 8, (killed_at, removals, list(loser.root.iterdir()))
+    assert (path / "state.pt").read_bytes() in (b"own", b"winner")
+
+
 BAD_TUNE_COMMAND_LINES = [
     (4, ["--ranks-per-trial", "2", "--", *CARTPOLE],
      "the job needs 1 + a multiple of 2 ranks; it has 4. Launch it with e.g. mpiexec -n 3"),

@@ -23,7 +23,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpirl.errors import EXIT_FAILURE, MpirlError, TaskTimeout, no_room_cause
-from mpirl.jobs.checkpoint import MANIFEST, CheckpointStore
+from mpirl.jobs.checkpoint import LATEST, MANIFEST, CheckpointStore
 from mpirl.jobs.run_dir import PARAMS_FILE
 from mpirl.report.output_log import OUTPUT_LOG, OutputLog
 from mpirl.runtime import signals as stop_signals
@@ -175,12 +175,13 @@ def _transfer(link: PopulationLink, task: dict[str, Any]) -> dict[str, Any]:
         # Written aside first: on a full disk the loser keeps its own state, as a loser with
         # nothing to copy does, and the controller ends the population with the one line.
         return {"ok": False, "iteration": None, "no_room": no_room}
-    # The loser's own checkpoints go: its run continues from the winner's state alone.
+    # The winner's state goes in place first (``latest`` names it, whatever its iteration), then
+    # the loser's own checkpoints go: a kill at any point leaves ``latest`` naming a whole one.
+    final = store.commit(tmp, manifest)
     for entry in store.root.iterdir():
-        if entry.is_dir() and entry != tmp:
+        if entry.is_dir() and entry != final:
             shutil.rmtree(entry)
-        elif entry != tmp:
+        elif not entry.is_dir() and entry.name != LATEST:
             entry.unlink()
-    store.commit(tmp, manifest)
     return {"ok": True, "iteration": manifest["iteration"]}
 
