@@ -198,6 +198,7 @@ class ChaosRun:
     #: Set from --start-allowance for every run.
     start_allowance_s: ClassVar[float] = START_ALLOWANCE_S
     attempts: list[float] = field(default_factory=list)  # when launch began each restart
+    survived: list[float] = field(default_factory=list)  # when the job said it went on (ULFM)
     #: When a new launch or the final resume began (the job resumed, as at an attempt).
     relaunched: list[float] = field(default_factory=list)
     rows: list[RowEvent] = field(default_factory=list)
@@ -364,12 +365,19 @@ class ChaosRun:
             if "mpirl launch: attempt " in line and " previous attempt " in line:
                 with self._lock:
                     self.attempts.append(now())
+            elif "(survive_rollout_loss)" in line:
+                with self._lock:
+                    self.survived.append(now())
         log.close()
 
     def stop_allowance_s(self) -> float:
         """How long a stop signal may take to end the job: it checkpoints when the iteration in
-        progress ends, so ``STOP_ALLOWANCE_S`` plus the longest iteration seen (PETS's can take
-        minutes at load 25)."""
+        progress ends, so ``STOP_ALLOWANCE_S`` plus the longest iteration seen."""
+        return STOP_ALLOWANCE_S + self.longest_iteration_s()
+
+    def longest_iteration_s(self) -> float:
+        """The longest time between two consecutive rows of one run (PETS's iterations took
+        2-4 minutes at load 25): a fault's limits allow for one more."""
         longest = 0.0
         with self._lock:
             by_run: dict[str, list[RowEvent]] = {}
@@ -378,7 +386,7 @@ class ChaosRun:
         for rows in by_run.values():
             longest = max([longest, *(b.t - a.t for a, b in itertools.pairwise(rows)
                                       if b.iteration == a.iteration + 1)])
-        return STOP_ALLOWANCE_S + longest
+        return longest
 
     def wait_launch(self, timeout_s: float) -> int | None:
         assert self.launch is not None
@@ -517,8 +525,11 @@ class ChaosRun:
                 # A rank lost and survived in place (ULFM) shows in the row's count at once.
                 rows = [row for row in self.rows_after(t0) if row.ranks_lost > lost_before]
                 if rows:
+                    # Noticed when the job said so; its row may come an iteration later.
                     fault.note = "survived in place"
-                    fault.detect_s = round(rows[0].t - t0, 2)
+                    with self._lock:
+                        said = [t for t in self.survived if t > t0]
+                    fault.detect_s = round((said[0] if said else rows[0].t) - t0, 2)
                 elif now() > settle:
                     rows = self.rows_after(settle)
             if rows:
@@ -695,10 +706,11 @@ class ChaosRun:
                 if self.launch is not None and self.launch.poll() is not None:
                     self.problems.append(f"launch ended by itself with {self.launch.returncode}")
                     break
-                if not self.wait_steady(limit_s):
-                    self.problems.append(f"not training {limit_s:.0f} s after the last fault")
+                allowed_s = limit_s + self.longest_iteration_s()
+                if not self.wait_steady(allowed_s):
+                    self.problems.append(f"not training {allowed_s:.0f} s after the last fault")
                     break
-                fault = self.inject(kind, limit_s)
+                fault = self.inject(kind, allowed_s)
                 self.faults.append(fault)
                 if fault.hang or (fault.note and fault.note.startswith("launch exited")):
                     break

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -203,3 +204,23 @@ def test_a_job_slow_to_stop_is_waited_for_its_iteration_and_never_started_twice(
     finally:
         run.launch.kill()
         run.launch.wait()
+
+
+def test_a_loss_survived_in_place_is_noticed_when_the_job_says_so(tmp_path):
+    """Under ULFM the row showing a survived loss can come an iteration later (PETS: 53 s at
+    load 25); the time to notice is the job's own line, the time to training that row."""
+    run = _run(tmp_path)
+    t0 = chaos.now()
+    run.rows = [chaos.RowEvent(t0 - 5.0, 4, 40)]
+    run.survived = [t0 + 1.5]
+
+    def row_comes():  # as the monitor adds it (its time set ahead: the wait takes it at once)
+        time.sleep(0.3)
+        with run._lock:
+            run.rows.append(chaos.RowEvent(t0 + 40.0, 5, 50, ranks_lost=1))
+
+    threading.Thread(target=row_comes).start()
+    fault = chaos.Fault("kill_rank", 0.0)
+    run.wait_training(fault, t0, 60.0)
+    assert fault.note == "survived in place" and fault.detect_s == 1.5, fault
+    assert fault.to_training_s == 40.0 and not fault.hang
