@@ -79,7 +79,7 @@ from mpirl.execution.contract import ALGORITHMS
 from mpirl.jobs.checkpoint import CheckpointError, verify
 from mpirl.jobs.launch import remove_dead_launchers_session_dirs
 from mpirl.runtime.layout import parse_layout_row
-from mpirl.testing import FaultTrigger
+from mpirl.testing import FaultTrigger, tagged_processes, tagged_ranks
 
 MPIRL = str(Path(sys.executable).parent / "mpirl")
 KINDS = ("kill_rank", "stop_signal", "kill_in_checkpoint", "kill_in_resume", "second_kill",
@@ -455,33 +455,12 @@ class ChaosRun:
         return {row["rank"]: (row["pid"], row["role"]) for row in rows if self.is_ours(row["pid"])}
 
     def tagged_processes(self) -> list[tuple[int, bytes, list[str]]]:
-        """(pid, environment, /proc stat fields after the name) of every live, not zombie,
-        process that carries this run's tag."""
-        found = []
-        marker = f"MPIRL_CHAOS_TAG={self.tag}".encode()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if marker in environ and stat[0] != "Z":
-                found.append((int(entry.name), environ, stat))
-        return found
+        """(pid, environment, stat fields) of every live process that carries this run's tag."""
+        return tagged_processes("MPIRL_CHAOS_TAG", self.tag)
 
     def tagged_ranks(self) -> dict[int, int]:
-        """world rank -> pid of the job's live ranks (the newest pid where two attempts'
-        overlap), from their environments."""
-        found: dict[int, tuple[int, int]] = {}
-        for pid, environ, stat in self.tagged_processes():
-            for item in environ.split(b"\0"):
-                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                    rank, start = int(item.split(b"=")[1]), int(stat[19])
-                    if rank not in found or found[rank][1] < start:
-                        found[rank] = (pid, start)
-        return {rank: pid for rank, (pid, _) in found.items()}
+        """world rank -> pid of the job's live ranks, from their environments."""
+        return tagged_ranks("MPIRL_CHAOS_TAG", self.tag)
 
     def is_ours(self, pid: int) -> bool:
         try:

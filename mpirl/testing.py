@@ -338,6 +338,38 @@ class UnpicklableCartPoleEnv(CartPoleEnv):
         self.simulator_handle = threading.Lock()
 
 
+def tagged_processes(variable: str, value: str) -> list[tuple[int, bytes, list[str]]]:
+    """(pid, environment, /proc stat fields after the name) of every live, not zombie, process
+    but this one whose environment sets ``variable=value`` (Linux): a job's ranks, found by a
+    tag their launcher passed down."""
+    found = []
+    marker = f"{variable}={value}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if marker in environ.split(b"\0") and stat[0] != "Z":
+            found.append((int(entry.name), environ, stat))
+    return found
+
+
+def tagged_ranks(variable: str, value: str) -> dict[int, int]:
+    """World rank -> pid of the live processes that ``tagged_processes`` finds (Open MPI's
+    ``OMPI_COMM_WORLD_RANK``); the newest pid where two attempts' ranks overlap."""
+    found: dict[int, tuple[int, int]] = {}
+    for pid, environ, stat in tagged_processes(variable, value):
+        for item in environ.split(b"\0"):
+            if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                rank, start = int(item.split(b"=")[1]), int(stat[19])
+                if rank not in found or found[rank][1] < start:
+                    found[rank] = (pid, start)
+    return {rank: pid for rank, (pid, _) in found.items()}
+
+
 class SlowToSaveCartPole(CartPoleEnv):
     """CartPole whose pickling (a checkpoint's ``save_state``) first writes
     ``marker_dir/saving-<pid>`` and then sleeps ``save_s``: a test knows a rollout rank is in the

@@ -20,6 +20,7 @@ import pytest
 from conftest import assert_every_rank_ended, mpi_env, mpiexec_command
 
 from mpirl.runtime.layout import parse_layout_row
+from mpirl.testing import tagged_ranks
 
 LIMIT_S = 90  # the whole run, start-up included; the test fails rather than hangs past it
 #: PPO's stop: 200 comes at about 20 iterations of 3 rollout ranks (30k steps), well after the
@@ -315,23 +316,6 @@ def test_a_collective_that_a_death_breaks_is_revoked_and_named(monkeypatch, erro
         assert caught.value is raised
 
 
-def _ranks_tagged(tag: str) -> dict[int, int]:
-    """World rank -> pid of the live processes whose environment carries ``MPIRL_TEST_TAG=tag``."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if f"MPIRL_TEST_TAG={tag}".encode() in environ:
-            for item in environ:
-                if item.startswith(b"OMPI_COMM_WORLD_RANK="):
-                    found[int(item.split(b"=")[1])] = int(entry)
-    return found
-
-
 def test_a_population_that_loses_its_controller_ends_in_one_line(tmp_path):
     """kill -9 of ``mpirl tune``'s controller under ULFM: the members' waits on it raise MPI's
     process-failure error, which now ends each the way their heartbeat does (one line, exit 70),
@@ -348,7 +332,8 @@ def test_a_population_that_loses_its_controller_ends_in_one_line(tmp_path):
                             start_new_session=True)
     try:
         deadline = time.monotonic() + LIMIT_S
-        while not ((tune_dir / "pbt.jsonl").exists() and len(ranks := _ranks_tagged(tag)) == 3):
+        while not ((tune_dir / "pbt.jsonl").exists()
+                   and len(ranks := tagged_ranks("MPIRL_TEST_TAG", tag)) == 3):
             assert time.monotonic() < deadline and proc.poll() is None, "no PBT decision"
             time.sleep(0.05)
         os.kill(ranks[0], signal.SIGKILL)
