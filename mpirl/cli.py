@@ -54,8 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         args.command != "evaluate" or any(v in os.environ for v in LAUNCHER_VARIABLES))
     if args.command in ("train", "tune", "doctor") or joins:
         # MPI_Init on its own, before the command's imports (torch): startup.json times each.
-        # Importing the run's world initializes MPI and marks the point.
+        # Importing the run's world initializes MPI and marks the point. Under ULFM a rank lost
+        # meanwhile would leave the others there for ever: a watcher ends them.
+        from mpirl.runtime import init_watchdog
+
+        watchdog = init_watchdog.start(_startup_timeout(_config_text(args)))
         from mpirl.runtime import startup, world  # noqa: F401
+
+        if watchdog is not None:
+            watchdog.done()
     code = 2
     stuck = False
     try:
@@ -63,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             # Before anything uses COMM_WORLD: an MPMD launch's solver processes leave it here.
             from mpirl.runtime.apps import join_apps
 
-            join_apps(_startup_timeout(getattr(args, "config", None)))
+            join_apps(_startup_timeout(_config_text(args)))
         code = _COMMANDS[args.command](args)
     except LaunchError as error:
         # Every task may be a rank 0 of its own here (singletons): Slurm's task 0 speaks.
@@ -74,6 +81,17 @@ def main(argv: list[str] | None = None) -> int:
         _print_on_rank0(f"mpirl: error: {error}")
         code = error.exit_code
         stuck = isinstance(error, SimulationStuck)
+    except Exception as error:
+        if "mpi4py.MPI" in sys.modules:
+            # Under ULFM a rank lost before the run's heartbeat watches (start-up) raises in
+            # whichever MPI call meets it: one line and exit code 70, not a traceback per rank.
+            from mpirl.runtime import startup
+            from mpirl.runtime.ulfm import end_rank_on_process_failure
+
+            started = "ranks_connected" in startup.marks()
+            end_rank_on_process_failure(
+                error, "while the job ran" if started else "while the job started")
+        raise
     finally:
         if joins:
             # A run that ended before its env groups started (a config error, a LayoutError)
@@ -91,10 +109,22 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _config_text(args: argparse.Namespace) -> str | None:
+    """The command's ``--config`` value, also where ``mpirl tune`` passes it to its trials
+    (after ``--``)."""
+    trial_args = getattr(args, "train_args", None) or []
+    for i, item in enumerate(trial_args):
+        if item == "--config" and i + 1 < len(trial_args):
+            return trial_args[i + 1]
+        if item.startswith("--config="):
+            return item.split("=", 1)[1]
+    return getattr(args, "config", None)
+
+
 def _startup_timeout(config_text: str | None) -> float:
     """``startup_timeout_s`` from a ``--config`` value, read on every rank before the config
     is checked (its errors come later, from rank 0's checks); else the run's default."""
-    from mpirl.runtime.apps import DEFAULT_TIMEOUT_S
+    from mpirl.runtime.startup import DEFAULT_TIMEOUT_S
 
     try:
         value = parse_json_object(config_text or "{}", "--config").get("startup_timeout_s")

@@ -385,6 +385,17 @@ class SlowToSaveCartPole(CartPoleEnv):
         return self.__dict__.copy()
 
 
+class SlowToBuildCartPole(CartPoleEnv):
+    """CartPole whose construction first writes ``marker_dir/building-<pid>`` and then sleeps
+    ``build_s``: a test knows that the rank building it (rank 0, checking a request at start-up,
+    while the others wait for it) is past ``MPI_Init``, and can kill a rank there."""
+
+    def __init__(self, marker_dir: str = ".", build_s: float = 3.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        (Path(marker_dir) / f"building-{os.getpid()}").touch()
+        time.sleep(build_s)
+
+
 class StragglerCartPoleEnv(CartPoleEnv):
     """CartPole that sleeps ``base_delay_s`` in every step on every rank, and ``step_delay_s``
     more on MPI rank ``slow_rank`` only, so that one rollout rank is slow for real (sleeping, it

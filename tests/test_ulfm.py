@@ -344,3 +344,75 @@ def test_a_population_that_loses_its_controller_ends_in_one_line(tmp_path):
     assert "mpirl: lost the population controller (rank 0)" in err, err
     assert "Traceback" not in err and "MPI_ABORT" not in err, err
     assert_every_rank_ended(list(ranks.values()))
+
+
+def _start_command(command: str, run_dir, config: dict) -> list[str]:
+    """``mpirl train`` or ``mpirl tune`` (a PBT population of two one-rank trials) of PPO on
+    ``config``'s env, 3 ranks, under ULFM."""
+    train = ["--algo", "PPO", "--env", config.pop("env", "CartPole-v1"), "--config",
+             json.dumps(config), "--stop", '{"training_iteration": 3}']
+    if command == "train":
+        args = ["train", "--run-dir", str(run_dir), *train]
+    else:
+        args = ["tune", "--scheduler", "pbt", "--population", "2", "--ranks-per-trial", "1",
+                "--mutations", '{"lr": [1e-4, 1e-3]}', "--run-dir", str(run_dir), "--", *train]
+    return mpiexec_command(3, sys.executable, "-m", "mpirl", *args, ulfm=True)
+
+
+def _end_of_a_job_that_lost_a_rank(proc, tag: str, victim: int, ready) -> tuple[int, str]:
+    """Kill -9 world rank ``victim`` once ``ready()`` holds; the job's exit code and stderr.
+    Fails, killing the job, if it has not ended within LIMIT_S."""
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        while not (len(ranks := tagged_ranks("MPIRL_TEST_TAG", tag)) == 3 and ready(ranks)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
+            time.sleep(0.005)
+        os.kill(ranks[victim], signal.SIGKILL)
+        _, err = proc.communicate(timeout=LIMIT_S)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert_every_rank_ended(list(ranks.values()))
+    return proc.returncode, err
+
+
+def _launch(command: list[str], tag: str) -> subprocess.Popen:
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=mpi_env({"CI": "true", "MPIRL_TEST_TAG": tag}),
+                            start_new_session=True)
+
+
+def test_a_rank_lost_before_mpi_init_ends_the_job_at_startup_timeout(tmp_path):
+    """Under ULFM the launcher does not end the job when a rank dies, and the other ranks wait
+    in MPI_Init for it for ever: before the fix this job never ended. Each waiting rank is now
+    ended at startup_timeout_s by init_watchdog, with one line, and the job exits 70."""
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    started = time.monotonic()
+    proc = _launch(_start_command("train", tmp_path / "run", {"startup_timeout_s": 6}), tag)
+    # The moment all three processes exist: far from MPI_Init's end (the interpreter and
+    # mpirl's imports come first).
+    code, err = _end_of_a_job_that_lost_a_rank(proc, tag, 2, lambda ranks: True)
+    assert code == 70, err
+    lines = [line for line in err.splitlines() if "did not finish MPI_Init" in line]
+    assert lines and all("within 6 s (startup_timeout_s)" in line for line in lines), err
+    assert "Traceback" not in err, err
+    assert time.monotonic() - started < 6 + 30, "ended, but long after startup_timeout_s"
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+def test_a_rank_lost_after_mpi_init_and_before_the_heartbeat_ends_in_one_line(tmp_path,
+                                                                            command):
+    """kill -9 of a rank while rank 0 checks the request (it builds the env once) and the others
+    wait for it: MPI's process-failure error met in start-up's calls gave a traceback on each
+    rank that met it (tune's broadcast, its split); now each says which rank was lost, once,
+    and the job exits 70."""
+    tag, markers = f"{os.getpid()}-{time.monotonic_ns()}", tmp_path / "markers"
+    markers.mkdir()
+    config = {"env": "mpirl.testing:SlowToBuildCartPole",
+              "env_config": {"marker_dir": str(markers), "build_s": 3.0}}
+    proc = _launch(_start_command(command, tmp_path / "run", config), tag)
+    code, err = _end_of_a_job_that_lost_a_rank(
+        proc, tag, 2, lambda ranks: (markers / f"building-{ranks[0]}").exists())
+    assert code == 70, err
+    assert "mpirl: lost rank 2 while the job started: MPI reported a process failure" in err, err
+    assert "Traceback" not in err and "MPI_ABORT" not in err, err

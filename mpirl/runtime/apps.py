@@ -30,11 +30,11 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.errors import EXIT_RANK_LOST, LayoutError
-from mpirl.runtime import sim_link, world
+from mpirl.runtime import sim_link, startup, world
 from mpirl.runtime.waiting import Backoff
 
 #: How long world rank 0 waits for every HELLO unless the config's startup_timeout_s says.
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = startup.DEFAULT_TIMEOUT_S
 #: How long mpirl's rank 0 gives each END to leave (eager in practice: it completes at once).
 END_TIMEOUT_S = 5.0
 

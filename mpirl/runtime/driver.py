@@ -95,7 +95,7 @@ class RuntimeSettings:
     """A worker rank whose main thread has used no CPU for this long while in a task (or in
     start-up) is stuck: the job ends naming the rank and the task (exit code 70), within this
     plus heartbeat_interval_s. Any CPU use counts as progress, so long computations are safe."""
-    startup_timeout_s: float = 600.0
+    startup_timeout_s: float = startup.DEFAULT_TIMEOUT_S
     """Longest wait at start-up for every rank to arrive; a rank that does not is named and the
     job ends (exit code 70)."""
     heartbeat_interval_s: float = 1.0

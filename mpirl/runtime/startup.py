@@ -32,6 +32,10 @@ ORDER = ("process_start", "mpirl_imported", "mpi_ready", "imports_done", "run_st
 
 STARTUP_FILE = "startup.json"
 
+DEFAULT_TIMEOUT_S = 600.0
+"""``startup_timeout_s`` unless the config says: how long a start-up wait lasts (MPI_Init under
+ULFM, the MPMD start-up, every rank's arrival) before it ends the job."""
+
 _marks: dict[str, float] = {}
 
 

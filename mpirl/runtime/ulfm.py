@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.errors import ProcessFailure
+from mpirl.errors import EXIT_RANK_LOST, ProcessFailure
 from mpirl.runtime.waiting import wait_for_all
 from mpirl.runtime.world import run_comm
 
@@ -83,6 +84,28 @@ def failed_world_ranks(comm: MPI.Comm | None = None) -> list[int]:
         return sorted(r for r in ranks if r != MPI.UNDEFINED)
     except (MPI.Exception, NotImplementedError, AttributeError):
         return []
+
+
+def end_rank_on_process_failure(error: BaseException, when: str) -> None:
+    """End this rank if ``error`` is MPI's report of a lost rank that nothing handled (one
+    raised ``when`` the job starts, before any heartbeat watches): one line, a revoke of
+    COMM_WORLD so that every rank's pending call on it returns, and exit code
+    ``EXIT_RANK_LOST``. Returns for any other error.
+
+    Each rank that meets the failure says so: the launcher ends the job on the first rank's
+    exit, and a rank that has not met it yet (importing torch, say) would never speak."""
+    if not is_process_failure(error):
+        return
+    world = MPI.COMM_WORLD
+    failed = failed_world_ranks(world)
+    names = f"rank{'s' * (len(failed) > 1)} {', '.join(map(str, failed))}" if failed else "a rank"
+    print(f"mpirl: lost {names} {when}: MPI reported a process failure, seen from rank "
+          f"{world.Get_rank()}. It was probably killed, ran out of memory, or its node failed. "
+          f"Ending the job (exit code {EXIT_RANK_LOST}); start it again, or resume it from its "
+          f"last checkpoint.", file=sys.stderr, flush=True)
+    with contextlib.suppress(MPI.Exception, NotImplementedError, AttributeError):
+        world.Revoke()
+    os._exit(EXIT_RANK_LOST)  # MPI_Finalize would wait for the lost rank
 
 
 def acknowledge_failures(comm: MPI.Comm) -> None:
