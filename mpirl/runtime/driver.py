@@ -97,7 +97,8 @@ class RuntimeSettings:
     plus heartbeat_interval_s. Any CPU use counts as progress, so long computations are safe."""
     startup_timeout_s: float = startup.DEFAULT_TIMEOUT_S
     """Longest wait at start-up for every rank to arrive; a rank that does not is named and the
-    job ends (exit code 70)."""
+    job ends (exit code 70). Under ULFM also the longest wait in MPI_Init, where a rank lost
+    while the job starts would leave the others for ever."""
     heartbeat_interval_s: float = 1.0
     """Seconds between heartbeats."""
     heartbeat_timeout_s: float = 20.0
