@@ -417,3 +417,19 @@ def test_a_rank_lost_after_mpi_init_and_before_the_heartbeat_ends_in_one_line(tm
     assert code == 70, err
     assert "mpirl: lost rank 2 while the job started: MPI reported a process failure" in err, err
     assert "Traceback" not in err and "MPI_ABORT" not in err, err
+
+
+@pytest.mark.parametrize("disarm, code", [(False, 70), (True, 0)])
+def test_the_exit_timer_ends_a_process_that_python_cannot_interrupt(disarm, code):
+    """init_watchdog's timer ends its process with 70 from a C thread, while the main thread
+    holds the GIL in C (here a ctypes call that blocks in sleep(3); MPI_Init in life), and
+    ``timer_delete`` disarms it."""
+    program = ("import ctypes\n"
+               "from mpirl.runtime import init_watchdog\n"
+               "timer = init_watchdog.exit_timer(0.3, 70)\n"
+               "assert timer is not None\n"
+               f"if {disarm}: init_watchdog._libc().timer_delete(timer)\n"
+               "ctypes.PyDLL(None).sleep(1)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == code, proc.stderr

@@ -111,10 +111,11 @@ def exit_timer(after_s: float, code: int) -> ctypes.c_void_p | None:
     try:
         libc = _libc()
         create, arm = libc.timer_create, libc.timer_settime
+        end = ctypes.CDLL(None)._exit
     except (OSError, AttributeError):
         return None
     event = _Sigevent(value=code, notify=_SIGEV_THREAD,
-                      function=ctypes.cast(libc._exit, ctypes.c_void_p))
+                      function=ctypes.cast(end, ctypes.c_void_p))
     timer = ctypes.c_void_p()
     if create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)) != 0:
         return None
@@ -127,4 +128,9 @@ def exit_timer(after_s: float, code: int) -> ctypes.c_void_p | None:
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None)
+    """The C library's timer calls: in the process's own symbols (glibc 2.34 and later), else
+    in librt (older glibc)."""
+    own = ctypes.CDLL(None)
+    if hasattr(own, "timer_create"):
+        return own
+    return ctypes.CDLL("librt.so.1")
