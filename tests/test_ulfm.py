@@ -389,15 +389,15 @@ def test_a_rank_lost_before_mpi_init_ends_the_job_at_startup_timeout(tmp_path):
     ended at startup_timeout_s by init_watchdog, with one line, and the job exits 70."""
     tag = f"{os.getpid()}-{time.monotonic_ns()}"
     started = time.monotonic()
-    proc = _launch(_start_command("train", tmp_path / "run", {"startup_timeout_s": 6}), tag)
+    proc = _launch(_start_command("train", tmp_path / "run", {"startup_timeout_s": 5}), tag)
     # The moment all three processes exist: far from MPI_Init's end (the interpreter and
     # mpirl's imports come first).
     code, err = _end_of_a_job_that_lost_a_rank(proc, tag, 2, lambda ranks: True)
     assert code == 70, err
     lines = [line for line in err.splitlines() if "did not finish MPI_Init" in line]
-    assert lines and all("within 6 s (startup_timeout_s)" in line for line in lines), err
+    assert lines and all("within 5 s (startup_timeout_s)" in line for line in lines), err
     assert "Traceback" not in err, err
-    assert time.monotonic() - started < 6 + 30, "ended, but long after startup_timeout_s"
+    assert time.monotonic() - started < 5 + 30, "ended, but long after startup_timeout_s"
 
 
 @pytest.mark.parametrize("command", ["train", "tune"])
@@ -410,7 +410,7 @@ def test_a_rank_lost_after_mpi_init_and_before_the_heartbeat_ends_in_one_line(tm
     tag, markers = f"{os.getpid()}-{time.monotonic_ns()}", tmp_path / "markers"
     markers.mkdir()
     config = {"env": "mpirl.testing:SlowToBuildCartPole",
-              "env_config": {"marker_dir": str(markers), "build_s": 3.0}}
+              "env_config": {"marker_dir": str(markers), "build_s": 1.0}}
     proc = _launch(_start_command(command, tmp_path / "run", config), tag)
     code, err = _end_of_a_job_that_lost_a_rank(
         proc, tag, 2, lambda ranks: (markers / f"building-{ranks[0]}").exists())
