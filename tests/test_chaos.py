@@ -224,3 +224,42 @@ def test_a_loss_survived_in_place_is_noticed_when_the_job_says_so(tmp_path):
     run.wait_training(fault, t0, 60.0)
     assert fault.note == "survived in place" and fault.detect_s == 1.5, fault
     assert fault.to_training_s == 40.0 and not fault.hang
+
+
+def _commit_checkpoint(store, iteration: int, state) -> Path:
+    from mpirl.runtime.state_files import write_state_file
+
+    tmp = store.begin(iteration)
+    entry = write_state_file(tmp / "driver.pkl", state)
+    return store.commit(tmp, {"iteration": iteration, "files": {"driver.pkl": entry}})
+
+
+def test_a_checkpoint_swapped_in_place_while_read_is_checked_again_and_a_damaged_one_is_not(
+        tmp_path, monkeypatch):
+    """PBT's exploit commits the winner's copy under the name of the loser's own checkpoint at
+    the same iteration, by a rename, while the monitor may be reading it: the old manifest
+    against the new files failed to verify, and was counted unreadable (5 in PBT's second hour).
+    Such a read is done again; a checkpoint damaged in place is still counted."""
+    from mpirl.jobs.checkpoint import CheckpointStore
+
+    run = _run(tmp_path)
+    store = CheckpointStore(run.run_dir)
+    _commit_checkpoint(store, 300, {"trial": "loser"})
+    real_verify = chaos.verify
+
+    def read_across_a_swap(path):
+        monkeypatch.setattr(chaos, "verify", real_verify)
+        _commit_checkpoint(store, 300, {"trial": "winner"})  # the rename, mid-read
+        raise chaos.CheckpointError(f"{path}/driver.pkl: SHA-256 does not match the manifest")
+
+    monkeypatch.setattr(chaos, "verify", read_across_a_swap)
+    run.check_latest(run.run_dir)
+    assert run.latest_seen == {}, run.latest_seen  # not counted: read again next time
+    run.check_latest(run.run_dir)
+    assert run.latest_seen == {"checkpoint_000300": "ok"}
+    assert run.swapped_reads == 1
+
+    damaged = _commit_checkpoint(store, 301, {"trial": "loser"})
+    (damaged / "driver.pkl").write_bytes(b"\0" + (damaged / "driver.pkl").read_bytes()[1:])
+    run.check_latest(run.run_dir)
+    assert run.latest_seen[damaged.name].startswith("failed to verify"), run.latest_seen
