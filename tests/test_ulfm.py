@@ -328,23 +328,11 @@ def test_a_population_that_loses_its_controller_ends_in_one_line(tmp_path):
         '{"lr": [1e-4, 1e-3]}', "--run-dir", str(tune_dir), "--", "--algo", "PPO", "--env",
         "CartPole-v1", "--config", '{"num_envs_per_worker": 1}', "--stop",
         '{"training_iteration": 10000}', ulfm=True)
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=mpi_env({"CI": "true", "MPIRL_TEST_TAG": tag}),
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + LIMIT_S
-        while not ((tune_dir / "pbt.jsonl").exists()
-                   and len(ranks := tagged_ranks("MPIRL_TEST_TAG", tag)) == 3):
-            assert time.monotonic() < deadline and proc.poll() is None, "no PBT decision"
-            time.sleep(0.05)
-        os.kill(ranks[0], signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
+    code, err = _end_of_a_job_that_lost_a_rank(
+        _launch(command, tag), tag, 0, lambda ranks: (tune_dir / "pbt.jsonl").exists(),
+        end_within_s=60)
     assert "mpirl: lost the population controller (rank 0)" in err, err
     assert "Traceback" not in err and "MPI_ABORT" not in err, err
-    assert_every_rank_ended(list(ranks.values()))
 
 
 def _start_command(command: str, run_dir, config: dict) -> list[str]:
@@ -360,16 +348,18 @@ def _start_command(command: str, run_dir, config: dict) -> list[str]:
     return mpiexec_command(3, sys.executable, "-m", "mpirl", *args, ulfm=True)
 
 
-def _end_of_a_job_that_lost_a_rank(proc, tag: str, victim: int, ready) -> tuple[int, str]:
-    """Kill -9 world rank ``victim`` once ``ready()`` holds; the job's exit code and stderr.
-    Fails, killing the job, if it has not ended within LIMIT_S."""
+def _end_of_a_job_that_lost_a_rank(proc, tag: str, victim: int, ready,
+                                   end_within_s: float = LIMIT_S) -> tuple[int, str]:
+    """Kill -9 world rank ``victim`` once ``ready(ranks)`` holds; the job's exit code and
+    stderr, once every rank has ended. Fails, killing the job, if it has not ended within
+    ``end_within_s`` of the kill."""
     try:
         deadline = time.monotonic() + LIMIT_S
         while not (len(ranks := tagged_ranks("MPIRL_TEST_TAG", tag)) == 3 and ready(ranks)):
             assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
             time.sleep(0.005)
         os.kill(ranks[victim], signal.SIGKILL)
-        _, err = proc.communicate(timeout=LIMIT_S)
+        _, err = proc.communicate(timeout=end_within_s)
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
